@@ -1,0 +1,144 @@
+"""llmroute's errors: openai's exception tree, plus a few subclasses of it.
+
+    openai.OpenAIError
+    └── openai.APIError
+        ├── openai.APIConnectionError
+        │   └── openai.APITimeoutError
+        ├── openai.APIStatusError            (one subclass per HTTP status, as in openai)
+        ├── MalformedStreamError             a target sent an SSE line that is not valid
+        └── StreamInterrupted                the stream broke after content was yielded
+
+Every error raised by llmroute is, or subclasses, the openai exception of the same meaning, so
+``except openai.RateLimitError`` and ``isinstance`` checks in existing code keep working.
+Foreign exceptions (httpx, h2, ssl) are translated in one place: :func:`map_transport_errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from openai import (
+    APIConnectionError,
+    APIError,
+    APIResponseValidationError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    InternalServerError,
+    NotFoundError,
+    OpenAIError,
+    PermissionDeniedError,
+    RateLimitError,
+    UnprocessableEntityError,
+)
+
+__all__ = [
+    "APIConnectionError",
+    "APIError",
+    "APIResponseValidationError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "InternalServerError",
+    "MalformedStreamError",
+    "NotFoundError",
+    "OpenAIError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "StreamInterrupted",
+    "UnprocessableEntityError",
+    "make_status_error",
+    "map_transport_errors",
+]
+
+_QUOTE_LIMIT = 200
+
+
+def quote(text: str, limit: int = _QUOTE_LIMIT) -> str:
+    """Quote a piece of wire text for an error message, truncated to ``limit`` characters."""
+    if len(text) > limit:
+        return repr(text[:limit]) + f" ... ({len(text)} characters)"
+    return repr(text)
+
+
+class MalformedStreamError(APIError):
+    """Raised when a target sends a stream event that cannot be decoded."""
+
+    def __init__(self, message: str, request: httpx.Request, *, target: str, line: str) -> None:
+        super().__init__(
+            f"{message} from target {target!r}: {quote(line)}", request, body=None  # type: ignore[arg-type]
+        )
+        self.target = target
+        self.line = line
+
+
+class StreamInterrupted(APIError):
+    """Raised when a stream breaks after some content was already yielded; keeps the partial text."""
+
+    def __init__(
+        self, message: str, request: httpx.Request, *, partial_text: str, cause: BaseException | None
+    ) -> None:
+        super().__init__(message, request, body=None)  # type: ignore[arg-type]
+        self.partial_text = partial_text
+        self.cause = cause
+
+
+_STATUS_ERRORS: dict[int, type[APIStatusError]] = {
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
+}
+
+
+def make_status_error(response: httpx.Response, raw_body: bytes) -> APIStatusError:
+    """Build the openai status error for an HTTP error response, exactly as openai does.
+
+    A JSON body gives its ``error`` member as ``body``; anything else (an HTML page from a proxy)
+    is kept as text.
+    """
+    text = raw_body.decode("utf-8", errors="replace").strip()
+    body: Any = text
+    err_msg = f"Error code: {response.status_code}"
+    try:
+        body = json.loads(text)
+    except ValueError:
+        pass
+    else:
+        error = body.get("error", body) if isinstance(body, dict) else None
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str) and message:
+            err_msg += f" - {message}"
+    data = body.get("error", body) if isinstance(body, dict) else body
+    if response.status_code >= 500:
+        cls: type[APIStatusError] = InternalServerError
+    else:
+        cls = _STATUS_ERRORS.get(response.status_code, APIStatusError)
+    return cls(err_msg, response=response, body=data)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def map_transport_errors(request: httpx.Request) -> Iterator[None]:
+    """Translate httpx's transport exceptions into openai's connection errors."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise APITimeoutError(request=request) from exc  # type: ignore[arg-type]
+    except httpx.TransportError as exc:
+        raise APIConnectionError(message=_connection_message(exc), request=request) from exc  # type: ignore[arg-type]
+
+
+def _connection_message(exc: BaseException) -> str:
+    detail = str(exc)
+    return f"Connection error: {detail}" if detail else "Connection error."
