@@ -69,8 +69,9 @@ def quote(text: str, limit: int = _QUOTE_LIMIT) -> str:
     return repr(text)
 
 
-class MalformedStreamError(APIError):
-    """Raised when a target sends a stream event that cannot be decoded."""
+class MalformedStreamError(APIError, ValueError):
+    """Raised when a target sends a stream event that cannot be decoded (also a ``ValueError``,
+    as openai raises ``json.JSONDecodeError`` there)."""
 
     def __init__(self, message: str, request: httpx.Request, *, target: str, line: str) -> None:
         super().__init__(

@@ -1,0 +1,398 @@
+"""The drop-in clients: ``AsyncOpenAI`` with openai's constructor, resources and return types."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from ._errors import (
+    APIConnectionError,
+    APIStatusError,
+    OpenAIError,
+    make_status_error,
+    map_transport_errors,
+)
+from ._streaming import AsyncStream
+from ._types import Timings
+from ._version import __version__
+from .protocols.openai import ChatStreamDecoder, parse_chat_completion
+from .routing.backoff import retry_delay, should_retry_status
+from .transport import Transport
+
+__all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncOpenAI"]
+
+log = logging.getLogger("llmroute")
+
+DEFAULT_TIMEOUT = httpx.Timeout(timeout=600.0, connect=5.0)
+DEFAULT_MAX_RETRIES = 2
+_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_NOT_GIVEN: Any = openai.NOT_GIVEN
+_SENTINELS = (type(openai.NOT_GIVEN), type(openai.omit))
+
+ApiKey = str | Callable[[], Awaitable[str]]
+
+
+def _given(value: object) -> bool:
+    return not isinstance(value, _SENTINELS)
+
+
+def _to_timeout(value: object) -> httpx.Timeout | None:
+    """openai's timeout forms (float, None, httpx or httpx2 Timeout) as an ``httpx.Timeout``."""
+    if value is None:
+        return httpx.Timeout(None)
+    if isinstance(value, int | float):
+        return httpx.Timeout(float(value))
+    if isinstance(value, httpx.Timeout):
+        return value
+    fields = ("connect", "read", "write", "pool")
+    if all(hasattr(value, f) for f in fields):
+        return httpx.Timeout(**{f: getattr(value, f) for f in fields})
+    raise TypeError(f"timeout must be a number, None or a Timeout, not {type(value).__name__}")
+
+
+def _check_base_url(base_url: str | httpx.URL) -> httpx.URL:
+    url = httpx.URL(str(base_url))
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be an http:// or https:// URL, got {str(base_url)!r}")
+    if not url.raw_path.endswith(b"/"):
+        url = url.copy_with(raw_path=url.raw_path + b"/")
+    return url
+
+
+class AsyncOpenAI:
+    """A drop-in replacement for ``openai.AsyncOpenAI``.
+
+    Takes the same constructor arguments and environment variables (``OPENAI_API_KEY``,
+    ``OPENAI_ORG_ID``, ``OPENAI_PROJECT_ID``, ``OPENAI_BASE_URL``) and returns openai's own types.
+    Requests go over llmroute's transport: persistent HTTP/2 over TLS, per-stream deadlines, and
+    unfinished streams reset when left. ``verify`` (an llmroute extension) sets the TLS trust:
+    ``True`` (system/certifi roots, ``SSL_CERT_FILE``), a CA file path, an ``ssl.SSLContext``, or
+    ``False``. A given ``http_client`` is used as it is, with its own transport.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: ApiKey | None = None,
+        organization: str | None = None,
+        project: str | None = None,
+        base_url: str | httpx.URL | None = None,
+        timeout: Any = _NOT_GIVEN,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        default_headers: Mapping[str, str] | None = None,
+        default_query: Mapping[str, object] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        verify: ssl.SSLContext | str | bool = True,
+        **unsupported: Any,
+    ) -> None:
+        if unsupported:
+            names = ", ".join(sorted(unsupported))
+            raise TypeError(f"AsyncOpenAI() got unsupported argument(s): {names}")
+        if api_key is None:
+            api_key = os.environ.get("OPENAI_API_KEY")
+        if api_key is None:
+            raise OpenAIError(
+                "The api_key client option must be set either by passing api_key to the client "
+                "or by setting the OPENAI_API_KEY environment variable"
+            )
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be a non-negative integer, got {max_retries!r}")
+        self._api_key_provider: Callable[[], Awaitable[str]] | None = None
+        if callable(api_key):
+            self._api_key_provider = api_key
+            self._api_key = ""
+        else:
+            self._api_key = api_key
+        self.organization = organization or os.environ.get("OPENAI_ORG_ID")
+        self.project = project or os.environ.get("OPENAI_PROJECT_ID")
+        if base_url is None:
+            base_url = os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE_URL
+        self.base_url = _check_base_url(base_url)
+        self.timeout = DEFAULT_TIMEOUT if not _given(timeout) else _to_timeout(timeout)
+        self.max_retries = max_retries
+        self._custom_headers = dict(default_headers or {})
+        self._custom_query = dict(default_query or {})
+        self._verify = verify
+        self._owns_http_client = http_client is None
+        if http_client is None:
+            self._transport: Transport | None = Transport(verify=verify)
+            http_client = httpx.AsyncClient(transport=self._transport, timeout=self.timeout)
+        else:
+            self._transport = None
+        self._client = http_client
+        self.chat = AsyncChat(self)
+
+    # -- openai's client surface -----------------------------------------------------------
+
+    @property
+    def api_key(self) -> str:
+        return self._api_key
+
+    @property
+    def default_headers(self) -> dict[str, str]:
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": f"llmroute/{__version__} (openai-compatible)",
+        }
+        if self.organization:
+            headers["OpenAI-Organization"] = self.organization
+        if self.project:
+            headers["OpenAI-Project"] = self.project
+        headers.update(self._custom_headers)
+        return headers
+
+    def with_options(
+        self,
+        *,
+        api_key: ApiKey | None = None,
+        organization: str | None = None,
+        project: str | None = None,
+        base_url: str | httpx.URL | None = None,
+        timeout: Any = _NOT_GIVEN,
+        max_retries: int | None = None,
+        default_headers: Mapping[str, str] | None = None,
+        set_default_headers: Mapping[str, str] | None = None,
+        default_query: Mapping[str, object] | None = None,
+        set_default_query: Mapping[str, object] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> AsyncOpenAI:
+        """A copy of this client with some options changed; it shares the connections."""
+        if default_headers is not None and set_default_headers is not None:
+            raise ValueError("The `default_headers` and `set_default_headers` arguments are mutually exclusive")
+        if default_query is not None and set_default_query is not None:
+            raise ValueError("The `default_query` and `set_default_query` arguments are mutually exclusive")
+        headers = dict(set_default_headers) if set_default_headers is not None else {
+            **self._custom_headers, **(default_headers or {})
+        }
+        query = dict(set_default_query) if set_default_query is not None else {
+            **self._custom_query, **(default_query or {})
+        }
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        if api_key is not None:
+            if callable(api_key):
+                clone._api_key_provider, clone._api_key = api_key, ""
+            else:
+                clone._api_key_provider, clone._api_key = None, api_key
+        clone.organization = organization or self.organization
+        clone.project = project or self.project
+        if base_url is not None:
+            clone.base_url = _check_base_url(base_url)
+        if _given(timeout):
+            clone.timeout = _to_timeout(timeout)
+        if max_retries is not None:
+            clone.max_retries = max_retries
+        clone._custom_headers = headers
+        clone._custom_query = query
+        if http_client is not None:
+            clone._client, clone._transport, clone._owns_http_client = http_client, None, False
+        else:
+            clone._owns_http_client = False
+        clone.chat = AsyncChat(clone)
+        return clone
+
+    copy = with_options
+
+    async def warmup(self) -> None:
+        """Open the connection to the base URL now, so the first request finds it warm."""
+        if self._transport is not None:
+            with map_transport_errors(self._client.build_request("GET", self.base_url)):
+                await self._transport.warmup(self.base_url, timeout=self.timeout.connect)
+
+    async def close(self) -> None:
+        """Close the connections (only those this client opened itself)."""
+        if self._owns_http_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> AsyncOpenAI:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<llmroute.AsyncOpenAI base_url={str(self.base_url)!r}>"
+
+    # -- requests --------------------------------------------------------------------------
+
+    async def _auth_headers(self) -> dict[str, str]:
+        if self._api_key_provider is not None:
+            key = self._api_key_provider()
+            self._api_key = await key if inspect.isawaitable(key) else key  # type: ignore[assignment]
+        if not self._api_key:
+            return {}
+        return {"Authorization": f"Bearer {self._api_key}"}
+
+    async def _build_request(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        extra_headers: Mapping[str, str | None] | None,
+        extra_query: Mapping[str, object] | None,
+        timeout: Any,
+    ) -> httpx.Request:
+        headers: dict[str, str] = {**self.default_headers, **await self._auth_headers()}
+        for name, value in (extra_headers or {}).items():
+            if value is None or not _given(value):
+                headers.pop(name, None)
+                for key in [k for k in headers if k.lower() == name.lower()]:
+                    del headers[key]
+            else:
+                headers[name] = value
+        params = {**self._custom_query, **(extra_query or {})}
+        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        return self._client.build_request(
+            "POST",
+            self.base_url.join(path),
+            content=content,
+            headers=headers,
+            params=params or None,
+            timeout=self.timeout if not _given(timeout) else _to_timeout(timeout),
+        )
+
+    async def _send(
+        self, request: httpx.Request, *, read_body: bool
+    ) -> tuple[httpx.Response, Timings]:
+        """Send with retries on connection errors, timeouts and retryable statuses.
+
+        Retries happen before the first token only: up to the response headers for a stream,
+        up to the whole body otherwise (which ``read_body`` reads).
+        """
+
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, APIStatusError):
+                return should_retry_status(
+                    exc.status_code, exc.response.headers, now=time.time()
+                )
+            return isinstance(exc, APIConnectionError)
+
+        def wait(state: RetryCallState) -> float:
+            exc = state.outcome.exception() if state.outcome else None
+            headers = exc.response.headers if isinstance(exc, APIStatusError) else None
+            delay = retry_delay(
+                retries_done=state.attempt_number - 1,
+                max_retries=self.max_retries,
+                headers=headers,
+                now=time.time(),
+                rand=random.random(),
+            )
+            log.info("Retrying request to %s in %f seconds", request.url.path, delay)
+            return delay
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=wait,
+            retry=retry_if_exception(retryable),
+            reraise=True,
+        )
+        retries = -1
+        async for attempt in retrying:
+            with attempt:
+                retries += 1
+                response, timings = await self._send_once(request, read_body=read_body)
+                timings.retries = retries
+                return response, timings
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send_once(
+        self, request: httpx.Request, *, read_body: bool
+    ) -> tuple[httpx.Response, Timings]:
+        started = time.monotonic()
+        timings = Timings(started_at=started)
+        with map_transport_errors(request):
+            response = await self._client.send(request, stream=True)
+        timings.headers = time.monotonic() - started
+        ext = response.extensions
+        timings.connection_reused = ext.get("llmroute.connection_reused")
+        timings.connect = ext.get("llmroute.connect_time")
+        version = ext.get("http_version")
+        timings.http_version = version.decode() if isinstance(version, bytes) else None
+        if response.status_code >= 400:
+            try:
+                with map_transport_errors(request):
+                    raw = await response.aread()
+            finally:
+                await response.aclose()
+            raise make_status_error(response, raw)
+        if read_body:
+            try:
+                with map_transport_errors(request):
+                    await response.aread()
+            finally:
+                await response.aclose()
+            timings.first_byte = timings.first_token = timings.total = (
+                time.monotonic() - started
+            )
+        return response, timings
+
+
+class AsyncChat:
+    def __init__(self, client: AsyncOpenAI) -> None:
+        self.completions = AsyncCompletions(client)
+
+
+class AsyncCompletions:
+    """``client.chat.completions``: every parameter of openai's ``create`` is passed through."""
+
+    def __init__(self, client: AsyncOpenAI) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        extra_headers: Mapping[str, str | None] | None = None,
+        extra_query: Mapping[str, object] | None = None,
+        extra_body: Mapping[str, object] | None = None,
+        timeout: Any = _NOT_GIVEN,
+        **params: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """Create a chat completion; with ``stream=True`` an :class:`AsyncStream` of chunks."""
+        body = {key: value for key, value in params.items() if _given(value)}
+        for required in ("messages", "model"):
+            if required not in body:
+                raise TypeError(f"create() missing required keyword argument: {required!r}")
+        if extra_body:
+            body.update(extra_body)
+        client = self._client
+        request = await client._build_request(
+            "chat/completions",
+            body,
+            extra_headers=extra_headers,
+            extra_query=extra_query,
+            timeout=timeout,
+        )
+        target = request.url.host
+        stream = bool(body.get("stream"))
+        response, timings = await client._send(request, read_body=not stream)
+        if stream:
+            decoder = ChatStreamDecoder(request=request, target=target)
+            return AsyncStream(response=response, decoder=decoder, timings=timings)
+        completion = parse_chat_completion(
+            response.content, request=request, target=target, response=response
+        )
+        if isinstance(completion, ChatCompletion):
+            usage = completion.usage
+            timings.tokens = usage.completion_tokens if usage is not None else 0
+            completion._request_id = response.headers.get("x-request-id")
+            object.__setattr__(completion, "timings", timings)
+        return completion

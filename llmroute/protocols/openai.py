@@ -1,0 +1,557 @@
+"""The OpenAI wire protocol (chat completions): decode streamed and whole responses.
+
+Chunks and completions are the ``openai`` package's own classes, built without validation exactly
+as ``openai.AsyncStream`` builds them (``construct_type``), so they compare equal to openai's,
+nested objects included, and keep the unknown fields vendors add. The common shapes take a fast
+path that reproduces openai's construction for the values it recognises and hands anything
+else to openai's own ``construct_type``. This module knows nothing of routing or sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, TypeAlias, cast
+
+import httpx
+import pydantic
+import pydantic_core
+from openai import APIError, APIResponseValidationError
+from openai._models import construct_type
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from .._errors import MalformedStreamError, quote
+from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+
+try:
+    from jiter import from_json as _jiter_loads
+except ImportError:  # pragma: no cover - jiter is a dependency of openai
+    _jiter_loads = None
+
+__all__ = [
+    "ChatStreamDecoder",
+    "MalformedResponseError",
+    "build_chunk",
+    "is_token_chunk",
+    "parse_chat_completion",
+]
+
+_STREAM_ERROR = "An error occurred during streaming"
+
+
+class MalformedResponseError(json.JSONDecodeError, APIResponseValidationError):
+    """Raised when a target answers 200 with a body that is not valid JSON.
+
+    openai raises the bare ``json.JSONDecodeError`` here, so this is one too, and also an
+    ``openai.APIResponseValidationError`` that names the target and quotes the body.
+    """
+
+    def __init__(
+        self,
+        exc: json.JSONDecodeError,
+        request: httpx.Request,
+        *,
+        target: str,
+        response: httpx.Response | None = None,
+    ) -> None:
+        json.JSONDecodeError.__init__(self, exc.msg, exc.doc, exc.pos)
+        message = (
+            f"Response body is not valid JSON ({exc}) from target {target!r}: {quote(exc.doc)}"
+        )
+        self.args = (message,)
+        self.message = message
+        self.request = request  # type: ignore[assignment]
+        self.body = exc.doc
+        self.code = self.param = self.type = None
+        self.response = response  # type: ignore[assignment]
+        self.status_code = response.status_code if response is not None else 200
+        self.target = target
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def parse_chat_completion(
+    raw: bytes,
+    *,
+    request: httpx.Request,
+    target: str,
+    response: httpx.Response | None = None,
+) -> ChatCompletion:
+    """Decode a non-streamed chat completion body, as openai does for a JSON response.
+
+    Invalid JSON raises :class:`MalformedResponseError` naming ``target``.
+    """
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise MalformedResponseError(exc, request, target=target, response=response) from None
+    except UnicodeDecodeError as exc:
+        doc = raw.decode("utf-8", "replace")
+        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
+        raise MalformedResponseError(err, request, target=target, response=response) from None
+    return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=data))
+
+
+def is_token_chunk(chunk: ChatCompletionChunk) -> bool:
+    """Whether a chunk carries generated output: content, refusal, tool or function call, reasoning.
+
+    Reasoning is the ``reasoning_content`` or ``reasoning`` delta field some vendors send.
+    A role-only, finish or usage chunk is not a token chunk.
+    """
+    try:
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content or delta.tool_calls or delta.refusal or delta.function_call:
+                return True
+            extra = delta.__pydantic_extra__
+            if extra and (extra.get("reasoning_content") or extra.get("reasoning")):
+                return True
+    except (AttributeError, TypeError):
+        return False
+    return False
+
+
+class ChatStreamDecoder:
+    """Turn the bytes of a streamed chat completion into ``ChatCompletionChunk`` objects.
+
+    Follows ``openai.AsyncStream``: an event whose data starts with ``[DONE]`` ends the stream
+    (later bytes are ignored); a JSON object with a truthy ``error`` member raises
+    ``openai.APIError`` with openai's message and ``body``; events named ``thread.*`` are wrapped
+    as ``{"data": ..., "event": ...}``. Data that is not JSON raises ``MalformedStreamError``.
+    When an event fails, the chunks decoded before it in the same :meth:`feed` are returned and the
+    error is raised by the next :meth:`feed` or :meth:`close`, so no chunk is lost; after an error
+    the decoder is done.
+
+    Unlike openai, an event without a ``data`` line (``event: ping``) is ignored, as the SSE spec
+    says, rather than failing to parse as JSON.
+    """
+
+    __slots__ = (
+        "_error",
+        "_sse",
+        "_text",
+        "done",
+        "finished",
+        "request",
+        "target",
+        "tokens",
+    )
+
+    def __init__(
+        self, *, request: httpx.Request, target: str, max_event_bytes: int = 8 * 1024 * 1024
+    ) -> None:
+        self.request = request
+        self.target = target
+        self._sse = SSEDecoder(max_event_bytes=max_event_bytes)
+        self._error: BaseException | None = None
+        self._text: list[str] = []
+        self.done = False
+        """True once ``data: [DONE]`` arrived."""
+        self.finished = False
+        """True once a choice carried a ``finish_reason``."""
+        self.tokens = 0
+        """How many token chunks (see :func:`is_token_chunk`) were decoded."""
+
+    @property
+    def text(self) -> str:
+        """The content of choice 0 decoded so far."""
+        if len(self._text) > 1:
+            self._text[:] = ["".join(self._text)]
+        return self._text[0] if self._text else ""
+
+    def feed(self, data: bytes) -> list[ChatCompletionChunk]:
+        """Decode bytes from the response body; return the chunks they complete, in order."""
+        if self._error is not None:
+            self._raise()
+        if self.done:
+            return []
+        try:
+            events = self._sse.feed(data)
+        except SSEDecodeError as exc:
+            self.done = True
+            raise MalformedStreamError(
+                str(exc), self.request, target=self.target, line=data.decode("utf-8", "replace")
+            ) from exc
+        return self._chunks(events) if events else []
+
+    def close(self) -> list[ChatCompletionChunk]:
+        """End of the response body: raise a pending error, else return any last chunks."""
+        if self._error is not None:
+            self._raise()
+        if self.done:
+            return []
+        return self._chunks(self._sse.close())
+
+    def _raise(self) -> typing.NoReturn:
+        error, self._error = self._error, None
+        self.done = True
+        raise cast(BaseException, error)
+
+    def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
+        chunks: list[ChatCompletionChunk] = []
+        for sse in events:
+            payload = sse.data
+            if payload.startswith("[DONE]"):
+                self.done = True
+                break
+            try:
+                chunk = self._chunk(sse, payload)
+            except Exception as exc:
+                if not chunks:
+                    self.done = True
+                    raise
+                self._error = exc
+                break
+            chunks.append(chunk)
+            self._track(chunk)
+        return chunks
+
+    def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
+        try:
+            data = _loads(payload)
+        except (ValueError, RecursionError) as exc:
+            message = "Stream event data is not valid JSON"
+            target = self.target
+            raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+        event = sse.event
+        if event is not None and event.startswith("thread."):
+            value: object = {"data": data, "event": event}
+        else:
+            if type(data) is dict and data.get("error"):  # JSON objects are dicts
+                error = data.get("error")
+                message = error.get("message") if isinstance(error, Mapping) else None
+                if not message or not isinstance(message, str):
+                    message = _STREAM_ERROR
+                raise APIError(message=message, request=self.request, body=data["error"])  # type: ignore[arg-type]
+            if data is None:
+                return cast(ChatCompletionChunk, None)
+            value = data
+        return build_chunk(value)
+
+    def _track(self, chunk: ChatCompletionChunk) -> None:
+        if type(chunk) is not ChatCompletionChunk:
+            return
+        try:
+            token = False
+            for choice in chunk.choices:
+                delta = choice.delta
+                if choice.finish_reason is not None:
+                    self.finished = True
+                content = delta.content
+                if content:
+                    token = True
+                    if choice.index == 0 and type(content) is str:
+                        self._text.append(content)
+        except (AttributeError, TypeError):
+            return
+        if not token:
+            token = is_token_chunk(chunk)
+        if token:
+            self.tokens += 1
+
+
+def _loads(payload: str) -> Any:
+    if _jiter_loads is not None:
+        try:
+            return _jiter_loads(payload.encode())
+        except ValueError:
+            pass  # jiter is stricter in corners (lone surrogates): json decides
+    return json.loads(payload)
+
+
+def build_chunk(data: object) -> ChatCompletionChunk:
+    """Build a chunk from decoded JSON exactly as openai's ``construct_type`` would, only faster."""
+    if type(data) is dict:
+        try:
+            return cast(ChatCompletionChunk, _CHUNK.construct(data))
+        except _Slow:
+            pass
+    return cast(ChatCompletionChunk, construct_type(type_=ChatCompletionChunk, value=data))
+
+
+# Fast construction.
+#
+# openai's ``BaseModel.construct`` keeps each field's value as is, except: a model field is
+# constructed recursively from a dict, a list of models from a list of dicts, and an Optional
+# (union) field is first *validated* by pydantic, falling back to construction. The shapes below
+# reproduce that without pydantic for values whose outcome is certain (a str for Optional[str], a
+# dict that would pass validation for Optional[Model], ...) and raise _Slow otherwise, so the
+# field (or whole object) goes to openai's own code.
+
+
+class _Slow(Exception):
+    """The fast path cannot vouch for this value; openai's construct_type decides."""
+
+
+_Convert: TypeAlias = Callable[[Any], Any]
+_Field: TypeAlias = pydantic.fields.FieldInfo
+
+# How openai's construct treats a field's value (None always gives the field's default).
+_AS_IS = 0  # kept as is whatever it is: str, int, bool, Literal
+_TYPED = 1  # Optional[str | int | float | bool | Literal[str...]]: as is when of that exact type
+_MODEL = 2  # a model, constructed from a dict
+_LIST = 3  # a list of models, each constructed from a dict
+_VALIDATED = 4  # other Optional: pydantic validation first, then construction
+_GENERAL = 5  # anything else
+
+_new = object.__new__
+_slots = pydantic.BaseModel.__dict__
+_set_dict = _slots["__dict__"].__set__
+_set_private = _slots["__pydantic_private__"].__set__
+_set_extra = _slots["__pydantic_extra__"].__set__
+_set_fields_set = _slots["__pydantic_fields_set__"].__set__
+
+
+class _Shape:
+    """A model class's fields, classified once, and the two ways openai may build it."""
+
+    __slots__ = ("checks", "cls", "defaults", "fix", "names", "required", "supported")
+
+    def __init__(self, cls: type[pydantic.BaseModel]) -> None:
+        self.cls = cls
+        self.supported = _supported(cls)
+        fields = cls.model_fields
+        self.names = frozenset(fields)
+        self.required = frozenset(name for name, f in fields.items() if f.is_required())
+        self.defaults: dict[str, Any] = {}
+        self.fix: dict[str, tuple[int, Any, _Field, Any]] = {}
+        self.checks: dict[str, _Convert] = {}
+        for name, field in fields.items():
+            default = field.get_default()
+            default = None if default is pydantic_core.PydanticUndefined else default
+            self.defaults[name] = default
+            kind, arg = _construct_kind(field)
+            if kind != _AS_IS or default is not None:
+                self.fix[name] = (kind, arg, field, default)
+            self.checks[name] = _validator(field.annotation, field.metadata)
+
+    def _make(self, values: dict[str, Any], fields_set: set[str], extra: dict[str, Any]) -> Any:
+        m = _new(self.cls)
+        _set_dict(m, values)
+        _set_private(m, None)
+        _set_extra(m, extra)
+        _set_fields_set(m, fields_set)
+        return m
+
+    def construct(self, data: object) -> Any:
+        """What ``cls.construct(**data)`` returns, or _Slow."""
+        if type(data) is not dict or not self.supported:
+            raise _Slow
+        values = self.defaults.copy()
+        extra: dict[str, Any] = {}
+        if data.keys() <= self.names:
+            values.update(data)
+            fields_set = set(data)
+        else:
+            fields_set = set()
+            for key, value in data.items():
+                if key in self.names:
+                    values[key] = value
+                    fields_set.add(key)
+                elif key == "_fields_set":
+                    raise _Slow
+                else:
+                    extra[key] = value
+        if not self.fix:
+            return self._make(values, fields_set, extra)
+        fix = self.fix
+        for key, value in data.items():
+            spec = fix.get(key)
+            if spec is None:
+                continue
+            kind, arg, field, default = spec
+            if value is None:
+                values[key] = default
+            elif kind == _TYPED:
+                if type(value) is not arg:
+                    values[key] = _general(value, field)
+            elif kind == _LIST:
+                try:
+                    build = (arg.shape or arg.load()).construct
+                    values[key] = [build(item) for item in _list(value)]
+                except _Slow:
+                    values[key] = _general(value, field)
+            elif kind == _MODEL:
+                try:
+                    values[key] = (arg.shape or arg.load()).construct(value)
+                except _Slow:
+                    values[key] = _general(value, field)
+            elif kind == _VALIDATED:
+                try:
+                    values[key] = arg(value)
+                except _Slow:
+                    values[key] = _general(value, field)
+            elif kind == _GENERAL:
+                values[key] = _general(value, field)
+        m = _new(self.cls)
+        _set_dict(m, values)
+        _set_private(m, None)
+        _set_extra(m, extra)
+        _set_fields_set(m, fields_set)
+        return m
+
+    def validate(self, data: object) -> Any:
+        """What pydantic validation of ``data`` as ``cls`` returns, or _Slow if not certain."""
+        if type(data) is not dict or not self.supported:
+            raise _Slow
+        values = self.defaults.copy()
+        fields_set: set[str] = set()
+        extra: dict[str, Any] = {}
+        checks = self.checks
+        for key, value in data.items():
+            check = checks.get(key)
+            if check is None:
+                if key[:1] == "_":
+                    raise _Slow
+                extra[key] = value
+            else:
+                values[key] = check(value)
+            fields_set.add(key)  # validation counts extras as set, construction does not
+        if not self.required <= fields_set:
+            raise _Slow
+        return self._make(values, fields_set, extra)
+
+
+_SHAPES: dict[type, _Shape] = {}
+
+
+def _shape(cls: type[pydantic.BaseModel]) -> _Shape:
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        shape = _SHAPES[cls] = _Shape(cls)
+    return shape
+
+
+class _Lazy:
+    """A nested model's shape, classified on first use (models may refer to each other)."""
+
+    __slots__ = ("cls", "shape")
+
+    def __init__(self, cls: type[pydantic.BaseModel]) -> None:
+        self.cls = cls
+        self.shape: _Shape | None = None
+
+    def load(self) -> _Shape:
+        self.shape = _shape(self.cls)
+        return self.shape
+
+    def validate(self, data: object) -> Any:
+        return (self.shape or self.load()).validate(data)
+
+
+def _supported(cls: type[pydantic.BaseModel]) -> bool:
+    if cls.__private_attributes__ or cls.model_config.get("extra") != "allow":
+        return False
+    for name, field in cls.model_fields.items():
+        if field.alias not in (None, name) or field.validation_alias is not None:
+            return False
+        if field.default_factory is not None:
+            return False
+    core = cls.__pydantic_core_schema__
+    fields = core.get("schema", {}) if core.get("type") == "model" else {}
+    return not (fields.get("type") == "model-fields" and fields.get("extras_schema"))
+
+
+def _general(value: object, field: _Field) -> Any:
+    return construct_type(value=value, type_=field.annotation, metadata=field.metadata)
+
+
+def _list(value: object) -> list[Any]:
+    if type(value) is not list:
+        raise _Slow
+    return cast(list[Any], value)
+
+
+def _is_model(tp: object) -> bool:
+    return isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
+
+
+def _optional_arg(tp: object) -> object | None:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if len(args) == 2 and type(None) in args:
+            return args[0] if args[1] is type(None) else args[1]
+    return None
+
+
+def _construct_kind(field: _Field) -> tuple[int, Any]:
+    tp = field.annotation
+    if field.metadata:
+        return _GENERAL, None
+    if tp in (str, int, bool) or typing.get_origin(tp) is Literal:
+        return _AS_IS, None
+    if _is_model(tp):
+        return _MODEL, _Lazy(cast(type, tp))
+    if typing.get_origin(tp) is list:
+        args = typing.get_args(tp)
+        if len(args) == 1 and _is_model(args[0]):
+            return _LIST, _Lazy(args[0])
+    inner = _optional_arg(tp)
+    if inner in (str, int, float, bool):
+        return _TYPED, inner
+    if typing.get_origin(inner) is Literal and all(type(a) is str for a in typing.get_args(inner)):
+        return _TYPED, str  # validated or not, a str comes back as is
+    if inner is not None:
+        return _VALIDATED, _validator(tp)
+    return _GENERAL, None
+
+
+def _slow(value: object) -> Any:
+    raise _Slow
+
+
+def _exact(tp: type) -> _Convert:
+    def check(value: object) -> Any:
+        if type(value) is not tp:
+            raise _Slow
+        return value
+
+    return check
+
+
+def _validator(tp: object, metadata: list[Any] | None = None) -> _Convert:
+    """A function giving what lax pydantic validation of a value as ``tp`` gives, or raising _Slow.
+
+    It vouches only for certain outcomes: exact JSON types, known literals, and models and lists
+    of them built from dicts and lists that would validate.
+    """
+    if metadata:
+        return _slow
+    inner = _optional_arg(tp)
+    if inner is not None:
+        check = _validator(inner)
+
+        def optional(value: object) -> Any:
+            return None if value is None else check(value)
+
+        return optional
+    if tp in (str, int, float, bool):
+        return _exact(cast(type, tp))
+    if typing.get_origin(tp) is Literal:
+        allowed = typing.get_args(tp)
+        if not all(type(a) is str for a in allowed):
+            return _slow
+        names = frozenset(allowed)
+
+        def literal(value: object) -> Any:
+            if type(value) is not str or value not in names:
+                raise _Slow
+            return value
+
+        return literal
+    if _is_model(tp):
+        return _Lazy(cast(type, tp)).validate
+    if typing.get_origin(tp) is list and len(typing.get_args(tp)) == 1:
+        item = _validator(typing.get_args(tp)[0])
+
+        def items(value: object) -> Any:
+            return [item(v) for v in _list(value)]
+
+        return items
+    return _slow
+
+
+_CHUNK = _shape(ChatCompletionChunk)

@@ -1,0 +1,1 @@
+"""Routing: live per-target stats, policies (fastest, hedge, race, failover, prefix), backoff."""

@@ -1,0 +1,49 @@
+"""Simulated OpenAI-compatible LLM providers for tests, the demo and benchmarks.
+
+A :class:`Simulator` serves a raw ASGI app with hypercorn on 127.0.0.1, over TLS (a trustme CA,
+one per process) with HTTP/2 and HTTP/1.1 by ALPN, or over plain HTTP/1.1 (``tls=False``)::
+
+    with Simulator(profile=Profile(ttft_median=0.2, ttft_sigma=0.5)) as sim:
+        client = AsyncOpenAI(base_url=sim.base_url, api_key="x",
+                             http_client=httpx.AsyncClient(http2=True, verify=sim.ssl_context()))
+
+:class:`SimulatorProcess` runs the same server in a child process
+(``python -m llmroute.testing serve --port 0 --tls --profile-json '{...}'``), which prints one
+JSON line (base_url, port, ca_pem_path, pid) once ready and serves until SIGTERM/SIGINT.
+
+Routes: ``POST /v1/chat/completions`` (streamed or not, OpenAI's wire format, tool calls),
+``GET /v1/models``, ``GET /_sim/stats`` (counters), ``POST /_sim/reset``. ``/v1`` routes need
+``Authorization: Bearer <anything>``. Every response has an ``x-request-id`` header.
+
+Replies are deterministic: words drawn by an RNG seeded from the model name and the messages
+(a trailing assistant message excluded), ``Profile.reply_tokens`` long, one SSE chunk per token.
+A trailing assistant message that is a prefix of the reply makes the simulator answer only the
+rest (like greedy decoding with an assistant prefill). ``max_tokens`` cuts with
+``finish_reason="length"``.
+
+Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``slow:0.2,drop:3``):
+
+``429``                   429 with Retry-After and retry-after-ms (OpenAI's rate-limit JSON)
+``500`` / ``503``         server_error JSON (503 also carries Retry-After)
+``html502``               502 with an HTML body (``text/html``), like a proxy in front
+``drop:K``                stream ends abruptly after K tokens: RST_STREAM (INTERNAL_ERROR) over
+                          HTTP/2, connection closed without the last chunk over HTTP/1.1
+                          (non-streamed: half the body, then the same break)
+``hang``                  headers (streamed) but never a first token, until the client goes
+                          away or ``Profile.hang_max`` passes
+``malformed:K``           a ``data: {not json`` line after K tokens (the stream then goes on)
+``stream-error:K``        ``data: {"error": {...,"type": "server_error"}}`` after K tokens, then
+                          the stream ends (non-streamed: a 500)
+``slow:SECONDS``          TTFT override
+``stall-between:K:SECS``  a pause of SECS before token K (K >= 1)
+
+Header ``x-sim-retry-after: SECONDS`` sets the Retry-After value of a 429/503. Without the
+header, faults are drawn from the profile's rates with the instance's seeded RNG.
+"""
+
+from __future__ import annotations
+
+from ._profile import Profile
+from ._server import Simulator, SimulatorProcess
+
+__all__ = ["Profile", "Simulator", "SimulatorProcess"]

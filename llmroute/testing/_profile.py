@@ -1,0 +1,110 @@
+"""Latency and fault profile of one simulated provider."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MODELS = ("sim-small", "sim-large", "gpt-4o-mini", "deepseek-chat")
+
+# Fault kinds drawn from the profile's rates, in draw order.
+RANDOM_FAULTS = ("429", "500", "503", "hang", "drop", "malformed", "stream-error")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How a simulated provider behaves: latency distribution, reply length and fault rates.
+
+    The default profile has zero latency and no faults (fast enough for benchmarks).
+    """
+
+    ttft_median: float = 0.0
+    """Median time to first token in seconds (TTFT is lognormal; 0 means no delay)."""
+    ttft_sigma: float = 0.0
+    """Sigma of the lognormal TTFT (0: always the median)."""
+    ttft_per_prompt_token: float = 0.0
+    """Extra TTFT per prompt token (a prefill cost), in seconds."""
+    stall_prob: float = 0.0
+    """Probability that a request hits the stall tail before its first token."""
+    stall_range: tuple[float, float] = (1.0, 3.0)
+    """Extra TTFT, uniform in (min, max) seconds, for a stalled request."""
+    inter_token: float = 0.0
+    """Delay between tokens in seconds (0: no timer at all)."""
+    reply_tokens: int = 32
+    """Length of a full reply in tokens (one token is one word)."""
+    rate_429: float = 0.0
+    rate_500: float = 0.0
+    rate_503: float = 0.0
+    rate_hang: float = 0.0
+    rate_drop: float = 0.0
+    rate_malformed: float = 0.0
+    rate_stream_error: float = 0.0
+    retry_after: float = 1.0
+    """Seconds sent in Retry-After / retry-after-ms with a 429 or 503."""
+    fault_after: int = 3
+    """Tokens sent before a random drop, malformed line or in-stream error."""
+    hang_max: float = 300.0
+    """Upper bound of a hang (the handler also ends when the client goes away)."""
+    seed: int | None = 0
+    """Seed of the instance's random.Random (None: not repeatable)."""
+    models: tuple[str, ...] = field(default=DEFAULT_MODELS)
+    """Model names listed by GET /v1/models (models seen in requests are added)."""
+
+    def sample_ttft(self, rng: random.Random, prompt_tokens: int = 0) -> float:
+        """Draw one TTFT in seconds."""
+        ttft = 0.0
+        if self.ttft_median > 0:
+            ttft = (
+                rng.lognormvariate(math.log(self.ttft_median), self.ttft_sigma)
+                if self.ttft_sigma > 0
+                else self.ttft_median
+            )
+        if self.stall_prob > 0 and rng.random() < self.stall_prob:
+            ttft += rng.uniform(*self.stall_range)
+        return ttft + self.ttft_per_prompt_token * prompt_tokens
+
+    def sample_fault(self, rng: random.Random) -> str | None:
+        """Draw the random fault of one request (None for most requests)."""
+        rates = (
+            self.rate_429,
+            self.rate_500,
+            self.rate_503,
+            self.rate_hang,
+            self.rate_drop,
+            self.rate_malformed,
+            self.rate_stream_error,
+        )
+        if not any(rates):
+            return None
+        draw = rng.random()
+        acc = 0.0
+        for kind, rate in zip(RANDOM_FAULTS, rates, strict=True):
+            acc += rate
+            if draw < acc:
+                return kind
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (for the subprocess mode)."""
+        data = dataclasses.asdict(self)
+        data["stall_range"] = list(self.stall_range)
+        data["models"] = list(self.models)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """Build a profile from a dict; unknown keys raise TypeError."""
+        data = dict(data)
+        if "stall_range" in data:
+            low, high = data["stall_range"]
+            data["stall_range"] = (float(low), float(high))
+        if "models" in data:
+            data["models"] = tuple(data["models"])
+        return cls(**data)

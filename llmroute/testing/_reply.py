@@ -1,0 +1,201 @@
+"""Deterministic replies and OpenAI wire objects for the simulator."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import random
+import time
+from typing import Any
+
+SYSTEM_FINGERPRINT = "fp_llmroute_sim"
+
+_VOCAB = tuple(
+    """the a of to and in is it that for on with as was at by be this from or an are not
+    but have one all can will more time when there so some what up out about into than
+    then them these its only new other could also two first way may like over such our
+    fast token stream route cache warm edge model reply prompt answer server client
+    latency packet vendor pool hedge race queue batch prefix""".split()
+)
+_MARK = "__llmroute_sim_mark__"
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a message's content (a string or a list of text parts)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def prompt_tokens(messages: list[dict[str, Any]]) -> int:
+    """A rough, deterministic prompt token count (words plus a few per message)."""
+    return sum(len(message_text(m).split()) + 3 for m in messages if isinstance(m, dict))
+
+
+def split_prefill(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """Split off a trailing assistant message (an assistant prefill)."""
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        return messages[:-1], message_text(messages[-1])
+    return messages, None
+
+
+def reply_seed(model: str, messages: list[dict[str, Any]]) -> int:
+    """A 64-bit seed from the model name and the messages (a trailing prefill excluded)."""
+    prompt, _ = split_prefill(messages)
+    blob = json.dumps([model, prompt], sort_keys=True, separators=(",", ":"), default=str)
+    return int.from_bytes(hashlib.sha256(blob.encode()).digest()[:8], "big")
+
+
+@functools.lru_cache(maxsize=256)
+def full_reply(seed: int, n_tokens: int) -> tuple[str, ...]:
+    """The full reply as tokens: words, each after the first with its leading space."""
+    if n_tokens <= 0:
+        return ()
+    words = random.Random(seed).choices(_VOCAB, k=n_tokens)
+    return (words[0], *(" " + w for w in words[1:]))
+
+
+def continue_after(tokens: tuple[str, ...], prefix: str) -> list[str] | None:
+    """The rest of the reply after `prefix` (greedy decoding), or None if it is no prefix."""
+    if not "".join(tokens).startswith(prefix):
+        return None
+    used = 0
+    for i, tok in enumerate(tokens):
+        if used + len(tok) > len(prefix):
+            return [tok[len(prefix) - used :], *tokens[i + 1 :]]
+        used += len(tok)
+    return []
+
+
+def pick_tool(tools: list[Any], tool_choice: Any) -> dict[str, Any] | None:
+    """The function to call: the one named by tool_choice, else the first tool."""
+    if tool_choice == "none" or not tools:
+        return None
+    functions = [t["function"] for t in tools if isinstance(t, dict) and "function" in t]
+    if not functions:
+        return None
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        for fn in functions:
+            if fn.get("name") == name:
+                return fn
+    return functions[0]
+
+
+def _value(schema: dict[str, Any], rng: random.Random) -> Any:
+    if schema.get("enum"):
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if kind == "integer":
+        return rng.randint(0, 100)
+    if kind == "number":
+        return round(rng.uniform(0, 100), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_value(schema.get("items") or {"type": "string"}, rng) for _ in range(2)]
+    if kind == "object":
+        return {}
+    return " ".join(rng.choices(_VOCAB, k=2))
+
+
+def tool_arguments(function: dict[str, Any], seed: int) -> str:
+    """Deterministic JSON arguments that fit the function's parameter schema."""
+    rng = random.Random(seed ^ 0x5EED)
+    props = (function.get("parameters") or {}).get("properties") or {}
+    args = {name: _value(schema or {}, rng) for name, schema in props.items()}
+    if not props:
+        args = {"input": " ".join(rng.choices(_VOCAB, k=3))}
+    return json.dumps(args)
+
+
+def split_fragments(text: str, size: int = 8) -> list[str]:
+    """Cut a string into fragments of `size` characters (argument deltas)."""
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+class ChunkWriter:
+    """Builds the SSE events of one streamed chat completion."""
+
+    def __init__(self, model: str, include_usage: bool, seed: int) -> None:
+        self.id = f"chatcmpl-{seed:016x}{random.getrandbits(32):08x}"
+        self.created = int(time.time())
+        self.model = model
+        self.include_usage = include_usage
+        self._content = self._template({"content": _MARK})
+        self._args = self._template(
+            {"tool_calls": [{"index": 0, "function": {"arguments": _MARK}}]}
+        )
+
+    def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        }
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _choice(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def _template(self, delta: dict[str, Any]) -> tuple[bytes, bytes]:
+        text = _dumps(self._base([self._choice(delta)]))
+        head, tail = text.split(f'"{_MARK}"')
+        return b"data: " + head.encode(), tail.encode() + b"\n\n"
+
+    def event(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return b"data: " + _dumps(self._base([self._choice(delta, finish)])).encode() + b"\n\n"
+
+    def content(self, text: str) -> bytes:
+        head, tail = self._content
+        return head + _dumps(text).encode() + tail
+
+    def arguments(self, fragment: str) -> bytes:
+        head, tail = self._args
+        return head + _dumps(fragment).encode() + tail
+
+    def usage_event(self, prompt: int, completion: int) -> bytes:
+        chunk = self._base([])
+        chunk["usage"] = usage(prompt, completion)
+        return b"data: " + _dumps(chunk).encode() + b"\n\n"
+
+
+def completion(
+    model: str,
+    seed: int,
+    message: dict[str, Any],
+    finish: str,
+    prompt: int,
+    completion_tokens: int,
+) -> dict[str, Any]:
+    """A non-streamed chat.completion object."""
+    return {
+        "id": f"chatcmpl-{seed:016x}{random.getrandbits(32):08x}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage(prompt, completion_tokens),
+    }

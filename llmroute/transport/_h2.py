@@ -1,0 +1,544 @@
+"""One client HTTP/2 connection on ``h2``, shared by many concurrent streams.
+
+Two things httpx's own HTTP/2 layer does not do, and llmroute needs:
+
+* Closing a response before its end sends ``RST_STREAM(CANCEL)``, so the server stops generating
+  (a losing hedge is not paid in full) while the connection stays open for the next request.
+* Every wait of a stream (for its headers, for its next chunk) has its own deadline. A stalled
+  stream times out even when other streams on the same connection are busy.
+
+There is no background task: whichever stream needs data becomes the connection's reader, reads
+from the socket and hands every frame to the stream it belongs to; when it has what it wanted it
+passes the reader's role to another waiting stream. This works the same on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import ssl
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+import httpx
+from h2.errors import ErrorCodes
+from hpack import NeverIndexedHeaderTuple
+
+__all__ = ["HTTP2Connection", "ConnectionNotAvailable"]
+
+_READ_SIZE = 65536
+_CONNECTION_WINDOW = 16 * 1024 * 1024
+_STREAM_WINDOW = 4 * 1024 * 1024
+_CLOSE_GRACE = 1.0
+_HOP_BY_HOP = frozenset(
+    (b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
+
+_SECRET_HEADERS = frozenset(
+    (b"authorization", b"proxy-authorization", b"x-api-key", b"api-key", b"x-goog-api-key")
+)
+
+
+class ConnectionNotAvailable(Exception):
+    """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
+
+
+class _StreamState:
+    __slots__ = (
+        "chunks",
+        "ended",
+        "error",
+        "headers",
+        "id",
+        "pending_flow",
+        "reset_by_us",
+        "status",
+        "wake",
+    )
+
+    def __init__(self, stream_id: int) -> None:
+        self.id = stream_id
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: deque[tuple[bytes, int]] = deque()
+        self.ended = False
+        self.error: Exception | None = None
+        self.wake: anyio.Event | None = None
+        self.pending_flow = 0
+        self.reset_by_us = False
+
+
+class HTTP2Connection:
+    """A client HTTP/2 connection over an already-connected byte stream (TLS with ALPN h2)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream, *, origin: str, connect_time: float) -> None:
+        self.origin = origin
+        self.connect_time = connect_time
+        self.requests_served = 0
+        self._sock = stream
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config=config)
+        self._streams: dict[int, _StreamState] = {}
+        self._reserved = 0
+        self._write_lock = anyio.Lock()
+        self._reading = False
+        self._waiting: dict[int, _StreamState] = {}
+        self._window_waiters: list[anyio.Event] = []
+        self._closed = False
+        self._goaway = False
+        self._error: Exception | None = None
+        self._settings_received = False
+        self.max_streams = 100
+        self.last_used = time.monotonic()
+        self.on_stream_closed: Callable[[HTTP2Connection], None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Send the connection preface and wait for the server's SETTINGS."""
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
+            },
+        )
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        await self._flush()
+        while not self._settings_received:
+            await self._read_once()
+            if self._error is not None:
+                raise self._error
+
+    def is_available(self) -> bool:
+        """Whether a new stream may be opened here now."""
+        return (
+            not self._closed
+            and not self._goaway
+            and self._error is None
+            and len(self._streams) + self._reserved < self.max_streams
+        )
+
+    def is_closed(self) -> bool:
+        return self._closed or self._error is not None or self._goaway and not self._streams
+
+    def is_idle(self) -> bool:
+        return not self._streams and not self._reserved
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    def reserve(self) -> None:
+        self._reserved += 1
+
+    def release_reservation(self) -> None:
+        self._reserved -= 1
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+            try:
+                self._h2.close_connection()
+                await self._send_pending()
+            except Exception:
+                pass
+        with anyio.CancelScope(shield=True):
+            await self._sock.aclose()
+        self._fail_all(httpx.ReadError("connection closed"))
+
+    # -- one request -----------------------------------------------------------------------
+
+    async def handle_request(self, request: httpx.Request, *, reused: bool) -> httpx.Response:
+        """Send ``request`` on a new stream (a reservation must be held) and await its headers."""
+        timeouts = request.extensions.get("timeout", {})
+        read_timeout = timeouts.get("read")
+        write_timeout = timeouts.get("write")
+        self._reserved -= 1
+        if not self.is_available_for_reserved():
+            raise ConnectionNotAvailable()
+        try:
+            stream_id = self._h2.get_next_available_stream_id()
+        except h2.exceptions.NoAvailableStreamIDError as exc:
+            self._goaway = True
+            raise ConnectionNotAvailable() from exc
+        state = _StreamState(stream_id)
+        self._streams[stream_id] = state
+        self.requests_served += 1
+        self.last_used = time.monotonic()
+        try:
+            end_stream = request.method in ("GET", "HEAD") and not request.headers.get(
+                "content-length"
+            )
+            self._h2.send_headers(stream_id, self._request_headers(request), end_stream=end_stream)
+            await self._flush(write_timeout)
+            if not end_stream:
+                await self._send_body(state, request, write_timeout)
+            await self._wait(state, read_timeout, lambda: state.status is not None)
+        except BaseException:
+            await self.close_stream(state)
+            raise
+        body = _ResponseStream(self, state, read_timeout)
+        extensions = {
+            "http_version": b"HTTP/2",
+            "stream_id": stream_id,
+            "llmroute.connection_reused": reused,
+            "llmroute.connect_time": 0.0 if reused else self.connect_time,
+            "llmroute.body": body,
+        }
+        return httpx.Response(
+            status_code=state.status or 0,
+            headers=state.headers,
+            stream=body,
+            extensions=extensions,
+            request=request,
+        )
+
+    def is_available_for_reserved(self) -> bool:
+        return not self._closed and not self._goaway and self._error is None
+
+    def _request_headers(self, request: httpx.Request) -> list[Any]:
+        url = request.url
+        authority = url.netloc
+        headers = [
+            (b":method", request.method.encode()),
+            (b":authority", authority),
+            (b":scheme", url.raw_scheme),
+            (b":path", url.raw_path),
+        ]
+        for name, value in request.headers.raw:
+            lname = name.lower()
+            if lname in _SECRET_HEADERS:
+                # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
+                headers.append(NeverIndexedHeaderTuple(lname, value))
+            elif lname not in _HOP_BY_HOP:
+                headers.append((lname, value))
+        return headers
+
+    async def _send_body(
+        self, state: _StreamState, request: httpx.Request, write_timeout: float | None
+    ) -> None:
+        stream_id = state.id
+        async for chunk in request.stream:  # type: ignore[union-attr]
+            view = memoryview(chunk)
+            while view:
+                window = min(
+                    self._h2.local_flow_control_window(stream_id),
+                    self._h2.max_outbound_frame_size,
+                )
+                if window <= 0:
+                    await self._wait_for_window(state, write_timeout)
+                    continue
+                self._h2.send_data(stream_id, bytes(view[:window]))
+                view = view[window:]
+                await self._flush(write_timeout)
+        self._h2.end_stream(stream_id)
+        await self._flush(write_timeout)
+
+    async def _wait_for_window(self, state: _StreamState, timeout: float | None) -> None:
+        event = anyio.Event()
+        self._window_waiters.append(event)
+        try:
+            with _deadline(timeout, httpx.WriteTimeout):
+                while not event.is_set():
+                    self._raise_if_failed(state)
+                    if self._reading:
+                        state.wake = event
+                        await event.wait()
+                    else:
+                        await self._read_as_reader(state)
+        finally:
+            state.wake = None
+            if event in self._window_waiters:
+                self._window_waiters.remove(event)
+            self._hand_over_reading()
+
+    # -- the stream's side -----------------------------------------------------------------
+
+    async def next_chunk(self, state: _StreamState, timeout: float | None) -> bytes | None:
+        """The stream's next body chunk, or ``None`` at its end."""
+        if not state.chunks and not state.ended and state.error is None:
+            await self._wait(state, timeout, lambda: bool(state.chunks))
+        if state.chunks:
+            data, flow = state.chunks.popleft()
+            if flow:
+                state.pending_flow -= flow
+                self._h2.acknowledge_received_data(flow, state.id)
+                if self._h2_has_output():
+                    await self._flush()
+            return data
+        if state.error is not None:
+            raise state.error
+        return None
+
+    def _h2_has_output(self) -> bool:
+        # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
+        return bool(self._h2._data_to_send)
+
+    async def close_stream(self, state: _StreamState) -> None:
+        """Forget a stream; if it has not ended, reset it so the server stops sending."""
+        if self._streams.pop(state.id, None) is None:
+            return
+        self._waiting.pop(state.id, None)
+        if state.pending_flow:
+            try:
+                self._h2.acknowledge_received_data(state.pending_flow, state.id)
+            except h2.exceptions.ProtocolError:
+                pass
+            state.pending_flow = 0
+        if not state.ended and state.error is None and not self._closed and self._error is None:
+            state.reset_by_us = True
+            try:
+                self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
+            except h2.exceptions.ProtocolError:
+                pass
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+                try:
+                    await self._flush()
+                except Exception:
+                    pass
+        state.chunks.clear()
+        self._hand_over_reading()
+        if self.on_stream_closed is not None:
+            self.on_stream_closed(self)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _wait(
+        self, state: _StreamState, timeout: float | None, ready: Callable[[], bool]
+    ) -> None:
+        try:
+            with _deadline(timeout, httpx.ReadTimeout):
+                while not ready():
+                    self._raise_if_failed(state)
+                    if state.ended:
+                        return
+                    if self._reading:
+                        state.wake = anyio.Event()
+                        self._waiting[state.id] = state
+                        try:
+                            await state.wake.wait()
+                        finally:
+                            state.wake = None
+                            self._waiting.pop(state.id, None)
+                    else:
+                        await self._read_as_reader(state)
+        finally:
+            # Whoever leaves while nobody reads passes the role on, so no waiter is stranded.
+            self._hand_over_reading()
+
+    async def _read_as_reader(self, state: _StreamState) -> None:
+        self._reading = True
+        try:
+            await self._read_once()
+        finally:
+            self._reading = False
+
+    def _hand_over_reading(self) -> None:
+        """Wake one waiting stream so that somebody keeps reading the socket."""
+        if self._reading:
+            return
+        for other in self._waiting.values():
+            if other.wake is not None:
+                other.wake.set()
+                return
+        for event in self._window_waiters:
+            event.set()
+
+    def _raise_if_failed(self, state: _StreamState) -> None:
+        if state.error is not None:
+            raise state.error
+        if self._error is not None:
+            raise self._error
+
+    async def _read_once(self) -> None:
+        try:
+            data = await self._sock.receive(_READ_SIZE)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._connection_lost(httpx.RemoteProtocolError("server closed the connection"), exc)
+            return
+        except (OSError, ssl.SSLError) as exc:
+            self._connection_lost(httpx.ReadError(f"read failed: {exc}"), exc)
+            return
+        try:
+            events = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            self._connection_lost(httpx.RemoteProtocolError(f"HTTP/2 protocol error: {exc}"), exc)
+            return
+        for event in events:
+            self._dispatch(event)
+        if self._h2_has_output():
+            await self._flush()
+
+    def _dispatch(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            state = self._streams.get(event.stream_id)
+            flow = event.flow_controlled_length or 0
+            if state is None:
+                if flow:
+                    self._h2.acknowledge_received_data(flow, event.stream_id)
+                return
+            state.chunks.append((event.data, flow))
+            state.pending_flow += flow
+            _wake(state)
+        elif isinstance(event, h2.events.ResponseReceived):
+            state = self._streams.get(event.stream_id)
+            if state is not None:
+                status = 0
+                headers = []
+                for name, value in event.headers:
+                    if name == b":status":
+                        status = int(value)
+                    elif not name.startswith(b":"):
+                        headers.append((name, value))
+                state.status = status
+                state.headers = headers
+                _wake(state)
+        elif isinstance(event, h2.events.StreamEnded):
+            state = self._streams.get(event.stream_id)
+            if state is not None:
+                state.ended = True
+                _wake(state)
+        elif isinstance(event, h2.events.StreamReset):
+            state = self._streams.get(event.stream_id)
+            if state is not None and not state.ended:
+                code = _error_name(event.error_code)
+                if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
+                    state.error = ConnectionNotAvailable()
+                else:
+                    state.error = httpx.RemoteProtocolError(f"server reset the stream ({code})")
+                _wake(state)
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._settings_received = True
+            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, 1000)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._goaway = True
+            last = event.last_stream_id if event.last_stream_id is not None else 0
+            for state in list(self._streams.values()):
+                if state.id > last and not state.ended:
+                    state.error = ConnectionNotAvailable()
+                    _wake(state)
+            if event.error_code:
+                self._connection_lost(
+                    httpx.RemoteProtocolError(
+                        f"server closed the connection ({_error_name(event.error_code)})"
+                    ),
+                    None,
+                )
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.SettingsAcknowledged):
+            for waiter in self._window_waiters:
+                waiter.set()
+
+    def _connection_lost(self, error: Exception, cause: BaseException | None) -> None:
+        if cause is not None:
+            error.__cause__ = cause
+        self._error = error
+        self._fail_all(error)
+
+    def _fail_all(self, error: Exception) -> None:
+        for state in self._streams.values():
+            if not state.ended and state.error is None:
+                state.error = error
+                _wake(state)
+        for waiter in self._window_waiters:
+            waiter.set()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def _flush(self, timeout: float | None = None) -> None:
+        async with self._write_lock:
+            await self._send_pending(timeout)
+
+    async def _send_pending(self, timeout: float | None = None) -> None:
+        data = self._h2.data_to_send()
+        if not data:
+            return
+        if self._error is not None:
+            raise self._error
+        # A half-written frame would corrupt every stream of the connection: never cancel a write.
+        with anyio.CancelScope(shield=True):
+            try:
+                with _deadline(timeout, httpx.WriteTimeout):
+                    await self._sock.send(data)
+            except httpx.WriteTimeout as exc:
+                self._connection_lost(exc, None)
+                raise
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+                error = ConnectionNotAvailable() if not self.requests_served else None
+                self._connection_lost(httpx.WriteError(f"write failed: {exc}"), exc)
+                raise (error or self._error) from exc  # type: ignore[misc]
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """The body of one HTTP/2 response; closing it early resets only this stream."""
+
+    def __init__(self, conn: HTTP2Connection, state: _StreamState, timeout: float | None) -> None:
+        self._conn = conn
+        self._state = state
+        self._timeout = timeout
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, state, timeout = self._conn, self._state, self._timeout
+        while True:
+            chunk = await conn.next_chunk(state, timeout)
+            if chunk is None:
+                return
+            yield chunk
+
+    async def receive(self) -> bytes | None:
+        """The next chunk, or ``None`` at the end: iteration without an async generator, so
+        leaving early leaves no half-run generator behind (trio warns about those)."""
+        return await self._conn.next_chunk(self._state, self._timeout)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._conn.close_stream(self._state)
+
+
+class _deadline:  # noqa: N801 - used as a context manager like anyio's
+    """``anyio.fail_after`` that raises an httpx timeout; ``None`` means no deadline."""
+
+    __slots__ = ("_exc", "_scope", "_timeout")
+
+    def __init__(self, timeout: float | None, exc: type[httpx.TimeoutException]) -> None:
+        self._timeout = timeout
+        self._exc = exc
+        self._scope: anyio.CancelScope | None = None
+
+    def __enter__(self) -> None:
+        if self._timeout is not None:
+            self._scope = anyio.move_on_after(self._timeout)
+            self._scope.__enter__()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        if self._scope is None:
+            return False
+        swallowed = self._scope.__exit__(exc_type, exc, tb)  # type: ignore[arg-type]
+        if self._scope.cancelled_caught:
+            raise self._exc(f"no data within {self._timeout:g} s on this stream")
+        return bool(swallowed)
+
+
+def _wake(state: _StreamState) -> None:
+    if state.wake is not None:
+        state.wake.set()
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCodes(code).name
+    except ValueError:
+        return f"error code {code}"

@@ -1,0 +1,265 @@
+"""An httpx transport: HTTP/2 over TLS on our own connections, HTTP/1.1 keep-alive otherwise.
+
+One ``Transport`` serves one target. Every TLS origin gets a small pool of ``HTTP2Connection``s
+(streams are multiplexed; a second connection opens only when the server's stream limit is
+reached). Plain-HTTP origins, and TLS servers that do not offer ``h2`` in ALPN, go through httpx's
+own HTTP/1.1 transport with keep-alive: there, closing a response early closes its connection,
+which the server sees as a cancel.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+from anyio.streams.tls import TLSAttribute
+
+from ._h2 import ConnectionNotAvailable, HTTP2Connection, _deadline
+
+__all__ = ["Transport", "make_ssl_context"]
+
+_ATTEMPTS = 3
+
+
+def make_ssl_context(
+    verify: ssl.SSLContext | str | bool = True, *, alpn: tuple[str, ...] = ("h2", "http/1.1")
+) -> ssl.SSLContext:
+    """A client TLS context: system/certifi roots, a CA file or directory, or verification off."""
+    if isinstance(verify, ssl.SSLContext):
+        ctx = verify
+    elif verify is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif isinstance(verify, str):
+        if os.path.isdir(verify):
+            ctx = ssl.create_default_context(capath=verify)
+        else:
+            ctx = ssl.create_default_context(cafile=verify)
+    else:
+        ctx = _default_context()
+    ctx.set_alpn_protocols(list(alpn))
+    return ctx
+
+
+def _default_context() -> ssl.SSLContext:
+    cafile = os.environ.get("SSL_CERT_FILE")
+    capath = os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    try:
+        import certifi
+
+        return ssl.create_default_context(cafile=certifi.where())
+    except ImportError:  # pragma: no cover - certifi comes with httpx
+        return ssl.create_default_context()
+
+
+class _OriginPool:
+    """The HTTP/2 connections to one (host, port)."""
+
+    def __init__(self, transport: Transport, host: str, port: int) -> None:
+        self.transport = transport
+        self.host = host
+        self.port = port
+        self.connections: list[HTTP2Connection] = []
+        self.connect_lock = anyio.Lock()
+        self.slot_freed = anyio.Event()
+        self.http1_only = False
+
+    def _prune(self) -> None:
+        now = time.monotonic()
+        keep: list[HTTP2Connection] = []
+        for conn in self.connections:
+            expired = conn.is_idle() and now - conn.last_used > self.transport.keepalive_expiry
+            if conn.is_closed() or expired:
+                self.transport._to_close.append(conn)
+            else:
+                keep.append(conn)
+        self.connections = keep
+
+    def _available(self) -> HTTP2Connection | None:
+        best: HTTP2Connection | None = None
+        for conn in self.connections:
+            if conn.is_available() and (best is None or conn.open_streams < best.open_streams):
+                best = conn
+        return best
+
+    async def acquire(self, timeouts: dict[str, Any]) -> tuple[HTTP2Connection | None, bool]:
+        """A connection with a free stream slot (reserved for the caller), and whether reused.
+
+        ``None`` means the server does not speak HTTP/2: use HTTP/1.1.
+        """
+        with _deadline(timeouts.get("pool"), httpx.PoolTimeout):
+            while True:
+                self._prune()
+                conn = self._available()
+                if conn is not None:
+                    conn.reserve()
+                    return conn, True
+                if len(self.connections) < self.transport.max_connections:
+                    async with self.connect_lock:
+                        self._prune()
+                        conn = self._available()
+                        if conn is not None:
+                            conn.reserve()
+                            return conn, True
+                        if self.http1_only:
+                            return None, False
+                        conn = await self._connect(timeouts.get("connect"))
+                        if conn is None:
+                            return None, False
+                        self.connections.append(conn)
+                        conn.reserve()
+                        return conn, False
+                if self.slot_freed.is_set():
+                    self.slot_freed = anyio.Event()
+                await self.slot_freed.wait()
+
+    async def _connect(self, timeout: float | None) -> HTTP2Connection | None:
+        started = time.monotonic()
+        transport = self.transport
+        with _deadline(timeout, httpx.ConnectTimeout):
+            try:
+                sock = await anyio.connect_tcp(
+                    self.host,
+                    self.port,
+                    ssl_context=transport.ssl_context,
+                    tls_hostname=self.host,
+                    tls_standard_compatible=False,
+                )
+            except (OSError, ssl.SSLError, anyio.BrokenResourceError) as exc:
+                raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            if sock.extra(TLSAttribute.alpn_protocol) != "h2":
+                await sock.aclose()
+                self.http1_only = True
+                return None
+            conn = HTTP2Connection(
+                sock, origin=f"{self.host}:{self.port}", connect_time=time.monotonic() - started
+            )
+            conn.on_stream_closed = self._stream_closed
+            try:
+                await conn.start()
+            except BaseException:
+                await conn.aclose()
+                raise
+        conn.connect_time = time.monotonic() - started
+        return conn
+
+    def _stream_closed(self, conn: HTTP2Connection) -> None:
+        self.slot_freed.set()
+
+
+class Transport(httpx.AsyncBaseTransport):
+    """One target's connections. HTTP/2 streams over TLS, HTTP/1.1 keep-alive for plain HTTP.
+
+    ``max_connections`` bounds the HTTP/2 connections per origin (each carries up to the server's
+    stream limit); ``limits`` configures the HTTP/1.1 pool.
+    """
+
+    def __init__(
+        self,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        max_connections: int = 8,
+        keepalive_expiry: float = 60.0,
+        limits: httpx.Limits | None = None,
+    ) -> None:
+        self.ssl_context = make_ssl_context(verify)
+        self.max_connections = max_connections
+        self.keepalive_expiry = keepalive_expiry
+        h1_verify = verify if isinstance(verify, ssl.SSLContext) else make_ssl_context(
+            verify, alpn=("http/1.1",)
+        )
+        self._http1 = httpx.AsyncHTTPTransport(
+            verify=h1_verify,
+            http1=True,
+            http2=False,
+            limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        )
+        self._pools: dict[tuple[str, int], _OriginPool] = {}
+        self._to_close: list[HTTP2Connection] = []
+        self._closed = False
+
+    def _pool(self, url: httpx.URL) -> _OriginPool:
+        key = (url.host, url.port or 443)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools[key] = _OriginPool(self, *key)
+        return pool
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        if request.url.scheme != "https":
+            return await self._handle_http1(request)
+        pool = self._pool(request.url)
+        timeouts = request.extensions.get("timeout", {})
+        await self._close_pruned()
+        for _ in range(_ATTEMPTS):
+            conn, reused = await pool.acquire(timeouts)
+            if conn is None:
+                return await self._handle_http1(request)
+            try:
+                return await conn.handle_request(request, reused=reused)
+            except ConnectionNotAvailable:
+                continue
+        raise httpx.ConnectError(f"no usable HTTP/2 connection to {pool.host}:{pool.port}")
+
+    async def _handle_http1(self, request: httpx.Request) -> httpx.Response:
+        connect: dict[str, float] = {}
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            if name == "connection.connect_tcp.started":
+                connect["start"] = time.monotonic()
+            elif name in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+                connect["end"] = time.monotonic()
+
+        request.extensions = {**request.extensions, "trace": trace}
+        response = await self._http1.handle_async_request(request)
+        reused = "start" not in connect
+        response.extensions["llmroute.connection_reused"] = reused
+        response.extensions["llmroute.connect_time"] = (
+            0.0 if reused else connect.get("end", connect["start"]) - connect["start"]
+        )
+        return response
+
+    async def warmup(self, url: httpx.URL | str, *, timeout: float | None = 10.0) -> None:
+        """Open a connection to ``url``'s origin now, so the first request finds it warm."""
+        url = httpx.URL(url)
+        if url.scheme != "https":
+            return
+        pool = self._pool(url)
+        if pool.http1_only or any(not c.is_closed() for c in pool.connections):
+            return
+        async with pool.connect_lock:
+            if any(not c.is_closed() for c in pool.connections):
+                return
+            conn = await pool._connect(timeout)
+            if conn is not None:
+                conn.last_used = time.monotonic()
+                pool.connections.append(conn)
+
+    def connections(self) -> list[HTTP2Connection]:
+        """The open HTTP/2 connections (for tests and stats)."""
+        return [c for pool in self._pools.values() for c in pool.connections if not c.is_closed()]
+
+    async def _close_pruned(self) -> None:
+        while self._to_close:
+            await self._to_close.pop().aclose()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._close_pruned()
+        for pool in self._pools.values():
+            for conn in pool.connections:
+                await conn.aclose()
+            pool.connections.clear()
+        await self._http1.aclose()

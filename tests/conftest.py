@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from llmroute.testing import Profile, Simulator
+
+KEY = "sk-test-0123456789abcdef-SECRET"
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def sim() -> Iterator[Simulator]:
+    """A zero-latency TLS + HTTP/2 simulator with 20-token replies, shared by the session."""
+    with Simulator(profile=Profile(reply_tokens=20), tls=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sim_h1() -> Iterator[Simulator]:
+    """The same simulator over plain HTTP/1.1."""
+    with Simulator(profile=Profile(reply_tokens=20), tls=False) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sim_slow() -> Iterator[Simulator]:
+    """Tokens every 10 ms: streams stay busy for a while."""
+    with Simulator(profile=Profile(reply_tokens=200, inter_token=0.01), tls=True) as server:
+        yield server

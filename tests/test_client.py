@@ -1,0 +1,273 @@
+"""The drop-in client's surface: constructor, options, errors, retries, timings, secrets."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+import anyio
+import httpx
+import openai
+import pytest
+
+import llmroute
+from llmroute.testing import Simulator
+
+from .conftest import KEY
+
+MESSAGES = [{"role": "user", "content": "Hello there"}]
+
+
+def client_for(sim: Simulator, **kwargs: object) -> llmroute.AsyncOpenAI:
+    kwargs.setdefault("api_key", KEY)
+    return llmroute.AsyncOpenAI(base_url=sim.base_url, verify=sim.ssl_context(), **kwargs)
+
+
+def test_missing_api_key_raises_openais_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(openai.OpenAIError, match="OPENAI_API_KEY"):
+        llmroute.AsyncOpenAI()
+
+
+def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", "https://example.invalid/v2")
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-1")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-1")
+    client = llmroute.AsyncOpenAI()
+    assert client.api_key == KEY
+    assert str(client.base_url) == "https://example.invalid/v2/"
+    assert client.default_headers["OpenAI-Organization"] == "org-1"
+    assert client.default_headers["OpenAI-Project"] == "proj-1"
+
+
+@pytest.mark.parametrize("url", ["ftp://example.com/v1", "example.com/v1", "ws://host/v1"])
+def test_base_url_must_be_http(url: str) -> None:
+    with pytest.raises(ValueError, match="base_url") as info:
+        llmroute.AsyncOpenAI(api_key=KEY, base_url=url)
+    assert url in str(info.value)
+
+
+def test_unknown_constructor_argument_is_named() -> None:
+    with pytest.raises(TypeError, match="bogus"):
+        llmroute.AsyncOpenAI(api_key=KEY, bogus=1)
+
+
+def test_repr_never_shows_the_key() -> None:
+    client = llmroute.AsyncOpenAI(api_key=KEY)
+    assert KEY not in repr(client)
+    assert KEY not in str(client)
+
+
+@pytest.mark.anyio
+async def test_every_parameter_and_extra_passes_through(sim: Simulator) -> None:
+    async with client_for(
+        sim, default_headers={"X-App": "demo"}, default_query={"tenant": "t1"}
+    ) as client:
+        await client.chat.completions.create(
+            model="sim-small",
+            messages=MESSAGES,
+            temperature=0.2,
+            top_p=0.9,
+            seed=7,
+            user="u-1",
+            logit_bias={"50256": -100},
+            metadata={"k": "v"},
+            extra_headers={"X-Extra": "1"},
+            extra_query={"q": "2"},
+            extra_body={"vendor_flag": True},
+        )
+    seen = sim.last_requests[-1]
+    body = seen["json"]
+    assert body["temperature"] == 0.2 and body["top_p"] == 0.9 and body["seed"] == 7
+    assert body["user"] == "u-1" and body["logit_bias"] == {"50256": -100}
+    assert body["metadata"] == {"k": "v"} and body["vendor_flag"] is True
+    headers = {k.lower(): v for k, v in seen["headers"].items()}
+    assert headers["x-app"] == "demo" and headers["x-extra"] == "1"
+    assert headers["authorization"] == f"Bearer {KEY}"
+    assert seen["query"]["tenant"] == "t1" and seen["query"]["q"] == "2"
+
+
+@pytest.mark.anyio
+async def test_not_given_and_omit_are_dropped(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, temperature=openai.NOT_GIVEN, top_p=openai.omit
+        )
+    body = sim.last_requests[-1]["json"]
+    assert "temperature" not in body and "top_p" not in body
+
+
+@pytest.mark.anyio
+async def test_callable_api_key_is_awaited_per_request(sim: Simulator) -> None:
+    calls = 0
+
+    async def key() -> str:
+        nonlocal calls
+        calls += 1
+        return f"{KEY}-{calls}"
+
+    async with client_for(sim, api_key=key) as client:
+        await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert calls == 2
+    headers = {k.lower(): v for k, v in sim.last_requests[-1]["headers"].items()}
+    assert headers["authorization"] == f"Bearer {KEY}-2"
+
+
+@pytest.mark.anyio
+async def test_with_options_changes_a_copy_and_shares_connections(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        other = client.with_options(max_retries=0, default_headers={"X-Copy": "yes"})
+        assert other.max_retries == 0 and client.max_retries == 2
+        await other.chat.completions.create(model="sim-small", messages=MESSAGES)
+        headers = {k.lower(): v for k, v in sim.last_requests[-1]["headers"].items()}
+        assert headers["x-copy"] == "yes"
+        await other.close()  # a copy does not close the shared connections
+        done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert done.timings.connection_reused is True
+
+
+@pytest.mark.anyio
+async def test_stream_timings_are_ordered(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        async for _ in stream:
+            pass
+    t = stream.timings
+    assert t.headers is not None and t.first_byte is not None
+    assert t.first_token is not None and t.total is not None
+    assert 0 <= t.headers <= t.first_byte <= t.first_token <= t.total
+    assert t.tokens == 20
+    assert t.connection_reused is False and t.connect is not None and t.connect > 0
+
+
+@pytest.mark.anyio
+async def test_http_errors_raise_at_the_await(sim: Simulator) -> None:
+    async with client_for(sim, max_retries=0) as client:
+        with pytest.raises(openai.RateLimitError) as info:
+            await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True,
+                extra_headers={"x-sim-fault": "429"},
+            )
+    err = info.value
+    assert err.status_code == 429
+    assert err.request_id
+    assert isinstance(err.body, dict) and err.body.get("type")
+
+
+@pytest.mark.anyio
+async def test_html_error_body_from_a_proxy_is_kept_as_text(sim: Simulator) -> None:
+    async with client_for(sim, max_retries=0) as client:
+        with pytest.raises(openai.InternalServerError) as info:
+            await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, extra_headers={"x-sim-fault": "html502"}
+            )
+    assert info.value.status_code == 502
+    assert isinstance(info.value.body, str) and "<html" in info.value.body.lower()
+
+
+@pytest.mark.anyio
+async def test_retries_follow_retry_after_and_max_retries(sim: Simulator) -> None:
+    async with client_for(sim, max_retries=2) as client:
+        before = sim.stats()["requests"]
+        with pytest.raises(openai.RateLimitError):
+            await client.chat.completions.create(
+                model="sim-small",
+                messages=MESSAGES,
+                extra_headers={"x-sim-fault": "429", "x-sim-retry-after": "0.01"},
+            )
+        assert sim.stats()["requests"] - before == 3
+
+
+@pytest.mark.anyio
+async def test_connection_refused_is_an_api_connection_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=f"https://127.0.0.1:{port}/v1", max_retries=0
+    ) as client:
+        with pytest.raises(openai.APIConnectionError) as info:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert KEY not in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_timeout_is_an_api_timeout_error(sim: Simulator) -> None:
+    async with client_for(sim, max_retries=0) as client:
+        with anyio.fail_after(10):
+            with pytest.raises(openai.APITimeoutError):
+                await client.chat.completions.create(
+                    model="sim-small",
+                    messages=MESSAGES,
+                    timeout=0.3,
+                    extra_headers={"x-sim-fault": "hang"},
+                )
+
+
+@pytest.mark.anyio
+async def test_malformed_line_names_target_and_quotes_it(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True,
+            extra_headers={"x-sim-fault": "malformed:2"},
+        )
+        with pytest.raises(llmroute.MalformedStreamError) as info:
+            async for _ in stream:
+                pass
+    assert "127.0.0.1" in str(info.value)
+    assert "{not json" in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_drop_mid_stream_is_never_a_complete_answer(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True,
+            extra_headers={"x-sim-fault": "drop:3"},
+        )
+        with anyio.fail_after(10), pytest.raises(llmroute.StreamInterrupted) as info:
+            async for _ in stream:
+                pass
+    assert isinstance(info.value, openai.APIError)
+    assert info.value.partial_text
+
+
+@pytest.mark.anyio
+async def test_key_never_in_logs_or_errors(
+    sim: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    errors: list[BaseException] = []
+    async with client_for(sim, max_retries=1) as client:
+        for fault in ("429", "500", "html502", "malformed:1", "drop:2"):
+            try:
+                stream = await client.chat.completions.create(
+                    model="sim-small", messages=MESSAGES, stream=True,
+                    extra_headers={"x-sim-fault": fault, "x-sim-retry-after": "0.01"},
+                )
+                async for _ in stream:
+                    pass
+            except openai.APIError as exc:
+                errors.append(exc)
+    assert len(errors) == 5
+    # The simulator runs in another thread of this process; its server-side logs are not ours.
+    client_records = [r for r in caplog.records if r.thread == threading.get_ident()]
+    assert any(r.name.startswith("hpack") for r in client_records), "expected debug records"
+    assert any(r.name == "llmroute" for r in client_records), "expected retry records"
+    for record in client_records:
+        assert KEY not in record.getMessage()
+    for exc in errors:
+        assert KEY not in str(exc) and KEY not in repr(exc)
+        assert KEY not in repr(getattr(exc, "body", ""))
+
+
+def test_httpx_timeout_forms_are_accepted() -> None:
+    client = llmroute.AsyncOpenAI(api_key=KEY, timeout=httpx.Timeout(3.0))
+    assert client.timeout.read == 3.0
+    client = llmroute.AsyncOpenAI(api_key=KEY, timeout=openai.Timeout(4.0, connect=1.0))
+    assert client.timeout.read == 4.0 and client.timeout.connect == 1.0

@@ -1,0 +1,165 @@
+"""The transport against the TLS + HTTP/2 simulator: multiplexing, resets, per-stream deadlines."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import pytest
+
+import llmroute
+from llmroute.testing import Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Say something."}]
+
+
+def client_for(sim: Simulator, **kwargs: object) -> llmroute.AsyncOpenAI:
+    return llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), **kwargs
+    )
+
+
+async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 5.0) -> None:
+    with anyio.move_on_after(timeout):
+        while sim.stats()[name] < value:
+            await anyio.sleep(0.01)
+    assert sim.stats()[name] >= value, f"{name} stayed at {sim.stats()[name]}, expected {value}"
+
+
+async def test_tls_target_speaks_http2(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        async with stream:
+            chunks = [chunk async for chunk in stream]
+        assert stream.response.http_version == "HTTP/2"
+        assert stream.timings.http_version == "HTTP/2"
+        assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_fifty_concurrent_streams_share_one_connection(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        texts: list[str] = []
+
+        async def one(i: int) -> None:
+            stream = await client.chat.completions.create(
+                model="sim-small",
+                messages=[{"role": "user", "content": f"question {i}"}],
+                stream=True,
+            )
+            parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+            texts.append("".join(parts))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, i)
+        assert len(texts) == 50 and all(texts)
+        assert client._transport is not None
+        connections = client._transport.connections()
+        assert len(connections) == 1
+        assert connections[0].requests_served == 50
+
+
+async def _first_chunk_then(sim: Simulator, how: str) -> None:
+    async with client_for(sim) as client:
+        before = sim.stats()
+        stream = await client.chat.completions.create(
+            model="sim-large", messages=MESSAGES, stream=True
+        )
+        if how == "break":
+            async for _chunk in stream:
+                break
+            await stream.close()
+        elif how == "close":
+            await stream.__anext__()
+            await stream.close()
+        elif how == "cancel":
+            with anyio.move_on_after(0.2):
+                async for _chunk in stream:
+                    pass
+            await stream.close()
+        await wait_for_stat(sim, "streams_cancelled", before["streams_cancelled"] + 1)
+        # The connection survived the reset: the next request reuses it.
+        completion = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert completion.timings.connection_reused is True
+        assert client._transport is not None
+        assert len(client._transport.connections()) == 1
+
+
+@pytest.mark.parametrize("how", ["break", "close", "cancel"])
+async def test_leaving_a_stream_early_resets_only_that_stream(
+    sim_slow: Simulator, how: str
+) -> None:
+    await _first_chunk_then(sim_slow, how)
+
+
+async def test_stalled_stream_times_out_beside_busy_streams(sim_slow: Simulator) -> None:
+    async with client_for(sim_slow) as client:
+        busy_done = 0
+
+        async def busy() -> None:
+            nonlocal busy_done
+            stream = await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True
+            )
+            async for _ in stream:
+                pass
+            busy_done += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(busy)
+            stream = await client.chat.completions.create(
+                model="sim-small",
+                messages=MESSAGES,
+                stream=True,
+                timeout=httpx.Timeout(30.0, read=0.3),
+                extra_headers={"x-sim-fault": "stall-between:2:60"},
+            )
+            with pytest.raises(llmroute.StreamInterrupted) as info:
+                async for _ in stream:
+                    pass
+            assert isinstance(info.value.cause, httpx.ReadTimeout)
+            assert info.value.partial_text
+        assert busy_done == 3
+        assert client._transport is not None
+        assert len(client._transport.connections()) == 1
+
+
+async def test_plain_http_target_uses_http11_keepalive(sim_h1: Simulator) -> None:
+    async with llmroute.AsyncOpenAI(api_key=KEY, base_url=sim_h1.base_url) as client:
+        first = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        second = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert first.timings.http_version == "HTTP/1.1"
+        assert first.timings.connection_reused is False
+        assert second.timings.connection_reused is True
+        before = sim_h1.stats()["streams_cancelled"]
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True,
+            extra_headers={"x-sim-fault": "stall-between:2:60"},
+        )
+        await stream.__anext__()
+        await stream.close()
+        await wait_for_stat(sim_h1, "streams_cancelled", before + 1)
+
+
+async def test_warmup_opens_the_connection_ahead(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        await client.warmup()
+        completion = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert completion.timings.connection_reused is True
+        assert completion.timings.connect == 0.0
+
+
+async def test_large_request_body_respects_flow_control(sim: Simulator) -> None:
+    big = "word " * 300_000  # 1.5 MB, far beyond the initial HTTP/2 window
+    async with client_for(sim) as client:
+        completion = await client.chat.completions.create(
+            model="sim-small", messages=[{"role": "user", "content": big}]
+        )
+        assert completion.choices[0].message.content
+        assert sim.last_requests[-1]["json"]["messages"][0]["content"] == big
