@@ -172,15 +172,23 @@ class AsyncOpenAI:
     ) -> AsyncOpenAI:
         """A copy of this client with some options changed; it shares the connections."""
         if default_headers is not None and set_default_headers is not None:
-            raise ValueError("The `default_headers` and `set_default_headers` arguments are mutually exclusive")
+            raise ValueError(
+                "The `default_headers` and `set_default_headers` arguments are mutually exclusive"
+            )
         if default_query is not None and set_default_query is not None:
-            raise ValueError("The `default_query` and `set_default_query` arguments are mutually exclusive")
-        headers = dict(set_default_headers) if set_default_headers is not None else {
-            **self._custom_headers, **(default_headers or {})
-        }
-        query = dict(set_default_query) if set_default_query is not None else {
-            **self._custom_query, **(default_query or {})
-        }
+            raise ValueError(
+                "The `default_query` and `set_default_query` arguments are mutually exclusive"
+            )
+        headers = (
+            dict(set_default_headers)
+            if set_default_headers is not None
+            else {**self._custom_headers, **(default_headers or {})}
+        )
+        query = (
+            dict(set_default_query)
+            if set_default_query is not None
+            else {**self._custom_query, **(default_query or {})}
+        )
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
         if api_key is not None:
@@ -281,9 +289,7 @@ class AsyncOpenAI:
 
         def retryable(exc: BaseException) -> bool:
             if isinstance(exc, APIStatusError):
-                return should_retry_status(
-                    exc.status_code, exc.response.headers, now=time.time()
-                )
+                return should_retry_status(exc.status_code, exc.response.headers, now=time.time())
             return isinstance(exc, APIConnectionError)
 
         def wait(state: RetryCallState) -> float:
@@ -340,9 +346,7 @@ class AsyncOpenAI:
                     await response.aread()
             finally:
                 await response.aclose()
-            timings.first_byte = timings.first_token = timings.total = (
-                time.monotonic() - started
-            )
+            timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
         return response, timings
 
 

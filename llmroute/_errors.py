@@ -75,17 +75,24 @@ class MalformedStreamError(APIError, ValueError):
 
     def __init__(self, message: str, request: httpx.Request, *, target: str, line: str) -> None:
         super().__init__(
-            f"{message} from target {target!r}: {quote(line)}", request, body=None  # type: ignore[arg-type]
+            f"{message} from target {target!r}: {quote(line)}",
+            request,
+            body=None,  # type: ignore[arg-type]
         )
         self.target = target
         self.line = line
 
 
 class StreamInterrupted(APIError):
-    """Raised when a stream breaks after some content was already yielded; keeps the partial text."""
+    """Raised when a stream breaks after content was yielded; ``partial_text`` keeps it."""
 
     def __init__(
-        self, message: str, request: httpx.Request, *, partial_text: str, cause: BaseException | None
+        self,
+        message: str,
+        request: httpx.Request,
+        *,
+        partial_text: str,
+        cause: BaseException | None,
     ) -> None:
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.partial_text = partial_text

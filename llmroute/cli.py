@@ -21,15 +21,25 @@ def _demo_profiles() -> dict[str, object]:
 
     return {
         "fast-but-spiky": Profile(
-            ttft_median=0.08, ttft_sigma=0.3, stall_prob=0.25, stall_range=(0.5, 1.0),
-            inter_token=0.015, reply_tokens=24, seed=1,
+            ttft_median=0.08,
+            ttft_sigma=0.3,
+            stall_prob=0.25,
+            stall_range=(0.5, 1.0),
+            inter_token=0.015,
+            reply_tokens=24,
+            seed=1,
         ),
         "steady-slow": Profile(
             ttft_median=0.35, ttft_sigma=0.05, inter_token=0.03, reply_tokens=24, seed=2
         ),
         "flaky": Profile(
-            ttft_median=0.12, ttft_sigma=0.2, inter_token=0.02, reply_tokens=24,
-            rate_429=0.3, retry_after=0.05, seed=3,
+            ttft_median=0.12,
+            ttft_sigma=0.2,
+            inter_token=0.02,
+            reply_tokens=24,
+            rate_429=0.3,
+            retry_after=0.05,
+            seed=3,
         ),
     }
 
@@ -46,7 +56,9 @@ async def _demo(out: object = None) -> int:
             name: stack.enter_context(Simulator(profile=profile, tls=True))  # type: ignore[arg-type]
             for name, profile in _demo_profiles().items()
         }
-        write("llmroute demo: three simulated providers on 127.0.0.1 (TLS + HTTP/2), no API keys\n\n")
+        write(
+            "llmroute demo: three simulated providers on 127.0.0.1 (TLS + HTTP/2), no API keys\n\n"
+        )
         for name, sim in sims.items():
             async with AsyncOpenAI(
                 api_key="demo-key", base_url=sim.base_url, verify=sim.ssl_context()
@@ -75,7 +87,10 @@ async def _demo(out: object = None) -> int:
                         )
                     except OpenAIError as exc:
                         write(f"\n  failed: {type(exc).__name__}: {exc}\n\n")
-        write("Routing across these providers (hedging on live P95 TTFT) arrives with the routing work.\n")
+        write(
+            "Routing across these providers (hedging on live P95 TTFT) comes with the routing "
+            "work.\n"
+        )
     return 0
 
 

@@ -150,7 +150,9 @@ async def test_http_errors_raise_at_the_await(sim: Simulator) -> None:
     async with client_for(sim, max_retries=0) as client:
         with pytest.raises(openai.RateLimitError) as info:
             await client.chat.completions.create(
-                model="sim-small", messages=MESSAGES, stream=True,
+                model="sim-small",
+                messages=MESSAGES,
+                stream=True,
                 extra_headers={"x-sim-fault": "429"},
             )
     err = info.value
@@ -213,7 +215,9 @@ async def test_timeout_is_an_api_timeout_error(sim: Simulator) -> None:
 async def test_malformed_line_names_target_and_quotes_it(sim: Simulator) -> None:
     async with client_for(sim) as client:
         stream = await client.chat.completions.create(
-            model="sim-small", messages=MESSAGES, stream=True,
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
             extra_headers={"x-sim-fault": "malformed:2"},
         )
         with pytest.raises(llmroute.MalformedStreamError) as info:
@@ -227,7 +231,9 @@ async def test_malformed_line_names_target_and_quotes_it(sim: Simulator) -> None
 async def test_drop_mid_stream_is_never_a_complete_answer(sim: Simulator) -> None:
     async with client_for(sim) as client:
         stream = await client.chat.completions.create(
-            model="sim-small", messages=MESSAGES, stream=True,
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
             extra_headers={"x-sim-fault": "drop:3"},
         )
         with anyio.fail_after(10), pytest.raises(llmroute.StreamInterrupted) as info:
@@ -247,7 +253,9 @@ async def test_key_never_in_logs_or_errors(
         for fault in ("429", "500", "html502", "malformed:1", "drop:2"):
             try:
                 stream = await client.chat.completions.create(
-                    model="sim-small", messages=MESSAGES, stream=True,
+                    model="sim-small",
+                    messages=MESSAGES,
+                    stream=True,
                     extra_headers={"x-sim-fault": fault, "x-sim-retry-after": "0.01"},
                 )
                 async for _ in stream:

@@ -121,9 +121,11 @@ async def non_stream_tool_call(client: Any) -> Any:
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
     )
     call = completion.choices[0].message.tool_calls[0]
-    return call.function.name, json.loads(call.function.arguments), normalize(
-        completion.model_dump()
-    )["choices"][0]["finish_reason"]
+    return (
+        call.function.name,
+        json.loads(call.function.arguments),
+        normalize(completion.model_dump())["choices"][0]["finish_reason"],
+    )
 
 
 def error_snippet(fault: str, **create: Any) -> Snippet:
@@ -142,8 +144,12 @@ def error_snippet(fault: str, **create: Any) -> Snippet:
         except openai.RateLimitError as exc:
             return "rate-limit", exc.status_code, exc.body, exc.message, bool(exc.request_id)
         except openai.InternalServerError as exc:
-            return "server", exc.status_code, exc.body, exc.message, isinstance(
-                exc, openai.APIStatusError
+            return (
+                "server",
+                exc.status_code,
+                exc.body,
+                exc.message,
+                isinstance(exc, openai.APIStatusError),
             )
         except openai.APIStatusError as exc:
             return "status", exc.status_code, exc.body, exc.message

@@ -24,7 +24,7 @@ def client_for(sim: Simulator, **kwargs: object) -> llmroute.AsyncOpenAI:
 
 async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 5.0) -> None:
     with anyio.move_on_after(timeout):
-        while sim.stats()[name] < value:
+        while sim.stats()[name] < value:  # noqa: ASYNC110 - the counter lives in another thread
             await anyio.sleep(0.01)
     assert sim.stats()[name] >= value, f"{name} stayed at {sim.stats()[name]}, expected {value}"
 
@@ -139,7 +139,9 @@ async def test_plain_http_target_uses_http11_keepalive(sim_h1: Simulator) -> Non
         assert second.timings.connection_reused is True
         before = sim_h1.stats()["streams_cancelled"]
         stream = await client.chat.completions.create(
-            model="sim-small", messages=MESSAGES, stream=True,
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
             extra_headers={"x-sim-fault": "stall-between:2:60"},
         )
         await stream.__anext__()

@@ -31,7 +31,7 @@ import httpx
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
-__all__ = ["HTTP2Connection", "ConnectionNotAvailable"]
+__all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
 
 _READ_SIZE = 65536
 _CONNECTION_WINDOW = 16 * 1024 * 1024
@@ -129,7 +129,7 @@ class HTTP2Connection:
         )
 
     def is_closed(self) -> bool:
-        return self._closed or self._error is not None or self._goaway and not self._streams
+        return self._closed or self._error is not None or (self._goaway and not self._streams)
 
     def is_idle(self) -> bool:
         return not self._streams and not self._reserved
@@ -508,7 +508,7 @@ class _ResponseStream(httpx.AsyncByteStream):
             await self._conn.close_stream(self._state)
 
 
-class _deadline:  # noqa: N801 - used as a context manager like anyio's
+class _deadline:
     """``anyio.fail_after`` that raises an httpx timeout; ``None`` means no deadline."""
 
     __slots__ = ("_exc", "_scope", "_timeout")

@@ -134,7 +134,9 @@ class _OriginPool:
                     tls_standard_compatible=False,
                 )
             except (OSError, ssl.SSLError, anyio.BrokenResourceError) as exc:
-                raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+                raise httpx.ConnectError(
+                    f"cannot connect to {self.host}:{self.port}: {exc}"
+                ) from exc
             if sock.extra(TLSAttribute.alpn_protocol) != "h2":
                 await sock.aclose()
                 self.http1_only = True
@@ -173,8 +175,10 @@ class Transport(httpx.AsyncBaseTransport):
         self.ssl_context = make_ssl_context(verify)
         self.max_connections = max_connections
         self.keepalive_expiry = keepalive_expiry
-        h1_verify = verify if isinstance(verify, ssl.SSLContext) else make_ssl_context(
-            verify, alpn=("http/1.1",)
+        h1_verify = (
+            verify
+            if isinstance(verify, ssl.SSLContext)
+            else make_ssl_context(verify, alpn=("http/1.1",))
         )
         self._http1 = httpx.AsyncHTTPTransport(
             verify=h1_verify,
