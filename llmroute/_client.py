@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+import anyio
 import httpx
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -279,12 +280,13 @@ class AsyncOpenAI:
         )
 
     async def _send(
-        self, request: httpx.Request, *, read_body: bool
+        self, request: httpx.Request, *, read_body: bool, retries_done: int = 0
     ) -> tuple[httpx.Response, Timings]:
         """Send with retries on connection errors, timeouts and retryable statuses.
 
-        Retries happen before the first token only: up to the response headers for a stream,
-        up to the whole body otherwise (which ``read_body`` reads).
+        Up to the response headers for a stream (the stream itself retries a failure that comes
+        before its first token), up to the whole body otherwise (which ``read_body`` reads).
+        ``retries_done`` retries were already spent on this request.
         """
 
         def retryable(exc: BaseException) -> bool:
@@ -296,7 +298,7 @@ class AsyncOpenAI:
             exc = state.outcome.exception() if state.outcome else None
             headers = exc.response.headers if isinstance(exc, APIStatusError) else None
             delay = retry_delay(
-                retries_done=state.attempt_number - 1,
+                retries_done=retries_done + state.attempt_number - 1,
                 max_retries=self.max_retries,
                 headers=headers,
                 now=time.time(),
@@ -306,12 +308,12 @@ class AsyncOpenAI:
             return delay
 
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.max_retries + 1),
+            stop=stop_after_attempt(self.max_retries + 1 - retries_done),
             wait=wait,
             retry=retry_if_exception(retryable),
             reraise=True,
         )
-        retries = -1
+        retries = retries_done - 1
         async for attempt in retrying:
             with attempt:
                 retries += 1
@@ -319,6 +321,31 @@ class AsyncOpenAI:
                 timings.retries = retries
                 return response, timings
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _retry_stream(
+        self, request: httpx.Request, retries_done: int, error: Exception
+    ) -> tuple[httpx.Response, Timings] | None:
+        """Send a stream's request again after it failed before its first token.
+
+        ``None`` when no retry is left; otherwise the new response, after openai's backoff.
+        """
+        if retries_done >= self.max_retries:
+            return None
+        delay = retry_delay(
+            retries_done=retries_done,
+            max_retries=self.max_retries,
+            headers=None,
+            now=time.time(),
+            rand=random.random(),
+        )
+        log.info(
+            "Retrying request to %s in %f seconds (%s before the first token)",
+            request.url.path,
+            delay,
+            type(error).__name__,
+        )
+        await anyio.sleep(delay)
+        return await self._send(request, read_body=False, retries_done=retries_done + 1)
 
     async def _send_once(
         self, request: httpx.Request, *, read_body: bool
@@ -389,8 +416,12 @@ class AsyncCompletions:
         stream = bool(body.get("stream"))
         response, timings = await client._send(request, read_body=not stream)
         if stream:
-            decoder = ChatStreamDecoder(request=request, target=target)
-            return AsyncStream(response=response, decoder=decoder, timings=timings)
+            return AsyncStream(
+                response=response,
+                timings=timings,
+                new_decoder=lambda: ChatStreamDecoder(request=request, target=target),
+                retry=lambda done, exc: client._retry_stream(request, done, exc),
+            )
         completion = parse_chat_completion(
             response.content, request=request, target=target, response=response
         )

@@ -17,6 +17,9 @@ from .protocols.openai import ChatStreamDecoder, is_token_chunk
 __all__ = ["AsyncStream"]
 
 _T = TypeVar("_T")
+RetryHook = Callable[
+    [int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]
+]
 
 
 class AsyncStream(Generic[_T]):
@@ -25,21 +28,28 @@ class AsyncStream(Generic[_T]):
     Iterate it with ``async for``; leave early with ``break``, ``close()`` or an ``async with``
     block: the underlying HTTP/2 stream is reset at once and the connection stays open.
 
-    A stream never ends quietly with a truncated answer: if the connection breaks, or the server
-    ends the stream before ``[DONE]`` or a ``finish_reason``, iteration raises
-    :class:`~llmroute.StreamInterrupted` (content already yielded) or an
-    :class:`openai.APIConnectionError` (nothing yielded yet).
+    A failure before the first token (a dropped connection, a read timeout, a stream that ends
+    empty) is retried like openai retries a request, within ``max_retries``; the caller sees one
+    seamless stream. A stream never ends quietly with a truncated answer: if it breaks after
+    tokens were yielded, or the server ends it before ``[DONE]`` or a ``finish_reason``,
+    iteration raises :class:`~llmroute.StreamInterrupted` with the partial text.
     """
 
     response: httpx.Response
     timings: Timings
 
     def __init__(
-        self, *, response: httpx.Response, decoder: ChatStreamDecoder, timings: Timings
+        self,
+        *,
+        response: httpx.Response,
+        timings: Timings,
+        new_decoder: Callable[[], ChatStreamDecoder],
+        retry: RetryHook | None = None,
     ) -> None:
         self.response = response
         self.timings = timings
-        self._decoder = decoder
+        self._new_decoder = new_decoder
+        self._retry = retry
         self._iterator = self._iter_chunks()
 
     def __aiter__(self) -> AsyncIterator[_T]:
@@ -49,49 +59,78 @@ class AsyncStream(Generic[_T]):
         return await self._iterator.__anext__()  # type: ignore[return-value]
 
     async def _iter_chunks(self) -> AsyncIterator[ChatCompletionChunk]:
-        response, decoder, timings = self.response, self._decoder, self.timings
-        started = timings.started_at
-        request = response.request
         clock = time.monotonic
+        # After a retry, chunks before the new attempt's first token repeat what was yielded.
+        skip_preamble = False
         try:
-            with map_transport_errors(request):
-                receive = _receiver(response)
-                while (data := await receive()) is not None:
-                    if timings.first_byte is None:
-                        timings.first_byte = clock() - started
-                    for chunk in decoder.feed(data):
-                        if is_token_chunk(chunk):
-                            if timings.first_token is None:
-                                timings.first_token = clock() - started
-                            timings.tokens += 1
-                        yield chunk
-                    if decoder.done:
-                        break
-                if not decoder.done:
-                    for chunk in decoder.close():
-                        yield chunk
-            if not decoder.done and not decoder.finished:
-                raise StreamInterrupted(
-                    "The stream ended before the answer was complete (no [DONE] and no "
-                    "finish_reason); the text so far is in .partial_text.",
-                    request,
-                    partial_text=decoder.text,
-                    cause=None,
-                )
-        except APIConnectionError as exc:
-            if timings.tokens:
-                raise StreamInterrupted(
-                    f"The stream broke after {timings.tokens} tokens: {exc.message}",
-                    request,
-                    partial_text=decoder.text,
-                    cause=exc.__cause__ or exc,
-                ) from exc
-            raise
-        except APIError:
-            raise
+            while True:
+                response, timings = self.response, self.timings
+                decoder = self._new_decoder()
+                request, started = response.request, timings.started_at
+                skipping = skip_preamble
+                failure: APIConnectionError | None = None
+                try:
+                    with map_transport_errors(request):
+                        receive = _receiver(response)
+                        data: bytes | None = b""
+                        while data is not None:
+                            data = await receive()
+                            if data is None:
+                                chunks = decoder.close()
+                            else:
+                                if timings.first_byte is None:
+                                    timings.first_byte = clock() - started
+                                chunks = decoder.feed(data)
+                            for chunk in chunks:
+                                if is_token_chunk(chunk):
+                                    skipping = False
+                                    if timings.first_token is None:
+                                        timings.first_token = clock() - started
+                                    timings.tokens += 1
+                                elif skipping:
+                                    continue
+                                skip_preamble = True
+                                yield chunk
+                            if decoder.done:
+                                break
+                except APIConnectionError as exc:
+                    if timings.tokens:
+                        raise StreamInterrupted(
+                            f"The stream broke after {timings.tokens} tokens: {exc.message}",
+                            request,
+                            partial_text=decoder.text,
+                            cause=exc.__cause__ or exc,
+                        ) from exc
+                    failure = exc
+                if failure is None and (decoder.done or decoder.finished):
+                    return
+                if failure is None:
+                    failure = StreamInterrupted(
+                        "The stream ended before the answer was complete (no [DONE] and no "
+                        "finish_reason); the text so far is in .partial_text.",
+                        request,
+                        partial_text=decoder.text,
+                        cause=None,
+                    )
+                if timings.tokens or not await self._retry_before_first_token(failure):
+                    raise failure
         finally:
-            timings.total = clock() - started
-            await response.aclose()
+            if self.timings.total is None:
+                self.timings.total = clock() - self.timings.started_at
+            await self.response.aclose()
+
+    async def _retry_before_first_token(self, failure: APIError) -> bool:
+        """Send the request again (openai's backoff, within ``max_retries``); False if none left."""
+        if self._retry is None:
+            return False
+        timings = self.timings
+        timings.total = time.monotonic() - timings.started_at
+        await self.response.aclose()
+        sent = await self._retry(timings.retries, failure)
+        if sent is None:
+            return False
+        self.response, self.timings = sent
+        return True
 
     async def close(self) -> None:
         """Stop reading and release the stream (resets the HTTP/2 stream if unfinished)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import threading
+import uuid
+from typing import Any
 
 import anyio
 import httpx
@@ -279,3 +282,82 @@ def test_httpx_timeout_forms_are_accepted() -> None:
     assert client.timeout.read == 3.0
     client = llmroute.AsyncOpenAI(api_key=KEY, timeout=openai.Timeout(4.0, connect=1.0))
     assert client.timeout.read == 4.0 and client.timeout.connect == 1.0
+
+
+async def _collect(stream: llmroute.AsyncStream[Any]) -> tuple[str, int]:
+    text, roles = [], 0
+    async for chunk in stream:
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            roles += delta.role == "assistant"
+            text.append(delta.content or "")
+    return "".join(text), roles
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fault", ["drop:0", "hang"])
+async def test_failure_before_first_token_is_retried_seamlessly(sim: Simulator, fault: str) -> None:
+    messages = [{"role": "user", "content": f"retry me {fault} {uuid.uuid4()}"}]
+    async with client_for(sim, max_retries=2, timeout=httpx.Timeout(30, read=0.5)) as client:
+        reference = await client.chat.completions.create(
+            model="sim-small", messages=messages, stream=True
+        )
+        expected, _ = await _collect(reference)
+        before = sim.stats()["chat_requests"]
+        stream = await client.chat.completions.create(
+            model="sim-small",
+            messages=messages,
+            stream=True,
+            extra_headers={
+                "x-sim-fault": fault,
+                "x-sim-fault-times": "1",
+                "x-sim-fault-key": str(uuid.uuid4()),
+            },
+        )
+        with anyio.fail_after(20):
+            text, roles = await _collect(stream)
+    assert text == expected
+    assert roles == 1
+    assert stream.timings.retries == 1
+    assert sim.stats()["chat_requests"] - before == 2
+
+
+@pytest.mark.anyio
+async def test_failure_before_first_token_without_retries_left(sim: Simulator) -> None:
+    async with client_for(sim, max_retries=1) as client:
+        before = sim.stats()["chat_requests"]
+        stream = await client.chat.completions.create(
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-sim-fault": "drop:0"},
+        )
+        with anyio.fail_after(20), pytest.raises(openai.APIConnectionError) as info:
+            await _collect(stream)
+    assert not isinstance(info.value, llmroute.StreamInterrupted)
+    assert sim.stats()["chat_requests"] - before == 2
+
+
+async def _break_after_first_chunk(client: llmroute.AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model="sim-large",
+        messages=MESSAGES,
+        stream=True,
+        extra_headers={"x-sim-fault": "stall-between:2:60"},
+    )
+    async for _chunk in stream:
+        break
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> None:
+    """No close(), no async with: dropping the stream after a break resets it (asyncio's
+    async-generator finalizer runs our cleanup)."""
+    async with client_for(sim) as client:
+        before = sim.stats()["streams_cancelled"]
+        await _break_after_first_chunk(client)
+        gc.collect()
+        with anyio.fail_after(5):
+            while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
+                await anyio.sleep(0.01)

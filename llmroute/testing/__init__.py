@@ -37,8 +37,11 @@ Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``s
 ``slow:SECONDS``          TTFT override
 ``stall-between:K:SECS``  a pause of SECS before token K (K >= 1)
 
-Header ``x-sim-retry-after: SECONDS`` sets the Retry-After value of a 429/503. Without the
-header, faults are drawn from the profile's rates with the instance's seeded RNG.
+Header ``x-sim-retry-after: SECONDS`` sets the Retry-After value of a 429/503. With
+``x-sim-fault-times: N`` the fault hits only the first N requests that carry the same
+``x-sim-fault-key`` (default: the same fault spec); later ones are served normally, which is how
+tests see a retry succeed. Without ``x-sim-fault``, faults are drawn from the profile's rates with
+the instance's seeded RNG.
 """
 
 from __future__ import annotations

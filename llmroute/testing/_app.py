@@ -89,6 +89,7 @@ class SimApp:
         self.models: dict[str, None] = dict.fromkeys(profile.models)
         self.on_startup: Callable[[], None] | None = None
         self._stats = _zero_stats()
+        self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
         self._closing = False
 
@@ -204,6 +205,12 @@ class SimApp:
             try:
                 spec = headers.get("x-sim-fault")
                 fault = Fault.parse(spec) if spec else self._random_fault()
+                if spec and "x-sim-fault-times" in headers:
+                    key = headers.get("x-sim-fault-key", spec)
+                    used = self._fault_uses.get(key, 0)
+                    self._fault_uses[key] = used + 1
+                    if used >= int(headers["x-sim-fault-times"]):
+                        fault = Fault()
                 retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
             except ValueError as exc:
                 problem = str(exc)

@@ -1,0 +1,299 @@
+"""Client CPU overhead of streaming: llmroute vs openai vs raw httpx, side by side.
+
+A zero-latency simulator in a *separate process* (so ``time.process_time()`` counts only the
+client) streams ``--tokens``-token replies, one SSE chunk per token, over TLS. Three clients are
+measured, interleaved in one run in rotated order, because absolute CPU times drift on a shared
+machine and only ratios measured side by side mean something:
+
+``httpx``     the floor: ``httpx.AsyncClient(http2=True)``, ``client.stream(...)`` and
+              ``aiter_lines()``, counting ``data:`` lines (no JSON parsing, no objects).
+``openai``    ``openai.AsyncOpenAI`` with its default HTTP client config (HTTP/1.1),
+              ``stream=True``, iterating ``ChatCompletionChunk`` objects.
+``llmroute``  ``llmroute.AsyncOpenAI`` (its own h2 transport), ``stream=True``, iterating chunks.
+
+Each client is warmed up first (connection open, imports and caches hot). Then ``--rounds``
+rounds each run every client for ``--streams`` streams (``--concurrency`` at a time). Reported:
+medians over rounds of client CPU seconds and wall seconds per 1000 chunks, and the ratios
+llmroute/httpx and llmroute/openai (median of the per-round ratios, so each ratio compares
+measurements taken seconds apart).
+
+    .venv/bin/python benchmarks/overhead.py                      # defaults: 7 rounds x 5 streams
+    .venv/bin/python benchmarks/overhead.py --rounds 9 --json    # machine-readable output
+    .venv/bin/python benchmarks/overhead.py --profile llmroute.prof --profile-streams 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import ssl
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+
+import llmroute  # noqa: E402
+from llmroute.testing import Profile, SimulatorProcess  # noqa: E402
+
+CLIENTS = ("httpx", "openai", "llmroute")
+TARGETS = {"httpx": 1.3, "openai": 0.7}  # llmroute CPU per chunk must be <= this x the other
+MODEL = "sim-small"
+MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
+API_KEY = "sk-bench"
+
+StreamOnce = Callable[[], Awaitable[int]]
+
+
+class Bench:
+    """The three clients against one simulator; each ``stream_*`` returns chunks received."""
+
+    def __init__(self, base_url: str, ctx: ssl.SSLContext) -> None:
+        self.base_url = base_url
+        self.httpx = httpx.AsyncClient(http2=True, verify=ctx, timeout=60)
+        self.openai = openai.AsyncOpenAI(
+            api_key=API_KEY,
+            base_url=base_url,
+            http_client=openai.DefaultAsyncHttpxClient(verify=ctx),
+        )
+        self.llmroute = llmroute.AsyncOpenAI(api_key=API_KEY, base_url=base_url, verify=ctx)
+        self.body = {"model": MODEL, "messages": MESSAGES, "stream": True}
+        self.headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def runner(self, name: str) -> StreamOnce:
+        return {
+            "httpx": self.stream_httpx,
+            "openai": self.stream_openai,
+            "llmroute": self.stream_llmroute,
+        }[name]
+
+    async def stream_httpx(self) -> int:
+        n = 0
+        url = self.base_url + "/chat/completions"
+        async with self.httpx.stream("POST", url, json=self.body, headers=self.headers) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data:") and not line.startswith("data: [DONE]"):
+                    n += 1
+        return n
+
+    async def stream_openai(self) -> int:
+        n = 0
+        stream = await self.openai.chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True
+        )
+        async for _chunk in stream:
+            n += 1
+        return n
+
+    async def stream_llmroute(self) -> int:
+        n = 0
+        stream = await self.llmroute.chat.completions.create(
+            model=MODEL, messages=MESSAGES, stream=True
+        )
+        async for _chunk in stream:
+            n += 1
+        return n
+
+    async def aclose(self) -> None:
+        await self.httpx.aclose()
+        await self.openai.close()
+        await self.llmroute.close()
+
+
+async def run_streams(once: StreamOnce, streams: int, concurrency: int) -> int:
+    """Run ``streams`` streams, at most ``concurrency`` at once; return the chunks received."""
+    if concurrency <= 1:
+        total = 0
+        for _ in range(streams):
+            total += await once()
+        return total
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one() -> int:
+        async with sem:
+            return await once()
+
+    return sum(await asyncio.gather(*(one() for _ in range(streams))))
+
+
+async def measure(once: StreamOnce, streams: int, concurrency: int) -> dict[str, float]:
+    gc.collect()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    chunks = await run_streams(once, streams, concurrency)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {"cpu": cpu, "wall": wall, "chunks": chunks}
+
+
+async def run_bench(args: argparse.Namespace, sim: SimulatorProcess) -> dict[str, Any]:
+    bench = Bench(sim.base_url, sim.ssl_context())
+    rounds: list[dict[str, dict[str, float]]] = []
+    try:
+        for name in CLIENTS:  # warm-up: connection, imports, pydantic/jiter caches
+            await run_streams(bench.runner(name), args.warmup, args.concurrency)
+        for r in range(args.rounds):
+            order = CLIENTS[r % 3 :] + CLIENTS[: r % 3]
+            row: dict[str, dict[str, float]] = {}
+            for name in order:
+                row[name] = await measure(bench.runner(name), args.streams, args.concurrency)
+            rounds.append(row)
+            if not args.json and not args.quiet:
+                cells = "  ".join(
+                    f"{n} {1000 * row[n]['cpu'] / max(row[n]['chunks'], 1) * 1000:6.1f}"
+                    for n in CLIENTS
+                )
+                print(f"  round {r + 1}/{args.rounds}: CPU ms/1000 chunks  {cells}", flush=True)
+    finally:
+        await bench.aclose()
+    return summarize(rounds)
+
+
+def per_k(m: dict[str, float], key: str) -> float:
+    return 1000 * m[key] / m["chunks"] if m["chunks"] else float("nan")
+
+
+def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
+    clients: dict[str, Any] = {}
+    for name in CLIENTS:
+        cpu = [per_k(row[name], "cpu") for row in rounds]
+        wall = [per_k(row[name], "wall") for row in rounds]
+        clients[name] = {
+            "cpu_s_per_1000_chunks": statistics.median(cpu),
+            "cpu_min": min(cpu),
+            "cpu_max": max(cpu),
+            "wall_s_per_1000_chunks": statistics.median(wall),
+            "cpu_s_per_round": statistics.median(row[name]["cpu"] for row in rounds),
+            "wall_s_per_round": statistics.median(row[name]["wall"] for row in rounds),
+            "chunks_per_round": statistics.median(row[name]["chunks"] for row in rounds),
+        }
+    ratios: dict[str, Any] = {}
+    for other, target in TARGETS.items():
+        each = [per_k(row["llmroute"], "cpu") / per_k(row[other], "cpu") for row in rounds]
+        ratio = statistics.median(each)
+        ratios[f"llmroute/{other}"] = {
+            "median": ratio,
+            "min": min(each),
+            "max": max(each),
+            "target": target,
+            "met": ratio <= target,
+        }
+    return {"clients": clients, "ratios": ratios, "rounds": rounds}
+
+
+def machine() -> dict[str, Any]:
+    cpu_model = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for pkg in ("llmroute", "httpx", "httpcore", "h2", "openai", "anyio", "hypercorn", "pydantic"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu_model,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "versions": versions,
+    }
+
+
+def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
+    m = result["machine"]
+    print()
+    print(
+        f"{args.rounds} rounds x {args.streams} streams x {args.tokens} tokens, "
+        f"concurrency {args.concurrency}; {m['nproc']} CPUs, {m['cpu']}, Python {m['python']}"
+    )
+    print(f"{'client':<10} {'CPU s/1000 chunks':>18} {'(min..max)':>17} {'wall s/1000':>12} {'chunks':>7}")
+    for name in CLIENTS:
+        c = result["clients"][name]
+        spread = f"{c['cpu_min']:.4f}..{c['cpu_max']:.4f}"
+        print(
+            f"{name:<10} {c['cpu_s_per_1000_chunks']:>18.4f} {spread:>17} "
+            f"{c['wall_s_per_1000_chunks']:>12.4f} {c['chunks_per_round']:>7.0f}"
+        )
+    print()
+    for key, r in result["ratios"].items():
+        verdict = "met" if r["met"] else "MISSED"
+        print(
+            f"{key:<16} {r['median']:.2f}x  (rounds {r['min']:.2f}..{r['max']:.2f}; "
+            f"target <= {r['target']}x: {verdict})"
+        )
+
+
+async def profile_llmroute(args: argparse.Namespace, sim: SimulatorProcess) -> None:
+    """cProfile llmroute alone while it streams ``--profile-streams`` replies."""
+    import cProfile
+    import pstats
+
+    bench = Bench(sim.base_url, sim.ssl_context())
+    try:
+        await run_streams(bench.stream_llmroute, args.warmup, 1)
+        prof = cProfile.Profile()
+        gc.collect()
+        cpu0 = time.process_time()
+        prof.enable()
+        chunks = await run_streams(bench.stream_llmroute, args.profile_streams, args.concurrency)
+        prof.disable()
+        cpu = time.process_time() - cpu0
+    finally:
+        await bench.aclose()
+    prof.dump_stats(args.profile)
+    print(f"profiled {chunks} chunks, {cpu:.3f} s CPU (under cProfile); saved {args.profile}")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=7, help="measured rounds (default 7)")
+    p.add_argument("--streams", type=int, default=5, help="streams per client per round (5)")
+    p.add_argument("--tokens", type=int, default=1000, help="tokens per reply (1000)")
+    p.add_argument("--concurrency", type=int, default=1, help="streams at once (1: sequential)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up streams per client (2)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead")
+    p.add_argument("--quiet", action="store_true", help="no per-round lines")
+    p.add_argument("--profile", metavar="FILE", help="instead: cProfile llmroute, save to FILE")
+    p.add_argument("--profile-streams", type=int, default=20, help="streams to profile (20)")
+    args = p.parse_args(argv)
+    if min(args.rounds, args.streams, args.tokens, args.concurrency) < 1:
+        p.error("--rounds, --streams, --tokens and --concurrency must be >= 1")
+
+    with SimulatorProcess(profile=Profile(reply_tokens=args.tokens), tls=True) as sim:
+        if args.profile:
+            asyncio.run(profile_llmroute(args, sim))
+            return 0
+        if not args.json:
+            print(f"simulator pid {sim.pid} at {sim.base_url}; client pid {os.getpid()}")
+        result = asyncio.run(run_bench(args, sim))
+    result["machine"] = machine()
+    result["config"] = {
+        k: getattr(args, k) for k in ("rounds", "streams", "tokens", "concurrency", "warmup")
+    }
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+    else:
+        print_table(result, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
