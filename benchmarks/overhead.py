@@ -39,13 +39,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import httpx
+import openai
 
-import httpx  # noqa: E402
-import openai  # noqa: E402
-
-import llmroute  # noqa: E402
-from llmroute.testing import Profile, SimulatorProcess  # noqa: E402
+import llmroute
+from llmroute.testing import Profile, SimulatorProcess
 
 CLIENTS = ("httpx", "openai", "llmroute")
 TARGETS = {"httpx": 1.3, "openai": 0.7}  # llmroute CPU per chunk must be <= this x the other
@@ -59,15 +57,19 @@ StreamOnce = Callable[[], Awaitable[int]]
 class Bench:
     """The three clients against one simulator; each ``stream_*`` returns chunks received."""
 
-    def __init__(self, base_url: str, ctx: ssl.SSLContext) -> None:
+    def __init__(self, base_url: str, new_ctx: Callable[[], ssl.SSLContext]) -> None:
+        # One SSLContext per client: httpcore sets the ALPN list on the context it is given at
+        # every connect, so a context shared with openai's HTTP/1.1 client would make the others
+        # offer only http/1.1 (llmroute then stays on HTTP/1.1 for good).
         self.base_url = base_url
-        self.httpx = httpx.AsyncClient(http2=True, verify=ctx, timeout=60)
+        self.httpx = httpx.AsyncClient(http2=True, verify=new_ctx(), timeout=60)
         self.openai = openai.AsyncOpenAI(
             api_key=API_KEY,
             base_url=base_url,
-            http_client=openai.DefaultAsyncHttpxClient(verify=ctx),
+            http_client=openai.DefaultAsyncHttpxClient(verify=new_ctx()),
         )
-        self.llmroute = llmroute.AsyncOpenAI(api_key=API_KEY, base_url=base_url, verify=ctx)
+        self.llmroute = llmroute.AsyncOpenAI(api_key=API_KEY, base_url=base_url, verify=new_ctx())
+        self.http_version: dict[str, str] = {}
         self.body = {"model": MODEL, "messages": MESSAGES, "stream": True}
         self.headers = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -83,6 +85,7 @@ class Bench:
         url = self.base_url + "/chat/completions"
         async with self.httpx.stream("POST", url, json=self.body, headers=self.headers) as r:
             r.raise_for_status()
+            self.http_version["httpx"] = r.http_version
             async for line in r.aiter_lines():
                 if line.startswith("data:") and not line.startswith("data: [DONE]"):
                     n += 1
@@ -95,6 +98,7 @@ class Bench:
         )
         async for _chunk in stream:
             n += 1
+        self.http_version["openai"] = stream.response.http_version
         return n
 
     async def stream_llmroute(self) -> int:
@@ -104,6 +108,7 @@ class Bench:
         )
         async for _chunk in stream:
             n += 1
+        self.http_version["llmroute"] = stream.response.http_version
         return n
 
     async def aclose(self) -> None:
@@ -137,7 +142,7 @@ async def measure(once: StreamOnce, streams: int, concurrency: int) -> dict[str,
 
 
 async def run_bench(args: argparse.Namespace, sim: SimulatorProcess) -> dict[str, Any]:
-    bench = Bench(sim.base_url, sim.ssl_context())
+    bench = Bench(sim.base_url, sim.ssl_context)
     rounds: list[dict[str, dict[str, float]]] = []
     try:
         for name in CLIENTS:  # warm-up: connection, imports, pydantic/jiter caches
@@ -156,7 +161,10 @@ async def run_bench(args: argparse.Namespace, sim: SimulatorProcess) -> dict[str
                 print(f"  round {r + 1}/{args.rounds}: CPU ms/1000 chunks  {cells}", flush=True)
     finally:
         await bench.aclose()
-    return summarize(rounds)
+    result = summarize(rounds)
+    for name in CLIENTS:
+        result["clients"][name]["http_version"] = bench.http_version.get(name)
+    return result
 
 
 def per_k(m: dict[str, float], key: str) -> float:
@@ -222,13 +230,16 @@ def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"{args.rounds} rounds x {args.streams} streams x {args.tokens} tokens, "
         f"concurrency {args.concurrency}; {m['nproc']} CPUs, {m['cpu']}, Python {m['python']}"
     )
-    print(f"{'client':<10} {'CPU s/1000 chunks':>18} {'(min..max)':>17} {'wall s/1000':>12} {'chunks':>7}")
+    print(
+        f"{'client':<10} {'protocol':<9} {'CPU s/1000 chunks':>18} {'(min..max)':>17} "
+        f"{'wall s/1000':>12} {'chunks':>7}"
+    )
     for name in CLIENTS:
         c = result["clients"][name]
         spread = f"{c['cpu_min']:.4f}..{c['cpu_max']:.4f}"
         print(
-            f"{name:<10} {c['cpu_s_per_1000_chunks']:>18.4f} {spread:>17} "
-            f"{c['wall_s_per_1000_chunks']:>12.4f} {c['chunks_per_round']:>7.0f}"
+            f"{name:<10} {c['http_version'] or '?':<9} {c['cpu_s_per_1000_chunks']:>18.4f} "
+            f"{spread:>17} {c['wall_s_per_1000_chunks']:>12.4f} {c['chunks_per_round']:>7.0f}"
         )
     print()
     for key, r in result["ratios"].items():
@@ -244,7 +255,7 @@ async def profile_llmroute(args: argparse.Namespace, sim: SimulatorProcess) -> N
     import cProfile
     import pstats
 
-    bench = Bench(sim.base_url, sim.ssl_context())
+    bench = Bench(sim.base_url, sim.ssl_context)
     try:
         await run_streams(bench.stream_llmroute, args.warmup, 1)
         prof = cProfile.Profile()

@@ -165,3 +165,16 @@ async def test_large_request_body_respects_flow_control(sim: Simulator) -> None:
         )
         assert completion.choices[0].message.content
         assert sim.last_requests[-1]["json"]["messages"][0]["content"] == big
+
+
+async def test_connection_closed_by_idle_server_is_replaced() -> None:
+    """Vendors close idle connections; the next request must not fail because of it."""
+    with Simulator(tls=True, keep_alive_timeout=0.3) as server:
+        async with client_for(server, max_retries=0) as client:
+            first = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+            await anyio.sleep(1.0)
+            second = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+            assert first.choices[0].message.content == second.choices[0].message.content
+            assert second.timings.connection_reused is False
+            assert client._transport is not None
+            assert len(client._transport.connections()) == 1

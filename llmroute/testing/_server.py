@@ -145,7 +145,13 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve(
-    app: SimApp, sock: socket.socket, *, tls: bool, http2: bool, shutdown: asyncio.Event
+    app: SimApp,
+    sock: socket.socket,
+    *,
+    tls: bool,
+    http2: bool,
+    shutdown: asyncio.Event,
+    keep_alive_timeout: float = 75.0,
 ) -> None:
     """Serve `app` on the listening socket (hypercorn takes it over) until `shutdown`."""
     _install_h2_reset()
@@ -155,7 +161,7 @@ async def _serve(
     config.errorlog = _LOG
     config.backlog = 1024
     config.graceful_timeout = 2.0
-    config.keep_alive_timeout = 75.0
+    config.keep_alive_timeout = keep_alive_timeout
     config.h2_max_concurrent_streams = 1000
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
 
@@ -199,8 +205,10 @@ class Simulator:
         seed: int | None = None,
         port: int = 0,
         history: int = 64,
+        keep_alive_timeout: float = 75.0,
     ) -> None:
         self.profile = profile or Profile()
+        self.keep_alive_timeout = keep_alive_timeout
         self.tls = tls
         self.http2 = http2
         self.app = SimApp(self.profile, seed=seed, history=history)
@@ -266,7 +274,14 @@ class Simulator:
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown = asyncio.Event()
-        await _serve(self.app, sock, tls=self.tls, http2=self.http2, shutdown=self._shutdown)
+        await _serve(
+            self.app,
+            sock,
+            tls=self.tls,
+            http2=self.http2,
+            shutdown=self._shutdown,
+            keep_alive_timeout=self.keep_alive_timeout,
+        )
 
     def _begin_shutdown(self) -> None:
         _begin_shutdown(self.app, self._shutdown)

@@ -14,6 +14,7 @@ passes the reader's role to another waiting stream. This works the same on async
 
 from __future__ import annotations
 
+import select
 import ssl
 import time
 from collections import deque
@@ -37,6 +38,7 @@ _READ_SIZE = 65536
 _CONNECTION_WINDOW = 16 * 1024 * 1024
 _STREAM_WINDOW = 4 * 1024 * 1024
 _CLOSE_GRACE = 1.0
+_WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
 _HOP_BY_HOP = frozenset(
     (b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
 )
@@ -59,6 +61,7 @@ class _StreamState:
         "id",
         "pending_flow",
         "reset_by_us",
+        "sent_on_idle",
         "status",
         "wake",
     )
@@ -73,6 +76,7 @@ class _StreamState:
         self.wake: anyio.Event | None = None
         self.pending_flow = 0
         self.reset_by_us = False
+        self.sent_on_idle = False
 
 
 class HTTP2Connection:
@@ -134,6 +138,17 @@ class HTTP2Connection:
     def is_idle(self) -> bool:
         return not self._streams and not self._reserved
 
+    def has_expired(self) -> bool:
+        """An idle connection whose socket is readable: the server closed it (or said GOAWAY)."""
+        if not self.is_idle() or self._reading:
+            return False
+        try:
+            raw = self._sock.extra(anyio.abc.SocketAttribute.raw_socket)
+            readable, _, _ = select.select([raw], [], [], 0)
+        except (anyio.TypedAttributeLookupError, OSError, ValueError):
+            return False
+        return bool(readable)
+
     @property
     def open_streams(self) -> int:
         return len(self._streams)
@@ -148,10 +163,10 @@ class HTTP2Connection:
         if self._closed:
             return
         self._closed = True
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+        with anyio.CancelScope(shield=True):
             try:
                 self._h2.close_connection()
-                await self._send_pending()
+                await self._send_pending(_CLOSE_GRACE)
             except Exception:
                 pass
         with anyio.CancelScope(shield=True):
@@ -174,6 +189,9 @@ class HTTP2Connection:
             self._goaway = True
             raise ConnectionNotAvailable() from exc
         state = _StreamState(stream_id)
+        # A server may close an idle connection just as a request goes out on it; such a stream
+        # is retried on a new connection if the connection dies before it gets an answer.
+        state.sent_on_idle = reused and not self._streams
         self._streams[stream_id] = state
         self.requests_served += 1
         self.last_used = time.monotonic()
@@ -186,6 +204,11 @@ class HTTP2Connection:
             if not end_stream:
                 await self._send_body(state, request, write_timeout)
             await self._wait(state, read_timeout, lambda: state.status is not None)
+        except httpx.TransportError as exc:
+            await self.close_stream(state)
+            if state.sent_on_idle and state.status is None and self._error is not None:
+                raise ConnectionNotAvailable() from exc
+            raise
         except BaseException:
             await self.close_stream(state)
             raise
@@ -303,9 +326,9 @@ class HTTP2Connection:
                 self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
             except h2.exceptions.ProtocolError:
                 pass
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
+            with anyio.CancelScope(shield=True):
                 try:
-                    await self._flush()
+                    await self._flush(_CLOSE_GRACE)
                 except Exception:
                     pass
         state.chunks.clear()
@@ -449,7 +472,8 @@ class HTTP2Connection:
     def _fail_all(self, error: Exception) -> None:
         for state in self._streams.values():
             if not state.ended and state.error is None:
-                state.error = error
+                unanswered = state.status is None and state.sent_on_idle
+                state.error = ConnectionNotAvailable() if unanswered else error
                 _wake(state)
         for waiter in self._window_waiters:
             waiter.set()
@@ -469,15 +493,14 @@ class HTTP2Connection:
         # A half-written frame would corrupt every stream of the connection: never cancel a write.
         with anyio.CancelScope(shield=True):
             try:
-                with _deadline(timeout, httpx.WriteTimeout):
+                with _deadline(_WRITE_LIMIT if timeout is None else timeout, httpx.WriteTimeout):
                     await self._sock.send(data)
             except httpx.WriteTimeout as exc:
                 self._connection_lost(exc, None)
                 raise
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                error = ConnectionNotAvailable() if not self.requests_served else None
                 self._connection_lost(httpx.WriteError(f"write failed: {exc}"), exc)
-                raise (error or self._error) from exc  # type: ignore[misc]
+                raise httpx.WriteError(f"write failed: {exc}") from exc
 
 
 class _ResponseStream(httpx.AsyncByteStream):

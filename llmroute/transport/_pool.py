@@ -77,7 +77,7 @@ class _OriginPool:
         keep: list[HTTP2Connection] = []
         for conn in self.connections:
             expired = conn.is_idle() and now - conn.last_used > self.transport.keepalive_expiry
-            if conn.is_closed() or expired:
+            if conn.is_closed() or expired or conn.has_expired():
                 self.transport._to_close.append(conn)
             else:
                 keep.append(conn)
