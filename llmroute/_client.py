@@ -9,6 +9,7 @@ import os
 import random
 import ssl
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -31,7 +32,7 @@ from ._types import Timings
 from ._version import __version__
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
-from .transport import Transport
+from .transport import Transport, make_ssl_context
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncOpenAI"]
 
@@ -62,6 +63,16 @@ def _to_timeout(value: object) -> httpx.Timeout | None:
     if all(hasattr(value, f) for f in fields):
         return httpx.Timeout(**{f: getattr(value, f) for f in fields})
     raise TypeError(f"timeout must be a number, None or a Timeout, not {type(value).__name__}")
+
+
+def _proxy_for(url: httpx.URL) -> str | None:
+    """The proxy the environment (HTTPS_PROXY, ALL_PROXY, NO_PROXY, ...) sets for ``url``."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or url.host in ("localhost", "::1") or url.host.startswith("127."):
+        return None
+    if urllib.request.proxy_bypass_environment(url.host, proxies):
+        return None
+    return proxies.get(url.scheme) or proxies.get("all")
 
 
 def _check_base_url(base_url: str | httpx.URL) -> httpx.URL:
@@ -128,11 +139,21 @@ class AsyncOpenAI:
         self._custom_query = dict(default_query or {})
         self._verify = verify
         self._owns_http_client = http_client is None
+        self._transport: Transport | None = None
         if http_client is None:
-            self._transport: Transport | None = Transport(verify=verify)
-            http_client = httpx.AsyncClient(transport=self._transport, timeout=self.timeout)
-        else:
-            self._transport = None
+            proxy = _proxy_for(self.base_url)
+            if proxy is None:
+                self._transport = Transport(verify=verify)
+                http_client = httpx.AsyncClient(transport=self._transport, timeout=self.timeout)
+            else:
+                log.warning(
+                    "A proxy is configured for %s: requests go through httpx's own transport "
+                    "and the proxy, without llmroute's stream resets and per-stream deadlines",
+                    self.base_url.host,
+                )
+                http_client = httpx.AsyncClient(
+                    proxy=proxy, verify=make_ssl_context(verify), timeout=self.timeout
+                )
         self._client = http_client
         self.chat = AsyncChat(self)
 

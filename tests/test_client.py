@@ -361,3 +361,14 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
         with anyio.fail_after(5):
             while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
                 await anyio.sleep(0.01)
+
+
+def test_a_configured_proxy_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client = llmroute.AsyncOpenAI(api_key=KEY, base_url="https://api.example.com/v1")
+    assert client._transport is None  # httpx's transport, through the proxy
+    monkeypatch.setenv("NO_PROXY", "api.example.com")
+    client = llmroute.AsyncOpenAI(api_key=KEY, base_url="https://api.example.com/v1")
+    assert client._transport is not None
