@@ -15,6 +15,7 @@ demo: $(STAMP)
 	$(BIN)/llmroute demo
 
 test: $(STAMP)
+	$(BIN)/ruff check llmroute tests benchmarks
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

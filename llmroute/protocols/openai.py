@@ -386,12 +386,7 @@ class _Shape:
                     values[key] = _general(value, field)
             elif kind == _GENERAL:
                 values[key] = _general(value, field)
-        m = _new(self.cls)
-        _set_dict(m, values)
-        _set_private(m, None)
-        _set_extra(m, extra)
-        _set_fields_set(m, fields_set)
-        return m
+        return self._make(values, fields_set, extra)
 
     def validate(self, data: object) -> Any:
         """What pydantic validation of ``data`` as ``cls`` returns, or _Slow if not certain."""
