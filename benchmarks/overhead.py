@@ -142,7 +142,11 @@ async def measure(once: StreamOnce, streams: int, concurrency: int) -> dict[str,
 
 
 async def run_bench(args: argparse.Namespace, sim: SimulatorProcess) -> dict[str, Any]:
-    bench = Bench(sim.base_url, sim.ssl_context)
+    new_ctx = sim.ssl_context
+    if args.shared_ssl_context:
+        shared = sim.ssl_context()
+        new_ctx = lambda: shared  # noqa: E731
+    bench = Bench(sim.base_url, new_ctx)
     rounds: list[dict[str, dict[str, float]]] = []
     try:
         for name in CLIENTS:  # warm-up: connection, imports, pydantic/jiter caches
@@ -279,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=1000, help="tokens per reply (1000)")
     p.add_argument("--concurrency", type=int, default=1, help="streams at once (1: sequential)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up streams per client (2)")
+    p.add_argument(
+        "--shared-ssl-context",
+        action="store_true",
+        help="give all three clients one SSLContext (shows llmroute falling back to HTTP/1.1)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--profile", metavar="FILE", help="instead: cProfile llmroute, save to FILE")
@@ -296,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(run_bench(args, sim))
     result["machine"] = machine()
     result["config"] = {
-        k: getattr(args, k) for k in ("rounds", "streams", "tokens", "concurrency", "warmup")
+        k: getattr(args, k)
+        for k in ("rounds", "streams", "tokens", "concurrency", "warmup", "shared_ssl_context")
     }
     if args.json:
         json.dump(result, sys.stdout, indent=2)

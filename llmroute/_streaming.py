@@ -81,14 +81,15 @@ class AsyncStream(Generic[_T]):
                                 if timings.first_byte is None:
                                     timings.first_byte = clock() - started
                                 chunks = decoder.feed(data)
+                            if decoder.tokens != timings.tokens:
+                                if timings.first_token is None:
+                                    timings.first_token = clock() - started
+                                timings.tokens = decoder.tokens
                             for chunk in chunks:
-                                if is_token_chunk(chunk):
+                                if skipping:
+                                    if not is_token_chunk(chunk):
+                                        continue
                                     skipping = False
-                                    if timings.first_token is None:
-                                        timings.first_token = clock() - started
-                                    timings.tokens += 1
-                                elif skipping:
-                                    continue
                                 skip_preamble = True
                                 yield chunk
                             if decoder.done:

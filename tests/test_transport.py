@@ -178,3 +178,28 @@ async def test_connection_closed_by_idle_server_is_replaced() -> None:
             assert second.timings.connection_reused is False
             assert client._transport is not None
             assert len(client._transport.connections()) == 1
+
+
+async def test_ssl_context_shared_with_an_http1_client_still_gets_http2(sim: Simulator) -> None:
+    import openai
+
+    ctx = sim.ssl_context()
+    other = openai.AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, http_client=openai.DefaultAsyncHttpxClient(verify=ctx)
+    )
+    try:
+        await other.chat.completions.create(model="sim-small", messages=MESSAGES)
+        async with llmroute.AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=ctx) as ours:
+            completion = await ours.chat.completions.create(model="sim-small", messages=MESSAGES)
+            assert completion.timings.http_version == "HTTP/2"
+    finally:
+        await other.close()
+
+
+async def test_untrusted_certificate_is_a_connection_error(sim: Simulator) -> None:
+    import openai
+
+    async with llmroute.AsyncOpenAI(api_key=KEY, base_url=sim.base_url, max_retries=0) as client:
+        with pytest.raises(openai.APIConnectionError) as info:
+            await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert "certificate" in str(info.value.__cause__).lower()

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
-from anyio.streams.tls import TLSAttribute
+from anyio.streams.tls import TLSAttribute, TLSStream
 
 from ._h2 import ConnectionNotAvailable, HTTP2Connection, _deadline
 
@@ -126,17 +126,25 @@ class _OriginPool:
         transport = self.transport
         with _deadline(timeout, httpx.ConnectTimeout):
             try:
-                sock = await anyio.connect_tcp(
-                    self.host,
-                    self.port,
-                    ssl_context=transport.ssl_context,
-                    tls_hostname=self.host,
-                    tls_standard_compatible=False,
+                tcp = await anyio.connect_tcp(self.host, self.port)
+            except OSError as exc:
+                raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+            try:
+                # The context may be shared with clients that set their own ALPN list at each
+                # connect (httpcore does): set ours right before the handshake, with no await
+                # in between, since the TLS object copies the list when it is created.
+                ctx = transport.ssl_context
+                ctx.set_alpn_protocols(["h2", "http/1.1"])
+                sock = await TLSStream.wrap(
+                    tcp, hostname=self.host, ssl_context=ctx, standard_compatible=False
                 )
-            except (OSError, ssl.SSLError, anyio.BrokenResourceError) as exc:
-                raise httpx.ConnectError(
-                    f"cannot connect to {self.host}:{self.port}: {exc}"
-                ) from exc
+            except BaseException as exc:
+                await anyio.aclose_forcefully(tcp)
+                if isinstance(exc, OSError | ssl.SSLError | anyio.BrokenResourceError):
+                    raise httpx.ConnectError(
+                        f"TLS handshake with {self.host}:{self.port} failed: {exc}"
+                    ) from exc
+                raise
             if sock.extra(TLSAttribute.alpn_protocol) != "h2":
                 await sock.aclose()
                 self.http1_only = True
