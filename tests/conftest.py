@@ -3,6 +3,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+# Shared 2-core machines: a slow example is not a failure (hypothesis' default deadline is 200 ms).
+settings.register_profile("llmroute", deadline=None)
+settings.load_profile("llmroute")
 
 from llmroute.testing import Profile, Simulator
 

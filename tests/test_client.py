@@ -298,7 +298,7 @@ async def _collect(stream: llmroute.AsyncStream[Any]) -> tuple[str, int]:
 @pytest.mark.parametrize("fault", ["drop:0", "hang"])
 async def test_failure_before_first_token_is_retried_seamlessly(sim: Simulator, fault: str) -> None:
     messages = [{"role": "user", "content": f"retry me {fault} {uuid.uuid4()}"}]
-    async with client_for(sim, max_retries=2, timeout=httpx.Timeout(30, read=0.5)) as client:
+    async with client_for(sim, max_retries=2, timeout=httpx.Timeout(30, read=1.0)) as client:
         reference = await client.chat.completions.create(
             model="sim-small", messages=messages, stream=True
         )

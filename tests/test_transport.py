@@ -117,7 +117,7 @@ async def test_stalled_stream_times_out_beside_busy_streams(sim_slow: Simulator)
                 model="sim-small",
                 messages=MESSAGES,
                 stream=True,
-                timeout=httpx.Timeout(30.0, read=0.3),
+                timeout=httpx.Timeout(30.0, read=1.0),
                 extra_headers={"x-sim-fault": "stall-between:2:60"},
             )
             with pytest.raises(llmroute.StreamInterrupted) as info:
