@@ -17,9 +17,7 @@ from .protocols.openai import ChatStreamDecoder, is_token_chunk
 __all__ = ["AsyncStream"]
 
 _T = TypeVar("_T")
-RetryHook = Callable[
-    [int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]
-]
+RetryHook = Callable[[int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]]
 
 
 class AsyncStream(Generic[_T]):

@@ -5,11 +5,11 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import settings
 
+from llmroute.testing import Profile, Simulator
+
 # Shared 2-core machines: a slow example is not a failure (hypothesis' default deadline is 200 ms).
 settings.register_profile("llmroute", deadline=None)
 settings.load_profile("llmroute")
-
-from llmroute.testing import Profile, Simulator
 
 KEY = "sk-test-0123456789abcdef-SECRET"
 

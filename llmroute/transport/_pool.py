@@ -128,7 +128,9 @@ class _OriginPool:
             try:
                 tcp = await anyio.connect_tcp(self.host, self.port)
             except OSError as exc:
-                raise httpx.ConnectError(f"cannot connect to {self.host}:{self.port}: {exc}") from exc
+                raise httpx.ConnectError(
+                    f"cannot connect to {self.host}:{self.port}: {exc}"
+                ) from exc
             try:
                 # The context may be shared with clients that set their own ALPN list at each
                 # connect (httpcore does): set ours right before the handshake, with no await
