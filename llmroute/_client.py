@@ -106,7 +106,7 @@ class AsyncOpenAI:
         max_retries: int = DEFAULT_MAX_RETRIES,
         default_headers: Mapping[str, str] | None = None,
         default_query: Mapping[str, object] | None = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: httpx.AsyncClient | Any | None = None,
         verify: ssl.SSLContext | str | bool = True,
         **unsupported: Any,
     ) -> None:
@@ -291,13 +291,16 @@ class AsyncOpenAI:
                 headers[name] = value
         params = {**self._custom_query, **(extra_query or {})}
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        limits = self.timeout if not _given(timeout) else _to_timeout(timeout)
+        assert limits is not None
+        # Plain values: a user's http_client may be an httpx2 client (openai >= 3 makes those).
         return self._client.build_request(
             "POST",
-            self.base_url.join(path),
+            str(self.base_url.join(path)),
             content=content,
             headers=headers,
             params=params or None,
-            timeout=self.timeout if not _given(timeout) else _to_timeout(timeout),
+            timeout=(limits.connect, limits.read, limits.write, limits.pool),
         )
 
     async def _send(

@@ -136,15 +136,32 @@ def make_status_error(response: httpx.Response, raw_body: bytes) -> APIStatusErr
     return cls(err_msg, response=response, body=data)  # type: ignore[arg-type]
 
 
+def _transport_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
+    timeouts: list[type[Exception]] = [httpx.TimeoutException]
+    transport: list[type[Exception]] = [httpx.TransportError]
+    try:  # openai >= 3 hands out httpx2 clients; a user may pass one as http_client
+        import httpx2
+
+        timeouts.append(httpx2.TimeoutException)
+        transport.append(httpx2.TransportError)
+    except ImportError:  # pragma: no cover - openai < 3
+        pass
+    return tuple(timeouts), tuple(transport)
+
+
+_TIMEOUTS, _TRANSPORT_ERRORS = _transport_exceptions()
+
+
 @contextlib.contextmanager
 def map_transport_errors(request: httpx.Request) -> Iterator[None]:
-    """Translate httpx's transport exceptions into openai's connection errors."""
+    """Translate httpx's (and httpx2's) transport exceptions into openai's connection errors."""
     try:
         yield
-    except httpx.TimeoutException as exc:
+    except _TIMEOUTS as exc:
         raise APITimeoutError(request=request) from exc  # type: ignore[arg-type]
-    except httpx.TransportError as exc:
-        raise APIConnectionError(message=_connection_message(exc), request=request) from exc  # type: ignore[arg-type]
+    except _TRANSPORT_ERRORS as exc:
+        message = _connection_message(exc)
+        raise APIConnectionError(message=message, request=request) from exc  # type: ignore[arg-type]
 
 
 def _connection_message(exc: BaseException) -> str:

@@ -372,3 +372,35 @@ def test_a_configured_proxy_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("NO_PROXY", "api.example.com")
     client = llmroute.AsyncOpenAI(api_key=KEY, base_url="https://api.example.com/v1")
     assert client._transport is not None
+
+
+@pytest.mark.anyio
+async def test_openais_own_http_client_is_accepted(sim: Simulator) -> None:
+    """openai >= 3 hands out httpx2 clients; code that passes one keeps working."""
+    http_client = openai.DefaultAsyncHttpxClient(verify=sim.ssl_context())
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, http_client=http_client, max_retries=0
+    ) as client:
+        completion = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert completion.choices[0].message.content
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        text, _ = await _collect(stream)
+        assert text == completion.choices[0].message.content
+        with anyio.fail_after(10), pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(
+                model="sim-small",
+                messages=MESSAGES,
+                timeout=0.3,
+                extra_headers={"x-sim-fault": "hang"},
+            )
+        stream = await client.chat.completions.create(
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-sim-fault": "drop:3"},
+        )
+        with anyio.fail_after(10), pytest.raises(llmroute.StreamInterrupted):
+            await _collect(stream)
+    await http_client.aclose()
