@@ -21,6 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check llmroute tests benchmarks
 	$(BIN)/ruff format --check llmroute tests benchmarks
+	$(BIN)/pyright
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -10,13 +10,14 @@ import random
 import ssl
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import anyio
 import httpx
 import openai
+from openai import NotGiven, Omit
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -51,7 +52,7 @@ def _given(value: object) -> bool:
     return not isinstance(value, _SENTINELS)
 
 
-def _to_timeout(value: object) -> httpx.Timeout | None:
+def _to_timeout(value: object) -> httpx.Timeout:
     """openai's timeout forms (float, None, httpx or httpx2 Timeout) as an ``httpx.Timeout``."""
     if value is None:
         return httpx.Timeout(None)
@@ -70,7 +71,7 @@ def _proxy_for(url: httpx.URL) -> str | None:
     proxies = urllib.request.getproxies_environment()
     if not proxies or url.host in ("localhost", "::1") or url.host.startswith("127."):
         return None
-    if urllib.request.proxy_bypass_environment(url.host, proxies):
+    if urllib.request.proxy_bypass_environment(url.host, proxies):  # type: ignore[attr-defined]
         return None
     return proxies.get(url.scheme) or proxies.get("all")
 
@@ -292,14 +293,13 @@ class AsyncOpenAI:
         params = {**self._custom_query, **(extra_query or {})}
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         limits = self.timeout if not _given(timeout) else _to_timeout(timeout)
-        assert limits is not None
         # Plain values: a user's http_client may be an httpx2 client (openai >= 3 makes those).
         return self._client.build_request(
             "POST",
             str(self.base_url.join(path)),
             content=content,
             headers=headers,
-            params=params or None,
+            params=cast(Any, params) or None,
             timeout=(limits.connect, limits.read, limits.write, limits.pool),
         )
 
@@ -412,9 +412,54 @@ class AsyncCompletions:
     def __init__(self, client: AsyncOpenAI) -> None:
         self._client = client
 
+    @overload
     async def create(
         self,
         *,
+        messages: Iterable[Any],
+        model: str,
+        stream: Literal[False] | NotGiven | Omit | None = ...,
+        extra_headers: Mapping[str, str | None] | None = None,
+        extra_query: Mapping[str, object] | None = None,
+        extra_body: Mapping[str, object] | None = None,
+        timeout: Any = ...,
+        **params: Any,
+    ) -> ChatCompletion: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[Any],
+        model: str,
+        stream: Literal[True],
+        extra_headers: Mapping[str, str | None] | None = None,
+        extra_query: Mapping[str, object] | None = None,
+        extra_body: Mapping[str, object] | None = None,
+        timeout: Any = ...,
+        **params: Any,
+    ) -> AsyncStream[ChatCompletionChunk]: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[Any],
+        model: str,
+        stream: bool,
+        extra_headers: Mapping[str, str | None] | None = None,
+        extra_query: Mapping[str, object] | None = None,
+        extra_body: Mapping[str, object] | None = None,
+        timeout: Any = ...,
+        **params: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]: ...
+
+    async def create(
+        self,
+        *,
+        messages: Iterable[Any],
+        model: str,
+        stream: bool | NotGiven | Omit | None = _NOT_GIVEN,
         extra_headers: Mapping[str, str | None] | None = None,
         extra_query: Mapping[str, object] | None = None,
         extra_body: Mapping[str, object] | None = None,
@@ -422,10 +467,12 @@ class AsyncCompletions:
         **params: Any,
     ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
         """Create a chat completion; with ``stream=True`` an :class:`AsyncStream` of chunks."""
-        body = {key: value for key, value in params.items() if _given(value)}
-        for required in ("messages", "model"):
-            if required not in body:
-                raise TypeError(f"create() missing required keyword argument: {required!r}")
+        body: dict[str, Any] = {"messages": messages, "model": model}
+        if _given(stream):
+            body["stream"] = stream
+        body.update((key, value) for key, value in params.items() if _given(value))
+        if isinstance(body["messages"], Iterable) and not isinstance(body["messages"], list):
+            body["messages"] = list(body["messages"])
         if extra_body:
             body.update(extra_body)
         client = self._client

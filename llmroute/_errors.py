@@ -74,11 +74,8 @@ class MalformedStreamError(APIError, ValueError):
     as openai raises ``json.JSONDecodeError`` there)."""
 
     def __init__(self, message: str, request: httpx.Request, *, target: str, line: str) -> None:
-        super().__init__(
-            f"{message} from target {target!r}: {quote(line)}",
-            request,
-            body=None,  # type: ignore[arg-type]
-        )
+        text = f"{message} from target {target!r}: {quote(line)}"
+        super().__init__(text, request, body=None)  # type: ignore[arg-type]
         self.target = target
         self.line = line
 

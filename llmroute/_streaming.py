@@ -66,7 +66,7 @@ class AsyncStream(Generic[_T]):
                 decoder = self._new_decoder()
                 request, started = response.request, timings.started_at
                 skipping = skip_preamble
-                failure: APIConnectionError | None = None
+                failure: APIError | None = None
                 try:
                     with map_transport_errors(request):
                         receive = _receiver(response)

@@ -201,6 +201,7 @@ class SimApp:
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _validate(req)
+        fault, retry_after = Fault(), self.profile.retry_after
         if problem is None:
             try:
                 spec = headers.get("x-sim-fault")

@@ -119,7 +119,7 @@ class _ResettingH2Protocol(H2Protocol):
 
 def _install_h2_reset() -> None:
     # ProtocolWrapper looks the class up in hypercorn.protocol when a connection starts.
-    if hypercorn.protocol.H2Protocol is not _ResettingH2Protocol:
+    if hypercorn.protocol.H2Protocol is not _ResettingH2Protocol:  # type: ignore[attr-defined]
         hypercorn.protocol.H2Protocol = _ResettingH2Protocol  # type: ignore[misc]
 
 

@@ -19,6 +19,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from types import TracebackType
 from typing import Any
 
 import anyio
@@ -154,10 +155,8 @@ class HTTP2Connection:
         return len(self._streams)
 
     def reserve(self) -> None:
+        """Hold a stream slot for a request about to be sent (``handle_request`` takes it)."""
         self._reserved += 1
-
-    def release_reservation(self) -> None:
-        self._reserved -= 1
 
     async def aclose(self) -> None:
         if self._closed:
@@ -532,7 +531,7 @@ class _ResponseStream(httpx.AsyncByteStream):
 
 
 class _deadline:
-    """``anyio.fail_after`` that raises an httpx timeout; ``None`` means no deadline."""
+    """``anyio.move_on_after`` that raises an httpx timeout; ``None`` means no deadline."""
 
     __slots__ = ("_exc", "_scope", "_timeout")
 
@@ -543,16 +542,22 @@ class _deadline:
 
     def __enter__(self) -> None:
         if self._timeout is not None:
-            self._scope = anyio.move_on_after(self._timeout)
-            self._scope.__enter__()
+            scope = anyio.move_on_after(self._timeout)
+            scope.__enter__()
+            self._scope = scope
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
-        if self._scope is None:
-            return False
-        swallowed = self._scope.__exit__(exc_type, exc, tb)  # type: ignore[arg-type]
-        if self._scope.cancelled_caught:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        scope = self._scope
+        if scope is None:
+            return
+        scope.__exit__(exc_type, exc, tb)
+        if scope.cancelled_caught:
             raise self._exc(f"no data within {self._timeout:g} s on this stream")
-        return bool(swallowed)
 
 
 def _wake(state: _StreamState) -> None:
