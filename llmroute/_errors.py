@@ -20,6 +20,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import h2.exceptions
 import httpx
 from openai import (
     APIConnectionError,
@@ -135,7 +136,8 @@ def make_status_error(response: httpx.Response, raw_body: bytes) -> APIStatusErr
 
 def _transport_exceptions() -> tuple[tuple[type[Exception], ...], tuple[type[Exception], ...]]:
     timeouts: list[type[Exception]] = [httpx.TimeoutException]
-    transport: list[type[Exception]] = [httpx.TransportError]
+    # h2's errors only escape the transport by mistake; they still mean a broken connection.
+    transport: list[type[Exception]] = [httpx.TransportError, h2.exceptions.H2Error]
     try:  # openai >= 3 hands out httpx2 clients; a user may pass one as http_client
         import httpx2
 

@@ -50,13 +50,30 @@ class AsyncStream(Generic[_T]):
         self.timings = timings
         self._new_decoder = new_decoder
         self._retry = retry
+        self._decoder: ChatStreamDecoder | None = None
+        self._complete = False
+        self._closed = False
         self._iterator = self._iter_chunks()
 
-    def __aiter__(self) -> AsyncIterator[_T]:
-        return self._iterator  # type: ignore[return-value]
+    def __aiter__(self) -> AsyncStream[_T]:
+        return self
 
     async def __anext__(self) -> _T:
-        return await self._iterator.__anext__()  # type: ignore[return-value]
+        try:
+            return await self._iterator.__anext__()  # type: ignore[return-value]
+        except StopAsyncIteration:
+            if self._complete or self._closed:
+                raise
+            # A cancelled read ends the underlying generator; what follows must not look like
+            # the end of a complete answer.
+            decoder = self._decoder
+            raise StreamInterrupted(
+                "The stream was abandoned before the answer was complete (a read of it was "
+                "cancelled); the text so far is in .partial_text.",
+                self.response.request,
+                partial_text=decoder.text if decoder is not None else "",
+                cause=None,
+            ) from None
 
     async def _iter_chunks(self) -> AsyncIterator[ChatCompletionChunk]:
         clock = time.monotonic
@@ -65,7 +82,7 @@ class AsyncStream(Generic[_T]):
         try:
             while True:
                 response, timings = self.response, self.timings
-                decoder = self._new_decoder()
+                decoder = self._decoder = self._new_decoder()
                 request, started = response.request, timings.started_at
                 skipping = skip_preamble
                 failure: APIError | None = None
@@ -104,6 +121,7 @@ class AsyncStream(Generic[_T]):
                         ) from exc
                     failure = exc
                 if failure is None and (decoder.done or decoder.finished):
+                    self._complete = True
                     return
                 if failure is None:
                     failure = StreamInterrupted(
@@ -135,6 +153,7 @@ class AsyncStream(Generic[_T]):
 
     async def close(self) -> None:
         """Stop reading and release the stream (resets the HTTP/2 stream if unfinished)."""
+        self._closed = True
         await self._iterator.aclose()  # type: ignore[attr-defined]
         await self.response.aclose()
 

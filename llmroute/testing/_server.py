@@ -162,6 +162,9 @@ async def _serve(
     config.backlog = 1024
     config.graceful_timeout = 2.0
     config.keep_alive_timeout = keep_alive_timeout
+    # hypercorn ends a connection after this many requests, and its h2 cannot finish the
+    # streams in flight then; long benchmarks must not see that as faults.
+    config.keep_alive_max_requests = 10_000_000
     config.h2_max_concurrent_streams = 1000
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
 

@@ -14,11 +14,14 @@ passes the reader's role to another waiting stream. This works the same on async
 
 from __future__ import annotations
 
-import select
+import contextlib
+import os
+import re
+import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -49,6 +52,20 @@ _SECRET_HEADERS = frozenset(
 )
 
 
+_INVALID_HEADER = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]")
+_INVALID_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$")
+
+
+def _fresh(error: Exception) -> Exception:
+    """A new exception like ``error``: each waiting stream raises its own, not one shared object."""
+    try:
+        copy = type(error)(*error.args)
+    except Exception:
+        return error
+    copy.__cause__ = error.__cause__ or error
+    return copy
+
+
 class ConnectionNotAvailable(Exception):
     """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
 
@@ -60,7 +77,9 @@ class _StreamState:
         "error",
         "headers",
         "id",
+        "local_ended",
         "pending_flow",
+        "remote_reset",
         "reset_by_us",
         "sent_on_idle",
         "status",
@@ -78,6 +97,8 @@ class _StreamState:
         self.pending_flow = 0
         self.reset_by_us = False
         self.sent_on_idle = False
+        self.local_ended = False
+        self.remote_reset = False
 
 
 class HTTP2Connection:
@@ -122,7 +143,7 @@ class HTTP2Connection:
         while not self._settings_received:
             await self._read_once()
             if self._error is not None:
-                raise self._error
+                raise _fresh(self._error)
 
     def is_available(self) -> bool:
         """Whether a new stream may be opened here now."""
@@ -140,15 +161,25 @@ class HTTP2Connection:
         return not self._streams and not self._reserved
 
     def has_expired(self) -> bool:
-        """An idle connection whose socket is readable: the server closed it (or said GOAWAY)."""
+        """An idle connection whose peer has shut the socket down (end of file or reset).
+
+        Frames still to be read (late DATA of a reset stream, a PING, a GOAWAY) do not count: a
+        GOAWAY, or a close that comes just after this check, makes the next request go to a new
+        connection all the same (see ``sent_on_idle``).
+        """
         if not self.is_idle() or self._reading:
             return False
         try:
-            raw = self._sock.extra(anyio.abc.SocketAttribute.raw_socket)
-            readable, _, _ = select.select([raw], [], [], 0)
-        except (anyio.TypedAttributeLookupError, OSError, ValueError):
+            fileno = self._sock.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+            # asyncio wraps its sockets (no recv): peek through a duplicate of the descriptor.
+            with socket.socket(fileno=os.dup(fileno)) as dup:
+                return dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
             return False
-        return bool(readable)
+        except (anyio.TypedAttributeLookupError, ValueError):
+            return False
+        except OSError:
+            return True
 
     @property
     def open_streams(self) -> int:
@@ -162,10 +193,11 @@ class HTTP2Connection:
         if self._closed:
             return
         self._closed = True
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_GRACE):
             try:
                 self._h2.close_connection()
-                await self._send_pending(_CLOSE_GRACE)
+                async with self._write_lock:
+                    await self._send_pending(_CLOSE_GRACE)
             except Exception:
                 pass
         with anyio.CancelScope(shield=True):
@@ -198,7 +230,10 @@ class HTTP2Connection:
             end_stream = request.method in ("GET", "HEAD") and not request.headers.get(
                 "content-length"
             )
-            self._h2.send_headers(stream_id, self._request_headers(request), end_stream=end_stream)
+            headers = self._request_headers(request)
+            with self._h2_errors(state):
+                self._h2.send_headers(stream_id, headers, end_stream=end_stream)
+            state.local_ended = end_stream
             await self._flush(write_timeout)
             if not end_stream:
                 await self._send_body(state, request, write_timeout)
@@ -241,6 +276,10 @@ class HTTP2Connection:
         ]
         for name, value in request.headers.raw:
             lname = name.lower()
+            if _INVALID_HEADER.search(lname) or _INVALID_VALUE.search(value):
+                # Sent as is, it would make the server end the whole connection (all its streams).
+                shown = name.decode(errors="replace")
+                raise httpx.LocalProtocolError(f"invalid HTTP header {shown!r}")
             if lname in _SECRET_HEADERS:
                 # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
                 headers.append(NeverIndexedHeaderTuple(lname, value))
@@ -252,20 +291,30 @@ class HTTP2Connection:
         self, state: _StreamState, request: httpx.Request, write_timeout: float | None
     ) -> None:
         stream_id = state.id
+        # The body is iterated to its end even when the server answered early (then nothing more
+        # is sent): leaving the iterator half-run would leave an unfinished async generator.
         async for chunk in request.stream:  # type: ignore[union-attr]
             view = memoryview(chunk)
-            while view:
-                window = min(
-                    self._h2.local_flow_control_window(stream_id),
-                    self._h2.max_outbound_frame_size,
-                )
+            while view and not state.ended:
+                self._raise_if_failed(state)
+                with self._h2_errors(state):
+                    window = min(
+                        self._h2.local_flow_control_window(stream_id),
+                        self._h2.max_outbound_frame_size,
+                    )
                 if window <= 0:
                     await self._wait_for_window(state, write_timeout)
                     continue
-                self._h2.send_data(stream_id, bytes(view[:window]))
+                with self._h2_errors(state):
+                    self._h2.send_data(stream_id, bytes(view[:window]))
                 view = view[window:]
                 await self._flush(write_timeout)
-        self._h2.end_stream(stream_id)
+        if state.ended:
+            return  # the server answered before reading it all (RFC 9113 8.1)
+        self._raise_if_failed(state)
+        with self._h2_errors(state):
+            self._h2.end_stream(stream_id)
+        state.local_ended = True
         await self._flush(write_timeout)
 
     async def _wait_for_window(self, state: _StreamState, timeout: float | None) -> None:
@@ -273,7 +322,7 @@ class HTTP2Connection:
         self._window_waiters.append(event)
         try:
             with _deadline(timeout, httpx.WriteTimeout):
-                while not event.is_set():
+                while not event.is_set() and not state.ended:
                     self._raise_if_failed(state)
                     if self._reading:
                         state.wake = event
@@ -293,15 +342,19 @@ class HTTP2Connection:
         if not state.chunks and not state.ended and state.error is None:
             await self._wait(state, timeout, lambda: bool(state.chunks))
         if state.chunks:
-            data, flow = state.chunks.popleft()
+            data, flow = state.chunks[0]
             if flow:
+                # Return the window first: a cancel during the flush must not lose the chunk.
+                state.chunks[0] = (data, 0)
                 state.pending_flow -= flow
-                self._h2.acknowledge_received_data(flow, state.id)
+                with self._h2_errors(state):
+                    self._h2.acknowledge_received_data(flow, state.id)
                 if self._h2_has_output():
                     await self._flush()
+            state.chunks.popleft()
             return data
         if state.error is not None:
-            raise state.error
+            raise _fresh(state.error)
         return None
 
     def _h2_has_output(self) -> bool:
@@ -319,7 +372,8 @@ class HTTP2Connection:
             except h2.exceptions.ProtocolError:
                 pass
             state.pending_flow = 0
-        if not state.ended and state.error is None and not self._closed and self._error is None:
+        unfinished = not (state.ended and state.local_ended) and not state.remote_reset
+        if unfinished and state.error is None and not self._closed and self._error is None:
             state.reset_by_us = True
             try:
                 self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
@@ -380,9 +434,18 @@ class HTTP2Connection:
 
     def _raise_if_failed(self, state: _StreamState) -> None:
         if state.error is not None:
-            raise state.error
+            raise _fresh(state.error)
         if self._error is not None:
-            raise self._error
+            raise _fresh(self._error)
+
+    @contextlib.contextmanager
+    def _h2_errors(self, state: _StreamState) -> Iterator[None]:
+        """An h2 call refused (the stream or connection closed under it) as an httpx error."""
+        try:
+            yield
+        except h2.exceptions.H2Error as exc:
+            self._raise_if_failed(state)
+            raise httpx.LocalProtocolError(f"HTTP/2 stream {state.id}: {exc}") from exc
 
     async def _read_once(self) -> None:
         try:
@@ -432,18 +495,25 @@ class HTTP2Connection:
             if state is not None:
                 state.ended = True
                 _wake(state)
+                self._wake_senders()
         elif isinstance(event, h2.events.StreamReset):
             state = self._streams.get(event.stream_id)
-            if state is not None and not state.ended:
-                code = _error_name(event.error_code)
-                if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
-                    state.error = ConnectionNotAvailable()
-                else:
-                    state.error = httpx.RemoteProtocolError(f"server reset the stream ({code})")
+            if state is not None:
+                state.remote_reset = True
+                if not state.ended:
+                    code = _error_name(event.error_code)
+                    if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
+                        state.error = ConnectionNotAvailable()
+                    else:
+                        state.error = httpx.RemoteProtocolError(
+                            f"server reset the stream ({code})"
+                        )
                 _wake(state)
+                self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_received = True
             self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, 1000)
+            self._wake_senders()  # the initial window may have grown
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._goaway = True
             last = event.last_stream_id if event.last_stream_id is not None else 0
@@ -458,9 +528,18 @@ class HTTP2Connection:
                     ),
                     None,
                 )
+            else:
+                # A graceful GOAWAY: the streams up to last_stream_id are still answered (RFC 9113
+                # 6.8), but h2 4.x closes its whole state machine on GOAWAY and would refuse their
+                # DATA (python-hyper/h2#1181). Keep it open; _goaway stops new streams.
+                self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+            self._wake_senders()
         elif isinstance(event, h2.events.WindowUpdated | h2.events.SettingsAcknowledged):
-            for waiter in self._window_waiters:
-                waiter.set()
+            self._wake_senders()
+
+    def _wake_senders(self) -> None:
+        for waiter in self._window_waiters:
+            waiter.set()
 
     def _connection_lost(self, error: Exception, cause: BaseException | None) -> None:
         if cause is not None:
@@ -488,7 +567,7 @@ class HTTP2Connection:
         if not data:
             return
         if self._error is not None:
-            raise self._error
+            raise _fresh(self._error)
         # A half-written frame would corrupt every stream of the connection: never cancel a write.
         with anyio.CancelScope(shield=True):
             try:

@@ -111,12 +111,15 @@ class _OriginPool:
                             return conn, True
                         if self.http1_only:
                             return None, False
-                        conn = await self._connect(timeouts.get("connect"))
-                        if conn is None:
-                            return None, False
-                        self.connections.append(conn)
-                        conn.reserve()
-                        return conn, False
+                        # Others queued on the lock may have filled the pool meanwhile.
+                        if len(self.connections) < self.transport.max_connections:
+                            conn = await self._connect(timeouts.get("connect"))
+                            if conn is None:
+                                return None, False
+                            self.connections.append(conn)
+                            conn.reserve()
+                            return conn, False
+                    continue
                 if self.slot_freed.is_set():
                     self.slot_freed = anyio.Event()
                 await self.slot_freed.wait()
