@@ -282,6 +282,9 @@ def build_chunk(data: object) -> ChatCompletionChunk:
 # field (or whole object) goes to openai's own code.
 
 
+_MAX_PLANS = 64  # key layouts remembered per model class
+
+
 class _Slow(Exception):
     """The fast path cannot vouch for this value; openai's construct_type decides."""
 
@@ -308,7 +311,7 @@ _set_fields_set = _slots["__pydantic_fields_set__"].__set__
 class _Shape:
     """A model class's fields, classified once, and the two ways openai may build it."""
 
-    __slots__ = ("checks", "cls", "defaults", "fix", "names", "required", "supported")
+    __slots__ = ("checks", "cls", "defaults", "fix", "names", "plans", "required", "supported")
 
     def __init__(self, cls: type[pydantic.BaseModel]) -> None:
         self.cls = cls
@@ -319,6 +322,8 @@ class _Shape:
         self.defaults: dict[str, Any] = {}
         self.fix: dict[str, tuple[int, Any, _Field, Any]] = {}
         self.checks: dict[str, _Convert] = {}
+        # The fields to fix for each key layout seen (a stream repeats the same layout).
+        self.plans: dict[tuple[str, ...], list[tuple[str, int, Any, _Field, Any]]] = {}
         for name, field in fields.items():
             default = field.get_default()
             default = None if default is pydantic_core.PydanticUndefined else default
@@ -341,8 +346,15 @@ class _Shape:
         if type(data) is not dict or not self.supported:
             raise _Slow
         values = self.defaults.copy()
+        layout = tuple(data)
+        plan = self.plans.get(layout)
+        if plan is not None:  # the common case: known fields only, in a layout seen before
+            values.update(data)
+            return self._make(self._fixed(values, data, plan), set(layout), {})
         extra: dict[str, Any] = {}
         if data.keys() <= self.names:
+            if len(self.plans) < _MAX_PLANS:
+                self.plans[layout] = [(k, *self.fix[k]) for k in layout if k in self.fix]
             values.update(data)
             fields_set = set(data)
         else:
@@ -355,14 +367,17 @@ class _Shape:
                     raise _Slow
                 else:
                     extra[key] = value
-        if not self.fix:
-            return self._make(values, fields_set, extra)
-        fix = self.fix
-        for key, value in data.items():
-            spec = fix.get(key)
-            if spec is None:
-                continue
-            kind, arg, field, default = spec
+        plan = [(k, *self.fix[k]) for k in data if k in self.fix]
+        return self._make(self._fixed(values, data, plan), fields_set, extra)
+
+    @staticmethod
+    def _fixed(
+        values: dict[str, Any],
+        data: dict[str, Any],
+        plan: list[tuple[str, int, Any, _Field, Any]],
+    ) -> dict[str, Any]:
+        for key, kind, arg, field, default in plan:
+            value = data[key]
             if value is None:
                 values[key] = default
             elif kind == _TYPED:
@@ -386,7 +401,7 @@ class _Shape:
                     values[key] = _general(value, field)
             elif kind == _GENERAL:
                 values[key] = _general(value, field)
-        return self._make(values, fields_set, extra)
+        return values
 
     def validate(self, data: object) -> Any:
         """What pydantic validation of ``data`` as ``cls`` returns, or _Slow if not certain."""
