@@ -229,10 +229,9 @@ class AsyncOpenAI:
             clone.max_retries = max_retries
         clone._custom_headers = headers
         clone._custom_query = query
+        clone._owns_http_client = False  # the copy shares (or is given) its connections
         if http_client is not None:
-            clone._client, clone._transport, clone._owns_http_client = http_client, None, False
-        else:
-            clone._owns_http_client = False
+            clone._client, clone._transport = http_client, None
         clone.chat = AsyncChat(clone)
         return clone
 
@@ -337,12 +336,10 @@ class AsyncOpenAI:
             retry=retry_if_exception(retryable),
             reraise=True,
         )
-        retries = retries_done - 1
         async for attempt in retrying:
             with attempt:
-                retries += 1
                 response, timings = await self._send_once(request, read_body=read_body)
-                timings.retries = retries
+                timings.retries = retries_done + attempt.retry_state.attempt_number - 1
                 return response, timings
         raise AssertionError("unreachable")  # pragma: no cover
 

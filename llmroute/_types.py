@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["Timings"]
 
@@ -31,7 +31,6 @@ class Timings:
     """Number of content, tool-call or reasoning deltas received (a stream's chunks)."""
     http_version: str | None = None
     retries: int = 0
-    extra: dict[str, float] = field(default_factory=dict)
 
     @property
     def ttft(self) -> float | None:

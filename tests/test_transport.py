@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import select
+
 import anyio
+import anyio.abc
 import httpx
 import pytest
 
@@ -172,11 +175,17 @@ async def test_connection_closed_by_idle_server_is_replaced() -> None:
     with Simulator(tls=True, keep_alive_timeout=0.3) as server:
         async with client_for(server, max_retries=0) as client:
             first = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
-            await anyio.sleep(1.0)
+            assert client._transport is not None
+            (conn,) = client._transport.connections()
+            fd = conn._sock.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
+            # Wait for the server's goodbye to reach the socket, rather than for a fixed time
+            # (polled: asyncio lends no wait on a descriptor its transport owns).
+            with anyio.fail_after(10):
+                while not select.select([fd], [], [], 0)[0]:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
             second = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
             assert first.choices[0].message.content == second.choices[0].message.content
             assert second.timings.connection_reused is False
-            assert client._transport is not None
             assert len(client._transport.connections()) == 1
 
 

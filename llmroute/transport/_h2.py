@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -80,7 +80,6 @@ class _StreamState:
         "local_ended",
         "pending_flow",
         "remote_reset",
-        "reset_by_us",
         "sent_on_idle",
         "status",
         "wake",
@@ -95,7 +94,6 @@ class _StreamState:
         self.error: Exception | None = None
         self.wake: anyio.Event | None = None
         self.pending_flow = 0
-        self.reset_by_us = False
         self.sent_on_idle = False
         self.local_ended = False
         self.remote_reset = False
@@ -347,8 +345,10 @@ class HTTP2Connection:
                 # Return the window first: a cancel during the flush must not lose the chunk.
                 state.chunks[0] = (data, 0)
                 state.pending_flow -= flow
-                with self._h2_errors(state):
+                try:  # the hot path: no context manager per frame
                     self._h2.acknowledge_received_data(flow, state.id)
+                except h2.exceptions.H2Error as exc:
+                    self._refused(state, exc)
                 if self._h2_has_output():
                     await self._flush()
             state.chunks.popleft()
@@ -374,7 +374,6 @@ class HTTP2Connection:
             state.pending_flow = 0
         unfinished = not (state.ended and state.local_ended) and not state.remote_reset
         if unfinished and state.error is None and not self._closed and self._error is None:
-            state.reset_by_us = True
             try:
                 self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
             except h2.exceptions.ProtocolError:
@@ -444,8 +443,11 @@ class HTTP2Connection:
         try:
             yield
         except h2.exceptions.H2Error as exc:
-            self._raise_if_failed(state)
-            raise httpx.LocalProtocolError(f"HTTP/2 stream {state.id}: {exc}") from exc
+            self._refused(state, exc)
+
+    def _refused(self, state: _StreamState, exc: h2.exceptions.H2Error) -> NoReturn:
+        self._raise_if_failed(state)  # the stream's or connection's own error, if it has one
+        raise httpx.LocalProtocolError(f"HTTP/2 stream {state.id}: {exc}") from exc
 
     async def _read_once(self) -> None:
         try:
