@@ -21,6 +21,7 @@ from openai import NotGiven, Omit
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from ._config import Config, Resolved, ResolvedProvider, RouteConfig, load_config, resolve
 from ._errors import (
     APIConnectionError,
     APIStatusError,
@@ -33,6 +34,17 @@ from ._types import Timings
 from ._version import __version__
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
+from .routing.budget import HedgeBudget
+from .routing.engine import Route, Router, RouteTarget
+from .routing.policies import (
+    FailoverPolicy,
+    FastestPolicy,
+    HedgePolicy,
+    Policy,
+    RacePolicy,
+    WeightedPolicy,
+)
+from .routing.stats import LiveStats, StatsSettings, TargetSnapshot
 from .transport import Transport, make_ssl_context
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncOpenAI"]
@@ -85,6 +97,60 @@ def _check_base_url(base_url: str | httpx.URL) -> httpx.URL:
     return url
 
 
+def _policy(config: RouteConfig) -> Policy:
+    if config.policy == "fastest":
+        return FastestPolicy(rank_by=config.rank_by)
+    if config.policy == "hedge":
+        return HedgePolicy(
+            rank_by=config.rank_by, hedge_after=config.hedge_after, max_hedges=config.max_hedges
+        )
+    if config.policy == "race":
+        return RacePolicy(k=config.race, rank_by=config.rank_by)
+    if config.policy == "weighted":
+        return WeightedPolicy(weights=tuple(config.weights or ()))
+    return FailoverPolicy()
+
+
+def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
+    """The routing engine for a resolved config: its routes, live stats and health."""
+    settings = resolved.routing
+    stats = LiveStats(
+        StatsSettings(
+            window=settings.window,
+            max_samples=settings.window_samples,
+            prompt_classes=tuple(settings.prompt_classes),
+            prior_ttft=settings.ttft_prior,
+        )
+    )
+    routes: dict[str, Route] = {}
+    for name, targets in resolved.routes.items():
+        config = resolved.route_configs[name]
+        routes[name] = Route(
+            name=name,
+            targets=tuple(
+                RouteTarget(
+                    provider=t.provider,
+                    model=t.model,
+                    continuation=resolved.providers[t.provider].spec.continuation,
+                    stream_usage=resolved.providers[t.provider].spec.stream_usage,
+                )
+                for t in targets
+            ),
+            policy=_policy(config),
+            budget=HedgeBudget(ratio=config.hedge_budget),
+            first_token_timeout=config.first_token_timeout,
+            continue_on_break=config.continue_on_break,
+        )
+    return Router(
+        routes,
+        stats=stats,
+        breaker_failures=settings.breaker_failures,
+        breaker_cooldown=settings.breaker_cooldown,
+        explore_share=settings.explore,
+        max_retries=max_retries,
+    )
+
+
 class AsyncOpenAI:
     """A drop-in replacement for ``openai.AsyncOpenAI``.
 
@@ -109,13 +175,35 @@ class AsyncOpenAI:
         default_query: Mapping[str, object] | None = None,
         http_client: httpx.AsyncClient | Any | None = None,
         verify: ssl.SSLContext | str | bool = True,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         **unsupported: Any,
     ) -> None:
         if unsupported:
             names = ", ".join(sorted(unsupported))
             raise TypeError(f"AsyncOpenAI() got unsupported argument(s): {names}")
+        loaded = load_config(config)
+        # A routed client warms its default base URL only when it is meant to be used.
+        self._warm_default = loaded is None or base_url is not None
+        self._providers: dict[str, ResolvedProvider] = {}
+        self._router: Router | None = None
+        if loaded is not None:
+            resolved = resolve(loaded)
+            self._providers = dict(resolved.providers)
+            self._router = _build_router(resolved, max_retries=max_retries)
+            default = resolved.default_provider
+            if default is not None:
+                provider = self._providers[default]
+                self._warm_default = True
+                base_url = base_url or provider.base_url
+                if api_key is None:
+                    api_key = provider.api_key or ""
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY")
+        if api_key is None and self._router is not None:
+            api_key = ""  # only routes are usable; a request for any other model says why
+            self._missing_key = True
+        else:
+            self._missing_key = False
         if api_key is None:
             raise OpenAIError(
                 "The api_key client option must be set either by passing api_key to the client "
@@ -238,10 +326,45 @@ class AsyncOpenAI:
     copy = with_options
 
     async def warmup(self) -> None:
-        """Open the connection to the base URL now, so the first request finds it warm."""
-        if self._transport is not None:
-            with map_transport_errors(self._client.build_request("GET", self.base_url)):
-                await self._transport.warmup(self.base_url, timeout=self.timeout.connect)
+        """Open the connections now, so the first requests find them warm.
+
+        A plain client opens its base URL's connection (and raises if it cannot). A routed one
+        opens every target's, concurrently; a target that cannot be reached is logged and left
+        to the routing (its failures count against it), and only if none can be reached does
+        this raise.
+        """
+        transport = self._transport
+        if transport is None:
+            return
+        urls = {str(self.base_url): self.base_url} if self._warm_default else {}
+        for provider in self._providers.values():
+            urls.setdefault(str(provider.base_url), provider.base_url)
+        errors: list[BaseException] = []
+
+        async def warm(url: httpx.URL) -> None:
+            try:
+                with map_transport_errors(self._client.build_request("GET", url)):
+                    await transport.warmup(url, timeout=self.timeout.connect)
+            except APIConnectionError as exc:
+                if self._router is None:
+                    raise
+                log.warning("warmup: cannot reach %s: %s", url, exc.message)
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for url in urls.values():
+                tg.start_soon(warm, url)
+        if errors and len(errors) == len(urls):
+            raise errors[0]
+
+    def stats(self) -> dict[str, TargetSnapshot]:
+        """A snapshot of every routed target's live stats (empty for a client without routes).
+
+        Per target (``"provider:model"``): sample count, TTFT p50/p95/p99 over the sliding
+        window (overall and per prompt-length class), inter-token latency, tokens/s, error,
+        timeout and 429 rates, requests in flight and the circuit breaker's state.
+        """
+        return self._router.snapshot() if self._router is not None else {}
 
     async def close(self) -> None:
         """Close the connections (only those this client opened itself)."""
@@ -260,7 +383,8 @@ class AsyncOpenAI:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<llmroute.AsyncOpenAI base_url={str(self.base_url)!r}>"
+        routes = f" routes={sorted(self._router.routes)!r}" if self._router is not None else ""
+        return f"<llmroute.AsyncOpenAI base_url={str(self.base_url)!r}{routes}>"
 
     # -- requests --------------------------------------------------------------------------
 
@@ -272,6 +396,18 @@ class AsyncOpenAI:
             return {}
         return {"Authorization": f"Bearer {self._api_key}"}
 
+    def _provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": f"llmroute/{__version__} (openai-compatible)",
+            **provider.headers,
+            **self._custom_headers,
+        }
+        if provider.api_key:
+            headers["Authorization"] = f"Bearer {provider.api_key}"
+        return headers
+
     async def _build_request(
         self,
         path: str,
@@ -280,8 +416,23 @@ class AsyncOpenAI:
         extra_headers: Mapping[str, str | None] | None,
         extra_query: Mapping[str, object] | None,
         timeout: Any,
+        provider: ResolvedProvider | None = None,
+        continuation: bool = False,
     ) -> httpx.Request:
-        headers: dict[str, str] = {**self.default_headers, **await self._auth_headers()}
+        if provider is None:
+            if self._missing_key:
+                raise OpenAIError(
+                    f"model {body.get('model')!r} is not a route of the config, and no default "
+                    "provider is set: set default_provider in the config, or the api_key client "
+                    "option, or the OPENAI_API_KEY environment variable"
+                )
+            base_url = self.base_url
+            headers: dict[str, str] = {**self.default_headers, **await self._auth_headers()}
+        else:
+            base_url = provider.base_url
+            if continuation and provider.spec.continuation and provider.spec.continuation.base_url:
+                base_url = _check_base_url(provider.spec.continuation.base_url)
+            headers = self._provider_headers(provider)
         for name, value in (extra_headers or {}).items():
             if value is None or not _given(value):
                 headers.pop(name, None)
@@ -295,7 +446,7 @@ class AsyncOpenAI:
         # Plain values: a user's http_client may be an httpx2 client (openai >= 3 makes those).
         return self._client.build_request(
             "POST",
-            str(self.base_url.join(path)),
+            str(base_url.join(path)),
             content=content,
             headers=headers,
             params=cast(Any, params) or None,
@@ -473,6 +624,12 @@ class AsyncCompletions:
         if extra_body:
             body.update(extra_body)
         client = self._client
+        router = client._router
+        route = router.routes.get(model) if router is not None else None
+        if route is not None and router is not None:
+            return await self._create_routed(
+                router, route, body, extra_headers, extra_query, timeout
+            )
         request = await client._build_request(
             "chat/completions",
             body,
@@ -498,4 +655,43 @@ class AsyncCompletions:
             timings.tokens = usage.completion_tokens if usage is not None else 0
             completion._request_id = response.headers.get("x-request-id")
             object.__setattr__(completion, "timings", timings)
+        return completion
+
+    async def _create_routed(
+        self,
+        router: Router,
+        route: Any,
+        body: dict[str, Any],
+        extra_headers: Mapping[str, str | None] | None,
+        extra_query: Mapping[str, object] | None,
+        timeout: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """A request for a route: the engine picks, hedges, fails over and continues."""
+        client = self._client
+
+        async def send(
+            target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+        ) -> tuple[httpx.Response, Timings]:
+            request = await client._build_request(
+                "chat/completions",
+                body,
+                extra_headers=extra_headers,
+                extra_query=extra_query,
+                timeout=timeout,
+                provider=client._providers[target.provider],
+                continuation=continuation,
+            )
+            return await client._send_once(request, read_body=not stream)
+
+        if body.get("stream"):
+            routed = await router.stream(route, body, send)
+            return AsyncStream._from_route(routed)
+        done = await router.complete(route, body, send)
+        completion = done.completion
+        if isinstance(completion, ChatCompletion):
+            usage = completion.usage
+            done.timings.tokens = usage.completion_tokens if usage is not None else 0
+            completion._request_id = done.response.headers.get("x-request-id")
+            object.__setattr__(completion, "timings", done.timings)
+            object.__setattr__(completion, "route", done.report)
         return completion

@@ -4,9 +4,12 @@
     └── openai.APIError
         ├── openai.APIConnectionError
         │   └── openai.APITimeoutError
+        │       └── FirstTokenTimeout        no first token within a route's deadline
         ├── openai.APIStatusError            (one subclass per HTTP status, as in openai)
         ├── MalformedStreamError             a target sent an SSE line that is not valid
-        └── StreamInterrupted                the stream broke after content was yielded
+        ├── StreamInterrupted                the stream broke after content was yielded
+        ├── TargetUnavailable                a target's circuit is open or it cools down after a 429
+        └── AllTargetsFailed                 every target of a route failed; keeps each cause
 
 Every error raised by llmroute is, or subclasses, the openai exception of the same meaning, so
 ``except openai.RateLimitError`` and ``isinstance`` checks in existing code keep working.
@@ -45,9 +48,11 @@ __all__ = [
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AllTargetsFailed",
     "AuthenticationError",
     "BadRequestError",
     "ConflictError",
+    "FirstTokenTimeout",
     "InternalServerError",
     "MalformedStreamError",
     "NotFoundError",
@@ -55,6 +60,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "StreamInterrupted",
+    "TargetUnavailable",
     "UnprocessableEntityError",
     "make_status_error",
     "map_transport_errors",
@@ -95,6 +101,52 @@ class StreamInterrupted(APIError):
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.partial_text = partial_text
         self.cause = cause
+
+
+class FirstTokenTimeout(APITimeoutError):
+    """Raised when a target sends no first token within the route's ``first_token_timeout``."""
+
+    def __init__(self, request: httpx.Request, *, target: str, seconds: float) -> None:
+        super().__init__(request=request)  # type: ignore[arg-type]
+        self.message = f"No first token from target {target!r} within {seconds:g} s"
+        self.args = (self.message,)
+        self.target = target
+
+
+class TargetUnavailable(APIError):
+    """Raised for an attempt on a target whose circuit is open or that cools down after a 429."""
+
+    def __init__(self, message: str, request: httpx.Request, *, target: str) -> None:
+        super().__init__(message, request, body=None)  # type: ignore[arg-type]
+        self.target = target
+
+
+class AllTargetsFailed(APIError):
+    """Raised when every target of a route failed before its first token.
+
+    ``errors`` maps each target (``"provider:model"``) to the exception it last failed with;
+    the message lists them all.
+    """
+
+    def __init__(
+        self, route: str, errors: dict[str, BaseException], request: httpx.Request
+    ) -> None:
+        causes = "; ".join(f"{target}: {describe_error(exc)}" for target, exc in errors.items())
+        count = f"all {len(errors)} targets" if len(errors) != 1 else "its only target"
+        message = (
+            f"Route {route!r}: {count} failed: {causes}"
+            if errors
+            else (f"Route {route!r}: no target is available")
+        )
+        super().__init__(message, request, body=None)  # type: ignore[arg-type]
+        self.route = route
+        self.errors = dict(errors)
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line naming an exception's class and message (status code first for HTTP errors)."""
+    text = getattr(exc, "message", None) or str(exc) or "no detail"
+    return f"{type(exc).__name__}: {text}"
 
 
 _STATUS_ERRORS: dict[int, type[APIStatusError]] = {

@@ -11,8 +11,10 @@ import httpx
 from openai.types.chat import ChatCompletionChunk
 
 from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
-from ._types import Timings
+from ._types import RouteReport, Timings
 from .protocols.openai import ChatStreamDecoder, is_token_chunk
+from .routing.engine import RoutedStream
+from .transport import body_receiver
 
 __all__ = ["AsyncStream"]
 
@@ -37,6 +39,9 @@ class AsyncStream(Generic[_T]):
 
     response: httpx.Response
     timings: Timings
+    route: RouteReport | None
+    """How a routed request was served (winner, attempts, hedges, continuations); ``None``
+    for a model name that is not a route."""
 
     def __init__(
         self,
@@ -50,10 +55,31 @@ class AsyncStream(Generic[_T]):
         self.timings = timings
         self._new_decoder = new_decoder
         self._retry = retry
+        self.route = None
+        self._routed: RoutedStream | None = None
         self._decoder: ChatStreamDecoder | None = None
         self._complete = False
         self._closed = False
         self._iterator = self._iter_chunks()
+
+    @classmethod
+    def _from_route(cls, routed: RoutedStream) -> AsyncStream[_T]:
+        """A stream over a routed request (the engine has its first token already)."""
+        self = cls.__new__(cls)
+        self.response = routed.response
+        self.timings = routed.timings
+        self.route = routed.report
+        self._routed = routed
+        self._retry = None
+        self._decoder = None
+        self._complete = False
+        self._closed = False
+
+        def switch(response: httpx.Response) -> None:
+            self.response = response
+
+        self._iterator = routed.run.chunks(switch)
+        return self
 
     def __aiter__(self) -> AsyncStream[_T]:
         return self
@@ -62,16 +88,21 @@ class AsyncStream(Generic[_T]):
         try:
             return await self._iterator.__anext__()  # type: ignore[return-value]
         except StopAsyncIteration:
-            if self._complete or self._closed:
+            routed = self._routed
+            if self._complete or self._closed or (routed is not None and routed.run.complete):
                 raise
             # A cancelled read ends the underlying generator; what follows must not look like
             # the end of a complete answer.
             decoder = self._decoder
+            if routed is not None:
+                partial = routed.text
+            else:
+                partial = decoder.text if decoder is not None else ""
             raise StreamInterrupted(
                 "The stream was abandoned before the answer was complete (a read of it was "
                 "cancelled); the text so far is in .partial_text.",
                 self.response.request,
-                partial_text=decoder.text if decoder is not None else "",
+                partial_text=partial,
                 cause=None,
             ) from None
 
@@ -88,7 +119,7 @@ class AsyncStream(Generic[_T]):
                 failure: APIError | None = None
                 try:
                     with map_transport_errors(request):
-                        receive = _receiver(response)
+                        receive = body_receiver(response)
                         data: bytes | None = b""
                         while data is not None:
                             data = await receive()
@@ -167,22 +198,3 @@ class AsyncStream(Generic[_T]):
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-def _receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | None]]:
-    """The fastest way to read ``response``'s body chunk by chunk.
-
-    llmroute's own transport offers ``receive()``; any other transport is read through httpx.
-    """
-    body = response.extensions.get("llmroute.body")
-    if body is not None:
-        return body.receive  # type: ignore[no-any-return]
-    iterator = response.aiter_raw()
-
-    async def receive() -> bytes | None:
-        try:
-            return await iterator.__anext__()
-        except StopAsyncIteration:
-            return None
-
-    return receive

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Timings"]
+__all__ = ["AttemptReport", "RouteReport", "Timings"]
 
 
 @dataclass(slots=True)
@@ -36,3 +36,44 @@ class Timings:
     def ttft(self) -> float | None:
         """Time to first token."""
         return self.first_token
+
+
+@dataclass(slots=True)
+class AttemptReport:
+    """One attempt of a routed request on one target."""
+
+    target: str
+    """``"provider:model"``."""
+    started: float
+    """Seconds after the request began."""
+    reason: str
+    """Why it started: "first", "race", "hedge", "failover", "retry", "explore", "continuation"."""
+    outcome: str = "pending"
+    """"won", "cancelled" (a losing hedge or race), "error", "timeout", "rate_limited",
+    "interrupted" (broke after tokens), or "pending"."""
+    ttft: float | None = None
+    """Seconds from this attempt's start to its first token."""
+    error: str | None = None
+    """The cause of a failure, one line."""
+
+
+@dataclass(slots=True)
+class RouteReport:
+    """How a routed request was served: ``stream.route`` / ``completion.route``."""
+
+    route: str
+    """The model name the application asked for."""
+    policy: str
+    winner: str | None = None
+    """The target whose answer the caller got (the first one when a stream was continued)."""
+    attempts: list[AttemptReport] = field(default_factory=list)
+    hedges: int = 0
+    """Hedge attempts fired."""
+    hedges_denied: int = 0
+    """Hedges the budget did not allow."""
+    continued_on: list[str] = field(default_factory=list)
+    """Targets that continued the answer after a mid-stream break, in order."""
+    explored: str | None = None
+    """A target tried first to refresh its stats (exploration), if any."""
+    prompt_class: str = ""
+    cache_hit: bool = False

@@ -507,9 +507,7 @@ class HTTP2Connection:
                     if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
                         state.error = ConnectionNotAvailable()
                     else:
-                        state.error = httpx.RemoteProtocolError(
-                            f"server reset the stream ({code})"
-                        )
+                        state.error = httpx.RemoteProtocolError(f"server reset the stream ({code})")
                 _wake(state)
                 self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):

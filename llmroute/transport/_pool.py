@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -21,7 +22,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 from ._h2 import ConnectionNotAvailable, HTTP2Connection, _deadline
 
-__all__ = ["Transport", "make_ssl_context"]
+__all__ = ["Transport", "body_receiver", "make_ssl_context"]
 
 _ATTEMPTS = 3
 
@@ -280,3 +281,22 @@ class Transport(httpx.AsyncBaseTransport):
                 await conn.aclose()
             pool.connections.clear()
         await self._http1.aclose()
+
+
+def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | None]]:
+    """The fastest way to read ``response``'s body chunk by chunk.
+
+    llmroute's own transport offers ``receive()``; any other transport is read through httpx.
+    """
+    body = response.extensions.get("llmroute.body")
+    if body is not None:
+        return body.receive  # type: ignore[no-any-return]
+    iterator = response.aiter_raw()
+
+    async def receive() -> bytes | None:
+        try:
+            return await iterator.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    return receive

@@ -1,0 +1,142 @@
+"""The vendor catalog: one TOML file per vendor in the top-level ``providers/`` folder.
+
+Each file describes how to reach a vendor and what routing may ask of it: base URL, wire
+protocol, the environment variable holding its API key, and capabilities (assistant-prefix
+continuation and how it is requested, prompt-prefix caching, usage in streams). The files ship
+inside the wheel (as ``llmroute/_providers``); in a source checkout or an editable install they
+are read from ``providers/`` beside the package.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+import types
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CatalogError",
+    "Continuation",
+    "ProviderSpec",
+    "catalog_dir",
+    "format_validation_error",
+    "load_catalog",
+    "load_provider_file",
+    "parse_provider",
+]
+
+
+class CatalogError(ValueError):
+    """Raised when a catalog file is missing, not TOML, or not a valid provider description."""
+
+
+class Continuation(BaseModel):
+    """How a vendor continues an answer from a given assistant prefix.
+
+    A continuation request ends its ``messages`` with ``{"role": "assistant", "content":
+    <text so far>, **message}`` and adds ``body`` to the request's top level; it goes to
+    ``base_url`` when set (DeepSeek serves it on its beta endpoint only).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    message: dict[str, Any] = Field(default_factory=dict)
+    """Extra fields on the trailing assistant message, e.g. ``{"prefix": true}``."""
+    body: dict[str, Any] = Field(default_factory=dict)
+    """Extra top-level request fields, e.g. ``{"continue_final_message": true}``."""
+    base_url: str | None = None
+    """Where continuation requests go, if not the provider's ``base_url``."""
+
+
+class ProviderSpec(BaseModel):
+    """One vendor (or self-hosted server kind) as the catalog or a config describes it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    """The catalog name (the file's stem), e.g. ``"deepseek"``."""
+    display_name: str = ""
+    base_url: str
+    """The OpenAI-style base URL, ending before ``/chat/completions``."""
+    protocol: Literal["openai", "anthropic"] = "openai"
+    """The wire protocol of ``base_url``."""
+    api_key_env: str | None = None
+    """The environment variable holding the API key; ``None`` when no key is needed."""
+    self_hosted: bool = Field(False, strict=True)
+    """A server the user runs (SGLang, vLLM, Ollama), usually on a local or private address."""
+    continuation: Continuation | None = None
+    """Assistant-prefix continuation, or ``None`` when the vendor has none."""
+    prompt_caching: Literal["none", "automatic", "explicit"] = "none"
+    """Whether the vendor caches prompt prefixes: by itself, only when asked, or not at all."""
+    stream_usage: bool = Field(True, strict=True)
+    """Whether ``stream_options.include_usage`` is accepted."""
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra headers every request to this vendor carries (never secrets)."""
+    docs: str = ""
+    """The vendor's documentation page the values come from."""
+
+
+def catalog_dir() -> Path:
+    """The folder holding the catalog's TOML files (in the wheel, or beside the package)."""
+    packaged = resources.files("llmroute").joinpath("_providers")
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "providers"
+
+
+def format_validation_error(exc: pydantic.ValidationError, *, source: str, prefix: str = "") -> str:
+    """Pydantic's errors rewritten for a human: the source, the dotted key and what was wrong."""
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(part) for part in (prefix, *err["loc"]) if part != "")
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            what = "unknown key"
+        elif kind == "missing":
+            what = "required key is missing"
+        elif kind == "literal_error":
+            expected = err.get("ctx", {}).get("expected", "")
+            what = f"expected {expected}, got {err['input']!r}"
+        else:
+            what = f"{err['msg']}, got {err['input']!r}" if "input" in err else err["msg"]
+        lines.append(f"{source}: {key or '(top level)'}: {what}")
+    return "\n".join(lines)
+
+
+def load_provider_file(path: Path) -> ProviderSpec:
+    """Read and validate one catalog file; the provider's name is the file's stem."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{path}: not valid TOML: {exc}") from None
+    return parse_provider(path.stem, data, source=str(path))
+
+
+def parse_provider(name: str, data: Mapping[str, Any], *, source: str) -> ProviderSpec:
+    """Validate one provider description, naming ``source`` and the key at fault on error."""
+    if "name" in data and data["name"] != name:
+        raise CatalogError(
+            f"{source}: name: expected {name!r} (the file's name), got {data['name']!r}"
+        )
+    try:
+        return ProviderSpec.model_validate({**data, "name": name})
+    except pydantic.ValidationError as exc:
+        raise CatalogError(format_validation_error(exc, source=source)) from None
+
+
+@functools.cache
+def load_catalog() -> Mapping[str, ProviderSpec]:
+    """Every provider of the catalog, by name (read once, then cached; read-only)."""
+    folder = catalog_dir()
+    specs = {path.stem: load_provider_file(path) for path in sorted(folder.glob("*.toml"))}
+    if not specs:
+        raise CatalogError(f"{folder}: no provider files (*.toml) found")
+    return types.MappingProxyType(specs)  # cached: callers must not be able to change it

@@ -1,0 +1,683 @@
+"""The routing config: which vendors serve which model names, and how requests pick among them.
+
+A config is a TOML file (``llmroute.toml``, or the file named by ``LLMROUTE_CONFIG``), a dict of
+the same shape, or a :class:`Config` built in code::
+
+    default_provider = "openai"
+
+    [providers.gpu1]
+    kind = "sglang"
+    base_url = "http://127.0.0.1:30000/v1"
+
+    [models.chat]
+    targets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini", "gpu1:qwen2.5-7b-instruct"]
+    policy = "hedge"
+
+A provider is a catalog vendor (``providers/*.toml``) used as is, a catalog entry with some fields
+overridden, or a server the catalog does not know. :func:`load_config` validates the shape and
+every reference; :func:`resolve` then merges the catalog, reads API keys from the environment and
+gives the routes as :class:`Target` lists. Every mistake raises :class:`ConfigError` naming the
+file, the dotted key and what was expected; API keys never appear in errors or reprs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import httpx
+import pydantic
+from openai import OpenAIError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ._catalog import Continuation, ProviderSpec, format_validation_error, load_catalog
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "ProviderConfig",
+    "Resolved",
+    "ResolvedProvider",
+    "RouteConfig",
+    "RoutingSettings",
+    "Target",
+    "load_config",
+    "parse_duration",
+    "resolve",
+]
+
+ENV_VAR = "LLMROUTE_CONFIG"
+_DEFAULT_SOURCE = "config"
+_ERROR_TYPE = "llmroute_config"
+_PERCENTILES = ("p50", "p90", "p95", "p99")
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?", re.IGNORECASE)
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_HINT = "expected a duration such as '5m', '300s' or 300"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+class ConfigError(OpenAIError, ValueError):
+    """A config that cannot be used: the message names the source, the dotted key and the fault."""
+
+
+def parse_duration(value: float | str) -> float:
+    """Seconds from a number of seconds or a string such as ``"250ms"``, ``"1.5s"``, ``"5m"``,
+    ``"1h"`` or ``"2 s"``; raises :class:`ValueError` for anything else, negative or not finite.
+    """
+    seconds: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.fullmatch(value.strip())
+        if match is not None:
+            seconds = float(match[1]) * _UNITS[(match[2] or "s").lower()]
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{_DURATION_HINT}, got {_show(value)}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One place a route may send a request: a provider and the model name it knows."""
+
+    provider: str
+    model: str
+
+    @property
+    def name(self) -> str:
+        """``"provider:model"``, as written in a route's ``targets``."""
+        return f"{self.provider}:{self.model}"
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """Split ``"provider:model"`` on the first colon (model names may contain colons)."""
+        provider, sep, model = text.partition(":")
+        if not sep or not provider or not model:
+            raise ValueError(f"{text!r} is not 'provider:model'")
+        if provider != provider.strip() or model != model.strip():
+            raise ValueError(f"{text!r} is not 'provider:model' (no spaces around ':')")
+        return cls(provider, model)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _invalid(message: str, *key: str | int) -> PydanticCustomError:
+    return PydanticCustomError(_ERROR_TYPE, "{message}", {"message": message, "key": _key(key)})
+
+
+def _duration_input(value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+
+
+def _hedge_after_input(value: Any) -> str | float:
+    if isinstance(value, str) and value.strip().lower() in _PERCENTILES:
+        return value.strip().lower()
+    try:
+        return parse_duration(value)
+    except ValueError:
+        hint = _suggest(value, _PERCENTILES) if isinstance(value, str) else ""
+        raise _invalid(
+            f"expected 'p50', 'p90', 'p95', 'p99' or a duration such as '400ms', "
+            f"got {_show(value)}{hint}"
+        ) from None
+
+
+def _target_input(value: Any) -> str:
+    if isinstance(value, Target):
+        return value.name
+    if not isinstance(value, str):
+        raise _invalid(f"expected a 'provider:model' string, got {_show(value)}")
+    try:
+        Target.parse(value)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+    return value
+
+
+def _empty_is_none(value: Any) -> Any:
+    return None if value == "" else value
+
+
+Duration = Annotated[float, BeforeValidator(_duration_input)]
+Policy = Literal["fastest", "hedge", "race", "failover", "weighted"]
+Statistic = Literal["p50", "p95", "p99", "mean"]
+
+
+class ProviderConfig(BaseModel):
+    """One ``[providers.<name>]`` table: a catalog vendor, one based on a catalog ``kind``, or a
+    server the catalog does not know (then ``base_url`` is required).
+
+    Fields left unset come from the catalog entry. ``continuation = false`` (or ``None``) turns
+    continuation off; ``api_key_env = ""`` (or ``None``) says the provider needs no key.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str | None = None
+    """The catalog entry this provider is based on; default: the table's own name."""
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    """The API key itself; prefer ``api_key_env`` to keep keys out of files."""
+    api_key_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    """Extra headers, added to the catalog entry's."""
+    continuation: Continuation | None = None
+    protocol: Literal["openai", "anthropic"] | None = None
+    prompt_caching: Literal["none", "automatic", "explicit"] | None = None
+    stream_usage: bool | None = None
+    self_hosted: bool | None = None
+    display_name: str | None = None
+    docs: str | None = None
+
+    @field_validator("continuation", mode="before")
+    @classmethod
+    def _check_continuation(cls, value: Any) -> Any:
+        if value is False:
+            return None
+        if value is True:
+            raise _invalid("expected a table such as { message = { prefix = true } } or false")
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            url: httpx.URL | None = httpx.URL(value)
+        except httpx.InvalidURL:
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise _invalid(f"expected an http:// or https:// URL, got {_show(value)}")
+        return value
+
+
+class RouteConfig(BaseModel):
+    """One ``[models.<name>]`` table: the targets a model name routes to, and the policy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    targets: list[Annotated[str, BeforeValidator(_target_input)]] = Field(min_length=1)
+    """``"provider:model"`` strings, split on the first colon."""
+    policy: Policy = "hedge"
+    hedge_after: Annotated[
+        Literal["p50", "p90", "p95", "p99"] | float, BeforeValidator(_hedge_after_input)
+    ] = "p95"
+    """A percentile of the first target's live TTFT, or seconds."""
+    hedge_budget: float = Field(default=0.1, ge=0, le=1)
+    """The fraction of extra requests hedging may add."""
+    max_hedges: int = Field(default=1, ge=0)
+    """Extra attempts hedging may start per request."""
+    race: int = Field(default=2, ge=1)
+    """Attempts started at once by policy ``"race"``; default 2, or fewer if fewer targets."""
+    weights: list[Annotated[float, Field(gt=0)]] | None = None
+    """Policy ``"weighted"``: one positive number per target."""
+    rank_by: Statistic = "p95"
+    first_token_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """Seconds an attempt may wait for its first token before the route moves on."""
+    continue_on_break: bool = True
+    """Continue a stream that broke after content on another target."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_race(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "race" not in data:
+            targets = data.get("targets")
+            if isinstance(targets, list | tuple) and targets:
+                return {**data, "race": min(2, len(targets))}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> RouteConfig:
+        seen: set[str] = set()
+        for index, target in enumerate(self.targets):
+            if target in seen:
+                raise _invalid(f"{target!r} is listed twice", "targets", index)
+            seen.add(target)
+        count = len(self.targets)
+        if self.race > count:
+            raise _invalid(
+                f"expected at most {count} (the number of targets), got {self.race}", "race"
+            )
+        if self.weights is not None and len(self.weights) != count:
+            raise _invalid(
+                f"expected {count} numbers (one per target), got {len(self.weights)}", "weights"
+            )
+        if self.policy == "weighted" and self.weights is None:
+            raise _invalid(
+                "required by policy = 'weighted': one positive number per target",
+                "weights",
+            )
+        return self
+
+    def target_list(self) -> list[Target]:
+        """The targets as :class:`Target` objects, in order."""
+        return [Target.parse(text) for text in self.targets]
+
+
+class RoutingSettings(BaseModel):
+    """The ``[routing]`` table: how live statistics are kept, for every route."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window: Annotated[Duration, Field(gt=0)] = 300.0
+    """Seconds of history in each target's sliding window."""
+    window_samples: int = Field(default=1024, ge=1)
+    """At most this many samples per window."""
+    explore: float = Field(default=0.02, ge=0, le=0.2)
+    """The share of requests sent to targets whose statistics are stale."""
+    prompt_classes: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=lambda: [1024, 8192, 32768]
+    )
+    """Prompt-length class bounds in tokens, strictly increasing; statistics are per class."""
+    ttft_prior: Annotated[Duration, Field(gt=0)] = 1.0
+    """The assumed median TTFT, in seconds, of a target with no data."""
+    breaker_failures: int = Field(default=5, ge=1)
+    """Consecutive failures that open a target's circuit."""
+    breaker_cooldown: Duration = 30.0
+    """Seconds an open circuit waits before a trial request."""
+
+    @field_validator("prompt_classes")
+    @classmethod
+    def _check_classes(cls, value: list[int]) -> list[int]:
+        for index in range(1, len(value)):
+            if value[index] <= value[index - 1]:
+                raise _invalid(
+                    f"expected bounds in strictly increasing order, got {value[index]} "
+                    f"after {value[index - 1]}",
+                    index,
+                )
+        return value
+
+
+class Config(BaseModel):
+    """A whole config: providers, routes and routing settings.
+
+    Building one validates the shape and every reference against the catalog (a target's or
+    ``default_provider``'s provider must be a ``[providers]`` table or a catalog name). Two
+    configs are equal when their settings are, wherever they were read from.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_provider: str | None = None
+    """Where model names that are not routes go; ``None``: the client's own base_url and key."""
+    providers: dict[str, ProviderConfig] = Field(default_factory=dict)
+    models: dict[str, RouteConfig] = Field(default_factory=dict)
+    """Routes, by the model name the application asks for."""
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
+
+    _source: str = PrivateAttr(default=_DEFAULT_SOURCE)
+
+    @property
+    def source(self) -> str:
+        """Where the config was read from: the file's path, or ``"config"``."""
+        return self._source
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Config):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Config:
+        catalog = load_catalog()
+        for name, provider in self.providers.items():
+            if not name or ":" in name:
+                raise _invalid(
+                    "a provider name must be non-empty and contain no ':'", "providers", name
+                )
+            if provider.kind is not None and provider.kind not in catalog:
+                raise _invalid(
+                    f"unknown kind {provider.kind!r}: not in the catalog"
+                    + (_suggest(provider.kind, catalog) or f" (one of: {', '.join(catalog)})"),
+                    "providers",
+                    name,
+                    "kind",
+                )
+            if provider.kind is None and name not in catalog and provider.base_url is None:
+                raise _invalid(
+                    "base_url is required for a provider that is not in the catalog "
+                    "(or set kind = ...)",
+                    "providers",
+                    name,
+                )
+        known = [*self.providers, *(name for name in catalog if name not in self.providers)]
+        if self.default_provider is not None and self.default_provider not in known:
+            raise _invalid(_unknown_provider(self.default_provider, known), "default_provider")
+        for route, settings in self.models.items():
+            for index, target in enumerate(settings.target_list()):
+                if target.provider not in known:
+                    raise _invalid(
+                        _unknown_provider(target.provider, known), "models", route, "targets", index
+                    )
+        return self
+
+
+@dataclass(frozen=True, repr=False)
+class ResolvedProvider:
+    """A provider ready to use: catalog entry and overrides merged, API key read.
+
+    ``spec`` is the merged description (``spec.name`` is the catalog ``kind``, or the provider's
+    own name when it has none); ``base_url`` ends with a slash, so ``base_url.join("chat/
+    completions")`` is the endpoint. The repr never shows the key.
+    """
+
+    name: str
+    spec: ProviderSpec
+    base_url: httpx.URL
+    api_key: str | None
+    headers: Mapping[str, str]
+    kind: str | None
+    """The catalog entry it is based on; ``None`` for a provider the catalog does not know."""
+
+    def __repr__(self) -> str:
+        key = "<set>" if self.api_key is not None else "None"
+        return (
+            f"ResolvedProvider(name={self.name!r}, kind={self.kind!r}, "
+            f"base_url={str(self.base_url)!r}, api_key={key}, headers={sorted(self.headers)!r})"
+        )
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A config ready to route: the providers in use and each route's targets and settings."""
+
+    providers: dict[str, ResolvedProvider]
+    """The providers some route or ``default_provider`` uses, by name."""
+    routes: dict[str, list[Target]]
+    route_configs: dict[str, RouteConfig]
+    routing: RoutingSettings
+    default_provider: str | None
+    source: str = field(default=_DEFAULT_SOURCE, compare=False)
+
+
+def load_config(
+    source: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+) -> Config | None:
+    """A validated :class:`Config` from a Config, a dict, or the path of a TOML file.
+
+    With ``source=None`` the file named by ``LLMROUTE_CONFIG`` is read; ``None`` is returned when
+    that variable is unset or empty. Raises :class:`ConfigError` on any mistake.
+    """
+    if source is None:
+        path = os.environ.get(ENV_VAR, "")
+        if not path:
+            return None
+        return _load_file(path, missing=f"{ENV_VAR}={path}: no such file")
+    if isinstance(source, Config):
+        return source
+    if isinstance(source, Mapping):
+        return _validate(source, _DEFAULT_SOURCE)
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        return _load_file(path, missing=f"{path}: no such file")
+    raise TypeError(
+        f"expected a Config, a dict or the path of a TOML file, got {type(source).__name__}"
+    )
+
+
+def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved:
+    """Merge each used provider with its catalog entry and read its API key from ``environ``.
+
+    Only providers named by a route's targets or by ``default_provider`` are resolved. Raises
+    :class:`ConfigError` when one of them has no API key (and needs one) or speaks a wire
+    protocol llmroute does not support.
+    """
+    catalog = load_catalog()
+    routes = {route: settings.target_list() for route, settings in config.models.items()}
+    used = dict.fromkeys(target.provider for targets in routes.values() for target in targets)
+    if config.default_provider is not None:
+        used.setdefault(config.default_provider)
+    return Resolved(
+        providers={name: _resolve_provider(name, config, catalog, environ) for name in used},
+        routes=routes,
+        route_configs=dict(config.models),
+        routing=config.routing,
+        default_provider=config.default_provider,
+        source=config.source,
+    )
+
+
+_OVERRIDES = frozenset(ProviderSpec.model_fields) - {"name"}
+
+
+def _resolve_provider(
+    name: str, config: Config, catalog: Mapping[str, ProviderSpec], environ: Mapping[str, str]
+) -> ResolvedProvider:
+    settings = config.providers.get(name)
+    key = f"providers.{_key([name])}"
+    kind = settings.kind if settings is not None and settings.kind is not None else name
+    base = catalog.get(kind)
+    data: dict[str, Any] = base.model_dump() if base is not None else {}
+    data["name"] = kind if base is not None else name
+    if settings is not None:
+        for field_name in settings.model_fields_set & _OVERRIDES:
+            value = getattr(settings, field_name)
+            if field_name == "headers":
+                value = {**data.get("headers", {}), **value}
+            data[field_name] = value
+    try:
+        spec = ProviderSpec.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source=config.source, prefix=key)) from None
+
+    if spec.protocol == "anthropic":
+        raise ConfigError(f"{config.source}: {key}: {_anthropic_advice(spec)}")
+    api_key = None
+    if settings is not None and settings.api_key is not None:
+        api_key = settings.api_key.get_secret_value() or None
+    if api_key is None and spec.api_key_env is not None:
+        api_key = environ.get(spec.api_key_env) or None
+        if api_key is None and not spec.self_hosted:
+            raise ConfigError(
+                f"{config.source}: {key}: no API key: set {spec.api_key_env} or api_key"
+            )
+    return ResolvedProvider(
+        name=name,
+        spec=spec,
+        base_url=_with_slash(httpx.URL(spec.base_url)),
+        api_key=api_key,
+        headers=dict(spec.headers),
+        kind=spec.name if base is not None else None,
+    )
+
+
+def _anthropic_advice(spec: ProviderSpec) -> str:
+    message = "the 'anthropic' wire protocol is not supported yet; "
+    if spec.name == "anthropic" or httpx.URL(spec.base_url).host == "api.anthropic.com":
+        return message + (
+            'use Anthropic\'s OpenAI-compatible endpoint with protocol = "openai" '
+            '(base_url = "https://api.anthropic.com/v1/" accepts OpenAI chat completions)'
+        )
+    return message + 'use an OpenAI-compatible endpoint with protocol = "openai"'
+
+
+def _with_slash(url: httpx.URL) -> httpx.URL:
+    path = url.path if url.path.endswith("/") else url.path + "/"
+    return url.copy_with(path=path)
+
+
+def _load_file(path: str, *, missing: str) -> Config:
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(missing) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        text = str(exc)
+        position = _TOML_POSITION.search(text)
+        where = ""
+        if position is not None:
+            text = text[: position.start()]
+            where = f"line {position[1]}, column {position[2]}: "
+        text = text.replace(" (at end of document)", "")
+        if text[:1].isupper() and text[1:2].islower():
+            text = text[0].lower() + text[1:]
+        raise ConfigError(f"{path}: {where}not valid TOML: {text}") from None
+    return _validate(data, path)
+
+
+def _validate(data: Mapping[str, Any], source: str) -> Config:
+    load_catalog()
+    try:
+        config = Config.model_validate(data)
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+    config._source = source
+    return config
+
+
+def _key(parts: Iterable[str | int]) -> str:
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = part if _BARE_KEY.fullmatch(part) else json.dumps(part)
+            out = f"{out}.{text}" if out else text
+    return out
+
+
+def _join(key: str, more: str) -> str:
+    if not key or not more:
+        return key or more
+    return key + more if more.startswith("[") else f"{key}.{more}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "a table"
+    if isinstance(value, list | tuple):
+        return "an array"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _suggest(word: object, choices: Iterable[str]) -> str:
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown_provider(name: str, known: Sequence[str]) -> str:
+    return f"unknown provider {name!r}: not in [providers] nor the catalog{_suggest(name, known)}"
+
+
+def _fields_at(loc: Sequence[str | int]) -> list[str]:
+    model: type[BaseModel]
+    match tuple(loc):
+        case ():
+            model = Config
+        case ("providers", str()):
+            model = ProviderConfig
+        case ("providers", str(), "continuation"):
+            model = Continuation
+        case ("models", str()):
+            model = RouteConfig
+        case ("routing",):
+            model = RoutingSettings
+        case _:
+            return []
+    return list(model.model_fields)
+
+
+_EXPECTED = {
+    "string_type": "expected a string",
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "dict_type": "expected a table",
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+    "list_type": "expected an array",
+}
+_BOUNDS = {
+    "greater_than": ("gt", "greater than"),
+    "greater_than_equal": ("ge", "at least"),
+    "less_than": ("lt", "less than"),
+    "less_than_equal": ("le", "at most"),
+}
+
+
+def _describe(exc: pydantic.ValidationError, source: str) -> str:
+    """Pydantic's errors in the words of a config file; inputs under ``api_key`` never shown."""
+    errors = exc.errors()
+    base = format_validation_error(exc, source=source).split("\n")
+    lines = []
+    for index, err in enumerate(errors):
+        loc = err["loc"]
+        kind = err["type"]
+        ctx: dict[str, Any] = err.get("ctx") or {}
+        key = _key(loc)
+        secret = "api_key" in loc
+        got = "" if secret else f", got {_show(err.get('input'))}"
+        if kind == _ERROR_TYPE:
+            key = _join(key, str(ctx.get("key", "")))
+            what = str(ctx.get("message", err["msg"]))
+        elif kind == "literal_error":
+            expected = str(ctx.get("expected", ""))
+            what = f"expected {expected}{got}"
+            if not secret:
+                what += _suggest(err.get("input"), re.findall(r"'([^']*)'", expected))
+        elif kind == "missing":
+            what = "required key is missing"
+        elif kind == "extra_forbidden":
+            what = "unknown key" + _suggest(loc[-1], _fields_at(loc[:-1]))
+        elif kind in _EXPECTED:
+            what = _EXPECTED[kind] + got
+        elif kind in _BOUNDS:
+            name, words = _BOUNDS[kind]
+            bound = ctx.get(name)
+            if isinstance(bound, float) and bound.is_integer():
+                bound = int(bound)
+            what = f"expected a number {words} {bound}{got}"
+        elif kind == "too_short":
+            what = (
+                f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+            )
+        else:
+            dotted = ".".join(str(part) for part in loc if part != "")
+            prefix = f"{source}: {dotted or '(top level)'}: "
+            line = base[index] if len(base) == len(errors) else ""
+            safe = not secret and not isinstance(err.get("input"), Mapping | list)
+            what = line.removeprefix(prefix) if safe and line.startswith(prefix) else err["msg"]
+        lines.append(f"{source}: {key or '(top level)'}: {what}")
+    return "\n".join(lines)

@@ -1,0 +1,735 @@
+"""The routing engine: carries out a policy's plan for one request.
+
+Attempts run in one task group. The first to produce a token wins; the others are cancelled by
+leaving their scopes, which resets their HTTP/2 streams while the connections stay warm. Before
+a first token, a failing attempt hands over to the next target (failover) and a slow one is
+hedged when the plan says so and the route's hedge budget allows. After the first token the
+caller reads the winner; if it breaks mid-answer, the engine continues the answer on a target
+that supports assistant-prefix continuation, so the caller's iterator goes on without a seam,
+or raises :class:`~llmroute.StreamInterrupted` with the partial text.
+
+The engine sends through a :data:`Sender` the client gives it (request building, keys and
+URLs are the client's), decodes with the protocol module and records every outcome in the live
+stats and the targets' health.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import httpx
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from .._catalog import Continuation
+from .._errors import (
+    AllTargetsFailed,
+    APIConnectionError,
+    APIError,
+    APIStatusError,
+    FirstTokenTimeout,
+    StreamInterrupted,
+    TargetUnavailable,
+    describe_error,
+    map_transport_errors,
+)
+from .._types import AttemptReport, RouteReport, Timings
+from ..protocols.openai import ChatStreamDecoder, is_token_chunk, parse_chat_completion
+from ..transport import body_receiver
+from .backoff import parse_retry_after, retry_delay, should_retry_status
+from .budget import HedgeBudget
+from .health import CircuitBreaker, TargetHealth
+from .policies import Plan, Policy, explore
+from .stats import LiveStats, class_label, estimate_prompt_tokens, prompt_class
+
+__all__ = ["Route", "RouteTarget", "RoutedCompletion", "RoutedStream", "Router", "Sender"]
+
+
+class Sender(Protocol):
+    """Sends one request to one target: the client's part (URL, keys, headers, timeouts).
+
+    Returns once the response headers arrived with a status below 400 (a status error raises
+    openai's exception); with ``stream=False`` the body has been read. ``continuation`` says
+    the request continues an answer (some vendors take those on another base URL).
+    """
+
+    def __call__(
+        self, target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+    ) -> Awaitable[tuple[httpx.Response, Timings]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTarget:
+    """A provider and the model name it serves a route with."""
+
+    provider: str
+    model: str
+    continuation: Continuation | None = None
+    stream_usage: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"{self.provider}:{self.model}"
+
+
+@dataclass
+class Route:
+    """One model name the application uses, served by several targets under a policy."""
+
+    name: str
+    targets: tuple[RouteTarget, ...]
+    policy: Policy
+    budget: HedgeBudget = field(default_factory=HedgeBudget)
+    first_token_timeout: float | None = 30.0
+    continue_on_break: bool = True
+    max_continuations: int = 3
+
+    def target(self, name: str) -> RouteTarget:
+        for target in self.targets:
+            if target.name == name:
+                return target
+        raise KeyError(name)
+
+
+@dataclass(slots=True)
+class _Ready:
+    """An attempt that produced its first token (or its whole answer, when not streamed)."""
+
+    target: RouteTarget
+    response: httpx.Response
+    timings: Timings
+    decoder: ChatStreamDecoder | None = None
+    receive: Callable[[], Awaitable[bytes | None]] | None = None
+    buffered: list[ChatCompletionChunk] = field(default_factory=list)
+    ended: bool = False
+    completion: Any = None
+
+
+class _Race:
+    """What the attempts of one race share: the winner and a wake-up for the coordinator."""
+
+    def __init__(self) -> None:
+        self.winner: _Ready | None = None
+        self.live = 0
+        self.failures: dict[str, BaseException] = {}
+        self._event = anyio.Event()
+
+    def notify(self) -> None:
+        self._event.set()
+
+    async def wait(self, timeout: float) -> None:
+        with anyio.move_on_after(timeout):
+            await self._event.wait()
+        self._event = anyio.Event()
+
+
+@contextlib.contextmanager
+def _first_token_deadline(seconds: float | None) -> Iterator[anyio.CancelScope]:
+    with anyio.CancelScope(deadline=anyio.current_time() + seconds if seconds else math.inf) as s:
+        yield s
+
+
+async def _close_quietly(response: httpx.Response) -> None:
+    """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+        with contextlib.suppress(Exception):
+            await response.aclose()
+
+
+class Router:
+    """The routes of one client, their targets' live stats and health, and the engine."""
+
+    def __init__(
+        self,
+        routes: Mapping[str, Route],
+        *,
+        stats: LiveStats | None = None,
+        breaker_failures: int = 5,
+        breaker_cooldown: float = 30.0,
+        explore_share: float = 0.02,
+        max_retries: int = 2,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.routes = dict(routes)
+        self.stats = stats if stats is not None else LiveStats(clock=clock)
+        self.max_retries = max_retries
+        self.explore_share = explore_share
+        self._breaker_failures = breaker_failures
+        self._breaker_cooldown = breaker_cooldown
+        self._health: dict[str, TargetHealth] = {}
+        self._rng = rng if rng is not None else random.Random()
+        self._clock = clock
+
+    def health(self, target: str) -> TargetHealth:
+        health = self._health.get(target)
+        if health is None:
+            breaker = CircuitBreaker(
+                self._breaker_failures, self._breaker_cooldown, clock=self._clock
+            )
+            health = self._health[target] = TargetHealth(breaker, clock=self._clock)
+        return health
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every target's live stats, with its circuit state."""
+        snaps = self.stats.snapshot()
+        for route in self.routes.values():
+            for target in route.targets:
+                if target.name not in snaps:
+                    snaps[target.name] = self.stats.target(target.name).snapshot()
+        for name, snap in snaps.items():
+            health = self._health.get(name)
+            if health is not None:
+                snaps[name] = _with_breaker(snap, health.breaker.state)
+        return snaps
+
+    # -- one request -----------------------------------------------------------------------
+
+    def _begin(self, route: Route, body: dict[str, Any], send: Sender, *, stream: bool) -> _Run:
+        messages = body.get("messages")
+        tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
+        bounds = self.stats.settings.prompt_classes
+        report = RouteReport(
+            route=route.name,
+            policy=route.policy.name,
+            prompt_class=class_label(prompt_class(tokens, bounds), bounds),
+        )
+        route.budget.on_request()
+        return _Run(self, route, body, send, report, tokens, stream)
+
+    async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
+        """Start a streamed request; returns once an attempt produced its first token."""
+        run = self._begin(route, body, send, stream=True)
+        run.ready = await run.race(run.plan(), retries=self.max_retries)
+        return RoutedStream(run)
+
+    async def complete(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedCompletion:
+        """A request that is not streamed: the first complete answer wins."""
+        run = self._begin(route, body, send, stream=False)
+        ready = await run.race(run.plan(), retries=self.max_retries)
+        run.finish()
+        return RoutedCompletion(ready.completion, ready.response, ready.timings, run.report)
+
+
+def _with_breaker(snap: Any, state: str) -> Any:
+    try:
+        import dataclasses
+
+        return dataclasses.replace(snap, breaker=state)
+    except TypeError:  # pragma: no cover - a snapshot without the field
+        return snap
+
+
+@dataclass(slots=True)
+class RoutedCompletion:
+    completion: ChatCompletion
+    response: httpx.Response
+    timings: Timings
+    report: RouteReport
+
+
+class _View:
+    """A :class:`~llmroute.routing.policies.RouteView` over the router's stats and health."""
+
+    def __init__(self, router: Router, prompt_tokens: int, stream: bool) -> None:
+        self._router = router
+        self._tokens = prompt_tokens
+        self._stream = stream
+
+    def predict(self, target: str, q: float | None) -> float:
+        stats = self._router.stats.target(target)
+        if not self._stream:
+            return stats.predict_latency(q if q is not None else 0.5)
+        if q is None:
+            mean = stats.snapshot().ttft_mean
+            return mean if mean is not None else stats.predict(0.5, self._tokens)
+        return stats.predict(q, self._tokens)
+
+    def available(self, target: str) -> bool:
+        return self._router.health(target).available()
+
+    def staleness(self, target: str) -> float:
+        newest = self._router.stats.target(target).newest_at()
+        return math.inf if newest is None else self._router._clock() - newest
+
+
+class _Run:
+    """The state of one routed request: its attempts, the winner, and the text so far."""
+
+    def __init__(
+        self,
+        router: Router,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        report: RouteReport,
+        prompt_tokens: int,
+        stream: bool,
+    ) -> None:
+        self.router = router
+        self.route = route
+        self.body = body
+        self.send = send
+        self.report = report
+        self.complete = False
+        self.prompt_tokens = prompt_tokens
+        self.stream = stream
+        self.clock = router._clock
+        self.t0 = self.clock()
+        self.view = _View(router, prompt_tokens, stream)
+        self.ready: _Ready | None = None
+        self.text: list[str] = []
+        self.tokens = 0
+        self.broken: list[str] = []
+        self._in_flight: str | None = None
+
+    def plan(self) -> Plan:
+        router, route = self.router, self.route
+        names = [t.name for t in route.targets]
+        plan = route.policy.plan(names, self.view, router._rng)
+        if route.policy.name in ("fastest", "hedge", "race"):
+            delay = getattr(route.policy, "delay", None)
+            max_age = router.stats.settings.window / 4
+            plan = explore(
+                plan,
+                self.view,
+                share=router.explore_share,
+                max_age=max_age,
+                rng=router._rng,
+                hedge_delay=(lambda t: delay(t, self.view)) if delay is not None else None,
+            )
+            self.report.explored = plan.explored
+        return plan
+
+    def request_stub(self) -> httpx.Request:
+        return httpx.Request("POST", f"llmroute://route/{self.route.name}")
+
+    def body_for(self, target: RouteTarget, prefix: str | None) -> dict[str, Any]:
+        body = dict(self.body)
+        body["model"] = target.model
+        if not target.stream_usage:
+            body.pop("stream_options", None)
+        if prefix is not None and target.continuation is not None:
+            message = {"role": "assistant", "content": prefix, **target.continuation.message}
+            body["messages"] = [*body["messages"], message]
+            body.update(target.continuation.body)
+            for key in ("max_tokens", "max_completion_tokens"):
+                if isinstance(body.get(key), int):
+                    body[key] = max(1, body[key] - self.tokens)
+        return body
+
+    # -- before the first token: attempts, hedges, failover --------------------------------
+
+    async def race(self, plan: Plan, *, retries: int, prefix: str | None = None) -> _Ready:
+        """Run ``plan`` until an attempt has a first token; raise AllTargetsFailed if none."""
+        route, report, clock = self.route, self.report, self.clock
+        state = _Race()
+        pending = deque(plan.order)
+        rounds = 0
+        hedge_at: float | None = None
+        launched = 0
+
+        async with anyio.create_task_group() as tg:
+
+            def launch(reason: str) -> None:
+                nonlocal launched, hedge_at
+                name = pending.popleft()
+                record = AttemptReport(target=name, started=clock() - self.t0, reason=reason)
+                report.attempts.append(record)
+                state.live += 1
+                delay = plan.hedge_delay(launched)
+                hedge_at = clock() + delay if delay is not None else None
+                launched += 1
+                tg.start_soon(self._attempt, record, state, prefix)
+
+            first = "continuation" if prefix is not None else "first"
+            for i in range(min(plan.start, len(pending))):
+                launch(first if i == 0 and plan.start == 1 else "race")
+            if plan.explored is not None and report.attempts:
+                report.attempts[-1 if plan.start == 1 else 0].reason = "explore"
+            while state.winner is None:
+                if state.live == 0:
+                    if pending:
+                        launch("failover")
+                        continue
+                    if rounds >= retries or not _any_retryable(state.failures.values()):
+                        break
+                    await anyio.sleep(self._retry_delay(rounds, state.failures))
+                    rounds += 1
+                    pending.extend(self.plan().order if prefix is None else plan.order)
+                    launch("retry")
+                    continue
+                wait = math.inf
+                if hedge_at is not None and pending:
+                    wait = hedge_at - clock()
+                    if wait <= 0:
+                        hedge_at = None
+                        if route.budget.try_spend():
+                            report.hedges += 1
+                            launch("hedge")
+                        else:
+                            report.hedges_denied += 1
+                        continue
+                await state.wait(wait)
+            tg.cancel_scope.cancel()
+        if state.winner is None:
+            raise AllTargetsFailed(route.name, state.failures, self.request_stub())
+        return state.winner
+
+    def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
+        headers = None
+        for exc in failures.values():
+            if isinstance(exc, APIStatusError):
+                headers = exc.response.headers
+        return retry_delay(
+            retries_done=rounds,
+            max_retries=self.router.max_retries,
+            headers=headers,
+            now=time.time(),
+            rand=self.router._rng.random(),
+        )
+
+    async def _attempt(self, record: AttemptReport, state: _Race, prefix: str | None) -> None:
+        router, clock = self.router, self.clock
+        target = self.route.target(record.target)
+        stats = router.stats.target(target.name)
+        health = router.health(target.name)
+        if not health.available() or not health.breaker.acquire():
+            exc = TargetUnavailable(
+                f"target {target.name!r} is unavailable: {health.describe()}",
+                self.request_stub(),
+                target=target.name,
+            )
+            self._failed(record, state, exc, "error", count=False)
+            return
+        probe = health.breaker.state == "half-open"
+        started = clock()
+        stats.started()
+        ready: _Ready | None = None
+        timeout = self.route.first_token_timeout if self.stream else None
+        try:
+            with _first_token_deadline(timeout) as deadline:
+                if self.stream:
+                    ready = await self._open_stream(target, prefix)
+                else:
+                    ready = await self._open_complete(target)
+            if ready is None or deadline.cancelled_caught:
+                raise FirstTokenTimeout(
+                    self.request_stub(), target=target.name, seconds=timeout or 0.0
+                )
+        except anyio.get_cancelled_exc_class():
+            record.outcome = "cancelled"
+            stats.record_outcome("cancelled")
+            stats.record_censored(clock() - started, self.prompt_tokens)
+            stats.finished()
+            if probe:
+                health.breaker.release()
+            raise
+        except Exception as exc:
+            stats.finished()
+            outcome = _outcome(exc)
+            if outcome == "rate_limited" and isinstance(exc, APIStatusError):
+                health.cool_down(_cooldown(exc.response.headers))
+            elif _is_health_failure(exc):
+                health.breaker.record_failure()
+            elif probe:
+                health.breaker.release()
+            self._failed(record, state, exc, outcome, count=True)
+            return
+        elapsed = clock() - started
+        if state.winner is not None:  # another attempt won while this one finished
+            record.outcome = "cancelled"
+            stats.record_outcome("cancelled")
+            stats.finished()
+            if probe:
+                health.breaker.release()
+            await _close_quietly(ready.response)
+            return
+        record.outcome = "won"
+        record.ttft = elapsed
+        if self.report.winner is None:
+            self.report.winner = target.name
+        health.breaker.record_success()
+        stats.record_outcome("ok")
+        if not self.stream:
+            stats.record_latency(elapsed)
+            stats.finished()
+        else:
+            if ready.timings.tokens and prefix is None:
+                stats.record_ttft(elapsed, self.prompt_tokens)
+            self._in_flight = target.name
+        state.winner = ready
+        state.notify()
+
+    def _failed(
+        self, record: AttemptReport, state: _Race, exc: Exception, outcome: str, *, count: bool
+    ) -> None:
+        record.outcome = outcome
+        record.error = describe_error(exc)
+        if count:
+            self.router.stats.target(record.target).record_outcome(outcome)
+        if not isinstance(exc, TargetUnavailable) or record.target not in state.failures:
+            state.failures[record.target] = exc
+        state.live -= 1
+        state.notify()
+
+    async def _open_stream(self, target: RouteTarget, prefix: str | None) -> _Ready:
+        body = self.body_for(target, prefix)
+        response, timings = await self.send(
+            target, body, stream=True, continuation=prefix is not None
+        )
+        clock = self.clock
+        try:
+            request = response.request
+            decoder = ChatStreamDecoder(request=request, target=target.name)
+            receive = body_receiver(response)
+            buffered: list[ChatCompletionChunk] = []
+            started = timings.started_at
+            with map_transport_errors(request):
+                while True:
+                    data = await receive()
+                    if data is None:
+                        chunks = decoder.close()
+                    else:
+                        if timings.first_byte is None:
+                            timings.first_byte = clock() - started
+                        chunks = decoder.feed(data)
+                    buffered.extend(chunks)
+                    if decoder.tokens or decoder.done or decoder.finished:
+                        timings.first_token = clock() - started
+                        timings.tokens = decoder.tokens
+                        return _Ready(
+                            target, response, timings, decoder, receive, buffered, data is None
+                        )
+                    if data is None:
+                        raise APIConnectionError(
+                            message=f"The stream of target {target.name!r} ended before its "
+                            "first token (no [DONE] and no finish_reason)",
+                            request=request,  # type: ignore[arg-type]
+                        )
+        except BaseException:
+            await _close_quietly(response)
+            raise
+
+    async def _open_complete(self, target: RouteTarget) -> _Ready:
+        body = self.body_for(target, None)
+        response, timings = await self.send(target, body, stream=False, continuation=False)
+        completion = parse_chat_completion(
+            response.content, request=response.request, target=target.name, response=response
+        )
+        return _Ready(target, response, timings, completion=completion)
+
+    # -- after the first token: the caller reads; a break is continued elsewhere ------------
+
+    async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
+        """The answer's chunks, continued on another target if the winner breaks mid-way."""
+        ready = self.ready
+        assert ready is not None
+        timings = ready.timings
+        first_id: str | None = None
+        skipping = False
+        continuable = True
+        text = self.text
+        clock = self.clock
+        try:
+            while True:
+                decoder = ready.decoder
+                receive = ready.receive
+                assert decoder is not None and receive is not None
+                request = ready.response.request
+                failure: APIError | None = None
+                buffered, ready.buffered = ready.buffered, []
+                try:
+                    with map_transport_errors(request):
+                        while True:
+                            for chunk in buffered:
+                                if skipping:
+                                    if not is_token_chunk(chunk):
+                                        continue
+                                    skipping = False
+                                if type(chunk) is ChatCompletionChunk:
+                                    if first_id is None:
+                                        first_id = chunk.id
+                                    elif chunk.id != first_id:
+                                        chunk.id = first_id
+                                    for choice in chunk.choices:
+                                        delta = choice.delta
+                                        if choice.index != 0 or not _plain_content(delta):
+                                            continuable = False
+                                        elif delta.content:
+                                            text.append(delta.content)
+                                    if is_token_chunk(chunk):
+                                        self.tokens += 1
+                                        timings.tokens = self.tokens
+                                else:
+                                    continuable = False
+                                yield chunk
+                            if decoder.done or ready.ended:
+                                break
+                            data = await receive()
+                            if data is None:
+                                ready.ended = True
+                                buffered = decoder.close()
+                            else:
+                                buffered = decoder.feed(data)
+                except APIError as exc:
+                    failure = exc
+                if failure is None and (decoder.done or decoder.finished):
+                    self._completed(ready)
+                    return
+                if failure is None:
+                    failure = APIConnectionError(
+                        message="The stream ended before the answer was complete (no [DONE] "
+                        "and no finish_reason)",
+                        request=request,  # type: ignore[arg-type]
+                    )
+                ready = await self._continue(ready, failure, continuable)
+                on_switch(ready.response)
+                skipping = True
+        finally:
+            if timings.total is None:
+                timings.total = clock() - timings.started_at
+            await _close_quietly(ready.response)
+            self.finish()
+
+    def _completed(self, ready: _Ready) -> None:
+        self.complete = True
+        timings = self.ready.timings if self.ready is not None else ready.timings
+        timings.total = self.clock() - timings.started_at
+        if ready is self.ready and self.tokens > 1:
+            stats = self.router.stats.target(ready.target.name)
+            span = timings.total - (timings.first_token or 0.0)
+            itl = span / (self.tokens - 1) if span > 0 else None
+            stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
+
+    async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready:
+        """Continue a broken answer on another target, or raise StreamInterrupted."""
+        router, route = self.router, self.route
+        name = ready.target.name
+        await _close_quietly(ready.response)
+        self.finish()
+        stats = router.stats.target(name)
+        stats.record_outcome("interrupted")
+        router.health(name).breaker.record_failure()
+        self.broken.append(name)
+        for record in reversed(self.report.attempts):
+            if record.target == name and record.outcome == "won":
+                record.outcome = "interrupted"
+                record.error = describe_error(failure)
+                break
+        partial = "".join(self.text)
+        cause = failure.__cause__ or failure
+        request = ready.response.request
+        broke = f"The stream from {name!r} broke after {self.tokens} tokens ({failure.message})"
+        if len(self.report.continued_on) >= route.max_continuations:
+            continuable = False
+        if not (route.continue_on_break and continuable):
+            why = (
+                "continuation is off"
+                if not route.continue_on_break
+                else "the answer is not plain text or was continued too often"
+            )
+            raise StreamInterrupted(
+                f"{broke}; it cannot be continued ({why}). The text so far is in .partial_text.",
+                request,
+                partial_text=partial,
+                cause=cause,
+            ) from failure
+        candidates = [t.name for t in route.targets if t.continuation is not None]
+        order = sorted(
+            candidates,
+            key=lambda t: (t in self.broken, not self.view.available(t), self.view.predict(t, 0.5)),
+        )
+        if not order:
+            raise StreamInterrupted(
+                f"{broke}; no target of route {route.name!r} supports continuation. "
+                "The text so far is in .partial_text.",
+                request,
+                partial_text=partial,
+                cause=cause,
+            ) from failure
+        try:
+            new = await self.race(Plan(tuple(order)), retries=0, prefix=partial)
+        except AllTargetsFailed as exc:
+            raise StreamInterrupted(
+                f"{broke}; no target could continue it ({exc.message}). The text so far is in "
+                ".partial_text.",
+                request,
+                partial_text=partial,
+                cause=cause,
+            ) from failure
+        self.report.continued_on.append(new.target.name)
+        return new
+
+    def finish(self) -> None:
+        """The winner's stream ended: it no longer counts as in flight (idempotent)."""
+        name, self._in_flight = self._in_flight, None
+        if name is not None:
+            self.router.stats.target(name).finished()
+
+
+def _plain_content(delta: Any) -> bool:
+    if delta.tool_calls or delta.function_call or delta.refusal:
+        return False
+    extra = delta.__pydantic_extra__
+    return not (extra and (extra.get("reasoning_content") or extra.get("reasoning")))
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, APIStatusError) and exc.status_code == 429:
+        return "rate_limited"
+    if isinstance(exc, FirstTokenTimeout) or type(exc).__name__ == "APITimeoutError":
+        return "timeout"
+    return "error"
+
+
+def _is_health_failure(exc: BaseException) -> bool:
+    """Whether a failure says the target is unwell (not that the request was bad)."""
+    if isinstance(exc, APIStatusError):
+        return exc.status_code not in (400, 413, 422, 429)
+    return True
+
+
+def _cooldown(headers: Mapping[str, str]) -> float:
+    seconds = parse_retry_after(headers, now=time.time())
+    return seconds if seconds is not None and seconds > 0 else 1.0
+
+
+def _any_retryable(failures: Iterable[BaseException]) -> bool:
+    for exc in failures:
+        if isinstance(exc, APIStatusError):
+            if should_retry_status(exc.status_code, exc.response.headers, now=time.time()):
+                return True
+        elif isinstance(exc, APIError) and not isinstance(exc, TargetUnavailable):
+            return True
+    return False
+
+
+class RoutedStream:
+    """The engine's side of a routed stream: its chunks, report and the current response."""
+
+    def __init__(self, run: _Run) -> None:
+        assert run.ready is not None
+        self.run = run
+        self.report = run.report
+        self.response = run.ready.response
+        self.timings = run.ready.timings
+        weakref.finalize(self, run.finish)
+
+    def chunks(self) -> AsyncIterator[Any]:
+        def switch(response: httpx.Response) -> None:
+            self.response = response
+
+        return self.run.chunks(switch)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.run.text)

@@ -1,0 +1,514 @@
+"""Live per-target statistics: TTFT by prompt length, stream speed, outcomes, with priors.
+
+Everything here is pure bookkeeping over sliding time windows: no I/O, no tasks. Time comes from
+an injectable ``clock`` (``time.monotonic`` by default) so the behaviour is tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Final, Literal, cast
+
+from sortedcontainers import SortedList
+
+__all__ = [
+    "CANCELLED",
+    "ERROR",
+    "INTERRUPTED",
+    "OK",
+    "OUTCOMES",
+    "PRIOR_SIGMA",
+    "RATE_LIMITED",
+    "TIMEOUT",
+    "ClassSnapshot",
+    "LatencyWindow",
+    "LiveStats",
+    "Outcome",
+    "OutcomeWindow",
+    "StatsSettings",
+    "TargetSnapshot",
+    "TargetStats",
+    "class_label",
+    "estimate_prompt_tokens",
+    "prompt_class",
+]
+
+Outcome = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "interrupted"]
+
+OK: Final = "ok"
+ERROR: Final = "error"  # connection errors, 5xx, malformed responses
+TIMEOUT: Final = "timeout"  # no first token by the deadline, read timeouts
+RATE_LIMITED: Final = "rate_limited"  # 429
+CANCELLED: Final = "cancelled"  # lost a hedge or a race
+INTERRUPTED: Final = "interrupted"  # broke after tokens had arrived
+OUTCOMES: Final[tuple[Outcome, ...]] = (OK, ERROR, TIMEOUT, RATE_LIMITED, CANCELLED, INTERRUPTED)
+_FAILURES: Final = (ERROR, TIMEOUT, RATE_LIMITED)
+
+PRIOR_SIGMA: Final = 0.5
+"""The log-space spread of the lognormal TTFT assumed for a target without data."""
+
+_NORMAL = NormalDist()
+_LATENCY_PRIOR_FACTOR: Final = 4.0
+
+
+class LatencyWindow:
+    """Samples of one latency over the last ``window`` seconds, at most ``max_samples`` of them.
+
+    ``add`` costs O(log n). Samples older than ``window`` (or beyond the count, oldest first) are
+    dropped lazily, on every add and query.
+    """
+
+    __slots__ = ("_clock", "_max_samples", "_samples", "_values", "_window")
+
+    def __init__(
+        self,
+        window: float = 300.0,
+        max_samples: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not window > 0:
+            raise ValueError(f"window must be positive, got {window!r}")
+        if max_samples < 1:
+            raise ValueError(f"max_samples must be at least 1, got {max_samples!r}")
+        self._window = float(window)
+        self._max_samples = max_samples
+        self._clock = clock
+        self._values = SortedList()
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def _expire(self, now: float) -> None:
+        cutoff = now - self._window
+        samples = self._samples
+        while samples and samples[0][0] <= cutoff:
+            self._values.remove(samples.popleft()[1])
+
+    def add(self, value: float) -> None:
+        """Record one sample, taken now. It must be a finite number."""
+        if not math.isfinite(value):
+            raise ValueError(f"a latency sample must be finite, got {value!r}")
+        value = float(value)
+        now = self._clock()
+        self._expire(now)
+        if len(self._samples) >= self._max_samples:
+            self._values.remove(self._samples.popleft()[1])
+        self._samples.append((now, value))
+        self._values.add(value)
+
+    def _quantile_and_count(self, q: float) -> tuple[float | None, int]:
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        self._expire(self._clock())
+        values = self._values
+        n = len(values)
+        if n == 0:
+            return None, 0
+        position = (n - 1) * q
+        index = math.floor(position)
+        low = cast(float, values[index])
+        fraction = position - index
+        if fraction == 0.0:
+            return low, n
+        high = cast(float, values[index + 1])
+        return min(max(low + (high - low) * fraction, low), high), n
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile of the live samples, interpolating linearly between closest ranks.
+
+        ``None`` when there are none.
+        """
+        return self._quantile_and_count(q)[0]
+
+    def mean(self) -> float | None:
+        """The mean of the live samples, or ``None`` when there are none."""
+        self._expire(self._clock())
+        if not self._values:
+            return None
+        return math.fsum(self._values) / len(self._values)
+
+    def newest_at(self) -> float | None:
+        """Clock time of the newest live sample, or ``None`` when there are none."""
+        self._expire(self._clock())
+        return self._samples[-1][0] if self._samples else None
+
+    def __len__(self) -> int:
+        self._expire(self._clock())
+        return len(self._samples)
+
+
+class OutcomeWindow:
+    """Counts of outcomes over the last ``window`` seconds, in ``buckets`` time buckets.
+
+    Memory is bounded by the bucket count; an outcome counts for at least ``window`` seconds and
+    less than ``window`` plus one bucket (``window / buckets``).
+    """
+
+    __slots__ = ("_buckets", "_clock", "_total", "_totals", "_width", "_window")
+
+    def __init__(
+        self,
+        window: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        buckets: int = 60,
+    ) -> None:
+        if not window > 0:
+            raise ValueError(f"window must be positive, got {window!r}")
+        if buckets < 1:
+            raise ValueError(f"buckets must be at least 1, got {buckets!r}")
+        self._window = float(window)
+        self._width = self._window / buckets
+        self._clock = clock
+        self._buckets: deque[tuple[int, dict[str, int]]] = deque()
+        self._totals: dict[str, int] = {}
+        self._total = 0
+
+    def _expire(self, now: float) -> None:
+        first_kept = math.floor((now - self._window) / self._width)
+        buckets = self._buckets
+        while buckets and buckets[0][0] < first_kept:
+            for outcome, count in buckets.popleft()[1].items():
+                left = self._totals[outcome] - count
+                if left:
+                    self._totals[outcome] = left
+                else:
+                    del self._totals[outcome]
+                self._total -= count
+
+    def add(self, outcome: str) -> None:
+        """Count one outcome, now."""
+        now = self._clock()
+        self._expire(now)
+        index = math.floor(now / self._width)
+        if self._buckets and self._buckets[-1][0] >= index:
+            counts = self._buckets[-1][1]
+        else:
+            counts = {}
+            self._buckets.append((index, counts))
+        counts[outcome] = counts.get(outcome, 0) + 1
+        self._totals[outcome] = self._totals.get(outcome, 0) + 1
+        self._total += 1
+
+    def count(self, outcome: str | None = None) -> int:
+        """How many of ``outcome`` are in the window; all outcomes when it is ``None``."""
+        self._expire(self._clock())
+        return self._total if outcome is None else self._totals.get(outcome, 0)
+
+    def rate(self, outcome: str) -> float:
+        """The share of ``outcome`` among all outcomes in the window; 0.0 when there are none."""
+        self._expire(self._clock())
+        return self._totals.get(outcome, 0) / self._total if self._total else 0.0
+
+    def counts(self) -> dict[str, int]:
+        """Each outcome seen in the window, with its count."""
+        self._expire(self._clock())
+        return dict(self._totals)
+
+
+@dataclass(frozen=True, slots=True)
+class StatsSettings:
+    """How much history the stats keep and what they assume before there is any."""
+
+    window: float = 300.0
+    max_samples: int = 1024
+    prompt_classes: tuple[int, ...] = (1024, 8192, 32768)
+    """Upper bounds (exclusive) of the prompt-length classes, in tokens; one more class above."""
+    prior_ttft: float = 1.0
+    """The median TTFT, in seconds, assumed for a target without data."""
+    prior_weight: float = 3.0
+    """How many samples the prior counts for."""
+    min_samples: int = 5
+    """Samples a prompt-length class needs before its own quantiles are used."""
+
+    def __post_init__(self) -> None:
+        if not self.window > 0:
+            raise ValueError(f"window must be positive, got {self.window!r}")
+        if self.max_samples < 1:
+            raise ValueError(f"max_samples must be at least 1, got {self.max_samples!r}")
+        bounds = self.prompt_classes
+        if not bounds or bounds[0] < 1 or any(a >= b for a, b in itertools.pairwise(bounds)):
+            raise ValueError(
+                f"prompt_classes must be increasing positive token counts, got {bounds!r}"
+            )
+        if not self.prior_ttft > 0:
+            raise ValueError(f"prior_ttft must be positive, got {self.prior_ttft!r}")
+        if not self.prior_weight >= 0:
+            raise ValueError(f"prior_weight must not be negative, got {self.prior_weight!r}")
+        if self.min_samples < 1:
+            raise ValueError(f"min_samples must be at least 1, got {self.min_samples!r}")
+
+
+def prompt_class(tokens: int, bounds: Sequence[int]) -> int:
+    """The index of the class a prompt of ``tokens`` falls in: the first bound it is under.
+
+    A prompt of at least the last bound is in the last class, ``len(bounds)``.
+    """
+    return bisect.bisect_right(bounds, tokens)
+
+
+def _tokens_label(tokens: int) -> str:
+    for unit in (1024, 1000):
+        if tokens >= unit and tokens % unit == 0:
+            return f"{tokens // unit}k"
+    return str(tokens)
+
+
+def class_label(index: int, bounds: Sequence[int]) -> str:
+    """A short name for class ``index``: ``"<1k"``, ``"1k-8k"``, ..., ``">=32k"``."""
+    if not 0 <= index <= len(bounds):
+        raise ValueError(f"class {index} is out of range for {len(bounds)} bounds")
+    if index == 0:
+        return f"<{_tokens_label(bounds[0])}"
+    if index == len(bounds):
+        return f">={_tokens_label(bounds[-1])}"
+    return f"{_tokens_label(bounds[index - 1])}-{_tokens_label(bounds[index])}"
+
+
+def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
+    """A rough, fast token count of chat messages: text characters // 4, plus 4 per message.
+
+    Text is string content or the ``text`` of ``{"type": "text"}`` parts; other parts count
+    nothing.
+    """
+    characters = 0
+    count = 0
+    for message in messages:
+        count += 1
+        content = message.get("content")
+        if isinstance(content, str):
+            characters += len(content)
+        elif isinstance(content, Iterable):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "text":
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        characters += len(text)
+    return characters // 4 + 4 * count
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSnapshot:
+    """Observed TTFT of one prompt-length class, in seconds."""
+
+    n: int
+    ttft_p50: float | None
+    ttft_p95: float | None
+    ttft_p99: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSnapshot:
+    """What is known of one target right now. Latencies in seconds, ``None`` without data.
+
+    The error, timeout and rate-limited rates are shares of the attempts that were not
+    cancelled. ``breaker`` is filled in by the router.
+    """
+
+    name: str
+    n: int
+    ttft_p50: float | None
+    ttft_p95: float | None
+    ttft_p99: float | None
+    ttft_mean: float | None
+    itl_p50: float | None
+    tokens_per_s: float | None
+    latency_p50: float | None
+    latency_p95: float | None
+    error_rate: float
+    timeout_rate: float
+    rate_limited_rate: float
+    in_flight: int
+    outcomes: dict[str, int] = field(default_factory=dict)
+    by_class: dict[str, ClassSnapshot] = field(default_factory=dict)
+    breaker: str = "closed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, for JSON."""
+        return dataclasses.asdict(self)
+
+
+class TargetStats:
+    """Everything measured about one target, and its predicted TTFT for a prompt length."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: StatsSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.settings = settings = settings if settings is not None else StatsSettings()
+        self.in_flight = 0
+
+        def window() -> LatencyWindow:
+            return LatencyWindow(settings.window, settings.max_samples, clock)
+
+        self._ttft_by_class = [window() for _ in range(len(settings.prompt_classes) + 1)]
+        self._ttft = window()
+        self._itl = window()
+        self._tokens_per_s = window()
+        self._latency = window()
+        self._outcomes = OutcomeWindow(settings.window, clock)
+
+    def _class_window(self, prompt_tokens: int) -> LatencyWindow:
+        return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
+
+    def started(self) -> None:
+        """An attempt went out."""
+        self.in_flight += 1
+
+    def finished(self) -> None:
+        """An attempt ended, however it ended."""
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def record_ttft(self, seconds: float, prompt_tokens: int) -> None:
+        """A first token arrived ``seconds`` after the request for a prompt of that length."""
+        if seconds < 0:
+            raise ValueError(f"a TTFT cannot be negative, got {seconds!r}")
+        self._class_window(prompt_tokens).add(seconds)
+        self._ttft.add(seconds)
+
+    def record_censored(self, elapsed: float, prompt_tokens: int) -> bool:
+        """An attempt was cancelled ``elapsed`` seconds in, before its first token.
+
+        Its TTFT is only known to exceed ``elapsed``, so it is recorded (in each window it would
+        go to) only where ``elapsed`` is above that window's p95, or the window is empty: it can
+        raise the tail estimate, never lower it. Returns whether it was recorded at all.
+        """
+        if elapsed < 0:
+            raise ValueError(f"elapsed cannot be negative, got {elapsed!r}")
+        recorded = False
+        for window in (self._class_window(prompt_tokens), self._ttft):
+            p95 = window.quantile(0.95)
+            if p95 is None or elapsed > p95:
+                window.add(elapsed)
+                recorded = True
+        return recorded
+
+    def record_stream(self, itl: float | None, tokens_per_s: float | None) -> None:
+        """A stream's mean inter-token latency and its tokens per second, where known."""
+        if itl is not None:
+            self._itl.add(itl)
+        if tokens_per_s is not None:
+            self._tokens_per_s.add(tokens_per_s)
+
+    def record_latency(self, seconds: float) -> None:
+        """A non-streamed request took ``seconds`` in all."""
+        self._latency.add(seconds)
+
+    def record_outcome(self, outcome: Outcome | str) -> None:
+        """How one attempt ended; one of :data:`OUTCOMES`, else ``ValueError``."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
+        self._outcomes.add(outcome)
+
+    def _blend(self, window: LatencyWindow, q: float, prior_median: float) -> float:
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"q must be strictly between 0 and 1, got {q!r}")
+        prior = prior_median * math.exp(_NORMAL.inv_cdf(q) * PRIOR_SIGMA)
+        observed, n = window._quantile_and_count(q)
+        if observed is None:
+            return prior
+        weight = self.settings.prior_weight
+        return (n * observed + weight * prior) / (n + weight)
+
+    def predict(self, q: float, prompt_tokens: int) -> float:
+        """The predicted ``q``-quantile TTFT, in seconds, for a prompt of ``prompt_tokens``.
+
+        The prompt's class is used once it has ``min_samples`` samples, else all classes
+        together; the observed quantile is blended with a lognormal prior (median
+        ``prior_ttft``) weighted as ``prior_weight`` samples. Without samples, the prior alone.
+        """
+        window = self._class_window(prompt_tokens)
+        if len(window) < self.settings.min_samples:
+            window = self._ttft
+        return self._blend(window, q, self.settings.prior_ttft)
+
+    def predict_latency(self, q: float) -> float:
+        """The predicted ``q``-quantile whole-response latency of a non-streamed request.
+
+        Blended as :meth:`predict` does, with a prior median of four times ``prior_ttft``.
+        """
+        return self._blend(self._latency, q, self.settings.prior_ttft * _LATENCY_PRIOR_FACTOR)
+
+    def newest_at(self) -> float | None:
+        """Clock time of the newest TTFT sample, or ``None`` when the window holds none."""
+        return self._ttft.newest_at()
+
+    def _failure_rates(self) -> tuple[dict[str, int], dict[str, float]]:
+        counts = self._outcomes.counts()
+        attempts = sum(counts.values()) - counts.get(CANCELLED, 0)
+        rates = {name: counts.get(name, 0) / attempts if attempts else 0.0 for name in _FAILURES}
+        return counts, rates
+
+    def error_rate(self) -> float:
+        """The share of errors, timeouts and 429s among attempts not cancelled; 0.0 if none."""
+        return sum(self._failure_rates()[1].values())
+
+    def snapshot(self) -> TargetSnapshot:
+        """The observed figures (no priors) as they stand now."""
+        counts, rates = self._failure_rates()
+        bounds = self.settings.prompt_classes
+        by_class = {
+            class_label(index, bounds): ClassSnapshot(
+                n=len(window),
+                ttft_p50=window.quantile(0.5),
+                ttft_p95=window.quantile(0.95),
+                ttft_p99=window.quantile(0.99),
+            )
+            for index, window in enumerate(self._ttft_by_class)
+            if len(window)
+        }
+        return TargetSnapshot(
+            name=self.name,
+            n=len(self._ttft),
+            ttft_p50=self._ttft.quantile(0.5),
+            ttft_p95=self._ttft.quantile(0.95),
+            ttft_p99=self._ttft.quantile(0.99),
+            ttft_mean=self._ttft.mean(),
+            itl_p50=self._itl.quantile(0.5),
+            tokens_per_s=self._tokens_per_s.quantile(0.5),
+            latency_p50=self._latency.quantile(0.5),
+            latency_p95=self._latency.quantile(0.95),
+            error_rate=sum(rates.values()),
+            timeout_rate=rates[TIMEOUT],
+            rate_limited_rate=rates[RATE_LIMITED],
+            in_flight=self.in_flight,
+            outcomes={name: counts.get(name, 0) for name in OUTCOMES},
+            by_class=by_class,
+        )
+
+
+class LiveStats:
+    """The stats of every target, each created on first use."""
+
+    def __init__(
+        self,
+        settings: StatsSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings if settings is not None else StatsSettings()
+        self._clock = clock
+        self._targets: dict[str, TargetStats] = {}
+
+    def target(self, name: str) -> TargetStats:
+        """The stats of target ``name``."""
+        stats = self._targets.get(name)
+        if stats is None:
+            stats = self._targets[name] = TargetStats(name, self.settings, self._clock)
+        return stats
+
+    def names(self) -> list[str]:
+        """The targets seen so far, in order of first use."""
+        return list(self._targets)
+
+    def snapshot(self) -> dict[str, TargetSnapshot]:
+        """A snapshot of every target, by name."""
+        return {name: stats.snapshot() for name, stats in self._targets.items()}

@@ -1,0 +1,196 @@
+from __future__ import annotations
+
+import pytest
+
+from llmroute.routing.health import CircuitBreaker, TargetHealth
+
+
+class FakeClock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def open_breaker(
+    failures: int = 3, cooldown: float = 10.0, max_cooldown: float = 35.0
+) -> tuple[CircuitBreaker, FakeClock]:
+    clock = FakeClock()
+    breaker = CircuitBreaker(failures, cooldown, max_cooldown, clock)
+    for _ in range(failures):
+        breaker.record_failure()
+    return breaker, clock
+
+
+def test_closed_breaker_grants_everything() -> None:
+    breaker = CircuitBreaker(clock=FakeClock())
+    assert breaker.state == "closed"
+    assert all(breaker.acquire() for _ in range(100))
+    assert breaker.available()
+    assert breaker.retry_at() is None
+
+
+def test_opens_at_the_failure_threshold() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(failures=3, cooldown=10.0, clock=clock)
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.state == "closed"
+    breaker.record_failure()
+    assert breaker.state == "open"
+    assert not breaker.available()
+    assert not breaker.acquire()
+    assert breaker.retry_at() == clock.now + 10.0
+
+
+def test_success_resets_the_consecutive_count() -> None:
+    breaker = CircuitBreaker(failures=3, clock=FakeClock())
+    for _ in range(10):
+        breaker.record_failure()
+        breaker.record_failure()
+        breaker.record_success()
+    assert breaker.state == "closed"
+    assert breaker.consecutive_failures == 0
+
+
+def test_half_open_grants_a_single_probe() -> None:
+    breaker, clock = open_breaker()
+    clock.advance(9.9)
+    assert not breaker.available()
+    clock.advance(0.1)
+    assert breaker.available()
+    assert breaker.state == "open"  # available() changes nothing
+    assert breaker.acquire()
+    assert breaker.state == "half-open"
+    assert not breaker.available()
+    assert [breaker.acquire() for _ in range(5)] == [False] * 5
+
+
+def test_successful_probe_closes() -> None:
+    breaker, clock = open_breaker()
+    clock.advance(10.0)
+    assert breaker.acquire()
+    breaker.record_success()
+    assert breaker.state == "closed"
+    assert breaker.acquire()
+    assert breaker.acquire()
+    for _ in range(3):
+        breaker.record_failure()
+    assert breaker.retry_at() == clock.now + 10.0  # the cooldown starts over from its base
+
+
+def test_failed_probe_doubles_the_cooldown_up_to_the_cap() -> None:
+    breaker, clock = open_breaker(cooldown=10.0, max_cooldown=35.0)
+    cooldowns = []
+    for _ in range(4):
+        retry_at = breaker.retry_at()
+        assert retry_at is not None
+        clock.now = retry_at
+        assert breaker.acquire()
+        breaker.record_failure()
+        assert breaker.state == "open"
+        cooldowns.append(breaker.cooldown)
+        assert breaker.retry_at() == clock.now + breaker.cooldown
+    assert cooldowns == [20.0, 35.0, 35.0, 35.0]
+
+
+def test_released_probe_lets_another_go() -> None:
+    breaker, clock = open_breaker()
+    clock.advance(10.0)
+    assert breaker.acquire()
+    assert not breaker.acquire()
+    breaker.release()
+    assert breaker.state == "half-open"
+    assert breaker.available()
+    assert breaker.acquire()
+    assert not breaker.acquire()
+
+
+def test_failures_while_open_change_nothing() -> None:
+    breaker, clock = open_breaker()
+    retry_at = breaker.retry_at()
+    clock.advance(5.0)
+    breaker.record_failure()
+    assert breaker.retry_at() == retry_at
+    assert breaker.cooldown == 10.0
+
+
+def test_release_while_closed_changes_nothing() -> None:
+    breaker = CircuitBreaker(failures=1, clock=FakeClock())
+    breaker.release()
+    breaker.record_failure()
+    assert breaker.state == "open"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"failures": 0}, "failures"),
+        ({"cooldown": 0.0}, "cooldown"),
+        ({"cooldown": 10.0, "max_cooldown": 5.0}, "max_cooldown"),
+    ],
+)
+def test_breaker_arguments_are_checked(kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        CircuitBreaker(**kwargs)  # type: ignore[arg-type]
+
+
+# TargetHealth
+
+
+def test_cooldown_keeps_the_later_end() -> None:
+    clock = FakeClock()
+    health = TargetHealth(CircuitBreaker(clock=clock), clock)
+    assert health.cooling() == 0.0
+    health.cool_down(5.0)
+    health.cool_down(2.0)
+    assert health.cooling() == 5.0
+    clock.advance(1.0)
+    health.cool_down(6.0)
+    assert health.cooling() == 6.0
+    assert not health.available()
+    assert not health.acquire()
+    assert health.retry_at() == clock.now + 6.0
+    clock.advance(6.0)
+    assert health.cooling() == 0.0
+    assert health.available()
+    assert health.acquire()
+    assert health.retry_at() is None
+
+
+def test_describe_says_why() -> None:
+    clock = FakeClock()
+    health = TargetHealth(CircuitBreaker(failures=5, cooldown=30.0, clock=clock), clock)
+    assert health.describe() == "available"
+    health.cool_down(1.0)
+    assert health.describe() == "cooling down for 1.0 s after a 429"
+    clock.advance(1.0)
+    for _ in range(5):
+        health.breaker.record_failure()
+    clock.advance(18.0)
+    assert health.describe() == "circuit open for another 12.0 s after 5 failures"
+    health.cool_down(3.0, reason="a 503")
+    assert health.describe() == (
+        "circuit open for another 12.0 s after 5 failures; cooling down for 3.0 s after a 503"
+    )
+    clock.advance(12.0)
+    assert health.describe() == "available"
+    assert health.acquire()
+    assert health.describe() == "circuit half-open after 5 failures, a probe is out"
+    assert not health.available()
+    health.breaker.record_success()
+    assert health.describe() == "available"
+
+
+def test_target_health_builds_a_breaker_on_the_same_clock() -> None:
+    clock = FakeClock()
+    health = TargetHealth(clock=clock)
+    for _ in range(5):
+        health.breaker.record_failure()
+    assert health.retry_at() == clock.now + 30.0
+    clock.advance(30.0)
+    assert health.available()
