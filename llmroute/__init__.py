@@ -1,7 +1,9 @@
 """llmroute: a drop-in OpenAI client that gets the first token sooner."""
 
 from ._client import AsyncOpenAI
+from ._config import Config, ConfigError
 from ._errors import (
+    AllTargetsFailed,
     APIConnectionError,
     APIError,
     APIResponseValidationError,
@@ -10,6 +12,7 @@ from ._errors import (
     AuthenticationError,
     BadRequestError,
     ConflictError,
+    FirstTokenTimeout,
     InternalServerError,
     MalformedStreamError,
     NotFoundError,
@@ -17,11 +20,20 @@ from ._errors import (
     PermissionDeniedError,
     RateLimitError,
     StreamInterrupted,
+    TargetUnavailable,
     UnprocessableEntityError,
 )
 from ._streaming import AsyncStream
-from ._types import Timings
+from ._types import AttemptReport, RouteReport, Timings
 from ._version import __version__
+from .routing.policies import (
+    FailoverPolicy,
+    FastestPolicy,
+    HedgePolicy,
+    RacePolicy,
+    WeightedPolicy,
+)
+from .routing.stats import TargetSnapshot
 
 __all__ = [
     "APIConnectionError",
@@ -29,19 +41,32 @@ __all__ = [
     "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
+    "AllTargetsFailed",
     "AsyncOpenAI",
     "AsyncStream",
+    "AttemptReport",
     "AuthenticationError",
     "BadRequestError",
+    "Config",
+    "ConfigError",
     "ConflictError",
+    "FailoverPolicy",
+    "FastestPolicy",
+    "FirstTokenTimeout",
+    "HedgePolicy",
     "InternalServerError",
     "MalformedStreamError",
     "NotFoundError",
     "OpenAIError",
     "PermissionDeniedError",
+    "RacePolicy",
     "RateLimitError",
+    "RouteReport",
     "StreamInterrupted",
+    "TargetSnapshot",
+    "TargetUnavailable",
     "Timings",
     "UnprocessableEntityError",
+    "WeightedPolicy",
     "__version__",
 ]

@@ -129,7 +129,12 @@ class AllTargetsFailed(APIError):
     """
 
     def __init__(
-        self, route: str, errors: dict[str, BaseException], request: httpx.Request
+        self,
+        route: str,
+        errors: dict[str, BaseException],
+        request: httpx.Request,
+        *,
+        report: Any = None,
     ) -> None:
         causes = "; ".join(f"{target}: {describe_error(exc)}" for target, exc in errors.items())
         count = f"all {len(errors)} targets" if len(errors) != 1 else "its only target"
@@ -141,6 +146,8 @@ class AllTargetsFailed(APIError):
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.route = route
         self.errors = dict(errors)
+        self.report = report
+        """The :class:`~llmroute.RouteReport` of the request: every attempt, in order."""
 
 
 def describe_error(exc: BaseException) -> str:

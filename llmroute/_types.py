@@ -66,6 +66,9 @@ class RouteReport:
     policy: str
     winner: str | None = None
     """The target whose answer the caller got (the first one when a stream was continued)."""
+    ttft: float | None = None
+    """Seconds from the request to its first token as the caller saw it (hedges included);
+    ``stream.timings`` are the winning attempt's own."""
     attempts: list[AttemptReport] = field(default_factory=list)
     hedges: int = 0
     """Hedge attempts fired."""

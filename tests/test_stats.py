@@ -273,10 +273,11 @@ def test_prediction_blends_and_converges_to_observed() -> None:
     target, _ = make_target(max_samples=4096)
     target.record_ttft(0.2, 100)
     assert target.predict(0.5, 100) == pytest.approx((1 * 0.2 + 3 * 1.0) / 4)
-    for _ in range(2999):
+    for _ in range(3):  # 4 samples: still below min_samples, so still blended
         target.record_ttft(0.2, 100)
-    assert target.predict(0.5, 100) == pytest.approx((3000 * 0.2 + 3 * 1.0) / 3003)
-    assert abs(target.predict(0.5, 100) - 0.2) < 0.001
+    assert target.predict(0.5, 100) == pytest.approx((4 * 0.2 + 3 * 1.0) / 7)
+    target.record_ttft(0.2, 100)  # min_samples reached: the observed value alone
+    assert target.predict(0.5, 100) == pytest.approx(0.2)
 
 
 def test_prediction_without_prior_weight_is_observed() -> None:

@@ -351,15 +351,16 @@ class _Run:
                 tg.start_soon(self._attempt, record, state, prefix)
 
             first = "continuation" if prefix is not None else "first"
-            for i in range(min(plan.start, len(pending))):
-                launch(first if i == 0 and plan.start == 1 else "race")
-            if plan.explored is not None and report.attempts:
-                report.attempts[-1 if plan.start == 1 else 0].reason = "explore"
+            for _ in range(min(plan.start, len(pending))):
+                launch(first if plan.start == 1 else "race")
+            for record in report.attempts[-plan.start :]:
+                if record.target == plan.explored:
+                    record.reason = "explore"
             while state.winner is None:
+                if state.live < plan.start and pending:
+                    launch("failover")  # keep the plan's number of attempts in flight
+                    continue
                 if state.live == 0:
-                    if pending:
-                        launch("failover")
-                        continue
                     if rounds >= retries or not _any_retryable(state.failures.values()):
                         break
                     await anyio.sleep(self._retry_delay(rounds, state.failures))
@@ -381,7 +382,11 @@ class _Run:
                 await state.wait(wait)
             tg.cancel_scope.cancel()
         if state.winner is None:
-            raise AllTargetsFailed(route.name, state.failures, self.request_stub())
+            raise AllTargetsFailed(
+                route.name, state.failures, self.request_stub(), report=self.report
+            )
+        if report.ttft is None:
+            report.ttft = clock() - self.t0
         return state.winner
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
@@ -723,12 +728,6 @@ class RoutedStream:
         self.response = run.ready.response
         self.timings = run.ready.timings
         weakref.finalize(self, run.finish)
-
-    def chunks(self) -> AsyncIterator[Any]:
-        def switch(response: httpx.Response) -> None:
-            self.response = response
-
-        return self.run.chunks(switch)
 
     @property
     def text(self) -> str:

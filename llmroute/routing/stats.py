@@ -416,6 +416,8 @@ class TargetStats:
         observed, n = window._quantile_and_count(q)
         if observed is None:
             return prior
+        if n >= self.settings.min_samples:
+            return observed  # enough data: a prior would only bias a steady estimate
         weight = self.settings.prior_weight
         return (n * observed + weight * prior) / (n + weight)
 
@@ -423,8 +425,9 @@ class TargetStats:
         """The predicted ``q``-quantile TTFT, in seconds, for a prompt of ``prompt_tokens``.
 
         The prompt's class is used once it has ``min_samples`` samples, else all classes
-        together; the observed quantile is blended with a lognormal prior (median
-        ``prior_ttft``) weighted as ``prior_weight`` samples. Without samples, the prior alone.
+        together. Below ``min_samples`` samples the observed quantile is blended with a
+        lognormal prior (median ``prior_ttft``) weighted as ``prior_weight`` samples; without
+        samples it is the prior alone; from ``min_samples`` on, the observed quantile alone.
         """
         window = self._class_window(prompt_tokens)
         if len(window) < self.settings.min_samples:

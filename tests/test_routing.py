@@ -1,0 +1,464 @@
+"""The routing engine end to end, against simulated providers over TLS + HTTP/2."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import openai
+import pytest
+
+from llmroute import AllTargetsFailed, AsyncOpenAI, StreamInterrupted
+from llmroute.testing import Profile, Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Tell me about routing."}]
+
+
+@pytest.fixture(scope="module")
+def sim_stall() -> Iterator[Simulator]:
+    """Every first token takes 5 s: a target that always needs hedging."""
+    with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
+        yield server
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def config(providers: dict[str, Simulator], targets: list[str], **route: Any) -> dict[str, Any]:
+    return {
+        "providers": {
+            name: {"base_url": sim.base_url, "api_key": KEY, "continuation": {}}
+            for name, sim in providers.items()
+        },
+        "models": {"chat": {"targets": targets, **route}},
+    }
+
+
+def fault(kind: str, times: int = 1) -> dict[str, str]:
+    """Headers that make the simulator fail the next ``times`` requests with ``kind``."""
+    return {
+        "x-sim-fault": kind,
+        "x-sim-fault-times": str(times),
+        "x-sim-fault-key": uuid.uuid4().hex,
+    }
+
+
+async def clean_reply(sim: Simulator, messages: list[dict[str, Any]] = MESSAGES) -> str:
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()) as c:
+        completion = await c.chat.completions.create(model="sim-small", messages=messages)
+    return completion.choices[0].message.content or ""
+
+
+async def read(stream: Any) -> tuple[str, list[Any]]:
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
+    """Poll ``predicate`` (bounded in time); the assertion after it decides the test."""
+    with anyio.move_on_after(seconds):
+        while not predicate():  # noqa: ASYNC110 - the simulator's counters have no event
+            await anyio.sleep(0.02)
+
+
+@pytest.fixture
+async def pair(sim: Simulator) -> AsyncIterator[AsyncOpenAI]:
+    """Two providers on one simulator, so a fault used once hits only the first target."""
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    async with AsyncOpenAI(
+        api_key=KEY, config=cfg, verify=sim.ssl_context(), max_retries=0
+    ) as client:
+        yield client
+
+
+async def test_routed_stream_is_the_clean_reply_with_a_route_report(
+    sim: Simulator, pair: AsyncOpenAI
+) -> None:
+    expected = await clean_reply(sim)
+    stream = await pair.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+    text, chunks = await read(stream)
+    assert text == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    route = stream.route
+    assert route is not None and route.route == "chat" and route.policy == "failover"
+    assert route.winner == "a:sim-small"
+    assert [(a.target, a.reason, a.outcome) for a in route.attempts] == [
+        ("a:sim-small", "first", "won")
+    ]
+    assert route.attempts[0].ttft is not None and route.attempts[0].ttft > 0
+    assert stream.timings.first_token is not None and stream.timings.tokens == 20
+    assert sim.last_requests[-1]["json"]["model"] == "sim-small"
+
+
+async def test_a_model_that_is_not_a_route_goes_to_the_default_provider(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, config=cfg, verify=sim.ssl_context()
+    ) as client:
+        stream = await client.chat.completions.create(
+            model="sim-large", messages=MESSAGES, stream=True
+        )
+        text, _ = await read(stream)
+    assert text and stream.route is None
+
+
+async def test_routes_only_client_without_default_provider_says_why(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        with pytest.raises(openai.OpenAIError, match="not a route of the config"):
+            await client.chat.completions.create(model="gpt-x", messages=MESSAGES)
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert completion.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("kind", "outcome"),
+    [
+        ("429", "rate_limited"),
+        ("500", "error"),
+        ("503", "error"),
+        ("html502", "error"),
+        ("drop:0", "error"),
+        ("malformed:0", "error"),
+        ("stream-error:0", "error"),
+        ("hang", "timeout"),
+    ],
+)
+async def test_failover_before_the_first_token(sim: Simulator, kind: str, outcome: str) -> None:
+    expected = await clean_reply(sim)
+    cfg = config(
+        {"a": sim, "b": sim},
+        ["a:sim-small", "b:sim-small"],
+        policy="failover",
+        first_token_timeout="1s",
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        headers = {**fault(kind), "x-sim-retry-after": "20"}
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=headers
+        )
+        text, _ = await read(stream)
+        route = stream.route
+        assert text == expected
+        assert route is not None and route.winner == "b:sim-small"
+        first, second = route.attempts
+        assert (first.target, first.outcome) == ("a:sim-small", outcome)
+        assert first.error
+        assert (second.reason, second.outcome) == ("failover", "won")
+        stats = client.stats()["a:sim-small"]
+        assert stats.outcomes[outcome] == 1
+        if kind == "429":  # Retry-After becomes the target's cooldown
+            assert client._router is not None
+            assert client._router.health("a:sim-small").cooling() > 10
+
+
+async def test_failover_after_a_connection_error(sim: Simulator) -> None:
+    with Simulator(tls=True) as gone:
+        dead_url = gone.base_url
+    cfg = {
+        "providers": {
+            "dead": {"base_url": dead_url, "api_key": KEY},
+            "b": {"base_url": sim.base_url, "api_key": KEY},
+        },
+        "models": {"chat": {"targets": ["dead:m", "b:sim-small"], "policy": "failover"}},
+    }
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        text, _ = await read(stream)
+    assert text == await clean_reply(sim)
+    assert stream.route is not None
+    assert [a.outcome for a in stream.route.attempts] == ["error", "won"]
+    assert "APIConnectionError" in (stream.route.attempts[0].error or "")
+
+
+async def test_hedge_fires_and_the_loser_is_reset_server_side(
+    sim: Simulator, sim_stall: Simulator
+) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim},
+        ["slow:sim-small", "fast:sim-small"],
+        policy="hedge",
+        hedge_after="100ms",
+    )
+    cancelled = sim_stall.stats()["streams_cancelled"]
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        await client.warmup()
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        text, _ = await read(stream)
+        route = stream.route
+        assert route is not None and route.hedges == 1
+        assert route.winner == "fast:sim-small"
+        slow, fast = route.attempts
+        assert (slow.target, slow.outcome) == ("slow:sim-small", "cancelled")
+        assert (fast.reason, fast.outcome) == ("hedge", "won")
+        assert fast.started >= 0.1
+        await wait_for(lambda: sim_stall.stats()["streams_cancelled"] > cancelled)
+        assert sim_stall.stats()["streams_cancelled"] == cancelled + 1
+        # Only the stream was reset: the connection to the slow target stays open and warm.
+        transport = client._transport
+        assert transport is not None
+        assert len(transport.connections()) == 2  # one per simulator, none replaced
+        assert text == await clean_reply(sim)
+        assert client.stats()["slow:sim-small"].outcomes["cancelled"] == 1
+
+
+async def test_race_starts_both_and_cancels_the_loser(sim: Simulator, sim_stall: Simulator) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim}, ["slow:sim-small", "fast:sim-small"], policy="race"
+    )
+    cancelled = sim_stall.stats()["streams_cancelled"]
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+    route = stream.route
+    assert route is not None and route.winner == "fast:sim-small"
+    assert sorted(a.reason for a in route.attempts) == ["race", "race"]
+    assert {a.target: a.outcome for a in route.attempts} == {
+        "slow:sim-small": "cancelled",
+        "fast:sim-small": "won",
+    }
+    await wait_for(lambda: sim_stall.stats()["streams_cancelled"] > cancelled)
+    assert sim_stall.stats()["streams_cancelled"] == cancelled + 1
+
+
+async def test_an_empty_hedge_budget_fires_no_hedge(sim: Simulator) -> None:
+    cfg = config(
+        {"a": sim, "b": sim},
+        ["a:sim-small", "b:sim-small"],
+        policy="hedge",
+        hedge_after="20ms",
+        hedge_budget=0,
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers={"x-sim-fault": "slow:0.3"}
+        )
+        await read(stream)
+    route = stream.route
+    assert route is not None
+    assert (route.hedges, route.hedges_denied) == (0, 1)
+    assert len(route.attempts) == 1
+
+
+async def test_a_broken_stream_continues_on_another_target_seamlessly(sim: Simulator) -> None:
+    expected = await clean_reply(sim)
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=fault("drop:5")
+        )
+        text, chunks = await read(stream)
+        continuation = sim.last_requests[-1]["json"]
+    assert text == expected
+    token_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(token_chunks) == 20  # nothing repeated, nothing lost
+    assert len({c.id for c in chunks}) == 1  # one answer, one id
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    route = stream.route
+    assert route is not None and route.continued_on == ["b:sim-small"]
+    assert [(a.target, a.outcome) for a in route.attempts] == [
+        ("a:sim-small", "interrupted"),
+        ("b:sim-small", "won"),
+    ]
+    assert route.attempts[1].reason == "continuation"
+    last = continuation["messages"][-1]
+    assert last["role"] == "assistant" and expected.startswith(last["content"])
+    assert 0 < len(last["content"]) < len(expected)
+
+
+async def test_continuation_uses_the_vendors_fields(sim: Simulator) -> None:
+    cfg = {
+        "providers": {
+            "a": {"base_url": sim.base_url, "api_key": KEY},
+            "deep": {
+                "base_url": sim.base_url,
+                "api_key": KEY,
+                "continuation": {"message": {"prefix": True}, "body": {"x_continue": True}},
+            },
+        },
+        "models": {"chat": {"targets": ["a:sim-small", "deep:sim-small"], "policy": "failover"}},
+    }
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            stream=True,
+            max_tokens=50,
+            extra_headers=fault("drop:4"),
+        )
+        text, _ = await read(stream)
+        body = sim.last_requests[-1]["json"]
+    assert text == await clean_reply(sim)
+    assert body["messages"][-1]["prefix"] is True and body["x_continue"] is True
+    assert body["max_tokens"] == 46  # the tokens already received are not asked for again
+
+
+async def test_no_target_can_continue_raises_with_the_partial_text(sim: Simulator) -> None:
+    expected = await clean_reply(sim)
+    cfg = {
+        "providers": {"a": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["a:sim-small"]}},
+    }
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=fault("drop:6")
+        )
+        seen = []
+        with pytest.raises(StreamInterrupted) as info:
+            async for chunk in stream:
+                if chunk.choices:
+                    seen.append(chunk.choices[0].delta.content or "")
+    partial = info.value.partial_text
+    assert partial == "".join(seen) and partial and expected.startswith(partial)
+    assert partial != expected
+    assert "supports continuation" in str(info.value)
+    assert isinstance(info.value, openai.APIError)
+
+
+async def test_continue_on_break_off_raises(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], continue_on_break=False)
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=fault("drop:3")
+        )
+        with pytest.raises(StreamInterrupted, match="continuation is off"):
+            await read(stream)
+
+
+async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s"}
+    clock = Clock()
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = clock
+        for _ in range(2):
+            completion = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, extra_headers=fault("500")
+            )
+            assert completion.route.winner == "b:sim-small"  # type: ignore[attr-defined]
+        assert client.stats()["a:sim-small"].breaker == "open"
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        attempts = completion.route.attempts  # type: ignore[attr-defined]
+        assert [a.target for a in attempts] == ["b:sim-small"]  # the open circuit is skipped
+        clock.now += 31.0  # the cooldown passed: one probe may go to a
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert completion.route.winner == "a:sim-small"  # type: ignore[attr-defined]
+        assert client.stats()["a:sim-small"].breaker == "closed"
+
+
+async def test_all_targets_failed_lists_every_cause(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        with pytest.raises(AllTargetsFailed) as info:
+            await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, extra_headers={"x-sim-fault": "500"}
+            )
+    exc = info.value
+    assert isinstance(exc, openai.APIError)
+    assert set(exc.errors) == {"a:sim-small", "b:sim-small"}
+    assert all(isinstance(e, openai.InternalServerError) for e in exc.errors.values())
+    text = str(exc)
+    assert "'chat'" in text and "a:sim-small: InternalServerError" in text
+    assert "b:sim-small: InternalServerError" in text
+    assert [(a.target, a.outcome) for a in exc.report.attempts] == [
+        ("a:sim-small", "error"),
+        ("b:sim-small", "error"),
+    ]
+
+
+async def test_all_failed_rounds_are_retried_within_max_retries(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    before = sim.stats()["chat_requests"]
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=2) as client:
+        stream = await client.chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={**fault("503", times=2), "x-sim-retry-after": "0.01"},
+        )
+        await read(stream)
+    route = stream.route
+    assert route is not None
+    assert [a.reason for a in route.attempts] == ["first", "retry", "retry"]
+    assert route.attempts[-1].outcome == "won"
+    assert sim.stats()["chat_requests"] - before == 3
+
+
+async def test_not_streamed_routed_request(sim: Simulator, pair: AsyncOpenAI) -> None:
+    completion = await pair.chat.completions.create(
+        model="chat", messages=MESSAGES, extra_headers=fault("500")
+    )
+    assert completion.choices[0].message.content == await clean_reply(sim)
+    route = completion.route  # type: ignore[attr-defined]
+    assert route.winner == "b:sim-small"
+    assert completion.timings.total is not None  # type: ignore[attr-defined]
+    assert pair.stats()["b:sim-small"].latency_p50 is not None
+
+
+async def test_stats_snapshot_after_traffic(sim: Simulator, pair: AsyncOpenAI) -> None:
+    for _ in range(6):
+        stream = await pair.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+    stats = pair.stats()
+    a = stats["a:sim-small"]
+    assert a.n == 6 and a.in_flight == 0 and a.breaker == "closed"
+    assert a.ttft_p50 is not None and a.ttft_p95 is not None and a.ttft_p99 is not None
+    assert a.ttft_p50 <= a.ttft_p95 <= a.ttft_p99
+    assert a.itl_p50 is not None and a.tokens_per_s is not None and a.tokens_per_s > 0
+    assert a.outcomes["ok"] == 6 and a.error_rate == 0.0
+    assert list(a.by_class) == ["<1k"]
+    assert stats["b:sim-small"].n == 0  # listed although never used
+    assert math.isclose(sum(a.to_dict()["outcomes"].values()), 6)
+
+
+async def test_leaving_a_routed_stream_early_releases_it(sim: Simulator) -> None:
+    slow = Profile(reply_tokens=200, inter_token=0.01)
+    with Simulator(profile=slow, tls=True) as busy:
+        cfg = config({"a": busy}, ["a:sim-small"])
+        async with AsyncOpenAI(config=cfg, verify=busy.ssl_context()) as client:
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            async with stream:
+                async for _ in stream:
+                    break
+            assert client.stats()["a:sim-small"].in_flight == 0
+            await wait_for(lambda: busy.stats()["streams_cancelled"] == 1)
+            assert busy.stats()["streams_cancelled"] == 1
+
+
+async def test_llmroute_config_environment_variable(
+    sim: Simulator, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "llmroute.toml"
+    path.write_text(
+        f"""
+[providers.a]
+base_url = "{sim.base_url}"
+api_key = "{KEY}"
+
+[models.chat]
+targets = ["a:sim-small"]
+policy = "fastest"
+"""
+    )
+    monkeypatch.setenv("LLMROUTE_CONFIG", str(path))
+    async with AsyncOpenAI(verify=sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert completion.route.policy == "fastest"  # type: ignore[attr-defined]
+    assert KEY not in repr(client)
