@@ -27,3 +27,9 @@ def test_demo_streams_answers_with_timings() -> None:
     out = run("-m", "llmroute.cli", "demo")
     assert len(re.findall(r"first token \d+ ms", out)) == 6
     assert "failed" not in out
+
+
+def test_routing_example_hedges_and_reports() -> None:
+    out = run("examples/routing.py")
+    assert len(re.findall(r"first token +\d+ ms", out)) == 12
+    assert "fast:sim-small" in out and "live stats" in out

@@ -354,14 +354,16 @@ def test_censored_fast_cancellation_is_ignored() -> None:
     assert after.ttft_p50 == before.ttft_p50
 
 
-def test_censored_sample_seeds_an_empty_class() -> None:
+def test_censored_sample_in_an_empty_class_must_beat_the_prior() -> None:
     target, _ = make_target()
     for _ in range(5):
         target.record_ttft(3.0, 100)
-    assert target.record_censored(1.5, 50_000) is True
+    # An empty class has the prior's p95 (about 2.3 s): a short cancellation says nothing.
+    assert target.record_censored(0.05, 50_000) is False
+    assert target.record_censored(2.5, 50_000) is True
     snapshot = target.snapshot()
     assert snapshot.by_class[">=32k"].n == 1
-    assert snapshot.n == 5  # 1.5 s is under the pooled p95, so it stays out of the pool
+    assert snapshot.n == 5  # 2.5 s is under the pooled p95, so it stays out of the pool
 
 
 def test_outcome_rates() -> None:

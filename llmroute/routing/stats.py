@@ -379,15 +379,15 @@ class TargetStats:
         """An attempt was cancelled ``elapsed`` seconds in, before its first token.
 
         Its TTFT is only known to exceed ``elapsed``, so it is recorded (in each window it would
-        go to) only where ``elapsed`` is above that window's p95, or the window is empty: it can
-        raise the tail estimate, never lower it. Returns whether it was recorded at all.
+        go to) only where ``elapsed`` is above that window's predicted p95 (the prior's, blended,
+        while the window has fewer than ``min_samples``): it can raise the tail estimate, never
+        invent a fast sample. Returns whether it was recorded at all.
         """
         if elapsed < 0:
             raise ValueError(f"elapsed cannot be negative, got {elapsed!r}")
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
-            p95 = window.quantile(0.95)
-            if p95 is None or elapsed > p95:
+            if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
                 window.add(elapsed)
                 recorded = True
         return recorded
