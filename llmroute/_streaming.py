@@ -187,6 +187,8 @@ class AsyncStream(Generic[_T]):
         self._closed = True
         await self._iterator.aclose()  # type: ignore[attr-defined]
         await self.response.aclose()
+        if self._routed is not None:
+            self._routed.run.finish()
 
     async def __aenter__(self) -> AsyncStream[_T]:
         return self

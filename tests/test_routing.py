@@ -440,6 +440,15 @@ async def test_leaving_a_routed_stream_early_releases_it(sim: Simulator) -> None
             assert client.stats()["a:sim-small"].in_flight == 0
             await wait_for(lambda: busy.stats()["streams_cancelled"] == 1)
             assert busy.stats()["streams_cancelled"] == 1
+            # Closed before reading anything: released too.
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            assert client.stats()["a:sim-small"].in_flight == 1
+            await stream.close()
+            assert client.stats()["a:sim-small"].in_flight == 0
+            await wait_for(lambda: busy.stats()["streams_cancelled"] == 2)
+            assert busy.stats()["streams_cancelled"] == 2
 
 
 async def test_llmroute_config_environment_variable(
