@@ -346,7 +346,7 @@ class _Run:
                 report.attempts.append(record)
                 state.live += 1
                 delay = plan.hedge_delay(launched)
-                hedge_at = clock() + delay if delay is not None else None
+                hedge_at = anyio.current_time() + delay if delay is not None else None
                 launched += 1
                 tg.start_soon(self._attempt, record, state, prefix)
 
@@ -370,7 +370,7 @@ class _Run:
                     continue
                 wait = math.inf
                 if hedge_at is not None and pending:
-                    wait = hedge_at - clock()
+                    wait = hedge_at - anyio.current_time()  # timers run on the event loop
                     if wait <= 0:
                         hedge_at = None
                         if route.budget.try_spend():
