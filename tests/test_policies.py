@@ -56,6 +56,9 @@ class View:
     def available(self, target: str) -> bool:
         return self.health[target].available()
 
+    def cold(self, target: str) -> bool:
+        return self.stats.target(target).cold()
+
     def staleness(self, target: str) -> float:
         newest = self.stats.target(target).newest_at()
         return math.inf if newest is None else self.clock() - newest
@@ -197,3 +200,16 @@ def test_plan_hedge_delay_lookup() -> None:
     plan = Plan(("A", "B"), hedge_delays=(0.5,))
     assert plan.hedge_delay(0) == 0.5
     assert plan.hedge_delay(1) is None
+
+
+def test_a_cold_target_is_explored_at_the_cold_share_until_it_has_samples(clock: Clock) -> None:
+    view = View(clock, {"A": B, "B": []})  # A steady at about 0.4 s; B never seen
+    plan = FastestPolicy().plan(["A", "B"], view, random.Random(0))
+    assert plan.order == ("A", "B")
+    rng = random.Random(3)
+    runs = [explore(plan, view, share=0.02, max_age=60.0, rng=rng) for _ in range(10_000)]
+    share = sum(p.explored == "B" for p in runs) / len(runs)
+    assert 0.09 <= share <= 0.11  # COLD_EXPLORE_SHARE, not the 2% for stale targets
+    for _ in range(5):  # min_samples: B is no longer cold, and its stats are fresh
+        view.stats.target("B").record_ttft(0.4, 100)
+    assert all(explore(plan, view, share=0.02, max_age=60.0, rng=rng) is plan for _ in range(1000))

@@ -256,6 +256,9 @@ class _View:
     def available(self, target: str) -> bool:
         return self._router.health(target).available()
 
+    def cold(self, target: str) -> bool:
+        return self._router.stats.target(target).cold()
+
     def staleness(self, target: str) -> float:
         newest = self._router.stats.target(target).newest_at()
         return math.inf if newest is None else self._router._clock() - newest

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 __all__ = [
+    "COLD_EXPLORE_SHARE",
     "FailoverPolicy",
     "FastestPolicy",
     "HedgePolicy",
@@ -27,6 +28,9 @@ __all__ = [
 ]
 
 _RANKS = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+
+COLD_EXPLORE_SHARE = 0.1
+"""The share of requests that explore a cold target (one without enough samples yet)."""
 
 
 def rank_quantile(name: str) -> float | None:
@@ -49,6 +53,10 @@ class RouteView(Protocol):
 
     def staleness(self, target: str) -> float:
         """Seconds since the target's newest TTFT sample (``inf`` if it has none)."""
+        ...
+
+    def cold(self, target: str) -> bool:
+        """Whether the target has too few samples for its own prediction (a prior still counts)."""
         ...
 
 
@@ -161,23 +169,33 @@ def explore(
     max_age: float,
     rng: random.Random,
     hedge_delay: Callable[[str], float] | None = None,
+    cold_share: float = COLD_EXPLORE_SHARE,
 ) -> Plan:
-    """With probability ``share``, put the stalest target first when its stats are older than
-    ``max_age`` seconds (or absent), so targets the policy does not choose keep fresh stats.
+    """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
+    While some target is *cold* (too few samples to predict from), a request explores it with
+    probability ``cold_share``: a target is cold for at most ``min_samples`` explorations per
+    window, so this costs a bounded number of requests. Otherwise, with probability ``share``,
+    the stalest target goes first when its newest sample is older than ``max_age`` seconds.
     A hedging plan hedges the explored target after ``hedge_delay(target)`` (its own live
     quantile, or a prior when it has no samples), so one exploration costs at most about that.
     """
-    if share <= 0 or len(plan.order) < 2 or rng.random() >= share:
+    if len(plan.order) < 2:
         return plan
     candidates = [t for t in plan.order[1:] if view.available(t)]
-    if not candidates:
-        return plan
-    stalest = max(candidates, key=view.staleness)
-    if view.staleness(stalest) <= max_age:
-        return plan
-    order = (stalest, *(t for t in plan.order if t != stalest))
+    cold = [t for t in candidates if view.cold(t)]
+    if cold:
+        if rng.random() >= max(share, cold_share):
+            return plan
+        chosen = max(cold, key=view.staleness)
+    else:
+        if share <= 0 or not candidates or rng.random() >= share:
+            return plan
+        chosen = max(candidates, key=view.staleness)
+        if view.staleness(chosen) <= max_age:
+            return plan
+    order = (chosen, *(t for t in plan.order if t != chosen))
     delays = plan.hedge_delays
     if delays and hedge_delay is not None:
-        delays = (hedge_delay(stalest), *delays[1:])
-    return Plan(order, start=plan.start, hedge_delays=delays, explored=stalest)
+        delays = (hedge_delay(chosen), *delays[1:])
+    return Plan(order, start=plan.start, hedge_delays=delays, explored=chosen)

@@ -441,6 +441,10 @@ class TargetStats:
         """
         return self._blend(self._latency, q, self.settings.prior_ttft * _LATENCY_PRIOR_FACTOR)
 
+    def cold(self) -> bool:
+        """Whether the window holds fewer than ``min_samples`` TTFT samples (priors still count)."""
+        return len(self._ttft) < self.settings.min_samples
+
     def newest_at(self) -> float | None:
         """Clock time of the newest TTFT sample, or ``None`` when the window holds none."""
         return self._ttft.newest_at()
