@@ -471,3 +471,26 @@ policy = "fastest"
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
     assert completion.route.policy == "fastest"  # type: ignore[attr-defined]
     assert KEY not in repr(client)
+
+
+async def test_no_hedge_to_an_unavailable_target(sim: Simulator) -> None:
+    cfg = config(
+        {"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="hedge", hedge_after="20ms"
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        router = client._router
+        assert router is not None
+        router.health("b:sim-small").cool_down(30.0)  # as after a 429 with Retry-After: 30
+        budget = router.routes["chat"].budget
+        before = sim.stats()["chat_requests"]
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers={"x-sim-fault": "slow:0.3"}
+        )
+        await read(stream)
+        tokens = budget.tokens
+    route = stream.route
+    assert route is not None
+    assert [a.target for a in route.attempts] == ["a:sim-small"]
+    assert (route.hedges, route.hedges_denied) == (0, 0)
+    assert sim.stats()["chat_requests"] - before == 1
+    assert tokens == pytest.approx(5.0)  # nothing was charged to the budget

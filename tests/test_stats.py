@@ -443,3 +443,37 @@ def test_live_stats_creates_targets_on_first_use() -> None:
     assert snapshots["b"].n == 1
     assert snapshots["a"].n == 0
     assert a.predict(0.5, 10) == pytest.approx(0.5)
+
+
+@given(
+    st.lists(st.floats(0.0, 10.0), min_size=0, max_size=40),
+    st.lists(st.floats(0.0, 10.0), min_size=1, max_size=6),
+    st.floats(0.0, 1.0),
+)
+def test_quantile_with_extra_values_matches_a_merged_reference(
+    values: list[float], extra: list[float], q: float
+) -> None:
+    window = LatencyWindow(clock=lambda: 0.0)
+    for value in values:
+        window.add(value)
+    reference = LatencyWindow(clock=lambda: 0.0)
+    for value in values + extra:
+        reference.add(value)
+    assert window.quantile_with(extra, q) == pytest.approx(reference.quantile(q))
+
+
+def test_a_stall_in_progress_raises_the_prediction() -> None:
+    target, clock = make_target()
+    for value in [0.25] * 40:
+        target.record_ttft(value, 100)
+    assert target.predict(0.95, 100) == pytest.approx(0.25)
+    handles = [target.waiting() for _ in range(4)]  # four attempts wait for a first token
+    clock.advance(0.2)
+    assert target.predict(0.95, 100) == pytest.approx(0.25)  # not overdue yet
+    clock.advance(2.0)  # 2.2 s: four stalls in progress out of 44 is more than 5%
+    assert target.predict(0.95, 100) > 2.0
+    assert target.predict(0.5, 100) == pytest.approx(0.25)
+    for handle in handles:
+        target.done_waiting(handle)
+    assert target.predict(0.95, 100) == pytest.approx(0.25)
+    assert target.snapshot().n == 40  # waiting attempts are never recorded as samples

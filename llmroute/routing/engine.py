@@ -342,6 +342,16 @@ class _Run:
 
         async with anyio.create_task_group() as tg:
 
+            def available_first() -> bool:
+                """Move the first available pending target to the front; whether there is one."""
+                for i, name in enumerate(pending):
+                    if self.view.available(name):
+                        if i:
+                            del pending[i]
+                            pending.appendleft(name)
+                        return True
+                return False
+
             def launch(reason: str) -> None:
                 nonlocal launched, hedge_at
                 name = pending.popleft()
@@ -361,6 +371,7 @@ class _Run:
                     record.reason = "explore"
             while state.winner is None:
                 if state.live < plan.start and pending:
+                    available_first()  # else the next fails at once, and says why
                     launch("failover")  # keep the plan's number of attempts in flight
                     continue
                 if state.live == 0:
@@ -376,6 +387,8 @@ class _Run:
                     wait = hedge_at - anyio.current_time()  # timers run on the event loop
                     if wait <= 0:
                         hedge_at = None
+                        if not available_first():
+                            continue  # nothing to hedge on: no request, no budget spent
                         if route.budget.try_spend():
                             report.hedges += 1
                             launch("hedge")
@@ -421,6 +434,7 @@ class _Run:
         probe = health.breaker.state == "half-open"
         started = clock()
         stats.started()
+        waiting = stats.waiting()
         ready: _Ready | None = None
         timeout = self.route.first_token_timeout if self.stream else None
         try:
@@ -434,6 +448,7 @@ class _Run:
                     self.request_stub(), target=target.name, seconds=timeout or 0.0
                 )
         except anyio.get_cancelled_exc_class():
+            stats.done_waiting(waiting)
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
             stats.record_censored(clock() - started, self.prompt_tokens)
@@ -442,6 +457,7 @@ class _Run:
                 health.breaker.release()
             raise
         except Exception as exc:
+            stats.done_waiting(waiting)
             stats.finished()
             outcome = _outcome(exc)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
@@ -452,6 +468,7 @@ class _Run:
                 health.breaker.release()
             self._failed(record, state, exc, outcome, count=True)
             return
+        stats.done_waiting(waiting)
         elapsed = clock() - started
         if state.winner is not None:  # another attempt won while this one finished
             record.outcome = "cancelled"

@@ -119,6 +119,38 @@ class LatencyWindow:
         high = cast(float, values[index + 1])
         return min(max(low + (high - low) * fraction, low), high), n
 
+    def quantile_with(self, extra: list[float], q: float) -> float | None:
+        """The ``q``-quantile of the live samples together with ``extra`` values (a few).
+
+        Costs O(k log n) for k extra values; the same interpolation as :meth:`quantile`.
+        """
+        if not extra:
+            return self.quantile(q)
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {q!r}")
+        self._expire(self._clock())
+        values, extra = self._values, sorted(extra)
+        total = len(values) + len(extra)
+
+        def nth(i: int) -> float:
+            # The i-th smallest of the union is among values[i - j] and extra[j], j <= len(extra).
+            n, k = len(values), len(extra)
+            candidates = [extra[j] for j in range(min(k, i + 1))]
+            candidates += [cast(float, values[i - j]) for j in range(k + 1) if 0 <= i - j < n]
+            for x in sorted(candidates):
+                if values.bisect_right(x) + bisect.bisect_right(extra, x) >= i + 1:
+                    return x
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        position = (total - 1) * q
+        index = math.floor(position)
+        low = nth(index)
+        fraction = position - index
+        if fraction == 0.0:
+            return low
+        high = nth(index + 1)
+        return min(max(low + (high - low) * fraction, low), high)
+
     def quantile(self, q: float) -> float | None:
         """The ``q``-quantile of the live samples, interpolating linearly between closest ranks.
 
@@ -356,6 +388,9 @@ class TargetStats:
         self._tokens_per_s = window()
         self._latency = window()
         self._outcomes = OutcomeWindow(settings.window, clock)
+        self._clock = clock
+        self._waiting: dict[int, float] = {}
+        self._next_wait = 0
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
@@ -367,6 +402,21 @@ class TargetStats:
     def finished(self) -> None:
         """An attempt ended, however it ended."""
         self.in_flight = max(0, self.in_flight - 1)
+
+    def waiting(self) -> int:
+        """An attempt now waits for its first token; returns a handle for :meth:`done_waiting`.
+
+        While it waits longer than the target's predicted quantile, it counts in
+        :meth:`predict` as a sample at least that long: a stall shows in the prediction while
+        it happens, not only when (or if) its first token finally arrives.
+        """
+        self._next_wait += 1
+        self._waiting[self._next_wait] = self._clock()
+        return self._next_wait
+
+    def done_waiting(self, handle: int) -> None:
+        """The attempt got its first token, failed or was cancelled."""
+        self._waiting.pop(handle, None)
 
     def record_ttft(self, seconds: float, prompt_tokens: int) -> None:
         """A first token arrived ``seconds`` after the request for a prompt of that length."""
@@ -427,12 +477,19 @@ class TargetStats:
         The prompt's class is used once it has ``min_samples`` samples, else all classes
         together. Below ``min_samples`` samples the observed quantile is blended with a
         lognormal prior (median ``prior_ttft``) weighted as ``prior_weight`` samples; without
-        samples it is the prior alone; from ``min_samples`` on, the observed quantile alone.
+        samples it is the prior alone; from ``min_samples`` on, the observed quantile alone,
+        with attempts still waiting longer than that counted as samples of their time so far.
         """
         window = self._class_window(prompt_tokens)
         if len(window) < self.settings.min_samples:
             window = self._ttft
-        return self._blend(window, q, self.settings.prior_ttft)
+        predicted = self._blend(window, q, self.settings.prior_ttft)
+        if self._waiting and len(window) >= self.settings.min_samples:
+            now = self._clock()
+            overdue = [now - t for t in self._waiting.values() if now - t > predicted]
+            if overdue:
+                predicted = cast(float, window.quantile_with(overdue, q))
+        return predicted
 
     def predict_latency(self, q: float) -> float:
         """The predicted ``q``-quantile whole-response latency of a non-streamed request.
