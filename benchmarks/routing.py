@@ -16,8 +16,10 @@ the order its requests reach each simulator) and a fresh client (fresh live stat
 * the oracle: every prompt sent to all three targets at once by three plain (unrouted) llmroute
   clients; its TTFT is the per-request minimum, the best any router could do.
 
-Every run first sends ``--warmup`` requests (not measured, same prompts for every run) so the
-live stats exist, then ``--requests`` measured requests, ``--concurrency`` at a time, each with
+Every run first sends ``--warmup`` requests (200; same prompts for every run) so the live stats
+have settled, as in a client that has been serving traffic (a fresh client needs about a hundred
+requests before every target has samples; the warm-up's own p50/p95 are printed as the cold
+start), then ``--requests`` measured requests, ``--concurrency`` at a time, each with
 its own prompt (the same prompt sequence in every run). TTFT is the caller's view: from the
 ``create()`` call to the first chunk with content. Amplification is the chat requests the
 simulators received during the measured phase (their ``/_sim/stats`` counters, diffed) divided
@@ -35,7 +37,7 @@ with policy ``failover`` (F first whenever it is available), because the hedge p
 prefers G and so meets few of F's faults. Every answer must equal, exactly, G's answer to the
 same prompt fetched without routing afterwards; an exception counts as a wrong answer.
 
-    .venv/bin/python benchmarks/routing.py                  # ~5.5 minutes
+    .venv/bin/python benchmarks/routing.py                  # ~7 minutes
     .venv/bin/python benchmarks/routing.py --sigma 0.1
     .venv/bin/python benchmarks/routing.py --quick          # smoke run, ~1.5 minutes
     .venv/bin/python benchmarks/routing.py --json /tmp/routing.json   # also save raw samples
@@ -353,6 +355,7 @@ async def run_routed(
                 wall,
                 warmup_errors=sum(o.error is not None for o in warmed),
             )
+            run.extra["warm_ttfts"] = [o.ttft for o in warmed if o.ttft is not None]
             run.extra["live_stats"] = {
                 target: {"n": s.n, "ttft_p50": s.ttft_p50, "ttft_p95": s.ttft_p95}
                 for target, s in client.stats().items()
@@ -623,6 +626,16 @@ def print_report(
             f"{1000 * s.delay:.0f} ms (amplification {s.amplification:.3f})"
         )
 
+    if args.warmup:
+        cold = []
+        for run in runs.values():
+            warm = run.extra.get("warm_ttfts")
+            if warm and run.name in ("fastest", "hedge", "race", "failover", "weighted"):
+                cold.append(f"{run.name} p50 {ms(pct(warm, 0.5))} / p95 {ms(pct(warm, 0.95))}")
+        print(
+            f"Cold start (the {args.warmup} warm-up requests of each fresh client, not in the "
+            f"table): " + "; ".join(cold) + " ms"
+        )
     hedge = runs["hedge"]
     h95 = pct(hedge.ttfts, 0.95)
     print(f"hedge: {hedge_summary(hedge)}")
@@ -873,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None, help="measured requests per run (320)")
     p.add_argument("--concurrency", type=int, default=8, help="requests at once (8)")
     p.add_argument("--sigma", type=float, default=0.2, help="lognormal sigma of A and B (0.2)")
-    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per run (40)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up requests per run (200)")
     p.add_argument(
         "--faults",
         action=argparse.BooleanOptionalAction,
@@ -893,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.requests is None:
         args.requests = 60 if args.quick else 320
     if args.warmup is None:
-        args.warmup = 10 if args.quick else 40
+        args.warmup = 10 if args.quick else 200
     if args.fault_requests is None:
         args.fault_requests = 60 if args.quick else 300
     if min(args.requests, args.concurrency, args.fault_requests) < 1 or args.warmup < 0:
