@@ -86,7 +86,9 @@ def test_hedge_delay_is_the_primarys_live_p95(clock: Clock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     policy = HedgePolicy(rank_by="p95", hedge_after="p95")
     plan = policy.plan(["A", "B", "C"], view, random.Random(0))
-    assert plan.order[0] == "B"
+    # B is steadiest; once B is late, A (median 0.25 s) answers sooner than C (0.7 s), most
+    # of the time, although A's own tail is the worst.
+    assert plan.order == ("B", "A", "C")
     assert plan.hedge_delays == pytest.approx((view.predict("B", 0.95),))
     assert 0.43 <= plan.hedge_delays[0] <= 0.46  # B's recorded p95
 

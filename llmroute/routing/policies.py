@@ -105,7 +105,10 @@ class FastestPolicy:
 @dataclass(frozen=True)
 class HedgePolicy:
     """Start the best target; with no first token by its live quantile ``hedge_after`` (or a
-    fixed delay in seconds), start the next best, up to ``max_hedges`` extra attempts."""
+    fixed delay in seconds), start the next, up to ``max_hedges`` extra attempts.
+
+    The first target is the best by ``rank_by``; the ones after it, which only start when an
+    attempt is late or failed, by their predicted median."""
 
     rank_by: str = "p95"
     hedge_after: str | float = "p95"
@@ -118,7 +121,10 @@ class HedgePolicy:
         return float(self.hedge_after)
 
     def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
-        order = _ranked(targets, view, rank_quantile(self.rank_by))
+        best, *rest = _ranked(targets, view, rank_quantile(self.rank_by))
+        # A hedge starts once the first attempt is already late: what counts then is how soon
+        # the next target usually answers, its median, not its tail.
+        order = [best, *_ranked(rest, view, 0.5)]
         hedges = min(self.max_hedges, len(order) - 1)
         return Plan(tuple(order), hedge_delays=tuple(self.delay(t, view) for t in order[:hedges]))
 
