@@ -76,7 +76,7 @@ class ProviderSpec(BaseModel):
     """Whether the vendor caches prompt prefixes: by itself, only when asked, or not at all."""
     stream_usage: bool = Field(True, strict=True)
     """Whether ``stream_options.include_usage`` is accepted."""
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers every request to this vendor carries (never secrets)."""
     docs: str = ""
     """The vendor's documentation page the values come from."""

@@ -402,7 +402,6 @@ class AsyncOpenAI:
             "Content-Type": "application/json",
             "User-Agent": f"llmroute/{__version__} (openai-compatible)",
             **provider.headers,
-            **self._custom_headers,
         }
         if provider.api_key:
             headers["Authorization"] = f"Bearer {provider.api_key}"
@@ -440,7 +439,10 @@ class AsyncOpenAI:
                     del headers[key]
             else:
                 headers[name] = value
-        params = {**self._custom_query, **(extra_query or {})}
+        # The client's default headers and query belong to its own base URL; a routed provider
+        # gets its configured headers, and only what the call itself adds.
+        defaults = self._custom_query if provider is None else {}
+        params = {**defaults, **(extra_query or {})}
         content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         limits = self.timeout if not _given(timeout) else _to_timeout(timeout)
         # Plain values: a user's http_client may be an httpx2 client (openai >= 3 makes those).

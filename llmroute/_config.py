@@ -182,7 +182,7 @@ class ProviderConfig(BaseModel):
     api_key: SecretStr | None = None
     """The API key itself; prefer ``api_key_env`` to keep keys out of files."""
     api_key_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
-    headers: dict[str, str] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers, added to the catalog entry's."""
     continuation: Continuation | None = None
     protocol: Literal["openai", "anthropic"] | None = None
@@ -297,7 +297,7 @@ class RoutingSettings(BaseModel):
     """The assumed median TTFT, in seconds, of a target with no data."""
     breaker_failures: int = Field(default=5, ge=1)
     """Consecutive failures that open a target's circuit."""
-    breaker_cooldown: Duration = 30.0
+    breaker_cooldown: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an open circuit waits before a trial request."""
 
     @field_validator("prompt_classes")
@@ -496,7 +496,7 @@ def _resolve_provider(
         api_key = environ.get(spec.api_key_env) or None
         if api_key is None and not spec.self_hosted:
             raise ConfigError(
-                f"{config.source}: {key}: no API key: set {spec.api_key_env} or api_key"
+                f"{config.source}: {key}: no API key: set {_env_name(spec.api_key_env)} or api_key"
             )
     return ResolvedProvider(
         name=name,
@@ -637,6 +637,13 @@ _BOUNDS = {
 }
 
 
+def _env_name(name: str) -> str:
+    """An environment variable's name for a message, unless it looks like a pasted secret."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", name) and not name.startswith("sk-"):
+        return name
+    return "the variable named by api_key_env (which does not look like a variable name)"
+
+
 def _describe(exc: pydantic.ValidationError, source: str) -> str:
     """Pydantic's errors in the words of a config file; inputs under ``api_key`` never shown."""
     errors = exc.errors()
@@ -647,7 +654,14 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
         kind = err["type"]
         ctx: dict[str, Any] = err.get("ctx") or {}
         key = _key(loc)
-        secret = "api_key" in loc
+        # A key pasted in the wrong place must not be echoed: inputs under api_key, api_key_env
+        # or headers, and whole provider entries, are never shown.
+        secret = (
+            "api_key" in loc
+            or "api_key_env" in loc
+            or "headers" in loc
+            or (len(loc) == 2 and loc[0] == "providers")
+        )
         got = "" if secret else f", got {_show(err.get('input'))}"
         if kind == _ERROR_TYPE:
             key = _join(key, str(ctx.get("key", "")))

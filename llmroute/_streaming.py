@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
 from ._types import RouteReport, Timings
-from .protocols.openai import ChatStreamDecoder, is_token_chunk
+from .protocols.openai import ChatStreamDecoder, is_preamble_chunk
 from .routing.engine import RoutedStream
 from .transport import body_receiver
 
@@ -135,7 +135,7 @@ class AsyncStream(Generic[_T]):
                                 timings.tokens = decoder.tokens
                             for chunk in chunks:
                                 if skipping:
-                                    if not is_token_chunk(chunk):
+                                    if is_preamble_chunk(chunk):
                                         continue
                                     skipping = False
                                 skip_preamble = True

@@ -22,6 +22,7 @@ from llmroute.protocols.openai import (
     ChatStreamDecoder,
     MalformedResponseError,
     build_chunk,
+    is_preamble_chunk,
     is_token_chunk,
     parse_chat_completion,
 )
@@ -511,3 +512,33 @@ def test_parse_chat_completion_truncates_long_bodies() -> None:
         parse_chat_completion(b"x" * 10_000, request=REQUEST, target=TARGET)
     assert len(str(info.value)) < 400
     assert info.value.status_code == 200
+
+
+def test_with_several_choices_finished_waits_for_every_choice() -> None:
+    def choice(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {**BASE, "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
+
+    decoder = ChatStreamDecoder(request=REQUEST, target=TARGET)
+    decoder.feed(sse(choice(0, {"content": "a"}), choice(1, {"content": "b"}), done=False))
+    decoder.feed(sse(choice(0, {}, "stop"), done=False))
+    assert not decoder.finished  # choice 1 is still mid-answer
+    decoder.feed(sse(choice(1, {}, "stop"), done=False))
+    assert decoder.finished
+
+
+def test_preamble_chunks_are_only_openers() -> None:
+    decoder = ChatStreamDecoder(request=REQUEST, target=TARGET)
+    role, token, finish, usage = decoder.feed(
+        sse(
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"content": "Hi"}),
+            chunk({}, "stop"),
+            {**BASE, "choices": [], "usage": USAGE},
+        )
+    )
+    assert [is_preamble_chunk(c) for c in (role, token, finish, usage)] == [
+        True,
+        False,
+        False,
+        False,
+    ]

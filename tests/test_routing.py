@@ -43,6 +43,7 @@ def config(providers: dict[str, Simulator], targets: list[str], **route: Any) ->
             for name, sim in providers.items()
         },
         "models": {"chat": {"targets": targets, **route}},
+        "routing": {"explore": 0},  # no random exploration: these tests check exact attempts
     }
 
 
@@ -72,6 +73,12 @@ async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
     with anyio.move_on_after(seconds):
         while not predicate():  # noqa: ASYNC110 - the simulator's counters have no event
             await anyio.sleep(0.02)
+
+
+async def settled(sim: Simulator) -> None:
+    """Wait until the simulator has seen every earlier cancel (it notices them asynchronously)."""
+    await wait_for(lambda: sim.stats()["in_flight"] == 0)
+    assert sim.stats()["in_flight"] == 0
 
 
 @pytest.fixture
@@ -193,6 +200,7 @@ async def test_hedge_fires_and_the_loser_is_reset_server_side(
         policy="hedge",
         hedge_after="100ms",
     )
+    await settled(sim_stall)
     cancelled = sim_stall.stats()["streams_cancelled"]
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
         await client.warmup()
@@ -219,8 +227,10 @@ async def test_race_starts_both_and_cancels_the_loser(sim: Simulator, sim_stall:
     cfg = config(
         {"slow": sim_stall, "fast": sim}, ["slow:sim-small", "fast:sim-small"], policy="race"
     )
+    await settled(sim_stall)
     cancelled = sim_stall.stats()["streams_cancelled"]
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        await client.warmup()  # so the losing request is on the wire before the winner's token
         stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
         await read(stream)
     route = stream.route
@@ -340,7 +350,7 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
 
 async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
-    cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s"}
+    cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s", "explore": 0}
     clock = Clock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         router = client._router
@@ -494,3 +504,43 @@ async def test_no_hedge_to_an_unavailable_target(sim: Simulator) -> None:
     assert (route.hedges, route.hedges_denied) == (0, 0)
     assert sim.stats()["chat_requests"] - before == 1
     assert tokens == pytest.approx(5.0)  # nothing was charged to the budget
+
+
+async def test_a_probe_answered_429_lets_the_next_probe_go(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
+    clock = Clock()
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = clock
+        await client.chat.completions.create(
+            model="chat", messages=MESSAGES, extra_headers=fault("500")
+        )
+        assert client.stats()["a:sim-small"].breaker == "open"
+        clock.now += 31.0  # the probe goes, and is answered 429 with Retry-After: 2
+        completion = await client.chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            extra_headers={**fault("429"), "x-sim-retry-after": "2"},
+        )
+        attempts = completion.route.attempts  # type: ignore[attr-defined]
+        assert (attempts[0].target, attempts[0].outcome) == ("a:sim-small", "rate_limited")
+        clock.now += 3.0  # the cooldown passed: a new probe may go, and it closes the circuit
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert completion.route.winner == "a:sim-small"  # type: ignore[attr-defined]
+        assert client.stats()["a:sim-small"].breaker == "closed"
+
+
+async def test_a_not_streamed_race_records_no_ttft(sim: Simulator, sim_stall: Simulator) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim}, ["slow:sim-small", "fast:sim-small"], policy="race"
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        stats = client.stats()
+    await settled(sim_stall)
+    assert completion.route.winner == "fast:sim-small"  # type: ignore[attr-defined]
+    assert stats["slow:sim-small"].n == 0 and stats["fast:sim-small"].n == 0
+    assert stats["fast:sim-small"].latency_p50 is not None
+    assert stats["slow:sim-small"].outcomes["cancelled"] == 1

@@ -34,6 +34,7 @@ __all__ = [
     "ChatStreamDecoder",
     "MalformedResponseError",
     "build_chunk",
+    "is_preamble_chunk",
     "is_token_chunk",
     "parse_chat_completion",
 ]
@@ -114,6 +115,20 @@ def is_token_chunk(chunk: ChatCompletionChunk) -> bool:
     return False
 
 
+def is_preamble_chunk(chunk: ChatCompletionChunk) -> bool:
+    """Whether a chunk only opens an answer (a role, empty content): no token, no
+    ``finish_reason``, no usage. A stream sent again repeats it, so a caller must not see it twice.
+    """
+    if is_token_chunk(chunk):
+        return False
+    try:
+        if getattr(chunk, "usage", None) is not None:
+            return False
+        return all(choice.finish_reason is None for choice in chunk.choices)
+    except (AttributeError, TypeError):
+        return False
+
+
 class ChatStreamDecoder:
     """Turn the bytes of a streamed chat completion into ``ChatCompletionChunk`` objects.
 
@@ -133,6 +148,7 @@ class ChatStreamDecoder:
         "_error",
         "_sse",
         "_text",
+        "_unfinished",
         "done",
         "finished",
         "request",
@@ -151,7 +167,8 @@ class ChatStreamDecoder:
         self.done = False
         """True once ``data: [DONE]`` arrived."""
         self.finished = False
-        """True once a choice carried a ``finish_reason``."""
+        """True once every choice seen so far carried a ``finish_reason``."""
+        self._unfinished: set[int] = set()
         self.tokens = 0
         """How many token chunks (see :func:`is_token_chunk`) were decoded."""
 
@@ -239,7 +256,11 @@ class ChatStreamDecoder:
             for choice in chunk.choices:
                 delta = choice.delta
                 if choice.finish_reason is not None:
-                    self.finished = True
+                    self._unfinished.discard(choice.index)
+                    self.finished = not self._unfinished
+                elif choice.index not in self._unfinished:
+                    self._unfinished.add(choice.index)  # with n > 1, each choice ends apart
+                    self.finished = False
                 content = delta.content
                 if content:
                     token = True

@@ -1,4 +1,4 @@
-"""A token bucket that caps the extra requests hedging and racing may send."""
+"""A token bucket that caps the extra requests hedging may send (a race is asked for explicitly)."""
 
 from __future__ import annotations
 

@@ -42,7 +42,12 @@ from .._errors import (
     map_transport_errors,
 )
 from .._types import AttemptReport, RouteReport, Timings
-from ..protocols.openai import ChatStreamDecoder, is_token_chunk, parse_chat_completion
+from ..protocols.openai import (
+    ChatStreamDecoder,
+    is_preamble_chunk,
+    is_token_chunk,
+    parse_chat_completion,
+)
 from ..transport import body_receiver
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
@@ -172,8 +177,12 @@ class Router:
     def health(self, target: str) -> TargetHealth:
         health = self._health.get(target)
         if health is None:
+            cooldown = self._breaker_cooldown
             breaker = CircuitBreaker(
-                self._breaker_failures, self._breaker_cooldown, clock=self._clock
+                self._breaker_failures,
+                cooldown,
+                max_cooldown=max(300.0, cooldown),
+                clock=self._clock,
             )
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
         return health
@@ -257,10 +266,10 @@ class _View:
         return self._router.health(target).available()
 
     def cold(self, target: str) -> bool:
-        return self._router.stats.target(target).cold()
+        return self._router.stats.target(target).cold(streamed=self._stream)
 
     def staleness(self, target: str) -> float:
-        newest = self._router.stats.target(target).newest_at()
+        newest = self._router.stats.target(target).newest_at(streamed=self._stream)
         return math.inf if newest is None else self._router._clock() - newest
 
 
@@ -335,11 +344,32 @@ class _Run:
         """Run ``plan`` until an attempt has a first token; raise AllTargetsFailed if none."""
         route, report, clock = self.route, self.report, self.clock
         state = _Race()
+        try:
+            await self._coordinate(plan, state, retries=retries, prefix=prefix)
+        except BaseException:
+            winner = state.winner
+            if winner is not None:  # the caller gave up after a first token: release it too
+                await _close_quietly(winner.response)
+                self.router.stats.target(winner.target.name).finished()
+            raise
+        if state.winner is None:
+            raise AllTargetsFailed(
+                route.name, state.failures, self.request_stub(), report=self.report
+            )
+        if report.ttft is None:
+            report.ttft = clock() - self.t0
+        if self.stream:
+            self._in_flight = state.winner.target.name
+        return state.winner
+
+    async def _coordinate(
+        self, plan: Plan, state: _Race, *, retries: int, prefix: str | None
+    ) -> None:
+        route, report, clock = self.route, self.report, self.clock
         pending = deque(plan.order)
         rounds = 0
         hedge_at: float | None = None
         launched = 0
-
         async with anyio.create_task_group() as tg:
 
             def available_first() -> bool:
@@ -397,13 +427,6 @@ class _Run:
                         continue
                 await state.wait(wait)
             tg.cancel_scope.cancel()
-        if state.winner is None:
-            raise AllTargetsFailed(
-                route.name, state.failures, self.request_stub(), report=self.report
-            )
-        if report.ttft is None:
-            report.ttft = clock() - self.t0
-        return state.winner
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
         headers = None
@@ -434,7 +457,7 @@ class _Run:
         probe = health.breaker.state == "half-open"
         started = clock()
         stats.started()
-        waiting = stats.waiting()
+        waiting = stats.waiting() if self.stream else 0
         ready: _Ready | None = None
         timeout = self.route.first_token_timeout if self.stream else None
         try:
@@ -451,7 +474,8 @@ class _Run:
             stats.done_waiting(waiting)
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
-            stats.record_censored(clock() - started, self.prompt_tokens)
+            if self.stream:
+                stats.record_censored(clock() - started, self.prompt_tokens)
             stats.finished()
             if probe:
                 health.breaker.release()
@@ -462,10 +486,10 @@ class _Run:
             outcome = _outcome(exc)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
-            elif _is_health_failure(exc):
+            if _is_health_failure(exc):
                 health.breaker.record_failure()
             elif probe:
-                health.breaker.release()
+                health.breaker.release()  # no verdict on its health (a 429, a bad request)
             self._failed(record, state, exc, outcome, count=True)
             return
         stats.done_waiting(waiting)
@@ -487,10 +511,8 @@ class _Run:
         if not self.stream:
             stats.record_latency(elapsed)
             stats.finished()
-        else:
-            if ready.timings.tokens and prefix is None:
-                stats.record_ttft(elapsed, self.prompt_tokens)
-            self._in_flight = target.name
+        elif ready.timings.tokens and prefix is None:
+            stats.record_ttft(elapsed, self.prompt_tokens)
         state.winner = ready
         state.notify()
 
@@ -564,6 +586,8 @@ class _Run:
         continuable = True
         text = self.text
         clock = self.clock
+        if self.body.get("n") not in (None, 1):
+            continuable = False  # several answers at once cannot be continued as one
         try:
             while True:
                 decoder = ready.decoder
@@ -577,7 +601,7 @@ class _Run:
                         while True:
                             for chunk in buffered:
                                 if skipping:
-                                    if not is_token_chunk(chunk):
+                                    if is_preamble_chunk(chunk):
                                         continue
                                     skipping = False
                                 if type(chunk) is ChatCompletionChunk:
@@ -607,7 +631,9 @@ class _Run:
                                 buffered = decoder.feed(data)
                 except APIError as exc:
                     failure = exc
-                if failure is None and (decoder.done or decoder.finished):
+                if decoder.done or decoder.finished:
+                    # Every choice has its finish_reason: the answer is whole, even if the
+                    # connection broke before the usage chunk or [DONE].
                     self._completed(ready)
                     return
                 if failure is None:

@@ -180,8 +180,9 @@ def explore(
     """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
     While some target is *cold* (too few samples to predict from), a request explores it with
-    probability ``cold_share``: a target is cold for at most ``min_samples`` explorations per
-    window, so this costs a bounded number of requests. Otherwise, with probability ``share``,
+    probability ``cold_share`` (never when ``share`` is 0: exploration is off). A target is cold
+    for at most ``min_samples`` explorations per window, so this costs a bounded number of
+    requests. Otherwise, with probability ``share``,
     the stalest target goes first when its newest sample is older than ``max_age`` seconds.
     A hedging plan hedges the explored target after ``hedge_delay(target)`` (its own live
     quantile, or a prior when it has no samples), so one exploration costs at most about that.
@@ -191,7 +192,7 @@ def explore(
     candidates = [t for t in plan.order[1:] if view.available(t)]
     cold = [t for t in candidates if view.cold(t)]
     if cold:
-        if rng.random() >= max(share, cold_share):
+        if share <= 0 or rng.random() >= max(share, cold_share):
             return plan
         chosen = max(cold, key=view.staleness)
     else:

@@ -498,13 +498,16 @@ class TargetStats:
         """
         return self._blend(self._latency, q, self.settings.prior_ttft * _LATENCY_PRIOR_FACTOR)
 
-    def cold(self) -> bool:
-        """Whether the window holds fewer than ``min_samples`` TTFT samples (priors still count)."""
-        return len(self._ttft) < self.settings.min_samples
+    def cold(self, *, streamed: bool = True) -> bool:
+        """Whether the TTFT window (the whole-response latency window for requests that are
+        not streamed) holds fewer than ``min_samples`` samples, so priors still count."""
+        window = self._ttft if streamed else self._latency
+        return len(window) < self.settings.min_samples
 
-    def newest_at(self) -> float | None:
-        """Clock time of the newest TTFT sample, or ``None`` when the window holds none."""
-        return self._ttft.newest_at()
+    def newest_at(self, *, streamed: bool = True) -> float | None:
+        """Clock time of the newest TTFT sample (whole-response latency sample for requests
+        that are not streamed), or ``None`` when the window holds none."""
+        return (self._ttft if streamed else self._latency).newest_at()
 
     def _failure_rates(self) -> tuple[dict[str, int], dict[str, float]]:
         counts = self._outcomes.counts()
