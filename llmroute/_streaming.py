@@ -28,7 +28,8 @@ class AsyncStream(Generic[_T]):
     Iterate it with ``async for``; leave early with ``close()`` or an ``async with`` block: the
     underlying HTTP/2 stream is reset at once and the connection stays open. After a bare
     ``break`` the reset happens when the stream object is garbage-collected (at once in CPython
-    when the last reference goes, through the event loop's async-generator finalizer).
+    when the last reference goes, through the event loop's async-generator finalizer); a stream
+    dropped without ever being read is reset with its connection's next request or read.
 
     A failure before the first token (a dropped connection, a read timeout, a stream that ends
     empty) is retried like openai retries a request, within ``max_retries``; the caller sees one

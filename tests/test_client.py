@@ -363,6 +363,27 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
                 await anyio.sleep(0.01)
 
 
+@pytest.mark.anyio
+async def test_a_stream_dropped_unread_is_reset_at_the_next_request(sim: Simulator) -> None:
+    """Never iterated, never closed: the reset goes out with the connection's next request."""
+    async with client_for(sim) as client:
+        before = sim.stats()["streams_cancelled"]
+        stream = await client.chat.completions.create(
+            model="sim-large",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-sim-fault": "stall-between:2:60"},
+        )
+        del stream
+        for _ in range(3):
+            gc.collect()
+        await client.chat.completions.create(model="sim-large", messages=MESSAGES)
+        with anyio.fail_after(5):
+            while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
+                await anyio.sleep(0.01)
+        assert sim.stats()["streams_cancelled"] == before + 1
+
+
 def test_a_configured_proxy_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -544,3 +545,24 @@ async def test_a_not_streamed_race_records_no_ttft(sim: Simulator, sim_stall: Si
     assert stats["slow:sim-small"].n == 0 and stats["fast:sim-small"].n == 0
     assert stats["fast:sim-small"].latency_p50 is not None
     assert stats["slow:sim-small"].outcomes["cancelled"] == 1
+
+
+async def test_a_routed_stream_dropped_unread_is_reset_at_the_next_request(
+    sim: Simulator,
+) -> None:
+    slow = Profile(reply_tokens=200, inter_token=0.01)
+    with Simulator(profile=slow, tls=True) as busy:
+        cfg = config({"a": busy}, ["a:sim-small"])
+        async with AsyncOpenAI(config=cfg, verify=busy.ssl_context()) as client:
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            del stream
+            for _ in range(3):  # the stream sits in a reference cycle: more than one pass
+                gc.collect()
+            assert client.stats()["a:sim-small"].in_flight == 0
+            # The reset leaves with the connection's next request.
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert completion.choices[0].message.content
+            await wait_for(lambda: busy.stats()["streams_cancelled"] == 1)
+            assert busy.stats()["streams_cancelled"] == 1

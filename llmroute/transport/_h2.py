@@ -114,6 +114,7 @@ class HTTP2Connection:
         self._write_lock = anyio.Lock()
         self._reading = False
         self._waiting: dict[int, _StreamState] = {}
+        self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
         self._window_waiters: list[anyio.Event] = []
         self._closed = False
         self._goaway = False
@@ -209,6 +210,8 @@ class HTTP2Connection:
         timeouts = request.extensions.get("timeout", {})
         read_timeout = timeouts.get("read")
         write_timeout = timeouts.get("write")
+        if self._abandoned:
+            await self._close_abandoned()
         self._reserved -= 1
         if not self.is_available_for_reserved():
             raise ConnectionNotAvailable()
@@ -337,6 +340,8 @@ class HTTP2Connection:
 
     async def next_chunk(self, state: _StreamState, timeout: float | None) -> bytes | None:
         """The stream's next body chunk, or ``None`` at its end."""
+        if self._abandoned:
+            await self._close_abandoned()
         if not state.chunks and not state.ended and state.error is None:
             await self._wait(state, timeout, lambda: bool(state.chunks))
         if state.chunks:
@@ -360,6 +365,11 @@ class HTTP2Connection:
     def _h2_has_output(self) -> bool:
         # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
         return bool(self._h2._data_to_send)
+
+    async def _close_abandoned(self) -> None:
+        """Reset the streams of responses that were garbage-collected without being closed."""
+        while self._abandoned:
+            await self.close_stream(self._abandoned.pop())
 
     async def close_stream(self, state: _StreamState) -> None:
         """Forget a stream; if it has not ended, reset it so the server stops sending."""
@@ -607,6 +617,14 @@ class _ResponseStream(httpx.AsyncByteStream):
         if not self._closed:
             self._closed = True
             await self._conn.close_stream(self._state)
+
+    def __del__(self) -> None:
+        # Dropped without a close (a stream never read): nothing may be awaited here, so the
+        # connection resets the stream at its next request or read. `_closed` stays as it is:
+        # an object in a reference cycle may be finalized and still get its aclose() (an async
+        # generator's finalizer resurrects it), and closing a stream twice is harmless.
+        if not self._closed:
+            self._conn._abandoned.append(self._state)
 
 
 class _deadline:
