@@ -29,16 +29,14 @@ import asyncio
 import gc
 import json
 import os
-import platform
 import ssl
 import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
+import _machine  # benchmarks/_machine.py, beside this script
 import httpx
 import openai
 
@@ -204,27 +202,9 @@ def summarize(rounds: list[dict[str, dict[str, float]]]) -> dict[str, Any]:
 
 
 def machine() -> dict[str, Any]:
-    cpu_model = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("llmroute", "httpx", "httpcore", "h2", "openai", "anyio", "hypercorn", "pydantic"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu_model,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "versions": versions,
-    }
+    return _machine.machine(
+        ("llmroute", "httpx", "httpcore", "h2", "openai", "anyio", "hypercorn", "pydantic")
+    )
 
 
 def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:

@@ -51,7 +51,6 @@ import bisect
 import json
 import math
 import os
-import platform
 import shlex
 import ssl
 import subprocess
@@ -62,10 +61,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import _machine  # benchmarks/_machine.py, beside this script
 import openai
 
 import llmroute
@@ -504,14 +503,7 @@ def hedging_bound(
 
 # -- output -------------------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
-    cpu_model = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    info = _machine.machine(("llmroute", "openai", "h2", "anyio", "hypercorn"))
     root = Path(__file__).resolve().parents[1]
     commit = "?"
     try:
@@ -534,19 +526,7 @@ def machine() -> dict[str, Any]:
             commit += " (with uncommitted changes to llmroute/)"
     except (OSError, subprocess.SubprocessError):
         pass
-    versions = {}
-    for pkg in ("llmroute", "openai", "h2", "anyio", "hypercorn"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu_model,
-        "python": platform.python_version(),
-        "commit": commit,
-        "versions": versions,
-    }
+    return {**info, "commit": commit}
 
 
 def ms(seconds: float | None) -> str:

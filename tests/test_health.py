@@ -4,16 +4,7 @@ import pytest
 
 from llmroute.routing.health import CircuitBreaker, TargetHealth
 
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clock import FakeClock
 
 
 def open_breaker(

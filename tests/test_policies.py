@@ -20,6 +20,8 @@ from llmroute.routing.policies import (
 )
 from llmroute.routing.stats import LiveStats, StatsSettings
 
+from .clock import FakeClock
+
 # Recorded TTFTs (seconds) of three targets: A is fast but stalls 1 in 10, B is steady and a bit
 # slower, C is slow and steady. Each list repeats to 100 samples.
 A = [0.21, 0.25, 0.24, 0.31, 0.22, 0.27, 0.26, 0.23, 0.29, 2.4] * 10
@@ -27,18 +29,12 @@ B = [0.38, 0.41, 0.40, 0.44, 0.39, 0.42, 0.37, 0.43, 0.40, 0.45] * 10
 C = [0.70] * 100
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class View:
     """The engine's view, over real LiveStats and health fed with recorded samples."""
 
-    def __init__(self, clock: Clock, samples: dict[str, list[float]], tokens: int = 100) -> None:
+    def __init__(
+        self, clock: FakeClock, samples: dict[str, list[float]], tokens: int = 100
+    ) -> None:
         self.clock = clock
         self.stats = LiveStats(StatsSettings(window=300.0), clock=clock)
         self.health = {
@@ -65,24 +61,24 @@ class View:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> FakeClock:
+    return FakeClock()
 
 
-def test_fastest_ranks_by_p95_so_a_stalling_target_loses(clock: Clock) -> None:
+def test_fastest_ranks_by_p95_so_a_stalling_target_loses(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     plan = FastestPolicy(rank_by="p95").plan(["A", "B", "C"], view, random.Random(0))
     assert plan.order == ("B", "C", "A")  # A's p95 is in its stall tail
     assert plan.start == 1 and plan.hedge_delays == ()
 
 
-def test_fastest_by_median_prefers_the_fast_body(clock: Clock) -> None:
+def test_fastest_by_median_prefers_the_fast_body(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     plan = FastestPolicy(rank_by="p50").plan(["C", "B", "A"], view, random.Random(0))
     assert plan.order == ("A", "B", "C")
 
 
-def test_hedge_delay_is_the_primarys_live_p95(clock: Clock) -> None:
+def test_hedge_delay_is_the_primarys_live_p95(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     policy = HedgePolicy(rank_by="p95", hedge_after="p95")
     plan = policy.plan(["A", "B", "C"], view, random.Random(0))
@@ -93,7 +89,7 @@ def test_hedge_delay_is_the_primarys_live_p95(clock: Clock) -> None:
     assert 0.43 <= plan.hedge_delays[0] <= 0.46  # B's recorded p95
 
 
-def test_hedge_with_fixed_delay_and_more_hedges(clock: Clock) -> None:
+def test_hedge_with_fixed_delay_and_more_hedges(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     policy = HedgePolicy(rank_by="p50", hedge_after=0.3, max_hedges=2)
     plan = policy.plan(["A", "B", "C"], view, random.Random(0))
@@ -102,7 +98,7 @@ def test_hedge_with_fixed_delay_and_more_hedges(clock: Clock) -> None:
     assert plan.hedge_delay(2) is None
 
 
-def test_cold_targets_get_the_prior_and_keep_config_order(clock: Clock) -> None:
+def test_cold_targets_get_the_prior_and_keep_config_order(clock: FakeClock) -> None:
     view = View(clock, {"X": [], "Y": []})
     plan = HedgePolicy().plan(["X", "Y"], view, random.Random(0))
     assert plan.order == ("X", "Y")
@@ -110,7 +106,7 @@ def test_cold_targets_get_the_prior_and_keep_config_order(clock: Clock) -> None:
     assert plan.hedge_delays[0] == pytest.approx(prior_p95, rel=1e-6)
 
 
-def test_stats_age_out_of_the_window(clock: Clock) -> None:
+def test_stats_age_out_of_the_window(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B})
     assert FastestPolicy().plan(["A", "B"], view, random.Random(0)).order[0] == "B"
     clock.now += 301.0  # every recorded sample is now stale
@@ -119,7 +115,7 @@ def test_stats_age_out_of_the_window(clock: Clock) -> None:
     assert FastestPolicy().plan(["A", "B"], view, random.Random(0)).order[0] == "A"
 
 
-def test_prompt_length_classes_rank_separately(clock: Clock) -> None:
+def test_prompt_length_classes_rank_separately(clock: FakeClock) -> None:
     # A is fast on short prompts but slow on long ones (prefill); B is the reverse.
     stats_view = View(clock, {"A": [], "B": []})
     for _ in range(20):
@@ -134,7 +130,7 @@ def test_prompt_length_classes_rank_separately(clock: Clock) -> None:
     assert long.order[0] == "B"
 
 
-def test_unavailable_targets_go_last(clock: Clock) -> None:
+def test_unavailable_targets_go_last(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     for _ in range(2):
         view.health["B"].breaker.record_failure()
@@ -147,20 +143,20 @@ def test_unavailable_targets_go_last(clock: Clock) -> None:
     assert FastestPolicy().plan(["A", "B", "C"], view, random.Random(0)).order[0] == "B"
 
 
-def test_race_starts_k_best(clock: Clock) -> None:
+def test_race_starts_k_best(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     plan = RacePolicy(k=2).plan(["A", "B", "C"], view, random.Random(0))
     assert plan.start == 2 and plan.order[:2] == ("B", "C")
     assert RacePolicy(k=5).plan(["A", "B"], view, random.Random(0)).start == 2
 
 
-def test_failover_keeps_the_configured_order(clock: Clock) -> None:
+def test_failover_keeps_the_configured_order(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     plan = FailoverPolicy().plan(["C", "A", "B"], view, random.Random(0))
     assert plan.order == ("C", "A", "B") and plan.hedge_delays == ()
 
 
-def test_weighted_first_choice_follows_the_weights(clock: Clock) -> None:
+def test_weighted_first_choice_follows_the_weights(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     policy = WeightedPolicy(weights=(6.0, 3.0, 1.0))
     rng = random.Random(42)
@@ -170,7 +166,7 @@ def test_weighted_first_choice_follows_the_weights(clock: Clock) -> None:
     assert firsts["C"] / 20_000 == pytest.approx(0.1, abs=0.02)
 
 
-def test_explore_moves_the_stalest_target_first(clock: Clock) -> None:
+def test_explore_moves_the_stalest_target_first(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": []})
     plan = HedgePolicy().plan(["A", "B", "C"], view, random.Random(0))
     explored = explore(
@@ -186,7 +182,7 @@ def test_explore_moves_the_stalest_target_first(clock: Clock) -> None:
     assert explored.hedge_delays[0] == pytest.approx(view.predict("C", 0.95))
 
 
-def test_explore_leaves_fresh_targets_and_respects_the_share(clock: Clock) -> None:
+def test_explore_leaves_fresh_targets_and_respects_the_share(clock: FakeClock) -> None:
     view = View(clock, {"A": A, "B": B, "C": C})
     plan = FastestPolicy().plan(["A", "B", "C"], view, random.Random(0))
     assert explore(plan, view, share=1.0, max_age=60.0, rng=random.Random(0)) is plan
@@ -204,7 +200,7 @@ def test_plan_hedge_delay_lookup() -> None:
     assert plan.hedge_delay(1) is None
 
 
-def test_a_cold_target_is_explored_at_the_cold_share_until_it_has_samples(clock: Clock) -> None:
+def test_a_cold_target_is_explored_at_the_cold_share_until_it_has_samples(clock: FakeClock) -> None:
     view = View(clock, {"A": B, "B": []})  # A steady at about 0.4 s; B never seen
     plan = FastestPolicy().plan(["A", "B"], view, random.Random(0))
     assert plan.order == ("A", "B")

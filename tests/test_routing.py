@@ -15,6 +15,7 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Profile, Simulator
 
+from .clock import FakeClock
 from .conftest import KEY
 
 pytestmark = pytest.mark.anyio
@@ -27,14 +28,6 @@ def sim_stall() -> Iterator[Simulator]:
     """Every first token takes 5 s: a target that always needs hedging."""
     with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
         yield server
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config(providers: dict[str, Simulator], targets: list[str], **route: Any) -> dict[str, Any]:
@@ -352,7 +345,7 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
 async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
     cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s", "explore": 0}
-    clock = Clock()
+    clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         router = client._router
         assert router is not None
@@ -510,7 +503,7 @@ async def test_no_hedge_to_an_unavailable_target(sim: Simulator) -> None:
 async def test_a_probe_answered_429_lets_the_next_probe_go(sim: Simulator) -> None:
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
     cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
-    clock = Clock()
+    clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         router = client._router
         assert router is not None

@@ -29,16 +29,7 @@ from llmroute.routing.stats import (
     prompt_class,
 )
 
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from .clock import FakeClock
 
 
 def reference_quantile(values: list[float], q: float) -> float:

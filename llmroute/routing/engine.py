@@ -16,12 +16,13 @@ stats and the targets' health.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,6 +36,7 @@ from .._errors import (
     APIConnectionError,
     APIError,
     APIStatusError,
+    APITimeoutError,
     FirstTokenTimeout,
     StreamInterrupted,
     TargetUnavailable,
@@ -53,7 +55,7 @@ from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
-from .stats import LiveStats, class_label, estimate_prompt_tokens, prompt_class
+from .stats import LiveStats, TargetSnapshot, class_label, estimate_prompt_tokens, prompt_class
 
 __all__ = ["Route", "RouteTarget", "RoutedCompletion", "RoutedStream", "Router", "Sender"]
 
@@ -136,12 +138,6 @@ class _Race:
         self._event = anyio.Event()
 
 
-@contextlib.contextmanager
-def _first_token_deadline(seconds: float | None) -> Iterator[anyio.CancelScope]:
-    with anyio.CancelScope(deadline=anyio.current_time() + seconds if seconds else math.inf) as s:
-        yield s
-
-
 async def _close_quietly(response: httpx.Response) -> None:
     """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -187,7 +183,7 @@ class Router:
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
         return health
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, TargetSnapshot]:
         """Every target's live stats, with its circuit state."""
         snaps = self.stats.snapshot()
         for route in self.routes.values():
@@ -197,7 +193,7 @@ class Router:
         for name, snap in snaps.items():
             health = self._health.get(name)
             if health is not None:
-                snaps[name] = _with_breaker(snap, health.breaker.state)
+                snaps[name] = dataclasses.replace(snap, breaker=health.breaker.state)
         return snaps
 
     # -- one request -----------------------------------------------------------------------
@@ -226,15 +222,6 @@ class Router:
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
         return RoutedCompletion(ready.completion, ready.response, ready.timings, run.report)
-
-
-def _with_breaker(snap: Any, state: str) -> Any:
-    try:
-        import dataclasses
-
-        return dataclasses.replace(snap, breaker=state)
-    except TypeError:  # pragma: no cover - a snapshot without the field
-        return snap
 
 
 @dataclass(slots=True)
@@ -461,7 +448,8 @@ class _Run:
         ready: _Ready | None = None
         timeout = self.route.first_token_timeout if self.stream else None
         try:
-            with _first_token_deadline(timeout) as deadline:
+            limit = anyio.current_time() + timeout if timeout else math.inf
+            with anyio.CancelScope(deadline=limit) as deadline:
                 if self.stream:
                     ready = await self._open_stream(target, prefix)
                 else:
@@ -737,7 +725,7 @@ def _plain_content(delta: Any) -> bool:
 def _outcome(exc: BaseException) -> str:
     if isinstance(exc, APIStatusError) and exc.status_code == 429:
         return "rate_limited"
-    if isinstance(exc, FirstTokenTimeout) or type(exc).__name__ == "APITimeoutError":
+    if isinstance(exc, APITimeoutError):  # FirstTokenTimeout is one too
         return "timeout"
     return "error"
 
