@@ -6,6 +6,7 @@ import pytest
 from hypothesis import settings
 
 from llmroute.testing import Profile, Simulator
+from tests.redis_server import redis_url  # noqa: F401  (a fixture)
 
 # Shared 2-core machines: a slow example is not a failure (hypothesis' default deadline is 200 ms).
 settings.register_profile("llmroute", deadline=None)
