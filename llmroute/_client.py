@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import logging
 import os
 import random
+import re
 import ssl
 import time
 import urllib.request
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, cast, overload
@@ -21,7 +24,17 @@ from openai import NotGiven, Omit
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from ._config import Config, Resolved, ResolvedProvider, RouteConfig, load_config, resolve
+from ._background import spawn
+from ._config import (
+    CacheSettings,
+    Config,
+    ConfigError,
+    Resolved,
+    ResolvedProvider,
+    RouteConfig,
+    load_config,
+    resolve,
+)
 from ._errors import (
     APIConnectionError,
     APIStatusError,
@@ -30,8 +43,10 @@ from ._errors import (
     map_transport_errors,
 )
 from ._streaming import AsyncStream
-from ._types import Timings
+from ._types import RouteReport, Timings
 from ._version import __version__
+from .cache import CacheRequest, ResponseCache, is_deterministic, open_cache, request_key
+from .cache import tenant_namespace as _tenant_namespace
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.budget import HedgeBudget
@@ -44,6 +59,7 @@ from .routing.policies import (
     RacePolicy,
     WeightedPolicy,
 )
+from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings, TargetSnapshot
 from .transport import Transport, make_ssl_context
 
@@ -58,6 +74,15 @@ _NOT_GIVEN: Any = openai.NOT_GIVEN
 _SENTINELS = (type(openai.NOT_GIVEN), type(openai.omit))
 
 ApiKey = str | Callable[[], Awaitable[str]]
+
+CACHE_HEADER = "x-llmroute-cache"
+"""Per request (``extra_headers``) or per client (``default_headers``): ``auto``, ``on``,
+``read-only`` or ``off``; never sent upstream, like every ``x-llmroute-*`` header."""
+CACHE_NAMESPACE_HEADER = "x-llmroute-cache-namespace"
+CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
+_CACHE_MODES = ("auto", "on", "read-only", "off")
+_REPLAY_MODES = ("immediate", "paced")
+_OWN_HEADER_PREFIX = "x-llmroute-"
 
 
 def _given(value: object) -> bool:
@@ -97,6 +122,20 @@ def _check_base_url(base_url: str | httpx.URL) -> httpx.URL:
     return url
 
 
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _header_choice(
+    options: Mapping[str, str], header: str, default: str, choices: tuple[str, ...]
+) -> str:
+    value = options.get(header)
+    if value is None:
+        return default
+    if value.lower() not in choices:
+        raise ConfigError(f"{header}: expected one of {', '.join(choices)}, got {value[:80]!r}")
+    return value.lower()
+
+
 def _policy(config: RouteConfig) -> Policy:
     if config.policy == "fastest":
         return FastestPolicy(rank_by=config.rank_by)
@@ -120,7 +159,8 @@ def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
             max_samples=settings.window_samples,
             prompt_classes=tuple(settings.prompt_classes),
             prior_ttft=settings.ttft_prior,
-        )
+        ),
+        journal=settings.stats_backend == "redis",
     )
     routes: dict[str, Route] = {}
     for name, targets in resolved.routes.items():
@@ -148,6 +188,27 @@ def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
         breaker_cooldown=settings.breaker_cooldown,
         explore_share=settings.explore,
         max_retries=max_retries,
+    )
+
+
+def _stats_sync(resolved: Resolved, router: Router) -> StatsSync | None:
+    """With ``stats_backend = "redis"``: the exchange of TTFT samples with the other instances."""
+    settings = resolved.routing
+    if settings.stats_backend != "redis":
+        return None
+    from .routing.shared import RedisStatsBackend
+
+    backend = RedisStatsBackend(
+        resolved.redis.url.get_secret_value(),
+        prefix=resolved.redis.prefix,
+        timeout=resolved.redis.timeout,
+        history=settings.window,
+    )
+    return StatsSync(
+        router.stats,
+        backend,
+        interval=settings.stats_sync,
+        targets={t.name for route in router.routes.values() for t in route.targets},
     )
 
 
@@ -186,10 +247,17 @@ class AsyncOpenAI:
         self._warm_default = loaded is None or base_url is not None
         self._providers: dict[str, ResolvedProvider] = {}
         self._router: Router | None = None
+        self._cache: ResponseCache | None = None
+        self._stats_sync: StatsSync | None = None
+        self._cache_settings: CacheSettings | None = None
         if loaded is not None:
             resolved = resolve(loaded)
             self._providers = dict(resolved.providers)
             self._router = _build_router(resolved, max_retries=max_retries)
+            self._stats_sync = _stats_sync(resolved, self._router)
+            if resolved.cache is not None and resolved.cache.backend != "off":
+                self._cache_settings = resolved.cache
+                self._cache = open_cache(resolved.cache, resolved.redis)
             default = resolved.default_provider
             if default is not None:
                 provider = self._providers[default]
@@ -367,8 +435,12 @@ class AsyncOpenAI:
         return self._router.snapshot() if self._router is not None else {}
 
     async def close(self) -> None:
-        """Close the connections (only those this client opened itself)."""
+        """Close the connections (only those this client opened itself) and the cache."""
         if self._owns_http_client:
+            if self._stats_sync is not None:
+                await self._stats_sync.aclose()
+            if self._cache is not None:
+                await self._cache.aclose()
             await self._client.aclose()
 
     async def __aenter__(self) -> AsyncOpenAI:
@@ -395,6 +467,73 @@ class AsyncOpenAI:
         if not self._api_key:
             return {}
         return {"Authorization": f"Bearer {self._api_key}"}
+
+    def _cache_response(self, route: Route | None, *, stream: bool) -> httpx.Response:
+        """The response object of an answer the cache gave (no HTTP exchange took place)."""
+        url = (
+            f"llmroute://route/{route.name}"
+            if route is not None
+            else str(self.base_url.join("chat/completions"))
+        )
+        kind = "text/event-stream" if stream else "application/json"
+        return httpx.Response(
+            200,
+            headers={"content-type": kind, "x-llmroute-cache": "hit"},
+            request=httpx.Request("POST", url),
+        )
+
+    async def _cache_request(
+        self,
+        body: Mapping[str, Any],
+        route: Route | None,
+        extra_headers: Mapping[str, str | None] | None,
+    ) -> CacheRequest | None:
+        """What the cache may do for this request (``None``: nothing), from the config and
+        the ``x-llmroute-cache*`` headers of the client and the call."""
+        settings = self._cache_settings
+        if settings is None:
+            return None
+        options: dict[str, str] = {}
+        for source in (self._custom_headers, extra_headers or {}):
+            for name, value in source.items():
+                lower = name.lower()
+                if lower.startswith(CACHE_HEADER):
+                    if value is None or not _given(value):
+                        options.pop(lower, None)
+                    else:
+                        options[lower] = str(value).strip()
+        mode = _header_choice(options, CACHE_HEADER, settings.mode, _CACHE_MODES)
+        if mode == "off" or (mode == "auto" and not is_deterministic(body)):
+            return None
+        replay = _header_choice(options, CACHE_REPLAY_HEADER, settings.replay, _REPLAY_MODES)
+        namespace = options.get(CACHE_NAMESPACE_HEADER) or settings.namespace
+        if namespace is None:
+            if route is not None:
+                keys = [self._providers[t.provider].api_key for t in route.targets]
+            else:
+                await self._auth_headers()
+                keys = [self._api_key]
+            namespace = _tenant_namespace(*keys)
+        elif not _NAMESPACE.fullmatch(namespace):
+            raise ConfigError(
+                f"{CACHE_NAMESPACE_HEADER}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                f"got {namespace[:80]!r}"
+            )
+        # A route's answers are the route's; a plain model's are its base URL's.
+        model = f"route:{route.name}" if route is not None else f"{self.base_url}{body['model']}"
+        stream = bool(body.get("stream"))
+        options_ = body.get("stream_options")
+        usage = stream and isinstance(options_, Mapping) and bool(options_.get("include_usage"))
+        writes = mode != "read-only"
+        return CacheRequest(
+            key=request_key(body, model=model, namespace=namespace),
+            stream=stream,
+            include_usage=usage,
+            read=True,
+            write=writes,
+            share=writes and settings.single_flight,
+            paced=replay == "paced",
+        )
 
     def _provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
         headers = {
@@ -439,6 +578,8 @@ class AsyncOpenAI:
                     del headers[key]
             else:
                 headers[name] = value
+        for name in [k for k in headers if k.lower().startswith(_OWN_HEADER_PREFIX)]:
+            del headers[name]  # llmroute's own per-request settings, never sent upstream
         # The client's default headers and query belong to its own base URL; a routed provider
         # gets its configured headers, and only what the call itself adds.
         defaults = self._custom_query if provider is None else {}
@@ -628,10 +769,29 @@ class AsyncCompletions:
         client = self._client
         router = client._router
         route = router.routes.get(model) if router is not None else None
-        if route is not None and router is not None:
-            return await self._create_routed(
-                router, route, body, extra_headers, extra_query, timeout
-            )
+
+        async def live() -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+            if route is not None and router is not None:
+                return await self._create_routed(
+                    router, route, body, extra_headers, extra_query, timeout
+                )
+            return await self._create_direct(body, extra_headers, extra_query, timeout)
+
+        if client._cache is not None:
+            cached = await client._cache_request(body, route, extra_headers)
+            if cached is not None:
+                return await self._create_cached(client._cache, cached, body, route, live)
+        return await live()
+
+    async def _create_direct(
+        self,
+        body: dict[str, Any],
+        extra_headers: Mapping[str, str | None] | None,
+        extra_query: Mapping[str, object] | None,
+        timeout: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """A request for a model name that is not a route: the client's own base URL."""
+        client = self._client
         request = await client._build_request(
             "chat/completions",
             body,
@@ -670,6 +830,9 @@ class AsyncCompletions:
     ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
         """A request for a route: the engine picks, hedges, fails over and continues."""
         client = self._client
+        sync = client._stats_sync
+        if sync is not None and sync.due():
+            spawn(sync.sync, name="stats sync")
 
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
@@ -697,3 +860,74 @@ class AsyncCompletions:
             object.__setattr__(completion, "timings", done.timings)
             object.__setattr__(completion, "route", done.report)
         return completion
+
+    async def _create_cached(
+        self,
+        cache: ResponseCache,
+        request: CacheRequest,
+        body: dict[str, Any],
+        route: Route | None,
+        live: Callable[[], Awaitable[ChatCompletion | AsyncStream[ChatCompletionChunk]]],
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
+        """A request the cache may answer: a stored answer, a shared call, or a live one."""
+        started = time.monotonic()
+        model = body["model"]
+        policy = route.policy.name if route is not None else "direct"
+        entry = await cache.lookup(request) if request.read else None
+        if entry is not None:
+            report = RouteReport(route=model, policy=policy, cache_hit=True)
+            timings = Timings(started_at=started)
+            response = self._client._cache_response(route, stream=request.stream)
+            if request.stream:
+                return AsyncStream._from_chunks(
+                    cache.replay(entry, request), response=response, timings=timings, route=report
+                )
+            completion = entry.replay_completion()
+            _attach(completion, timings, report, started)
+            return completion
+        if not request.share and not request.write:
+            return await live()
+        seat, leader = cache.join(request, live)
+        try:
+            result = await seat.opened()
+        except BaseException:
+            seat.leave()
+            raise
+        shared = None if leader else _shared_report(result, model, policy)
+        if request.stream:
+            stream = AsyncStream._from_chunks(
+                seat.chunks(),
+                response=result.response,
+                timings=result.timings if leader else Timings(started_at=started),
+                route=result.route if leader else shared,
+                on_close=seat.leave,
+                measure=not leader,
+                complete=lambda: seat.flight.complete,
+            )
+            weakref.finalize(stream, seat.leave)
+            return stream
+        seat.leave()
+        if leader:
+            return result
+        completion = result.model_copy()
+        _attach(completion, Timings(started_at=started), shared, started)
+        return completion
+
+
+def _attach(
+    completion: ChatCompletion, timings: Timings, report: RouteReport | None, started: float
+) -> None:
+    """Give a completion that did not come from its own call its timings and route report."""
+    timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
+    usage = completion.usage
+    timings.tokens = usage.completion_tokens if usage is not None else 0
+    object.__setattr__(completion, "timings", timings)
+    object.__setattr__(completion, "route", report)
+
+
+def _shared_report(result: object, model: str, policy: str) -> RouteReport:
+    """The route report of a request that read an identical request's call."""
+    own = getattr(result, "route", None)
+    if isinstance(own, RouteReport):
+        return dataclasses.replace(own, attempts=list(own.attempts), shared=True)
+    return RouteReport(route=model, policy=policy, shared=True)

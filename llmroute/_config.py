@@ -51,9 +51,11 @@ from pydantic_core import PydanticCustomError
 from ._catalog import Continuation, ProviderSpec, format_validation_error, load_catalog
 
 __all__ = [
+    "CacheSettings",
     "Config",
     "ConfigError",
     "ProviderConfig",
+    "RedisSettings",
     "Resolved",
     "ResolvedProvider",
     "RouteConfig",
@@ -71,6 +73,16 @@ _PERCENTILES = ("p50", "p90", "p95", "p99")
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?", re.IGNORECASE)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_HINT = "expected a duration such as '5m', '300s' or 300"
+_SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(b|kb|kib|mb|mib|gb|gib)?", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 1000,
+    "kib": 1024,
+    "mb": 10**6,
+    "mib": 2**20,
+    "gb": 10**9,
+    "gib": 2**30,
+}
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
@@ -93,6 +105,17 @@ def parse_duration(value: float | str) -> float:
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"{_DURATION_HINT}, got {_show(value)}")
     return seconds
+
+
+def parse_size(value: int | str) -> int:
+    """Bytes from a number or a string such as ``"64MiB"``, ``"500kb"`` or ``"1 GB"``."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value.strip())
+        if match is not None:
+            return int(float(match[1]) * _SIZE_UNITS[(match[2] or "b").lower()])
+    raise ValueError(f"expected a size such as '256MiB', '500kB' or 1048576, got {_show(value)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +151,13 @@ def _invalid(message: str, *key: str | int) -> PydanticCustomError:
 def _duration_input(value: Any) -> float:
     try:
         return parse_duration(value)
+    except ValueError as exc:
+        raise _invalid(str(exc)) from None
+
+
+def _size_input(value: Any) -> int:
+    try:
+        return parse_size(value)
     except ValueError as exc:
         raise _invalid(str(exc)) from None
 
@@ -299,6 +329,10 @@ class RoutingSettings(BaseModel):
     """Consecutive failures that open a target's circuit."""
     breaker_cooldown: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an open circuit waits before a trial request."""
+    stats_backend: Literal["memory", "redis"] = "memory"
+    """``redis``: app instances share their TTFT samples through ``[redis]``."""
+    stats_sync: Annotated[Duration, Field(gt=0)] = 1.0
+    """Seconds between exchanges of samples with the other instances."""
 
     @field_validator("prompt_classes")
     @classmethod
@@ -311,6 +345,64 @@ class RoutingSettings(BaseModel):
                     index,
                 )
         return value
+
+
+Size = Annotated[int, BeforeValidator(_size_input)]
+
+
+def _redis_url_input(value: Any) -> Any:
+    if isinstance(value, str) and not value.startswith(("redis://", "rediss://", "unix://")):
+        raise _invalid("expected a redis://, rediss:// or unix:// URL")
+    return value
+
+
+class RedisSettings(BaseModel):
+    """The ``[redis]`` table: the server a fleet of app instances shares (cache and stats)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: Annotated[SecretStr, BeforeValidator(_redis_url_input)] = SecretStr(
+        "redis://127.0.0.1:6379/0"
+    )
+    """A ``redis://`` URL; it may carry a password, so it is kept secret (never shown)."""
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "llmroute"
+    """The prefix of every key llmroute writes."""
+    timeout: Annotated[Duration, Field(gt=0)] = 0.25
+    """Seconds a Redis call may take before the cache treats the server as unreachable."""
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "llmroute")
+
+
+class CacheSettings(BaseModel):
+    """The ``[cache]`` table: popular answers kept and replayed (see docs/cache.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["memory", "disk", "redis", "off"] = "disk"
+    mode: Literal["auto", "on", "read-only", "off"] = "auto"
+    """``auto``: only deterministic requests (temperature 0, or a seed) are cached; ``on``:
+    every request; ``read-only``: stored answers are used, none are stored; ``off``."""
+    min_hits: int = Field(default=2, ge=1)
+    """Asks within ``window`` before an answer is stored: 2 stores it on its second ask."""
+    window: Annotated[Duration, Field(gt=0)] = 3600.0
+    """The window popularity is counted over."""
+    ttl: Annotated[Duration, Field(gt=0)] = 3600.0
+    """How long a stored answer is used."""
+    max_bytes: Annotated[Size, Field(gt=0)] = 256 * 2**20
+    """The store's size limit (memory and disk; Redis uses its own maxmemory)."""
+    max_entry_bytes: Annotated[Size, Field(gt=0)] = 2**20
+    """Answers larger than this are not stored."""
+    path: str = Field(default_factory=_default_cache_dir)
+    """The disk store's directory (created with mode 0700)."""
+    namespace: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
+    """Whose answers these are; by default derived from a hash of the API keys in use."""
+    replay: Literal["immediate", "paced"] = "immediate"
+    """``paced`` replays a streamed answer at the rhythm it was recorded with."""
+    single_flight: bool = True
+    """Identical requests in flight at once share one upstream call."""
 
 
 class Config(BaseModel):
@@ -329,6 +421,9 @@ class Config(BaseModel):
     models: dict[str, RouteConfig] = Field(default_factory=dict)
     """Routes, by the model name the application asks for."""
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
+    cache: CacheSettings | None = None
+    """The response cache; ``None`` (no ``[cache]`` table): no cache."""
+    redis: RedisSettings = Field(default_factory=RedisSettings)
 
     _source: str = PrivateAttr(default=_DEFAULT_SOURCE)
 
@@ -415,6 +510,8 @@ class Resolved:
     routing: RoutingSettings
     default_provider: str | None
     source: str = field(default=_DEFAULT_SOURCE, compare=False)
+    cache: CacheSettings | None = None
+    redis: RedisSettings = field(default_factory=RedisSettings)
 
 
 def load_config(
@@ -461,6 +558,8 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         routing=config.routing,
         default_provider=config.default_provider,
         source=config.source,
+        cache=config.cache,
+        redis=config.redis,
     )
 
 

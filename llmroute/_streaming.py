@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
 from ._types import RouteReport, Timings
-from .protocols.openai import ChatStreamDecoder, is_preamble_chunk
+from .protocols.openai import ChatStreamDecoder, is_preamble_chunk, is_token_chunk
 from .routing.engine import RoutedStream
 from .transport import body_receiver
 
@@ -58,6 +58,7 @@ class AsyncStream(Generic[_T]):
         self._retry = retry
         self.route = None
         self._routed: RoutedStream | None = None
+        self._on_close: Callable[[], object] | None = None
         self._decoder: ChatStreamDecoder | None = None
         self._complete = False
         self._closed = False
@@ -71,6 +72,7 @@ class AsyncStream(Generic[_T]):
         self.timings = routed.timings
         self.route = routed.report
         self._routed = routed
+        self._on_close = None
         self._retry = None
         self._decoder = None
         self._complete = False
@@ -81,6 +83,60 @@ class AsyncStream(Generic[_T]):
 
         self._iterator = routed.run.chunks(switch)
         return self
+
+    @classmethod
+    def _from_chunks(
+        cls,
+        chunks: AsyncIterator[ChatCompletionChunk],
+        *,
+        response: httpx.Response,
+        timings: Timings,
+        route: RouteReport | None,
+        on_close: Callable[[], object] | None = None,
+        measure: bool = True,
+        complete: Callable[[], bool] = lambda: True,
+    ) -> AsyncStream[_T]:
+        """A stream over chunks that come from elsewhere: a cache replay or a shared call.
+
+        When ``chunks`` ends, ``complete()`` says whether the answer was whole (if not, the
+        reader gets :class:`StreamInterrupted`); with ``measure`` this stream's timings are
+        filled in as the chunks are read.
+        """
+        self = cls.__new__(cls)
+        self.response, self.timings, self.route = response, timings, route
+        self._routed = None
+        self._retry = None
+        self._decoder = None
+        self._complete = False
+        self._closed = False
+        self._on_close = on_close
+        self._iterator = self._iter_given(chunks, measure, complete)
+        return self
+
+    async def _iter_given(
+        self,
+        chunks: AsyncIterator[ChatCompletionChunk],
+        measure: bool,
+        complete: Callable[[], bool],
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        clock, timings = time.monotonic, self.timings
+        try:
+            async for chunk in chunks:
+                if measure:
+                    if timings.first_byte is None:
+                        timings.first_byte = clock() - timings.started_at
+                    if is_token_chunk(chunk):
+                        timings.tokens += 1
+                        if timings.first_token is None:
+                            timings.first_token = clock() - timings.started_at
+                yield chunk
+            self._complete = complete()
+        finally:
+            if measure and timings.total is None:
+                timings.total = clock() - timings.started_at
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def __aiter__(self) -> AsyncStream[_T]:
         return self
@@ -187,6 +243,9 @@ class AsyncStream(Generic[_T]):
         """Stop reading and release the stream (resets the HTTP/2 stream if unfinished)."""
         self._closed = True
         await self._iterator.aclose()  # type: ignore[attr-defined]
+        if self._on_close is not None:
+            self._on_close()  # the response is not this stream's to close
+            return
         await self.response.aclose()
         if self._routed is not None:
             self._routed.run.finish()

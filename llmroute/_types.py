@@ -80,3 +80,7 @@ class RouteReport:
     """A target tried first to refresh its stats (exploration), if any."""
     prompt_class: str = ""
     cache_hit: bool = False
+    """The answer was replayed from the cache (no target was asked)."""
+    shared: bool = False
+    """The answer came from an identical request's call in flight at the same time
+    (single-flight); ``attempts`` are that call's."""

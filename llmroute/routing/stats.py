@@ -2,6 +2,11 @@
 
 Everything here is pure bookkeeping over sliding time windows: no I/O, no tasks. Time comes from
 an injectable ``clock`` (``time.monotonic`` by default) so the behaviour is tested without sleeping.
+
+With the journal on (``LiveStats(journal=True)``), every recorded sample is also kept as a plain
+:data:`SampleEvent` in a bounded outbox, which :meth:`LiveStats.drain` takes, so that a fleet of
+instances can exchange samples (``llmroute.routing.shared``); :meth:`LiveStats.apply` records
+another instance's events without journaling them again. Prediction stays local.
 """
 
 from __future__ import annotations
@@ -12,10 +17,10 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, TypeAlias, cast
 
 from sortedcontainers import SortedList
 
@@ -24,15 +29,19 @@ __all__ = [
     "ERROR",
     "INTERRUPTED",
     "OK",
+    "OUTBOX_MAXLEN",
     "OUTCOMES",
     "PRIOR_SIGMA",
     "RATE_LIMITED",
+    "SAMPLE_KINDS",
     "TIMEOUT",
     "ClassSnapshot",
     "LatencyWindow",
     "LiveStats",
     "Outcome",
     "OutcomeWindow",
+    "SampleEvent",
+    "SampleJournal",
     "StatsSettings",
     "TargetSnapshot",
     "TargetStats",
@@ -54,6 +63,15 @@ _FAILURES: Final = (ERROR, TIMEOUT, RATE_LIMITED)
 
 PRIOR_SIGMA: Final = 0.5
 """The log-space spread of the lognormal TTFT assumed for a target without data."""
+
+SampleEvent: TypeAlias = Sequence[str | float | None]
+"""One recorded sample as plain JSON-ready data, ``(target, kind, *values)``, one of:
+``(target, "t", seconds, prompt_tokens)`` a TTFT, ``(target, "c", elapsed, prompt_tokens)`` a
+censored TTFT, ``(target, "s", itl, tokens_per_s)`` a stream's speed (either may be ``None``),
+``(target, "l", seconds)`` a whole-response latency, ``(target, "o", outcome)`` an outcome.
+"""
+SAMPLE_KINDS: Final = ("t", "c", "s", "l", "o")
+OUTBOX_MAXLEN: Final = 10_000
 
 _NORMAL = NormalDist()
 _LATENCY_PRIOR_FACTOR: Final = 4.0
@@ -366,6 +384,49 @@ class TargetSnapshot:
         return dataclasses.asdict(self)
 
 
+class SampleJournal:
+    """A bounded outbox of recorded samples; when full, the oldest is dropped and counted."""
+
+    __slots__ = ("dropped", "events")
+
+    def __init__(self, maxlen: int = OUTBOX_MAXLEN) -> None:
+        if maxlen < 1:
+            raise ValueError(f"maxlen must be at least 1, got {maxlen!r}")
+        self.events: deque[SampleEvent] = deque(maxlen=maxlen)
+        self.dropped = 0
+
+    def add(self, event: SampleEvent) -> None:
+        """Keep one event."""
+        events = self.events
+        if len(events) == events.maxlen:
+            self.dropped += 1
+        events.append(event)
+
+    def drain(self) -> list[SampleEvent]:
+        """Take every event kept, oldest first."""
+        taken = list(self.events)
+        self.events.clear()
+        return taken
+
+
+def _seconds(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected seconds, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"expected finite non-negative seconds, got {value!r}")
+    return float(value)
+
+
+def _tokens(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected a token count, got {value!r}")
+    return value
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else _seconds(value)
+
+
 class TargetStats:
     """Everything measured about one target, and its predicted TTFT for a prompt length."""
 
@@ -374,8 +435,11 @@ class TargetStats:
         name: str,
         settings: StatsSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        journal: SampleJournal | None = None,
     ) -> None:
         self.name = name
+        self._journal = journal
         self.settings = settings = settings if settings is not None else StatsSettings()
         self.in_flight = 0
 
@@ -424,6 +488,8 @@ class TargetStats:
             raise ValueError(f"a TTFT cannot be negative, got {seconds!r}")
         self._class_window(prompt_tokens).add(seconds)
         self._ttft.add(seconds)
+        if self._journal is not None:
+            self._journal.add((self.name, "t", seconds, prompt_tokens))
 
     def record_censored(self, elapsed: float, prompt_tokens: int) -> bool:
         """An attempt was cancelled ``elapsed`` seconds in, before its first token.
@@ -435,6 +501,12 @@ class TargetStats:
         """
         if elapsed < 0:
             raise ValueError(f"elapsed cannot be negative, got {elapsed!r}")
+        recorded = self._censor(elapsed, prompt_tokens)
+        if recorded and self._journal is not None:
+            self._journal.add((self.name, "c", elapsed, prompt_tokens))
+        return recorded
+
+    def _censor(self, elapsed: float, prompt_tokens: int) -> bool:
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
             if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
@@ -448,16 +520,54 @@ class TargetStats:
             self._itl.add(itl)
         if tokens_per_s is not None:
             self._tokens_per_s.add(tokens_per_s)
+        if self._journal is not None and (itl is not None or tokens_per_s is not None):
+            self._journal.add((self.name, "s", itl, tokens_per_s))
 
     def record_latency(self, seconds: float) -> None:
         """A non-streamed request took ``seconds`` in all."""
         self._latency.add(seconds)
+        if self._journal is not None:
+            self._journal.add((self.name, "l", seconds))
 
     def record_outcome(self, outcome: Outcome | str) -> None:
         """How one attempt ended; one of :data:`OUTCOMES`, else ``ValueError``."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; expected one of {OUTCOMES}")
         self._outcomes.add(outcome)
+        if self._journal is not None:
+            self._journal.add((self.name, "o", outcome))
+
+    def apply(self, kind: str, values: Sequence[object]) -> None:
+        """Record one event's sample (see :data:`SampleEvent`) from another instance, without
+        journaling it. A censored TTFT goes through this target's own censoring rule.
+
+        Raises ``ValueError`` or ``TypeError``, recording nothing, when the event is malformed.
+        """
+        if kind == "t":
+            seconds, tokens = values
+            seconds, tokens = _seconds(seconds), _tokens(tokens)
+            self._class_window(tokens).add(seconds)
+            self._ttft.add(seconds)
+        elif kind == "c":
+            elapsed, tokens = values
+            self._censor(_seconds(elapsed), _tokens(tokens))
+        elif kind == "s":
+            itl, tokens_per_s = values
+            itl, tokens_per_s = _optional(itl), _optional(tokens_per_s)
+            if itl is not None:
+                self._itl.add(itl)
+            if tokens_per_s is not None:
+                self._tokens_per_s.add(tokens_per_s)
+        elif kind == "l":
+            (seconds,) = values
+            self._latency.add(_seconds(seconds))
+        elif kind == "o":
+            (outcome,) = values
+            if outcome not in OUTCOMES:
+                raise ValueError(f"unknown outcome {outcome!r}")
+            self._outcomes.add(cast(str, outcome))
+        else:
+            raise ValueError(f"unknown sample kind {kind!r}")
 
     def _blend(self, window: LatencyWindow, q: float, prior_median: float) -> float:
         if not 0.0 < q < 1.0:
@@ -554,23 +664,81 @@ class TargetStats:
 
 
 class LiveStats:
-    """The stats of every target, each created on first use."""
+    """The stats of every target, each created on first use.
+
+    With ``journal=True`` (or after :meth:`enable_journal`), recorded samples are also kept
+    for :meth:`drain`, to be shared with other instances.
+    """
 
     def __init__(
         self,
         settings: StatsSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        journal: bool = False,
     ) -> None:
         self.settings = settings if settings is not None else StatsSettings()
         self._clock = clock
         self._targets: dict[str, TargetStats] = {}
+        self._journal: SampleJournal | None = None
+        if journal:
+            self.enable_journal()
 
     def target(self, name: str) -> TargetStats:
         """The stats of target ``name``."""
         stats = self._targets.get(name)
         if stats is None:
-            stats = self._targets[name] = TargetStats(name, self.settings, self._clock)
+            stats = self._targets[name] = TargetStats(
+                name, self.settings, self._clock, journal=self._journal
+            )
         return stats
+
+    def enable_journal(self, maxlen: int = OUTBOX_MAXLEN) -> None:
+        """Keep every sample recorded from now on, at most ``maxlen`` not yet drained."""
+        journal = SampleJournal(maxlen)
+        if self._journal is not None:
+            journal.dropped = self._journal.dropped
+            for event in self._journal.events:
+                journal.add(event)
+        self._journal = journal
+        for stats in self._targets.values():
+            stats._journal = journal
+
+    @property
+    def journal_dropped(self) -> int:
+        """Samples dropped, oldest first, because the outbox was full; 0 without a journal."""
+        return self._journal.dropped if self._journal is not None else 0
+
+    def drain(self) -> list[SampleEvent]:
+        """Take the samples recorded since the last drain, oldest first; ``[]`` without a
+        journal."""
+        return self._journal.drain() if self._journal is not None else []
+
+    def apply(self, events: Iterable[SampleEvent], targets: Collection[str] | None = None) -> int:
+        """Record samples from other instances (as :meth:`drain` gave them there), without
+        journaling them; returns how many were recorded.
+
+        Malformed events, and events for targets not in ``targets`` (when given), are skipped.
+        """
+        applied = 0
+        for event in events:
+            try:
+                name, kind, *values = event
+            except (TypeError, ValueError):
+                continue
+            if not isinstance(name, str) or kind not in SAMPLE_KINDS:
+                continue
+            if targets is not None and name not in targets:
+                continue
+            created = name not in self._targets
+            try:
+                self.target(name).apply(kind, values)
+            except (TypeError, ValueError):
+                if created:
+                    del self._targets[name]
+                continue
+            applied += 1
+        return applied
 
     def names(self) -> list[str]:
         """The targets seen so far, in order of first use."""

@@ -1,0 +1,268 @@
+"""The response cache: look answers up, replay them, share identical calls, store popular ones.
+
+:class:`ResponseCache` sits between the client and a store (memory, disk or Redis). It never
+lets the cache break a request: a store that cannot be reached is skipped for a while (one
+warning), a damaged entry is a miss (logged once, and removed), and only complete answers are
+stored: an error, an interrupted stream or an answer without its finish_reason never is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from .._background import spawn
+from ._entry import CacheEntry, CorruptEntry
+from ._flight import Flight, Seat
+from ._stores import CacheStore, CacheUnavailable, StoreStats
+
+__all__ = ["CacheRequest", "ResponseCache"]
+
+log = logging.getLogger("llmroute")
+
+_RETRY_STORE_AFTER = 5.0
+_STATS_FLUSH_EVERY = 1.0
+_MAX_REPORTED = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRequest:
+    """What the cache may do for one request."""
+
+    key: str
+    stream: bool
+    include_usage: bool
+    read: bool
+    """Answer from a stored entry when there is one."""
+    write: bool
+    """Store the answer once it is popular."""
+    share: bool
+    """Join an identical request in flight (single-flight)."""
+    paced: bool = False
+    """Replay at the recorded rhythm instead of at once."""
+
+
+class ResponseCache:
+    """Answers by request key over a :class:`~llmroute.cache.CacheStore`."""
+
+    def __init__(
+        self,
+        store: CacheStore,
+        *,
+        ttl: float,
+        min_hits: int,
+        window: float,
+        max_entry_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.ttl = ttl
+        self.min_hits = min_hits
+        self.window = window
+        self.max_entry_bytes = max_entry_bytes
+        self._clock = clock
+        self._flights: dict[tuple[str, bool, bool], Flight] = {}
+        self._down_until = 0.0
+        self._hits = self._misses = 0
+        self._flushed_at = clock()
+        self._reported: set[str] = set()
+
+    # -- store access that never fails a request -------------------------------------------
+
+    def _usable(self) -> bool:
+        return self._clock() >= self._down_until
+
+    def _unavailable(self, exc: BaseException) -> None:
+        first = self._down_until == 0.0
+        self._down_until = self._clock() + _RETRY_STORE_AFTER
+        level = logging.WARNING if first else logging.DEBUG
+        log.log(
+            level,
+            "cache: %s; requests go upstream without the cache (retrying in %.0f s)",
+            exc,
+            _RETRY_STORE_AFTER,
+        )
+
+    def _recovered(self) -> None:
+        if self._down_until:
+            log.info("cache: the %s store answers again", self.store.kind)
+            self._down_until = 0.0
+
+    async def lookup(self, request: CacheRequest) -> CacheEntry | None:
+        """The stored answer for ``request``, if there is a valid one it can use."""
+        if not self._usable():
+            return None
+        try:
+            raw = await self.store.get(request.key)
+        except CacheUnavailable as exc:
+            self._unavailable(exc)
+            return None
+        self._recovered()
+        entry = None
+        if raw is not None:
+            try:
+                entry = CacheEntry.decode(raw, request.key)
+            except CorruptEntry as exc:
+                self._report_corrupt(request.key, exc)
+                await self._delete(request.key)
+        if (
+            entry is not None
+            and not entry.has_usage
+            and (request.include_usage or not request.stream)
+        ):
+            entry = None  # the caller wants token usage, which this answer was stored without
+        if entry is not None:
+            self._hits += 1
+        else:
+            self._misses += 1
+        self._maybe_flush()
+        return entry
+
+    def _report_corrupt(self, key: str, exc: CorruptEntry) -> None:
+        if key in self._reported:
+            return
+        if len(self._reported) < _MAX_REPORTED:
+            self._reported.add(key)
+        log.warning(
+            "cache: ignoring a damaged entry (%s) in the %s store: %s",
+            key[-12:],
+            self.store.kind,
+            exc,
+        )
+
+    async def _delete(self, key: str) -> None:
+        try:
+            await self.store.delete(key)
+        except CacheUnavailable as exc:
+            self._unavailable(exc)
+
+    def _maybe_flush(self) -> None:
+        if self._clock() - self._flushed_at >= _STATS_FLUSH_EVERY:
+            self._flushed_at = self._clock()
+            spawn(self.flush_stats, name="cache stats")
+
+    async def flush_stats(self) -> None:
+        """Add the lookups counted since the last flush to the store's hit and miss counters."""
+        hits, misses = self._hits, self._misses
+        if not (hits or misses) or not self._usable():
+            return
+        self._hits = self._misses = 0
+        try:
+            await self.store.add_stats(hits=hits, misses=misses)
+        except CacheUnavailable as exc:
+            self._unavailable(exc)
+
+    # -- single-flight ---------------------------------------------------------------------
+
+    def join(
+        self, request: CacheRequest, call: Callable[[], Awaitable[object]]
+    ) -> tuple[Seat, bool]:
+        """A seat on the flight for ``request``: an identical one in flight, or a new one.
+
+        Returns the seat and whether this request started the flight (``call`` makes the
+        upstream call; only the first request's is used). Only requests that agree on stream
+        and usage share a flight: each gets exactly the answer a live call would give it.
+        """
+        ident = (request.key, request.stream, request.include_usage)
+        flight = self._flights.get(ident) if request.share else None
+        if flight is not None and flight.joinable:
+            return flight.seat(), False
+
+        async def ended(done: Flight) -> None:
+            try:
+                await self._store(request, done)
+            finally:
+                if self._flights.get(ident) is done:
+                    del self._flights[ident]
+
+        flight = Flight(request.key, stream=request.stream, on_end=ended, clock=self._clock)
+        if request.share:
+            self._flights[ident] = flight
+        seat = flight.seat()
+        flight.start(call)
+        return seat, True
+
+    async def _store(self, request: CacheRequest, flight: Flight) -> None:
+        if not (request.write and flight.complete and self._usable()):
+            return
+        entry = _entry_of(request.key, flight)
+        if entry is None:
+            return
+        data = entry.encode()
+        if len(data) > self.max_entry_bytes:
+            log.debug("cache: an answer of %d bytes is over max_entry_bytes", len(data))
+            return
+        try:
+            asks = await self.store.hit(request.key, window=self.window)
+            if max(asks, flight.asks) >= self.min_hits:
+                await self.store.set(request.key, data, ttl=self.ttl)
+        except CacheUnavailable as exc:
+            self._unavailable(exc)
+
+    # -- replay ----------------------------------------------------------------------------
+
+    async def replay(
+        self, entry: CacheEntry, request: CacheRequest
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        """The entry's chunks, at once or at their recorded rhythm."""
+        started = self._clock()
+        first: float | None = None
+        for offset, chunk in entry.replay_chunks(include_usage=request.include_usage):
+            if request.paced:
+                first = offset if first is None else first
+                delay = (offset - first) - (self._clock() - started)
+                if delay > 0:
+                    await anyio.sleep(delay)
+            yield chunk
+
+    # -- the CLI's view --------------------------------------------------------------------
+
+    async def stats(self) -> StoreStats:
+        """Entries, bytes, hits and misses of the store (this process's lookups flushed first)."""
+        await self.flush_stats()
+        return await self.store.stats()
+
+    async def clear(self) -> int:
+        """Remove every entry; returns how many there were."""
+        return await self.store.clear()
+
+    async def aclose(self) -> None:
+        await self.flush_stats()
+        await self.store.aclose()
+
+
+def _entry_of(key: str, flight: Flight) -> CacheEntry | None:
+    """The entry for a complete flight, or ``None`` if its answer is not a finished one."""
+    origin = _origin(flight.result)
+    if flight.stream:
+        if not flight.chunks or not _finished(flight.chunks):
+            return None
+        return CacheEntry.from_chunks(key, flight.chunks, flight.offsets, origin)
+    completion = flight.result
+    if not isinstance(completion, ChatCompletion) or not completion.choices:
+        return None
+    if any(choice.finish_reason is None for choice in completion.choices):
+        return None
+    return CacheEntry.from_completion(key, completion, origin)
+
+
+def _finished(chunks: list[ChatCompletionChunk]) -> bool:
+    """Whether every choice of a stream got its finish_reason."""
+    open_choices: set[int] = set()
+    done: set[int] = set()
+    for chunk in chunks:
+        for choice in chunk.choices:
+            open_choices.add(choice.index)
+            if choice.finish_reason is not None:
+                done.add(choice.index)
+    return bool(open_choices) and open_choices == done
+
+
+def _origin(result: object) -> str | None:
+    route = getattr(result, "route", None)
+    return getattr(route, "winner", None)

@@ -1,0 +1,281 @@
+"""Stats shared by a fleet: each instance publishes its recorded samples and applies the others'.
+
+Prediction stays local and in process. In the background, :class:`StatsSync` drains the local
+:class:`~llmroute.routing.stats.LiveStats` journal, hands the events to a :class:`StatsBackend`
+in a worker thread, and records what the other instances published. :class:`RedisStatsBackend`
+keeps one Redis Stream, ``{prefix}:stats``, with one entry per exchange:
+``{"i": instance id, "e": JSON list of events}``.
+
+Exceptions::
+
+    StatsBackendUnavailable   the store cannot be reached; the stats keep working locally
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any, Protocol, cast
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.to_thread
+
+from .stats import LiveStats, SampleEvent
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["RedisStatsBackend", "StatsBackend", "StatsBackendUnavailable", "StatsSync"]
+
+logger = logging.getLogger("llmroute.routing.shared")
+
+
+class StatsBackendUnavailable(Exception):
+    """Raised when the shared stats store cannot be reached."""
+
+
+class StatsBackend(Protocol):
+    """Where instances exchange samples. Called from a worker thread, one call at a time."""
+
+    def exchange(self, outgoing: list[SampleEvent]) -> list[SampleEvent]:
+        """Publish ``outgoing``; return the events other instances published since the last
+        call. Raises :class:`StatsBackendUnavailable` when the store cannot be reached."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the backend is not used again."""
+        ...
+
+    def describe(self) -> str:
+        """Where the samples go, for logs: never a password."""
+        ...
+
+
+def _redact(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:***" if parts.username else ":***"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+class RedisStatsBackend:
+    """A :class:`StatsBackend` on one Redis Stream, ``{prefix}:stats``, trimmed to about
+    ``maxlen`` entries.
+
+    Each :meth:`exchange` is one round trip: XADD of our events (when there are any), then a
+    non-blocking XREAD of at most ``batch`` entries after the last one seen; the first reads the
+    last ``history`` seconds, so a new instance warms up from the fleet. Entries this instance
+    wrote are skipped, as are malformed ones (counted in :attr:`malformed`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "llmroute",
+        instance: str | None = None,
+        timeout: float = 0.25,
+        history: float = 300.0,
+        maxlen: int = 20_000,
+        batch: int = 1000,
+    ) -> None:
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError as exc:  # pragma: no cover - the extra is installed in tests
+            raise ImportError(
+                "shared stats on Redis need the redis package: pip install 'llmroute[redis]'"
+            ) from exc
+        self.instance = instance if instance is not None else uuid.uuid4().hex[:12]
+        self.key = f"{prefix}:stats"
+        self.malformed = 0
+        """Stream entries skipped because they could not be read."""
+        self._url = _redact(url)
+        self._password = urlsplit(url).password
+        self._history = history
+        self._maxlen = maxlen
+        self._batch = batch
+        self._expire = math.ceil(max(history, 60.0) * 2)
+        self._last_id: bytes | str | None = None
+        self._errors = (redis.RedisError, OSError)
+        self._client: redis.Redis = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1),
+        )
+
+    def describe(self) -> str:
+        """The redacted URL, stream key and instance id."""
+        return f"redis {self._url} stream {self.key!r} as {self.instance}"
+
+    def exchange(self, outgoing: list[SampleEvent]) -> list[SampleEvent]:
+        """Publish ``outgoing`` and read the other instances' events since the last call."""
+        last = self._last_id
+        if last is None:
+            last = f"{max(0, int((time.time() - self._history) * 1000))}-0"
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                if outgoing:
+                    events = json.dumps(outgoing, separators=(",", ":"))
+                    entry: dict[Any, Any] = {"i": self.instance, "e": events}
+                    pipe.xadd(self.key, entry, maxlen=self._maxlen, approximate=True)
+                    pipe.expire(self.key, self._expire)
+                pipe.xread({self.key: last}, count=self._batch)
+                replies = pipe.execute()
+        except self._errors as exc:
+            message = f"{self.describe()}: {type(exc).__name__}: {exc}"
+            if self._password:
+                message = message.replace(self._password, "***")
+            raise StatsBackendUnavailable(message) from exc
+        self._last_id = last
+        return self._incoming(replies[-1])
+
+    def _incoming(self, reply: Any) -> list[SampleEvent]:
+        if isinstance(reply, dict):  # RESP3: {key: [entries]}
+            batches = [value[0] for value in cast(dict[Any, Any], reply).values()]
+        else:  # RESP2: [[key, entries]]
+            batches = [entries for _key, entries in cast(list[Any], reply or [])]
+        incoming: list[SampleEvent] = []
+        me = self.instance.encode()
+        for entries in batches:
+            for entry_id, fields in entries:
+                self._last_id = entry_id
+                try:
+                    if fields.get(b"i") == me:
+                        continue
+                    events = json.loads(fields[b"e"])
+                    if not isinstance(events, list) or not all(
+                        isinstance(event, list) for event in cast(list[Any], events)
+                    ):
+                        raise ValueError("not a list of events")
+                    incoming.extend(cast(list[SampleEvent], events))
+                except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                    self.malformed += 1
+                    logger.log(
+                        logging.WARNING if self.malformed == 1 else logging.DEBUG,
+                        "skipping a malformed shared-stats entry %s in %s (%s: %s)",
+                        entry_id,
+                        self.key,
+                        type(exc).__name__,
+                        exc,
+                    )
+        return incoming
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._client.close()
+
+
+class StatsSync:
+    """Exchanges ``stats``' samples with the fleet through ``backend``, every ``interval``
+    seconds at most.
+
+    Call ``if sync.due(): spawn(sync.sync())`` after requests. While the backend is unavailable
+    the stats keep working locally; the drained events are kept (the newest ``max_pending`` of
+    them, the rest dropped and counted) for the next exchange, tried after ``interval * 5``.
+    Incoming events for targets outside ``targets`` (when given) are skipped.
+    """
+
+    def __init__(
+        self,
+        stats: LiveStats,
+        backend: StatsBackend,
+        *,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+        max_pending: int = 10_000,
+        targets: Collection[str] | None = None,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval must be positive, got {interval!r}")
+        self.stats = stats
+        self.backend = backend
+        self.interval = interval
+        self.sent = 0
+        """Events published."""
+        self.received = 0
+        """Events recorded from other instances."""
+        self.dropped = 0
+        """Events drained but never published: beyond ``max_pending`` while unavailable."""
+        self._clock = clock
+        self._max_pending = max_pending
+        self._targets = targets
+        self._pending: list[SampleEvent] = []
+        self._next_at = -math.inf
+        self._running = False
+        self._failing = False
+        self._closed = False
+        self._idle: anyio.Event | None = None
+
+    @property
+    def available(self) -> bool:
+        """Whether the last exchange succeeded (or none was tried yet)."""
+        return not self._failing
+
+    def due(self) -> bool:
+        """Whether a sync should start now: the interval (or the back-off) has passed and none
+        is running."""
+        return not self._running and not self._closed and self._clock() >= self._next_at
+
+    async def sync(self) -> None:
+        """One exchange: publish the local samples, record the fleet's. Never raises an error;
+        a second call while one runs returns at once."""
+        if self._running or self._closed:
+            return
+        self._running = True
+        self._idle = anyio.Event()
+        try:
+            outgoing = self._pending + self.stats.drain()
+            self._pending = []
+            try:
+                incoming = await anyio.to_thread.run_sync(self.backend.exchange, outgoing)
+            except Exception as exc:
+                self._failed(exc, outgoing)
+                return
+            self.sent += len(outgoing)
+            try:
+                self.received += self.stats.apply(incoming, self._targets)
+            except Exception as exc:  # a backend that broke its contract
+                logger.warning("could not apply shared stats: %r", exc)
+            if self._failing:
+                self._failing = False
+                logger.info("shared stats are back: %s", self.backend.describe())
+            self._next_at = self._clock() + self.interval
+        finally:
+            self._running = False
+            self._idle.set()
+
+    def _failed(self, exc: Exception, outgoing: list[SampleEvent]) -> None:
+        keep = outgoing[-self._max_pending :] if self._max_pending > 0 else []
+        self.dropped += len(outgoing) - len(keep)
+        self._pending = keep
+        self._next_at = self._clock() + self.interval * 5
+        level = logging.DEBUG if self._failing else logging.WARNING
+        self._failing = True
+        reason = str(exc) if isinstance(exc, StatsBackendUnavailable) else repr(exc)
+        logger.log(
+            level,
+            "shared stats unavailable, working locally (retry in %.3g s): %s",
+            self.interval * 5,
+            reason,
+        )
+
+    async def aclose(self) -> None:
+        """Wait for a running exchange, then close the backend. Events not yet published are
+        dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._running and self._idle is not None:
+            await self._idle.wait()
+        await anyio.to_thread.run_sync(self.backend.close)

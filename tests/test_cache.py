@@ -1,0 +1,412 @@
+"""The response cache end to end: a client, a simulator over TLS + HTTP/2, and each store."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from llmroute import AsyncOpenAI, ConfigError, StreamInterrupted
+from llmroute.testing import Profile, Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+HEADER = "x-llmroute-cache"
+
+
+@pytest.fixture(scope="module")
+def sim_paced() -> Iterator[Simulator]:
+    """20 tokens 10 ms apart: streams that overlap when sent together."""
+    with Simulator(profile=Profile(reply_tokens=20, inter_token=0.01), tls=True) as server:
+        yield server
+
+
+def messages() -> list[dict[str, str]]:
+    """A prompt no other test asks."""
+    return [{"role": "user", "content": f"cache test {uuid.uuid4().hex}"}]
+
+
+def cache_config(sim: Simulator, **cache: Any) -> dict[str, Any]:
+    return {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
+        "routing": {"explore": 0},
+        "cache": {"backend": "memory", **cache},
+    }
+
+
+@pytest.fixture
+async def client(sim: Simulator) -> AsyncIterator[AsyncOpenAI]:
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=cache_config(sim)
+    ) as c:
+        yield c
+
+
+async def stored(client: AsyncOpenAI) -> None:
+    """Wait until the answers in flight are stored (that happens after the callers have them)."""
+    cache = client._cache
+    assert cache is not None
+    with anyio.move_on_after(10):
+        while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
+            await anyio.sleep(0.005)
+
+
+def upstream(sim: Simulator) -> int:
+    return sim.stats()["chat_requests"]
+
+
+async def ask(client: AsyncOpenAI, msgs: list[dict[str, str]], **params: Any) -> Any:
+    params.setdefault("temperature", 0)
+    return await client.chat.completions.create(model="chat", messages=msgs, **params)
+
+
+async def ask_stream(client: AsyncOpenAI, msgs: list[dict[str, str]], **params: Any) -> Any:
+    stream = await ask(client, msgs, stream=True, **params)
+    chunks = [chunk async for chunk in stream]
+    return stream, chunks
+
+
+def text(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def dumps(chunks: list[Any]) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in chunks]
+
+
+async def test_a_popular_stream_is_stored_on_its_second_ask_and_replayed_exactly(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    before = upstream(sim)
+    first, _ = await ask_stream(client, msgs)
+    second, live = await ask_stream(client, msgs)
+    assert upstream(sim) == before + 2  # asked once: not popular yet; the second ask stores it
+    assert not first.route.cache_hit and not second.route.cache_hit
+    third, replayed = await ask_stream(client, msgs)
+    assert upstream(sim) == before + 2
+    assert third.route.cache_hit and third.route.winner is None and not third.route.attempts
+    assert dumps(replayed) == dumps(live)
+    assert replayed[0].choices[0].delta.role == "assistant"
+    assert replayed[-1].choices[0].finish_reason == "stop"
+    assert third.timings.first_token is not None and third.timings.tokens == 20
+    assert third.response.headers["x-llmroute-cache"] == "hit"
+
+
+async def test_non_streamed_answers_are_cached_and_cross_over(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    before = upstream(sim)
+    await ask(client, msgs)
+    live = await ask(client, msgs)
+    hit = await ask(client, msgs)
+    assert upstream(sim) == before + 2
+    assert hit.route.cache_hit and hit.to_dict() == live.to_dict()
+    assert hit.timings.total is not None
+    # The same prompt streamed: the stored completion unfolds into chunks.
+    stream, chunks = await ask_stream(client, msgs)
+    assert stream.route.cache_hit and upstream(sim) == before + 2
+    assert text(chunks) == live.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+
+
+async def test_a_stream_recorded_without_usage_does_not_answer_a_request_for_usage(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    before = upstream(sim)
+    await ask_stream(client, msgs)
+    await ask_stream(client, msgs)
+    stream, chunks = await ask_stream(client, msgs, stream_options={"include_usage": True})
+    assert not stream.route.cache_hit and upstream(sim) == before + 3
+    assert chunks[-1].usage is not None
+    # Now stored with usage, it answers both kinds of request.
+    with_usage, replayed = await ask_stream(client, msgs, stream_options={"include_usage": True})
+    assert with_usage.route.cache_hit and dumps(replayed) == dumps(chunks)
+    plain, replayed = await ask_stream(client, msgs)
+    assert plain.route.cache_hit and all(c.choices for c in replayed)
+    completion = await ask(client, msgs)
+    assert completion.route.cache_hit and completion.usage is not None
+    assert upstream(sim) == before + 3
+
+
+async def test_only_deterministic_requests_are_cached_unless_asked(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    before = upstream(sim)
+    for _ in range(3):
+        await ask(client, msgs, temperature=0.7)
+    assert upstream(sim) == before + 3
+    for _ in range(3):
+        answer = await ask(client, msgs, temperature=0.7, extra_headers={HEADER: "on"})
+    assert answer.route.cache_hit and upstream(sim) == before + 5
+    seeded = messages()
+    for _ in range(3):
+        answer = await ask(client, seeded, temperature=1, seed=42)
+    assert answer.route.cache_hit and upstream(sim) == before + 7
+
+
+async def test_the_cache_header_turns_it_off_or_read_only_and_is_never_sent(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    before = upstream(sim)
+    for _ in range(3):
+        answer = await ask(client, msgs, extra_headers={HEADER: "read-only"})
+        assert not answer.route.cache_hit
+    assert upstream(sim) == before + 3  # read-only never stores
+    await ask(client, msgs)
+    await ask(client, msgs)
+    assert (await ask(client, msgs, extra_headers={HEADER: "read-only"})).route.cache_hit
+    assert not (await ask(client, msgs, extra_headers={HEADER: "off"})).route.cache_hit
+    off_client = client.with_options(default_headers={HEADER: "off"})
+    assert not (await ask(off_client, msgs)).route.cache_hit
+    assert (await ask(off_client, msgs, extra_headers={HEADER: None})).route.cache_hit
+    sent = [r["headers"] for r in sim.last_requests]
+    assert sent and not any(k.lower().startswith("x-llmroute") for h in sent for k in h)
+    with pytest.raises(ConfigError, match="x-llmroute-cache: expected one of"):
+        await ask(client, msgs, extra_headers={HEADER: "sometimes"})
+    with pytest.raises(ConfigError, match="x-llmroute-cache-namespace"):
+        await ask(client, msgs, extra_headers={"x-llmroute-cache-namespace": "a/b"})
+
+
+async def test_tenants_never_see_each_others_answers(sim: Simulator, tmp_path: Path) -> None:
+    def make(key: str, **cache: Any) -> AsyncOpenAI:
+        config = cache_config(sim, backend="disk", path=str(tmp_path), **cache)
+        config["providers"]["sim"]["api_key"] = key
+        return AsyncOpenAI(api_key=key, config=config, verify=sim.ssl_context())
+
+    msgs = messages()
+    async with make(KEY) as a, make(KEY + "-other") as b, make(KEY) as a_again:
+        await ask(a, msgs)
+        await ask(a, msgs)
+        await stored(a)
+        assert (await ask(a, msgs)).route.cache_hit
+        assert not (await ask(b, msgs)).route.cache_hit
+        assert (await ask(a_again, msgs)).route.cache_hit  # same key, another client: same tenant
+        # An explicit namespace is shared by whoever names it, whatever their key.
+        for c in (a, b):
+            await ask(c, msgs, extra_headers={"x-llmroute-cache-namespace": "team"})
+            await stored(c)
+        assert (
+            await ask(b, msgs, extra_headers={"x-llmroute-cache-namespace": "team"})
+        ).route.cache_hit
+    assert not files_containing(tmp_path, KEY.encode())
+
+
+def files_containing(root: Path, secret: bytes) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
+
+
+async def test_twenty_identical_requests_make_one_upstream_call(
+    sim_paced: Simulator,
+) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY,
+        verify=sim_paced.ssl_context(),
+        config=cache_config(sim_paced),
+    ) as c:
+        before = upstream(sim_paced)
+        results: list[tuple[Any, list[Any]]] = []
+
+        async def one() -> None:
+            results.append(await ask_stream(c, msgs))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(one)
+        assert upstream(sim_paced) == before + 1
+        assert len(results) == 20
+        answers = {str(dumps(chunks)) for _, chunks in results}
+        assert len(answers) == 1 and len(results[0][1]) >= 20
+        shared = [s for s, _ in results if s.route.shared]
+        assert len(shared) == 19
+        assert all(s.timings.first_token is not None for s, _ in results)
+        # Asked 20 times: popular, so stored; the next ask is a hit.
+        stream, chunks = await ask_stream(c, msgs)
+        assert stream.route.cache_hit and dumps(chunks) == dumps(results[0][1])
+        assert upstream(sim_paced) == before + 1
+
+
+async def test_identical_non_streamed_requests_share_one_call(sim_paced: Simulator) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
+    ) as c:
+        before = upstream(sim_paced)
+        results: list[Any] = []
+
+        async def one() -> None:
+            results.append(await ask(c, msgs))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(one)
+        assert upstream(sim_paced) == before + 1
+        assert len({r.choices[0].message.content for r in results}) == 1
+        assert sum(1 for r in results if r.route.shared) == 9
+
+
+async def test_a_reader_that_leaves_early_does_not_disturb_the_others(
+    sim_paced: Simulator,
+) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
+    ) as c:
+        before = upstream(sim_paced)
+        first = await ask(c, msgs, stream=True)
+        second = await ask(c, msgs, stream=True)
+        async for _ in first:
+            break
+        await first.close()
+        chunks = [chunk async for chunk in second]
+        assert upstream(sim_paced) == before + 1
+        assert chunks[-1].choices[0].finish_reason == "stop" and len(chunks) >= 20
+
+
+async def test_when_every_reader_leaves_the_upstream_stream_is_cancelled(
+    sim_paced: Simulator,
+) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
+    ) as c:
+        cancelled = sim_paced.stats()["streams_cancelled"]
+        streams = [await ask(c, msgs, stream=True) for _ in range(3)]
+        for stream in streams:
+            async for _ in stream:
+                break
+            await stream.close()
+        with anyio.move_on_after(10):
+            while sim_paced.stats()["streams_cancelled"] == cancelled:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        assert sim_paced.stats()["streams_cancelled"] == cancelled + 1
+        # Nothing was stored: the next ask goes upstream.
+        before = upstream(sim_paced)
+        stream, _ = await ask_stream(c, msgs)
+        assert not stream.route.cache_hit and upstream(sim_paced) == before + 1
+
+
+async def test_errors_and_interrupted_streams_are_never_stored(
+    client: AsyncOpenAI, sim: Simulator
+) -> None:
+    msgs = messages()
+    fault = {"x-sim-fault": "drop:5"}
+    for _ in range(3):
+        stream = await ask(client, msgs, stream=True, extra_headers=fault)
+        with pytest.raises(StreamInterrupted):
+            async for _ in stream:
+                pass
+    before = upstream(sim)
+    stream, chunks = await ask_stream(client, msgs)
+    assert not stream.route.cache_hit and upstream(sim) == before + 1
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+async def test_a_damaged_entry_is_a_miss_logged_once(
+    client: AsyncOpenAI, sim: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    msgs = messages()
+    await ask(client, msgs)
+    await ask(client, msgs)
+    cache = client._cache
+    assert cache is not None
+    store: Any = cache.store
+    keys = list(store._entries)
+    for key in keys:
+        await store.set(key, b'{"v": 1, "garbage', ttl=60)
+    before = upstream(sim)
+    with caplog.at_level(logging.WARNING, logger="llmroute"):
+        first = await ask(client, msgs)
+        second = await ask(client, msgs)
+    assert not first.route.cache_hit
+    assert second.route.cache_hit  # stored again, correctly
+    assert upstream(sim) == before + 1
+    damaged = [r for r in caplog.records if "damaged entry" in r.getMessage()]
+    assert len(damaged) == 1
+
+
+async def test_paced_replay_follows_the_recorded_rhythm(sim_paced: Simulator) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
+    ) as c:
+        await ask_stream(c, msgs)
+        live, _ = await ask_stream(c, msgs)
+        span = live.timings.total - live.timings.first_token
+        assert span > 0.1  # 20 tokens 10 ms apart
+        paced, chunks = await ask_stream(
+            c, msgs, extra_headers={"x-llmroute-cache-replay": "paced"}
+        )
+        assert paced.route.cache_hit and len(chunks) >= 20
+        assert paced.timings.total - paced.timings.first_token >= span * 0.5
+
+
+async def test_an_unreachable_redis_means_no_cache_and_one_warning(
+    sim: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = cache_config(sim, backend="redis")
+    config["redis"] = {"url": f"redis://:hunter2@127.0.0.1:{port}/0"}
+    msgs = messages()
+    with caplog.at_level(logging.DEBUG, logger="llmroute"):
+        async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+            for _ in range(3):
+                answer = await ask(c, msgs)
+                assert answer.choices[0].finish_reason == "stop"
+                assert not answer.route.cache_hit
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "without the cache" in warnings[0].getMessage()
+    assert "hunter2" not in caplog.text
+
+
+async def test_app_instances_share_answers_through_redis(sim: Simulator, redis_url: str) -> None:
+    config = cache_config(sim, backend="redis")
+    config["redis"] = {"url": redis_url, "prefix": f"test-{uuid.uuid4().hex[:8]}"}
+    msgs = messages()
+    async with (
+        AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as a,
+        AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as b,
+    ):
+        await ask(a, msgs)
+        await stored(a)
+        await ask(b, msgs)  # the second ask of the fleet: popular, stored
+        await stored(b)
+        stream, _ = await ask_stream(a, msgs)
+        assert stream.route.cache_hit
+        assert a._cache is not None
+        stats = await a._cache.stats()
+        assert (stats.entries, stats.hits) == (1, 1), stats
+        await a._cache.clear()
+
+
+async def test_a_plain_model_is_cached_under_its_base_url(sim: Simulator, tmp_path: Path) -> None:
+    config = {"cache": {"backend": "disk", "path": str(tmp_path)}}
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
+    ) as c:
+        for _ in range(3):
+            answer = await c.chat.completions.create(
+                model="sim-small", messages=msgs, temperature=0
+            )
+            await stored(c)
+        assert answer.route is not None and answer.route.cache_hit
+        assert answer.route.policy == "direct"
+    assert os.stat(tmp_path).st_mode & 0o777 == 0o700
