@@ -6,6 +6,8 @@ shares identical requests in flight, and stores popular complete answers when th
 
 from __future__ import annotations
 
+import os
+
 from .._config import CacheSettings, RedisSettings
 from ._cache import CacheRequest, ResponseCache
 from ._entry import CacheEntry, CorruptEntry
@@ -36,7 +38,7 @@ def open_store(settings: CacheSettings, redis: RedisSettings) -> CacheStore:
     if settings.backend == "memory":
         return MemoryStore(max_bytes=settings.max_bytes)
     if settings.backend == "disk":
-        return DiskStore(settings.path, max_bytes=settings.max_bytes)
+        return DiskStore(os.path.expanduser(settings.path), max_bytes=settings.max_bytes)
     if settings.backend == "redis":
         from ._redis import RedisStore
 

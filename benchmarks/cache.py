@@ -1,0 +1,217 @@
+"""Cache benchmark: a disk-cache hit against a live call, and a Zipf workload with and without.
+
+Part 1, hit vs live. One client with the disk cache (a fresh directory) and one simulator in its
+own process (``SimulatorProcess``, TLS + HTTP/2, zero latency, 20-token replies). A prompt is asked
+until it is stored; then ``--pairs`` pairs are measured, interleaved: the stored prompt (a hit)
+and the same prompt with ``x-llmroute-cache: off`` (a live call on the same warm connection). Time
+to first chunk is from the ``create()`` call to the first chunk that carries content, streamed.
+
+Part 2, a Zipf workload. ``--requests`` (2,000) requests over ``--prompts`` (500) distinct prompts,
+prompt ranks drawn from a Zipf law (exponent ``--zipf``, 1.0) with a fixed seed, sent
+``--concurrency`` (32) at a time through a route to one simulated target with a 300 ms median TTFT
+(lognormal sigma 0.2) and 20 tokens 5 ms apart. The same sequence runs twice in this process
+against the same simulator: without the cache, then with the disk cache (default settings:
+``min_hits`` 2, single-flight on). Reported: the requests that reached the simulator (its own
+counter), and the caller's p50/p95 TTFT (nearest rank).
+
+    .venv/bin/python benchmarks/cache.py            # about a minute
+    .venv/bin/python benchmarks/cache.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import machine
+
+from llmroute import AsyncOpenAI
+from llmroute.testing import Profile, SimulatorProcess
+
+KEY = "sk-bench-cache"
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+async def first_chunk(client: AsyncOpenAI, model: str, prompt: str, **extra: Any) -> float:
+    """Seconds from create() to the first chunk with content; the stream is read to its end."""
+    started = time.perf_counter()
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        temperature=0,
+        stream=True,
+        **extra,
+    )
+    ttft = math.nan
+    async with stream:
+        async for chunk in stream:
+            if math.isnan(ttft) and chunk.choices and chunk.choices[0].delta.content:
+                ttft = time.perf_counter() - started
+    return ttft
+
+
+async def settle(client: AsyncOpenAI) -> None:
+    cache = client._cache
+    while cache is not None and cache._flights:  # noqa: ASYNC110
+        await asyncio.sleep(0.002)
+
+
+async def hit_vs_live(pairs: int, directory: str) -> dict[str, Any]:
+    with SimulatorProcess(Profile(reply_tokens=20)) as sim:
+        config = {"cache": {"backend": "disk", "path": directory}}
+        async with AsyncOpenAI(
+            api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
+        ) as client:
+            await client.warmup()
+            prompt = "What is a cache hit?"
+            for _ in range(3):
+                await first_chunk(client, "sim-small", prompt)
+                await settle(client)
+            hits: list[float] = []
+            live: list[float] = []
+            off = {"extra_headers": {"x-llmroute-cache": "off"}}
+            for i in range(pairs):
+                order = (True, False) if i % 2 == 0 else (False, True)
+                for cached in order:
+                    if cached:
+                        hits.append(await first_chunk(client, "sim-small", prompt))
+                    else:
+                        live.append(await first_chunk(client, "sim-small", prompt, **off))
+            assert client._cache is not None
+            stats = await client._cache.stats()
+            assert stats.hits >= pairs, stats
+    return {
+        "pairs": pairs,
+        "hit_ms": {"p50": pct(hits, 0.5) * 1e3, "p95": pct(hits, 0.95) * 1e3},
+        "live_ms": {"p50": pct(live, 0.5) * 1e3, "p95": pct(live, 0.95) * 1e3},
+        "ratio_p50": pct(hits, 0.5) / pct(live, 0.5),
+    }
+
+
+def zipf_sequence(requests: int, prompts: int, exponent: float, seed: int) -> list[int]:
+    weights = [1.0 / (rank**exponent) for rank in range(1, prompts + 1)]
+    return random.Random(seed).choices(range(prompts), weights=weights, k=requests)
+
+
+async def workload(
+    sim: SimulatorProcess, sequence: list[int], concurrency: int, cache: dict[str, Any] | None
+) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
+        "routing": {"explore": 0},
+    }
+    if cache is not None:
+        config["cache"] = cache
+    before = sim.stats()["chat_requests"]
+    ttfts: list[float] = []
+    queue = list(enumerate(sequence))
+    started = time.perf_counter()
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as client:
+        await client.warmup()
+
+        async def worker() -> None:
+            while queue:
+                _, rank = queue.pop(0)
+                ttfts.append(await first_chunk(client, "chat", f"Popular prompt number {rank}."))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await settle(client)
+        hit_rate = None
+        if client._cache is not None:
+            hit_rate = (await client._cache.stats()).hit_rate
+    upstream = sim.stats()["chat_requests"] - before
+    return {
+        "requests": len(sequence),
+        "upstream": upstream,
+        "p50_ms": pct(ttfts, 0.5) * 1e3,
+        "p95_ms": pct(ttfts, 0.95) * 1e3,
+        "wall_s": time.perf_counter() - started,
+        "hit_rate": hit_rate,
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        part1 = await hit_vs_live(args.pairs, str(Path(tmp) / "hit"))
+        print(
+            f"hit vs live ({part1['pairs']} interleaved pairs, time to first content chunk):\n"
+            f"  disk-cache hit  p50 {part1['hit_ms']['p50']:.2f} ms  p95 "
+            f"{part1['hit_ms']['p95']:.2f} ms\n"
+            f"  live call       p50 {part1['live_ms']['p50']:.2f} ms  p95 "
+            f"{part1['live_ms']['p95']:.2f} ms\n"
+            f"  hit / live p50  {part1['ratio_p50']:.2f}x",
+            flush=True,
+        )
+        profile = Profile(
+            reply_tokens=20, inter_token=0.005, ttft_median=0.3, ttft_sigma=0.2, seed=7
+        )
+        sequence = zipf_sequence(args.requests, args.prompts, args.zipf, seed=11)
+        distinct = len(set(sequence))
+        with SimulatorProcess(profile) as sim:
+            without = await workload(sim, sequence, args.concurrency, None)
+            with_cache = await workload(
+                sim,
+                sequence,
+                args.concurrency,
+                {"backend": "disk", "path": str(Path(tmp) / "zipf")},
+            )
+    saved = without["upstream"] - with_cache["upstream"]
+    print(
+        f"\nZipf workload: {args.requests} requests over {args.prompts} prompts "
+        f"(exponent {args.zipf}; {distinct} distinct asked), {args.concurrency} at a time, "
+        "300 ms median TTFT:\n"
+        f"  {'':14} {'upstream':>9} {'p50 TTFT':>10} {'p95 TTFT':>10} {'wall':>7}\n"
+        f"  {'no cache':14} {without['upstream']:>9} {without['p50_ms']:>8.1f}ms "
+        f"{without['p95_ms']:>8.1f}ms {without['wall_s']:>6.1f}s\n"
+        f"  {'disk cache':14} {with_cache['upstream']:>9} {with_cache['p50_ms']:>8.1f}ms "
+        f"{with_cache['p95_ms']:>8.1f}ms {with_cache['wall_s']:>6.1f}s\n"
+        f"  upstream requests saved: {saved} ({saved / without['upstream']:.1%}); "
+        f"cache hit rate {with_cache['hit_rate']:.1%}"
+    )
+    return {
+        "machine": machine(["llmroute", "diskcache", "httpx", "h2"]),
+        "hit_vs_live": part1,
+        "zipf": {"distinct": distinct, "without": without, "with": with_cache, "saved": saved},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=500, help="hit/live pairs (500)")
+    p.add_argument("--requests", type=int, default=2000, help="Zipf workload requests (2000)")
+    p.add_argument("--prompts", type=int, default=500, help="distinct prompts (500)")
+    p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent (1.0)")
+    p.add_argument("--concurrency", type=int, default=32, help="requests at once (32)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 50 pairs, 200 requests")
+    p.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.pairs, args.requests, args.prompts = 50, 200, 50
+    results = asyncio.run(run(args))
+    print(f"\nmachine: {json.dumps(results['machine'])}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
