@@ -410,3 +410,28 @@ async def test_a_plain_model_is_cached_under_its_base_url(sim: Simulator, tmp_pa
         assert answer.route is not None and answer.route.cache_hit
         assert answer.route.policy == "direct"
     assert os.stat(tmp_path).st_mode & 0o777 == 0o700
+
+
+async def test_app_instances_share_live_ttft_stats_through_redis(
+    sim: Simulator, redis_url: str
+) -> None:
+    config = cache_config(sim)
+    del config["cache"]
+    config["routing"] = {"explore": 0, "stats_backend": "redis", "stats_sync": "10ms"}
+    config["redis"] = {"url": redis_url, "prefix": f"test-{uuid.uuid4().hex[:8]}"}
+    async with (
+        AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as a,
+        AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as b,
+    ):
+        for _ in range(5):
+            await ask(a, messages(), stream=True)
+        await anyio.sleep(0.05)
+        await ask(a, messages())  # its sync publishes the samples recorded so far
+        assert a.stats()["sim:sim-small"].n == 5  # the non-streamed one is a latency sample
+        with anyio.move_on_after(10):
+            while "sim:sim-small" not in b.stats() or b.stats()["sim:sim-small"].n < 5:
+                await ask(b, messages(), extra_headers={HEADER: "off"})
+                await anyio.sleep(0.02)
+        learned = b.stats()["sim:sim-small"]
+        assert learned.n >= 5 and learned.ttft_p95 is not None
+        assert a.stats()["sim:sim-small"].n == 5  # nothing came back to its sender twice
