@@ -8,11 +8,9 @@ import json
 import logging
 import os
 import random
-import re
 import ssl
 import time
 import urllib.request
-import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal, cast, overload
@@ -45,7 +43,15 @@ from ._errors import (
 from ._streaming import AsyncStream
 from ._types import RouteReport, Timings
 from ._version import __version__
-from .cache import CacheRequest, ResponseCache, is_deterministic, open_cache, request_key
+from .cache import (
+    NAMESPACE_PATTERN,
+    CacheRequest,
+    CacheUnavailable,
+    ResponseCache,
+    is_deterministic,
+    open_cache,
+    request_key,
+)
 from .cache import tenant_namespace as _tenant_namespace
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
@@ -83,6 +89,10 @@ CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
 _CACHE_MODES = ("auto", "on", "read-only", "off")
 _REPLAY_MODES = ("immediate", "paced")
 _OWN_HEADER_PREFIX = "x-llmroute-"
+# Headers that identify the caller: the cache's tenant namespace is a hash of their values.
+_CREDENTIALS = frozenset(
+    {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
+)
 
 
 def _given(value: object) -> bool:
@@ -122,7 +132,26 @@ def _check_base_url(base_url: str | httpx.URL) -> httpx.URL:
     return url
 
 
-_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+def _merge_headers(
+    headers: dict[str, str], extra_headers: Mapping[str, str | None] | None
+) -> dict[str, str]:
+    """``headers`` with a call's ``extra_headers`` applied (``None`` removes one), without
+    llmroute's own ``x-llmroute-*`` settings, which are never sent upstream."""
+    for name, value in (extra_headers or {}).items():
+        if value is None or not _given(value):
+            headers.pop(name, None)
+            for key in [k for k in headers if k.lower() == name.lower()]:
+                del headers[key]
+        else:
+            headers[name] = value
+    for name in [k for k in headers if k.lower().startswith(_OWN_HEADER_PREFIX)]:
+        del headers[name]
+    return headers
+
+
+def _credentials(headers: Mapping[str, str]) -> list[str]:
+    """The headers that say who is asking, as ``name=value`` strings in a fixed order."""
+    return sorted(f"{k.lower()}={v}" for k, v in headers.items() if k.lower() in _CREDENTIALS)
 
 
 def _header_choice(
@@ -249,6 +278,7 @@ class AsyncOpenAI:
         self._router: Router | None = None
         self._cache: ResponseCache | None = None
         self._stats_sync: StatsSync | None = None
+        self._owns_cache = True  # False in copies made by with_options
         self._cache_settings: CacheSettings | None = None
         if loaded is not None:
             resolved = resolve(loaded)
@@ -256,8 +286,11 @@ class AsyncOpenAI:
             self._router = _build_router(resolved, max_retries=max_retries)
             self._stats_sync = _stats_sync(resolved, self._router)
             if resolved.cache is not None and resolved.cache.backend != "off":
-                self._cache_settings = resolved.cache
-                self._cache = open_cache(resolved.cache, resolved.redis)
+                try:
+                    self._cache = open_cache(resolved.cache, resolved.redis)
+                    self._cache_settings = resolved.cache
+                except CacheUnavailable as exc:
+                    log.warning("cache: %s; the client runs without a cache", exc)
             default = resolved.default_provider
             if default is not None:
                 provider = self._providers[default]
@@ -386,6 +419,7 @@ class AsyncOpenAI:
         clone._custom_headers = headers
         clone._custom_query = query
         clone._owns_http_client = False  # the copy shares (or is given) its connections
+        clone._owns_cache = False
         if http_client is not None:
             clone._client, clone._transport = http_client, None
         clone.chat = AsyncChat(clone)
@@ -436,11 +470,12 @@ class AsyncOpenAI:
 
     async def close(self) -> None:
         """Close the connections (only those this client opened itself) and the cache."""
-        if self._owns_http_client:
+        if self._owns_cache:
             if self._stats_sync is not None:
                 await self._stats_sync.aclose()
             if self._cache is not None:
                 await self._cache.aclose()
+        if self._owns_http_client:
             await self._client.aclose()
 
     async def __aenter__(self) -> AsyncOpenAI:
@@ -508,19 +543,29 @@ class AsyncOpenAI:
         replay = _header_choice(options, CACHE_REPLAY_HEADER, settings.replay, _REPLAY_MODES)
         namespace = options.get(CACHE_NAMESPACE_HEADER) or settings.namespace
         if namespace is None:
+            # Whoever the request would be sent as: the keys and organization each target
+            # gets, after the call's own headers.
             if route is not None:
-                keys = [self._providers[t.provider].api_key for t in route.targets]
+                sent = [self._provider_headers(self._providers[t.provider]) for t in route.targets]
             else:
-                await self._auth_headers()
-                keys = [self._api_key]
-            namespace = _tenant_namespace(*keys)
-        elif not _NAMESPACE.fullmatch(namespace):
+                sent = [{**self.default_headers, **await self._auth_headers()}]
+            namespace = _tenant_namespace(
+                *(
+                    c
+                    for headers in sent
+                    for c in _credentials(_merge_headers(headers, extra_headers))
+                )
+            )
+        elif not NAMESPACE_PATTERN.fullmatch(namespace):
             raise ConfigError(
                 f"{CACHE_NAMESPACE_HEADER}: expected 1 to 64 letters, digits, '.', '_' or '-', "
                 f"got {namespace[:80]!r}"
             )
-        # A route's answers are the route's; a plain model's are its base URL's.
-        model = f"route:{route.name}" if route is not None else f"{self.base_url}{body['model']}"
+        # A route's answers are its targets'; a plain model's are its base URL's.
+        if route is not None:
+            model = f"route:{route.name}:{','.join(sorted(t.name for t in route.targets))}"
+        else:
+            model = f"{self.base_url}{body['model']}"
         stream = bool(body.get("stream"))
         options_ = body.get("stream_options")
         usage = stream and isinstance(options_, Mapping) and bool(options_.get("include_usage"))
@@ -571,15 +616,7 @@ class AsyncOpenAI:
             if continuation and provider.spec.continuation and provider.spec.continuation.base_url:
                 base_url = _check_base_url(provider.spec.continuation.base_url)
             headers = self._provider_headers(provider)
-        for name, value in (extra_headers or {}).items():
-            if value is None or not _given(value):
-                headers.pop(name, None)
-                for key in [k for k in headers if k.lower() == name.lower()]:
-                    del headers[key]
-            else:
-                headers[name] = value
-        for name in [k for k in headers if k.lower().startswith(_OWN_HEADER_PREFIX)]:
-            del headers[name]  # llmroute's own per-request settings, never sent upstream
+        _merge_headers(headers, extra_headers)
         # The client's default headers and query belong to its own base URL; a routed provider
         # gets its configured headers, and only what the call itself adds.
         defaults = self._custom_query if provider is None else {}
@@ -817,6 +854,7 @@ class AsyncCompletions:
             timings.tokens = usage.completion_tokens if usage is not None else 0
             completion._request_id = response.headers.get("x-request-id")
             object.__setattr__(completion, "timings", timings)
+            object.__setattr__(completion, "route", None)  # not a route, as stream.route
         return completion
 
     async def _create_routed(
@@ -873,18 +911,17 @@ class AsyncCompletions:
         started = time.monotonic()
         model = body["model"]
         policy = route.policy.name if route is not None else "direct"
-        entry = await cache.lookup(request) if request.read else None
-        if entry is not None:
+        hit = await cache.lookup(request) if request.read else None
+        if hit is not None:
             report = RouteReport(route=model, policy=policy, cache_hit=True)
             timings = Timings(started_at=started)
             response = self._client._cache_response(route, stream=request.stream)
-            if request.stream:
+            if hit.completion is None:
                 return AsyncStream._from_chunks(
-                    cache.replay(entry, request), response=response, timings=timings, route=report
+                    cache.replay(hit, request), response=response, timings=timings, route=report
                 )
-            completion = entry.replay_completion()
-            _attach(completion, timings, report, started)
-            return completion
+            _attach(hit.completion, timings, report, started)
+            return hit.completion
         if not request.share and not request.write:
             return await live()
         seat, leader = cache.join(request, live)
@@ -904,12 +941,11 @@ class AsyncCompletions:
                 measure=not leader,
                 complete=lambda: seat.flight.complete,
             )
-            weakref.finalize(stream, seat.leave)
             return stream
         seat.leave()
         if leader:
             return result
-        completion = result.model_copy()
+        completion = result.model_copy(deep=True)  # each caller may change its own
         _attach(completion, Timings(started_at=started), shared, started)
         return completion
 

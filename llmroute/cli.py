@@ -113,7 +113,11 @@ async def _cache_command(action: str, config_path: str | None, as_json: bool) ->
             "own process.\n"
         )
         return 0
-    store = open_store(settings, redis)
+    try:
+        store = open_store(settings, redis)
+    except CacheUnavailable as exc:
+        sys.stderr.write(f"llmroute cache: {exc}\n")
+        return 1
     try:
         if action == "clear":
             removed = await store.clear()

@@ -14,8 +14,10 @@ import anyio
 import pytest
 
 from llmroute import AsyncOpenAI, ConfigError, StreamInterrupted
+from llmroute.cache import CacheRequest, CacheUnavailable, ResponseCache
 from llmroute.testing import Profile, Simulator
 
+from .clock import FakeClock
 from .conftest import KEY
 
 pytestmark = pytest.mark.anyio
@@ -435,3 +437,164 @@ async def test_app_instances_share_live_ttft_stats_through_redis(
         learned = b.stats()["sim:sim-small"]
         assert learned.n >= 5 and learned.ttft_p95 is not None
         assert a.stats()["sim:sim-small"].n == 5  # nothing came back to its sender twice
+
+
+async def test_a_key_given_per_call_is_its_own_tenant(client: AsyncOpenAI, sim: Simulator) -> None:
+    msgs = messages()
+    other = {"Authorization": "Bearer sk-another-tenant"}
+    await ask(client, msgs)
+    await ask(client, msgs)
+    await stored(client)
+    assert (await ask(client, msgs)).route.cache_hit
+    assert not (await ask(client, msgs, extra_headers=other)).route.cache_hit
+    plain = client.with_options()
+    for _ in range(2):
+        await plain.chat.completions.create(model="sim-small", messages=msgs, temperature=0)
+        await stored(plain)
+    hit = await plain.chat.completions.create(model="sim-small", messages=msgs, temperature=0)
+    assert hit.route.cache_hit
+    miss = await plain.chat.completions.create(
+        model="sim-small", messages=msgs, temperature=0, extra_headers=other
+    )
+    assert miss.route is None  # a live answer of a plain model: no route
+
+
+async def test_changing_a_routes_targets_changes_its_answers(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    msgs = messages()
+    config = cache_config(sim, backend="disk", path=str(tmp_path))
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+        for _ in range(2):
+            await ask(c, msgs)
+            await stored(c)
+        assert (await ask(c, msgs)).route.cache_hit
+    config["models"]["chat"]["targets"] = ["sim:sim-large"]
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+        answer = await ask(c, msgs)
+        assert not answer.route.cache_hit and answer.model == "sim-large"
+
+
+async def test_followers_get_their_own_copy_of_a_shared_completion(sim_paced: Simulator) -> None:
+    msgs = messages()
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
+    ) as c:
+        results: list[Any] = []
+
+        async def one() -> None:
+            results.append(await ask(c, msgs, stream=False))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one)
+        original = results[1].choices[0].message.content
+        results[0].choices[0].message.content = "changed by one caller"
+        assert results[1].choices[0].message.content == original
+        assert results[2].choices[0].message.content == original
+
+
+async def test_an_unusable_disk_path_means_no_cache_not_no_client(
+    sim: Simulator, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    config = cache_config(sim, backend="disk", path=str(blocker / "cache"))
+    with caplog.at_level(logging.WARNING, logger="llmroute"):
+        async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+            assert c._cache is None
+            answer = await ask(c, messages())
+            assert answer.choices[0].finish_reason == "stop"
+    assert "without a cache" in caplog.text
+
+
+async def test_closing_a_client_with_its_own_http_client_closes_the_cache(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    import httpx
+
+    from llmroute.cache import DiskStore
+
+    config = cache_config(sim, backend="disk", path=str(tmp_path))
+    http = httpx.AsyncClient(verify=sim.ssl_context())
+    async with AsyncOpenAI(api_key=KEY, http_client=http, config=config) as c:
+        await ask(c, messages())
+        copy = c.with_options(timeout=30)
+        await copy.close()  # a copy shares the cache: closing it leaves the cache open
+        await ask(c, messages())
+    await http.aclose()
+    store = DiskStore(tmp_path, max_bytes=2**20)
+    stats = await store.stats()
+    await store.aclose()
+    assert stats.misses == 2  # flushed when the client closed
+
+
+class DeadStore:
+    """A store whose every call fails, counting the calls."""
+
+    kind = "redis"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def _fail(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        await anyio.sleep(0.01)
+        raise CacheUnavailable("redis at redis://127.0.0.1:1/0 is unavailable: refused")
+
+    get = set = delete = hit = add_stats = stats = clear = _fail
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_while_the_store_is_down_one_request_probes_it_and_the_rest_go_straight_on() -> None:
+    clock = FakeClock()
+    store = DeadStore()
+    cache = ResponseCache(
+        store,  # type: ignore[arg-type]
+        ttl=60,
+        min_hits=2,
+        window=60,
+        max_entry_bytes=2**20,
+        clock=clock,
+    )
+    request = CacheRequest(
+        key="ns/k", stream=False, include_usage=False, read=True, write=True, share=True
+    )
+    assert await cache.lookup(request) is None
+    assert store.calls == 1  # the failure that marked it down
+
+    async def lookups(n: int) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(cache.lookup, request)
+
+    await lookups(20)
+    assert store.calls == 1  # down: nobody waits on it
+    clock.advance(5.1)
+    await lookups(20)
+    assert store.calls == 2  # one probe after the pause, the others went on without it
+    clock.advance(1)
+    await lookups(20)
+    assert store.calls == 2
+
+
+async def test_the_cache_and_the_shared_stats_share_a_redis_prefix(
+    sim: Simulator, redis_url: str
+) -> None:
+    config = cache_config(sim, backend="redis")
+    config["routing"] = {"explore": 0, "stats_backend": "redis", "stats_sync": "10ms"}
+    config["redis"] = {"url": redis_url, "prefix": f"test-{uuid.uuid4().hex[:8]}"}
+    msgs = messages()
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+        for _ in range(3):
+            await ask(c, msgs)
+            await stored(c)
+            await anyio.sleep(0.02)
+        assert (await ask(c, msgs)).route.cache_hit
+        assert c._cache is not None and c._stats_sync is not None
+        stats = await c._cache.stats()
+        assert stats.entries == 1 and stats.hits == 2 and stats.misses == 2
+        assert c._stats_sync.available
+        await c._cache.clear()

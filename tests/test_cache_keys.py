@@ -227,3 +227,24 @@ def test_a_damaged_entry_is_refused(raw: bytes) -> None:
 def test_has_usage() -> None:
     assert stream_entry().has_usage
     assert not stream_entry(STREAM[:-1]).has_usage
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"v": 1, "key": "ns/k", "created": 1, "completion": {"choices": ["x"]}}',
+        b'{"v": 1, "key": "ns/k", "created": 1, "completion": {"choices": [{"message": 3}]}}',
+        b'{"v": 1, "key": "ns/k", "created": 1, "chunks": [{"choices": [7]}], "offsets": [0]}',
+        b'{"v": 1, "key": "ns/k", "created": 1, "chunks": [{"choices": [{"index": "0"}]}], '
+        b'"offsets": [0]}',
+    ],
+)
+def test_valid_json_of_the_wrong_shape_is_refused(raw: bytes) -> None:
+    with pytest.raises(CorruptEntry):
+        CacheEntry.decode(raw, "ns/k")
+
+
+def test_a_tool_call_only_answer_folds_with_no_content() -> None:
+    calls_only = [STREAM[0], *STREAM[5:]]
+    message = stream_entry(calls_only).replay_completion().choices[0].message
+    assert message.content is None and message.tool_calls

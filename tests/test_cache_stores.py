@@ -17,8 +17,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from llmroute._redis import redact_url
 from llmroute.cache._admission import PopularityCounter
-from llmroute.cache._redis import RedisStore, redact_url
+from llmroute.cache._redis import RedisStore
 from llmroute.cache._stores import (
     CacheStore,
     CacheUnavailable,
@@ -471,7 +472,7 @@ async def test_redis_key_layout_and_native_ttls(redis_url: str) -> None:
         assert raw.get(f"{prefix}:e:{key(1)}") == b"value"
         assert 0 < int(raw.pttl(f"{prefix}:e:{key(1)}")) <= 60_000  # type: ignore[arg-type]
         assert 0 < int(raw.pttl(f"{prefix}:p:{key(1)}")) <= 30_000  # type: ignore[arg-type]
-        assert raw.hgetall(f"{prefix}:stats") == {b"hits": b"1", b"misses": b"2"}
+        assert raw.hgetall(f"{prefix}:cache-stats") == {b"hits": b"1", b"misses": b"2"}
         await store.clear()
         assert list(raw.scan_iter(f"{prefix}:*")) == []
     finally:

@@ -342,7 +342,7 @@ async def test_malformed_stream_entries_are_skipped(
     backends: list[RedisStatsBackend],
 ) -> None:
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    key = f"{prefix}:stats"
+    key = f"{prefix}:ttft-samples"
     with redis.Redis.from_url(redis_url) as raw:
         for fields in (
             {"x": "y"},

@@ -21,7 +21,7 @@ from ._entry import CacheEntry, CorruptEntry
 from ._flight import Flight, Seat
 from ._stores import CacheStore, CacheUnavailable, StoreStats
 
-__all__ = ["CacheRequest", "ResponseCache"]
+__all__ = ["CacheRequest", "Hit", "ResponseCache"]
 
 log = logging.getLogger("llmroute")
 
@@ -67,7 +67,7 @@ class ResponseCache:
         self.max_entry_bytes = max_entry_bytes
         self._clock = clock
         self._flights: dict[tuple[str, bool, bool], Flight] = {}
-        self._down_until = 0.0
+        self._down_until: float | None = None
         self._hits = self._misses = 0
         self._flushed_at = clock()
         self._reported: set[str] = set()
@@ -75,12 +75,19 @@ class ResponseCache:
     # -- store access that never fails a request -------------------------------------------
 
     def _usable(self) -> bool:
-        return self._clock() >= self._down_until
+        """Whether to use the store now. While it is down, one caller every few seconds
+        probes it and the others go without (so a dead server slows one request, not all)."""
+        if self._down_until is None:
+            return True
+        now = self._clock()
+        if now < self._down_until:
+            return False
+        self._down_until = now + _RETRY_STORE_AFTER
+        return True
 
     def _unavailable(self, exc: BaseException) -> None:
-        first = self._down_until == 0.0
+        level = logging.DEBUG if self._down_until is not None else logging.WARNING
         self._down_until = self._clock() + _RETRY_STORE_AFTER
-        level = logging.WARNING if first else logging.DEBUG
         log.log(
             level,
             "cache: %s; requests go upstream without the cache (retrying in %.0f s)",
@@ -89,12 +96,12 @@ class ResponseCache:
         )
 
     def _recovered(self) -> None:
-        if self._down_until:
+        if self._down_until is not None:
             log.info("cache: the %s store answers again", self.store.kind)
-            self._down_until = 0.0
+            self._down_until = None
 
-    async def lookup(self, request: CacheRequest) -> CacheEntry | None:
-        """The stored answer for ``request``, if there is a valid one it can use."""
+    async def lookup(self, request: CacheRequest) -> Hit | None:
+        """The stored answer for ``request``, ready to replay, if a valid one can serve it."""
         if not self._usable():
             return None
         try:
@@ -103,25 +110,19 @@ class ResponseCache:
             self._unavailable(exc)
             return None
         self._recovered()
-        entry = None
+        hit = None
         if raw is not None:
             try:
-                entry = CacheEntry.decode(raw, request.key)
+                hit = _prepare(CacheEntry.decode(raw, request.key), request)
             except CorruptEntry as exc:
                 self._report_corrupt(request.key, exc)
                 await self._delete(request.key)
-        if (
-            entry is not None
-            and not entry.has_usage
-            and (request.include_usage or not request.stream)
-        ):
-            entry = None  # the caller wants token usage, which this answer was stored without
-        if entry is not None:
+        if hit is not None:
             self._hits += 1
         else:
             self._misses += 1
         self._maybe_flush()
-        return entry
+        return hit
 
     def _report_corrupt(self, key: str, exc: CorruptEntry) -> None:
         if key in self._reported:
@@ -206,13 +207,11 @@ class ResponseCache:
 
     # -- replay ----------------------------------------------------------------------------
 
-    async def replay(
-        self, entry: CacheEntry, request: CacheRequest
-    ) -> AsyncIterator[ChatCompletionChunk]:
-        """The entry's chunks, at once or at their recorded rhythm."""
+    async def replay(self, hit: Hit, request: CacheRequest) -> AsyncIterator[ChatCompletionChunk]:
+        """A hit's chunks, at once or at their recorded rhythm."""
         started = self._clock()
         first: float | None = None
-        for offset, chunk in entry.replay_chunks(include_usage=request.include_usage):
+        for offset, chunk in hit.chunks or ():
             if request.paced:
                 first = offset if first is None else first
                 delay = (offset - first) - (self._clock() - started)
@@ -234,6 +233,35 @@ class ResponseCache:
     async def aclose(self) -> None:
         await self.flush_stats()
         await self.store.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A stored answer, rebuilt as the objects the request gets."""
+
+    entry: CacheEntry
+    chunks: list[tuple[float, ChatCompletionChunk]] | None = None
+    """For a streamed request: each chunk with its recorded offset in seconds."""
+    completion: ChatCompletion | None = None
+
+
+def _prepare(entry: CacheEntry, request: CacheRequest) -> Hit | None:
+    """The replay of ``entry`` for ``request``; ``None`` if it lacks the usage the request
+    needs. Anything that cannot be rebuilt raises :class:`CorruptEntry`."""
+    needs_usage = request.include_usage if request.stream else entry.chunks is not None
+    if needs_usage and not entry.has_usage:
+        return None  # asked with usage, stored without: the live answer will replace it
+    try:
+        if request.stream:
+            chunks = list(entry.replay_chunks(include_usage=request.include_usage))
+            if not all(isinstance(c.choices, list) for _, c in chunks):
+                raise CorruptEntry("a chunk without a list of choices")
+            return Hit(entry, chunks=chunks)
+        return Hit(entry, completion=entry.replay_completion())
+    except CorruptEntry:
+        raise
+    except Exception as exc:
+        raise CorruptEntry(f"cannot be replayed ({type(exc).__name__}: {exc})") from None
 
 
 def _entry_of(key: str, flight: Flight) -> CacheEntry | None:

@@ -111,11 +111,7 @@ class CacheEntry:
             data.get("completion"),
         )
         if chunks is not None:
-            if not (
-                isinstance(chunks, list)
-                and chunks
-                and all(isinstance(c, dict) and isinstance(c.get("choices"), list) for c in chunks)
-            ):
+            if not (isinstance(chunks, list) and chunks and all(map(_valid_chunk, chunks))):
                 raise CorruptEntry("bad chunks")
             if not (
                 isinstance(offsets, list)
@@ -124,7 +120,11 @@ class CacheEntry:
             ):
                 raise CorruptEntry("bad chunk offsets")
             return cls(key, float(created), chunks=chunks, offsets=offsets, origin=origin)
-        if not (isinstance(completion, dict) and isinstance(completion.get("choices"), list)):
+        if not (
+            isinstance(completion, dict)
+            and isinstance(completion.get("choices"), list)
+            and all(_valid_choice(c, "message") for c in completion["choices"])
+        ):
             raise CorruptEntry("neither chunks nor a completion")
         return cls(key, float(created), completion=completion, origin=origin)
 
@@ -162,6 +162,22 @@ class CacheEntry:
         return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=data))
 
 
+def _valid_choice(choice: object, body: str) -> bool:
+    return (
+        isinstance(choice, dict)
+        and isinstance(choice.get("index", 0), int)
+        and isinstance(choice.get(body) or {}, dict)
+    )
+
+
+def _valid_chunk(chunk: object) -> bool:
+    return (
+        isinstance(chunk, dict)
+        and isinstance(chunk.get("choices"), list)
+        and all(_valid_choice(c, "delta") for c in chunk["choices"])
+    )
+
+
 def _fold(chunks: list[dict[str, Any]]) -> dict[str, Any]:
     """The completion JSON the chunks of a stream add up to."""
     first = chunks[0]
@@ -192,6 +208,8 @@ def _fold(chunks: list[dict[str, Any]]) -> dict[str, Any]:
         tools = choice.pop("tools")
         if tools:
             choice["message"]["tool_calls"] = [tools[i] for i in sorted(tools)]
+            if not choice["message"]["content"]:
+                choice["message"]["content"] = None  # as a live tool-call answer has it
         choice.setdefault("finish_reason", None)
         choice.setdefault("logprobs", None)
         folded.append(choice)
@@ -254,11 +272,11 @@ def _unfold(completion: Mapping[str, Any], *, include_usage: bool) -> Iterator[d
         message = choice.get("message") or {}
         yield chunk(index, {"role": message.get("role") or "assistant", "content": ""})
         for field, value in message.items():
-            if field not in _DELTA_KNOWN and field not in ("tool_calls", "annotations", "audio"):
+            if field not in _DELTA_KNOWN and field != "audio":
                 if isinstance(value, str) and value:
                     for piece in _pieces(value):
                         yield chunk(index, {field: piece})
-                elif value is not None and not isinstance(value, str):
+                elif value and not isinstance(value, str):
                     yield chunk(index, {field: value})
         yield from _unfold_content(chunk, index, message, choice.get("logprobs"))
         if message.get("refusal"):

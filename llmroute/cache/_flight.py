@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from types import TracebackType
+from typing import Any, NoReturn
 
 import anyio
 from openai.types.chat import ChatCompletionChunk
 
 from .._background import spawn
 
-__all__ = ["Flight", "Seat"]
+__all__ = ["Flight", "FlightCancelled", "Seat"]
+
+
+class FlightCancelled(Exception):
+    """Raised to a reader when the shared call was cancelled from outside (its event loop
+    shutting down) before it had an answer."""
 
 
 class Flight:
@@ -39,6 +45,7 @@ class Flight:
         self.result: Any = None
         """What the upstream call returned: a chunk stream, or a completion."""
         self.error: BaseException | None = None
+        self._error_tb: TracebackType | None = None
         self.chunks: list[ChatCompletionChunk] = []
         self.offsets: list[float] = []
         """Seconds from the start of the call to each chunk."""
@@ -82,7 +89,7 @@ class Flight:
                             self._notify()
                     self.complete = True
                 except Exception as exc:
-                    self.error = exc
+                    self.error, self._error_tb = exc, exc.__traceback__
                 finally:
                     if self.stream and upstream is not None:
                         with anyio.CancelScope(shield=True):
@@ -93,6 +100,12 @@ class Flight:
             self._opened.set()
             self._notify()
         await self._on_end(self)
+
+    def _raise(self) -> NoReturn:
+        # Every reader raises the one error; each raise starts from the original traceback,
+        # so the readers' frames do not pile up on it.
+        assert self.error is not None
+        raise self.error.with_traceback(self._error_tb)
 
     def _left(self) -> None:
         self.seats -= 1
@@ -114,9 +127,11 @@ class Seat:
         """What the upstream call returned, once it has; its error if it failed first."""
         flight = self.flight
         await flight._opened.wait()
-        if flight.error is not None and flight.result is None:
+        if flight.result is None:
             self.leave()
-            raise flight.error
+            if flight.error is not None:
+                flight._raise()
+            raise FlightCancelled("the shared upstream call was cancelled before it answered")
         return flight.result
 
     async def chunks(self) -> AsyncIterator[ChatCompletionChunk]:
@@ -130,7 +145,7 @@ class Seat:
                     yield flight.chunks[index - 1]
                 elif flight.ended:
                     if flight.error is not None:
-                        raise flight.error
+                        flight._raise()
                     return
                 else:
                     await flight._changed.wait()

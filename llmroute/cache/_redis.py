@@ -6,32 +6,18 @@ import itertools
 import math
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar, cast
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from typing import TypeVar, cast
 
 import anyio.to_thread
 
+from .._redis import RedisConnection
 from ._stores import CacheUnavailable, StoreStats, check_ttl
 
-if TYPE_CHECKING:
-    import redis
-
-__all__ = ["RedisStore", "redact_url"]
+__all__ = ["RedisStore"]
 
 _T = TypeVar("_T")
 _PREFIX = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _BATCH = 1000
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password (in the user part or a ``password=`` query) shown as ``***``."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
-    query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query, True)]
-    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
 
 
 class RedisStore:
@@ -39,7 +25,7 @@ class RedisStore:
     process that uses the same server and ``prefix``.
 
     Keys: ``{prefix}:e:{key}`` for entries (native TTL), ``{prefix}:p:{key}`` for popularity
-    counts, ``{prefix}:stats`` a hash of lookup counters. There is no client-side size limit:
+    counts, ``{prefix}:cache-stats`` a hash of lookup counters. There is no client-side size limit:
     bound the memory with the server's ``maxmemory`` and an eviction policy such as
     ``allkeys-lru`` (with ``noeviction``, writes past the limit raise :class:`CacheUnavailable`).
 
@@ -51,30 +37,12 @@ class RedisStore:
     kind = "redis"
 
     def __init__(self, url: str, *, prefix: str = "llmroute", timeout: float = 0.25) -> None:
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError as exc:
-            raise ImportError(
-                "RedisStore needs the redis package: pip install 'llmroute[redis]'"
-            ) from exc
         if not _PREFIX.fullmatch(prefix):
             raise ValueError(f"prefix must match [A-Za-z0-9._-]{{1,64}}, not {prefix!r}")
-        self.url = redact_url(url)
+        self._redis = RedisConnection(url, timeout=timeout, purpose="RedisStore")
+        self._client = self._redis.client
+        self.url = self._redis.url
         self.prefix = prefix
-        parts = urlsplit(url)
-        passwords = [parts.password, *(v for k, v in parse_qsl(parts.query) if k == "password")]
-        self._secrets = {form for p in passwords if p for form in (p, unquote(p))}
-        self._error = redis.RedisError
-        # One immediate retry on a fresh connection (a pooled one may have gone stale); no
-        # backoff, so an unreachable server fails within about two timeouts.
-        self._client: redis.Redis = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-        )
 
     def describe(self) -> str:
         return f"redis at {self.url} (prefix {self.prefix!r})"
@@ -140,11 +108,11 @@ class RedisStore:
         return await self._run(clear)
 
     async def aclose(self) -> None:
-        await anyio.to_thread.run_sync(self._client.close)
+        await anyio.to_thread.run_sync(self._redis.close)
 
     @property
     def _stats(self) -> str:
-        return f"{self.prefix}:stats"
+        return f"{self.prefix}:cache-stats"
 
     def _entry(self, key: str) -> str:
         return f"{self.prefix}:e:{key}"
@@ -152,10 +120,8 @@ class RedisStore:
     async def _run(self, func: Callable[[], _T]) -> _T:
         try:
             return await anyio.to_thread.run_sync(func)
-        except self._error as exc:
-            reason = str(exc)
-            for secret in self._secrets:
-                reason = reason.replace(secret, "***")
+        except self._redis.errors as exc:
+            reason = self._redis.reason(exc)
             raise CacheUnavailable(f"{self.describe()} is unavailable: {reason}") from exc
 
 

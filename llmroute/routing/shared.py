@@ -3,7 +3,7 @@
 Prediction stays local and in process. In the background, :class:`StatsSync` drains the local
 :class:`~llmroute.routing.stats.LiveStats` journal, hands the events to a :class:`StatsBackend`
 in a worker thread, and records what the other instances published. :class:`RedisStatsBackend`
-keeps one Redis Stream, ``{prefix}:stats``, with one entry per exchange:
+keeps one Redis Stream, ``{prefix}:ttft-samples``, with one entry per exchange:
 ``{"i": instance id, "e": JSON list of events}``.
 
 Exceptions::
@@ -19,16 +19,13 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, Protocol, cast
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.to_thread
 
+from .._redis import RedisConnection
 from .stats import LiveStats, SampleEvent
-
-if TYPE_CHECKING:
-    import redis
 
 __all__ = ["RedisStatsBackend", "StatsBackend", "StatsBackendUnavailable", "StatsSync"]
 
@@ -56,18 +53,8 @@ class StatsBackend(Protocol):
         ...
 
 
-def _redact(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:***" if parts.username else ":***"
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
-
-
 class RedisStatsBackend:
-    """A :class:`StatsBackend` on one Redis Stream, ``{prefix}:stats``, trimmed to about
+    """A :class:`StatsBackend` on one Redis Stream, ``{prefix}:ttft-samples``, trimmed to about
     ``maxlen`` entries.
 
     Each :meth:`exchange` is one round trip: XADD of our events (when there are any), then a
@@ -87,32 +74,18 @@ class RedisStatsBackend:
         maxlen: int = 20_000,
         batch: int = 1000,
     ) -> None:
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError as exc:  # pragma: no cover - the extra is installed in tests
-            raise ImportError(
-                "shared stats on Redis need the redis package: pip install 'llmroute[redis]'"
-            ) from exc
+        self._redis = RedisConnection(url, timeout=timeout, purpose="shared stats on Redis")
+        self._client = self._redis.client
         self.instance = instance if instance is not None else uuid.uuid4().hex[:12]
-        self.key = f"{prefix}:stats"
+        self.key = f"{prefix}:ttft-samples"
         self.malformed = 0
         """Stream entries skipped because they could not be read."""
-        self._url = _redact(url)
-        self._password = urlsplit(url).password
+        self._url = self._redis.url
         self._history = history
         self._maxlen = maxlen
         self._batch = batch
         self._expire = math.ceil(max(history, 60.0) * 2)
         self._last_id: bytes | str | None = None
-        self._errors = (redis.RedisError, OSError)
-        self._client: redis.Redis = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1),
-        )
 
     def describe(self) -> str:
         """The redacted URL, stream key and instance id."""
@@ -132,10 +105,8 @@ class RedisStatsBackend:
                     pipe.expire(self.key, self._expire)
                 pipe.xread({self.key: last}, count=self._batch)
                 replies = pipe.execute()
-        except self._errors as exc:
-            message = f"{self.describe()}: {type(exc).__name__}: {exc}"
-            if self._password:
-                message = message.replace(self._password, "***")
+        except self._redis.errors as exc:
+            message = f"{self.describe()}: {self._redis.reason(exc)}"
             raise StatsBackendUnavailable(message) from exc
         self._last_id = last
         return self._incoming(replies[-1])
@@ -173,7 +144,7 @@ class RedisStatsBackend:
 
     def close(self) -> None:
         """Close the connections."""
-        self._client.close()
+        self._redis.close()
 
 
 class StatsSync:
