@@ -549,13 +549,8 @@ class AsyncOpenAI:
                 sent = [self._provider_headers(self._providers[t.provider]) for t in route.targets]
             else:
                 sent = [{**self.default_headers, **await self._auth_headers()}]
-            namespace = _tenant_namespace(
-                *(
-                    c
-                    for headers in sent
-                    for c in _credentials(_merge_headers(headers, extra_headers))
-                )
-            )
+            who = [_credentials(_merge_headers(headers, extra_headers)) for headers in sent]
+            namespace = _tenant_namespace(*(c for credentials in who for c in credentials))
         elif not NAMESPACE_PATTERN.fullmatch(namespace):
             raise ConfigError(
                 f"{CACHE_NAMESPACE_HEADER}: expected 1 to 64 letters, digits, '.', '_' or '-', "
@@ -567,8 +562,8 @@ class AsyncOpenAI:
         else:
             model = f"{self.base_url}{body['model']}"
         stream = bool(body.get("stream"))
-        options_ = body.get("stream_options")
-        usage = stream and isinstance(options_, Mapping) and bool(options_.get("include_usage"))
+        asked = body.get("stream_options")
+        usage = stream and isinstance(asked, Mapping) and bool(asked.get("include_usage"))
         writes = mode != "read-only"
         return CacheRequest(
             key=request_key(body, model=model, namespace=namespace),

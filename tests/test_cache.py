@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,19 @@ async def stored(client: AsyncOpenAI) -> None:
     with anyio.move_on_after(10):
         while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
             await anyio.sleep(0.005)
+
+
+async def together(n: int, call: Callable[[], Awaitable[Any]]) -> list[Any]:
+    """Run ``call()`` ``n`` times at once; the results in the order they finished."""
+    results: list[Any] = []
+
+    async def one() -> None:
+        results.append(await call())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(n):
+            tg.start_soon(one)
+    return results
 
 
 def upstream(sim: Simulator) -> int:
@@ -222,14 +235,7 @@ async def test_twenty_identical_requests_make_one_upstream_call(
         config=cache_config(sim_paced),
     ) as c:
         before = upstream(sim_paced)
-        results: list[tuple[Any, list[Any]]] = []
-
-        async def one() -> None:
-            results.append(await ask_stream(c, msgs))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(20):
-                tg.start_soon(one)
+        results = await together(20, lambda: ask_stream(c, msgs))
         assert upstream(sim_paced) == before + 1
         assert len(results) == 20
         answers = {str(dumps(chunks)) for _, chunks in results}
@@ -249,14 +255,7 @@ async def test_identical_non_streamed_requests_share_one_call(sim_paced: Simulat
         api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
     ) as c:
         before = upstream(sim_paced)
-        results: list[Any] = []
-
-        async def one() -> None:
-            results.append(await ask(c, msgs))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(10):
-                tg.start_soon(one)
+        results = await together(10, lambda: ask(c, msgs))
         assert upstream(sim_paced) == before + 1
         assert len({r.choices[0].message.content for r in results}) == 1
         assert sum(1 for r in results if r.route.shared) == 9
@@ -480,14 +479,7 @@ async def test_followers_get_their_own_copy_of_a_shared_completion(sim_paced: Si
     async with AsyncOpenAI(
         api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
     ) as c:
-        results: list[Any] = []
-
-        async def one() -> None:
-            results.append(await ask(c, msgs, stream=False))
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):
-                tg.start_soon(one)
+        results = await together(3, lambda: ask(c, msgs))
         original = results[1].choices[0].message.content
         results[0].choices[0].message.content = "changed by one caller"
         assert results[1].choices[0].message.content == original
@@ -565,18 +557,13 @@ async def test_while_the_store_is_down_one_request_probes_it_and_the_rest_go_str
     assert await cache.lookup(request) is None
     assert store.calls == 1  # the failure that marked it down
 
-    async def lookups(n: int) -> None:
-        async with anyio.create_task_group() as tg:
-            for _ in range(n):
-                tg.start_soon(cache.lookup, request)
-
-    await lookups(20)
+    await together(20, lambda: cache.lookup(request))
     assert store.calls == 1  # down: nobody waits on it
     clock.advance(5.1)
-    await lookups(20)
+    await together(20, lambda: cache.lookup(request))
     assert store.calls == 2  # one probe after the pause, the others went on without it
     clock.advance(1)
-    await lookups(20)
+    await together(20, lambda: cache.lookup(request))
     assert store.calls == 2
 
 
