@@ -8,9 +8,10 @@ stored: an error, an interrupted stream or an answer without its finish_reason n
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 import anyio
@@ -240,7 +241,7 @@ class Hit:
     """A stored answer, rebuilt as the objects the request gets."""
 
     entry: CacheEntry
-    chunks: list[tuple[float, ChatCompletionChunk]] | None = None
+    chunks: Iterator[tuple[float, ChatCompletionChunk]] | None = None
     """For a streamed request: each chunk with its recorded offset in seconds."""
     completion: ChatCompletion | None = None
 
@@ -253,10 +254,11 @@ def _prepare(entry: CacheEntry, request: CacheRequest) -> Hit | None:
         return None  # asked with usage, stored without: the live answer will replace it
     try:
         if request.stream:
-            chunks = list(entry.replay_chunks(include_usage=request.include_usage))
-            if not all(isinstance(c.choices, list) for _, c in chunks):
-                raise CorruptEntry("a chunk without a list of choices")
-            return Hit(entry, chunks=chunks)
+            # The first chunk now (a damaged entry fails here, as a miss); the rest as they are
+            # read, so a long answer's first chunk does not wait for all of them.
+            chunks = entry.replay_chunks(include_usage=request.include_usage)
+            first = next(chunks)
+            return Hit(entry, chunks=itertools.chain([first], chunks))
         return Hit(entry, completion=entry.replay_completion())
     except CorruptEntry:
         raise
