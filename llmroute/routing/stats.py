@@ -42,6 +42,7 @@ __all__ = [
     "OutcomeWindow",
     "SampleEvent",
     "SampleJournal",
+    "ServerMetrics",
     "StatsSettings",
     "TargetSnapshot",
     "TargetStats",
@@ -427,6 +428,24 @@ def _optional(value: object) -> float | None:
     return None if value is None else _seconds(value)
 
 
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """What a self-hosted server (SGLang) says of itself on ``/metrics``, read at ``read_at``.
+
+    The TTFT and queue-time means are over the requests since the previous reading (from the
+    histograms' sum and count), ``None`` when no request finished in between.
+    """
+
+    read_at: float
+    """When it was read, on the stats' clock."""
+    queued: int
+    running: int
+    cache_hit_rate: float | None = None
+    token_usage: float | None = None
+    ttft_mean: float | None = None
+    queue_time_mean: float | None = None
+
+
 class TargetStats:
     """Everything measured about one target, and its predicted TTFT for a prompt length."""
 
@@ -454,6 +473,8 @@ class TargetStats:
         self._outcomes = OutcomeWindow(settings.window, clock)
         self._clock = clock
         self._waiting: dict[int, float] = {}
+        self.server: ServerMetrics | None = None
+        """The latest reading of the target's own ``/metrics`` (self-hosted servers only)."""
         self._next_wait = 0
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
