@@ -30,8 +30,11 @@ from ._config import (
     Resolved,
     ResolvedProvider,
     RouteConfig,
+    Target,
     load_config,
     resolve,
+    resolve_provider,
+    route_config,
 )
 from ._errors import (
     APIConnectionError,
@@ -179,6 +182,31 @@ def _policy(config: RouteConfig) -> Policy:
     return FailoverPolicy()
 
 
+def _route(
+    name: str,
+    config: RouteConfig,
+    targets: Iterable[Target],
+    providers: Mapping[str, ResolvedProvider],
+) -> Route:
+    """The engine's route for one ``[models.<name>]`` table."""
+    return Route(
+        name=name,
+        targets=tuple(
+            RouteTarget(
+                provider=t.provider,
+                model=t.model,
+                continuation=providers[t.provider].spec.continuation,
+                stream_usage=providers[t.provider].spec.stream_usage,
+            )
+            for t in targets
+        ),
+        policy=_policy(config),
+        budget=HedgeBudget(ratio=config.hedge_budget),
+        first_token_timeout=config.first_token_timeout,
+        continue_on_break=config.continue_on_break,
+    )
+
+
 def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
     """The routing engine for a resolved config: its routes, live stats and health."""
     settings = resolved.routing
@@ -191,25 +219,10 @@ def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
         ),
         journal=settings.stats_backend == "redis",
     )
-    routes: dict[str, Route] = {}
-    for name, targets in resolved.routes.items():
-        config = resolved.route_configs[name]
-        routes[name] = Route(
-            name=name,
-            targets=tuple(
-                RouteTarget(
-                    provider=t.provider,
-                    model=t.model,
-                    continuation=resolved.providers[t.provider].spec.continuation,
-                    stream_usage=resolved.providers[t.provider].spec.stream_usage,
-                )
-                for t in targets
-            ),
-            policy=_policy(config),
-            budget=HedgeBudget(ratio=config.hedge_budget),
-            first_token_timeout=config.first_token_timeout,
-            continue_on_break=config.continue_on_break,
-        )
+    routes = {
+        name: _route(name, resolved.route_configs[name], targets, resolved.providers)
+        for name, targets in resolved.routes.items()
+    }
     return Router(
         routes,
         stats=stats,
@@ -458,6 +471,36 @@ class AsyncOpenAI:
                 tg.start_soon(warm, url)
         if errors and len(errors) == len(urls):
             raise errors[0]
+
+    def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
+        """Add (or replace) a provider at run time, from a ``[providers.<name>]`` table, e.g.
+        ``{"kind": "sglang", "base_url": ..., "api_key": ...}``; ``ConfigError`` if invalid."""
+        self._providers[name] = resolve_provider(name, table)
+
+    def add_targets(self, model: str, targets: Iterable[str], **route: Any) -> None:
+        """Add ``"provider:model"`` targets to the route ``model``, creating it (from ``route``,
+        the keys of a ``[models.<name>]`` table) when it does not exist yet. The providers must
+        be known: in the config, or added with :meth:`add_provider`."""
+        parsed = [Target.parse(text) for text in targets]
+        for target in parsed:
+            if target.provider not in self._providers:
+                raise ConfigError(
+                    f"models.{model}: unknown provider {target.provider!r} "
+                    "(add it with add_provider() first)"
+                )
+        if self._router is None:
+            self._router = _build_router(resolve(Config()), max_retries=self.max_retries)
+        routes = self._router.routes
+        existing = routes.get(model)
+        if existing is None:
+            config = route_config(model, {"targets": [str(t) for t in parsed], **route})
+            routes[model] = _route(model, config, parsed, self._providers)
+            return
+        if route:
+            raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
+        new = _route(model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self._providers)
+        known = {t.name for t in existing.targets}
+        existing.targets += tuple(t for t in new.targets if t.name not in known)
 
     def stats(self) -> dict[str, TargetSnapshot]:
         """A snapshot of every routed target's live stats (empty for a client without routes).

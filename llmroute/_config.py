@@ -64,6 +64,8 @@ __all__ = [
     "load_config",
     "parse_duration",
     "resolve",
+    "resolve_provider",
+    "route_config",
 ]
 
 ENV_VAR = "LLMROUTE_CONFIG"
@@ -564,6 +566,25 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
 
 
 _OVERRIDES = frozenset(ProviderSpec.model_fields) - {"name"}
+
+
+def resolve_provider(
+    name: str, table: Mapping[str, Any], environ: Mapping[str, str] = os.environ
+) -> ResolvedProvider:
+    """One provider from a ``[providers.<name>]`` table given in code, ready to use."""
+    config = _validate({"providers": {name: dict(table)}}, _DEFAULT_SOURCE)
+    return _resolve_provider(name, config, load_catalog(), environ)
+
+
+def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
+    """A ``[models.<name>]`` table given in code, validated (errors name ``models.<name>``)."""
+    try:
+        return RouteConfig.model_validate(dict(table))
+    except pydantic.ValidationError as exc:
+        prefix = f"models.{_key([name])}"
+        raise ConfigError(
+            format_validation_error(exc, source=_DEFAULT_SOURCE, prefix=prefix)
+        ) from None
 
 
 def _resolve_provider(
