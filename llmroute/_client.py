@@ -64,8 +64,11 @@ from .routing.policies import (
     FailoverPolicy,
     FastestPolicy,
     HedgePolicy,
+    LeastLoadedPolicy,
     Policy,
+    PrefixPolicy,
     RacePolicy,
+    RoundRobinPolicy,
     WeightedPolicy,
 )
 from .routing.shared import StatsSync
@@ -169,6 +172,19 @@ def _header_choice(
 
 
 def _policy(config: RouteConfig) -> Policy:
+    if config.policy == "prefix":
+        return PrefixPolicy(
+            block_chars=config.prefix_block_chars,
+            max_blocks=config.prefix_max_blocks,
+            cache_threshold=config.cache_threshold,
+            balance_abs_threshold=config.balance_abs_threshold,
+            balance_rel_threshold=config.balance_rel_threshold,
+            rank_by=config.rank_by,
+        )
+    if config.policy == "least-loaded":
+        return LeastLoadedPolicy(rank_by=config.rank_by)
+    if config.policy == "round-robin":
+        return RoundRobinPolicy()
     if config.policy == "fastest":
         return FastestPolicy(rank_by=config.rank_by)
     if config.policy == "hedge":

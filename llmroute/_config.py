@@ -194,7 +194,9 @@ def _empty_is_none(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(_duration_input)]
-Policy = Literal["fastest", "hedge", "race", "failover", "weighted"]
+Policy = Literal[
+    "fastest", "hedge", "race", "failover", "weighted", "prefix", "least-loaded", "round-robin"
+]
 Statistic = Literal["p50", "p95", "p99", "mean"]
 
 
@@ -268,6 +270,21 @@ class RouteConfig(BaseModel):
     weights: list[Annotated[float, Field(gt=0)]] | None = None
     """Policy ``"weighted"``: one positive number per target."""
     rank_by: Statistic = "p95"
+    prefix_block_chars: int = Field(default=64, ge=1, le=65536)
+    """Policy ``"prefix"``: prompts are compared in blocks of this many characters (64 is
+    about 16 tokens); a shared prefix counts up to its last whole common block."""
+    prefix_max_blocks: int = Field(default=16384, ge=1, le=2**24)
+    """Policy ``"prefix"``: blocks remembered per target, least recently used dropped first
+    (16384 blocks of 64 characters: about 256k tokens of prefixes, some 2 MB per target)."""
+    cache_threshold: float = Field(default=0.5, ge=0, le=1)
+    """Policy ``"prefix"``: a request follows the target that holds more than this share of
+    its prompt; otherwise it goes to the least-loaded target. 1 turns affinity off."""
+    balance_abs_threshold: int = Field(default=64, ge=0)
+    """Policy ``"prefix"``: when the highest load exceeds the lowest by more than this many
+    requests, and by a factor above ``balance_rel_threshold``, a request goes to the
+    least-loaded target whatever the others hold (SGLang gateway's rule)."""
+    balance_rel_threshold: float = Field(default=1.5, ge=1)
+    """Policy ``"prefix"``: the factor of the rule above (both must be exceeded)."""
     first_token_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an attempt may wait for its first token before the route moves on."""
     continue_on_break: bool = True

@@ -362,8 +362,9 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
     [
         (
             ROUTE + 'policy = "hegde"\n',
-            "llmroute.toml: models.chat.policy: expected 'fastest', 'hedge', 'race', 'failover' "
-            "or 'weighted', got 'hegde' (did you mean 'hedge'?)",
+            "llmroute.toml: models.chat.policy: expected 'fastest', 'hedge', 'race', 'failover', "
+            "'weighted', 'prefix', 'least-loaded' or 'round-robin', got 'hegde' "
+            "(did you mean 'hedge'?)",
         ),
         (
             '[models.chat]\ntargets = ["openai:x", "deepseek"]\n',

@@ -22,7 +22,7 @@ import random
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,7 +57,18 @@ from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import LiveStats, TargetSnapshot, class_label, estimate_prompt_tokens, prompt_class
 
-__all__ = ["Route", "RouteTarget", "RoutedCompletion", "RoutedStream", "Router", "Sender"]
+__all__ = [
+    "SERVER_METRICS_MAX_AGE",
+    "Route",
+    "RouteTarget",
+    "RoutedCompletion",
+    "RoutedStream",
+    "Router",
+    "Sender",
+]
+
+SERVER_METRICS_MAX_AGE = 5.0
+"""Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
 
 
 class Sender(Protocol):
@@ -169,6 +180,7 @@ class Router:
         self._health: dict[str, TargetHealth] = {}
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
+        self._baselines: dict[str, tuple[float, int]] = {}
 
     def health(self, target: str) -> TargetHealth:
         health = self._health.get(target)
@@ -182,6 +194,25 @@ class Router:
             )
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
         return health
+
+    def load(self, target: str) -> float:
+        """The requests ``target`` is working on.
+
+        With a server reading (``stats.target(name).server``) younger than
+        :data:`SERVER_METRICS_MAX_AGE`: the server's queued + running requests, plus the change
+        in this client's attempts in flight there since the reading was first used (the
+        requests started since then are not in it yet; those finished were). Without one: this
+        client's attempts in flight there.
+        """
+        stats = self.stats.target(target)
+        local = stats.in_flight
+        server = stats.server
+        if server is None or self._clock() - server.read_at > SERVER_METRICS_MAX_AGE:
+            return float(local)
+        baseline = self._baselines.get(target)
+        if baseline is None or baseline[0] != server.read_at:
+            baseline = self._baselines[target] = (server.read_at, local)
+        return float(max(0, server.queued + server.running + local - baseline[1]))
 
     def snapshot(self) -> dict[str, TargetSnapshot]:
         """Every target's live stats, with its circuit state."""
@@ -235,10 +266,17 @@ class RoutedCompletion:
 class _View:
     """A :class:`~llmroute.routing.policies.RouteView` over the router's stats and health."""
 
-    def __init__(self, router: Router, prompt_tokens: int, stream: bool) -> None:
+    def __init__(
+        self,
+        router: Router,
+        prompt_tokens: int,
+        stream: bool,
+        messages: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         self._router = router
         self._tokens = prompt_tokens
         self._stream = stream
+        self._messages = messages
 
     def predict(self, target: str, q: float | None) -> float:
         stats = self._router.stats.target(target)
@@ -258,6 +296,12 @@ class _View:
     def staleness(self, target: str) -> float:
         newest = self._router.stats.target(target).newest_at(streamed=self._stream)
         return math.inf if newest is None else self._router._clock() - newest
+
+    def load(self, target: str) -> float:
+        return self._router.load(target)
+
+    def messages(self) -> Sequence[Mapping[str, Any]]:
+        return self._messages
 
 
 class _Run:
@@ -283,7 +327,10 @@ class _Run:
         self.stream = stream
         self.clock = router._clock
         self.t0 = self.clock()
-        self.view = _View(router, prompt_tokens, stream)
+        messages = body.get("messages")
+        self.view = _View(
+            router, prompt_tokens, stream, messages if isinstance(messages, list) else ()
+        )
         self.ready: _Ready | None = None
         self.text: list[str] = []
         self.tokens = 0
@@ -339,6 +386,8 @@ class _Run:
                 await _close_quietly(winner.response)
                 self.router.stats.target(winner.target.name).finished()
             raise
+        if plan.key is not None:
+            self._observe(plan.key, state.winner)
         if state.winner is None:
             raise AllTargetsFailed(
                 route.name, state.failures, self.request_stub(), report=self.report
@@ -348,6 +397,12 @@ class _Run:
         if self.stream:
             self._in_flight = state.winner.target.name
         return state.winner
+
+    def _observe(self, key: object, winner: _Ready | None) -> None:
+        """Tell a policy that asked (a plan with a key) which target served the request."""
+        observe = getattr(self.route.policy, "observe", None)
+        if observe is not None:
+            observe(key, winner.target.name if winner is not None else None)
 
     async def _coordinate(
         self, plan: Plan, state: _Race, *, retries: int, prefix: str | None

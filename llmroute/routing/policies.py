@@ -1,26 +1,34 @@
 """Routing policies: given a route's targets and what is known of them, the plan of one request.
 
-A policy is pure: it sees targets through a :class:`RouteView` (predicted TTFT quantiles,
-availability, staleness of the stats) and a random source, and returns a :class:`Plan`, the order
-in which the engine tries targets, how many start at once, and when a hedge may start. It knows
-nothing of HTTP, tasks or clocks.
+A policy sees targets through a :class:`RouteView` (predicted TTFT quantiles, availability,
+staleness of the stats, load, the request's messages) and a random source, and returns a
+:class:`Plan`, the order in which the engine tries targets, how many start at once, and when a
+hedge may start. It knows nothing of HTTP, tasks or clocks. Most policies are pure; round-robin
+keeps a counter, and prefix affinity keeps the prompt prefixes each target was sent (it learns
+which target served a request through :meth:`PrefixPolicy.observe`, which the engine calls for a
+plan that carries a ``key``).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, prompt_blocks
 
 __all__ = [
     "COLD_EXPLORE_SHARE",
     "FailoverPolicy",
     "FastestPolicy",
     "HedgePolicy",
+    "LeastLoadedPolicy",
     "Plan",
     "Policy",
+    "PrefixPolicy",
     "RacePolicy",
+    "RoundRobinPolicy",
     "RouteView",
     "WeightedPolicy",
     "explore",
@@ -59,6 +67,15 @@ class RouteView(Protocol):
         """Whether the target has too few samples for its own prediction (a prior still counts)."""
         ...
 
+    def load(self, target: str) -> float:
+        """The requests the target is working on: its own queued + running ones when it reports
+        them (a fresh ``/metrics`` reading), else this client's attempts in flight there."""
+        ...
+
+    def messages(self) -> Sequence[Mapping[str, Any]]:
+        """The request's chat messages (empty when it has none)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:
@@ -73,6 +90,9 @@ class Plan:
     start: int = 1
     hedge_delays: tuple[float | None, ...] = ()
     explored: str | None = None
+    key: object = None
+    """Not ``None``: the policy wants to learn the outcome, and the engine calls
+    ``policy.observe(key, winner)`` with the target that served (``None`` if none did)."""
 
     def hedge_delay(self, index: int) -> float | None:
         """The hedge delay after attempt ``index`` started, or ``None`` (no hedge)."""
@@ -167,6 +187,140 @@ class WeightedPolicy:
         return Plan(tuple(order))
 
 
+def _by_load(targets: Sequence[str], view: RouteView, q: float | None) -> list[str]:
+    """Available targets by load, then predicted TTFT, then as given; unavailable ones last."""
+    return sorted(targets, key=lambda t: (not view.available(t), view.load(t), view.predict(t, q)))
+
+
+@dataclass(frozen=True)
+class LeastLoadedPolicy:
+    """The available target working on the fewest requests first (ties: the lowest predicted
+    ``rank_by`` TTFT, then the configured order); the others in that order on failure."""
+
+    rank_by: str = "p95"
+    name: str = "least-loaded"
+
+    def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
+        return Plan(tuple(_by_load(targets, view, rank_quantile(self.rank_by))))
+
+
+class RoundRobinPolicy:
+    """Each request starts on the next available target in turn; the others follow in turn
+    on failure, unavailable ones last."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
+        ready = [t for t in targets if view.available(t)]
+        if not ready:
+            return Plan(tuple(targets))
+        turn = self._next % len(ready)
+        self._next = turn + 1
+        rest = (t for t in targets if t not in ready)
+        return Plan((*ready[turn:], *ready[:turn], *rest))
+
+
+@dataclass(frozen=True, slots=True)
+class _PrefixKey:
+    """What :meth:`PrefixPolicy.observe` needs of a plan: the prompt's blocks, the target
+    chosen, and how many blocks its tree held before the plan's optimistic insert."""
+
+    blocks: tuple[int, ...]
+    choice: str
+    held: int
+
+
+class PrefixPolicy:
+    """Prefix affinity: the target whose cache most likely holds the prompt's longest prefix.
+
+    Each target has a :class:`~llmroute.routing.prefix.PrefixTree` of the prompts sent to it
+    lately. A request goes to the available target whose tree matches the longest share of its
+    prompt, if that share is above ``cache_threshold``; else to the least-loaded target (ties:
+    the smallest tree, so new prefixes spread; then predicted ``rank_by`` TTFT; then the
+    configured order). When the targets are imbalanced, the highest load exceeding the lowest
+    by more than ``balance_abs_threshold`` requests *and* by a factor above
+    ``balance_rel_threshold``, the least-loaded target is chosen whatever it holds (SGLang
+    gateway's rule). The other targets follow, least loaded first, on failure.
+
+    The prompt goes into the chosen target's tree at once, so concurrent requests of one
+    conversation stick together; when another target serves it (:meth:`observe`), it moves
+    there. Works for any targets: a self-hosted server's load is its own queue, a vendor's the
+    client's requests in flight.
+    """
+
+    name = "prefix"
+
+    def __init__(
+        self,
+        *,
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        cache_threshold: float = 0.5,
+        balance_abs_threshold: float = 64,
+        balance_rel_threshold: float = 1.5,
+        rank_by: str = "p95",
+    ) -> None:
+        if block_chars < 1:
+            raise ValueError(f"block_chars must be at least 1, got {block_chars!r}")
+        if not 0.0 <= cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {cache_threshold!r}")
+        if balance_abs_threshold < 0 or balance_rel_threshold < 1.0:
+            raise ValueError("balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1")
+        self.block_chars = block_chars
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.rank_by = rank_by
+        self.index = PrefixIndex(max_blocks)
+
+    def imbalanced(self, loads: Sequence[float]) -> bool:
+        """Whether the highest load exceeds the lowest by both thresholds."""
+        if len(loads) < 2:
+            return False
+        high, low = max(loads), min(loads)
+        return high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
+
+    def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
+        q = rank_quantile(self.rank_by)
+        index = self.index
+        ready = [t for t in targets if view.available(t)]
+        if not ready:
+            return Plan(tuple(_by_load(targets, view, q)))
+        loads = {t: view.load(t) for t in ready}
+        fallback = sorted(ready, key=lambda t: (loads[t], len(index.tree(t)), view.predict(t, q)))
+        blocks = prompt_blocks(view.messages(), self.block_chars, index.max_blocks)
+        choice, held = fallback[0], 0
+        if blocks:
+            held = index.tree(choice).match(blocks)
+            if not self.imbalanced(list(loads.values())):
+                best, most = choice, held
+                for target in fallback[1:]:
+                    matched = index.tree(target).match(blocks)
+                    if matched > most:
+                        best, most = target, matched
+                if most / len(blocks) > self.cache_threshold:
+                    choice, held = best, most
+            index.tree(choice).insert(blocks)
+        order = (choice, *(t for t in fallback if t != choice))
+        order += tuple(t for t in targets if t not in loads)
+        return Plan(order, key=_PrefixKey(blocks, choice, held) if blocks else None)
+
+    def observe(self, key: object, winner: str | None) -> None:
+        """The target that served the planned request (``None``: none did).
+
+        When it is not the one the plan chose, the prompt's blocks that the plan added to the
+        chosen target's tree are taken out again, and the winner's tree gets the prompt.
+        """
+        if not isinstance(key, _PrefixKey) or winner == key.choice:
+            return
+        self.index.tree(key.choice).discard(key.blocks[key.held :])
+        if winner is not None:
+            self.index.tree(winner).insert(key.blocks)
+
+
 def explore(
     plan: Plan,
     view: RouteView,
@@ -205,4 +359,4 @@ def explore(
     delays = plan.hedge_delays
     if delays and hedge_delay is not None:
         delays = (hedge_delay(chosen), *delays[1:])
-    return Plan(order, start=plan.start, hedge_delays=delays, explored=chosen)
+    return Plan(order, start=plan.start, hedge_delays=delays, explored=chosen, key=plan.key)

@@ -1,0 +1,182 @@
+"""Prefix affinity: which target most likely still holds a prompt's prefix in its cache.
+
+Self-hosted servers (SGLang's RadixAttention) and vendors with prompt caching answer sooner
+when they have seen a prompt's leading part recently. The client cannot see their caches, so it
+keeps an approximate copy of each: the prefixes of the requests it sent there lately.
+
+The approximation, like SGLang's gateway but over fixed-size blocks instead of characters:
+
+- A request's messages are rendered to one string (role, text, a fingerprint of each non-text
+  part and of tool calls), cut into blocks of ``block_chars`` characters (64, about 16 tokens),
+  and each block is named by a *chain hash*: the hash of the previous block's name and the
+  block's text. A name thus stands for the whole prefix up to and including its block, and a
+  set of names is a radix tree over blocks (each node keyed by its path).
+- Each target's :class:`PrefixTree` holds at most ``max_blocks`` names. An insert touches a
+  prompt's blocks deepest first, so a prefix is always at least as recent as anything that
+  extends it and least-recently-used eviction drops leaves before the prefixes they share, as
+  a radix cache does. The blocks a tree holds for any prompt are therefore a leading run, and a
+  match is a binary search: O(log n) lookups.
+- Two prompts match up to their last common whole block: up to ``block_chars - 1`` common
+  characters are not counted, a trailing partial block matches only an identical prompt, and
+  prompts longer than ``max_blocks`` blocks are matched on their first ``max_blocks``.
+- Names use Python's ``hash`` (64 bits, salted per process): the trees live in one process, and
+  a collision (about n² / 2⁶⁴) would at worst misplace one request.
+- Request fields outside ``messages`` (``tools``, ``response_format``) are not part of a prefix.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "DEFAULT_BLOCK_CHARS",
+    "DEFAULT_MAX_BLOCKS",
+    "PrefixIndex",
+    "PrefixTree",
+    "prompt_blocks",
+    "render_prompt",
+]
+
+DEFAULT_BLOCK_CHARS = 64
+"""Characters per block: about 16 tokens of English text."""
+DEFAULT_MAX_BLOCKS = 16384
+"""Blocks remembered per target: about 1M characters (256k tokens) of prefixes, some 2 MB."""
+
+_MASK = (1 << 64) - 1
+_EXTRA_FIELDS = ("name", "tool_calls", "tool_call_id", "function_call")
+
+
+def _fingerprint(value: object) -> str:
+    return f"\x1d{hash(repr(value)) & _MASK:016x}"
+
+
+def render_prompt(messages: Iterable[Mapping[str, Any]]) -> str:
+    """The messages as one string whose prefixes are the prompt's prefixes.
+
+    Text is kept as is; an image or other non-text part, and a message's tool calls or name,
+    become a short fingerprint (so a long image costs no more than a few characters).
+    """
+    parts: list[str] = []
+    append = parts.append
+    for message in messages:
+        append(str(message.get("role", "")))
+        append("\x1f")
+        content = message.get("content")
+        if isinstance(content, str):
+            append(content)
+        elif isinstance(content, Iterable):
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "text":
+                    text = part.get("text")
+                    append(text if isinstance(text, str) else _fingerprint(text))
+                else:
+                    append(_fingerprint(part))
+        for key in _EXTRA_FIELDS:
+            value = message.get(key)
+            if value:
+                append(_fingerprint((key, value)))
+        append("\x1e")
+    return "".join(parts)
+
+
+def prompt_blocks(
+    messages: Iterable[Mapping[str, Any]],
+    block_chars: int = DEFAULT_BLOCK_CHARS,
+    max_blocks: int = DEFAULT_MAX_BLOCKS,
+) -> tuple[int, ...]:
+    """The chain hashes of the rendered prompt's blocks, at most ``max_blocks`` of them.
+
+    Two prompts share their first ``k`` names exactly when their first ``k`` whole blocks are
+    the same text.
+    """
+    if block_chars < 1 or max_blocks < 0:
+        raise ValueError("block_chars must be at least 1 and max_blocks not negative")
+    text = render_prompt(messages)
+    end = min(len(text), block_chars * max_blocks)
+    name = block_chars
+    names: list[int] = []
+    append = names.append
+    for start in range(0, end, block_chars):
+        name = hash((name, text[start : start + block_chars]))
+        append(name)
+    return tuple(names)
+
+
+class PrefixTree:
+    """The prompt prefixes one target was sent lately: at most ``max_blocks`` block names,
+    the least recently used dropped first (leaves before the prefixes they extend)."""
+
+    __slots__ = ("_blocks", "max_blocks")
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be at least 1, got {max_blocks!r}")
+        self.max_blocks = max_blocks
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._blocks
+
+    def match(self, blocks: Sequence[int]) -> int:
+        """How many leading blocks of a prompt (from :func:`prompt_blocks`) the tree holds."""
+        held = self._blocks
+        if not blocks or blocks[0] not in held:
+            return 0
+        if blocks[-1] in held:
+            return len(blocks)
+        low, high = 1, len(blocks) - 1  # blocks[:low] are held, blocks[high] is not
+        while low < high:
+            middle = (low + high) // 2
+            if blocks[middle] in held:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def insert(self, blocks: Sequence[int]) -> None:
+        """Remember a prompt sent to this target (all its blocks become the most recent)."""
+        held = self._blocks
+        touch = held.move_to_end
+        for block in reversed(blocks):  # deepest first: the shared prefix ends up the newest
+            if block in held:
+                touch(block)
+            else:
+                held[block] = None
+        for _ in range(len(held) - self.max_blocks):
+            held.popitem(last=False)
+
+    def discard(self, blocks: Iterable[int]) -> None:
+        """Forget these blocks (the tail of a prompt the target did not serve after all)."""
+        held = self._blocks
+        for block in blocks:
+            held.pop(block, None)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+
+class PrefixIndex:
+    """The :class:`PrefixTree` of every target of a route, each created on first use."""
+
+    __slots__ = ("_trees", "max_blocks")
+
+    def __init__(self, max_blocks: int = DEFAULT_MAX_BLOCKS) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be at least 1, got {max_blocks!r}")
+        self.max_blocks = max_blocks
+        self._trees: dict[str, PrefixTree] = {}
+
+    def tree(self, target: str) -> PrefixTree:
+        tree = self._trees.get(target)
+        if tree is None:
+            tree = self._trees[target] = PrefixTree(self.max_blocks)
+        return tree
+
+    def sizes(self) -> dict[str, int]:
+        """Blocks held per target."""
+        return {name: len(tree) for name, tree in self._trees.items()}

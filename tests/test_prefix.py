@@ -1,0 +1,475 @@
+"""Prefix affinity, least-loaded and round-robin: pure decisions on recorded inputs, the load
+signal with an injectable clock, the config, and routed chats end to end."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from llmroute import AsyncOpenAI
+from llmroute._client import _policy
+from llmroute._config import ConfigError, RouteConfig, load_config
+from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Router
+from llmroute.routing.policies import (
+    LeastLoadedPolicy,
+    PrefixPolicy,
+    RoundRobinPolicy,
+)
+from llmroute.routing.prefix import PrefixIndex, PrefixTree, prompt_blocks, render_prompt
+from llmroute.routing.stats import ServerMetrics
+from llmroute.testing import Simulator
+
+from .clock import FakeClock
+from .conftest import KEY
+
+WORKERS = ["w0", "w1", "w2", "w3"]
+
+
+def system_prompt(topic: str, chars: int = 2000) -> str:
+    """A long system prompt, different from the start for each topic."""
+    text = f"You are the {topic} assistant. "
+    while len(text) < chars:
+        text += f"Answer questions about {topic} precisely, citing the {topic} handbook. "
+    return text[:chars]
+
+
+def chat(topic: str, turns: int) -> list[dict[str, Any]]:
+    """A conversation of ``turns`` user turns (with the assistant's answers in between)."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(topic)}]
+    for turn in range(turns):
+        if turn:
+            messages.append({"role": "assistant", "content": f"Answer {turn} about {topic}. " * 4})
+        messages.append({"role": "user", "content": f"Question {turn} about {topic}?"})
+    return messages
+
+
+class View:
+    """A route view with recorded loads, predictions and availability."""
+
+    def __init__(
+        self,
+        messages: Sequence[Mapping[str, Any]] = (),
+        *,
+        loads: Mapping[str, float] | None = None,
+        ttft: Mapping[str, float] | None = None,
+        down: Sequence[str] = (),
+    ) -> None:
+        self._messages = messages
+        self.loads = dict(loads or {})
+        self.ttft = dict(ttft or {})
+        self.down = set(down)
+
+    def predict(self, target: str, q: float | None) -> float:
+        return self.ttft.get(target, 1.0)
+
+    def available(self, target: str) -> bool:
+        return target not in self.down
+
+    def staleness(self, target: str) -> float:
+        return math.inf
+
+    def cold(self, target: str) -> bool:
+        return False
+
+    def load(self, target: str) -> float:
+        return self.loads.get(target, 0.0)
+
+    def messages(self) -> Sequence[Mapping[str, Any]]:
+        return self._messages
+
+
+def first(policy: PrefixPolicy, view: View, targets: Sequence[str] = WORKERS) -> str:
+    return policy.plan(targets, view, random.Random(0)).order[0]
+
+
+# --- blocks and trees -------------------------------------------------------------------------
+
+
+def test_blocks_name_whole_prefixes() -> None:
+    one = [{"role": "user", "content": "a" * 200}]
+    two = [{"role": "user", "content": "a" * 150 + "b" * 50}]
+    text = render_prompt(one)
+    assert len(prompt_blocks(one, 64)) == math.ceil(len(text) / 64)
+    assert prompt_blocks(one, 64) == prompt_blocks([dict(one[0])], 64)  # stable in a process
+    b1, b2 = prompt_blocks(one, 64), prompt_blocks(two, 64)
+    shared = (len("user\x1f") + 150) // 64  # whole blocks before the first difference
+    assert b1[:shared] == b2[:shared] and b1[shared] != b2[shared]
+    # the same block text at another position, or after another prefix, is another name
+    assert prompt_blocks([{"role": "user", "content": "b" * 200}], 64)[1] not in b1
+    assert len(prompt_blocks(one, 16, max_blocks=3)) == 3
+    assert prompt_blocks([], 64) == ()
+
+
+def test_rendering_fingerprints_non_text_parts() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}
+    parts = [{"role": "user", "content": [{"type": "text", "text": "look"}, image]}]
+    text = render_prompt(parts)
+    assert "look" in text and len(text) < 100
+    other = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "B" * 100_000}}
+    assert render_prompt([{"role": "user", "content": [{"type": "text", "text": "look"}, other]}])
+    assert text != render_prompt(
+        [{"role": "user", "content": [{"type": "text", "text": "look"}, other]}]
+    )
+    calls = {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}
+    assert render_prompt([calls]) != render_prompt([{"role": "assistant", "content": None}])
+
+
+def test_tree_matches_leading_blocks() -> None:
+    tree = PrefixTree(max_blocks=100)
+    prompt = (1, 2, 3, 4, 5)
+    assert tree.match(prompt) == 0
+    tree.insert(prompt)
+    assert len(tree) == 5
+    assert tree.match(prompt) == 5
+    assert tree.match((1, 2, 3, 9, 9, 9)) == 3
+    assert tree.match((1, 2, 3)) == 3
+    assert tree.match((9, 2, 3)) == 0
+    tree.insert((1, 2, 3, 6, 7))  # a shared prefix is stored once
+    assert len(tree) == 7
+
+
+def test_tree_is_bounded_and_evicts_leaves_before_shared_prefixes() -> None:
+    tree = PrefixTree(max_blocks=8)
+    tree.insert((1, 2, 3, 4, 5))
+    tree.insert((1, 2, 30, 40, 50))  # 1, 2 shared: 8 blocks
+    assert len(tree) == 8
+    tree.insert((100, 200))  # two blocks must go: the oldest leaves, 5 then 4
+    assert len(tree) == 8
+    assert tree.match((1, 2, 3, 4, 5)) == 3
+    assert tree.match((1, 2, 30, 40, 50)) == 5
+    assert 1 in tree and 2 in tree
+    for n in range(50):  # whatever goes in, what is held of any prompt is a leading run
+        tree.insert(tuple(1000 * n + i for i in range(n % 7 + 1)))
+        assert len(tree) <= 8
+    assert tree.match((1, 2, 30, 40, 50)) == 0
+    blocks = tuple(range(5000, 5020))  # longer than the tree: its deepest blocks go first
+    tree.insert(blocks)
+    assert len(tree) == 8 and tree.match(blocks) == 8
+    with pytest.raises(ValueError):
+        PrefixTree(0)
+    index = PrefixIndex(max_blocks=4)
+    index.tree("a").insert((1, 2, 3, 4, 5, 6))
+    assert index.sizes() == {"a": 4}
+
+
+# --- prefix policy ----------------------------------------------------------------------------
+
+
+def test_a_conversations_turns_stick_to_one_worker() -> None:
+    policy = PrefixPolicy()
+    loads = dict.fromkeys(WORKERS, 0.0)
+    chosen = {first(policy, View(chat("billing", n), loads=loads)) for n in range(1, 8)}
+    assert len(chosen) == 1
+    # another worker got busier meanwhile (under the imbalance thresholds): it still sticks
+    worker = chosen.pop()
+    loads[worker] = 40.0
+    assert first(policy, View(chat("billing", 8), loads=loads)) == worker
+
+
+def test_different_system_prompts_spread() -> None:
+    policy = PrefixPolicy()
+    topics = ["billing", "shipping", "returns", "warranty"]
+    firsts = [first(policy, View(chat(topic, 1))) for topic in topics]
+    assert sorted(firsts) == WORKERS  # equal loads: the smallest tree takes a new prefix
+    for topic, worker in zip(topics, firsts, strict=True):  # and each keeps its own
+        assert first(policy, View(chat(topic, 3))) == worker
+
+
+def test_concurrent_requests_of_a_conversation_stick_before_any_answer() -> None:
+    policy = PrefixPolicy()
+    one = first(policy, View(chat("billing", 1)))
+    # the first request is still in flight (no observe yet): its worker is the busiest
+    assert first(policy, View(chat("billing", 1), loads={one: 1.0})) == one
+
+
+def test_below_the_threshold_the_least_loaded_worker_is_chosen() -> None:
+    policy = PrefixPolicy(cache_threshold=0.5)
+    short = [{"role": "system", "content": "s" * 640}, {"role": "user", "content": "hi"}]
+    assert first(policy, View(short)) == "w0"
+    longer = [*short, {"role": "assistant", "content": "x" * 2000}]  # w0 holds about 25%
+    loads = {"w0": 3.0, "w1": 5.0, "w2": 1.0, "w3": 2.0}
+    plan = policy.plan(WORKERS, View(longer, loads=loads), random.Random(0))
+    assert plan.order == ("w2", "w3", "w0", "w1")
+    assert policy.index.tree("w2").match(prompt_blocks(longer)) == len(prompt_blocks(longer))
+    # above the threshold the holder wins although it is not the least loaded
+    assert first(policy, View(longer, loads={"w2": 5.0})) == "w2"
+    off = PrefixPolicy(cache_threshold=1.0)  # no share is above 1: affinity is off
+    assert first(off, View(short)) == "w0"
+    assert first(off, View(short, loads={"w0": 1.0})) == "w1"
+
+
+def test_least_loaded_ties_go_to_the_smallest_tree_then_ttft() -> None:
+    policy = PrefixPolicy()
+    policy.index.tree("w0").insert((1, 2, 3))
+    view = View(chat("new", 1), ttft={"w1": 2.0, "w2": 0.5, "w3": 1.0})
+    assert policy.plan(WORKERS, view, random.Random(0)).order == ("w2", "w3", "w1", "w0")
+
+
+@pytest.mark.parametrize(
+    ("held", "other", "expected"),
+    [
+        (100.0, 10.0, "w1"),  # 90 apart and 10x: imbalanced, the least-loaded worker
+        (70.0, 60.0, "w0"),  # 10 apart: balanced, the worker with the prefix
+        (200.0, 150.0, "w0"),  # 50 apart (< 64): balanced
+        (300.0, 230.0, "w0"),  # 70 apart but only 1.3x: balanced
+        (65.0, 0.0, "w1"),  # 65 apart and an idle worker
+    ],
+)
+def test_the_imbalance_rule(held: float, other: float, expected: str) -> None:
+    policy = PrefixPolicy()
+    messages = chat("billing", 2)
+    assert first(policy, View(messages), ["w0", "w1"]) == "w0"
+    view = View(messages, loads={"w0": held, "w1": other})
+    assert first(policy, view, ["w0", "w1"]) == expected
+    assert PrefixPolicy().imbalanced([100, 10]) and not PrefixPolicy().imbalanced([70, 60])
+    assert not PrefixPolicy().imbalanced([1000])
+
+
+def test_failover_order_and_unavailable_workers() -> None:
+    policy = PrefixPolicy()
+    messages = chat("billing", 1)
+    assert first(policy, View(messages)) == "w0"
+    loads = {"w0": 5.0, "w1": 4.0, "w2": 1.0, "w3": 2.0}
+    plan = policy.plan(WORKERS, View(messages, loads=loads), random.Random(0))
+    assert plan.order == ("w0", "w2", "w3", "w1")  # the holder, then least loaded first
+    assert plan.start == 1 and plan.hedge_delays == ()
+    plan = policy.plan(WORKERS, View(messages, loads=loads, down=["w0"]), random.Random(0))
+    assert plan.order == ("w2", "w3", "w1", "w0")  # an open circuit: last resort
+    plan = policy.plan(WORKERS, View(messages, down=WORKERS), random.Random(0))
+    assert sorted(plan.order) == WORKERS and plan.key is None
+
+
+def test_the_serving_worker_takes_over_the_prefix() -> None:
+    policy = PrefixPolicy()
+    messages = chat("billing", 1)
+    plan = policy.plan(WORKERS, View(messages), random.Random(0))
+    assert plan.order[0] == "w0" and plan.key is not None
+    policy.observe(plan.key, "w2")  # w0 failed, w2 served
+    assert policy.index.tree("w0").match(prompt_blocks(messages)) == 0
+    assert first(policy, View(chat("billing", 2))) == "w2"
+    plan = policy.plan(WORKERS, View(chat("billing", 3)), random.Random(0))
+    policy.observe(plan.key, "w2")  # served where planned: nothing moves
+    policy.observe(plan.key, None)  # nobody served: the plan's new blocks are forgotten
+    assert policy.index.tree("w2").match(prompt_blocks(chat("billing", 3))) > 0
+    policy.observe("not a key", "w1")
+    assert policy.plan(WORKERS, View([]), random.Random(0)).key is None
+
+
+def test_prefix_policy_checks_its_settings() -> None:
+    with pytest.raises(ValueError):
+        PrefixPolicy(cache_threshold=1.5)
+    with pytest.raises(ValueError):
+        PrefixPolicy(block_chars=0)
+    with pytest.raises(ValueError):
+        PrefixPolicy(balance_rel_threshold=0.5)
+
+
+# --- least-loaded and round-robin -------------------------------------------------------------
+
+
+def test_least_loaded_order() -> None:
+    view = View(loads={"A": 3.0, "B": 1.0, "C": 1.0, "D": 0.0}, ttft={"B": 0.9, "C": 0.4})
+    plan = LeastLoadedPolicy().plan(["A", "B", "C", "D"], view, random.Random(0))
+    assert plan.order == ("D", "C", "B", "A")
+    view.down.add("D")
+    assert LeastLoadedPolicy().plan(["A", "B", "C", "D"], view, random.Random(0)).order == (
+        "C",
+        "B",
+        "A",
+        "D",
+    )
+    idle = View()  # all equal: the configured order
+    assert LeastLoadedPolicy().plan(["C", "A", "B"], idle, random.Random(0)).order == (
+        "C",
+        "A",
+        "B",
+    )
+
+
+def test_round_robin_order() -> None:
+    policy = RoundRobinPolicy()
+    view = View()
+    orders = [policy.plan(["A", "B", "C"], view, random.Random(0)).order for _ in range(4)]
+    assert orders == [("A", "B", "C"), ("B", "C", "A"), ("C", "A", "B"), ("A", "B", "C")]
+    view.down.add("B")
+    orders = [policy.plan(["A", "B", "C"], view, random.Random(0)).order for _ in range(4)]
+    assert orders == [("C", "A", "B"), ("A", "C", "B"), ("C", "A", "B"), ("A", "C", "B")]
+    view.down.update("AC")
+    assert policy.plan(["A", "B", "C"], view, random.Random(0)).order == ("A", "B", "C")
+    assert RoundRobinPolicy().plan([], view, random.Random(0)).order == ()
+
+
+# --- the load signal --------------------------------------------------------------------------
+
+
+def test_load_is_local_in_flight_without_server_metrics() -> None:
+    router = Router({}, clock=FakeClock())
+    assert router.load("a") == 0.0
+    router.stats.target("a").started()
+    router.stats.target("a").started()
+    assert router.load("a") == 2.0
+
+
+def test_load_is_the_servers_queue_plus_requests_started_since_the_reading() -> None:
+    clock = FakeClock()
+    router = Router({}, clock=clock)
+    stats = router.stats.target("gpu")
+    stats.started()  # one of ours is running there, and in the reading
+    stats.server = ServerMetrics(read_at=clock(), queued=3, running=5)
+    clock.advance(0.3)
+    assert router.load("gpu") == 8.0
+    stats.started()
+    stats.started()  # two more since the reading
+    assert router.load("gpu") == 10.0
+    stats.finished()
+    assert router.load("gpu") == 9.0
+    stats.server = ServerMetrics(read_at=clock(), queued=0, running=2)  # a new reading
+    assert router.load("gpu") == 2.0
+    for _ in range(3):
+        stats.finished()
+    assert router.load("gpu") == 0.0  # never below zero
+    clock.advance(SERVER_METRICS_MAX_AGE + 0.1)  # the poller stopped: only our own count
+    stats.started()
+    assert router.load("gpu") == 1.0
+
+
+# --- config -----------------------------------------------------------------------------------
+
+
+def route_config(**settings: Any) -> dict[str, Any]:
+    return {
+        "providers": {"a": {"base_url": "http://127.0.0.1:1/v1"}},
+        "models": {"chat": {"targets": ["a:x", "a:y"], **settings}},
+    }
+
+
+def test_config_maps_the_new_policies() -> None:
+    config = load_config(
+        route_config(
+            policy="prefix",
+            prefix_block_chars=32,
+            prefix_max_blocks=1000,
+            cache_threshold=0.3,
+            balance_abs_threshold=16,
+            balance_rel_threshold=2,
+        )
+    )
+    assert config is not None
+    policy = _policy(config.models["chat"])
+    assert isinstance(policy, PrefixPolicy)
+    assert (policy.block_chars, policy.index.max_blocks, policy.cache_threshold) == (32, 1000, 0.3)
+    assert (policy.balance_abs_threshold, policy.balance_rel_threshold) == (16, 2.0)
+    assert isinstance(
+        _policy(RouteConfig(targets=["a:x"], policy="least-loaded")), LeastLoadedPolicy
+    )
+    assert isinstance(_policy(RouteConfig(targets=["a:x"], policy="round-robin")), RoundRobinPolicy)
+    defaults = RouteConfig(targets=["a:x"])
+    assert (defaults.prefix_block_chars, defaults.prefix_max_blocks) == (64, 16384)
+    assert (defaults.cache_threshold, defaults.balance_abs_threshold) == (0.5, 64)
+    assert defaults.balance_rel_threshold == 1.5
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"cache_threshold": 1.5}, "models.chat.cache_threshold: expected a number at most 1"),
+        ({"cache_threshold": -0.1}, "models.chat.cache_threshold: expected a number at least 0"),
+        ({"prefix_block_chars": 0}, "models.chat.prefix_block_chars: expected a number at least"),
+        ({"prefix_max_blocks": 0}, "models.chat.prefix_max_blocks: expected a number at least 1"),
+        ({"balance_abs_threshold": -1}, "models.chat.balance_abs_threshold: expected a number"),
+        ({"balance_rel_threshold": 0.9}, "models.chat.balance_rel_threshold: expected a number"),
+        ({"policy": "prefx"}, "(did you mean 'prefix'?)"),
+        ({"policy": "least_loaded"}, "(did you mean 'least-loaded'?)"),
+        ({"prefix_blocks": 3}, "models.chat.prefix_blocks: unknown key"),
+    ],
+)
+def test_config_validation(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(route_config(**settings))
+    assert message in str(info.value)
+
+
+# --- end to end -------------------------------------------------------------------------------
+
+
+def sim_config(targets: dict[str, str], **route: Any) -> dict[str, Any]:
+    return {
+        "providers": {name: {"base_url": url, "api_key": KEY} for name, url in targets.items()},
+        "models": {"chat": {"targets": [f"{name}:sim-small" for name in targets], **route}},
+        "routing": {"explore": 0},
+    }
+
+
+async def ask(client: AsyncOpenAI, messages: list[dict[str, Any]]) -> tuple[str, Any]:
+    stream = await client.chat.completions.create(model="chat", messages=messages, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert stream.route is not None
+    return text, stream.route
+
+
+@pytest.mark.anyio
+async def test_multi_turn_chats_stick_to_one_target(sim: Simulator) -> None:
+    cfg = sim_config({name: sim.base_url for name in "abcd"}, policy="prefix")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        winners: dict[str, list[str]] = {}
+        conversations = {t: chat(t, 1)[:1] for t in ("billing", "shipping", "returns")}
+        for turn in range(4):
+            for topic, messages in conversations.items():
+                messages.append({"role": "user", "content": f"Question {turn} on {topic}?"})
+                text, route = await ask(client, messages)
+                messages.append({"role": "assistant", "content": text})
+                winners.setdefault(topic, []).append(route.winner)
+                assert route.policy == "prefix" and len(route.attempts) == 1
+    assert all(len(set(w)) == 1 for w in winners.values()), winners
+    assert len({w[0] for w in winners.values()}) == 3  # each conversation on its own target
+
+
+@pytest.mark.anyio
+async def test_concurrent_turns_stick_and_other_chats_go_elsewhere(sim_slow: Simulator) -> None:
+    cfg = sim_config({name: sim_slow.base_url for name in "ab"}, policy="prefix")
+    async with AsyncOpenAI(config=cfg, verify=sim_slow.ssl_context(), max_retries=0) as client:
+        first = await client.chat.completions.create(
+            model="chat", messages=chat("billing", 1), stream=True
+        )
+        second = await client.chat.completions.create(
+            model="chat", messages=chat("billing", 2), stream=True
+        )
+        other = await client.chat.completions.create(
+            model="chat", messages=chat("shipping", 1), stream=True
+        )
+        winners = [s.route.winner for s in (first, second, other) if s.route is not None]
+        for stream in (first, second, other):
+            await stream.close()
+    assert winners[0] == winners[1] != winners[2]  # a busy target: the new chat goes elsewhere
+
+
+@pytest.mark.anyio
+async def test_an_erroring_target_fails_over_and_the_chat_moves(sim: Simulator) -> None:
+    with Simulator(tls=True) as gone:
+        dead = gone.base_url
+    cfg = sim_config({"dead": dead, "b": sim.base_url, "c": sim.base_url}, policy="prefix")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        messages = chat("billing", 1)
+        text, route = await ask(client, messages)
+        assert text
+        assert [(a.target, a.outcome) for a in route.attempts] == [
+            ("dead:sim-small", "error"),
+            ("b:sim-small", "won"),
+        ]
+        for turn in range(2):
+            messages += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"And {turn}?"},
+            ]
+            completion = await client.chat.completions.create(model="chat", messages=messages)
+            route = completion.route  # type: ignore[attr-defined]
+            assert [(a.target, a.outcome) for a in route.attempts] == [("b:sim-small", "won")]
+        _, route = await ask(client, chat("shipping", 1))  # a new chat tries dead again
+        assert [(a.target, a.outcome) for a in route.attempts] == [
+            ("dead:sim-small", "error"),
+            ("c:sim-small", "won"),  # the smaller tree of the two
+        ]
