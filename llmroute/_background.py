@@ -21,14 +21,14 @@ log = logging.getLogger("llmroute")
 _running: set[Any] = set()  # asyncio keeps only weak references to tasks
 
 
-async def _guarded(work: Callable[[], Awaitable[None]], name: str) -> None:
+async def _guarded(work: Callable[[], Awaitable[object]], name: str) -> None:
     try:
         await work()
     except Exception:
         log.exception("llmroute background task %s failed", name)
 
 
-def spawn(work: Callable[[], Awaitable[None]], *, name: str) -> None:
+def spawn(work: Callable[[], Awaitable[object]], *, name: str) -> None:
     """Run ``work()`` in a new task of the running event loop, detached from the caller."""
     try:
         loop = asyncio.get_running_loop()

@@ -73,6 +73,7 @@ from .routing.policies import (
 )
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings, TargetSnapshot
+from .sglang import MetricsPoller
 from .transport import Transport, make_ssl_context
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncOpenAI"]
@@ -95,6 +96,7 @@ CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
 _CACHE_MODES = ("auto", "on", "read-only", "off")
 _REPLAY_MODES = ("immediate", "paced")
 _OWN_HEADER_PREFIX = "x-llmroute-"
+_METRICS_INTERVAL = 1.0  # seconds between reads of a self-hosted server's /metrics
 # Headers that identify the caller: the cache's tenant namespace is a hash of their values.
 _CREDENTIALS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
@@ -308,6 +310,8 @@ class AsyncOpenAI:
         self._cache: ResponseCache | None = None
         self._stats_sync: StatsSync | None = None
         self._owns_cache = True  # False in copies made by with_options
+        self._metrics: MetricsPoller | None = None
+        self._metrics_next = 0.0
         self._cache_settings: CacheSettings | None = None
         if loaded is not None:
             resolved = resolve(loaded)
@@ -488,6 +492,30 @@ class AsyncOpenAI:
         if errors and len(errors) == len(urls):
             raise errors[0]
 
+    def _poll_servers(self, router: Router) -> None:
+        """Read the self-hosted servers' ``/metrics`` (their queues feed the load-aware
+        policies) in the background, at most once a second while requests come."""
+        now = time.monotonic()
+        if now < self._metrics_next:
+            return
+        self._metrics_next = now + _METRICS_INTERVAL
+        urls = {
+            target.name: str(self._providers[target.provider].base_url)
+            for route in router.routes.values()
+            for target in route.targets
+            if self._providers[target.provider].kind == "sglang"
+        }
+        if not urls:
+            return
+        poller = self._metrics
+        if poller is None or set(poller.urls) != set(urls):
+            if poller is not None:
+                spawn(poller.aclose, name="metrics poller close")
+            poller = self._metrics = MetricsPoller(
+                urls, router.stats, interval=_METRICS_INTERVAL, clock=router._clock
+            )
+        spawn(poller.poll_once, name="server metrics")
+
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time, from a ``[providers.<name>]`` table, e.g.
         ``{"kind": "sglang", "base_url": ..., "api_key": ...}``; ``ConfigError`` if invalid."""
@@ -530,6 +558,8 @@ class AsyncOpenAI:
     async def close(self) -> None:
         """Close the connections (only those this client opened itself) and the cache."""
         if self._owns_cache:
+            if self._metrics is not None:
+                await self._metrics.aclose()
             if self._stats_sync is not None:
                 await self._stats_sync.aclose()
             if self._cache is not None:
@@ -925,6 +955,7 @@ class AsyncCompletions:
         sync = client._stats_sync
         if sync is not None and sync.due():
             spawn(sync.sync, name="stats sync")
+        client._poll_servers(router)
 
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool

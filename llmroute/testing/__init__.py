@@ -48,5 +48,6 @@ from __future__ import annotations
 
 from ._profile import Profile
 from ._server import Simulator, SimulatorProcess
+from ._sglang import sglang_standin_path as sglang_standin_path
 
 __all__ = ["Profile", "Simulator", "SimulatorProcess"]

@@ -1,0 +1,195 @@
+"""Prefix-affinity benchmark: prefix vs round-robin vs least-loaded over four SGLang stand-ins.
+
+Four SGLang stand-in workers (``llmroute.testing``'s fake ``sglang`` package, started by
+``SGLangServer`` with ``gpus=[0, 1, 2, 3]``: the launcher's real code path, one process per
+"GPU"), each with a prefix cache of ``--cache-tokens`` tokens (LRU) and a TTFT of 20 ms plus
+``--prefill-ms`` per 1,000 prompt tokens not in its cache. They sit behind one route of a client,
+registered as targets, whose policy is ``prefix``, ``round-robin`` or ``least-loaded``.
+
+The workload: ``--conversations`` (50) multi-turn chats of ``--turns`` (4) turns. Each chat has
+a long system prompt (about ``--system-tokens`` tokens) from ``--systems`` (10) distinct ones, so
+five chats share each; every turn resends the whole conversation so far, as a chat app does.
+``--concurrency`` (8) chats run at once, each turn after the previous one's answer. Streamed,
+with usage: the cache hit rate is the sum of ``usage.prompt_tokens_details.cached_tokens`` over
+the sum of ``prompt_tokens`` (what the servers reused), TTFT is from ``create()`` to the first
+content chunk. Every policy gets freshly started workers (empty caches) and the same workload in
+the same order.
+
+    .venv/bin/python benchmarks/prefix.py            # about a minute
+    .venv/bin/python benchmarks/prefix.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _machine import machine
+
+from llmroute import AsyncOpenAI
+from llmroute.sglang import SGLangServer
+from llmroute.testing import sglang_standin_path
+
+POLICIES = ("prefix", "round-robin", "least-loaded")
+WORDS = (
+    "routing latency cache prefix token server client stream answer model request policy queue "
+    "worker prompt system user assistant hedge failover window percentile budget target vendor"
+).split()
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def system_prompt(index: int, tokens: int) -> str:
+    rng = random.Random(1000 + index)
+    words = " ".join(rng.choice(WORDS) for _ in range(tokens))
+    return f"You are assistant number {index}. Follow these house rules: {words}"
+
+
+def workload(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """Each chat: its system prompt and its user turns."""
+    rng = random.Random(7)
+    chats = []
+    for chat in range(args.conversations):
+        system = system_prompt(chat % args.systems, args.system_tokens)
+        turns = [
+            f"Chat {chat}, question {turn}: {rng.choice(WORDS)}?" for turn in range(args.turns)
+        ]
+        chats.append((system, turns))
+    return chats
+
+
+async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    env = {
+        "PYTHONPATH": sglang_standin_path(),
+        "SGLANG_STANDIN_WARMUP": "0",
+        "SGLANG_STANDIN_TTFT": "0.02",
+        "SGLANG_STANDIN_PREFILL_MS_PER_1K": str(args.prefill_ms),
+        "SGLANG_STANDIN_CACHE_TOKENS": str(args.cache_tokens),
+        "SGLANG_STANDIN_REPLY_TOKENS": "16",
+        "SGLANG_STANDIN_INTER_TOKEN": "0.002",
+        "SGLANG_STANDIN_CHILDREN": "0",
+    }
+    ttfts: list[float] = []
+    prompt_tokens = cached_tokens = 0
+    winners: dict[str, int] = {}
+    async with SGLangServer(
+        "standin/chat-model", gpus=[0, 1, 2, 3], env=env, startup_timeout=60, grace=5
+    ) as server:
+        async with AsyncOpenAI(api_key="unused", base_url=server.base_url) as client:
+            for name, table in server.providers("gpu").items():
+                client.add_provider(name, table)
+            route: dict[str, Any] = {"policy": policy, "first_token_timeout": 30}
+            if policy == "prefix":
+                route["balance_abs_threshold"] = args.balance_abs
+            client.add_targets("chat", server.targets("gpu"), **route)
+            queue = list(workload(args))
+
+            async def converse(system: str, turns: list[str]) -> None:
+                nonlocal prompt_tokens, cached_tokens
+                messages: list[dict[str, str]] = [{"role": "system", "content": system}]
+                for turn in turns:
+                    messages.append({"role": "user", "content": turn})
+                    started = time.perf_counter()
+                    stream = await client.chat.completions.create(
+                        model="chat",
+                        messages=messages,
+                        stream=True,
+                        stream_options={"include_usage": True},
+                    )
+                    ttft, text = math.nan, []
+                    async with stream:
+                        async for chunk in stream:
+                            if chunk.choices and chunk.choices[0].delta.content:
+                                if math.isnan(ttft):
+                                    ttft = time.perf_counter() - started
+                                text.append(chunk.choices[0].delta.content)
+                            if chunk.usage is not None:
+                                prompt_tokens += chunk.usage.prompt_tokens
+                                details = chunk.usage.prompt_tokens_details
+                                cached_tokens += (details.cached_tokens or 0) if details else 0
+                    ttfts.append(ttft)
+                    winner = stream.route.winner if stream.route else None
+                    winners[str(winner)] = winners.get(str(winner), 0) + 1
+                    messages.append({"role": "assistant", "content": "".join(text)})
+
+            async def worker() -> None:
+                while queue:
+                    system, turns = queue.pop(0)
+                    await converse(system, turns)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+            wall = time.perf_counter() - started
+    return {
+        "policy": policy,
+        "requests": len(ttfts),
+        "cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else math.nan,
+        "p50_ms": pct(ttfts, 0.5) * 1e3,
+        "p95_ms": pct(ttfts, 0.95) * 1e3,
+        "wall_s": wall,
+        "winners": dict(sorted(winners.items())),
+    }
+
+
+async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    results = []
+    for policy in POLICIES:
+        result = await run_policy(policy, args)
+        results.append(result)
+        r = result
+        print(
+            f"{policy:13} hit rate {r['cache_hit_rate']:6.1%}  p50 {r['p50_ms']:7.1f} ms  "
+            f"p95 {r['p95_ms']:7.1f} ms  wall {r['wall_s']:5.1f} s  "
+            f"requests per worker {list(r['winners'].values())}",
+            flush=True,
+        )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--conversations", type=int, default=50)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--systems", type=int, default=10, help="distinct system prompts (10)")
+    p.add_argument("--system-tokens", type=int, default=1500, help="words per system prompt")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--cache-tokens", type=int, default=8000, help="each worker's prefix cache")
+    p.add_argument("--prefill-ms", type=float, default=40.0, help="per 1k uncached tokens")
+    p.add_argument("--balance-abs", type=int, default=8, help="prefix: balance_abs_threshold")
+    p.add_argument("--quick", action="store_true", help="10 chats of 2 turns")
+    p.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.conversations, args.turns = 10, 2
+    print(
+        f"{args.conversations} chats x {args.turns} turns, {args.systems} system prompts of "
+        f"~{args.system_tokens} words, {args.concurrency} chats at once; 4 stand-in workers, "
+        f"cache {args.cache_tokens} tokens each, prefill {args.prefill_ms} ms per 1k uncached",
+        flush=True,
+    )
+    results = asyncio.run(run(args))
+    info = machine(["llmroute", "httpx", "h2"])
+    print(f"machine: {json.dumps(info)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

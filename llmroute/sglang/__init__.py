@@ -1,0 +1,49 @@
+"""Self-hosted SGLang servers: a launcher tuned for time to first token, and their metrics.
+
+``SGLangServer`` starts one server per GPU from a chosen interpreter or container image and
+waits until it is really ready; ``MetricsPoller`` reads each server's ``/metrics`` into the live
+stats that routing uses; ``diagnose_ttft`` tells where a target's time to first token goes.
+llmroute never imports sglang itself: it runs it in child processes.
+"""
+
+from __future__ import annotations
+
+from ._launcher import (
+    SGLANG_SERVE_SINCE,
+    SGLangError,
+    SGLangNotInstalled,
+    SGLangServer,
+    SGLangStartupError,
+)
+from ._metrics import (
+    HistogramTotals,
+    MetricsPoller,
+    PrometheusText,
+    Sample,
+    ServerReading,
+    TTFTDiagnosis,
+    diagnose_ttft,
+    metrics_url,
+    parse_prometheus,
+    read_server_metrics,
+    transport_share,
+)
+
+__all__ = [
+    "SGLANG_SERVE_SINCE",
+    "HistogramTotals",
+    "MetricsPoller",
+    "PrometheusText",
+    "SGLangError",
+    "SGLangNotInstalled",
+    "SGLangServer",
+    "SGLangStartupError",
+    "Sample",
+    "ServerReading",
+    "TTFTDiagnosis",
+    "diagnose_ttft",
+    "metrics_url",
+    "parse_prometheus",
+    "read_server_metrics",
+    "transport_share",
+]

@@ -1,0 +1,783 @@
+"""Start local SGLang servers tuned for time to first token, know when they are ready, stop them.
+
+:class:`SGLangServer` runs one SGLang server per GPU (or one on whatever GPUs the environment
+shows) as a child process in a process group of its own, from a chosen Python interpreter or a
+container image, with its output in a log file. It is ready when ``GET /health_generate``
+answers 200: that endpoint runs a one-token generation, so it fails until the model is loaded and
+warmed up, whereas ``/v1/models`` answers as soon as the HTTP server is up. Stopping sends
+SIGTERM to the whole group, waits for the drain, then SIGKILLs what is left.
+
+The command follows the installed SGLang. From :data:`SGLANG_SERVE_SINCE` on it is the
+``sglang serve`` console command, run as ``python -c "from sglang.cli.main import main; ..."
+serve ...`` (``python -m sglang.cli.main`` does not work: that module has no ``__main__`` guard
+and exits 0 without doing anything); older versions get ``python -m sglang.launch_server``.
+Default flags the version's ``--help`` does not list are left out.
+
+Errors::
+
+    SGLangError
+     +-- SGLangNotInstalled     the interpreter cannot import sglang
+     +-- SGLangStartupError     the server exited or timed out before it was ready
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Self
+
+import anyio
+import anyio.to_thread
+import httpx
+
+__all__ = [
+    "DEFAULT_FLAGS",
+    "HELP_TIMEOUT",
+    "KILL_TIMEOUT",
+    "SGLANG_SERVE_SINCE",
+    "VERSION_TIMEOUT",
+    "SGLangError",
+    "SGLangNotInstalled",
+    "SGLangServer",
+    "SGLangStartupError",
+    "parse_release",
+]
+
+log = logging.getLogger("llmroute.sglang")
+
+SGLANG_SERVE_SINCE: Final = (0, 5, 5)
+"""The first SGLang release with the ``sglang serve`` command: 0.5.5 (November 2025) ships
+``sglang/cli/main.py`` and the console script ``sglang = sglang.cli.main:main``; 0.5.4.post3, the
+release before it, has no ``sglang.cli`` package (both wheels on PyPI; sgl-project/sglang#12484)."""
+
+VERSION_TIMEOUT: Final = 60.0
+"""Seconds allowed for ``import sglang`` in the chosen interpreter (a cold import is slow)."""
+HELP_TIMEOUT: Final = 120.0
+"""Seconds allowed for the entry point's ``--help`` (it imports the server's argument module)."""
+KILL_TIMEOUT: Final = 10.0
+"""Seconds to wait for a process group to vanish after SIGKILL."""
+
+_SERVE_CODE: Final = (
+    "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"
+)
+_VERSION_CODE: Final = "import sglang; print(sglang.__version__)"
+_INSTALL_HINT: Final = "install it with: pip install 'sglang[all]' (see docs/sglang.md)"
+_LOG_TAIL_LINES: Final = 20
+_REDACTED: Final = "***"
+_FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+
+DEFAULT_FLAGS: Final = (
+    "--model-path",
+    "--served-model-name",
+    "--host",
+    "--port",
+    "--api-key",
+    "--schedule-policy",
+    "--enable-metrics",
+    "--enable-cache-report",
+)
+"""The flags the launcher sets itself, each explained in :meth:`SGLangServer.default_args`."""
+
+_ALIASES: Final = {"--model": "--model-path"}
+"""Spellings SGLang accepts for the same option (``--model`` is ``--model-path``'s alias)."""
+
+
+class SGLangError(Exception):
+    """Raised when an SGLang server cannot be set up, started or run."""
+
+
+class SGLangNotInstalled(SGLangError):
+    """Raised when the chosen Python interpreter cannot import sglang."""
+
+
+class SGLangStartupError(SGLangError):
+    """Raised when a server exits, or does not become ready in time, after it was started."""
+
+    def __init__(self, message: str, *, worker: int, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.returncode = returncode
+        """The exit status, ``None`` after a startup timeout (the launcher stopped it)."""
+
+
+def parse_release(version: str) -> tuple[int, ...]:
+    """The numeric release part of a version string: ``"0.5.4.post3"`` -> ``(0, 5, 4)``.
+
+    Pre-releases count as their release (``"0.5.5rc0"`` -> ``(0, 5, 5)``); an unreadable
+    version is ``()``, older than any.
+    """
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
+def _flag_name(token: str) -> str | None:
+    if not token.startswith("--") or token == "--":
+        return None
+    name = token.split("=", 1)[0]
+    return _ALIASES.get(name, name)
+
+
+def _user_value(args: Sequence[str], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag value`` or ``--flag=value``; the last wins)."""
+    value: str | None = None
+    for i, token in enumerate(args):
+        if _flag_name(token) != flag:
+            continue
+        if "=" in token:
+            value = token.split("=", 1)[1]
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+    return value
+
+
+def _tokens(flag: str, value: str | None) -> list[str]:
+    if value is None:
+        return [flag]
+    # argparse takes "--flag -x" for a missing value; "--flag=-x" is unambiguous.
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def _redact(argv: Sequence[str], secret: str) -> list[str]:
+    shown: list[str] = []
+    hide_next = False
+    for token in argv:
+        if hide_next:
+            shown.append(_REDACTED)
+            hide_next = False
+        elif token == "--api-key":
+            shown.append(token)
+            hide_next = True
+        elif token.startswith("--api-key="):
+            shown.append("--api-key=" + _REDACTED)
+        else:
+            shown.append(token.replace(secret, _REDACTED) if secret else token)
+    return shown
+
+
+def _scrub(text: str, secret: str) -> str:
+    return text.replace(secret, _REDACTED) if secret else text
+
+
+def _free_ports(host: str, count: int) -> list[int]:
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a live member (zombies do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _describe_status(returncode: int) -> str:
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"signal {signal.Signals(-returncode).name}"
+    return f"status {returncode}"
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as file:
+            file.seek(0, os.SEEK_END)
+            file.seek(max(0, file.tell() - 64 * 1024))
+            data = file.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", "replace").splitlines()[-lines:]
+
+
+# Help texts by (interpreter, version, PYTHONPATH): the flags each entry point lists, or None
+# when the help could not be read (then no default flag is dropped).
+_help_cache: dict[tuple[str, str, str, str], frozenset[str] | None] = {}
+_help_lock = threading.Lock()
+
+# Servers started and not yet stopped (held strongly: dropping a running server's object must not
+# lose track of it). Those still running at interpreter exit are killed, so none outlives us.
+_live: set[SGLangServer] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for server in list(_live):
+        server.kill()
+
+
+@dataclass
+class _Worker:
+    index: int
+    gpu: int | None
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    pgid: int | None = None
+    container: str | None = None
+    ready: bool = False
+
+
+class SGLangServer:
+    """One SGLang server per GPU (or a single one), started for low time to first token.
+
+    ::
+
+        async with SGLangServer("Qwen/Qwen2.5-7B-Instruct", gpus=[0, 1]) as server:
+            client = AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+
+    ``python`` is the interpreter that has sglang installed (default: this one); with ``image``
+    the server runs in that container image instead (``docker run --gpus device=N ...``, with
+    ``python3`` inside it and ``python -m sglang.launch_server``, which every version has; the
+    image's version is not probed). ``gpus`` starts one server per GPU, each with
+    ``CUDA_VISIBLE_DEVICES=<gpu>`` and a port of its own: ``port``, ``port + 1``, ... or free
+    ports when ``port`` is ``None``. ``extra_args`` are passed to every server as given and win
+    over the defaults (see :meth:`default_args`). ``env`` is added to this process's environment.
+    ``api_key`` defaults to a random key; it is never logged, and ``repr`` and the command shown
+    in logs and errors hide it (SGLang itself prints its arguments, key included, into its log:
+    log files are created readable by their owner only). Each server writes stdout and stderr to
+    ``log_dir`` (default: a new temporary directory). ``startup_timeout`` bounds the wait for
+    readiness, ``grace`` the drain after SIGTERM before SIGKILL. ``container_args`` go to
+    ``docker run`` before the image (e.g. ``-v`` for the Hugging Face cache).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        served_model_name: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
+        python: str | None = sys.executable,
+        image: str | None = None,
+        gpus: Sequence[int] | None = None,
+        extra_args: Sequence[str] = (),
+        log_dir: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 600.0,
+        grace: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        container_args: Sequence[str] = (),
+    ) -> None:
+        if isinstance(extra_args, str):
+            raise TypeError("extra_args must be a sequence of arguments, not one string")
+        extra = [str(arg) for arg in extra_args]
+        if not (startup_timeout > 0 and math.isfinite(startup_timeout)):
+            raise ValueError(f"startup_timeout must be a positive number, got {startup_timeout!r}")
+        if not (grace >= 0 and math.isfinite(grace)):
+            raise ValueError(f"grace must be a non-negative number, got {grace!r}")
+        gpu_list: list[int | None] = [None]
+        if gpus is not None:
+            gpu_list = [int(gpu) for gpu in gpus]
+            if not gpu_list:
+                raise ValueError("gpus must name at least one GPU (or be None)")
+            if len(set(gpu_list)) != len(gpu_list):
+                raise ValueError(f"gpus has duplicates: {list(gpus)}")
+        user_port = _user_value(extra, "--port")
+        if user_port is not None:
+            if len(gpu_list) > 1:
+                raise ValueError("with several GPUs give the first port as port=, not --port")
+            port = int(user_port)
+        self.model_path = _user_value(extra, "--model-path") or model_path
+        self.served_model_name = (
+            _user_value(extra, "--served-model-name")
+            or served_model_name
+            or self.model_path.rstrip("/").rsplit("/", 1)[-1]
+        )
+        self.host = _user_value(extra, "--host") or host
+        self._api_key = (
+            _user_value(extra, "--api-key") or api_key or "sk-" + secrets.token_urlsafe(32)
+        )
+        self.python = python or sys.executable
+        self.image = image
+        self.extra_args = tuple(extra)
+        self.startup_timeout = float(startup_timeout)
+        self.grace = float(grace)
+        self.env = dict(env or {})
+        self.container_args = tuple(container_args)
+        self._log_dir = Path(log_dir) if log_dir is not None else None
+        bind_host = "127.0.0.1" if image is not None else self.host
+        ports = (
+            [port + i for i in range(len(gpu_list))]
+            if port is not None
+            else _free_ports(bind_host if bind_host not in ("0.0.0.0", "::") else "", len(gpu_list))
+        )
+        self._version: str | None = None
+        self._flags: frozenset[str] | None = None
+        self._detected = False
+        self._workers = [
+            _Worker(index=i, gpu=gpu, port=ports[i], log_path=Path())
+            for i, gpu in enumerate(gpu_list)
+        ]
+
+    def __repr__(self) -> str:
+        state = "running" if self.pids else "stopped"
+        return (
+            f"SGLangServer(model_path={self.model_path!r}, "
+            f"served_model_name={self.served_model_name!r}, urls={self.urls!r}, "
+            f"api_key={_REDACTED!r}, {state})"
+        )
+
+    # -- what it is ----------------------------------------------------------------------------
+
+    @property
+    def api_key(self) -> str:
+        """The key every worker requires (``Authorization: Bearer <key>``)."""
+        return self._api_key
+
+    @property
+    def urls(self) -> list[str]:
+        """Each worker's OpenAI base URL, ``http://host:port/v1``."""
+        return [f"http://{_url_host(self.host)}:{w.port}/v1" for w in self._workers]
+
+    @property
+    def base_url(self) -> str:
+        """The first worker's OpenAI base URL."""
+        return self.urls[0]
+
+    @property
+    def ports(self) -> list[int]:
+        return [w.port for w in self._workers]
+
+    @property
+    def pids(self) -> list[int]:
+        """The process ids of the running workers (each leads its own process group)."""
+        return [w.process.pid for w in self._workers if w.process is not None]
+
+    @property
+    def log_dir(self) -> Path:
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="llmroute-sglang-"))
+        return self._log_dir
+
+    @property
+    def log_paths(self) -> list[Path]:
+        """Each worker's log file (stdout and stderr)."""
+        safe = re.sub(r"[^\w.-]+", "_", self.served_model_name) or "model"
+        return [self.log_dir / f"sglang-{safe}-{w.port}.log" for w in self._workers]
+
+    @property
+    def version(self) -> str | None:
+        """The SGLang version of ``python``, once probed (``None`` in a container image)."""
+        return self._version
+
+    def __len__(self) -> int:
+        return len(self._workers)
+
+    # -- the command ---------------------------------------------------------------------------
+
+    def _probe_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def _detect(self) -> None:
+        """Probe the interpreter's SGLang version and its entry point's flags (blocking)."""
+        if self._detected or self.image is not None:
+            return
+        env = self._probe_env()
+        try:
+            done = subprocess.run(
+                [self.python, "-c", _VERSION_CODE],
+                env=env,
+                capture_output=True,
+                timeout=VERSION_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        except FileNotFoundError as exc:
+            raise SGLangNotInstalled(
+                f"the Python interpreter {self.python!r} does not exist; {_INSTALL_HINT}"
+            ) from exc
+        except OSError as exc:
+            raise SGLangError(f"cannot run the Python interpreter {self.python!r}: {exc}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SGLangError(
+                f"{self.python} took over {VERSION_TIMEOUT:.0f} s to import sglang"
+            ) from exc
+        stderr = done.stderr.decode("utf-8", "replace")
+        if done.returncode != 0:
+            if "No module named 'sglang'" in stderr or "No module named sglang" in stderr:
+                raise SGLangNotInstalled(
+                    f"sglang is not installed for the Python interpreter {self.python}; "
+                    + _INSTALL_HINT
+                )
+            tail = "\n".join("  " + line for line in stderr.splitlines()[-_LOG_TAIL_LINES:])
+            raise SGLangError(
+                f"{self.python} could not import sglang (status {done.returncode}):\n{tail}"
+            )
+        lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+        self._version = lines[-1].strip() if lines else ""
+        self._flags = self._help_flags(env)
+        self._detected = True
+        if self._flags is not None:
+            unknown = [flag for flag in DEFAULT_FLAGS if flag not in self._flags]
+            if unknown:
+                log.info(
+                    "SGLang %s does not know %s: not passed", self._version, ", ".join(unknown)
+                )
+
+    def _entry_point(self) -> list[str]:
+        if self.image is not None:
+            return ["python3", "-m", "sglang.launch_server"]
+        if parse_release(self._version or "") >= SGLANG_SERVE_SINCE:
+            return [self.python, "-c", _SERVE_CODE, "serve"]
+        return [self.python, "-m", "sglang.launch_server"]
+
+    def _help_flags(self, env: Mapping[str, str]) -> frozenset[str] | None:
+        key = (self.python, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
+        with _help_lock:
+            if key in _help_cache:
+                return _help_cache[key]
+        try:
+            done = subprocess.run(
+                [*self._entry_point(), "--help"],
+                env=dict(env),
+                capture_output=True,
+                timeout=HELP_TIMEOUT,
+                stdin=subprocess.DEVNULL,
+            )
+            text = (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace")
+            flags: frozenset[str] | None = frozenset(_FLAG.findall(text)) or None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not read the SGLang server's --help (%s); passing every flag", exc)
+            flags = None
+        if flags is None:
+            log.warning("SGLang's --help listed no flags; passing every default flag")
+        with _help_lock:
+            _help_cache[key] = flags
+        return flags
+
+    def default_args(self, worker: int = 0) -> list[str]:
+        """The launcher's own flags for ``worker``, before user flags and version filtering.
+
+        - ``--model-path``, ``--served-model-name`` (default: the path's last component), the
+          name routes use as the target's model.
+        - ``--host 127.0.0.1``: not reachable from other machines unless asked for.
+        - ``--port``: one per worker.
+        - ``--api-key``: a random one by default, so a server on a shared host is not open.
+        - ``--schedule-policy lpm``: longest prefix match first. Waiting requests that share a
+          prefix with the radix cache run first, so their prefill is mostly a cache hit and their
+          first token comes sooner (SGLang's default is ``fcfs``; it falls back to ``fcfs`` by
+          itself when the queue is very long).
+        - ``--enable-metrics``: ``/metrics`` (queue depth, server-side TTFT, queue time, cache
+          hit rate), which llmroute reads to route and to tell where time goes.
+        - ``--enable-cache-report``: ``usage.prompt_tokens_details.cached_tokens`` in every
+          response, which shows whether prefix affinity hits the cache.
+
+        RadixAttention (prefix caching) and CUDA graphs are left on: both cut TTFT, so
+        ``--disable-radix-cache`` and ``--disable-cuda-graph`` are never passed.
+        """
+        return [token for pair in self._default_pairs(worker) for token in _tokens(*pair)]
+
+    def _default_pairs(self, worker: int) -> list[tuple[str, str | None]]:
+        w = self._workers[worker]
+        listen = "0.0.0.0" if self.image is not None else self.host
+        return [
+            ("--model-path", self.model_path),
+            ("--served-model-name", self.served_model_name),
+            ("--host", listen),
+            ("--port", str(w.port)),
+            ("--api-key", self._api_key),
+            ("--schedule-policy", "lpm"),
+            ("--enable-metrics", None),
+            ("--enable-cache-report", None),
+        ]
+
+    def _server_args(self, worker: int) -> list[str]:
+        """The server's arguments for ``worker``: the defaults the version knows and the user
+        did not give, then the user's."""
+        user = {name for token in self.extra_args if (name := _flag_name(token)) is not None}
+        chosen: list[str] = []
+        for flag, value in self._default_pairs(worker):
+            known = self._flags is None or flag in self._flags or flag == "--model-path"
+            if flag not in user and known:
+                chosen += _tokens(flag, value)
+        return [*chosen, *self.extra_args]
+
+    def _argv(self, worker: int) -> list[str]:
+        w = self._workers[worker]
+        args = [*self._entry_point(), *self._server_args(worker)]
+        if self.image is None:
+            return args
+        docker = ["docker", "run", "--gpus", "all" if w.gpu is None else f"device={w.gpu}"]
+        docker += ["--rm", "--init", "-p", f"{_url_host(self.host)}:{w.port}:{w.port}"]
+        docker += ["--ipc=host"]
+        if w.container is not None:
+            docker += ["--name", w.container]
+        for name in self.env:  # values come from docker's environment, never the command line
+            docker += ["-e", name]
+        return [*docker, *self.container_args, self.image, *args]
+
+    def command(self, worker: int = 0, *, reveal_key: bool = False) -> list[str]:
+        """The argv that starts ``worker``, with the API key shown as ``***`` unless revealed.
+
+        Probes the interpreter's SGLang version first (blocking) if :meth:`start` has not.
+        """
+        self._detect()
+        argv = self._argv(worker)
+        return argv if reveal_key else _redact(argv, self._api_key)
+
+    def worker_env(self, worker: int = 0) -> dict[str, str]:
+        """The environment ``worker`` runs with (``CUDA_VISIBLE_DEVICES`` set for its GPU)."""
+        env = {**os.environ, **self.env}
+        gpu = self._workers[worker].gpu
+        if gpu is not None and self.image is None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        return env
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def provider_names(self, provider_name: str) -> list[str]:
+        """One provider per worker: ``name``, ``name-1``, ``name-2``, ..."""
+        return [provider_name if i == 0 else f"{provider_name}-{i}" for i in range(len(self))]
+
+    def provider_config(self, worker: int = 0) -> dict[str, Any]:
+        """A ``[providers.X]`` table for ``worker``: kind, base URL and key."""
+        return {"kind": "sglang", "base_url": self.urls[worker], "api_key": self._api_key}
+
+    def providers(self, provider_name: str) -> dict[str, dict[str, Any]]:
+        """Every worker's ``[providers.X]`` table, by the names of :meth:`provider_names`."""
+        names = self.provider_names(provider_name)
+        return {name: self.provider_config(i) for i, name in enumerate(names)}
+
+    def targets(self, provider_name: str) -> list[str]:
+        """Each worker as a route target, ``"provider:served_model_name"``."""
+        return [f"{name}:{self.served_model_name}" for name in self.provider_names(provider_name)]
+
+    def metrics_urls(self, provider_name: str) -> dict[str, str]:
+        """Each worker's server root by target name, for :class:`MetricsPoller`."""
+        roots = [url.removesuffix("/v1") for url in self.urls]
+        return dict(zip(self.targets(provider_name), roots, strict=True))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start every worker and wait until each answers ``/health_generate`` with 200.
+
+        Raises :class:`SGLangStartupError` when one exits first (quoting its last log lines) or
+        is not ready within ``startup_timeout`` (after stopping them all), and
+        :class:`SGLangNotInstalled` when the interpreter has no sglang.
+        """
+        if self.pids:
+            raise SGLangError("the server is already running")
+        await anyio.to_thread.run_sync(self._detect)
+        try:
+            for w in self._workers:
+                self._spawn(w)
+            await self._wait_ready()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.stop()
+            raise
+
+    def _spawn(self, w: _Worker) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        w.log_path = self.log_paths[w.index]
+        if self.image is not None:
+            w.container = f"llmroute-sglang-{w.port}-{secrets.token_hex(4)}"
+        argv = self._argv(w.index)
+        shown = shlex.join(_redact(argv, self._api_key))
+        log.info("starting SGLang worker %d: %s (log: %s)", w.index, shown, w.log_path)
+        fd = os.open(w.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as log_file:
+            log_file.write(f"# llmroute: {shown}\n".encode())
+            log_file.flush()
+            try:
+                w.process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    env=self.worker_env(w.index),
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise SGLangError(f"could not start {argv[0]!r}: {exc}") from exc
+        w.pgid = w.process.pid  # start_new_session: the child leads a new group
+        _live.add(self)
+
+    async def _wait_ready(self) -> None:
+        failures: list[SGLangStartupError] = []
+        with anyio.move_on_after(self.startup_timeout) as deadline:
+            async with (
+                httpx.AsyncClient(trust_env=False) as http,
+                anyio.create_task_group() as group,
+            ):
+
+                async def wait(w: _Worker) -> None:
+                    try:
+                        await self._wait_worker(w, http)
+                    except SGLangStartupError as exc:
+                        failures.append(exc)
+                        group.cancel_scope.cancel()
+
+                for w in self._workers:
+                    group.start_soon(wait, w)
+        if failures:
+            raise failures[0]
+        if deadline.cancelled_caught:
+            slow = next(w for w in self._workers if not w.ready)
+            raise self._startup_error(
+                slow, f"was not ready within {self.startup_timeout:g} s (stopped)", None
+            )
+
+    async def _wait_worker(self, w: _Worker, http: httpx.AsyncClient) -> None:
+        assert w.process is not None
+        url = self.urls[w.index].removesuffix("/v1") + "/health_generate"
+        headers = {"Authorization": f"Bearer {self._api_key}"}
+        interval = 0.2
+        while True:
+            returncode = w.process.poll()
+            if returncode is not None:
+                raise self._startup_error(
+                    w, f"exited with {_describe_status(returncode)} before it was ready", returncode
+                )
+            try:
+                response = await http.get(url, headers=headers, timeout=10.0)
+                if response.status_code == 200:
+                    w.ready = True
+                    log.info("SGLang worker %d is ready at %s", w.index, self.urls[w.index])
+                    return
+            except httpx.HTTPError:
+                pass
+            await anyio.sleep(interval)
+            interval = min(interval * 1.5, 1.0)
+
+    def _startup_error(self, w: _Worker, what: str, returncode: int | None) -> SGLangStartupError:
+        lines = [_scrub(line, self._api_key) for line in _tail(w.log_path)]
+        quoted = "\n".join("  | " + line for line in lines) or "  (the log is empty)"
+        gpu = "" if w.gpu is None else f", GPU {w.gpu}"
+        message = (
+            f"SGLang server (worker {w.index}{gpu}, port {w.port}) {what}; "
+            f"last lines of {w.log_path}:\n{quoted}"
+        )
+        return SGLangStartupError(message, worker=w.index, returncode=returncode)
+
+    async def stop(self) -> None:
+        """Stop every worker: SIGTERM to its process group, up to ``grace`` seconds to drain,
+        then SIGKILL; returns once no process of the groups is left (bounded). Idempotent."""
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as group:
+                for w in self._workers:
+                    if w.process is not None:
+                        group.start_soon(self._stop_worker, w)
+        _live.discard(self)
+
+    async def _stop_worker(self, w: _Worker) -> None:
+        process, pgid = w.process, w.pgid
+        assert process is not None and pgid is not None
+        _signal_group(pgid, signal.SIGTERM)
+        if not await _wait_gone(process, pgid, self.grace):
+            log.info(
+                "SGLang worker %d did not stop within %g s of SIGTERM: SIGKILL", w.index, self.grace
+            )
+            _signal_group(pgid, signal.SIGKILL)
+            if w.container is not None:
+                await self._kill_container(w.container)
+            if not await _wait_gone(process, pgid, KILL_TIMEOUT):
+                log.warning("SGLang worker %d: process group %d outlived SIGKILL", w.index, pgid)
+        w.process = w.pgid = None
+        w.container = None
+        w.ready = False
+
+    @staticmethod
+    async def _kill_container(name: str) -> None:
+        # SIGKILL to `docker run` cannot be forwarded: the container itself must be killed.
+        with contextlib.suppress(OSError):
+            await anyio.run_process(["docker", "kill", name], check=False)
+
+    def kill(self) -> None:
+        """SIGKILL every worker's process group now, without a drain (blocking; for exit paths)."""
+        for w in self._workers:
+            if w.pgid is not None:
+                _signal_group(w.pgid, signal.SIGKILL)
+                if w.process is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        w.process.wait(timeout=1.0)
+            if w.container is not None:
+                with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                    subprocess.run(["docker", "kill", w.container], capture_output=True, timeout=5)
+            w.process = w.pgid = w.container = None
+            w.ready = False
+        _live.discard(self)
+
+
+async def _wait_gone(process: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for the group to vanish, reaping its leader."""
+    deadline = time.monotonic() + timeout
+    interval = 0.02
+    while True:
+        process.poll()  # reap the leader, so it does not linger as a zombie
+        if not _group_alive(pgid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=1.0)
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await anyio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        interval = min(interval * 2, 0.2)

@@ -1,0 +1,169 @@
+"""``llmroute sglang launch`` and ``llmroute doctor``: real subprocesses on the SGLang stand-in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llmroute.testing import Simulator, sglang_standin_path
+
+from .conftest import KEY
+
+
+def standin_env(**knobs: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": sglang_standin_path(),
+        "SGLANG_STANDIN_WARMUP": "0.2",
+        **knobs,
+    }
+
+
+def group_gone(pgid: int, seconds: float = 15) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_launch_prints_a_config_and_stops_the_servers_on_ctrl_c(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llmroute.cli",
+            "sglang",
+            "launch",
+            "org/tiny-model",
+            "--gpus",
+            "0,1",
+            "--log-dir",
+            str(tmp_path),
+            "--",
+            "--mem-fraction-static",
+            "0.8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=standin_env(),
+        start_new_session=True,
+    )
+    try:
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith('policy = "prefix"'):
+                break
+        text = "".join(lines)
+        assert "[providers.gpu]" in text and "[providers.gpu-1]" in text, text
+        assert 'targets = ["gpu:tiny-model", "gpu-1:tiny-model"]' in text
+        key = (tmp_path / "api_key").read_text().strip()
+        assert key and key not in text
+        assert (tmp_path / "api_key").stat().st_mode & 0o077 == 0
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert "SGLang stopped." in out
+        assert key not in out + err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert group_gone(proc.pid)
+    for log in tmp_path.glob("*.log"):
+        assert "--mem-fraction-static" in log.read_text()  # the user's flag reached SGLang
+
+
+def test_launch_dry_run_and_a_server_that_dies_at_start(tmp_path: Path) -> None:
+    dry = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmroute.cli",
+            "sglang",
+            "launch",
+            "org/m",
+            "--dry-run",
+            "--api-key",
+            "sk-visible-only-as-stars",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=standin_env(),
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr
+    assert "--schedule-policy lpm" in dry.stdout and "--enable-metrics" in dry.stdout
+    assert "sk-visible-only-as-stars" not in dry.stdout
+    dead = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmroute.cli",
+            "sglang",
+            "launch",
+            "org/m",
+            "--log-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=standin_env(SGLANG_STANDIN_EXIT_AFTER="0.1", SGLANG_STANDIN_WARMUP="5"),
+    )
+    assert dead.returncode == 1
+    assert "llmroute sglang launch:" in dead.stderr
+
+
+@pytest.mark.anyio
+async def test_doctor_splits_ttft_for_a_self_hosted_target(sim: Simulator, tmp_path: Path) -> None:
+    from llmroute.sglang import SGLangServer
+
+    env = {"PYTHONPATH": sglang_standin_path(), "SGLANG_STANDIN_WARMUP": "0.1"}
+    async with SGLangServer("org/doctor-model", env=env, log_dir=tmp_path, grace=5) as server:
+        config = tmp_path / "llmroute.toml"
+        config.write_text(
+            f'[providers.gpu]\nkind = "sglang"\nbase_url = "{server.base_url}"\n'
+            f'api_key = "{server.api_key}"\n'
+            f'[models.chat]\ntargets = ["gpu:doctor-model"]\n'
+        )
+        result = subprocess.run(  # noqa: ASYNC221 - the server runs in its own processes
+            [
+                sys.executable,
+                "-m",
+                "llmroute.cli",
+                "doctor",
+                "--config",
+                str(config),
+                "--probes",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=dict(os.environ),
+        )
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("gpu:doctor-model"))
+    assert "client" in row and "server" in row and " ms" in row, row
+    assert server.api_key not in result.stdout + result.stderr
+    assert KEY not in result.stdout
