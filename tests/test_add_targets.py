@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
 import pytest
 
 from llmroute import AsyncOpenAI, ConfigError
@@ -46,3 +49,32 @@ async def test_bad_tables_are_named(sim: Simulator) -> None:
         c.add_targets("chat", ["gpu:m"])
         with pytest.raises(ConfigError, match="cannot change"):
             c.add_targets("chat", ["gpu:m"], policy="fastest")
+
+
+async def test_a_started_sglang_server_registers_itself_as_targets(tmp_path: Any) -> None:
+    from llmroute.sglang import SGLangServer
+    from llmroute.testing import sglang_standin_path
+
+    env = {"PYTHONPATH": sglang_standin_path(), "SGLANG_STANDIN_WARMUP": "0.1"}
+    async with (
+        SGLangServer("org/reg-model", gpus=[0, 1], env=env, log_dir=tmp_path, grace=5) as server,
+        AsyncOpenAI(api_key=KEY) as client,
+    ):
+        targets = server.register(client, "chat", provider="gpu", policy="least-loaded")
+        assert targets == ["gpu:reg-model", "gpu-1:reg-model"]
+        for _ in range(3):
+            completion = await client.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hello"}]
+            )
+            assert completion.route.winner in targets
+        # The client read the servers' own /metrics in the background: their load is known.
+        assert client._router is not None
+        stats = client._router.stats
+        with anyio.move_on_after(10):
+            while any(stats.target(t).server is None for t in targets):
+                await client.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "again"}]
+                )
+                await anyio.sleep(0.3)
+        assert all(stats.target(t).server is not None for t in targets)
+        assert server.api_key not in repr(client._providers["gpu"])

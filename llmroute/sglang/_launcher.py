@@ -41,11 +41,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Self
 
 import anyio
 import anyio.to_thread
 import httpx
+
+if TYPE_CHECKING:
+    from .._client import AsyncOpenAI
 
 __all__ = [
     "DEFAULT_FLAGS",
@@ -601,6 +604,21 @@ class SGLangServer:
         """Each worker's server root by target name, for :class:`MetricsPoller`."""
         roots = [url.removesuffix("/v1") for url in self.urls]
         return dict(zip(self.targets(provider_name), roots, strict=True))
+
+    def register(
+        self, client: AsyncOpenAI, model: str, *, provider: str = "sglang", **route: Any
+    ) -> list[str]:
+        """Make every worker a target of ``client``'s route ``model``; returns the targets.
+
+        The workers become providers ``provider``, ``provider-1``, ... (``kind = "sglang"``,
+        so the client reads their ``/metrics``). A route that does not exist yet is created
+        from ``route`` (the keys of a ``[models.<name>]`` table, e.g. ``policy="prefix"``).
+        """
+        for name, table in self.providers(provider).items():
+            client.add_provider(name, table)
+        targets = self.targets(provider)
+        client.add_targets(model, targets, **route)
+        return targets
 
     # -- lifecycle -----------------------------------------------------------------------------
 
