@@ -77,4 +77,5 @@ async def test_a_started_sglang_server_registers_itself_as_targets(tmp_path: Any
                 )
                 await anyio.sleep(0.3)
         assert all(stats.target(t).server is not None for t in targets)
+        assert all(client.stats()[t].server is not None for t in targets)
         assert server.api_key not in repr(client._providers["gpu"])

@@ -355,6 +355,24 @@ class ClassSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """What a self-hosted server (SGLang) says of itself on ``/metrics``, read at ``read_at``.
+
+    The TTFT and queue-time means are over the requests since the previous reading (from the
+    histograms' sum and count), ``None`` when no request finished in between.
+    """
+
+    read_at: float
+    """When it was read, on the stats' clock."""
+    queued: int
+    running: int
+    cache_hit_rate: float | None = None
+    token_usage: float | None = None
+    ttft_mean: float | None = None
+    queue_time_mean: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TargetSnapshot:
     """What is known of one target right now. Latencies in seconds, ``None`` without data.
 
@@ -379,6 +397,9 @@ class TargetSnapshot:
     outcomes: dict[str, int] = field(default_factory=dict)
     by_class: dict[str, ClassSnapshot] = field(default_factory=dict)
     breaker: str = "closed"
+    server: ServerMetrics | None = None
+    """A self-hosted server's own latest ``/metrics`` reading (queue, running, cache hit rate,
+    server-side TTFT), if it has one."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data, for JSON."""
@@ -426,24 +447,6 @@ def _tokens(value: object) -> int:
 
 def _optional(value: object) -> float | None:
     return None if value is None else _seconds(value)
-
-
-@dataclass(frozen=True, slots=True)
-class ServerMetrics:
-    """What a self-hosted server (SGLang) says of itself on ``/metrics``, read at ``read_at``.
-
-    The TTFT and queue-time means are over the requests since the previous reading (from the
-    histograms' sum and count), ``None`` when no request finished in between.
-    """
-
-    read_at: float
-    """When it was read, on the stats' clock."""
-    queued: int
-    running: int
-    cache_hit_rate: float | None = None
-    token_usage: float | None = None
-    ttft_mean: float | None = None
-    queue_time_mean: float | None = None
 
 
 class TargetStats:
@@ -681,6 +684,7 @@ class TargetStats:
             in_flight=self.in_flight,
             outcomes={name: counts.get(name, 0) for name in OUTCOMES},
             by_class=by_class,
+            server=self.server,
         )
 
 
