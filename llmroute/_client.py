@@ -251,6 +251,46 @@ def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
     )
 
 
+class _ServerPolling:
+    """Reads the self-hosted servers' ``/metrics`` (their queues feed the load-aware
+    policies) in the background, at most once a second while routed requests come; one per
+    client, shared with its copies."""
+
+    def __init__(self) -> None:
+        self._poller: MetricsPoller | None = None
+        self._next_at = 0.0
+
+    def poll(self, router: Router, providers: Mapping[str, ResolvedProvider]) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            return
+        self._next_at = now + _METRICS_INTERVAL
+        servers = {
+            target.name: providers[target.provider]
+            for route in router.routes.values()
+            for target in route.targets
+            if providers[target.provider].kind == "sglang"
+        }
+        if not servers:
+            return
+        poller = self._poller
+        if poller is None or set(poller.urls) != set(servers):
+            if poller is not None:
+                spawn(poller.aclose, name="metrics poller close")
+            poller = self._poller = MetricsPoller(
+                {name: str(p.base_url) for name, p in servers.items()},
+                router.stats,
+                interval=_METRICS_INTERVAL,
+                clock=router._clock,
+            )
+        spawn(poller.poll_once, name="server metrics")
+
+    async def aclose(self) -> None:
+        if self._poller is not None:
+            await self._poller.aclose()
+            self._poller = None
+
+
 def _stats_sync(resolved: Resolved, router: Router) -> StatsSync | None:
     """With ``stats_backend = "redis"``: the exchange of TTFT samples with the other instances."""
     settings = resolved.routing
@@ -306,17 +346,17 @@ class AsyncOpenAI:
         # A routed client warms its default base URL only when it is meant to be used.
         self._warm_default = loaded is None or base_url is not None
         self._providers: dict[str, ResolvedProvider] = {}
-        self._router: Router | None = None
         self._cache: ResponseCache | None = None
         self._stats_sync: StatsSync | None = None
         self._owns_cache = True  # False in copies made by with_options
-        self._metrics: MetricsPoller | None = None
-        self._metrics_next = 0.0
+        self._servers = _ServerPolling()  # shared with copies made by with_options
         self._cache_settings: CacheSettings | None = None
+        # Every client has a router, with no routes until a config or add_targets() gives some,
+        # so copies made by with_options share the routes added later.
+        resolved = resolve(loaded if loaded is not None else Config())
+        self._router = _build_router(resolved, max_retries=max_retries)
         if loaded is not None:
-            resolved = resolve(loaded)
             self._providers = dict(resolved.providers)
-            self._router = _build_router(resolved, max_retries=max_retries)
             self._stats_sync = _stats_sync(resolved, self._router)
             if resolved.cache is not None and resolved.cache.backend != "off":
                 try:
@@ -333,7 +373,7 @@ class AsyncOpenAI:
                     api_key = provider.api_key or ""
         if api_key is None:
             api_key = os.environ.get("OPENAI_API_KEY")
-        if api_key is None and self._router is not None:
+        if api_key is None and loaded is not None:
             api_key = ""  # only routes are usable; a request for any other model says why
             self._missing_key = True
         else:
@@ -481,7 +521,7 @@ class AsyncOpenAI:
                 with map_transport_errors(self._client.build_request("GET", url)):
                     await transport.warmup(url, timeout=self.timeout.connect)
             except APIConnectionError as exc:
-                if self._router is None:
+                if not self._providers:
                     raise
                 log.warning("warmup: cannot reach %s: %s", url, exc.message)
                 errors.append(exc)
@@ -491,30 +531,6 @@ class AsyncOpenAI:
                 tg.start_soon(warm, url)
         if errors and len(errors) == len(urls):
             raise errors[0]
-
-    def _poll_servers(self, router: Router) -> None:
-        """Read the self-hosted servers' ``/metrics`` (their queues feed the load-aware
-        policies) in the background, at most once a second while requests come."""
-        now = time.monotonic()
-        if now < self._metrics_next:
-            return
-        self._metrics_next = now + _METRICS_INTERVAL
-        urls = {
-            target.name: str(self._providers[target.provider].base_url)
-            for route in router.routes.values()
-            for target in route.targets
-            if self._providers[target.provider].kind == "sglang"
-        }
-        if not urls:
-            return
-        poller = self._metrics
-        if poller is None or set(poller.urls) != set(urls):
-            if poller is not None:
-                spawn(poller.aclose, name="metrics poller close")
-            poller = self._metrics = MetricsPoller(
-                urls, router.stats, interval=_METRICS_INTERVAL, clock=router._clock
-            )
-        spawn(poller.poll_once, name="server metrics")
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time, from a ``[providers.<name>]`` table, e.g.
@@ -532,8 +548,6 @@ class AsyncOpenAI:
                     f"models.{model}: unknown provider {target.provider!r} "
                     "(add it with add_provider() first)"
                 )
-        if self._router is None:
-            self._router = _build_router(resolve(Config()), max_retries=self.max_retries)
         routes = self._router.routes
         existing = routes.get(model)
         if existing is None:
@@ -542,6 +556,10 @@ class AsyncOpenAI:
             return
         if route:
             raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
+        if isinstance(existing.policy, WeightedPolicy):
+            raise ConfigError(
+                f"models.{model}: a weighted route takes no new targets (each needs a weight)"
+            )
         new = _route(model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self._providers)
         known = {t.name for t in existing.targets}
         existing.targets += tuple(t for t in new.targets if t.name not in known)
@@ -553,13 +571,12 @@ class AsyncOpenAI:
         window (overall and per prompt-length class), inter-token latency, tokens/s, error,
         timeout and 429 rates, requests in flight and the circuit breaker's state.
         """
-        return self._router.snapshot() if self._router is not None else {}
+        return self._router.snapshot()
 
     async def close(self) -> None:
         """Close the connections (only those this client opened itself) and the cache."""
         if self._owns_cache:
-            if self._metrics is not None:
-                await self._metrics.aclose()
+            await self._servers.aclose()
             if self._stats_sync is not None:
                 await self._stats_sync.aclose()
             if self._cache is not None:
@@ -579,7 +596,7 @@ class AsyncOpenAI:
         await self.close()
 
     def __repr__(self) -> str:
-        routes = f" routes={sorted(self._router.routes)!r}" if self._router is not None else ""
+        routes = f" routes={sorted(self._router.routes)!r}" if self._router.routes else ""
         return f"<llmroute.AsyncOpenAI base_url={str(self.base_url)!r}{routes}>"
 
     # -- requests --------------------------------------------------------------------------
@@ -889,10 +906,10 @@ class AsyncCompletions:
             body.update(extra_body)
         client = self._client
         router = client._router
-        route = router.routes.get(model) if router is not None else None
+        route = router.routes.get(model)
 
         async def live() -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
-            if route is not None and router is not None:
+            if route is not None:
                 return await self._create_routed(
                     router, route, body, extra_headers, extra_query, timeout
                 )
@@ -955,7 +972,7 @@ class AsyncCompletions:
         sync = client._stats_sync
         if sync is not None and sync.due():
             spawn(sync.sync, name="stats sync")
-        client._poll_servers(router)
+        client._servers.poll(router, client._providers)
 
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool

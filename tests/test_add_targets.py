@@ -79,3 +79,49 @@ async def test_a_started_sglang_server_registers_itself_as_targets(tmp_path: Any
         assert all(stats.target(t).server is not None for t in targets)
         assert all(client.stats()[t].server is not None for t in targets)
         assert server.api_key not in repr(client._providers["gpu"])
+
+
+async def test_a_weighted_route_refuses_targets_without_weights(sim: Simulator) -> None:
+    config = {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {
+            "chat": {"targets": ["sim:a", "sim:b"], "policy": "weighted", "weights": [1, 2]}
+        },
+    }
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+        with pytest.raises(ConfigError, match="weighted route"):
+            c.add_targets("chat", ["sim:c"])
+        answer = await c.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.route.winner in ("sim:a", "sim:b")
+
+
+async def test_copies_share_one_metrics_reader(tmp_path: Any) -> None:
+    from llmroute.sglang import SGLangServer
+    from llmroute.testing import sglang_standin_path
+
+    env = {"PYTHONPATH": sglang_standin_path(), "SGLANG_STANDIN_WARMUP": "0.1"}
+    async with (
+        SGLangServer("org/one", env=env, log_dir=tmp_path, grace=5) as server,
+        AsyncOpenAI(api_key=KEY) as client,
+    ):
+        server.register(client, "chat", provider="gpu")
+        for _ in range(5):
+            copy = client.with_options(timeout=30)
+            await copy.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}]
+            )
+            assert copy._servers is client._servers
+        assert client._servers._poller is not None
+
+
+async def test_copies_made_before_a_route_is_added_see_it(sim: Simulator) -> None:
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()) as c:
+        early = c.with_options(timeout=30)
+        c.add_provider("gpu", {"kind": "sglang", "base_url": sim.base_url, "api_key": KEY})
+        c.add_targets("chat", ["gpu:sim-small"])
+        answer = await early.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.route.winner == "gpu:sim-small"
