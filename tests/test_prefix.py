@@ -8,18 +8,29 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
-from llmroute import AsyncOpenAI
+from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute._client import _policy
 from llmroute._config import ConfigError, RouteConfig, load_config
-from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Router
+from llmroute._types import Timings
+from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (
     LeastLoadedPolicy,
+    Policy,
     PrefixPolicy,
     RoundRobinPolicy,
+    WeightedPolicy,
 )
-from llmroute.routing.prefix import PrefixIndex, PrefixTree, prompt_blocks, render_prompt
+from llmroute.routing.prefix import (
+    PrefixIndex,
+    PrefixTree,
+    Prompt,
+    prompt_blocks,
+    render_prompt,
+)
 from llmroute.routing.stats import ServerMetrics
 from llmroute.testing import Simulator
 
@@ -156,6 +167,84 @@ def test_tree_is_bounded_and_evicts_leaves_before_shared_prefixes() -> None:
     assert index.sizes() == {"a": 4}
 
 
+def leading_run(tree: PrefixTree, blocks: Sequence[int]) -> int:
+    """What :meth:`PrefixTree.match` must return, counted one block at a time."""
+    count = 0
+    for block in blocks:
+        if block not in tree:
+            break
+        count += 1
+    return count
+
+
+def test_a_discard_takes_back_only_what_its_insert_alone_added() -> None:
+    tree = PrefixTree(max_blocks=100)
+    tree.insert((1, 2))  # served: nobody's to take back
+    tree.insert((1, 2, 3, 4, 5), owner=7)  # a turn in flight adds 3, 4, 5
+    tree.insert((1, 2, 3, 4, 6, 8), owner=8)  # a longer turn in flight touches 3, 4, adds 6, 8
+    tree.discard((3, 4, 5), owner=7)  # the first turn was served elsewhere
+    assert 5 not in tree
+    assert tree.match((1, 2, 3, 4, 6, 8)) == leading_run(tree, (1, 2, 3, 4, 6, 8)) == 6
+    tree.discard((3, 4, 6, 8), owner=8)  # and the longer one too
+    assert tree.match((1, 2, 3, 4, 6, 8)) == leading_run(tree, (1, 2, 3, 4, 6, 8)) == 4
+    tree.insert((1, 2, 9), owner=9)
+    tree.insert((1, 2, 9))  # served meanwhile by another request: 9 stays
+    tree.discard((9,), owner=9)
+    assert 9 in tree
+
+
+def test_a_prompt_extended_by_an_answer_is_the_next_turns_prefix() -> None:
+    messages = chat("billing", 1)
+    answer = {"role": "assistant", "content": "An answer about billing. " * 9}
+    text = render_prompt(messages)
+    settings = [(64, 16384), (7, 16384), (64, 3), (64, 32), (1, 5000), (len(text), 100)]
+    for block_chars, max_blocks in settings:
+        prompt = Prompt.of(messages, block_chars, max_blocks)
+        assert prompt.blocks == prompt_blocks(messages, block_chars, max_blocks)
+        assert prompt.chars == min(len(text), block_chars * max_blocks)
+        longer = prompt.extend([answer])
+        assert longer.blocks == prompt_blocks([*messages, answer], block_chars, max_blocks)
+        assert longer.chars == min(
+            len(render_prompt([*messages, answer])), block_chars * max_blocks
+        )
+        assert longer.extend([]).blocks == longer.blocks
+    short = Prompt("x" * 100, 64)  # one whole block and 36 characters
+    assert (short.share(0), short.share(1), short.share(2)) == (0.0, 0.64, 1.0)
+    assert Prompt("", 64).share(0) == 0.0 and Prompt("", 64).blocks == ()
+
+
+def test_matches_stay_exact_whatever_requests_interleave() -> None:
+    """Plans, failovers, answers and evictions in random order: what a tree holds of any
+    prompt stays a leading run, so the binary search in match() counts it exactly."""
+    rng = random.Random(5)
+    policy = PrefixPolicy(block_chars=8, max_blocks=120)
+    chats = [[{"role": "system", "content": f"You help with topic {n}."}] for n in range(4)]
+    pending: list[tuple[Any, str, list[dict[str, Any]]]] = []
+    seen: list[tuple[int, ...]] = []
+    for step in range(600):
+        if pending and rng.random() < 0.5:
+            key, planned, messages = pending.pop(rng.randrange(len(pending)))
+            winner = rng.choice([planned, planned, rng.choice(WORKERS), None])
+            policy.observe(key, winner)
+            if winner is not None and rng.random() < 0.7:
+                answer = f"Answer {step}. " * rng.randint(0, 6)
+                policy.answered(key, winner, answer)
+                messages.append({"role": "assistant", "content": answer})
+                seen.append(prompt_blocks(messages, 8, 120))
+        else:
+            messages = rng.choice(chats)
+            messages.append({"role": "user", "content": f"Question {step}?"})
+            loads = {w: float(rng.randint(0, 3)) for w in WORKERS}
+            plan = policy.plan(WORKERS, View(list(messages), loads=loads), rng)
+            seen.append(prompt_blocks(messages, 8, 120))
+            pending.append((plan.key, plan.order[0], messages))
+        for worker in WORKERS:
+            tree = policy.index.tree(worker)
+            assert len(tree) <= 120
+            for blocks in seen[-40:]:
+                assert tree.match(blocks) == leading_run(tree, blocks)
+
+
 # --- prefix policy ----------------------------------------------------------------------------
 
 
@@ -259,6 +348,69 @@ def test_the_serving_worker_takes_over_the_prefix() -> None:
     assert policy.plan(WORKERS, View([]), random.Random(0)).key is None
 
 
+def test_a_turn_served_elsewhere_leaves_a_concurrent_longer_turn_whole() -> None:
+    policy = PrefixPolicy()
+    rng = random.Random(0)
+    # an earlier chat on w0 whose system prompt shares the first 1,000 characters
+    earlier = [{"role": "system", "content": system_prompt("billing", 1000)}]
+    assert first(policy, View([*earlier, {"role": "user", "content": "Hi?"}])) == "w0"
+    busy = {"w1": 1.0, "w2": 1.0, "w3": 1.0}
+    one = policy.plan(WORKERS, View(chat("billing", 1), loads=busy), rng)  # adds its blocks
+    two = policy.plan(WORKERS, View(chat("billing", 2)), rng)  # extends them, still in flight
+    assert one.order[0] == two.order[0] == "w0"
+    policy.observe(one.key, "w1")  # the first turn failed over to w1
+    tree = policy.index.tree("w0")
+    blocks = prompt_blocks(chat("billing", 2))
+    assert all(block in tree for block in blocks)  # no hole in the longer turn's chain
+    assert tree.match(blocks) == leading_run(tree, blocks) == len(blocks)
+    assert prompt_blocks(chat("billing", 1))[-1] not in tree  # what the first turn alone added
+    assert policy.index.tree("w1").match(prompt_blocks(chat("billing", 1))) == len(
+        prompt_blocks(chat("billing", 1))
+    )
+    policy.observe(two.key, None)  # and the longer turn was not served either
+    assert tree.match(blocks) == leading_run(tree, blocks)
+
+
+def test_a_short_prompt_chat_stays_where_its_answers_are() -> None:
+    policy = PrefixPolicy()
+    other = [
+        {"role": "system", "content": "You are a helpful assistant. Be concise."},
+        {"role": "user", "content": "What is the capital of France? Please answer briefly."},
+    ]
+    assert first(policy, View(other)) == "w0"  # another chat: the trees differ in size
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Write a haiku about autumn leaves falling."},
+    ]
+    winners = []
+    for turn in range(5):
+        plan = policy.plan(WORKERS, View(messages), random.Random(0))
+        winner = plan.order[0]
+        policy.observe(plan.key, winner)
+        answer = f"Crimson leaves drift down, whispering to the cold earth ({turn}). " * 2
+        policy.answered(plan.key, winner, answer)  # the server caches the prompt + the answer
+        messages = [*messages, {"role": "assistant", "content": answer}]
+        held = policy.index.tree(winner).match(prompt_blocks(messages))
+        assert held == len(prompt_blocks(messages))
+        messages.append({"role": "user", "content": f"Now another one, number {turn}."})
+        winners.append(winner)
+    assert len(set(winners)) == 1, winners
+    assert sum(policy.index.sizes().values()) < 16384  # bounded as before
+    sizes = policy.index.sizes()
+    policy.answered("not a key", "w1", "text")
+    assert policy.index.sizes() == sizes
+
+
+def test_the_share_is_counted_in_characters() -> None:
+    policy = PrefixPolicy()
+    one = [{"role": "user", "content": "a" * 80 + "1"}]  # 87 characters: 1 whole block of 2
+    two = [{"role": "user", "content": "a" * 80 + "2"}]
+    assert first(policy, View(one)) == "w0"
+    assert first(policy, View(two)) == "w0"  # 64 of 87 characters held (74%), 1 of 2 blocks
+    three = [{"role": "user", "content": "a" * 50 + "b" * 80}]  # 136: 64 held (47%)
+    assert first(policy, View(three)) == "w1"
+
+
 def test_prefix_policy_checks_its_settings() -> None:
     with pytest.raises(ValueError):
         PrefixPolicy(cache_threshold=1.5)
@@ -301,6 +453,15 @@ def test_round_robin_order() -> None:
     view.down.update("AC")
     assert policy.plan(["A", "B", "C"], view, random.Random(0)).order == ("A", "B", "C")
     assert RoundRobinPolicy().plan([], view, random.Random(0)).order == ()
+
+
+def test_a_weighted_plan_needs_one_weight_per_target() -> None:
+    policy = WeightedPolicy(weights=(1.0, 2.0))
+    assert sorted(policy.plan(["A", "B"], View(), random.Random(0)).order) == ["A", "B"]
+    with pytest.raises(ValueError, match=r"has 2 weights for 3 targets \(A, B, C\): each target"):
+        policy.plan(["A", "B", "C"], View(), random.Random(0))  # say, a target added later
+    with pytest.raises(ValueError, match="has 2 weights for 1 target"):
+        policy.plan(["A"], View(), random.Random(0))
 
 
 # --- the load signal --------------------------------------------------------------------------
@@ -473,3 +634,124 @@ async def test_an_erroring_target_fails_over_and_the_chat_moves(sim: Simulator) 
             ("dead:sim-small", "error"),
             ("c:sim-small", "won"),  # the smaller tree of the two
         ]
+
+
+# --- the engine's hooks, with a scripted sender -----------------------------------------------
+
+
+class ScriptedSender:
+    """Answers requests that are not streamed like a provider would: per target, the outcomes
+    of its next requests (a status code, an answer's text, or an assistant message); then
+    ``"An answer."``."""
+
+    def __init__(self, script: Mapping[str, Sequence[Any]] | None = None) -> None:
+        self.script = {target: list(outcomes) for target, outcomes in (script or {}).items()}
+        self.calls: list[str] = []
+
+    async def __call__(
+        self, target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+    ) -> tuple[httpx.Response, Timings]:
+        assert not stream
+        self.calls.append(target.name)
+        request = httpx.Request("POST", "https://provider.test/v1/chat/completions")
+        outcomes = self.script.get(target.name)
+        outcome = outcomes.pop(0) if outcomes else "An answer."
+        if isinstance(outcome, int):
+            response = httpx.Response(outcome, headers={"retry-after": "0.01"}, request=request)
+            error = openai.BadRequestError if outcome == 400 else openai.InternalServerError
+            raise error(f"status {outcome}", response=response, body=None)
+        message = {"role": "assistant", "content": outcome} if isinstance(outcome, str) else outcome
+        data = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": target.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+        return httpx.Response(200, json=data, request=request), Timings(started_at=0.0)
+
+
+def scripted_route(policy: Policy, workers: Sequence[str], **router: Any) -> tuple[Router, Route]:
+    route = Route("chat", tuple(RouteTarget(w, "m") for w in workers), policy)
+    return Router({"chat": route}, rng=random.Random(0), **router), route
+
+
+SHORT_CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Write a haiku about autumn leaves falling."},
+]
+
+
+@pytest.mark.anyio
+async def test_a_retried_round_follows_the_first_plan() -> None:
+    router, route = scripted_route(RoundRobinPolicy(), ["a", "b"], max_retries=1)
+    send = ScriptedSender({"a:m": [503], "b:m": [503]})
+    done = await router.complete(route, {"messages": SHORT_CHAT}, send)
+    assert [(a.target, a.reason, a.outcome) for a in done.report.attempts] == [
+        ("a:m", "first", "error"),
+        ("b:m", "failover", "error"),
+        ("a:m", "retry", "won"),
+    ]
+    done = await router.complete(route, {"messages": SHORT_CHAT}, send)
+    assert done.report.winner == "b:m"  # round-robin moved on once per request, not twice
+
+
+@pytest.mark.anyio
+async def test_a_failed_retry_leaves_no_prompt_in_any_tree() -> None:
+    policy = PrefixPolicy()
+    router, route = scripted_route(policy, ["w0", "w1"], max_retries=1, breaker_failures=1)
+    # w0 is down (its circuit opens), w1 refuses the request (a 400: its circuit stays closed)
+    send = ScriptedSender({"w0:m": [503, 503], "w1:m": [400, 400]})
+    with pytest.raises(AllTargetsFailed):
+        await router.complete(route, {"messages": SHORT_CHAT}, send)
+    assert send.calls == ["w0:m", "w1:m", "w1:m"]  # the retry starts with what is available
+    assert policy.index.sizes() == {"w0:m": 0, "w1:m": 0}
+
+
+@pytest.mark.anyio
+async def test_a_completed_answer_goes_into_the_winners_tree() -> None:
+    policy = PrefixPolicy()
+    router, route = scripted_route(policy, WORKERS)
+    done = await router.complete(route, {"messages": SHORT_CHAT}, ScriptedSender())
+    assert done.report.winner == "w0:m"
+    answered = prompt_blocks([*SHORT_CHAT, {"role": "assistant", "content": "An answer."}])
+    assert policy.index.tree("w0:m").match(answered) == len(answered)
+    # an answer that is not plain text is sent back in a shape the client cannot know: only
+    # the prompt is remembered
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    send = ScriptedSender({"w1:m": [{"role": "assistant", "content": None, "tool_calls": [call]}]})
+    other = [{"role": "user", "content": "Call f, please, with no arguments at all."}]
+    done = await router.complete(route, {"messages": other}, send)
+    assert done.report.winner == "w1:m"
+    assert len(policy.index.tree("w1:m")) == len(prompt_blocks(other))
+
+
+@pytest.mark.anyio
+async def test_short_prompt_chats_stick_once_their_answers_are_in(sim: Simulator) -> None:
+    cfg = sim_config({name: sim.base_url for name in "abcd"}, policy="prefix")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        assert client._router is not None
+        policy = client._router.routes["chat"].policy
+        assert isinstance(policy, PrefixPolicy)
+        winners: dict[str, list[str]] = {}
+        conversations = {
+            topic: [{"role": "system", "content": f"You help with {topic}."}]
+            for topic in ("billing", "shipping", "returns")
+        }
+        for turn in range(4):
+            for topic, messages in conversations.items():
+                messages.append({"role": "user", "content": f"Question {turn} on {topic}?"})
+                if turn % 2:  # streamed and not streamed turns alike
+                    text, route = await ask(client, messages)
+                else:
+                    completion = await client.chat.completions.create(
+                        model="chat", messages=messages
+                    )
+                    text = completion.choices[0].message.content or ""
+                    route = completion.route  # type: ignore[attr-defined]
+                messages.append({"role": "assistant", "content": text})
+                blocks = prompt_blocks(messages)  # the next turn's prefix, answer included
+                assert policy.index.tree(route.winner).match(blocks) == len(blocks)
+                winners.setdefault(topic, []).append(route.winner)
+    assert all(len(set(w)) == 1 for w in winners.values()), winners
+    assert len({w[0] for w in winners.values()}) == 3

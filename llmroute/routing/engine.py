@@ -252,6 +252,10 @@ class Router:
         run = self._begin(route, body, send, stream=False)
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
+        if run.key is not None:
+            text = _plain_answer(ready.completion)
+            if text is not None:
+                run.answered(ready.target.name, text)
         return RoutedCompletion(ready.completion, ready.response, ready.timings, run.report)
 
 
@@ -336,6 +340,8 @@ class _Run:
         self.tokens = 0
         self.broken: list[str] = []
         self._in_flight: str | None = None
+        self.key: object = None
+        """The key of the served plan, for a policy that wants to learn its outcome."""
 
     def plan(self) -> Plan:
         router, route = self.router, self.route
@@ -388,6 +394,8 @@ class _Run:
             raise
         if plan.key is not None:
             self._observe(plan.key, state.winner)
+            if state.winner is not None:
+                self.key = plan.key
         if state.winner is None:
             raise AllTargetsFailed(
                 route.name, state.failures, self.request_stub(), report=self.report
@@ -403,6 +411,13 @@ class _Run:
         observe = getattr(self.route.policy, "observe", None)
         if observe is not None:
             observe(key, winner.target.name if winner is not None else None)
+
+    def answered(self, target: str, text: str) -> None:
+        """Tell a policy that asked which target completed the answer, and its text (a plain
+        text answer of one choice, as the next turn of the chat sends it back)."""
+        answered = getattr(self.route.policy, "answered", None)
+        if answered is not None and self.key is not None:
+            answered(self.key, target, text)
 
     async def _coordinate(
         self, plan: Plan, state: _Race, *, retries: int, prefix: str | None
@@ -451,7 +466,10 @@ class _Run:
                         break
                     await anyio.sleep(self._retry_delay(rounds, state.failures))
                     rounds += 1
-                    pending.extend(self.plan().order if prefix is None else plan.order)
+                    # The same plan again: planning anew would advance round-robin a second
+                    # time and leave a prefix policy an insert under a key nobody observes.
+                    pending.extend(plan.order)
+                    available_first()  # a circuit the last round opened: its target later
                     launch("retry")
                     continue
                 wait = math.inf
@@ -678,6 +696,8 @@ class _Run:
                     # Every choice has its finish_reason: the answer is whole, even if the
                     # connection broke before the usage chunk or [DONE].
                     self._completed(ready)
+                    if continuable and self.key is not None:  # one choice of plain text
+                        self.answered(ready.target.name, "".join(text))
                     return
                 if failure is None:
                     failure = APIConnectionError(
@@ -768,6 +788,18 @@ class _Run:
         name, self._in_flight = self._in_flight, None
         if name is not None:
             self.router.stats.target(name).finished()
+
+
+def _plain_answer(completion: Any) -> str | None:
+    """The text of a completion whose only choice is a plain text message, else ``None``."""
+    choices = getattr(completion, "choices", None)
+    if not choices or len(choices) != 1:
+        return None
+    message = choices[0].message
+    content = message.content
+    if not isinstance(content, str) or not _plain_content(message):
+        return None
+    return content
 
 
 def _plain_content(delta: Any) -> bool:

@@ -5,18 +5,20 @@ staleness of the stats, load, the request's messages) and a random source, and r
 :class:`Plan`, the order in which the engine tries targets, how many start at once, and when a
 hedge may start. It knows nothing of HTTP, tasks or clocks. Most policies are pure; round-robin
 keeps a counter, and prefix affinity keeps the prompt prefixes each target was sent (it learns
-which target served a request through :meth:`PrefixPolicy.observe`, which the engine calls for a
-plan that carries a ``key``).
+which target served a request through :meth:`PrefixPolicy.observe`, and the answer it gave
+through :meth:`PrefixPolicy.answered`, which the engine calls for a plan that carries a
+``key``).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, prompt_blocks
+from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, Prompt
 
 __all__ = [
     "COLD_EXPLORE_SHARE",
@@ -91,8 +93,12 @@ class Plan:
     hedge_delays: tuple[float | None, ...] = ()
     explored: str | None = None
     key: object = None
-    """Not ``None``: the policy wants to learn the outcome, and the engine calls
-    ``policy.observe(key, winner)`` with the target that served (``None`` if none did)."""
+    """Not ``None``: the policy wants to learn the outcome. The engine calls
+    ``policy.observe(key, winner)`` once, when the request has its first token (or its whole
+    answer, when not streamed), with the target that served (``None`` if none did, retries
+    included); and, if the policy has it, ``policy.answered(key, target, text)`` when an answer
+    whose only choice is plain text completed (a stream read to its end, or a completion
+    returned), with the target that finished it and the answer's text."""
 
     def hedge_delay(self, index: int) -> float | None:
         """The hedge delay after attempt ``index`` started, or ``None`` (no hedge)."""
@@ -100,6 +106,9 @@ class Plan:
 
 
 class Policy(Protocol):
+    """Plans requests. A policy that returns plans with a ``key`` also has ``observe(key,
+    winner)`` and may have ``answered(key, target, text)`` (see :attr:`Plan.key`)."""
+
     @property
     def name(self) -> str: ...
 
@@ -175,12 +184,23 @@ class FailoverPolicy:
 
 @dataclass(frozen=True)
 class WeightedPolicy:
-    """A random target in proportion to its weight first; the rest, also by weight, on failure."""
+    """A random target in proportion to its weight first; the rest, also by weight, on failure.
+
+    ``weights`` go with the targets in order, one each: planning for another number of targets
+    raises :class:`ValueError` (a target without a weight is not silently left out)."""
 
     weights: tuple[float, ...]
     name: str = "weighted"
 
     def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
+        if len(targets) != len(self.weights):
+            weights, count = len(self.weights), len(targets)
+            raise ValueError(
+                f"policy 'weighted' has {weights} weight{'s' * (weights != 1)} for {count} "
+                f"target{'s' * (count != 1)} ({', '.join(targets)}): each target needs exactly "
+                "one weight, in order, so a weighted route's targets cannot change without its "
+                "weights"
+            )
         # Weighted random order without replacement: sort by u ** (1 / w) (Efraimidis-Spirakis).
         keys = {t: rng.random() ** (1.0 / w) for t, w in zip(targets, self.weights, strict=True)}
         order = sorted(targets, key=lambda t: (not view.available(t), -keys[t]))
@@ -225,12 +245,15 @@ class RoundRobinPolicy:
 
 @dataclass(frozen=True, slots=True)
 class _PrefixKey:
-    """What :meth:`PrefixPolicy.observe` needs of a plan: the prompt's blocks, the target
-    chosen, and how many blocks its tree held before the plan's optimistic insert."""
+    """What :meth:`PrefixPolicy.observe` and :meth:`PrefixPolicy.answered` need of a plan: the
+    prompt, the target chosen, how many blocks its tree held before the plan's optimistic
+    insert, and the owner number of that insert (what :meth:`PrefixTree.discard` may take back).
+    """
 
-    blocks: tuple[int, ...]
+    prompt: Prompt
     choice: str
     held: int
+    owner: int
 
 
 class PrefixPolicy:
@@ -245,10 +268,15 @@ class PrefixPolicy:
     ``balance_rel_threshold``, the least-loaded target is chosen whatever it holds (SGLang
     gateway's rule). The other targets follow, least loaded first, on failure.
 
-    The prompt goes into the chosen target's tree at once, so concurrent requests of one
-    conversation stick together; when another target serves it (:meth:`observe`), it moves
-    there. Works for any targets: a self-hosted server's load is its own queue, a vendor's the
-    client's requests in flight.
+    The share of the prompt a tree holds is counted in characters (a short trailing partial
+    block weighs its few characters). The prompt goes into the chosen target's tree at once, so
+    concurrent requests of one conversation stick together; when another target serves it
+    (:meth:`observe`), it moves there, leaving in the chosen tree only what other requests also
+    put there. When the answer is complete (:meth:`answered`), the prompt followed by the answer
+    as an assistant message, which is what the server caches and the next turn of the chat
+    starts with, goes into the tree of the target that answered: a chat's next turn then matches
+    nearly all of its prompt, however short its first one was. Works for any targets: a
+    self-hosted server's load is its own queue, a vendor's the client's requests in flight.
     """
 
     name = "prefix"
@@ -275,6 +303,7 @@ class PrefixPolicy:
         self.balance_rel_threshold = balance_rel_threshold
         self.rank_by = rank_by
         self.index = PrefixIndex(max_blocks)
+        self._owners = itertools.count()
 
     def imbalanced(self, loads: Sequence[float]) -> bool:
         """Whether the highest load exceeds the lowest by both thresholds."""
@@ -291,8 +320,9 @@ class PrefixPolicy:
             return Plan(tuple(_by_load(targets, view, q)))
         loads = {t: view.load(t) for t in ready}
         fallback = sorted(ready, key=lambda t: (loads[t], len(index.tree(t)), view.predict(t, q)))
-        blocks = prompt_blocks(view.messages(), self.block_chars, index.max_blocks)
-        choice, held = fallback[0], 0
+        prompt = Prompt.of(view.messages(), self.block_chars, index.max_blocks)
+        blocks = prompt.blocks
+        choice, held, owner = fallback[0], 0, 0
         if blocks:
             held = index.tree(choice).match(blocks)
             if not self.imbalanced(list(loads.values())):
@@ -301,24 +331,37 @@ class PrefixPolicy:
                     matched = index.tree(target).match(blocks)
                     if matched > most:
                         best, most = target, matched
-                if most / len(blocks) > self.cache_threshold:
+                if prompt.share(most) > self.cache_threshold:
                     choice, held = best, most
-            index.tree(choice).insert(blocks)
+            owner = next(self._owners)
+            index.tree(choice).insert(blocks, owner)
         order = (choice, *(t for t in fallback if t != choice))
         order += tuple(t for t in targets if t not in loads)
-        return Plan(order, key=_PrefixKey(blocks, choice, held) if blocks else None)
+        return Plan(order, key=_PrefixKey(prompt, choice, held, owner) if blocks else None)
 
     def observe(self, key: object, winner: str | None) -> None:
         """The target that served the planned request (``None``: none did).
 
         When it is not the one the plan chose, the prompt's blocks that the plan added to the
-        chosen target's tree are taken out again, and the winner's tree gets the prompt.
+        chosen target's tree are taken out again, except those another request's prompt (one
+        still in flight, say, a longer turn of the same chat) touched since; and the winner's
+        tree gets the prompt.
         """
         if not isinstance(key, _PrefixKey) or winner == key.choice:
             return
-        self.index.tree(key.choice).discard(key.blocks[key.held :])
+        blocks = key.prompt.blocks
+        self.index.tree(key.choice).discard(blocks[key.held :], key.owner)
         if winner is not None:
-            self.index.tree(winner).insert(key.blocks)
+            self.index.tree(winner).insert(blocks)
+
+    def answered(self, key: object, target: str, text: str) -> None:
+        """``target`` completed the planned request's answer, ``text``: its tree gets the
+        prompt followed by the answer as the next turn of the chat sends it back (an assistant
+        message with that text), the prefix the server now has in its cache."""
+        if not isinstance(key, _PrefixKey):
+            return
+        answer = key.prompt.extend(({"role": "assistant", "content": text},))
+        self.index.tree(target).insert(answer.blocks)
 
 
 def explore(

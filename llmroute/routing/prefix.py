@@ -14,11 +14,18 @@ The approximation, like SGLang's gateway but over fixed-size blocks instead of c
 - Each target's :class:`PrefixTree` holds at most ``max_blocks`` names. An insert touches a
   prompt's blocks deepest first, so a prefix is always at least as recent as anything that
   extends it and least-recently-used eviction drops leaves before the prefixes they share, as
-  a radix cache does. The blocks a tree holds for any prompt are therefore a leading run, and a
-  match is a binary search: O(log n) lookups.
+  a radix cache does. A discard (a planned request another target served) takes out only the
+  blocks that one insert added and no other insert touched since, so it never removes a
+  prefix something still held extends. The blocks a tree holds for any prompt are therefore a
+  leading run, and a match is a binary search: O(log n) lookups.
 - Two prompts match up to their last common whole block: up to ``block_chars - 1`` common
   characters are not counted, a trailing partial block matches only an identical prompt, and
-  prompts longer than ``max_blocks`` blocks are matched on their first ``max_blocks``.
+  prompts longer than ``max_blocks`` blocks are matched on their first ``max_blocks``. The
+  share of a prompt a match covers is counted in characters (:attr:`Prompt.chars`), so a short
+  trailing partial block weighs what its few characters weigh, not a whole block.
+- A server caches the prompt *and* the answer it generated, and the next turn of a chat sends
+  both back: :meth:`Prompt.extend` names the blocks of the prompt followed by more rendered
+  messages (the answer as an assistant message) without rendering the prompt again.
 - Names use Python's ``hash`` (64 bits, salted per process): the trees live in one process, and
   a collision (about n² / 2⁶⁴) would at worst misplace one request.
 - Request fields outside ``messages`` (``tools``, ``response_format``) are not part of a prefix.
@@ -35,6 +42,7 @@ __all__ = [
     "DEFAULT_MAX_BLOCKS",
     "PrefixIndex",
     "PrefixTree",
+    "Prompt",
     "prompt_blocks",
     "render_prompt",
 ]
@@ -45,6 +53,7 @@ DEFAULT_MAX_BLOCKS = 16384
 """Blocks remembered per target: about 1M characters (256k tokens) of prefixes, some 2 MB."""
 
 _MASK = (1 << 64) - 1
+_ABSENT: Any = object()
 _EXTRA_FIELDS = ("name", "tool_calls", "tool_call_id", "function_call")
 
 
@@ -81,6 +90,76 @@ def render_prompt(messages: Iterable[Mapping[str, Any]]) -> str:
     return "".join(parts)
 
 
+def _chain(text: str, block_chars: int, count: int, name: int) -> list[int]:
+    """The chain hashes of the first ``count`` blocks of ``text``, following the name ``name``."""
+    end = min(len(text), block_chars * count)
+    names: list[int] = []
+    append = names.append
+    for start in range(0, end, block_chars):
+        name = hash((name, text[start : start + block_chars]))
+        append(name)
+    return names
+
+
+class Prompt:
+    """A rendered prompt's block names, with what is needed to extend it.
+
+    ``blocks`` are the chain hashes (at most ``max_blocks``), ``chars`` the characters they
+    cover (the rendered text, up to ``block_chars * max_blocks``) and ``tail`` the text of a
+    trailing partial block (empty when the text ends on a block boundary or was cut).
+    """
+
+    __slots__ = ("block_chars", "blocks", "chars", "max_blocks", "tail")
+
+    def __init__(
+        self,
+        text: str,
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        *,
+        _start: tuple[int, ...] = (),
+    ) -> None:
+        if block_chars < 1 or max_blocks < 0:
+            raise ValueError("block_chars must be at least 1 and max_blocks not negative")
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        name = _start[-1] if _start else block_chars
+        names = _chain(text, block_chars, max_blocks - len(_start), name)
+        self.blocks: tuple[int, ...] = (*_start, *names)
+        self.chars = min(len(_start) * block_chars + len(text), block_chars * max_blocks)
+        cut = self.chars % block_chars
+        self.tail = text[len(text) - cut :] if cut else ""
+
+    @classmethod
+    def of(
+        cls,
+        messages: Iterable[Mapping[str, Any]],
+        block_chars: int = DEFAULT_BLOCK_CHARS,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+    ) -> Prompt:
+        """The prompt of these chat messages."""
+        return cls(render_prompt(messages), block_chars, max_blocks)
+
+    def share(self, matched: int) -> float:
+        """The share of the prompt's characters in its first ``matched`` blocks (0 to 1)."""
+        if not self.chars:
+            return 0.0
+        if matched >= len(self.blocks):
+            return 1.0
+        return matched * self.block_chars / self.chars
+
+    def extend(self, messages: Iterable[Mapping[str, Any]]) -> Prompt:
+        """This prompt followed by ``messages``: the blocks of the prompt the next turn of a
+        chat starts with. Only the trailing partial block and the new text are hashed."""
+        whole = len(self.blocks) - (1 if self.tail else 0)
+        return Prompt(
+            self.tail + render_prompt(messages),
+            self.block_chars,
+            self.max_blocks,
+            _start=self.blocks[:whole],
+        )
+
+
 def prompt_blocks(
     messages: Iterable[Mapping[str, Any]],
     block_chars: int = DEFAULT_BLOCK_CHARS,
@@ -93,20 +172,16 @@ def prompt_blocks(
     """
     if block_chars < 1 or max_blocks < 0:
         raise ValueError("block_chars must be at least 1 and max_blocks not negative")
-    text = render_prompt(messages)
-    end = min(len(text), block_chars * max_blocks)
-    name = block_chars
-    names: list[int] = []
-    append = names.append
-    for start in range(0, end, block_chars):
-        name = hash((name, text[start : start + block_chars]))
-        append(name)
-    return tuple(names)
+    return tuple(_chain(render_prompt(messages), block_chars, max_blocks, block_chars))
 
 
 class PrefixTree:
     """The prompt prefixes one target was sent lately: at most ``max_blocks`` block names,
-    the least recently used dropped first (leaves before the prefixes they extend)."""
+    the least recently used dropped first (leaves before the prefixes they extend).
+
+    Each name remembers which insert added it (its ``owner``) until another insert touches it;
+    :meth:`discard` takes back only the names an owner still holds alone.
+    """
 
     __slots__ = ("_blocks", "max_blocks")
 
@@ -114,7 +189,7 @@ class PrefixTree:
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be at least 1, got {max_blocks!r}")
         self.max_blocks = max_blocks
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._blocks: OrderedDict[int, int | None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -138,23 +213,33 @@ class PrefixTree:
                 high = middle
         return low
 
-    def insert(self, blocks: Sequence[int]) -> None:
-        """Remember a prompt sent to this target (all its blocks become the most recent)."""
+    def insert(self, blocks: Sequence[int], owner: int | None = None) -> None:
+        """Remember a prompt sent to this target (all its blocks become the most recent).
+
+        The blocks it adds belong to ``owner`` (``None``: to nobody, they stay) until another
+        insert touches them; the blocks it touches belong to nobody from now on.
+        """
         held = self._blocks
-        touch = held.move_to_end
+        touch, get = held.move_to_end, held.get
         for block in reversed(blocks):  # deepest first: the shared prefix ends up the newest
-            if block in held:
-                touch(block)
+            was = get(block, _ABSENT)
+            if was is _ABSENT:
+                held[block] = owner
             else:
-                held[block] = None
+                if was is not None:
+                    held[block] = None
+                touch(block)
         for _ in range(len(held) - self.max_blocks):
             held.popitem(last=False)
 
-    def discard(self, blocks: Iterable[int]) -> None:
-        """Forget these blocks (the tail of a prompt the target did not serve after all)."""
+    def discard(self, blocks: Iterable[int], owner: int) -> None:
+        """Forget the blocks of a prompt the target did not serve after all: those the insert
+        of ``owner`` added and no other insert touched since. Another prompt extending one of
+        them touched it, so no block that stays is left without its prefix."""
         held = self._blocks
         for block in blocks:
-            held.pop(block, None)
+            if held.get(block) == owner:  # an int: never a block held by nobody (None)
+                del held[block]
 
     def clear(self) -> None:
         self._blocks.clear()
