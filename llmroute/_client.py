@@ -280,6 +280,7 @@ class _ServerPolling:
             poller = self._poller = MetricsPoller(
                 {name: str(p.base_url) for name, p in servers.items()},
                 router.stats,
+                keys={name: p.api_key for name, p in servers.items() if p.api_key},
                 interval=_METRICS_INTERVAL,
                 clock=router._clock,
             )

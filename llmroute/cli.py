@@ -178,26 +178,43 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
         for worker in range(len(server)):
             sys.stdout.write(shlex.join(server.command(worker)) + "\n")
         return 0
-    try:
-        await server.start()
-    except SGLangError as exc:
-        sys.stderr.write(f"llmroute sglang launch: {exc}\n")
-        return 1
-    try:
-        key_file = server.log_dir / "api_key"
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(server.api_key + "\n")
-        sys.stdout.write(_launched_config(server, args.provider, args.api_key_env, key_file))
-        sys.stdout.flush()
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                break
-    finally:
-        with anyio.CancelScope(shield=True):
-            await server.stop()
+    status = 0
+    # Signals are caught from before the start to after the stop: a SIGTERM or SIGHUP (a closed
+    # terminal) at any moment stops the servers, and a second one cannot cut the drain short.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+            tg.start_soon(stop_on_signal)
+            try:
+                await server.start()
+                key_file = server.log_dir / "api_key"
+                fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(server.api_key + "\n")
+                config = _launched_config(server, args.provider, args.api_key_env, key_file)
+                sys.stdout.write(config)
+                sys.stdout.flush()
+                worker, code = await server.wait_exited()
+                tail = "\n".join(server.log_tail(worker))
+                sys.stderr.write(
+                    f"llmroute sglang launch: server {worker} exited with status {code}; "
+                    f"the end of its log:\n{tail}\n"
+                )
+                status = 1
+            except SGLangError as exc:
+                sys.stderr.write(f"llmroute sglang launch: {exc}\n")
+                status = 1
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await server.stop()
     sys.stdout.write("SGLang stopped.\n")
-    return 0
+    return status
 
 
 def _launched_config(server: object, provider: str, key_env: str, key_file: object) -> str:
@@ -251,7 +268,10 @@ async def _doctor(config_path: str | None, probes: int) -> int:
             provider = resolved.providers[target.provider]
             poller = None
             if provider.kind == "sglang":
-                poller = MetricsPoller({target.name: str(provider.base_url)}, LiveStats())
+                keys = {target.name: provider.api_key} if provider.api_key else None
+                poller = MetricsPoller(
+                    {target.name: str(provider.base_url)}, LiveStats(), keys=keys
+                )
                 await poller.poll_once()
             ttfts: list[float] = []
             error = None

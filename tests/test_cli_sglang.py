@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -36,19 +37,46 @@ def group_gone(pgid: int, seconds: float = 15) -> bool:
     return False
 
 
-def test_launch_prints_a_config_and_stops_the_servers_on_ctrl_c(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+def running_with(token: str) -> list[int]:
+    """Live (not zombie) processes whose command line contains ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def none_left(token: str, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not running_with(token):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def launch(tmp_path: Path, model: str, **knobs: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "llmroute.cli",
             "sglang",
             "launch",
-            "org/tiny-model",
+            model,
             "--gpus",
             "0,1",
             "--log-dir",
             str(tmp_path),
+            "--grace",
+            "5",
             "--",
             "--mem-fraction-static",
             "0.8",
@@ -56,27 +84,41 @@ def test_launch_prints_a_config_and_stops_the_servers_on_ctrl_c(tmp_path: Path) 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=standin_env(),
+        env=standin_env(**knobs),
         start_new_session=True,
     )
+
+
+def read_config(proc: subprocess.Popen[str]) -> str:
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith('policy = "prefix"'):
+            break
+    return "".join(lines)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_launch_prints_a_config_and_a_signal_stops_the_servers(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    model = f"org/tiny-{uuid.uuid4().hex[:8]}"
+    proc = launch(tmp_path, model)
     try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 60
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if line.startswith('policy = "prefix"'):
-                break
-        text = "".join(lines)
+        text = read_config(proc)
+        name = model.rsplit("/", 1)[1]
         assert "[providers.gpu]" in text and "[providers.gpu-1]" in text, text
-        assert 'targets = ["gpu:tiny-model", "gpu-1:tiny-model"]' in text
+        assert f'targets = ["gpu:{name}", "gpu-1:{name}"]' in text
+        assert len(running_with(model)) >= 2
         key = (tmp_path / "api_key").read_text().strip()
         assert key and key not in text
         assert (tmp_path / "api_key").stat().st_mode & 0o077 == 0
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert "SGLang stopped." in out
@@ -85,9 +127,42 @@ def test_launch_prints_a_config_and_stops_the_servers_on_ctrl_c(tmp_path: Path) 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert group_gone(proc.pid)
+    assert none_left(model)
     for log in tmp_path.glob("*.log"):
         assert "--mem-fraction-static" in log.read_text()  # the user's flag reached SGLang
+
+
+def test_a_signal_during_the_warm_up_stops_the_servers(tmp_path: Path) -> None:
+    model = f"org/warming-{uuid.uuid4().hex[:8]}"
+    proc = launch(tmp_path, model, SGLANG_STANDIN_WARMUP="30")
+    try:
+        deadline = time.monotonic() + 30
+        while len(running_with(model)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(running_with(model)) >= 2
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert none_left(model)
+
+
+def test_a_server_that_dies_after_it_was_ready_ends_the_launch(tmp_path: Path) -> None:
+    model = f"org/dying-{uuid.uuid4().hex[:8]}"
+    proc = launch(tmp_path, model, SGLANG_STANDIN_WARMUP="0.1", SGLANG_STANDIN_EXIT_AFTER="2")
+    try:
+        assert "[providers.gpu]" in read_config(proc)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 1
+        assert "exited with status 1" in err and "the end of its log" in err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert none_left(model)
 
 
 def test_launch_dry_run_and_a_server_that_dies_at_start(tmp_path: Path) -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import stat
 import sys
 import textwrap
+import threading
 import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import anyio
@@ -22,6 +26,7 @@ from llmroute.sglang import (
     SGLangNotInstalled,
     SGLangServer,
     SGLangStartupError,
+    _launcher,
 )
 from llmroute.sglang._launcher import _SERVE_CODE, DEFAULT_FLAGS, parse_release
 
@@ -410,10 +415,52 @@ def group_members(pgid: int) -> set[int]:
     return members
 
 
+HAS_PROC = Path("/proc/self/stat").exists()
+
+
+def no_live_member(pgid: int, timeout: float = 10.0) -> bool:
+    """Whether group ``pgid`` has no running process within ``timeout``. Zombies do not count:
+    where PID 1 reaps orphans late, a group of orphans stays visible to killpg for a while."""
+    if not HAS_PROC:
+        return group_gone(pgid, timeout)
+    deadline = time.monotonic() + timeout
+    while group_members(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def grandchildren(pgid: int) -> list[int]:
+    """The stand-in's ``sglang::grandchild`` processes (SGLANG_STANDIN_GRANDCHILD) in the group:
+    they outlive the server unless the whole group is signalled."""
+    found: list[int] = []
+    for pid in group_members(pgid):
+        try:
+            if "sglang::grandchild" in proc_argv(pid):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def has_grandchild(pgid: int) -> bool:
+    """Whether the grandchild is there yet (always, where there is no /proc to tell)."""
+    return not HAS_PROC or bool(grandchildren(pgid))
+
+
 needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc")
 # Process lifecycle does not depend on the event loop beyond sleeping: one backend is enough
 # where a test is slow; readiness, errors and cancellation run on both.
 asyncio_only = pytest.mark.parametrize("anyio_backend", ["asyncio"])
+
+
+async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(0.01)
 
 
 async def get(url: str, key: str | None = None) -> int:
@@ -479,14 +526,24 @@ async def test_exit_before_ready_quotes_the_log(tmp_path: Path, standin: str) ->
     server = SGLangServer(
         "m",
         api_key=KEY,
-        env=standin_env(standin, warmup=30, exit_after=0.3),
+        env=standin_env(standin, warmup=30, exit_after=0.3, grandchild=1),
         log_dir=tmp_path,
         startup_timeout=20,
     )
+    seen: list[int] = []
+
+    async def watch() -> None:
+        while not seen:
+            seen.extend(server.pids)
+            await anyio.sleep(0.01)
+
     started = time.monotonic()
-    with pytest.raises(SGLangStartupError) as info:
-        async with server:
-            pytest.fail("the server cannot be ready")
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch)
+        with pytest.raises(SGLangStartupError) as info:
+            async with server:
+                pytest.fail("the server cannot be ready")
+        group.cancel_scope.cancel()
     assert time.monotonic() - started < 10
     error = info.value
     assert error.returncode == 1 and error.worker == 0
@@ -497,13 +554,18 @@ async def test_exit_before_ready_quotes_the_log(tmp_path: Path, standin: str) ->
     assert KEY not in message
     assert server.pids == []
     assert stat.S_IMODE(server.log_paths[0].stat().st_mode) == 0o600
+    # The crashed server left a descendant behind: stopping the group ended it too.
+    assert seen and no_live_member(seen[0])
 
 
 @asyncio_only
 @pytest.mark.anyio
 async def test_startup_timeout_stops_the_server(tmp_path: Path, standin: str) -> None:
     server = SGLangServer(
-        "m", env=standin_env(standin, warmup=60), log_dir=tmp_path, startup_timeout=1.0
+        "m",
+        env=standin_env(standin, warmup=60, grandchild=1),
+        log_dir=tmp_path,
+        startup_timeout=1.0,
     )
     seen: list[int] = []
 
@@ -519,7 +581,7 @@ async def test_startup_timeout_stops_the_server(tmp_path: Path, standin: str) ->
         group.cancel_scope.cancel()
     assert info.value.returncode is None
     assert server.pids == []
-    assert seen and group_gone(seen[0])
+    assert seen and no_live_member(seen[0])
 
 
 @needs_proc
@@ -527,40 +589,57 @@ async def test_startup_timeout_stops_the_server(tmp_path: Path, standin: str) ->
 @pytest.mark.anyio
 async def test_stop_leaves_no_process_of_the_group(tmp_path: Path, standin: str) -> None:
     server = SGLangServer(
-        "m", env=standin_env(standin, children=2), log_dir=tmp_path, startup_timeout=20
+        "m",
+        env=standin_env(standin, children=2, grandchild=1),
+        log_dir=tmp_path,
+        startup_timeout=20,
     )
     await server.start()
     (pid,) = server.pids
-    assert len(group_members(pid)) >= 3  # the server and its two children
+    assert len(group_members(pid)) >= 4  # the server, its two children and the grandchild
+    assert len(grandchildren(pid)) == 1
     stopping = time.monotonic()
     await server.stop()
     assert time.monotonic() - stopping < 5
     assert group_members(pid) == set()
-    assert group_gone(pid)
 
 
 @needs_proc
 @asyncio_only
 @pytest.mark.anyio
 async def test_sigterm_ignored_means_sigkill_after_the_grace(
-    tmp_path: Path, standin: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    standin: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     caplog.set_level(logging.INFO, logger="llmroute.sglang")
     server = SGLangServer(
         "m",
-        env=standin_env(standin, ignore_sigterm=1, children=1),
+        env=standin_env(standin, ignore_sigterm=1, children=1, grandchild=1),
         log_dir=tmp_path,
         grace=0.5,
         startup_timeout=20,
     )
+    scans: list[bool] = []  # whether each /proc scan ran on the event loop's thread
+    group_alive = _launcher._group_alive
+
+    def recording(pgid: int) -> bool:
+        scans.append(threading.current_thread() is threading.main_thread())
+        return group_alive(pgid)
+
+    monkeypatch.setattr(_launcher, "_group_alive", recording)
     await server.start()
     (pid,) = server.pids
+    assert grandchildren(pid)
     stopping = time.monotonic()
     await server.stop()
     took = time.monotonic() - stopping
     assert 0.5 <= took < 5
     assert "SIGKILL" in caplog.text
-    assert group_gone(pid)
+    assert no_live_member(pid)
+    # The group lived through the grace: scanned many times, never on the event loop.
+    assert len(scans) >= 3 and not any(scans)
 
 
 @asyncio_only
@@ -622,27 +701,27 @@ async def test_a_cancelled_body_still_stops_the_server(tmp_path: Path, standin: 
     pids: list[int] = []
     with anyio.CancelScope() as scope:
         async with SGLangServer(
-            "m", env=standin_env(standin), log_dir=tmp_path, startup_timeout=20
+            "m", env=standin_env(standin, grandchild=1), log_dir=tmp_path, startup_timeout=20
         ) as server:
             pids = server.pids
             scope.cancel()
             await anyio.sleep(30)
-    assert pids and all(group_gone(pid) for pid in pids)
+    assert pids and all(no_live_member(pid) for pid in pids)
 
 
 @pytest.mark.anyio
 async def test_cancelled_while_starting_leaves_nothing(tmp_path: Path, standin: str) -> None:
-    server = SGLangServer("m", env=standin_env(standin, warmup=30), log_dir=tmp_path)
+    server = SGLangServer("m", env=standin_env(standin, warmup=30, grandchild=1), log_dir=tmp_path)
     seen: list[int] = []
     async with anyio.create_task_group() as group:
         group.start_soon(server.start)
         while not seen:
             seen.extend(server.pids)
             await anyio.sleep(0.01)
-        await anyio.sleep(0.2)
+        await until(lambda: has_grandchild(seen[0]))  # it outlives a server signalled alone
         group.cancel_scope.cancel()
     assert server.pids == []
-    assert group_gone(seen[0])
+    assert no_live_member(seen[0])
 
 
 @asyncio_only
@@ -661,11 +740,303 @@ async def test_an_unknown_user_flag_is_the_server_s_error(tmp_path: Path, standi
 @pytest.mark.anyio
 async def test_kill_is_immediate(tmp_path: Path, standin: str) -> None:
     server = SGLangServer(
-        "m", env=standin_env(standin, ignore_sigterm=1), log_dir=tmp_path, startup_timeout=20
+        "m",
+        env=standin_env(standin, ignore_sigterm=1, grandchild=1),
+        log_dir=tmp_path,
+        startup_timeout=20,
     )
     await server.start()
     (pid,) = server.pids
+    assert grandchildren(pid)
     server.kill()  # what runs at interpreter exit for servers still running
     assert server.pids == []
-    assert group_gone(pid)
+    assert no_live_member(pid)
     await server.stop()  # nothing left to stop
+
+
+# -- a port that is not ours -------------------------------------------------------------------
+
+
+@pytest.fixture
+def listener() -> Iterator[socket.socket]:
+    """A socket listening on a free loopback port, as another server would."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock
+
+
+@asyncio_only
+@pytest.mark.anyio
+async def test_a_given_port_in_use_fails_before_the_server_starts(
+    tmp_path: Path, standin: str, listener: socket.socket
+) -> None:
+    port = listener.getsockname()[1]
+    server = SGLangServer("m", port=port, env=standin_env(standin), log_dir=tmp_path / "logs")
+    with pytest.raises(SGLangStartupError, match=f"port {port} on 127.0.0.1 is already in use"):
+        await server.start()
+    assert server.pids == []
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+@asyncio_only
+@pytest.mark.anyio
+async def test_a_chosen_port_taken_meanwhile_is_replaced(
+    tmp_path: Path, standin: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmroute.sglang")
+    server = SGLangServer("m", env=standin_env(standin), log_dir=tmp_path, startup_timeout=20)
+    chosen = server.ports[0]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", chosen))
+        taken.listen()
+        async with server:
+            assert server.ports[0] != chosen
+            assert server.base_url == f"http://127.0.0.1:{server.ports[0]}/v1"
+            assert value_of(proc_argv(server.pids[0]), "--port") == str(server.ports[0])
+            root = server.base_url.removesuffix("/v1")
+            assert await get(root + "/health_generate", server.api_key) == 200
+    assert f"port {chosen} was taken meanwhile" in caplog.text
+
+
+class ForeignServer:
+    """Another server on a port: ``/health_generate`` says 200, ``/get_model_info`` answers
+    ``model_info``; ``before_health`` runs first in the handler's thread."""
+
+    def __init__(
+        self,
+        model_info: tuple[int, bytes],
+        before_health: Callable[[], None] = lambda: None,
+    ) -> None:
+        owner = self
+        self.model_info = model_info
+        self.before_health = before_health
+        self.paths: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                owner.paths.append(self.path)
+                if self.path == "/health_generate":
+                    owner.before_health()
+                    status, body = 200, b""
+                elif self.path == "/get_model_info":
+                    status, body = owner.model_info
+                else:
+                    status, body = 404, b'{"detail":"Not Found"}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def port_taken_after_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another server takes the port between the launcher's check and its server's bind."""
+    monkeypatch.setattr(_launcher, "_port_in_use", lambda host, port: False)
+
+
+@asyncio_only
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("model_info", "why"),
+    [
+        ((401, b'{"error":"Unauthorized"}'), "it refused this server's API key"),
+        ((200, b'{"model_path":"org/other-model"}'), "it serves model_path 'org/other-model'"),
+    ],
+)
+@pytest.mark.usefixtures("port_taken_after_the_check")
+async def test_another_server_on_the_port_is_not_taken_for_ours(
+    tmp_path: Path, standin: str, model_info: tuple[int, bytes], why: str
+) -> None:
+    foreign = ForeignServer(model_info)
+    try:
+        server = SGLangServer(
+            "org/m",
+            port=foreign.port,
+            api_key=KEY,
+            env=standin_env(standin),
+            log_dir=tmp_path,
+            startup_timeout=20,
+        )
+        with pytest.raises(SGLangStartupError) as info:
+            await server.start()
+    finally:
+        foreign.close()
+    message = str(info.value)
+    assert f"another server answers on port {foreign.port} ({why}" in message
+    assert KEY not in message
+    assert "/get_model_info" in foreign.paths
+    assert server.pids == []
+
+
+@needs_proc
+@asyncio_only
+@pytest.mark.anyio
+@pytest.mark.usefixtures("port_taken_after_the_check")
+async def test_a_200_once_our_process_died_is_not_readiness(tmp_path: Path, standin: str) -> None:
+    server: SGLangServer | None = None
+
+    def until_our_server_died() -> None:
+        # Our stand-in cannot bind the foreign port and exits 1: answer only after that (a
+        # zombie until the launcher reaps it), as a server on that port may always do.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = server.pids if server is not None else []
+            try:
+                if pids and Path(f"/proc/{pids[0]}/stat").read_text().split(") ")[1][0] in "ZX":
+                    return
+            except (OSError, IndexError):
+                return
+            time.sleep(0.02)
+
+    # The same key and model: only the process tells it is not ours.
+    foreign = ForeignServer((200, b'{"model_path":"org/m"}'), until_our_server_died)
+    try:
+        server = SGLangServer(
+            "org/m",
+            port=foreign.port,
+            api_key=KEY,
+            env=standin_env(standin),
+            log_dir=tmp_path,
+            startup_timeout=20,
+        )
+        with pytest.raises(SGLangStartupError, match="exited with status 1 before it was ready"):
+            await server.start()
+    finally:
+        foreign.close()
+    assert server.pids == []
+
+
+# -- stop() during start() ---------------------------------------------------------------------
+
+
+async def start_and_stop(server: SGLangServer, when: Callable[[], object]) -> BaseException | None:
+    """Start ``server`` in a task, call stop() once ``when()``; what start() raised."""
+    raised: list[BaseException] = []
+
+    async def starting() -> None:
+        try:
+            await server.start()
+        except BaseException as exc:
+            raised.append(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(starting)
+        await until(when)
+        await server.stop()
+    return raised[0] if raised else None
+
+
+@pytest.mark.anyio
+async def test_stop_while_starting_makes_start_raise_cleanly(tmp_path: Path, standin: str) -> None:
+    server = SGLangServer(
+        "m", env=standin_env(standin, warmup=30, grandchild=1), log_dir=tmp_path, grace=2
+    )
+    seen: list[int] = []
+
+    def started() -> bool:
+        seen.extend([] if seen else server.pids)
+        return bool(seen) and has_grandchild(seen[0])  # it outlives a server signalled alone
+
+    error = await start_and_stop(server, started)
+    assert isinstance(error, SGLangStartupError), repr(error)
+    assert "was stopped before it was ready" in str(error)
+    assert error.worker == 0 and error.returncode is None
+    assert server.pids == []
+    assert no_live_member(seen[0])
+    await server.stop()  # still idempotent
+
+
+def slow_python(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter whose ``import sglang`` takes a minute; it writes its pid first."""
+    path, pid_file = tmp_path / "python", tmp_path / "probe.pid"
+    path.write_text(
+        f"#!{sys.executable}\n"
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    )
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path, pid_file
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["cancel", "stop"])
+async def test_a_slow_version_probe_does_not_hold_up_cancellation_or_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setattr(_launcher, "VERSION_TIMEOUT", 4.0)  # the wait, if it cannot be cut short
+    python, pid_file = slow_python(tmp_path)
+    server = SGLangServer("m", python=str(python), log_dir=tmp_path)
+    began = time.monotonic()
+    if how == "cancel":
+        async with anyio.create_task_group() as group:
+            group.start_soon(server.start)
+            await until(lambda: pid_file.exists() and pid_file.read_text())
+            group.cancel_scope.cancel()
+    else:
+        error = await start_and_stop(server, lambda: pid_file.exists() and pid_file.read_text())
+        assert isinstance(error, SGLangStartupError), repr(error)
+        assert "was stopped before it was ready" in str(error)
+    assert time.monotonic() - began < 3
+    assert gone(int(pid_file.read_text()))  # the probe was killed, not left running
+    assert server.pids == []
+
+
+# -- watching a running server -----------------------------------------------------------------
+
+
+@asyncio_only
+@pytest.mark.anyio
+async def test_watch_a_worker_that_dies_after_it_was_ready(tmp_path: Path, standin: str) -> None:
+    server = SGLangServer(
+        "m",
+        api_key=KEY,
+        env=standin_env(standin, exit_after=1.2),
+        log_dir=tmp_path,
+        startup_timeout=20,
+    )
+    assert server.log_tail() == []  # not started yet
+    with pytest.raises(SGLangError, match="no SGLang worker is running"):
+        await server.wait_exited()
+    async with server:
+        assert server.exited() == {}
+        with anyio.move_on_after(0.1) as scope:
+            await server.wait_exited()
+        assert scope.cancelled_caught  # cancellable while every worker runs
+        with anyio.fail_after(10):
+            assert await server.wait_exited() == (0, 1)
+        assert server.exited() == {0: 1}
+        assert await server.wait_exited() == (0, 1)  # at once, once it has ended
+        tail = server.log_tail(0)
+        assert len(tail) <= 20 and "CUDA out of memory" in "\n".join(tail)
+        assert server.log_tail(0, lines=2) == tail[-2:]
+        everything = server.log_tail(0, lines=1000)
+        assert any("api_key='***'" in line for line in everything)
+        assert not any(KEY in line for line in everything)
+    assert server.exited() == {}  # stop() forgets the processes
+    assert "CUDA out of memory" in "\n".join(server.log_tail(0))  # the log stays

@@ -230,19 +230,27 @@ def test_metrics_url() -> None:
 
 
 class MetricsServer:
-    """A tiny /metrics server in a thread; ``text`` is served, ``status`` overrides it."""
+    """A tiny /metrics server in a thread; ``text`` is served, ``status`` overrides it; with
+    ``key`` set it wants ``Authorization: Bearer <key>`` (else 401), as SGLang before 0.5."""
 
     def __init__(self) -> None:
         self.text = sglang_metrics()
         self.status = 200
+        self.key: str | None = None
         self.paths: list[str] = []
+        self.authorizations: list[str | None] = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 owner.paths.append(self.path)
-                body = owner.text.encode() if owner.status == 200 else b"error"
-                self.send_response(owner.status if self.path == "/metrics" else 404)
+                authorization = self.headers.get("Authorization")
+                owner.authorizations.append(authorization)
+                status = owner.status
+                if owner.key is not None and authorization != f"Bearer {owner.key}":
+                    status = 401
+                body = owner.text.encode() if status == 200 else b"error"
+                self.send_response(status if self.path == "/metrics" else 404)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -253,7 +261,9 @@ class MetricsServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:
@@ -404,3 +414,67 @@ async def test_poller_reads_a_launched_server(tmp_path: Path) -> None:
     assert metrics.token_usage is not None
     reading = poller.reading("gpu:qwen")
     assert reading is not None and reading.ttft is not None and reading.ttft.count == 2
+
+
+METRICS_KEY = "sk-metrics-SECRET-0123456789"
+
+
+@pytest.mark.anyio
+async def test_poller_sends_each_target_its_key_and_never_logs_it(
+    metrics_server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="llmroute.sglang")
+    metrics_server.key = METRICS_KEY
+    stats = LiveStats()
+    urls = {"gpu:qwen": metrics_server.url, "nokey:qwen": metrics_server.url + "/v1"}
+    keys = {"gpu:qwen": METRICS_KEY, "elsewhere:m": "sk-unused"}
+    async with MetricsPoller(urls, stats, keys=keys, timeout=2.0) as poller:
+        assert METRICS_KEY not in repr(poller)
+        fresh = await poller.poll_once()
+        assert set(fresh) == {"gpu:qwen"}  # the target without a key got 401
+        assert sorted(metrics_server.authorizations, key=str) == [f"Bearer {METRICS_KEY}", None]
+        # A key the server refuses: logged without the key.
+        metrics_server.key = "sk-another"
+        assert await poller.poll_once() == {}
+    assert stats.target("gpu:qwen").server is not None
+    assert stats.target("nokey:qwen").server is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("nokey:qwen" in w and "401" in w and "wants an API key" in w for w in warnings)
+    assert any("gpu:qwen" in w and "401" in w for w in warnings)
+    assert METRICS_KEY not in caplog.text
+
+
+@pytest.mark.anyio
+async def test_poller_ignores_proxy_variables(
+    metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, closed_port_url().removesuffix("/v1"))  # a proxy that is down
+    stats = LiveStats()
+    async with MetricsPoller({"gpu:m": metrics_server.url}, stats, timeout=2.0) as poller:
+        assert set(await poller.poll_once()) == {"gpu:m"}
+    assert metrics_server.paths == ["/metrics"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.anyio
+async def test_poller_reads_a_pre_0_5_server_with_its_key(tmp_path: Path) -> None:
+    from llmroute.testing import sglang_standin_path
+
+    env = {
+        "PYTHONPATH": sglang_standin_path(),
+        "SGLANG_STANDIN_WARMUP": "0",
+        "SGLANG_STANDIN_VERSION": "0.4.0",  # /metrics wants the key before 0.5
+    }
+    async with SGLangServer("org/qwen", env=env, log_dir=tmp_path, startup_timeout=20) as server:
+        urls = server.metrics_urls("gpu")
+        async with MetricsPoller(urls, LiveStats(), timeout=5.0) as keyless:
+            assert await keyless.poll_once() == {}
+        keys = server.metrics_keys("gpu")
+        assert keys == {"gpu:qwen": server.api_key}
+        async with MetricsPoller(urls, LiveStats(), keys=keys, timeout=5.0) as poller:
+            fresh = await poller.poll_once()
+    assert set(fresh) == {"gpu:qwen"}
+    assert fresh["gpu:qwen"].cache_hit_rate is not None

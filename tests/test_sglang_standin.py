@@ -476,3 +476,34 @@ def test_ignored_sigterm_needs_sigkill(tmp_path: Path) -> None:
         assert "ignored" in standin.log()
     finally:
         standin.close()
+
+
+def test_grandchild_outlives_its_server_until_the_group_is_signalled(tmp_path: Path) -> None:
+    assert StandInKnobs.from_env({"SGLANG_STANDIN_GRANDCHILD": "1"}).grandchild
+    assert StandInKnobs(grandchild=True).to_env()["SGLANG_STANDIN_GRANDCHILD"] == "1"
+    standin = StandIn(tmp_path, children=1, warmup=0.1, grandchild=True)
+    try:
+        standin.wait_ready()
+
+        def grandchildren() -> list[int]:
+            found = []
+            for pid in group_members(standin.pgid):
+                try:
+                    if b"sglang::grandchild" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        found.append(pid)
+                except OSError:
+                    pass
+            return found
+
+        wait_for(lambda: len(group_members(standin.pgid)) == 3, 5, "server, child, grandchild")
+        (grandchild,) = grandchildren()
+        os.kill(standin.proc.pid, signal.SIGKILL)  # the server alone
+        assert standin.proc.wait(10) == -signal.SIGKILL
+        # Its child dies with it (PDEATHSIG); the grandchild stays, in the same group.
+        wait_for(lambda: group_members(standin.pgid) == [grandchild], 5, "the child to die")
+        time.sleep(0.3)
+        assert group_members(standin.pgid) == [grandchild]
+        os.killpg(standin.pgid, signal.SIGTERM)
+        wait_for(lambda: not group_alive(standin.pgid), 5, "the grandchild to die")
+    finally:
+        standin.close()

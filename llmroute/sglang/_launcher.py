@@ -4,8 +4,13 @@
 shows) as a child process in a process group of its own, from a chosen Python interpreter or a
 container image, with its output in a log file. It is ready when ``GET /health_generate``
 answers 200: that endpoint runs a one-token generation, so it fails until the model is loaded and
-warmed up, whereas ``/v1/models`` answers as soon as the HTTP server is up. Stopping sends
-SIGTERM to the whole group, waits for the drain, then SIGKILLs what is left.
+warmed up, whereas ``/v1/models`` answers as soon as the HTTP server is up. A 200 counts only
+while the worker's process still runs and once ``GET /get_model_info`` with the worker's API key
+names the launched model: another server already on the port would answer ``/health_generate``
+too (each port is also checked free just before its worker starts). Stopping sends SIGTERM to the
+whole group, waits for the drain, then SIGKILLs what is left. After :meth:`SGLangServer.start`,
+:meth:`SGLangServer.exited` and :meth:`SGLangServer.wait_exited` tell when a worker dies, and
+:meth:`SGLangServer.log_tail` what it said last.
 
 The command follows the installed SGLang. From :data:`SGLANG_SERVE_SINCE` on it is the
 ``sglang serve`` console command, run as ``python -c "from sglang.cli.main import main; ..."
@@ -17,13 +22,15 @@ Errors::
 
     SGLangError
      +-- SGLangNotInstalled     the interpreter cannot import sglang
-     +-- SGLangStartupError     the server exited or timed out before it was ready
+     +-- SGLangStartupError     the server exited, timed out, found its port taken, or was
+                                stopped (by stop()) before it was ready
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -83,6 +90,7 @@ _SERVE_CODE: Final = (
 _VERSION_CODE: Final = "import sglang; print(sglang.__version__)"
 _INSTALL_HINT: Final = "install it with: pip install 'sglang[all]' (see docs/sglang.md)"
 _LOG_TAIL_LINES: Final = 20
+_WATCH_INTERVAL: Final = 0.1  # seconds between wait_exited()'s looks at the workers
 _REDACTED: Final = "***"
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 
@@ -111,13 +119,16 @@ class SGLangNotInstalled(SGLangError):
 
 
 class SGLangStartupError(SGLangError):
-    """Raised when a server exits, or does not become ready in time, after it was started."""
+    """Raised when a server cannot become ready: it exited first, did not get ready in time, its
+    port is taken (by a server already listening, or one that answers for it: see
+    :meth:`SGLangServer.start`), or :meth:`SGLangServer.stop` was called while it started."""
 
     def __init__(self, message: str, *, worker: int, returncode: int | None = None) -> None:
         super().__init__(message)
         self.worker = worker
         self.returncode = returncode
-        """The exit status, ``None`` after a startup timeout (the launcher stopped it)."""
+        """The exit status, ``None`` when the launcher stopped it (a startup timeout, a taken
+        port, a stop) or never started it."""
 
 
 def parse_release(version: str) -> tuple[int, ...]:
@@ -192,6 +203,21 @@ def _free_ports(host: str, count: int) -> list[int]:
             sock.close()
 
 
+def _port_in_use(host: str, port: int) -> bool:
+    """Whether a socket already listens on ``host:port``: a bind test with ``SO_REUSEADDR``, as
+    servers set it, so connections of a closed server lingering in TIME_WAIT do not count. Other
+    bind errors (an address the host does not have, a privileged port) are the server's to
+    report: they read as free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
+    return False
+
+
 def _url_host(host: str) -> str:
     if host in ("0.0.0.0", ""):
         return "127.0.0.1"
@@ -225,6 +251,18 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+async def _group_alive_async(pgid: int) -> bool:
+    """:func:`_group_alive` without blocking the event loop: the ``/proc`` scan runs in a worker
+    thread, and only while ``killpg(pgid, 0)`` finds the group (the common end is cheap)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return await anyio.to_thread.run_sync(_group_alive, pgid)
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
@@ -237,7 +275,9 @@ def _describe_status(returncode: int) -> str:
     return f"status {returncode}"
 
 
-def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> list[str]:
+def _tail(path: Path | None, lines: int = _LOG_TAIL_LINES) -> list[str]:
+    if path is None or lines <= 0:
+        return []
     try:
         with path.open("rb") as file:
             file.seek(0, os.SEEK_END)
@@ -269,7 +309,8 @@ class _Worker:
     index: int
     gpu: int | None
     port: int
-    log_path: Path
+    auto_port: bool  # chosen by the launcher: another free one may replace it
+    log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     pgid: int | None = None
     container: str | None = None
@@ -354,19 +395,21 @@ class SGLangServer:
         self.env = dict(env or {})
         self.container_args = tuple(container_args)
         self._log_dir = Path(log_dir) if log_dir is not None else None
-        bind_host = "127.0.0.1" if image is not None else self.host
         ports = (
             [port + i for i in range(len(gpu_list))]
             if port is not None
-            else _free_ports(bind_host if bind_host not in ("0.0.0.0", "::") else "", len(gpu_list))
+            else _free_ports(self._bind_host(), len(gpu_list))
         )
         self._version: str | None = None
         self._flags: frozenset[str] | None = None
         self._detected = False
         self._workers = [
-            _Worker(index=i, gpu=gpu, port=ports[i], log_path=Path())
+            _Worker(index=i, gpu=gpu, port=ports[i], auto_port=port is None)
             for i, gpu in enumerate(gpu_list)
         ]
+        self._start_scope: anyio.CancelScope | None = None  # set while start() runs
+        self._stop_requested = False  # stop() was called while start() ran
+        self._stopping: anyio.Event | None = None  # set while stop() runs
 
     def __repr__(self) -> str:
         state = "running" if self.pids else "stopped"
@@ -422,13 +465,21 @@ class SGLangServer:
     def __len__(self) -> int:
         return len(self._workers)
 
+    def _bind_host(self) -> str:
+        """The host address the workers' ports are taken on (in a container: where docker
+        publishes them)."""
+        if self.image is not None:
+            return _url_host(self.host).strip("[]")
+        return "0.0.0.0" if self.host in ("0.0.0.0", "::", "") else self.host
+
     # -- the command ---------------------------------------------------------------------------
 
     def _probe_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
     def _detect(self) -> None:
-        """Probe the interpreter's SGLang version and its entry point's flags (blocking)."""
+        """Probe the interpreter's SGLang version and its entry point's flags (blocking; for
+        :meth:`command`: :meth:`start` uses :meth:`_detect_async`)."""
         if self._detected or self.image is not None:
             return
         env = self._probe_env()
@@ -441,32 +492,126 @@ class SGLangServer:
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:
-            raise SGLangNotInstalled(
-                f"the Python interpreter {self.python!r} does not exist; {_INSTALL_HINT}"
-            ) from exc
+            raise self._no_interpreter() from exc
         except OSError as exc:
-            raise SGLangError(f"cannot run the Python interpreter {self.python!r}: {exc}") from exc
+            raise self._cannot_run(exc) from exc
         except subprocess.TimeoutExpired as exc:
-            raise SGLangError(
-                f"{self.python} took over {VERSION_TIMEOUT:.0f} s to import sglang"
-            ) from exc
-        stderr = done.stderr.decode("utf-8", "replace")
-        if done.returncode != 0:
-            if "No module named 'sglang'" in stderr or "No module named sglang" in stderr:
+            raise self._import_too_slow() from exc
+        self._version = self._read_version(done.returncode, done.stdout, done.stderr)
+        key = self._help_key(env)
+        with _help_lock:
+            cached = key in _help_cache
+            flags = _help_cache.get(key)
+        if not cached:
+            try:
+                helped = subprocess.run(
+                    [*self._entry_point(), "--help"],
+                    env=dict(env),
+                    capture_output=True,
+                    timeout=HELP_TIMEOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+                flags = self._read_help(helped.stdout, helped.stderr)
+            except subprocess.TimeoutExpired:
+                flags = self._help_failed(f"it took over {HELP_TIMEOUT:.0f} s")
+            except OSError as exc:
+                flags = self._help_failed(str(exc))
+            with _help_lock:
+                _help_cache[key] = flags
+        self._detected_as(flags)
+
+    async def _detect_async(self) -> None:
+        """:meth:`_detect` for :meth:`start`: the probes are child processes that cancellation
+        kills (a cancelled start does not wait for a slow ``import sglang`` or ``--help``)."""
+        if self._detected or self.image is not None:
+            return
+        env = self._probe_env()
+        try:
+            with anyio.fail_after(VERSION_TIMEOUT):
+                done = await anyio.run_process(
+                    [self.python, "-c", _VERSION_CODE],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    check=False,
+                )
+        except FileNotFoundError as exc:
+            raise self._no_interpreter() from exc
+        except TimeoutError as exc:  # an OSError: before it
+            raise self._import_too_slow() from exc
+        except OSError as exc:
+            raise self._cannot_run(exc) from exc
+        version = self._read_version(done.returncode, done.stdout, done.stderr)
+        self._version = version
+        key = self._help_key(env)
+        with _help_lock:
+            cached = key in _help_cache
+            flags = _help_cache.get(key)
+        if not cached:
+            try:
+                with anyio.fail_after(HELP_TIMEOUT):
+                    helped = await anyio.run_process(
+                        [*self._entry_point(), "--help"],
+                        env=dict(env),
+                        stdin=subprocess.DEVNULL,
+                        check=False,
+                    )
+                flags = self._read_help(helped.stdout, helped.stderr)
+            except TimeoutError:
+                flags = self._help_failed(f"it took over {HELP_TIMEOUT:.0f} s")
+            except OSError as exc:
+                flags = self._help_failed(str(exc))
+            with _help_lock:
+                _help_cache[key] = flags
+        self._detected_as(flags)
+
+    def _no_interpreter(self) -> SGLangNotInstalled:
+        return SGLangNotInstalled(
+            f"the Python interpreter {self.python!r} does not exist; {_INSTALL_HINT}"
+        )
+
+    def _cannot_run(self, exc: OSError) -> SGLangError:
+        return SGLangError(f"cannot run the Python interpreter {self.python!r}: {exc}")
+
+    def _import_too_slow(self) -> SGLangError:
+        return SGLangError(f"{self.python} took over {VERSION_TIMEOUT:.0f} s to import sglang")
+
+    def _read_version(self, returncode: int, stdout: bytes, stderr: bytes) -> str:
+        """The version the probe printed; raises when it could not import sglang."""
+        errors = stderr.decode("utf-8", "replace")
+        if returncode != 0:
+            if "No module named 'sglang'" in errors or "No module named sglang" in errors:
                 raise SGLangNotInstalled(
                     f"sglang is not installed for the Python interpreter {self.python}; "
                     + _INSTALL_HINT
                 )
-            tail = "\n".join("  " + line for line in stderr.splitlines()[-_LOG_TAIL_LINES:])
+            tail = "\n".join("  " + line for line in errors.splitlines()[-_LOG_TAIL_LINES:])
             raise SGLangError(
-                f"{self.python} could not import sglang (status {done.returncode}):\n{tail}"
+                f"{self.python} could not import sglang (status {returncode}):\n{tail}"
             )
-        lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
-        self._version = lines[-1].strip() if lines else ""
-        self._flags = self._help_flags(env)
+        lines = stdout.decode("utf-8", "replace").strip().splitlines()
+        return lines[-1].strip() if lines else ""
+
+    def _help_key(self, env: Mapping[str, str]) -> tuple[str, str, str, str]:
+        """Help texts are cached by interpreter, version, PYTHONPATH and entry point."""
+        return (self.python, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
+
+    @staticmethod
+    def _read_help(stdout: bytes, stderr: bytes) -> frozenset[str] | None:
+        text = (stdout + b"\n" + stderr).decode("utf-8", "replace")
+        flags = frozenset(_FLAG.findall(text)) or None
+        if flags is None:
+            log.warning("SGLang's --help listed no flags; passing every default flag")
+        return flags
+
+    @staticmethod
+    def _help_failed(why: str) -> None:
+        log.warning("could not read the SGLang server's --help (%s); passing every flag", why)
+
+    def _detected_as(self, flags: frozenset[str] | None) -> None:
+        self._flags = flags
         self._detected = True
-        if self._flags is not None:
-            unknown = [flag for flag in DEFAULT_FLAGS if flag not in self._flags]
+        if flags is not None:
+            unknown = [flag for flag in DEFAULT_FLAGS if flag not in flags]
             if unknown:
                 log.info(
                     "SGLang %s does not know %s: not passed", self._version, ", ".join(unknown)
@@ -478,30 +623,6 @@ class SGLangServer:
         if parse_release(self._version or "") >= SGLANG_SERVE_SINCE:
             return [self.python, "-c", _SERVE_CODE, "serve"]
         return [self.python, "-m", "sglang.launch_server"]
-
-    def _help_flags(self, env: Mapping[str, str]) -> frozenset[str] | None:
-        key = (self.python, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
-        with _help_lock:
-            if key in _help_cache:
-                return _help_cache[key]
-        try:
-            done = subprocess.run(
-                [*self._entry_point(), "--help"],
-                env=dict(env),
-                capture_output=True,
-                timeout=HELP_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-            text = (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace")
-            flags: frozenset[str] | None = frozenset(_FLAG.findall(text)) or None
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            log.warning("could not read the SGLang server's --help (%s); passing every flag", exc)
-            flags = None
-        if flags is None:
-            log.warning("SGLang's --help listed no flags; passing every default flag")
-        with _help_lock:
-            _help_cache[key] = flags
-        return flags
 
     def default_args(self, worker: int = 0) -> list[str]:
         """The launcher's own flags for ``worker``, before user flags and version filtering.
@@ -605,6 +726,11 @@ class SGLangServer:
         roots = [url.removesuffix("/v1") for url in self.urls]
         return dict(zip(self.targets(provider_name), roots, strict=True))
 
+    def metrics_keys(self, provider_name: str) -> dict[str, str]:
+        """The API key by target name, for :class:`MetricsPoller`'s ``keys`` (SGLang before 0.5
+        wants it on ``/metrics`` too)."""
+        return dict.fromkeys(self.targets(provider_name), self._api_key)
+
     def register(
         self, client: AsyncOpenAI, model: str, *, provider: str = "sglang", **route: Any
     ) -> list[str]:
@@ -635,38 +761,84 @@ class SGLangServer:
         await self.stop()
 
     async def start(self) -> None:
-        """Start every worker and wait until each answers ``/health_generate`` with 200.
+        """Start every worker and wait until each is ready.
 
-        Raises :class:`SGLangStartupError` when one exits first (quoting its last log lines) or
-        is not ready within ``startup_timeout`` (after stopping them all), and
-        :class:`SGLangNotInstalled` when the interpreter has no sglang.
+        A worker is ready when ``GET /health_generate`` answers 200 while its process still runs
+        and ``GET /get_model_info`` (with the API key) names this server's ``model_path``. Just
+        before a worker starts, its port is checked free: a port the launcher chose is replaced
+        by another free one, a port given by the caller makes it an error. A server that answers
+        on the port but refuses the key or names another model is another server (one that took
+        the port meanwhile): an error too, as the worker could never serve there.
+
+        Raises :class:`SGLangStartupError` when a worker exits first (quoting its last log
+        lines), is not ready within ``startup_timeout``, finds its port taken, or when
+        :meth:`stop` is called meanwhile (``"... was stopped before it was ready"``); and
+        :class:`SGLangNotInstalled` when the interpreter has no sglang. On any error or
+        cancellation every worker started is stopped before this returns.
         """
-        if self.pids:
+        if self.pids or self._start_scope is not None:
             raise SGLangError("the server is already running")
-        await anyio.to_thread.run_sync(self._detect)
+        self._stop_requested = False
         try:
-            for w in self._workers:
-                self._spawn(w)
-            await self._wait_ready()
+            try:
+                with anyio.CancelScope() as self._start_scope:
+                    await self._detect_async()
+                    for w in self._workers:
+                        self._spawn(w)
+                    await self._wait_ready()
+            finally:
+                self._start_scope = None
+            if self._stop_requested:
+                w = next((w for w in self._workers if not w.ready), self._workers[0])
+                raise SGLangStartupError(
+                    f"SGLang server ({self._describe(w)}) was stopped before it was ready",
+                    worker=w.index,
+                )
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.stop()
             raise
 
+    def _describe(self, w: _Worker) -> str:
+        gpu = "" if w.gpu is None else f", GPU {w.gpu}"
+        return f"worker {w.index}{gpu}, port {w.port}"
+
+    def _claim_port(self, w: _Worker) -> None:
+        """Make sure nothing listens on ``w``'s port yet (a free port chosen at ``__init__`` may
+        have been taken since: then another is chosen)."""
+        host = self._bind_host()
+        if not _port_in_use(host, w.port):
+            return
+        if not w.auto_port:
+            raise SGLangStartupError(
+                f"SGLang server ({self._describe(w)}) cannot start: port {w.port} on {host} is "
+                "already in use (another server is listening there); choose another port",
+                worker=w.index,
+            )
+        others = {o.port for o in self._workers if o is not w}
+        port = w.port
+        while port == w.port or port in others:
+            (port,) = _free_ports(host, 1)
+        log.info(
+            "port %d was taken meanwhile: SGLang worker %d gets port %d", w.port, w.index, port
+        )
+        w.port = port
+
     def _spawn(self, w: _Worker) -> None:
+        self._claim_port(w)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        w.log_path = self.log_paths[w.index]
+        w.log_path = log_path = self.log_paths[w.index]
         if self.image is not None:
             w.container = f"llmroute-sglang-{w.port}-{secrets.token_hex(4)}"
         argv = self._argv(w.index)
         shown = shlex.join(_redact(argv, self._api_key))
-        log.info("starting SGLang worker %d: %s (log: %s)", w.index, shown, w.log_path)
-        fd = os.open(w.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        log.info("starting SGLang worker %d: %s (log: %s)", w.index, shown, log_path)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as log_file:
             log_file.write(f"# llmroute: {shown}\n".encode())
             log_file.flush()
             try:
-                w.process = subprocess.Popen(
+                process = subprocess.Popen(
                     argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -676,7 +848,8 @@ class SGLangServer:
                 )
             except OSError as exc:
                 raise SGLangError(f"could not start {argv[0]!r}: {exc}") from exc
-        w.pgid = w.process.pid  # start_new_session: the child leads a new group
+        w.process = process
+        w.pgid = process.pid  # start_new_session: the child leads a new group
         _live.add(self)
 
     async def _wait_ready(self) -> None:
@@ -705,46 +878,160 @@ class SGLangServer:
             )
 
     async def _wait_worker(self, w: _Worker, http: httpx.AsyncClient) -> None:
-        assert w.process is not None
-        url = self.urls[w.index].removesuffix("/v1") + "/health_generate"
+        process = w.process  # stop() clears w.process: this wait keeps its own
+        assert process is not None
+        root = self.urls[w.index].removesuffix("/v1")
         headers = {"Authorization": f"Bearer {self._api_key}"}
         interval = 0.2
         while True:
-            returncode = w.process.poll()
-            if returncode is not None:
-                raise self._startup_error(
-                    w, f"exited with {_describe_status(returncode)} before it was ready", returncode
-                )
+            self._check_running(w, process)
             try:
-                response = await http.get(url, headers=headers, timeout=10.0)
-                if response.status_code == 200:
+                response = await http.get(root + "/health_generate", headers=headers, timeout=10.0)
+                healthy = response.status_code == 200
+            except httpx.HTTPError:
+                healthy = False
+            if healthy:
+                # A 200 is ours only if our process still runs and the server knows our key
+                # and model: another server that had the port first answers too.
+                self._check_running(w, process)
+                if await self._confirm_identity(w, process, http, root, headers):
+                    self._check_running(w, process)
                     w.ready = True
                     log.info("SGLang worker %d is ready at %s", w.index, self.urls[w.index])
                     return
-            except httpx.HTTPError:
-                pass
             await anyio.sleep(interval)
             interval = min(interval * 1.5, 1.0)
 
+    def _check_running(self, w: _Worker, process: subprocess.Popen[bytes]) -> None:
+        returncode = process.poll()
+        if returncode is not None:
+            raise self._startup_error(
+                w, f"exited with {_describe_status(returncode)} before it was ready", returncode
+            )
+
+    async def _confirm_identity(
+        self,
+        w: _Worker,
+        process: subprocess.Popen[bytes],
+        http: httpx.AsyncClient,
+        root: str,
+        headers: Mapping[str, str],
+    ) -> bool:
+        """Whether the server on ``w``'s port is ``w``: True when ``/get_model_info`` answers 200
+        with this server's model, False when it cannot tell yet (no answer, 5xx). Raises when it
+        is another server: it refuses the key, lacks the endpoint, or serves another model."""
+        try:
+            response = await http.get(root + "/get_model_info", headers=headers, timeout=10.0)
+        except httpx.HTTPError:
+            return False
+        status = response.status_code
+        if status >= 500:
+            return False
+        served: object = None
+        if status == 200:
+            try:
+                info: Any = response.json()
+            except ValueError:
+                info = None
+            served = info.get("model_path") if isinstance(info, dict) else None
+            if isinstance(served, str) and self._same_model(w, served):
+                return True
+            why = f"it serves model_path {served!r}, not {self.model_path!r}"
+        elif status in (401, 403):
+            why = f"it refused this server's API key (GET /get_model_info: {status})"
+        else:
+            why = f"GET /get_model_info answered {status}"
+        self._check_running(w, process)
+        raise self._startup_error(
+            w, f"is not ready: another server answers on port {w.port} ({why}) (stopped)", None
+        )
+
+    def _same_model(self, w: _Worker, served: str) -> bool:
+        if served.rstrip("/") == self.model_path.rstrip("/"):
+            return True
+        with contextlib.suppress(OSError):
+            if os.path.exists(served) and os.path.samefile(served, self.model_path):
+                return True
+        # SGLANG_USE_MODELSCOPE downloads the model and reports the download's directory.
+        flag = self.worker_env(w.index).get("SGLANG_USE_MODELSCOPE", "")
+        return flag.lower() in ("1", "true", "yes", "on")
+
     def _startup_error(self, w: _Worker, what: str, returncode: int | None) -> SGLangStartupError:
-        lines = [_scrub(line, self._api_key) for line in _tail(w.log_path)]
-        quoted = "\n".join("  | " + line for line in lines) or "  (the log is empty)"
-        gpu = "" if w.gpu is None else f", GPU {w.gpu}"
+        quoted = "\n".join("  | " + line for line in self.log_tail(w.index))
         message = (
-            f"SGLang server (worker {w.index}{gpu}, port {w.port}) {what}; "
-            f"last lines of {w.log_path}:\n{quoted}"
+            f"SGLang server ({self._describe(w)}) {what}; "
+            f"last lines of {w.log_path}:\n{quoted or '  (the log is empty)'}"
         )
         return SGLangStartupError(message, worker=w.index, returncode=returncode)
 
+    # -- watching ------------------------------------------------------------------------------
+
+    def exited(self) -> dict[int, int]:
+        """The workers whose process has ended since :meth:`start`: worker index -> exit status
+        (negative: killed by that signal, as in :attr:`subprocess.Popen.returncode`).
+
+        Empty while every worker runs, and after :meth:`stop` or :meth:`kill` (they forget the
+        processes). Does not block.
+        """
+        ended: dict[int, int] = {}
+        for w in self._workers:
+            process = w.process
+            if process is not None and (returncode := process.poll()) is not None:
+                ended[w.index] = returncode
+        return ended
+
+    async def wait_exited(self) -> tuple[int, int]:
+        """Wait until a worker's process ends; returns ``(worker index, exit status)``.
+
+        Returns at once if one has ended already. For watching workers after :meth:`start`
+        (a server that dies later, e.g. out of memory): cancel it before calling :meth:`stop`,
+        whose own SIGTERM would otherwise count as an exit. Raises :class:`SGLangError` when no
+        worker is running (not started, or stopped). Cancellable; it checks every 0.1 s.
+        """
+        watched = [(w.index, w.process) for w in self._workers if w.process is not None]
+        if not watched:
+            raise SGLangError("no SGLang worker is running")
+        while True:
+            for index, process in watched:
+                returncode = process.poll()
+                if returncode is not None:
+                    return index, returncode
+            await anyio.sleep(_WATCH_INTERVAL)
+
+    def log_tail(self, worker: int = 0, lines: int = _LOG_TAIL_LINES) -> list[str]:
+        """The last ``lines`` lines of ``worker``'s log (of its latest start), with the API key
+        shown as ``***`` (SGLang logs its arguments, key included). Empty before the worker was
+        first started. Reads at most the last 64 KiB of the file."""
+        w = self._workers[worker]
+        return [_scrub(line, self._api_key) for line in _tail(w.log_path, lines)]
+
+    # -- stopping ------------------------------------------------------------------------------
+
     async def stop(self) -> None:
         """Stop every worker: SIGTERM to its process group, up to ``grace`` seconds to drain,
-        then SIGKILL; returns once no process of the groups is left (bounded). Idempotent."""
+        then SIGKILL; returns once no process of the groups is left (bounded). Idempotent; a
+        call made while another runs waits for that one.
+
+        Called while :meth:`start` runs (from another task), it makes :meth:`start` raise
+        :class:`SGLangStartupError` (``"... was stopped before it was ready"``).
+        """
+        if self._start_scope is not None:
+            self._stop_requested = True
+            self._start_scope.cancel()
         with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as group:
-                for w in self._workers:
-                    if w.process is not None:
-                        group.start_soon(self._stop_worker, w)
-        _live.discard(self)
+            if self._stopping is not None:
+                await self._stopping.wait()
+                return
+            self._stopping = stopping = anyio.Event()
+            try:
+                async with anyio.create_task_group() as group:
+                    for w in self._workers:
+                        if w.process is not None:
+                            group.start_soon(self._stop_worker, w)
+                _live.discard(self)
+            finally:
+                self._stopping = None
+                stopping.set()
 
     async def _stop_worker(self, w: _Worker) -> None:
         process, pgid = w.process, w.pgid
@@ -786,14 +1073,16 @@ class SGLangServer:
 
 
 async def _wait_gone(process: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for the group to vanish, reaping its leader."""
+    """Wait up to ``timeout`` seconds for the group to vanish, reaping its leader. The ``/proc``
+    scan of :func:`_group_alive` runs in a worker thread, never on the event loop."""
     deadline = time.monotonic() + timeout
     interval = 0.02
     while True:
         process.poll()  # reap the leader, so it does not linger as a zombie
-        if not _group_alive(pgid):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=1.0)
+        if not await _group_alive_async(pgid):
+            if process.poll() is None:  # dead (the group is gone) but not reaped yet
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await anyio.to_thread.run_sync(process.wait, 1.0)
             return True
         if time.monotonic() >= deadline:
             return False

@@ -293,9 +293,16 @@ class MetricsPoller:
     """Scrapes each target's ``/metrics`` into ``stats.target(name).server``.
 
     ``urls_by_target`` maps a target name (``"provider:model"``) to its server's root or
-    ``/v1`` URL. ``/metrics`` needs no key. A failed scrape keeps the previous reading; it is
-    logged at DEBUG, and once at WARNING until the target answers again. ``clock`` must be the
-    stats' clock (``time.monotonic`` unless the stats were given another).
+    ``/v1`` URL. ``keys`` maps target names to their server's API key, sent as
+    ``Authorization: Bearer <key>``: SGLang before 0.5 wants it on ``/metrics`` when the server
+    has ``--api-key`` (from 0.5 on ``/metrics`` is open; the key does no harm). Targets without
+    a key send none; keys of other names are ignored. Keys are never logged nor shown in
+    ``repr``. A failed scrape keeps the previous reading; it is logged at DEBUG, and once at
+    WARNING until the target answers again. ``clock`` must be the stats' clock
+    (``time.monotonic`` unless the stats were given another).
+
+    Without ``http`` the poller makes its own client, which ignores proxy environment variables
+    (``trust_env=False``): the servers it scrapes are the caller's own, usually on loopback.
     """
 
     def __init__(
@@ -303,6 +310,7 @@ class MetricsPoller:
         urls_by_target: Mapping[str, str],
         stats: LiveStats,
         *,
+        keys: Mapping[str, str] | None = None,
         interval: float = 1.0,
         timeout: float = 1.0,
         http: httpx.AsyncClient | None = None,
@@ -314,8 +322,11 @@ class MetricsPoller:
         self.stats = stats
         self.interval = float(interval)
         self.timeout = float(timeout)
+        self._keys = {name: key for name, key in (keys or {}).items() if key and name in self.urls}
         self._own_http = http is None
-        self._http = http if http is not None else httpx.AsyncClient(timeout=timeout)
+        self._http = (
+            http if http is not None else httpx.AsyncClient(timeout=timeout, trust_env=False)
+        )
         self._clock = clock
         self._readings: dict[str, ServerReading] = {}
         self._failing: set[str] = set()
@@ -350,15 +361,23 @@ class MetricsPoller:
 
     async def _poll_target(self, target: str, fresh: dict[str, ServerMetrics]) -> None:
         url = self.urls[target]
+        key = self._keys.get(target)
+        headers = {"Authorization": f"Bearer {key}"} if key else None
         try:
-            response = await self._http.get(url, timeout=self.timeout)
+            response = await self._http.get(url, headers=headers, timeout=self.timeout)
             response.raise_for_status()
             text = response.text
         except httpx.HTTPError as exc:
-            log.debug("metrics of %s from %s failed: %r", target, url, exc)
+            problem = str(exc).replace(key, "***") if key else str(exc)
+            if key is None and isinstance(exc, httpx.HTTPStatusError):
+                if exc.response.status_code in (401, 403):
+                    problem += " (the server wants an API key: give it in keys=)"
+            log.debug(
+                "metrics of %s from %s failed: %s: %s", target, url, type(exc).__name__, problem
+            )
             if target not in self._failing:
                 self._failing.add(target)
-                log.warning("cannot read the metrics of %s from %s: %s", target, url, exc)
+                log.warning("cannot read the metrics of %s from %s: %s", target, url, problem)
             return
         samples = parse_prometheus(text)
         reading = read_server_metrics(samples, self._readings.get(target), read_at=self._clock())

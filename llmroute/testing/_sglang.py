@@ -155,7 +155,14 @@ class StandInKnobs:
     ignore_sigterm: bool = False
     """Ignore SIGTERM (the server and its children), so only SIGKILL ends it."""
     children: int = 1
-    """Child processes that just sleep, like SGLang's scheduler and detokenizer."""
+    """Child processes that just sleep, like SGLang's scheduler and detokenizer. They die with
+    the server (PDEATHSIG), so killing the server alone ends them too."""
+    grandchild: bool = False
+    """Also start ``sglang::grandchild``, a descendant in the server's process group that does
+    not die with it: its parent exits at once (it is an orphan from the start), it has no
+    PDEATHSIG, ignores SIGHUP, and the server neither tracks nor stops it. Only a signal to the
+    group (or to its pid) ends it, as with helpers a real server's workers may leave behind; it
+    ignores SIGTERM too under ``ignore_sigterm``. A safety net ends it after 300 s."""
     drain: float = 0.1
     """Seconds from SIGTERM until the server stops serving and exits."""
     cache_tokens: int = 200_000
@@ -168,7 +175,7 @@ class StandInKnobs:
             raw = env.get(f"SGLANG_STANDIN_{field.name.upper()}", "")
             if not raw:
                 continue
-            if field.name == "ignore_sigterm":
+            if isinstance(field.default, bool):
                 values[field.name] = raw.lower() in ("1", "true", "yes")
             elif field.name in ("reply_tokens", "children", "cache_tokens"):
                 values[field.name] = int(raw)
@@ -1147,6 +1154,19 @@ capacity of 79.19 GiB of which 1.06 GiB is free. (simulated by SGLANG_STANDIN_EX
 """
 
 
+_GRANDCHILD_CODE = """\
+import os, signal, sys, time
+if os.fork() > 0:
+    os._exit(0)  # the intermediate: the grandchild is reparented at once
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+if os.environ.get("SGLANG_STANDIN_IGNORE_SIGTERM", "").lower() in ("1", "true", "yes"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+deadline = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < deadline:
+    time.sleep(0.2)
+"""
+
+
 def _parent_death_signal() -> Callable[[], None] | None:
     """A preexec_fn that makes a child get SIGKILL when its parent dies (Linux only)."""
     prctl = getattr(ctypes.CDLL(None), "prctl", None) if sys.platform.startswith("linux") else None
@@ -1169,6 +1189,16 @@ def _spawn_children(count: int) -> list[subprocess.Popen[bytes]]:
         )
         for name in names[:count]
     ]
+
+
+def _spawn_grandchild() -> None:
+    """Start ``sglang::grandchild`` (see :attr:`StandInKnobs.grandchild`) and reap the
+    intermediate process, so only the grandchild is left, untracked."""
+    intermediate = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _GRANDCHILD_CODE, "sglang::grandchild", str(_HANG_MAX)],
+        stdin=subprocess.DEVNULL,
+    )
+    intermediate.wait(10)
 
 
 def _stop_children(children: list[subprocess.Popen[bytes]]) -> None:
@@ -1234,6 +1264,8 @@ def main(argv: Sequence[str], *, entry: str, version: str) -> int:
     if knobs.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     children = _spawn_children(knobs.children)
+    if knobs.grandchild:
+        _spawn_grandchild()
     try:
         return asyncio.run(_serve(args, version, knobs, children, log))
     finally:
