@@ -24,6 +24,7 @@ from ._errors import (
     UnprocessableEntityError,
 )
 from ._streaming import AsyncStream
+from ._sync import OpenAI
 from ._types import AttemptReport, RouteReport, Timings
 from ._version import __version__
 from .routing.policies import (
@@ -61,6 +62,7 @@ __all__ = [
     "LeastLoadedPolicy",
     "MalformedStreamError",
     "NotFoundError",
+    "OpenAI",
     "OpenAIError",
     "PermissionDeniedError",
     "PrefixPolicy",

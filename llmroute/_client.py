@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import logging
@@ -42,6 +43,15 @@ from ._errors import (
     OpenAIError,
     make_status_error,
     map_transport_errors,
+)
+from ._resources import (
+    AsyncChatCompletionsWithRawResponse,
+    AsyncChatCompletionsWithStreamingResponse,
+    AsyncEmbeddings,
+    AsyncModels,
+    AsyncTextCompletions,
+    attach_response,
+    has_response,
 )
 from ._streaming import AsyncStream
 from ._types import RouteReport, Timings
@@ -419,7 +429,13 @@ class AsyncOpenAI:
                     proxy=proxy, verify=make_ssl_context(verify), timeout=self.timeout
                 )
         self._client = http_client
+        self._make_resources()
+
+    def _make_resources(self) -> None:
         self.chat = AsyncChat(self)
+        self.completions = AsyncTextCompletions(self)
+        self.embeddings = AsyncEmbeddings(self)
+        self.models = AsyncModels(self)
 
     # -- openai's client surface -----------------------------------------------------------
 
@@ -496,7 +512,7 @@ class AsyncOpenAI:
         clone._owns_cache = False
         if http_client is not None:
             clone._client, clone._transport = http_client, None
-        clone.chat = AsyncChat(clone)
+        clone._make_resources()
         return clone
 
     copy = with_options
@@ -842,6 +858,16 @@ class AsyncCompletions:
     def __init__(self, client: AsyncOpenAI) -> None:
         self._client = client
 
+    @functools.cached_property
+    def with_raw_response(self) -> AsyncChatCompletionsWithRawResponse:
+        """The same calls, returning the raw response (headers, status; ``parse()``)."""
+        return AsyncChatCompletionsWithRawResponse(self)
+
+    @functools.cached_property
+    def with_streaming_response(self) -> AsyncChatCompletionsWithStreamingResponse:
+        """The same calls as ``async with`` blocks giving a response read as asked."""
+        return AsyncChatCompletionsWithStreamingResponse(self)
+
     @overload
     async def create(
         self,
@@ -919,7 +945,10 @@ class AsyncCompletions:
         if client._cache is not None:
             cached = await client._cache_request(body, route, extra_headers)
             if cached is not None:
-                return await self._create_cached(client._cache, cached, body, route, live)
+                result = await self._create_cached(client._cache, cached, body, route, live)
+                if isinstance(result, ChatCompletion) and not has_response(result):
+                    attach_response(result, client._cache_response(route, stream=False))
+                return result
         return await live()
 
     async def _create_direct(
@@ -957,6 +986,7 @@ class AsyncCompletions:
             completion._request_id = response.headers.get("x-request-id")
             object.__setattr__(completion, "timings", timings)
             object.__setattr__(completion, "route", None)  # not a route, as stream.route
+        attach_response(completion, response, timings.retries)
         return completion
 
     async def _create_routed(
@@ -1000,6 +1030,7 @@ class AsyncCompletions:
             completion._request_id = done.response.headers.get("x-request-id")
             object.__setattr__(completion, "timings", done.timings)
             object.__setattr__(completion, "route", done.report)
+        attach_response(completion, done.response, done.timings.retries)
         return completion
 
     async def _create_cached(

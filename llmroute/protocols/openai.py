@@ -20,6 +20,7 @@ import pydantic
 import pydantic_core
 from openai import APIError, APIResponseValidationError
 from openai._models import construct_type
+from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, quote
@@ -32,10 +33,12 @@ except ImportError:  # pragma: no cover - jiter is a dependency of openai
 
 __all__ = [
     "ChatStreamDecoder",
+    "CompletionStreamDecoder",
     "MalformedResponseError",
     "build_chunk",
     "is_preamble_chunk",
     "is_token_chunk",
+    "parse_body",
     "parse_chat_completion",
 ]
 
@@ -586,3 +589,81 @@ def _validator(tp: object, metadata: list[Any] | None = None) -> _Convert:
 
 
 _CHUNK = _shape(ChatCompletionChunk)
+
+
+# Other endpoints (completions, embeddings, models): whole bodies and the completions stream.
+
+_M = typing.TypeVar("_M")
+
+
+def parse_body(
+    raw: bytes,
+    cls: type[_M],
+    *,
+    request: httpx.Request,
+    target: str,
+    response: httpx.Response | None = None,
+) -> _M:
+    """Decode a JSON response body as ``cls`` without validation, as openai does.
+
+    Invalid JSON raises :class:`MalformedResponseError` naming ``target``.
+    """
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise MalformedResponseError(exc, request, target=target, response=response) from None
+    except UnicodeDecodeError as exc:
+        doc = raw.decode("utf-8", "replace")
+        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
+        raise MalformedResponseError(err, request, target=target, response=response) from None
+    return cast(_M, construct_type(type_=cls, value=data))
+
+
+class CompletionStreamDecoder(ChatStreamDecoder):
+    """Turn the bytes of a streamed (legacy) completion into ``openai.types.Completion`` chunks.
+
+    The same rules as :class:`ChatStreamDecoder` (``[DONE]``, ``error`` objects, malformed data);
+    ``text`` is choice 0's text so far and ``finished`` says every choice had a ``finish_reason``.
+    """
+
+    def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
+        try:
+            data = _loads(payload)
+        except (ValueError, RecursionError) as exc:
+            message = "Stream event data is not valid JSON"
+            target = self.target
+            raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+        if type(data) is dict and data.get("error"):
+            error = data.get("error")
+            message = error.get("message") if isinstance(error, Mapping) else None
+            if not message or not isinstance(message, str):
+                message = _STREAM_ERROR
+            raise APIError(message=message, request=self.request, body=data["error"])  # type: ignore[arg-type]
+        if type(data) is dict:
+            try:
+                return cast(ChatCompletionChunk, _shape(Completion).construct(data))
+            except _Slow:
+                pass
+        return cast(ChatCompletionChunk, construct_type(type_=Completion, value=data))
+
+    def _track(self, chunk: ChatCompletionChunk) -> None:
+        completion = cast(Any, chunk)
+        if type(completion) is not Completion:
+            return
+        try:
+            token = False
+            for choice in completion.choices:
+                if choice.finish_reason is not None:
+                    self._unfinished.discard(choice.index)
+                    self.finished = not self._unfinished
+                elif choice.index not in self._unfinished:
+                    self._unfinished.add(choice.index)
+                    self.finished = False
+                if choice.text:
+                    token = True
+                    if choice.index == 0 and type(choice.text) is str:
+                        self._text.append(choice.text)
+        except (AttributeError, TypeError):
+            return
+        if token:
+            self.tokens += 1

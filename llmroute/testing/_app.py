@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import random
+import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -155,6 +156,19 @@ class SimApp:
             await _respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
             await self._chat(payload, headers, receive, send, rid)
+        elif path == "/v1/completions" and method == "POST":
+            await self._text_completion(payload, send, rid)
+        elif path == "/v1/embeddings" and method == "POST":
+            await self._embeddings(payload, send, rid)
+        elif path.startswith("/v1/models/") and method == "GET":
+            model = path[len("/v1/models/") :]
+            if model in self.models:
+                body = json.dumps(_reply.model_object(model)).encode()
+                await _respond(send, 200, body, rid)
+            else:
+                msg = f"The model '{model}' does not exist"
+                error = _error_body(msg, "invalid_request_error", "model_not_found")
+                await _respond(send, 404, error, rid)
         elif path == "/v1/models" and method == "GET":
             created = 1_700_000_000
             data = [
@@ -248,6 +262,87 @@ class SimApp:
         finally:
             watcher.cancel()
             self._gone.discard(gone)
+
+    # -- legacy completions and embeddings (no latency or faults) -------------------------------
+    async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
+        problem = _validate_other(req, "prompt")
+        if problem is not None:
+            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            return
+        model: str = req["model"]
+        self.models.setdefault(model)
+        limit = req.get("max_tokens")
+        n_tokens = self.profile.reply_tokens if limit is None else min(limit, 4096)
+        finish = "stop" if limit is None or limit >= self.profile.reply_tokens else "length"
+        prompts = _reply.prompt_texts(req.get("prompt"))
+        replies = [
+            _reply.full_reply(_reply.text_seed(model, p), min(n_tokens, self.profile.reply_tokens))
+            for p in prompts
+        ]
+        prompt_tokens = sum(len(p.split()) for p in prompts)
+        usage = _reply.usage(prompt_tokens, sum(len(r) for r in replies))
+        if not req.get("stream"):
+            choices = [_reply.text_choice(i, "".join(r), finish) for i, r in enumerate(replies)]
+            body = _reply.text_completion(model, choices, usage)
+            await _respond(send, 200, json.dumps(body).encode(), rid)
+            return
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", rid.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._stats["streams_started"] += 1
+        id_, created = f"cmpl-{self.rng.getrandbits(64):016x}", int(time.time())
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            chunk = _reply.text_completion(model, choices, usage, id_=id_, created=created)
+            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+        for i, reply in enumerate(replies):
+            for token in reply:
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": event([_reply.text_choice(i, token, None)]),
+                        "more_body": True,
+                    }
+                )
+            tail = event([_reply.text_choice(i, "", finish)])
+            await send({"type": "http.response.body", "body": tail, "more_body": True})
+        if (req.get("stream_options") or {}).get("include_usage"):
+            usage_event = event([], usage)
+            await send({"type": "http.response.body", "body": usage_event, "more_body": True})
+        self._stats["streams_completed"] += 1
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    async def _embeddings(self, req: Any, send: Send, rid: str) -> None:
+        problem = _validate_other(req, "input")
+        fmt = req.get("encoding_format", "float") if isinstance(req, dict) else None
+        if problem is None and fmt not in ("float", "base64"):
+            problem = f"'{fmt}' is not one of ['float', 'base64'] - 'encoding_format'"
+        dims = req.get("dimensions") if isinstance(req, dict) else None
+        if problem is None and dims is not None and (not isinstance(dims, int) or dims < 1):
+            problem = "'dimensions' must be a positive integer"
+        if problem is not None:
+            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            return
+        model: str = req["model"]
+        self.models.setdefault(model)
+        texts = _reply.prompt_texts(req["input"])
+        data: list[dict[str, Any]] = []
+        for i, text in enumerate(texts):
+            vector = _reply.embedding_vector(model, text, dims or _reply.EMBEDDING_DIMENSIONS)
+            value = _reply.embedding_base64(vector) if fmt == "base64" else vector
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = sum(len(t.split()) for t in texts)
+        body = {
+            "object": "list",
+            "data": data,
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        await _respond(send, 200, json.dumps(body).encode(), rid)
 
     def _random_fault(self) -> Fault:
         kind = self.profile.sample_fault(self.rng)
@@ -460,6 +555,22 @@ def _validate(req: Any) -> str | None:
         value = req.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
             return f"'{key}' must be a positive integer"
+    return None
+
+
+def _validate_other(req: Any, field: str) -> str | None:
+    """Check a completions (``prompt``) or embeddings (``input``) request."""
+    if not isinstance(req, dict):
+        return "The request body must be a JSON object."
+    if not isinstance(req.get("model"), str) or not req["model"]:
+        return "you must provide a model parameter"
+    if req.get(field) is None:
+        return f"'{field}' is a required property"
+    if req.get("n") not in (None, 1):
+        return "the simulator supports only n=1"
+    value = req.get("max_tokens")
+    if value is not None and (not isinstance(value, int) or value < 1):
+        return "'max_tokens' must be a positive integer"
     return None
 
 

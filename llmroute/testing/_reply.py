@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
 import random
+import struct
 import time
 from typing import Any
 
@@ -199,3 +201,67 @@ def completion(
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
         "usage": usage(prompt, completion_tokens),
     }
+
+
+# -- legacy completions, embeddings, models ---------------------------------------------------
+
+EMBEDDING_DIMENSIONS = 8
+
+
+def prompt_texts(prompt: Any) -> list[str]:
+    """The prompts of a completions request: a string, a list of strings, token lists."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        return [" ".join(str(p) for p in prompt)]
+    if isinstance(prompt, list):
+        return [p if isinstance(p, str) else " ".join(str(t) for t in p) for p in prompt]
+    return [""]
+
+
+def text_seed(model: str, text: str) -> int:
+    """A 64-bit seed from a model name and one prompt or input text."""
+    digest = hashlib.sha256(json.dumps([model, text]).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def text_completion(
+    model: str,
+    choices: list[dict[str, Any]],
+    usage_: dict[str, int] | None,
+    *,
+    id_: str | None = None,
+    created: int | None = None,
+) -> dict[str, Any]:
+    """A ``text_completion`` object (whole, or one streamed chunk)."""
+    body: dict[str, Any] = {
+        "id": id_ or f"cmpl-{random.getrandbits(64):016x}",
+        "object": "text_completion",
+        "created": created or int(time.time()),
+        "model": model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": choices,
+    }
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body
+
+
+def text_choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def embedding_vector(model: str, text: str, dimensions: int) -> list[float]:
+    """A deterministic unit-scale vector for ``text``; every value is exact in float32."""
+    rng = random.Random(text_seed(model, text))
+    raw = struct.pack(f"<{dimensions}f", *(rng.uniform(-1.0, 1.0) for _ in range(dimensions)))
+    return list(struct.unpack(f"<{dimensions}f", raw))
+
+
+def embedding_base64(vector: list[float]) -> str:
+    """OpenAI's base64 form: the little-endian float32 bytes of the vector."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+def model_object(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 1_700_000_000, "owned_by": "llmroute-sim"}

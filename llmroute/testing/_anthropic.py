@@ -1,0 +1,455 @@
+"""The simulator's Anthropic wire mode: ``POST /v1/messages`` as Anthropic's API answers it.
+
+:class:`AnthropicSimApp` is a raw ASGI app, served like :class:`~llmroute.testing._app.SimApp`
+(hypercorn over TLS/HTTP2, or ``httpx.ASGITransport`` in a test); an app that has read the
+request body already hands the request on with :meth:`AnthropicSimApp.handle`. It needs
+``x-api-key`` and ``anthropic-version`` headers, validates the body as the Messages API does
+(``max_tokens`` required), and answers deterministically from the prompt (``_reply``'s words):
+text, or a ``tool_use`` block when tools are given (``tool_choice`` ``none`` disables them, a
+``tool`` choice picks one). A trailing assistant message is a prefill: the reply continues it.
+``stop_sequences`` cut the reply (``stop_reason: "stop_sequence"``), ``max_tokens`` too
+(``"max_tokens"``). Prompt caching is simulated: the prompt up to the last ``cache_control``
+block is written to the cache the first time (``cache_creation_input_tokens``) and read after
+(``cache_read_input_tokens``).
+
+Streams have Anthropic's exact event sequence: ``message_start``, ``content_block_start``,
+``ping``, ``content_block_delta`` per token, ``content_block_stop``, ``message_delta`` (stop
+reason, usage), ``message_stop``. Errors have Anthropic's shape,
+``{"type": "error", "error": {"type": ..., "message": ...}}``, and a ``request-id`` header.
+
+Faults, header ``x-sim-fault`` as for the OpenAI simulator: ``429`` (rate_limit_error with
+retry-after), ``500`` (api_error), ``503`` (529 overloaded_error, Anthropic's overload status),
+``html502``, ``drop:K``, ``hang``, ``malformed:K``, ``stream-error:K`` (an in-stream
+``event: error`` with ``overloaded_error`` after K tokens; non-streamed: a 529), ``slow:S``,
+``stall-between:K:S``; ``x-sim-fault-times`` / ``x-sim-fault-key`` / ``x-sim-retry-after`` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from . import _reply
+from ._app import _HTML_502 as HTML_502
+from ._app import STATUS_FAULTS, STREAM_FAULTS, Fault, Receive, Scope, Send
+from ._app import _read_body as read_body
+from ._app import _watch_disconnect as watch_disconnect
+from ._profile import Profile
+
+__all__ = ["AnthropicSimApp", "anthropic_app"]
+
+_OVERLOADED = "Overloaded"
+
+
+def anthropic_app(profile: Profile | None = None, *, seed: int | None = None) -> AnthropicSimApp:
+    """A simulated Anthropic Messages API as an ASGI app (mount it at the server's root)."""
+    return AnthropicSimApp(profile or Profile(), seed=seed)
+
+
+def error_body(type_: str, message: str) -> bytes:
+    """An error in Anthropic's format."""
+    return json.dumps({"type": "error", "error": {"type": type_, "message": message}}).encode()
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class AnthropicSimApp:
+    """ASGI app of one simulated Anthropic provider."""
+
+    def __init__(self, profile: Profile, *, seed: int | None = None) -> None:
+        self.profile = profile
+        self.rng = random.Random(profile.seed if seed is None else seed)
+        self.requests: list[dict[str, Any]] = []
+        self._cached: set[str] = set()
+        self._fault_uses: dict[str, int] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = await read_body(receive)
+        if body is not None:
+            await self.handle(scope, body, receive, send)
+
+    async def handle(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """Answer one HTTP request whose body was already read (for mounting in another app)."""
+        rid = "req_" + uuid.uuid4().hex[:24]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        self.requests.append({"path": scope["path"], "headers": headers, "json": payload})
+        if not headers.get("x-api-key", "").strip():
+            msg = "x-api-key header is required"
+            await _respond(send, 401, error_body("authentication_error", msg), rid)
+        elif scope["path"] != "/v1/messages" or scope["method"] != "POST":
+            msg = f"Not found: {scope['method']} {scope['path']}"
+            await _respond(send, 404, error_body("not_found_error", msg), rid)
+        elif not headers.get("anthropic-version"):
+            msg = "anthropic-version: header is required"
+            await _respond(send, 400, error_body("invalid_request_error", msg), rid)
+        else:
+            await self._messages(payload, headers, receive, send, rid)
+
+    async def _messages(
+        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    ) -> None:
+        problem = _validate(req)
+        fault, retry_after = Fault(), self.profile.retry_after
+        if problem is None:
+            try:
+                spec = headers.get("x-sim-fault")
+                fault = Fault.parse(spec) if spec else Fault()
+                if spec and "x-sim-fault-times" in headers:
+                    key = headers.get("x-sim-fault-key", spec)
+                    used = self._fault_uses.get(key, 0)
+                    self._fault_uses[key] = used + 1
+                    if used >= int(headers["x-sim-fault-times"]):
+                        fault = Fault()
+                retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
+            except ValueError as exc:
+                problem = str(exc)
+        if problem is not None:
+            await _respond(send, 400, error_body("invalid_request_error", problem), rid)
+            return
+        if fault.kind in STATUS_FAULTS:
+            await _status_fault(send, fault.kind, retry_after, rid)
+            return
+        plan = _Plan.build(req, self._cached, self.profile.reply_tokens)
+        ttft = fault.slow
+        if ttft is None:
+            ttft = self.profile.sample_ttft(self.rng, plan.input_tokens)
+        gone = asyncio.Event()
+        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
+        try:
+            if req.get("stream"):
+                await self._stream(plan, fault, ttft, gone, send, rid)
+            else:
+                await self._complete(plan, fault, ttft, gone, send, rid)
+        finally:
+            watcher.cancel()
+
+    async def _pause(self, seconds: float, gone: asyncio.Event) -> bool:
+        if gone.is_set():
+            return True
+        if seconds <= 0:
+            return False
+        try:
+            async with asyncio.timeout(seconds):
+                await gone.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def _stream(
+        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+    ) -> None:
+        start = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"request-id", rid.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+
+        async def emit(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        if await self._pause(ttft, gone):
+            return
+        if fault.kind == "hang":
+            await self._pause(self.profile.hang_max, gone)
+            return
+        message = plan.message(content=[], stop_reason=None, output_tokens=1)
+        head = _sse("message_start", {"type": "message_start", "message": message})
+        head += _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": plan.block_start()},
+        )
+        await emit(head + _sse("ping", {"type": "ping"}))
+        pieces = plan.pieces
+        for i in range(len(pieces) + 1):
+            if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
+                if fault.kind == "drop":
+                    return
+                if fault.kind == "stream-error":
+                    err = {"type": "error", "error": {"type": "overloaded_error"}}
+                    err["error"]["message"] = _OVERLOADED
+                    await send({"type": "http.response.body", "body": _sse("error", err)})
+                    return
+                await emit(b"event: content_block_delta\ndata: {not json\n\n")
+            if i == len(pieces):
+                break
+            if fault.stall_after is not None and i == fault.stall_after and i > 0:
+                if await self._pause(fault.stall_seconds, gone):
+                    return
+            elif self.profile.inter_token > 0 and i > 0:
+                if await self._pause(self.profile.inter_token, gone):
+                    return
+            elif i % 8 == 1:
+                await asyncio.sleep(0)
+            if plan.tool is not None:
+                delta = {"type": "input_json_delta", "partial_json": pieces[i]}
+            else:
+                delta = {"type": "text_delta", "text": pieces[i]}
+            event = {"type": "content_block_delta", "index": 0, "delta": delta}
+            await emit(_sse("content_block_delta", event))
+        if gone.is_set():
+            return
+        tail = _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        tail += _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": plan.stop_reason, "stop_sequence": plan.stop_sequence},
+                "usage": {"output_tokens": len(pieces)},
+            },
+        )
+        tail += _sse("message_stop", {"type": "message_stop"})
+        await send({"type": "http.response.body", "body": tail})
+
+    async def _complete(
+        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+    ) -> None:
+        delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
+        if fault.stall_after is not None:
+            delay += fault.stall_seconds
+        if fault.kind == "hang":
+            delay = self.profile.hang_max
+        if await self._pause(delay, gone) or fault.kind == "hang":
+            return
+        if fault.kind == "stream-error":
+            await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid)
+            return
+        body = json.dumps(plan.message()).encode()
+        if fault.kind == "malformed":
+            body = b"{not json"
+        start = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"request-id", rid.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": start})
+        if fault.kind == "drop":
+            half = body[: len(body) // 2]
+            await send({"type": "http.response.body", "body": half, "more_body": True})
+            return
+        await send({"type": "http.response.body", "body": body})
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for block in content:
+            if isinstance(block, dict):
+                text = block.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+        return "".join(parts)
+    return ""
+
+
+def _words(content: Any) -> int:
+    return len(_text(content).split())
+
+
+def _cache_prefix(req: dict[str, Any]) -> tuple[str, int] | None:
+    """The prompt up to its last ``cache_control`` block: a key and its token count."""
+    units: list[tuple[Any, bool]] = []
+    system = req.get("system")
+    if isinstance(system, list):
+        units += [(b, "cache_control" in b) for b in system if isinstance(b, dict)]
+    elif system:
+        units.append((system, False))
+    for message in req["messages"]:
+        content = message.get("content")
+        if isinstance(content, list):
+            units += [(b, "cache_control" in b) for b in content if isinstance(b, dict)]
+        else:
+            units.append((content, False))
+    marks = [i for i, (_, marked) in enumerate(units) if marked]
+    if not marks:
+        return None
+    prefix = [u for u, _ in units[: marks[-1] + 1]]
+    key = hashlib.sha256(json.dumps([req["model"], prefix], sort_keys=True).encode()).hexdigest()
+    return key, sum(_words(u if isinstance(u, str) else [u]) for u in prefix)
+
+
+@dataclass
+class _Plan:
+    model: str
+    seed: int
+    input_tokens: int
+    cache_creation: int
+    cache_read: int
+    pieces: list[str]
+    stop_reason: str
+    stop_sequence: str | None = None
+    tool: dict[str, Any] | None = None
+
+    @classmethod
+    def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _Plan:
+        model: str = req["model"]
+        messages: list[dict[str, Any]] = [
+            {"role": m.get("role"), "content": _text(m.get("content"))} for m in req["messages"]
+        ]
+        system = _text(req.get("system"))
+        prompt = ([{"role": "system", "content": system}] if system else []) + messages
+        seed = _reply.reply_seed(model, prompt)
+        total = _reply.prompt_tokens(prompt)
+        creation = read = 0
+        prefix = _cache_prefix(req)
+        if prefix is not None:
+            key, n = prefix
+            n = min(n, total)
+            if key in cached:
+                read = n
+            else:
+                creation = n
+                cached.add(key)
+        input_tokens = total - creation - read
+        tools = [
+            {"type": "function", "function": {**t, "parameters": t.get("input_schema")}}
+            for t in req.get("tools") or []
+        ]
+        choice = req.get("tool_choice") or {}
+        openai_choice: Any = None
+        if choice.get("type") == "none":
+            openai_choice = "none"
+        elif choice.get("type") == "tool":
+            openai_choice = {"type": "function", "function": {"name": choice.get("name")}}
+        tool = _reply.pick_tool(tools, openai_choice)
+        if tool is not None:
+            pieces = _reply.split_fragments(_reply.tool_arguments(tool, seed))
+            return cls(model, seed, input_tokens, creation, read, pieces, "tool_use", None, tool)
+        full = _reply.full_reply(seed, reply_tokens)
+        _, prefill = _reply.split_prefill(messages)
+        pieces = list(full)
+        if prefill is not None:
+            rest = _reply.continue_after(full, prefill)
+            if rest is not None:
+                pieces = rest
+        stop_reason, stop_sequence = "end_turn", None
+        stops = [s for s in req.get("stop_sequences") or [] if isinstance(s, str) and s]
+        if stops:
+            text = ""
+            for i, piece in enumerate(pieces):
+                text += piece
+                hit = [s for s in stops if s in text]
+                if hit:
+                    stop_sequence = min(hit, key=text.find)
+                    cut = text.find(stop_sequence) - (len(text) - len(piece))
+                    pieces = pieces[:i] + ([piece[:cut]] if cut > 0 else [])
+                    stop_reason = "stop_sequence"
+                    break
+        if len(pieces) > req["max_tokens"]:
+            pieces, stop_reason, stop_sequence = pieces[: req["max_tokens"]], "max_tokens", None
+        return cls(model, seed, input_tokens, creation, read, pieces, stop_reason, stop_sequence)
+
+    def block_start(self) -> dict[str, Any]:
+        if self.tool is None:
+            return {"type": "text", "text": ""}
+        return {"type": "tool_use", "id": self.tool_id, "name": self.tool.get("name"), "input": {}}
+
+    @property
+    def tool_id(self) -> str:
+        return f"toolu_{self.seed:016x}"
+
+    def message(
+        self,
+        *,
+        content: list[dict[str, Any]] | None = None,
+        stop_reason: str | None = "",
+        output_tokens: int | None = None,
+    ) -> dict[str, Any]:
+        if content is None:
+            if self.tool is None:
+                content = [{"type": "text", "text": "".join(self.pieces)}]
+            else:
+                block = self.block_start()
+                block["input"] = json.loads("".join(self.pieces))
+                content = [block]
+        final = stop_reason == ""
+        return {
+            "id": f"msg_{self.seed:016x}{random.getrandbits(32):08x}",
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": self.stop_reason if final else stop_reason,
+            "stop_sequence": self.stop_sequence if final else None,
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "cache_creation_input_tokens": self.cache_creation,
+                "cache_read_input_tokens": self.cache_read,
+                "output_tokens": len(self.pieces) if output_tokens is None else output_tokens,
+            },
+        }
+
+
+def _validate(req: Any) -> str | None:
+    if not isinstance(req, dict):
+        return "The request body must be a JSON object."
+    if not isinstance(req.get("model"), str) or not req["model"]:
+        return "model: Field required"
+    messages = req.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+    max_tokens = req.get("max_tokens")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        return "max_tokens: Field required"
+    for key in ("n", "logprobs", "stream_options", "frequency_penalty", "presence_penalty"):
+        if key in req:
+            return f"{key}: Extra inputs are not permitted"
+    return None
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    rid: str,
+    content_type: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (b"request-id", rid.encode()),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:
+    retry = [(b"retry-after", str(max(0, math.ceil(retry_after))).encode())]
+    if kind == "429":
+        msg = "Number of request tokens has exceeded your per-minute rate limit (simulated)"
+        await _respond(send, 429, error_body("rate_limit_error", msg), rid, extra=retry)
+    elif kind == "500":
+        await _respond(send, 500, error_body("api_error", "Internal server error"), rid)
+    elif kind == "503":
+        await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid, extra=retry)
+    else:
+        await _respond(send, 502, HTML_502, rid, content_type=b"text/html")

@@ -1,0 +1,386 @@
+"""The sync client: the async one on a private event loop thread, reached through proxies."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import openai
+import pytest
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+import llmroute
+from llmroute._sync import ClientClosedError, Stream
+from llmroute.testing import Simulator
+
+from .conftest import KEY
+
+MESSAGES = [{"role": "user", "content": "Hello from a thread"}]
+
+
+def sync_client(sim: Simulator, **kwargs: Any) -> llmroute.OpenAI:
+    kwargs.setdefault("api_key", KEY)
+    kwargs.setdefault("base_url", sim.base_url)
+    return llmroute.OpenAI(verify=sim.ssl_context(), **kwargs)
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "llmroute-loop"]
+
+
+@pytest.fixture
+def client(sim: Simulator) -> Iterator[llmroute.OpenAI]:
+    with sync_client(sim) as client:
+        yield client
+
+
+def async_results(sim: Simulator) -> tuple[str, str]:
+    async def main() -> tuple[str, str]:
+        async with llmroute.AsyncOpenAI(
+            api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()
+        ) as client:
+            done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+            stream = await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in stream])
+            return done.choices[0].message.content or "", text
+
+    return anyio.run(main)
+
+
+def test_create_matches_the_async_client(sim: Simulator, client: llmroute.OpenAI) -> None:
+    done = client.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert isinstance(done, ChatCompletion)
+    stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+    assert isinstance(stream, Stream)
+    chunks = list(stream)
+    assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert (done.choices[0].message.content, text) == async_results(sim)
+    assert stream.response.status_code == 200
+    assert stream.timings.first_token is not None and stream.timings.tokens == 20
+    assert stream.route is None
+
+
+def test_attributes_and_repr(sim: Simulator, client: llmroute.OpenAI) -> None:
+    assert client.api_key == KEY
+    assert str(client.base_url) == sim.base_url.rstrip("/") + "/"
+    assert client.max_retries == 2
+    assert "llmroute.OpenAI" in repr(client) and KEY not in repr(client)
+    client.warmup()
+    assert client.stats() == {}
+
+
+def test_with_blocks_and_close_reset_the_stream(sim: Simulator, sim_slow: Simulator) -> None:
+    with sync_client(sim_slow) as client:
+        before = sim_slow.stats()["streams_cancelled"]
+        with client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        ) as stream:
+            for _ in zip(range(3), stream, strict=False):
+                pass
+        stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+        for _ in stream:
+            break
+        stream.close()
+        stream.close()  # idempotent
+        assert list(stream) == []
+        deadline = time.monotonic() + 5
+        while sim_slow.stats()["streams_cancelled"] < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim_slow.stats()["streams_cancelled"] == before + 2
+
+
+def test_errors_are_openais(sim: Simulator) -> None:
+    with sync_client(sim, max_retries=0) as client:
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, extra_headers={"x-sim-fault": "429"}
+            )
+        assert caught.value.status_code == 429
+        stream = client.chat.completions.create(
+            model="sim-small",
+            messages=MESSAGES,
+            stream=True,
+            extra_headers={"x-sim-fault": "drop:3"},
+        )
+        with pytest.raises(llmroute.StreamInterrupted), stream:
+            for _ in stream:
+                pass
+
+
+def test_constructor_errors() -> None:
+    threads = len(loop_threads())
+    with pytest.raises(TypeError, match=r"OpenAI\(\) got unsupported argument"):
+        llmroute.OpenAI(api_key=KEY, nonsense=1)
+    with pytest.raises(TypeError, match=r"httpx\.AsyncClient"):
+        llmroute.OpenAI(api_key=KEY, http_client=object())  # type: ignore[arg-type]
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "environ", env)
+        with pytest.raises(openai.OpenAIError, match="api_key"):
+            llmroute.OpenAI()
+    assert len(loop_threads()) == threads
+
+
+def test_routed_config(sim: Simulator) -> None:
+    config = {
+        "providers": {"a": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["a:sim-small"], "policy": "failover"}},
+    }
+    with llmroute.OpenAI(config=config, verify=sim.ssl_context()) as client:
+        client.warmup()
+        done = client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert done.route.winner == "a:sim-small"  # type: ignore[attr-defined]
+        with client.chat.completions.create(model="chat", messages=MESSAGES, stream=True) as s:
+            text = "".join(c.choices[0].delta.content or "" for c in s)
+        assert text == done.choices[0].message.content
+        assert s.route is not None and s.route.winner == "a:sim-small"
+        client.add_provider("b", {"base_url": sim.base_url, "api_key": KEY})
+        client.add_targets("other", ["b:sim-small"])
+        assert client.chat.completions.create(model="other", messages=MESSAGES).choices
+        assert set(client.stats()) == {"a:sim-small", "b:sim-small"}
+
+
+def test_copies_share_the_loop_and_close_alone(sim: Simulator) -> None:
+    threads = len(loop_threads())
+    client = sync_client(sim)
+    copy = client.with_options(default_headers={"X-Copy": "1"}, max_retries=0)
+    assert copy.max_retries == 0 and client.max_retries == 2
+    copy.chat.completions.create(model="sim-small", messages=MESSAGES)
+    headers = {k.lower(): v for k, v in sim.last_requests[-1]["headers"].items()}
+    assert headers["x-copy"] == "1"
+    assert len(loop_threads()) == threads + 1
+    copy.close()
+    assert copy.is_closed and not client.is_closed
+    with pytest.raises(ClientClosedError):
+        copy.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert client.copy().chat.completions.create(model="sim-small", messages=MESSAGES)
+    client.close()
+    client.close()
+    assert len(loop_threads()) == threads
+    with pytest.raises(ClientClosedError):
+        client.chat.completions.create(model="sim-small", messages=MESSAGES)
+
+
+def test_threads_run_concurrently(sim: Simulator) -> None:
+    threads = len(loop_threads())
+    slow = {"x-sim-fault": "slow:0.1"}  # 40 requests one after another: over 4 s
+    with sync_client(sim) as client:
+
+        def work(n: int) -> list[str]:
+            texts = []
+            for i in range(5):
+                if i % 2:
+                    done = client.chat.completions.create(
+                        model="sim-small", messages=MESSAGES, extra_headers=slow
+                    )
+                    texts.append(done.choices[0].message.content or "")
+                else:
+                    with client.chat.completions.create(
+                        model="sim-small", messages=MESSAGES, stream=True, extra_headers=slow
+                    ) as stream:
+                        texts.append("".join(c.choices[0].delta.content or "" for c in stream))
+            return texts
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            results = [t for texts in pool.map(work, range(8)) for t in texts]
+        elapsed = time.monotonic() - started
+    assert len(results) == 40 and len(set(results)) == 1 and results[0]
+    assert elapsed < 3.0
+    assert len(loop_threads()) == threads
+
+
+def test_call_from_a_coroutine_works_on_another_loop(client: llmroute.OpenAI) -> None:
+    async def main() -> str:
+        done = client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        return done.choices[0].message.content or ""
+
+    assert anyio.run(main)
+
+
+def test_a_call_from_the_loop_thread_is_refused(client: llmroute.OpenAI) -> None:
+    with pytest.raises(RuntimeError, match="own event loop thread"):
+        client._binding.call(client.stats)
+
+
+def test_close_during_a_read_in_another_thread(sim_slow: Simulator) -> None:
+    client = sync_client(sim_slow)
+    stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+    next(stream)
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in stream:
+                pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.05)
+    client.close()
+    reader.join(5)
+    assert not reader.is_alive() and errors
+    assert isinstance(errors[0], ClientClosedError | openai.APIError)
+
+
+class AsyncPage:
+    """Like openai's page: async-iterable, with async and sync methods."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.data = items
+        self.entered = self.exited = False
+
+    def __aiter__(self) -> AsyncIterator[int]:
+        async def items() -> AsyncIterator[int]:
+            for item in self.data:
+                await anyio.lowlevel.checkpoint()
+                yield item
+
+        return items()
+
+    async def __aenter__(self) -> AsyncPage:
+        self.entered = True
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.exited = True
+
+    async def total(self) -> int:
+        return sum(self.data)
+
+    def has_more(self) -> bool:
+        return False
+
+
+class AsyncPaginator:
+    """Like openai's ``list()`` result: awaitable (to a page) and async-iterable."""
+
+    def __await__(self) -> Generator[Any, None, AsyncPage]:
+        async def page() -> AsyncPage:
+            await anyio.lowlevel.checkpoint()
+            return AsyncPage([1, 2, 3])
+
+        return page().__await__()
+
+    def __aiter__(self) -> AsyncIterator[int]:
+        return AsyncPage([1, 2, 3]).__aiter__()
+
+
+class AsyncThings:
+    """A resource the async client might gain: proxied without any change to the sync one."""
+
+    def list(self) -> AsyncPaginator:
+        return AsyncPaginator()
+
+    async def get(self, n: int, *, scale: int = 1) -> int:
+        return n * scale
+
+    def streaming(self) -> AsyncPage:
+        return AsyncPage([4, 5])
+
+
+def test_generic_proxies_wrap_paginators_and_context_managers(client: llmroute.OpenAI) -> None:
+    things = client._binding.wrap(AsyncThings())
+    assert things.get(21, scale=2) == 42
+    page = things.list()
+    assert page.data == [1, 2, 3] and page.total() == 6 and page.has_more() is False
+    assert list(page) == [1, 2, 3]
+    with things.streaming() as response:
+        assert list(response) == [4, 5]
+    assert response._target.entered and response._target.exited
+
+
+def test_every_endpoint_of_the_async_client(client: llmroute.OpenAI) -> None:
+    """Resources the async client has are the sync client's too, with no code of their own."""
+    if not all(hasattr(client._async, name) for name in ("completions", "embeddings", "models")):
+        pytest.skip("the async client has no completions/embeddings/models resources yet")
+    text = client.completions.create(model="sim-small", prompt="Hello")
+    assert isinstance(text, openai.types.Completion)
+    assert all(
+        isinstance(c, openai.types.Completion)
+        for c in client.completions.create(model="sim-small", prompt="Hello", stream=True)
+    )
+    embedding = client.embeddings.create(model="sim-small", input="Hello")
+    assert isinstance(embedding, openai.types.CreateEmbeddingResponse)
+    assert isinstance(embedding.data[0].embedding[0], float)
+    page = client.models.list()
+    ids = [m.id for m in page]
+    assert ids and ids == [m.id for m in page.data] == [m.id for m in client.models.list()]
+    raw = client.chat.completions.with_raw_response.create(model="sim-small", messages=MESSAGES)
+    assert raw.status_code == 200 and raw.headers["x-request-id"]
+    assert isinstance(raw.parse(), ChatCompletion)
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim-small", messages=MESSAGES, stream=True
+    )
+    with raw.parse() as stream:
+        assert isinstance(stream, Stream) and len(list(stream)) > 20
+    with client.chat.completions.with_streaming_response.create(
+        model="sim-small", messages=MESSAGES
+    ) as response:
+        assert response.status_code == 200
+        assert isinstance(response.parse(), ChatCompletion)
+    with client.chat.completions.with_streaming_response.create(
+        model="sim-small", messages=MESSAGES, stream=True
+    ) as response:
+        assert any(line.startswith("data: ") for line in response.iter_lines())
+
+
+def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
+    threads = len(loop_threads())
+    before = sim_slow.stats()["streams_cancelled"]
+    client = sync_client(sim_slow)
+    client.max_retries = 1
+    assert client._async.max_retries == 1
+    stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+    for _ in stream:
+        break
+    del stream
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sim_slow.stats()["streams_cancelled"] == before + 1
+    del client
+    gc.collect()
+    assert len(loop_threads()) == threads
+
+
+def test_unclosed_client_exits_cleanly(sim: Simulator) -> None:
+    script = textwrap.dedent(
+        f"""
+        import ssl, llmroute
+        ctx = ssl.create_default_context(cafile={sim.ca_pem_path!r})
+        client = llmroute.OpenAI(api_key="k", base_url={sim.base_url!r}, verify=ctx)
+        stream = client.chat.completions.create(
+            model="sim-small", messages=[{{"role": "user", "content": "hi"}}], stream=True
+        )
+        next(stream)
+        print(client.chat.completions.create(
+            model="sim-small", messages=[{{"role": "user", "content": "hi"}}]
+        ).choices[0].finish_reason)
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "stop", "")
+    assert time.monotonic() - started < 10
