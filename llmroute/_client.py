@@ -66,6 +66,7 @@ from .cache import (
     request_key,
 )
 from .cache import tenant_namespace as _tenant_namespace
+from .protocols import anthropic
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.budget import HedgeBudget
@@ -225,6 +226,7 @@ def _route(
                 model=t.model,
                 continuation=providers[t.provider].spec.continuation,
                 stream_usage=providers[t.provider].spec.stream_usage,
+                protocol=providers[t.provider].spec.protocol,
             )
             for t in targets
         ),
@@ -699,6 +701,10 @@ class AsyncOpenAI:
         )
 
     def _provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
+        if provider.spec.protocol == "anthropic":
+            key = provider.api_key or ""
+            agent = {"User-Agent": f"llmroute/{__version__} (openai-compatible)"}
+            return {**agent, **anthropic.headers(key), **provider.headers}
         headers = {
             "Accept": "application/json",
             "Content-Type": "application/json",
@@ -1008,8 +1014,11 @@ class AsyncCompletions:
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
         ) -> tuple[httpx.Response, Timings]:
+            path = "chat/completions"
+            if target.protocol == "anthropic":
+                path, body = "messages", anthropic.translate_request(body, target=target.name)
             request = await client._build_request(
-                "chat/completions",
+                path,
                 body,
                 extra_headers=extra_headers,
                 extra_query=extra_query,

@@ -624,8 +624,6 @@ def _resolve_provider(
     except pydantic.ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source=config.source, prefix=key)) from None
 
-    if spec.protocol == "anthropic":
-        raise ConfigError(f"{config.source}: {key}: {_anthropic_advice(spec)}")
     api_key = None
     if settings is not None and settings.api_key is not None:
         api_key = settings.api_key.get_secret_value() or None
@@ -643,16 +641,6 @@ def _resolve_provider(
         headers=dict(spec.headers),
         kind=spec.name if base is not None else None,
     )
-
-
-def _anthropic_advice(spec: ProviderSpec) -> str:
-    message = "the 'anthropic' wire protocol is not supported yet; "
-    if spec.name == "anthropic" or httpx.URL(spec.base_url).host == "api.anthropic.com":
-        return message + (
-            'use Anthropic\'s OpenAI-compatible endpoint with protocol = "openai" '
-            '(base_url = "https://api.anthropic.com/v1/" accepts OpenAI chat completions)'
-        )
-    return message + 'use an OpenAI-compatible endpoint with protocol = "openai"'
 
 
 def _with_slash(url: httpx.URL) -> httpx.URL:

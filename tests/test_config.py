@@ -502,17 +502,11 @@ def test_missing_api_key_names_the_file(tmp_path: Path) -> None:
     )
 
 
-def test_anthropic_protocol_is_refused() -> None:
+def test_anthropic_protocol_resolves() -> None:
     config = load_config({"models": {"m": {"targets": ["anthropic:claude-x"]}}})
     assert config is not None
-    with pytest.raises(ConfigError) as info:
-        resolve(config, {"ANTHROPIC_API_KEY": "k"})
-    message = str(info.value)
-    assert message.startswith(
-        "config: providers.anthropic: the 'anthropic' wire protocol is not supported yet; "
-        'use Anthropic\'s OpenAI-compatible endpoint with protocol = "openai"'
-    )
-    assert "https://api.anthropic.com/v1/" in message
+    provider = resolve(config, {"ANTHROPIC_API_KEY": "k"}).providers["anthropic"]
+    assert provider.spec.protocol == "anthropic"
 
 
 def test_api_key_never_shown(tmp_path: Path) -> None:

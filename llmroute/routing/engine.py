@@ -44,6 +44,7 @@ from .._errors import (
     map_transport_errors,
 )
 from .._types import AttemptReport, RouteReport, Timings
+from ..protocols import anthropic
 from ..protocols.openai import (
     ChatStreamDecoder,
     is_preamble_chunk,
@@ -92,6 +93,8 @@ class RouteTarget:
     model: str
     continuation: Continuation | None = None
     stream_usage: bool = True
+    protocol: str = "openai"
+    """The wire protocol: ``"openai"`` (chat completions) or ``"anthropic"`` (Messages)."""
 
     @property
     def name(self) -> str:
@@ -597,7 +600,16 @@ class _Run:
         clock = self.clock
         try:
             request = response.request
-            decoder = ChatStreamDecoder(request=request, target=target.name)
+            if target.protocol == "anthropic":
+                asked = self.body.get("stream_options")
+                decoder: ChatStreamDecoder = anthropic.AnthropicStreamDecoder(
+                    request=request,
+                    target=target.name,
+                    include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
+                    prefill_whitespace=anthropic.prefill_whitespace(body),
+                )
+            else:
+                decoder = ChatStreamDecoder(request=request, target=target.name)
             receive = body_receiver(response)
             buffered: list[ChatCompletionChunk] = []
             started = timings.started_at
@@ -630,9 +642,18 @@ class _Run:
     async def _open_complete(self, target: RouteTarget) -> _Ready:
         body = self.body_for(target, None)
         response, timings = await self.send(target, body, stream=False, continuation=False)
-        completion = parse_chat_completion(
-            response.content, request=response.request, target=target.name, response=response
-        )
+        if target.protocol == "anthropic":
+            completion = anthropic.parse_message(
+                response.content,
+                request=response.request,
+                target=target.name,
+                response=response,
+                prefill_whitespace=anthropic.prefill_whitespace(body),
+            )
+        else:
+            completion = parse_chat_completion(
+                response.content, request=response.request, target=target.name, response=response
+            )
         return _Ready(target, response, timings, completion=completion)
 
     # -- after the first token: the caller reads; a break is continued elsewhere ------------

@@ -93,6 +93,9 @@ class SimApp:
         self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
         self._closing = False
+        from ._anthropic import AnthropicSimApp  # the same server speaks Anthropic's Messages API
+
+        self.anthropic = AnthropicSimApp(profile, seed=seed)
 
     # -- counters ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -150,7 +153,10 @@ class SimApp:
             }
         )
         auth = headers.get("authorization", "")
-        if not auth.startswith("Bearer ") or not auth[7:].strip():
+        if path == "/v1/messages" and method == "POST":
+            self._stats["chat_requests"] += 1
+            await self.anthropic.handle(scope, body, receive, send)
+        elif not auth.startswith("Bearer ") or not auth[7:].strip():
             msg = "You didn't provide an API key (Authorization: Bearer <key>)."
             body401 = _error_body(msg, "invalid_request_error", "invalid_api_key")
             await _respond(send, 401, body401, rid)
