@@ -87,6 +87,7 @@ class _Runtime:
         self.portal: BlockingPortal = portal
         self.thread = thread
         self.root = root
+        self.pid = os.getpid()
         self._finalizer = weakref.finalize(self, _shutdown, portal, manager, thread, root)
 
     @property
@@ -134,6 +135,16 @@ def _shutdown(
     manager.__exit__(None, None, None)
 
 
+def _close_soon(binding: _Binding, stream: AsyncStream[Any]) -> None:
+    runtime = binding.runtime
+    if runtime.closed or runtime.pid != os.getpid():
+        return
+    try:
+        runtime.portal.start_task_soon(stream.close)
+    except RuntimeError:
+        pass  # the loop is stopping: it closes everything itself
+
+
 class ClientClosedError(RuntimeError):
     """Raised when a sync client (or a stream of it) is used after it was closed."""
 
@@ -147,11 +158,26 @@ class _Binding:
         self.runtime = runtime
         self.closed = False
 
-    def call(self, func: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run ``func(*args, **kwargs)`` on the loop (awaiting what it returns), and wait."""
+    def call(
+        self,
+        func: Callable[..., Any],
+        /,
+        *args: Any,
+        started: Callable[[concurrent.futures.Future[Any]], None] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``func(*args, **kwargs)`` on the loop (awaiting what it returns), and wait.
+
+        ``started`` is given the call's future as soon as it is scheduled (a stream keeps it,
+        so that another thread can cancel a read in progress)."""
         runtime = self.runtime
         if self.closed or runtime.closed:
             raise ClientClosedError("The client has been closed")
+        if runtime.pid != os.getpid():
+            raise ClientClosedError(
+                "This llmroute.OpenAI was created before os.fork(): its event loop thread does "
+                "not exist in this process; create a new client here"
+            )
         if threading.get_ident() == runtime.thread.ident:
             raise RuntimeError(
                 "llmroute.OpenAI was called from its own event loop thread, where it would wait "
@@ -160,6 +186,8 @@ class _Binding:
         target = functools.partial(func, *args, **kwargs) if args or kwargs else func
         try:
             future = runtime.portal.start_task_soon(target)
+            if started is not None:
+                started(future)
         except RuntimeError:
             if runtime.closed:
                 raise ClientClosedError("The client has been closed") from None
@@ -301,13 +329,17 @@ class Stream(Generic[_T]):
 
     Each item is one ``__anext__`` of the async stream on the client's loop. ``close()`` (or
     leaving a ``with`` block) resets an unfinished HTTP/2 stream at once; after a bare ``break``
-    the reset comes when the stream object is garbage-collected.
+    the reset is scheduled as soon as the stream object is dropped.
     """
 
     def __init__(self, binding: _Binding, stream: AsyncStream[_T]) -> None:
         self._binding = binding
         self._stream = stream
         self._closed = False
+        self._reading: concurrent.futures.Future[Any] | None = None
+        # Dropped without close() (a bare break): release the upstream stream at once, without
+        # waiting, from whatever thread drops it.
+        weakref.finalize(self, _close_soon, binding, stream)
 
     @property
     def response(self) -> httpx.Response:
@@ -325,19 +357,36 @@ class Stream(Generic[_T]):
         return self
 
     def __next__(self) -> _T:
+        if self._closed:
+            raise StopIteration
         try:
-            return self._binding.call(self._stream.__anext__)
+            return self._binding.call(self._stream.__anext__, started=self._started)
         except StopAsyncIteration:
             raise StopIteration from None
+        except concurrent.futures.CancelledError:
+            if self._closed:  # closed by another thread while this one was reading
+                raise StopIteration from None
+            raise
+
+    def _started(self, future: concurrent.futures.Future[Any]) -> None:
+        self._reading = future
 
     def close(self) -> None:
-        """Stop reading and release the stream (resets the HTTP/2 stream if unfinished)."""
+        """Stop reading and release the stream (resets the HTTP/2 stream if unfinished).
+
+        May be called from another thread while one reads it: that read ends (the reader's
+        loop stops as at the end of the stream)."""
         if self._closed:
             return
         self._closed = True
         binding = self._binding
-        if not (binding.closed or binding.runtime.closed):
-            binding.call(self._stream.close)
+        if binding.closed or binding.runtime.closed:
+            return
+        reading = self._reading
+        if reading is not None and not reading.done():
+            reading.cancel()
+            concurrent.futures.wait([reading], timeout=_CLOSE_TIMEOUT)
+        binding.call(self._stream.close)
 
     def __enter__(self) -> Stream[_T]:
         return self

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -384,3 +385,71 @@ def test_unclosed_client_exits_cleanly(sim: Simulator) -> None:
     )
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "stop", "")
     assert time.monotonic() - started < 10
+
+
+def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulator) -> None:
+    with sync_client(sim_slow) as client:
+        before = sim_slow.stats()["streams_cancelled"]
+        stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+        read: list[Any] = []
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                for chunk in stream:
+                    read.append(chunk)
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while len(read) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        stream.close()  # a "stop generating" button, on another thread
+        thread.join(5)
+        assert not thread.is_alive() and not errors
+        assert len(read) < 150  # it stopped early (the reply has 200 tokens)
+        deadline = time.monotonic() + 5
+        while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim_slow.stats()["streams_cancelled"] == before + 1
+
+
+def test_a_stream_left_by_a_break_is_reset_without_a_collection(sim_slow: Simulator) -> None:
+    with sync_client(sim_slow) as client:
+        before = sim_slow.stats()["streams_cancelled"]
+        stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
+        for _ in stream:
+            break
+        del stream  # no gc.collect(): the drop itself schedules the reset
+        deadline = time.monotonic() + 5
+        while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim_slow.stats()["streams_cancelled"] == before + 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_client_used_after_fork_says_so(sim: Simulator) -> None:
+    with sync_client(sim) as client, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+        pid = os.fork()
+        if pid == 0:  # the child: its copy of the client has no loop thread
+            try:
+                client.models.list()
+            except ClientClosedError as exc:
+                os._exit(0 if "fork()" in str(exc) else 3)
+            except BaseException:
+                os._exit(5)
+            os._exit(4)
+        deadline = time.monotonic() + 10
+        status = None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert status is not None and os.waitstatus_to_exitcode(status) == 0
