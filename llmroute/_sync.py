@@ -17,6 +17,7 @@ import logging
 import os
 import ssl
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -385,8 +386,17 @@ class Stream(Generic[_T]):
         reading = self._reading
         if reading is not None and not reading.done():
             reading.cancel()
-            concurrent.futures.wait([reading], timeout=_CLOSE_TIMEOUT)
-        binding.call(self._stream.close)
+        # The cancelled read unwinds on the loop a moment after its future says so: until it
+        # has, the async stream is still running and cannot be closed (bounded retries).
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        while True:
+            try:
+                binding.call(self._stream.close)
+                return
+            except RuntimeError as exc:
+                if "already running" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
 
     def __enter__(self) -> Stream[_T]:
         return self
