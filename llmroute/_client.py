@@ -592,6 +592,10 @@ class AsyncOpenAI:
         """
         return self._router.snapshot()
 
+    def is_closed(self) -> bool:
+        """Whether the connections are closed, as openai's ``is_closed()``."""
+        return bool(self._client.is_closed)
+
     async def close(self) -> None:
         """Close the connections (only those this client opened itself) and the cache."""
         if self._owns_cache:

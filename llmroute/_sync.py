@@ -555,8 +555,8 @@ class OpenAI:
         """Add targets to a route, creating it (see :meth:`AsyncOpenAI.add_targets`)."""
         self._binding.call(self._async.add_targets, model, list(targets), **route)
 
-    @property
     def is_closed(self) -> bool:
+        """Whether this client (or the one it is a copy of) was closed, as openai's."""
         return self._binding.closed or self._binding.runtime.closed
 
     def close(self) -> None:

@@ -164,7 +164,7 @@ def test_copies_share_the_loop_and_close_alone(sim: Simulator) -> None:
     assert headers["x-copy"] == "1"
     assert len(loop_threads()) == threads + 1
     copy.close()
-    assert copy.is_closed and not client.is_closed
+    assert copy.is_closed() and not client.is_closed()
     with pytest.raises(ClientClosedError):
         copy.chat.completions.create(model="sim-small", messages=MESSAGES)
     assert client.copy().chat.completions.create(model="sim-small", messages=MESSAGES)
