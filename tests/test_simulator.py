@@ -454,7 +454,8 @@ def test_in_stream_error_event(anysim: Simulator) -> None:
 def test_slow_and_stall_between(h2sim: Simulator) -> None:
     began = time.monotonic()
     events(h2sim, body(stream=True), **{"x-sim-fault": "slow:0.3"})
-    assert 0.3 <= time.monotonic() - began < 2.0
+    # asyncio may fire a timer up to its clock resolution early: a few ms of slack below 0.3 s
+    assert 0.28 <= time.monotonic() - began < 2.0
     stamps: list[float] = []
     with (
         client(h2sim) as c,
@@ -469,7 +470,7 @@ def test_slow_and_stall_between(h2sim: Simulator) -> None:
             if line.startswith("data: {"):
                 stamps.append(time.monotonic())
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
-    assert max(gaps) >= 0.3 and gaps.index(max(gaps)) == 3  # between token 3 and token 4
+    assert max(gaps) >= 0.28 and gaps.index(max(gaps)) == 3  # between token 3 and token 4
     assert sum(gaps) < 1.0
 
 

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import anyio
 import httpx
+from openai import BadRequestError
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._catalog import Continuation
@@ -241,8 +242,10 @@ class Router:
             policy=route.policy.name,
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
         )
+        run = _Run(self, route, body, send, report, tokens, stream)
+        run.refuse_unservable()
         route.budget.on_request()
-        return _Run(self, route, body, send, report, tokens, stream)
+        return run
 
     async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token."""
@@ -345,6 +348,23 @@ class _Run:
         self._in_flight: str | None = None
         self.key: object = None
         """The key of the served plan, for a policy that wants to learn its outcome."""
+        self.refused: set[str] = set()
+        """Targets whose protocol cannot express the request: never tried, never penalised."""
+
+    def refuse_unservable(self) -> None:
+        """Leave out the targets whose protocol cannot express this request (an Anthropic
+        target asked for ``n > 1``, say); raise the first refusal if no target is left."""
+        first: BadRequestError | None = None
+        for target in self.route.targets:
+            if target.protocol != "anthropic":
+                continue
+            try:
+                anthropic.translate_request(self.body_for(target, None), target=target.name)
+            except BadRequestError as exc:
+                self.refused.add(target.name)
+                first = first or exc
+        if first is not None and len(self.refused) == len(self.route.targets):
+            raise first
 
     def plan(self) -> Plan:
         router, route = self.router, self.route
@@ -362,6 +382,9 @@ class _Run:
                 hedge_delay=(lambda t: delay(t, self.view)) if delay is not None else None,
             )
             self.report.explored = plan.explored
+        if self.refused:
+            plan = _without(plan, self.refused, names)
+            self.report.explored = plan.explored if self.report.explored else None
         return plan
 
     def request_stub(self) -> httpx.Request:
@@ -713,9 +736,10 @@ class _Run:
                                 buffered = decoder.feed(data)
                 except APIError as exc:
                     failure = exc
-                if decoder.done or decoder.finished:
+                if decoder.finished or (decoder.done and failure is None):
                     # Every choice has its finish_reason: the answer is whole, even if the
-                    # connection broke before the usage chunk or [DONE].
+                    # connection broke before the usage chunk or [DONE]. (A decoder that
+                    # raised is done too, but its answer is not whole.)
                     self._completed(ready)
                     if continuable and self.key is not None:  # one choice of plain text
                         self.answered(ready.target.name, "".join(text))
@@ -778,7 +802,11 @@ class _Run:
                 partial_text=partial,
                 cause=cause,
             ) from failure
-        candidates = [t.name for t in route.targets if t.continuation is not None]
+        candidates = [
+            t.name
+            for t in route.targets
+            if t.continuation is not None and t.name not in self.refused
+        ]
         order = sorted(
             candidates,
             key=lambda t: (t in self.broken, not self.view.available(t), self.view.predict(t, 0.5)),
@@ -809,6 +837,21 @@ class _Run:
         name, self._in_flight = self._in_flight, None
         if name is not None:
             self.router.stats.target(name).finished()
+
+
+def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
+    """``plan`` with the attempts of ``refused`` targets left out (the policy planned for every
+    target of the route: a weighted one needs them all), hedge delays kept with their attempts."""
+    kept = [i for i, name in enumerate(plan.order) if name not in refused]
+    if not kept:  # the policy planned only refused targets: the others, in the route's order
+        return Plan(tuple(t for t in all_targets if t not in refused), key=plan.key)
+    return dataclasses.replace(
+        plan,
+        order=tuple(plan.order[i] for i in kept),
+        start=max(1, sum(1 for i in kept if i < plan.start)),
+        hedge_delays=tuple(plan.hedge_delay(i) for i in kept),
+        explored=plan.explored if plan.explored not in refused else None,
+    )
 
 
 def _plain_answer(completion: Any) -> str | None:

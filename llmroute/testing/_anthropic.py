@@ -32,6 +32,7 @@ import json
 import math
 import random
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,12 +65,41 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 class AnthropicSimApp:
     """ASGI app of one simulated Anthropic provider."""
 
-    def __init__(self, profile: Profile, *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        seed: int | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
+        closing: Callable[[], bool] | None = None,
+        fault_uses: dict[str, int] | None = None,
+    ) -> None:
+        """``stats`` gives the counters to update (a mounting app's shared ``stats()`` dict:
+        ``in_flight``, ``streams_started``/``completed``/``cancelled``); ``closing`` says the
+        server is shutting down, when a stream that ends early is not counted as cancelled;
+        ``fault_uses`` is the mounting app's count of ``x-sim-fault-key`` uses, so that
+        ``x-sim-fault-times`` counts the requests of both wire modes."""
         self.profile = profile
         self.rng = random.Random(profile.seed if seed is None else seed)
         self.requests: list[dict[str, Any]] = []
         self._cached: set[str] = set()
-        self._fault_uses: dict[str, int] = {}
+        self._fault_uses: dict[str, int] = {} if fault_uses is None else fault_uses
+        self._own_stats: dict[str, Any] = {
+            "in_flight": 0,
+            "streams_started": 0,
+            "streams_completed": 0,
+            "streams_cancelled": 0,
+        }
+        self._stats = stats or (lambda: self._own_stats)
+        self._closing = closing or (lambda: False)
+
+    def _count(self, key: str, step: int = 1) -> None:
+        stats = self._stats()
+        stats[key] = stats.get(key, 0) + step
+
+    def _ended_early(self) -> None:
+        if not self._closing():
+            self._count("streams_cancelled")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -137,12 +167,14 @@ class AnthropicSimApp:
             ttft = self.profile.sample_ttft(self.rng, plan.input_tokens)
         gone = asyncio.Event()
         watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
+        self._count("in_flight")
         try:
             if req.get("stream"):
                 await self._stream(plan, fault, ttft, gone, send, rid)
             else:
                 await self._complete(plan, fault, ttft, gone, send, rid)
         finally:
+            self._count("in_flight", -1)
             watcher.cancel()
 
     async def _pause(self, seconds: float, gone: asyncio.Event) -> bool:
@@ -166,15 +198,17 @@ class AnthropicSimApp:
             (b"request-id", rid.encode()),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": start})
+        self._count("streams_started")
 
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
         if await self._pause(ttft, gone):
-            return
+            return self._ended_early()
         if fault.kind == "hang":
-            await self._pause(self.profile.hang_max, gone)
-            return
+            if await self._pause(self.profile.hang_max, gone):
+                return self._ended_early()
+            return None
         message = plan.message(content=[], stop_reason=None, output_tokens=1)
         head = _sse("message_start", {"type": "message_start", "message": message})
         head += _sse(
@@ -186,23 +220,25 @@ class AnthropicSimApp:
         for i in range(len(pieces) + 1):
             if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
                 if fault.kind == "drop":
-                    return
+                    return None
                 if fault.kind == "stream-error":
                     err = {"type": "error", "error": {"type": "overloaded_error"}}
                     err["error"]["message"] = _OVERLOADED
                     await send({"type": "http.response.body", "body": _sse("error", err)})
-                    return
+                    return None
                 await emit(b"event: content_block_delta\ndata: {not json\n\n")
             if i == len(pieces):
                 break
             if fault.stall_after is not None and i == fault.stall_after and i > 0:
                 if await self._pause(fault.stall_seconds, gone):
-                    return
+                    return self._ended_early()
             elif self.profile.inter_token > 0 and i > 0:
                 if await self._pause(self.profile.inter_token, gone):
-                    return
+                    return self._ended_early()
             elif i % 8 == 1:
                 await asyncio.sleep(0)
+                if gone.is_set():
+                    return self._ended_early()
             if plan.tool is not None:
                 delta = {"type": "input_json_delta", "partial_json": pieces[i]}
             else:
@@ -210,7 +246,7 @@ class AnthropicSimApp:
             event = {"type": "content_block_delta", "index": 0, "delta": delta}
             await emit(_sse("content_block_delta", event))
         if gone.is_set():
-            return
+            return self._ended_early()
         tail = _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
         tail += _sse(
             "message_delta",
@@ -221,6 +257,7 @@ class AnthropicSimApp:
             },
         )
         tail += _sse("message_stop", {"type": "message_stop"})
+        self._count("streams_completed")  # counted first: the client may look at once
         await send({"type": "http.response.body", "body": tail})
 
     async def _complete(

@@ -95,7 +95,13 @@ class SimApp:
         self._closing = False
         from ._anthropic import AnthropicSimApp  # the same server speaks Anthropic's Messages API
 
-        self.anthropic = AnthropicSimApp(profile, seed=seed)
+        self.anthropic = AnthropicSimApp(
+            profile,
+            seed=seed,
+            stats=lambda: self._stats,
+            closing=lambda: self._closing,
+            fault_uses=self._fault_uses,  # x-sim-fault-times counts both wire modes' requests
+        )
 
     # -- counters ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
