@@ -496,16 +496,16 @@ def async_no_key(api_key: str | None, message: bool = False) -> AsyncSnippet:
 # -- the matrix ------------------------------------------------------------------------------------
 
 MISSING_KEY_MESSAGE = (
-    "see docs/compatibility.md (Differences): same OpenAIError, but llmroute keeps openai 1.x's text "
+    "docs/compatibility.md, Differences: same OpenAIError, but llmroute keeps openai 1.x's text "
     "('The api_key client option must be set ...') where openai 3.57 says "
     "'Missing credentials. Please pass an `api_key`, ...'"
 )
 BLANK_KEY = (
-    "see docs/compatibility.md (Differences): openai 3.57 rejects api_key='' at construction "
+    "docs/compatibility.md, Differences: openai 3.57 rejects api_key='' at construction "
     "(OpenAIError 'Missing credentials ...'); llmroute accepts it (the request then gets a 401)"
 )
 WHITESPACE_KEY = (
-    "see docs/compatibility.md (Differences): api_key=' ' makes an invalid Authorization header; both "
+    "docs/compatibility.md, Differences: api_key=' ' makes an invalid Authorization header; both "
     "raise APIConnectionError, openai with 'Connection error.', llmroute with "
     "\"Connection error: invalid HTTP header 'Authorization'\""
 )
