@@ -814,3 +814,15 @@ async def _cancel_hang() -> float:
 
 def test_client_going_away_ends_a_hang() -> None:
     assert asyncio.run(_cancel_hang()) < 2.5
+
+
+def test_thinking_budget_and_max_tokens_agree() -> None:
+    from llmroute.protocols.anthropic import DEFAULT_MAX_TOKENS, translate_request
+
+    base = {"model": "c", "messages": [{"role": "user", "content": "hi"}]}
+    thinking = {"type": "enabled", "budget_tokens": 8000}
+    out = translate_request({**base, "thinking": thinking}, target="claude:c")
+    assert out["max_tokens"] == 8000 + DEFAULT_MAX_TOKENS
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        translate_request({**base, "thinking": thinking, "max_tokens": 100}, target="claude:c")
+    assert translate_request({**base, "max_tokens": 100}, target="claude:c")["max_tokens"] == 100

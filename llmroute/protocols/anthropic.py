@@ -150,6 +150,16 @@ def translate_request(body: Mapping[str, Any], *, target: str) -> dict[str, Any]
     limit = body.get("max_completion_tokens")
     if limit is None:
         limit = body.get("max_tokens")
+    thinking = body.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+    if isinstance(budget, int) and limit is None:
+        limit = budget + DEFAULT_MAX_TOKENS  # Anthropic wants max_tokens above the budget
+    elif isinstance(budget, int) and isinstance(limit, int) and limit <= budget:
+        raise _bad_request(
+            "max_tokens",
+            target,
+            f"max_tokens ({limit}) must be above thinking.budget_tokens ({budget})",
+        )
     out["max_tokens"] = DEFAULT_MAX_TOKENS if limit is None else limit
     stop = body.get("stop")
     if stop:
