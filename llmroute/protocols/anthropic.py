@@ -47,7 +47,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, make_status_error
 from ..transport._sse import ServerSentEvent
-from .openai import ChatStreamDecoder, MalformedResponseError, build_chunk
+from .openai import ChatStreamDecoder, build_chunk, load_json
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -433,14 +433,7 @@ def parse_message(
     becomes the ``reasoning_content`` field; invalid JSON raises ``MalformedResponseError``.
     ``prefill_whitespace`` (see :func:`prefill_whitespace`) is dropped from the text's start.
     """
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise MalformedResponseError(exc, request, target=target, response=response) from None
-    except UnicodeDecodeError as exc:
-        doc = raw.decode("utf-8", "replace")
-        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
-        raise MalformedResponseError(err, request, target=target, response=response) from None
+    data = load_json(raw, request=request, target=target, response=response)
     if not isinstance(data, dict):
         return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=data))
     data = cast(dict[str, Any], data)

@@ -38,6 +38,7 @@ __all__ = [
     "build_chunk",
     "is_preamble_chunk",
     "is_token_chunk",
+    "load_json",
     "parse_body",
     "parse_chat_completion",
 ]
@@ -77,6 +78,24 @@ class MalformedResponseError(json.JSONDecodeError, APIResponseValidationError):
         return self.message
 
 
+def load_json(
+    raw: bytes,
+    *,
+    request: httpx.Request,
+    target: str,
+    response: httpx.Response | None = None,
+) -> Any:
+    """A response body's JSON; :class:`MalformedResponseError` naming ``target`` if it is not."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise MalformedResponseError(exc, request, target=target, response=response) from None
+    except UnicodeDecodeError as exc:
+        doc = raw.decode("utf-8", "replace")
+        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
+        raise MalformedResponseError(err, request, target=target, response=response) from None
+
+
 def parse_chat_completion(
     raw: bytes,
     *,
@@ -88,15 +107,7 @@ def parse_chat_completion(
 
     Invalid JSON raises :class:`MalformedResponseError` naming ``target``.
     """
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise MalformedResponseError(exc, request, target=target, response=response) from None
-    except UnicodeDecodeError as exc:
-        doc = raw.decode("utf-8", "replace")
-        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
-        raise MalformedResponseError(err, request, target=target, response=response) from None
-    return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=data))
+    return parse_body(raw, ChatCompletion, request=request, target=target, response=response)
 
 
 def is_token_chunk(chunk: ChatCompletionChunk) -> bool:
@@ -608,14 +619,7 @@ def parse_body(
 
     Invalid JSON raises :class:`MalformedResponseError` naming ``target``.
     """
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise MalformedResponseError(exc, request, target=target, response=response) from None
-    except UnicodeDecodeError as exc:
-        doc = raw.decode("utf-8", "replace")
-        err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
-        raise MalformedResponseError(err, request, target=target, response=response) from None
+    data = load_json(raw, request=request, target=target, response=response)
     return cast(_M, construct_type(type_=cls, value=data))
 
 

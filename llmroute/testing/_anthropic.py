@@ -40,6 +40,7 @@ from . import _reply
 from ._app import _HTML_502 as HTML_502
 from ._app import STATUS_FAULTS, STREAM_FAULTS, Fault, Receive, Scope, Send
 from ._app import _read_body as read_body
+from ._app import _respond as respond
 from ._app import _watch_disconnect as watch_disconnect
 from ._profile import Profile
 
@@ -469,14 +470,8 @@ async def _respond(
     content_type: bytes = b"application/json",
     extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
-    headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        (b"request-id", rid.encode()),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    """The OpenAI simulator's response, with Anthropic's ``request-id`` header."""
+    await respond(send, status, body, rid, content_type, extra, id_header=b"request-id")
 
 
 async def _status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:

@@ -610,11 +610,12 @@ async def _respond(
     rid: str,
     content_type: bytes = b"application/json",
     extra: list[tuple[bytes, bytes]] | None = None,
+    id_header: bytes = b"x-request-id",
 ) -> None:
     headers = [
         (b"content-type", content_type),
         (b"content-length", str(len(body)).encode()),
-        (b"x-request-id", rid.encode()),
+        (id_header, rid.encode()),
         *(extra or []),
     ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
