@@ -66,6 +66,7 @@ from .cache import (
     request_key,
 )
 from .cache import tenant_namespace as _tenant_namespace
+from .metrics import ClientMetrics
 from .protocols import anthropic
 from .protocols.openai import ChatStreamDecoder, parse_chat_completion
 from .routing.backoff import retry_delay, should_retry_status
@@ -363,6 +364,7 @@ class AsyncOpenAI:
         self._stats_sync: StatsSync | None = None
         self._owns_cache = True  # False in copies made by with_options
         self._servers = _ServerPolling()  # shared with copies made by with_options
+        self._metrics = ClientMetrics()  # shared with copies made by with_options
         self._cache_settings: CacheSettings | None = None
         # Every client has a router, with no routes until a config or add_targets() gives some,
         # so copies made by with_options share the routes added later.
@@ -591,6 +593,13 @@ class AsyncOpenAI:
         timeout and 429 rates, requests in flight and the circuit breaker's state.
         """
         return self._router.snapshot()
+
+    @property
+    def metrics(self) -> ClientMetrics:
+        """This client's Prometheus metrics (TTFT and inter-token histograms per target,
+        requests by outcome, hedges, cache hits, breaker state, in flight); see
+        :mod:`llmroute.metrics`."""
+        return self._metrics
 
     def is_closed(self) -> bool:
         """Whether the connections are closed, as openai's ``is_closed()``."""

@@ -33,6 +33,7 @@ from ._client import DEFAULT_MAX_RETRIES, AsyncOpenAI
 from ._config import Config
 from ._streaming import AsyncStream
 from ._types import RouteReport, Timings
+from .metrics import ClientMetrics
 from .routing.stats import TargetSnapshot
 
 __all__ = ["OpenAI", "Stream"]
@@ -546,6 +547,11 @@ class OpenAI:
     def stats(self) -> dict[str, TargetSnapshot]:
         """A snapshot of every routed target's live stats (see :meth:`AsyncOpenAI.stats`)."""
         return self._binding.call(self._async.stats)
+
+    @property
+    def metrics(self) -> ClientMetrics:
+        """This client's Prometheus metrics (see :attr:`AsyncOpenAI.metrics`)."""
+        return self._async.metrics
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time (see :meth:`AsyncOpenAI.add_provider`)."""

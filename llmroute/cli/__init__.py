@@ -1,0 +1,38 @@
+"""The ``llmroute`` command line.
+
+``demo``, ``bench``, ``chat``, ``serve``, ``cache stats|clear``, ``sglang launch`` and ``doctor``;
+each command is one module here with a ``register(commands)`` function that adds its parser and
+sets ``run`` (a function of the parsed arguments returning the exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import _cache, _demo, _doctor, _sglang
+
+__all__ = ["main"]
+
+_COMMANDS = (_demo, _cache, _sglang, _doctor)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="llmroute",
+        description="llmroute: the first token of an LLM answer, sooner and more reliably.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in _COMMANDS:
+        command.register(commands)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_args(argv)
+    if extra and not getattr(args, "takes_extra", False):
+        parser.error("arguments after -- are for llmroute sglang launch")
+    args.extra = extra
+    return int(args.run(args))

@@ -1,0 +1,132 @@
+"""``llmroute sglang launch``: start SGLang servers tuned for TTFT and print their config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import anyio
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sglang = commands.add_parser("sglang", help="self-hosted SGLang servers")
+    sglang_commands = sglang.add_subparsers(dest="sglang_command", required=True)
+    launch = sglang_commands.add_parser(
+        "launch",
+        help="start SGLang servers tuned for TTFT and wait until they are ready",
+        description="Arguments after -- go to SGLang as they are and win over llmroute's.",
+    )
+    launch.add_argument("model_path", help="a Hugging Face model id or a local path")
+    launch.add_argument("--gpus", help="one server per GPU, e.g. 0,1,2,3")
+    launch.add_argument("--port", type=int, help="the first server's port (default: free ports)")
+    launch.add_argument("--host", default="127.0.0.1")
+    launch.add_argument("--served-model-name")
+    launch.add_argument("--api-key", help="default: $SGLANG_API_KEY, else a random key")
+    launch.add_argument("--api-key-env", default="SGLANG_API_KEY")
+    launch.add_argument("--python", default=sys.executable, help="the interpreter with sglang")
+    launch.add_argument("--image", help="run in this container image (docker run --gpus ...)")
+    launch.add_argument("--log-dir")
+    launch.add_argument("--startup-timeout", type=float, default=600.0)
+    launch.add_argument("--grace", type=float, default=30.0, help="drain after SIGTERM (30 s)")
+    launch.add_argument("--provider", default="gpu", help="provider name in the printed config")
+    launch.add_argument("--dry-run", action="store_true", help="print the commands, start none")
+    launch.set_defaults(run=_run, takes_extra=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return anyio.run(_sglang_launch, args, args.extra)
+    except KeyboardInterrupt:  # asyncio's runner turns Ctrl-C into this, after the stop
+        sys.stdout.write("SGLang stopped.\n")
+        return 0
+
+
+async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
+    import os
+    import shlex
+    import signal
+
+    from ..sglang import SGLangError, SGLangServer
+
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    server = SGLangServer(
+        args.model_path,
+        served_model_name=args.served_model_name,
+        port=args.port,
+        host=args.host,
+        api_key=args.api_key or os.environ.get(args.api_key_env) or None,
+        python=args.python,
+        image=args.image,
+        gpus=gpus,
+        extra_args=extra,
+        log_dir=args.log_dir,
+        startup_timeout=args.startup_timeout,
+        grace=args.grace,
+    )
+    if args.dry_run:
+        for worker in range(len(server)):
+            sys.stdout.write(shlex.join(server.command(worker)) + "\n")
+        return 0
+    status = 0
+    # Signals are caught from before the start to after the stop: a SIGTERM or SIGHUP (a closed
+    # terminal) at any moment stops the servers, and a second one cannot cut the drain short.
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                async for _ in signals:
+                    tg.cancel_scope.cancel()
+                    return
+
+            tg.start_soon(stop_on_signal)
+            try:
+                await server.start()
+                key_file = server.log_dir / "api_key"
+                fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(server.api_key + "\n")
+                config = _launched_config(server, args.provider, args.api_key_env, key_file)
+                sys.stdout.write(config)
+                sys.stdout.flush()
+                worker, code = await server.wait_exited()
+                tail = "\n".join(server.log_tail(worker))
+                sys.stderr.write(
+                    f"llmroute sglang launch: server {worker} exited with status {code}; "
+                    f"the end of its log:\n{tail}\n"
+                )
+                status = 1
+            except SGLangError as exc:
+                sys.stderr.write(f"llmroute sglang launch: {exc}\n")
+                status = 1
+            finally:
+                tg.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await server.stop()
+    sys.stdout.write("SGLang stopped.\n")
+    return status
+
+
+def _launched_config(server: object, provider: str, key_env: str, key_file: object) -> str:
+    from ..sglang import SGLangServer
+
+    assert isinstance(server, SGLangServer)
+    lines = [
+        f"# SGLang {server.version or ''} is ready: {len(server)} server(s) of "
+        f"{server.served_model_name}; logs in {server.log_dir}",
+        f"# The API key is in {key_file} (mode 0600): export {key_env}=$(cat {key_file})",
+        "# Route to it with this config (Ctrl-C stops the servers):",
+        "",
+    ]
+    for name, table in server.providers(provider).items():
+        lines += [
+            f"[providers.{name}]",
+            'kind = "sglang"',
+            f'base_url = "{table["base_url"]}"',
+            f'api_key_env = "{key_env}"',
+            "",
+        ]
+    targets = ", ".join(f'"{t}"' for t in server.targets(provider))
+    lines += ["[models.chat]", f"targets = [{targets}]", 'policy = "prefix"', ""]
+    return "\n".join(lines) + "\n"
