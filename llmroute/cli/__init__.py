@@ -11,11 +11,11 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import _cache, _demo, _doctor, _sglang
+from . import _bench, _cache, _chat, _demo, _doctor, _serve, _sglang
 
 __all__ = ["main"]
 
-_COMMANDS = (_demo, _cache, _sglang, _doctor)
+_COMMANDS = (_demo, _bench, _chat, _serve, _cache, _sglang, _doctor)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
