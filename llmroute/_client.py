@@ -364,12 +364,13 @@ class AsyncOpenAI:
         self._stats_sync: StatsSync | None = None
         self._owns_cache = True  # False in copies made by with_options
         self._servers = _ServerPolling()  # shared with copies made by with_options
-        self._metrics = ClientMetrics()  # shared with copies made by with_options
+        self._metrics: ClientMetrics  # shared with copies made by with_options
         self._cache_settings: CacheSettings | None = None
         # Every client has a router, with no routes until a config or add_targets() gives some,
         # so copies made by with_options share the routes added later.
         resolved = resolve(loaded if loaded is not None else Config())
         self._router = _build_router(resolved, max_retries=max_retries)
+        self._metrics = ClientMetrics(self._router.snapshot)
         if loaded is not None:
             self._providers = dict(resolved.providers)
             self._stats_sync = _stats_sync(resolved, self._router)
@@ -953,7 +954,35 @@ class AsyncCompletions:
         client = self._client
         router = client._router
         route = router.routes.get(model)
+        telemetry = client._metrics.begin(
+            model,
+            body,
+            stream=bool(body.get("stream")),
+            target=None if route is not None else f"{client.base_url.host}:{model}",
+        )
+        try:
+            result = await self._create(
+                client, router, route, body, extra_headers, extra_query, timeout
+            )
+        except BaseException as exc:
+            telemetry.failed(exc)
+            raise
+        if isinstance(result, AsyncStream):
+            result._on_end = telemetry.stream_ended
+        else:
+            telemetry.completed(result)
+        return result
 
+    async def _create(
+        self,
+        client: AsyncOpenAI,
+        router: Router,
+        route: Route | None,
+        body: dict[str, Any],
+        extra_headers: Mapping[str, str | None] | None,
+        extra_query: Mapping[str, object] | None,
+        timeout: Any,
+    ) -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
         async def live() -> ChatCompletion | AsyncStream[ChatCompletionChunk]:
             if route is not None:
                 return await self._create_routed(

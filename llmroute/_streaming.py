@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 from openai.types.chat import ChatCompletionChunk
@@ -20,6 +20,9 @@ __all__ = ["AsyncStream"]
 
 _T = TypeVar("_T")
 RetryHook = Callable[[int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]]
+EndHook = Callable[["AsyncStream[Any]", "BaseException | None", bool], None]
+"""Called once when a stream ends: with the exception it ended with (``None`` when it was read
+to its end or closed) and whether the answer was complete."""
 
 
 class AsyncStream(Generic[_T]):
@@ -62,6 +65,7 @@ class AsyncStream(Generic[_T]):
         self._decoder: ChatStreamDecoder | None = None
         self._complete = False
         self._closed = False
+        self._on_end: EndHook | None = None
         self._iterator = self._iter_chunks()
 
     @classmethod
@@ -77,6 +81,7 @@ class AsyncStream(Generic[_T]):
         self._decoder = None
         self._complete = False
         self._closed = False
+        self._on_end = None
 
         def switch(response: httpx.Response) -> None:
             self.response = response
@@ -110,6 +115,7 @@ class AsyncStream(Generic[_T]):
         self._complete = False
         self._closed = False
         self._on_close = on_close
+        self._on_end = None
         self._iterator = self._iter_given(chunks, measure, complete)
         return self
 
@@ -145,23 +151,39 @@ class AsyncStream(Generic[_T]):
         try:
             return await self._iterator.__anext__()  # type: ignore[return-value]
         except StopAsyncIteration:
-            routed = self._routed
-            if self._complete or self._closed or (routed is not None and routed.run.complete):
+            if self._whole() or self._closed:
+                self._ended(None)
                 raise
             # A cancelled read ends the underlying generator; what follows must not look like
             # the end of a complete answer.
-            decoder = self._decoder
+            routed, decoder = self._routed, self._decoder
             if routed is not None:
                 partial = routed.text
             else:
                 partial = decoder.text if decoder is not None else ""
-            raise StreamInterrupted(
+            abandoned = StreamInterrupted(
                 "The stream was abandoned before the answer was complete (a read of it was "
                 "cancelled); the text so far is in .partial_text.",
                 self.response.request,
                 partial_text=partial,
                 cause=None,
-            ) from None
+            )
+            self._ended(abandoned)
+            raise abandoned from None
+        except BaseException as exc:
+            self._ended(exc)
+            raise
+
+    def _whole(self) -> bool:
+        """Whether the answer was read to its end and is complete."""
+        routed = self._routed
+        return self._complete or (routed is not None and routed.run.complete)
+
+    def _ended(self, exc: BaseException | None) -> None:
+        """Tell the end hook (telemetry), once, how the stream ended."""
+        hook, self._on_end = self._on_end, None
+        if hook is not None:
+            hook(self, exc, self._whole())
 
     async def _iter_chunks(self) -> AsyncIterator[ChatCompletionChunk]:
         clock = time.monotonic
@@ -242,7 +264,10 @@ class AsyncStream(Generic[_T]):
     async def close(self) -> None:
         """Stop reading and release the stream (resets the HTTP/2 stream if unfinished)."""
         self._closed = True
-        await self._iterator.aclose()  # type: ignore[attr-defined]
+        try:
+            await self._iterator.aclose()  # type: ignore[attr-defined]
+        finally:
+            self._ended(None)
         if self._on_close is not None:
             self._on_close()  # the response is not this stream's to close
             return

@@ -1,24 +1,201 @@
-"""The Prometheus side of :class:`ClientMetrics` (work in progress: the API is settled)."""
+"""The Prometheus side of :class:`ClientMetrics`.
+
+Counters and histograms are updated once per request, when it ends (a stream when it is read to
+its end, breaks or is closed), from the request's :class:`~llmroute.RouteReport` and
+:class:`~llmroute.Timings`: nothing runs per chunk. Gauges (requests in flight, breaker state,
+the live P95 the router predicts with) are read from the router's stats when scraped.
+
+Labels are route names (the model names an application asks for) and targets
+(``"provider:model"``, or ``"host:model"`` for a model name that is not a route): never a key,
+a prompt or a URL's query.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric, StateSetMetricFamily
+from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "ClientMetrics"]
+from .._types import RouteReport, Timings
+from ..routing.stats import TargetSnapshot
+from ._otel import Tracer
+from ._request import RequestTelemetry
+
+__all__ = ["BREAKER_STATES", "CONTENT_TYPE", "ClientMetrics", "RequestRecord"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """The HTTP content type of :meth:`ClientMetrics.exposition`."""
 
+BREAKER_STATES = ("closed", "open", "half-open")
+
+_TTFT_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+_ITL_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0,
+)  # fmt: skip
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class RequestRecord:
+    """What is known of one chat request when it ends."""
+
+    __slots__ = ("outcome", "report", "route", "stream", "target", "timings")
+
+    def __init__(
+        self,
+        route: str,
+        outcome: str,
+        *,
+        stream: bool,
+        report: RouteReport | None = None,
+        timings: Timings | None = None,
+        target: str | None = None,
+    ) -> None:
+        self.route = route
+        self.outcome = outcome
+        """``ok``, ``error``, ``interrupted`` (broke after tokens) or ``cancelled`` (the caller
+        left before the end)."""
+        self.stream = stream
+        self.report = report
+        self.timings = timings
+        self.target = target
+        """The target of a request that is not routed (``report`` then has no attempts)."""
+
+    @property
+    def source(self) -> str:
+        """``cache`` (replayed), ``shared`` (an identical call's answer) or ``live``."""
+        report = self.report
+        if report is not None:
+            if report.cache_hit:
+                return "cache"
+            if report.shared:
+                return "shared"
+        return "live"
+
+
+class _ScrapeTime(Collector):
+    """The gauges read from the router's live stats when scraped."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, TargetSnapshot]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        in_flight = GaugeMetricFamily(
+            "llmroute_in_flight",
+            "Attempts in flight on each target (hedges and races included)",
+            labels=["target"],
+        )
+        breaker = StateSetMetricFamily(
+            "llmroute_breaker_state", "Each target's circuit breaker state", labels=["target"]
+        )
+        p95 = GaugeMetricFamily(
+            "llmroute_target_ttft_p95_seconds",
+            "The live P95 TTFT over the sliding window, as the router predicts with it",
+            labels=["target"],
+        )
+        for name, snap in sorted(self._snapshot().items()):
+            in_flight.add_metric([name], snap.in_flight)
+            breaker.add_metric([name], {state: snap.breaker == state for state in BREAKER_STATES})
+            if snap.ttft_p95 is not None:
+                p95.add_metric([name], snap.ttft_p95)
+        yield in_flight
+        yield breaker
+        yield p95
+
 
 class ClientMetrics:
-    """The metrics of one client (shared by its ``with_options`` copies)."""
+    """The Prometheus metrics of one client (shared by its ``with_options`` copies).
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    It is a collector itself: ``prometheus_client.REGISTRY.register(client.metrics)`` adds it to
+    the default registry (``start_http_server`` then serves it); :meth:`exposition` gives the
+    text of this client alone.
+    """
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, TargetSnapshot]] | None = None) -> None:
+        self.tracer = Tracer()
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        if snapshot is not None:
+            registry.register(_ScrapeTime(snapshot))
+        self._requests = Counter(
+            "llmroute_requests",
+            "Chat requests by route, outcome (ok, error, interrupted, cancelled) and source "
+            "(live, cache, shared)",
+            ["route", "outcome", "source"],
+            registry=registry,
+        )
+        self._request_ttft = Histogram(
+            "llmroute_request_ttft_seconds",
+            "Time to first token of streamed requests as the caller saw it (hedges included)",
+            ["route", "source"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self._ttft = Histogram(
+            "llmroute_ttft_seconds",
+            "Time to first token of each target's streamed attempts that got one",
+            ["target"],
+            buckets=_TTFT_BUCKETS,
+            registry=registry,
+        )
+        self._itl = Histogram(
+            "llmroute_inter_token_seconds",
+            "Mean time between tokens of each complete stream, by the target that served it",
+            ["target"],
+            buckets=_ITL_BUCKETS,
+            registry=registry,
+        )
+        self._latency = Histogram(
+            "llmroute_response_seconds",
+            "Time to the whole answer of requests that were not streamed, by target",
+            ["target"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._attempts = Counter(
+            "llmroute_attempts",
+            "Attempts by target, reason (first, race, hedge, failover, retry, explore, "
+            "continuation) and outcome (won, cancelled, error, timeout, rate_limited, "
+            "interrupted)",
+            ["target", "reason", "outcome"],
+            registry=registry,
+        )
+        self._hedges = Counter(
+            "llmroute_hedges_fired", "Hedge attempts started", ["route"], registry=registry
+        )
+        self._hedges_won = Counter(
+            "llmroute_hedges_won",
+            "Requests whose answer came from a hedge attempt",
+            ["route"],
+            registry=registry,
+        )
+        self._hedges_denied = Counter(
+            "llmroute_hedges_denied",
+            "Hedges the route's hedge budget did not allow",
+            ["route"],
+            registry=registry,
+        )
+        self._continuations = Counter(
+            "llmroute_continuations",
+            "Answers continued on another target after a break mid-stream",
+            ["route"],
+            registry=registry,
+        )
+        self._cache = Counter(
+            "llmroute_cache_hits",
+            "Requests answered without asking a target: from the cache (cache) or from an "
+            "identical request's call in flight (shared)",
+            ["route", "kind"],
+            registry=registry,
+        )
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""
@@ -27,3 +204,72 @@ class ClientMetrics:
     def exposition(self) -> bytes:
         """Every metric in the Prometheus text format (content type :data:`CONTENT_TYPE`)."""
         return generate_latest(self.registry)
+
+    def begin(
+        self, route: str, body: Mapping[str, Any], *, stream: bool, target: str | None = None
+    ) -> RequestTelemetry:
+        """Start watching a chat request for ``route`` (the model name asked for); ``target``
+        names the target of a request that is not routed."""
+        return RequestTelemetry(self, route, body, stream=stream, target=target)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one request that ended."""
+        route, source, report, timings = record.route, record.source, record.report, record.timings
+        self._requests.labels(route, record.outcome, source).inc()
+        if source != "live":
+            self._cache.labels(route, source).inc()
+        first_token = timings.first_token if timings is not None else None
+        if record.stream and first_token is not None:
+            caller_ttft = report.ttft if report is not None and report.ttft is not None else None
+            self._request_ttft.labels(route, source).observe(caller_ttft or first_token)
+        if source != "live":
+            return  # the call that answered counted its attempts itself
+        if report is None or not report.attempts:
+            if record.target is not None and timings is not None:
+                self._direct(record, record.target, timings)
+            return
+        for attempt in report.attempts:
+            self._attempts.labels(attempt.target, attempt.reason, attempt.outcome).inc()
+            if attempt.ttft is None:
+                continue
+            if record.stream:
+                self._ttft.labels(attempt.target).observe(attempt.ttft)
+            elif attempt.outcome == "won":
+                self._latency.labels(attempt.target).observe(attempt.ttft)
+            if attempt.outcome == "won" and attempt.reason == "hedge":
+                self._hedges_won.labels(route).inc()
+        if report.hedges:
+            self._hedges.labels(route).inc(report.hedges)
+        if report.hedges_denied:
+            self._hedges_denied.labels(route).inc(report.hedges_denied)
+        if report.continued_on:
+            self._continuations.labels(route).inc(len(report.continued_on))
+        if record.stream and record.outcome == "ok" and report.winner is not None:
+            itl = _mean_gap(timings)
+            if itl is not None and not report.continued_on:
+                self._itl.labels(report.winner).observe(itl)
+
+    def _direct(self, record: RequestRecord, target: str, timings: Timings) -> None:
+        outcome = {"ok": "won", "cancelled": "cancelled", "interrupted": "interrupted"}.get(
+            record.outcome, "error"
+        )
+        self._attempts.labels(target, "first", outcome).inc()
+        if record.stream:
+            if timings.first_token is not None:
+                self._ttft.labels(target).observe(timings.first_token)
+            if record.outcome == "ok":
+                itl = _mean_gap(timings)
+                if itl is not None:
+                    self._itl.labels(target).observe(itl)
+        elif record.outcome == "ok" and timings.total is not None:
+            self._latency.labels(target).observe(timings.total)
+
+
+def _mean_gap(timings: Timings | None) -> float | None:
+    """A stream's mean time between tokens, from its first token to its end."""
+    if timings is None or timings.tokens < 2:
+        return None
+    if timings.first_token is None or timings.total is None:
+        return None
+    span = timings.total - timings.first_token
+    return span / (timings.tokens - 1) if span > 0 else None

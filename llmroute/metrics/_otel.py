@@ -1,0 +1,162 @@
+"""OpenTelemetry spans of chat requests, following the GenAI semantic conventions.
+
+Used only when ``opentelemetry-api`` is installed (``pip install 'llmroute[otel]'``); the
+application configures the SDK and exporter as usual. Without a configured tracer provider the
+API hands out non-recording spans and nothing more is done.
+
+One span per request, ``chat {model}`` of kind CLIENT, from the call to the end of its answer
+(a stream's last chunk, its break, or its close). Each routed attempt is an event on it
+(``llmroute.attempt``: target, reason, outcome, TTFT, error), at the moment it started.
+Prompts and answers are never recorded (no ``gen_ai.input.messages``): they may hold
+anything an application's users typed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .._types import RouteReport, Timings
+from .._version import __version__
+
+__all__ = ["Tracer", "request_attributes"]
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:  # the optional extra is not installed
+    _trace = None  # type: ignore[assignment]
+
+# Request parameters with a GenAI attribute of their own.
+_REQUEST_ATTRIBUTES = {
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "temperature": "gen_ai.request.temperature",
+    "top_p": "gen_ai.request.top_p",
+    "frequency_penalty": "gen_ai.request.frequency_penalty",
+    "presence_penalty": "gen_ai.request.presence_penalty",
+    "seed": "gen_ai.request.seed",
+    "n": "gen_ai.request.choice.count",
+}
+
+
+def request_attributes(model: str, body: Mapping[str, Any], *, stream: bool) -> dict[str, Any]:
+    """The GenAI attributes known when a chat request starts."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": model,
+        "gen_ai.request.stream": stream,
+    }
+    for key, name in _REQUEST_ATTRIBUTES.items():
+        value = body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            attributes[name] = value
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        attributes["gen_ai.request.stop_sequences"] = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        attributes["gen_ai.request.stop_sequences"] = list(stop)  # type: ignore[arg-type]
+    return attributes
+
+
+class Tracer:
+    """Starts and ends the span of one request (a no-op without opentelemetry-api)."""
+
+    def __init__(self) -> None:
+        self._tracer = _trace.get_tracer("llmroute", __version__) if _trace is not None else None
+
+    @property
+    def enabled(self) -> bool:
+        return self._tracer is not None
+
+    def start(self, model: str, body: Mapping[str, Any], *, stream: bool) -> Any:
+        """The span of a request that starts now, or ``None`` when nothing would record it."""
+        if self._tracer is None or _trace is None:
+            return None
+        span = self._tracer.start_span(f"chat {model}", kind=_trace.SpanKind.CLIENT)
+        if not span.is_recording():
+            return None
+        span.set_attributes(request_attributes(model, body, stream=stream))
+        return span
+
+    def end(
+        self,
+        span: Any,
+        *,
+        outcome: str,
+        report: RouteReport | None,
+        timings: Timings | None,
+        result: Any = None,
+        error: BaseException | None = None,
+        started_ns: int,
+    ) -> None:
+        """Fill in what the request ended with and end its span."""
+        attributes: dict[str, Any] = {"llmroute.outcome": outcome}
+        if report is not None:
+            attributes["llmroute.route"] = report.route
+            attributes["llmroute.policy"] = report.policy
+            attributes["llmroute.cache_hit"] = report.cache_hit
+            attributes["llmroute.shared"] = report.shared
+            attributes["llmroute.hedges"] = report.hedges
+            if report.continued_on:
+                attributes["llmroute.continued_on"] = list(report.continued_on)
+            if report.winner is not None:
+                provider, _, model = report.winner.partition(":")
+                attributes["llmroute.winner"] = report.winner
+                attributes["gen_ai.provider.name"] = provider
+                attributes["gen_ai.response.model"] = model
+            for attempt in report.attempts:
+                event: dict[str, Any] = {
+                    "llmroute.target": attempt.target,
+                    "llmroute.reason": attempt.reason,
+                    "llmroute.outcome": attempt.outcome,
+                }
+                if attempt.ttft is not None:
+                    event["llmroute.ttft"] = attempt.ttft
+                if attempt.error is not None:
+                    event["llmroute.error"] = attempt.error
+                at = started_ns + int(attempt.started * 1e9)
+                span.add_event("llmroute.attempt", event, timestamp=at)
+        if timings is not None:
+            ttft = report.ttft if report is not None and report.ttft is not None else None
+            ttft = ttft if ttft is not None else timings.first_token
+            if ttft is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = ttft
+            if timings.http_version:
+                attributes["network.protocol.version"] = timings.http_version.removeprefix("HTTP/")
+        _response_attributes(result, attributes)
+        span.set_attributes(attributes)
+        failure = type(error).__name__ if error is not None else None
+        if outcome == "interrupted" or (failure is not None and outcome != "cancelled"):
+            failure = failure or "StreamInterrupted"
+            span.set_attribute("error.type", failure)
+            if _trace is not None:
+                span.set_status(_trace.Status(_trace.StatusCode.ERROR, failure))
+        span.end()
+
+
+def _response_attributes(result: Any, attributes: dict[str, Any]) -> None:
+    """The GenAI attributes of a whole completion: id, model, finish reasons, usage."""
+    if result is None:
+        return
+    response_id = getattr(result, "id", None)
+    if isinstance(response_id, str):
+        attributes["gen_ai.response.id"] = response_id
+    model = getattr(result, "model", None)
+    if isinstance(model, str) and model:
+        attributes["gen_ai.response.model"] = model
+    choices = getattr(result, "choices", None) or []
+    reasons = [c.finish_reason for c in choices if isinstance(c.finish_reason, str)]
+    if reasons:
+        attributes["gen_ai.response.finish_reasons"] = reasons
+    usage = getattr(result, "usage", None)
+    if usage is not None:
+        if isinstance(usage.prompt_tokens, int):
+            attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
+        if isinstance(usage.completion_tokens, int):
+            attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+
+
+def now_ns() -> int:
+    """The wall clock in nanoseconds, as spans are timed."""
+    return time.time_ns()

@@ -1,0 +1,118 @@
+"""The telemetry of one chat request, from the call to the end of its answer."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._errors import StreamInterrupted
+from .._types import RouteReport, Timings
+from ._otel import now_ns
+
+if TYPE_CHECKING:
+    from ._prometheus import ClientMetrics
+
+__all__ = ["RequestTelemetry"]
+
+log = logging.getLogger("llmroute")
+
+
+class RequestTelemetry:
+    """Counts one request in the client's metrics and ends its span, exactly once."""
+
+    __slots__ = ("_done", "_metrics", "_route", "_span", "_started_ns", "_stream", "_target")
+
+    def __init__(
+        self,
+        metrics: ClientMetrics,
+        route: str,
+        body: Mapping[str, Any],
+        *,
+        stream: bool,
+        target: str | None,
+    ) -> None:
+        self._metrics = metrics
+        self._route = route
+        self._stream = stream
+        self._target = target
+        self._done = False
+        self._span = metrics.tracer.start(route, body, stream=stream)
+        self._started_ns = now_ns() if self._span is not None else 0
+
+    def failed(self, exc: BaseException) -> None:
+        """The call raised before returning a response or a stream."""
+        report = getattr(exc, "report", None)
+        self._finish(
+            _failure_outcome(exc),
+            report if isinstance(report, RouteReport) else None,
+            None,
+            error=exc,
+        )
+
+    def completed(self, completion: Any) -> None:
+        """A whole (not streamed) answer was returned."""
+        route = getattr(completion, "route", None)
+        timings = getattr(completion, "timings", None)
+        self._finish(
+            "ok",
+            route if isinstance(route, RouteReport) else None,
+            timings if isinstance(timings, Timings) else None,
+            result=completion,
+        )
+
+    def stream_ended(self, stream: Any, exc: BaseException | None, whole: bool) -> None:
+        """A stream was read to its end, broke, or was closed (``whole``: it was complete)."""
+        if exc is None:
+            outcome = "ok" if whole else "cancelled"
+        else:
+            outcome = _failure_outcome(exc)
+        self._finish(outcome, stream.route, stream.timings, error=exc)
+
+    def _finish(
+        self,
+        outcome: str,
+        report: RouteReport | None,
+        timings: Timings | None,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        if self._done:
+            return
+        self._done = True
+        from ._prometheus import RequestRecord
+
+        try:
+            self._metrics.observe(
+                RequestRecord(
+                    self._route,
+                    outcome,
+                    stream=self._stream,
+                    report=report,
+                    timings=timings,
+                    target=self._target,
+                )
+            )
+            if self._span is not None:
+                self._metrics.tracer.end(
+                    self._span,
+                    outcome=outcome,
+                    report=report,
+                    timings=timings,
+                    result=result,
+                    error=error,
+                    started_ns=self._started_ns,
+                )
+        except Exception:  # telemetry must never fail a request
+            log.warning("llmroute: recording a request's metrics failed", exc_info=True)
+
+
+def _failure_outcome(exc: BaseException) -> str:
+    if isinstance(exc, anyio.get_cancelled_exc_class() | KeyboardInterrupt | GeneratorExit):
+        return "cancelled"
+    if isinstance(exc, StreamInterrupted):
+        return "interrupted"
+    return "error"

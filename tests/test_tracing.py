@@ -1,0 +1,121 @@
+"""OpenTelemetry spans of chat requests (GenAI semantic conventions), read back from the SDK."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from llmroute import AllTargetsFailed, AsyncOpenAI
+from llmroute.testing import Simulator
+
+from .conftest import KEY
+from .test_metrics import MESSAGES, config, read
+
+pytestmark = pytest.mark.anyio
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    yield _EXPORTER
+    _EXPORTER.clear()
+
+
+def only(exporter: InMemorySpanExporter) -> ReadableSpan:
+    finished = exporter.get_finished_spans()
+    assert len(finished) == 1, [s.name for s in finished]
+    return finished[0]
+
+
+def everything(span: ReadableSpan) -> str:
+    parts: list[Any] = [span.name, dict(span.attributes or {})]
+    parts += [(e.name, dict(e.attributes or {})) for e in span.events]
+    return repr(parts)
+
+
+async def test_a_routed_stream_is_one_client_span_with_its_attempts(
+    sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, max_tokens=12, temperature=0.5
+        )
+        assert not spans.get_finished_spans()  # the span lasts until the answer ends
+        await read(stream)
+    span = only(spans)
+    attributes = span.attributes or {}
+    assert span.name == "chat chat"
+    assert span.kind is SpanKind.CLIENT
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == "chat"
+    assert attributes["gen_ai.request.max_tokens"] == 12
+    assert attributes["gen_ai.request.temperature"] == 0.5
+    assert attributes["gen_ai.request.stream"] is True
+    assert attributes["gen_ai.provider.name"] == "p0"
+    assert attributes["gen_ai.response.model"] == "sim-small"
+    assert attributes["llmroute.winner"] == "p0:sim-small"
+    assert attributes["llmroute.outcome"] == "ok"
+    ttft = attributes["gen_ai.response.time_to_first_chunk"]
+    assert isinstance(ttft, float) and ttft > 0
+    (attempt,) = span.events
+    assert attempt.name == "llmroute.attempt"
+    assert dict(attempt.attributes or {})["llmroute.outcome"] == "won"
+    assert span.status.status_code is StatusCode.UNSET
+    text = everything(span)
+    assert KEY not in text
+    assert MESSAGES[0]["content"] not in text  # prompts are never recorded
+
+
+async def test_a_whole_answer_carries_its_usage_and_finish_reason(
+    sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    attributes = only(spans).attributes or {}
+    assert completion.usage is not None
+    assert attributes["gen_ai.response.id"] == completion.id
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert attributes["gen_ai.usage.input_tokens"] == completion.usage.prompt_tokens
+    assert attributes["gen_ai.usage.output_tokens"] == completion.usage.completion_tokens
+
+
+async def test_a_failed_request_is_an_error_span_with_every_attempt(
+    sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    async with AsyncOpenAI(config=config(sim, sim), verify=sim.ssl_context(), max_retries=0) as c:
+        with pytest.raises(AllTargetsFailed):
+            await c.chat.completions.create(
+                model="chat", messages=MESSAGES, extra_headers={"x-sim-fault": "500"}
+            )
+    span = only(spans)
+    assert span.status.status_code is StatusCode.ERROR
+    assert (span.attributes or {})["error.type"] == "AllTargetsFailed"
+    outcomes = [dict(e.attributes or {})["llmroute.outcome"] for e in span.events]
+    assert outcomes == ["error", "error"]
+    assert KEY not in everything(span)
+
+
+async def test_a_stream_left_early_is_not_an_error(
+    sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        async with stream:
+            async for _ in stream:
+                break
+    span = only(spans)
+    assert (span.attributes or {})["llmroute.outcome"] == "cancelled"
+    assert span.status.status_code is StatusCode.UNSET
