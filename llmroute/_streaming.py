@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
@@ -178,6 +179,12 @@ class AsyncStream(Generic[_T]):
         """Whether the answer was read to its end and is complete."""
         routed = self._routed
         return self._complete or (routed is not None and routed.run.complete)
+
+    def __del__(self) -> None:
+        # A stream left with a bare ``break`` and dropped still ends, for its telemetry.
+        if getattr(self, "_on_end", None) is not None:
+            with contextlib.suppress(Exception):
+                self._ended(None)
 
     def _ended(self, exc: BaseException | None) -> None:
         """Tell the end hook (telemetry), once, how the stream ended."""

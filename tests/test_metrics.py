@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import anyio
@@ -95,6 +96,18 @@ async def test_failures_and_cancellations_have_their_outcome(sim: Simulator) -> 
         assert value(m, "llmroute_requests_total", **cancelled) == 1
         # A stream left early has no inter-token sample: it never ended whole.
         assert value(m, "llmroute_inter_token_seconds_count", target="p0:sim-small") == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio warns of the abandoned generator
+async def test_a_stream_dropped_after_a_bare_break_is_counted(sim: Simulator) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        async for _ in stream:
+            break
+        del stream
+        gc.collect()
+        cancelled = {"route": "chat", "outcome": "cancelled", "source": "live"}
+        assert value(client.metrics, "llmroute_requests_total", **cancelled) == 1
 
 
 async def test_a_stream_that_breaks_is_interrupted(sim: Simulator) -> None:
