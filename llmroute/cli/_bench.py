@@ -1,14 +1,554 @@
-"""``llmroute bench``: measure each target's time to first token (P50/P95/P99 by prompt length)."""
+"""``llmroute bench``: measure each target's time to first token (P50/P95/P99 by prompt length).
+
+Every target is probed directly, one request to one target (no routing, no retries, no cache), so
+its numbers are that vendor's own. The probes use a fixed prompt set per length class, each
+prompt starting with a unique nonce by default so that no vendor's prompt cache hides the
+prefill, and they are interleaved across targets and classes so that drift hits all alike.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["register"]
+import anyio
+
+from ._format import MissingExtra, make_console, ms, percentiles, require, table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .. import AsyncOpenAI
+    from .._config import Config
+
+__all__ = ["LENGTHS", "Sample", "prompt_for", "register", "summarize"]
+
+LENGTHS: dict[str, int] = {"short": 50, "medium": 1000, "long": 4000}
+"""The prompt-length classes and their approximate prompt size in tokens (4 characters each)."""
+
+_QUESTIONS = (
+    "Summarize the text above in one sentence.",
+    "Which component does the text above describe first?",
+    "Name one risk the text above mentions.",
+    "What would you measure first, after reading the text above?",
+)
+
+_WORDS = (
+    "request target vendor stream token latency prefill decode queue server client window "
+    "percentile hedge route cache failover connection handshake stall budget prompt answer "
+    "region replica batch scheduler kernel memory throughput deadline retry breaker probe"
+).split()
+
+
+def _filler(tokens: int) -> str:
+    """Fixed text of about ``tokens`` tokens (the same on every run)."""
+    rng = random.Random(tokens)
+    words: list[str] = []
+    chars = 0
+    while chars < tokens * 4:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        chars += len(word) + 1
+    return " ".join(words)
+
+
+def prompt_for(length: str, index: int, nonce: str | None) -> list[dict[str, str]]:
+    """The messages of probe ``index`` of a length class: fixed text, then a question.
+
+    With a ``nonce`` the prompt starts with it, so no two probes share a prefix."""
+    tokens = LENGTHS[length]
+    head = f"[probe {nonce}] " if nonce else ""
+    question = _QUESTIONS[index % len(_QUESTIONS)]
+    body = _filler(max(tokens - 20, 8))
+    return [{"role": "user", "content": f"{head}{body}\n\n{question}"}]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "bench", help="measure each target's time to first token (P50/P95/P99 by prompt length)"
+        "bench",
+        help="measure each target's time to first token (P50/P95/P99 by prompt length)",
+        description=(
+            "Probe every target of every route (or --targets) directly, streamed, with a fixed "
+            "prompt set at several prompt lengths, and report TTFT percentiles per target and "
+            "length class."
+        ),
     )
-    parser.set_defaults(run=lambda args: parser.error("not built yet"))
+    parser.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
+    parser.add_argument(
+        "--simulator",
+        action="store_true",
+        help="probe three local simulated providers (the demo's) instead of a config's targets",
+    )
+    parser.add_argument(
+        "--targets", help="only these targets, comma-separated provider:model (default: all)"
+    )
+    parser.add_argument(
+        "--probes", type=int, default=20, help="probes per target and length class (20)"
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="probes in flight at once (4)")
+    parser.add_argument(
+        "--lengths",
+        default="short,medium,long",
+        help="length classes, comma-separated: short (~50 tokens), medium (~1000), long (~4000)",
+    )
+    parser.add_argument("--max-tokens", type=int, default=16, help="max_tokens per probe (16)")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds one probe may take (60)"
+    )
+    parser.add_argument(
+        "--no-nonce",
+        dest="nonce",
+        action="store_false",
+        help="send the same prompts every time (lets vendors' prompt caches help)",
+    )
+    parser.add_argument("--json", dest="json_path", help="write raw samples and summary here")
+    parser.add_argument(
+        "--plot", help="write a PNG of the TTFT distributions here (needs llmroute[plot])"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
+    parser.set_defaults(run=_run)
+
+
+@dataclass(slots=True)
+class Sample:
+    """One probe: where it went, and what it measured (seconds; ``None`` when it failed)."""
+
+    target: str
+    length: str
+    index: int
+    prompt_chars: int
+    started: float
+    """Seconds after the bench began."""
+    ttft: float | None = None
+    total: float | None = None
+    tokens: int = 0
+    tokens_per_s: float | None = None
+    http_version: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    """How to reach one target directly."""
+
+    target: str
+    model: str
+    client_args: dict[str, Any]
+    secrets: tuple[str, ...] = ()
+
+
+def _run(args: argparse.Namespace) -> int:
+    lengths = [part.strip() for part in args.lengths.split(",") if part.strip()]
+    unknown = [name for name in lengths if name not in LENGTHS]
+    if not lengths or unknown:
+        sys.stderr.write(
+            f"llmroute bench: unknown length class {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(LENGTHS)}\n"
+        )
+        return 2
+    if args.probes < 1 or args.concurrency < 1 or args.max_tokens < 1:
+        sys.stderr.write(
+            "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
+        )
+        return 2
+    try:
+        require("rich", "cli")
+        if args.plot:
+            require("matplotlib", "plot")
+        if args.simulator:
+            require("hypercorn", "cli")
+            require("trustme", "cli")
+    except MissingExtra as exc:
+        sys.stderr.write(f"llmroute bench: {exc}\n")
+        return 2
+    try:
+        return anyio.run(_bench, args, lengths)
+    except KeyboardInterrupt:
+        sys.stderr.write("llmroute bench: interrupted\n")
+        return 130
+
+
+def _wanted(args: argparse.Namespace) -> list[str] | None:
+    if not args.targets:
+        return None
+    return [part.strip() for part in args.targets.split(",") if part.strip()]
+
+
+async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
+    import contextlib
+
+    console = make_console()
+    if args.simulator:
+        from ..testing import Simulator
+        from ._demo import SIM_MODEL, _demo_profiles
+
+        with contextlib.ExitStack() as stack:
+            endpoints: list[_Endpoint] = []
+            for name, profile in _demo_profiles().items():
+                # Prefill grows with the prompt, as on a real server: 20 ms per 1,000 tokens.
+                profile = dataclasses.replace(profile, ttft_per_prompt_token=2e-5)
+                sim = stack.enter_context(Simulator(profile=profile, tls=True))
+                endpoints.append(
+                    _Endpoint(
+                        f"{name}:{SIM_MODEL}",
+                        SIM_MODEL,
+                        {
+                            "api_key": "sk-bench-local",
+                            "base_url": sim.base_url,
+                            "verify": sim.ssl_context(),
+                            "max_retries": 0,
+                        },
+                    )
+                )
+            endpoints, missing = _select(endpoints, _wanted(args))
+            if missing:
+                return _missing(missing, endpoints)
+            return await _measure(console, endpoints, lengths, args, "simulated providers")
+    from .._config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+        if config is None:
+            raise ConfigError(
+                "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
+            )
+        endpoints = _config_endpoints(config)
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute bench: {exc}\n")
+        return 2
+    endpoints, missing = _select(endpoints, _wanted(args))
+    if missing:
+        return _missing(missing, endpoints)
+    if not endpoints:
+        sys.stderr.write(f"llmroute bench: {config.source}: no routes, so no targets to probe\n")
+        return 2
+    return await _measure(console, endpoints, lengths, args, config.source)
+
+
+def _select(
+    endpoints: list[_Endpoint], wanted: list[str] | None
+) -> tuple[list[_Endpoint], list[str]]:
+    if wanted is None:
+        return endpoints, []
+    known = {e.target: e for e in endpoints}
+    return [known[t] for t in wanted if t in known], [t for t in wanted if t not in known]
+
+
+def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
+    sys.stderr.write(
+        f"llmroute bench: unknown target {', '.join(missing)}; "
+        f"known: {', '.join(e.target for e in endpoints) or '(none)'}\n"
+    )
+    return 2
+
+
+def _config_endpoints(config: Config) -> list[_Endpoint]:
+    """Every target of every route, once, with what reaches it directly."""
+    from .._config import resolve, route_config
+
+    resolved = resolve(config)
+    endpoints: list[_Endpoint] = []
+    seen: set[str] = set()
+    for targets in resolved.routes.values():
+        for target in targets:
+            if target.name in seen:
+                continue
+            seen.add(target.name)
+            provider = resolved.providers[target.provider]
+            secrets = (provider.api_key,) if provider.api_key else ()
+            if provider.spec.protocol == "openai":
+                client_args: dict[str, Any] = {
+                    "api_key": provider.api_key or "none",
+                    "base_url": str(provider.base_url),
+                    "default_headers": dict(provider.headers),
+                    "max_retries": 0,
+                }
+                endpoints.append(_Endpoint(target.name, target.model, client_args, secrets))
+                continue
+            # Another wire protocol: a route with this one target and nothing else (no retry,
+            # no breaker, no cache) speaks it.
+            probe = config.model_copy(
+                update={
+                    "models": {
+                        "probe": route_config(
+                            "probe", {"targets": [target.name], "policy": "failover"}
+                        )
+                    },
+                    "cache": None,
+                    "default_provider": None,
+                    "routing": config.routing.model_copy(
+                        update={"breaker_failures": 10**9, "explore": 0.0}
+                    ),
+                }
+            )
+            client_args = {"api_key": "unused", "config": probe, "max_retries": 0}
+            endpoints.append(_Endpoint(target.name, "probe", client_args, secrets))
+    return endpoints
+
+
+async def _probe(
+    client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
+) -> None:
+    from .. import OpenAIError
+
+    try:
+        with anyio.fail_after(args.timeout):
+            stream = await client.chat.completions.create(
+                model=endpoint.model,
+                messages=messages,
+                max_tokens=args.max_tokens,
+                temperature=0,
+                stream=True,
+            )
+            async with stream:
+                async for _ in stream:
+                    pass
+        timings = stream.timings
+        sample.ttft = timings.first_token
+        sample.total = timings.total
+        sample.tokens = timings.tokens
+        sample.http_version = timings.http_version
+        if timings.first_token is None:
+            sample.error = "NoToken: the stream ended without a token"
+        elif timings.total is not None and timings.tokens > 1:
+            decode = timings.total - timings.first_token
+            if decode > 0:
+                sample.tokens_per_s = (timings.tokens - 1) / decode
+    except TimeoutError:
+        sample.error = f"Timeout: no complete answer within {args.timeout:g} s"
+    except OpenAIError as exc:
+        message = " ".join(str(exc).split())
+        for secret in endpoint.secrets:
+            message = message.replace(secret, "<key>")
+        sample.error = f"{type(exc).__name__}: {message[:300]}"
+
+
+async def _measure(
+    console: Console,
+    endpoints: list[_Endpoint],
+    lengths: list[str],
+    args: argparse.Namespace,
+    source: str,
+) -> int:
+    from contextlib import AsyncExitStack
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .. import AsyncOpenAI
+
+    plan = [
+        (endpoint, length, index)
+        for index in range(args.probes)
+        for length in lengths
+        for endpoint in endpoints
+    ]
+    # Interleaved: each round has every (target, length) once, in a seeded shuffled order.
+    rng = random.Random(args.seed)
+    rounds = len(lengths) * len(endpoints)
+    for start in range(0, len(plan), rounds):
+        chunk = plan[start : start + rounds]
+        rng.shuffle(chunk)
+        plan[start : start + rounds] = chunk
+    console.print(
+        f"llmroute bench: {len(endpoints)} targets from {source}, {args.probes} probes per "
+        f"target and length class ({', '.join(lengths)}), {args.concurrency} at a time, "
+        f"max_tokens {args.max_tokens}, {'a unique nonce per prompt' if args.nonce else 'no nonce'}"
+    )
+    began = time.perf_counter()
+    samples: list[Sample] = []
+    step = max(1, len(plan) // 4)
+    async with AsyncExitStack() as stack:
+        clients: dict[str, AsyncOpenAI] = {}
+        for endpoint in endpoints:
+            client = await stack.enter_async_context(AsyncOpenAI(**endpoint.client_args))
+            clients[endpoint.target] = client
+        async with anyio.create_task_group() as tg:
+            for endpoint in endpoints:
+                tg.start_soon(_warm, clients[endpoint.target])
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        ) as progress:
+            task = progress.add_task("probes", total=len(plan))
+
+            pending = iter(plan)
+
+            async def worker() -> None:
+                # A pool of --concurrency workers takes the probes in plan order.
+                for endpoint, length, index in pending:
+                    nonce = uuid.uuid4().hex[:12] if args.nonce else None
+                    messages = prompt_for(length, index, nonce)
+                    sample = Sample(
+                        endpoint.target,
+                        length,
+                        index,
+                        sum(len(m["content"]) for m in messages),
+                        started=time.perf_counter() - began,
+                    )
+                    await _probe(clients[endpoint.target], endpoint, sample, messages, args)
+                    samples.append(sample)
+                    progress.advance(task)
+                    if not console.is_terminal and len(samples) % step == 0:
+                        console.print(f"probes: {len(samples)}/{len(plan)} done")
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(min(args.concurrency, len(plan))):
+                    tg.start_soon(worker)
+    wall = time.perf_counter() - began
+    summary = summarize(samples, [e.target for e in endpoints], lengths)
+    console.print(_summary_table(summary))
+    errors = [s for s in samples if s.error is not None]
+    if errors:
+        console.print(f"{len(errors)} of {len(samples)} probes failed; first causes:")
+        seen: set[tuple[str, str]] = set()
+        for sample in errors:
+            cause = sample.error or ""
+            if (sample.target, cause[:60]) in seen or len(seen) >= 6:
+                continue
+            seen.add((sample.target, cause[:60]))
+            console.print(f"  {sample.target}: {cause[:160]}")
+    console.print(f"{len(samples)} probes in {wall:.1f} s")
+    if args.json_path:
+        _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
+        console.print(f"wrote {args.json_path}")
+    if args.plot:
+        _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
+async def _warm(client: AsyncOpenAI) -> None:
+    try:
+        with anyio.fail_after(15):
+            await client.warmup()
+    except Exception:  # also an ExceptionGroup: the probes will say what failed
+        pass
+
+
+def summarize(
+    samples: Sequence[Sample], targets: Sequence[str], lengths: Sequence[str]
+) -> list[dict[str, Any]]:
+    """One row per target and length class: probes, errors, TTFT p50/p95/p99, mean tokens/s."""
+    rows: list[dict[str, Any]] = []
+    for target in targets:
+        for length in lengths:
+            group = [s for s in samples if s.target == target and s.length == length]
+            ttfts = [s.ttft for s in group if s.ttft is not None and s.error is None]
+            speeds = [s.tokens_per_s for s in group if s.tokens_per_s is not None]
+            p50, p95, p99 = percentiles(ttfts)
+            rows.append(
+                {
+                    "target": target,
+                    "length": length,
+                    "probes": len(group),
+                    "ok": len(ttfts),
+                    "errors": sum(s.error is not None for s in group),
+                    "ttft_p50": p50,
+                    "ttft_p95": p95,
+                    "ttft_p99": p99,
+                    "tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
+                }
+            )
+    return rows
+
+
+def _summary_table(summary: list[dict[str, Any]]) -> Any:
+    def speed(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    return table(
+        "Time to first token per target and prompt length (each target probed alone)",
+        ["target", "length", "n", "errors", "p50", "p95", "p99", "tokens/s"],
+        [
+            [
+                row["target"],
+                f"{row['length']} (~{LENGTHS[row['length']]} tok)",
+                row["ok"],
+                row["errors"],
+                ms(row["ttft_p50"]),
+                ms(row["ttft_p95"]),
+                ms(row["ttft_p99"]),
+                speed(row["tokens_per_s_mean"]),
+            ]
+            for row in summary
+        ],
+    )
+
+
+def _write_json(
+    path: Path,
+    samples: list[Sample],
+    summary: list[dict[str, Any]],
+    endpoints: list[_Endpoint],
+    lengths: list[str],
+    args: argparse.Namespace,
+    wall: float,
+) -> None:
+    data = {
+        "version": 1,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": {
+            "probes": args.probes,
+            "concurrency": args.concurrency,
+            "lengths": {name: LENGTHS[name] for name in lengths},
+            "max_tokens": args.max_tokens,
+            "nonce": args.nonce,
+            "simulator": args.simulator,
+            "timeout": args.timeout,
+        },
+        "targets": [e.target for e in endpoints],
+        "wall_seconds": wall,
+        "summary": summary,
+        "samples": [dataclasses.asdict(s) for s in sorted(samples, key=lambda s: s.started)],
+    }
+    text = json.dumps(data, indent=2)
+    for endpoint in endpoints:
+        for secret in endpoint.secrets:
+            text = text.replace(secret, "<key>")
+    path.write_text(text + "\n", encoding="utf-8")
+
+
+def _plot(path: Path, samples: list[Sample], targets: list[str], lengths: list[str]) -> None:
+    """An ECDF of TTFT per target, one panel per length class, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(
+        1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False, sharey=True
+    )
+    for axis, length in zip(axes[0], lengths, strict=True):
+        for target in targets:
+            group = [s for s in samples if s.target == target and s.length == length]
+            values = sorted(s.ttft * 1000 for s in group if s.ttft is not None and s.error is None)
+            if values:
+                # Over every probe: a target whose probes failed never reaches 1.
+                shares = [(i + 1) / len(group) for i in range(len(values))]
+                axis.step(values, shares, where="post", label=target)
+        axis.axhline(0.95, color="grey", linewidth=0.5, linestyle=":")
+        axis.set_title(f"{length} prompts (~{LENGTHS[length]} tokens)")
+        axis.set_xlabel("time to first token (ms)")
+        axis.grid(True, alpha=0.3)
+    axes[0][0].set_ylabel("share of probes at or below")
+    axes[0][-1].legend(loc="lower right", fontsize="small")
+    figure.suptitle(
+        "llmroute bench: TTFT distribution per target (failed probes never arrive; dotted: p95)"
+    )
+    figure.tight_layout()
+    figure.savefig(os.fspath(path), dpi=100)
+    plt.close(figure)

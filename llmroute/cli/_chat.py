@@ -3,12 +3,175 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
 
-__all__ = ["register"]
+import anyio
+
+from ._format import ms
+
+if TYPE_CHECKING:
+    from .._types import RouteReport, Timings
+
+__all__ = ["register", "route_lines"]
+
+PLAIN_MODEL = "gpt-4o-mini"
+"""The model asked for without a config and without ``--model`` (the plain OpenAI client)."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "chat", help="stream one answer through the routing to the terminal"
+        "chat",
+        help="stream one answer through the routing to the terminal",
+        description=(
+            "Stream one answer to stdout as its tokens arrive. With --config (or $LLMROUTE_CONFIG) "
+            "the model name is a route; without, this is the plain OpenAI client "
+            "(OPENAI_API_KEY, OPENAI_BASE_URL)."
+        ),
     )
-    parser.set_defaults(run=lambda args: parser.error("not built yet"))
+    parser.add_argument("prompt", help="the user message; '-' reads it from stdin")
+    parser.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
+    parser.add_argument(
+        "--model",
+        help=(
+            "the route or model name (default: the config's only route, else 'chat'; "
+            f"without a config {PLAIN_MODEL!r})"
+        ),
+    )
+    parser.add_argument("--system", help="a system message before the prompt")
+    parser.add_argument("--max-tokens", type=int, help="max_tokens of the request")
+    parser.add_argument("--temperature", type=float, help="sampling temperature")
+    parser.add_argument(
+        "--show-route",
+        action="store_true",
+        help="afterwards, print the winner, every attempt and the timings to stderr",
+    )
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    prompt: str = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        sys.stderr.write("llmroute chat: the prompt is empty\n")
+        return 2
+    try:
+        return anyio.run(_chat, args, prompt)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        sys.stderr.write("llmroute chat: interrupted\n")
+        return 130
+
+
+async def _chat(args: argparse.Namespace, prompt: str) -> int:
+    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted
+    from .._config import ConfigError, load_config
+
+    out, err = sys.stdout, sys.stderr
+    try:
+        config = load_config(args.config)
+        client = AsyncOpenAI(config=config) if config is not None else AsyncOpenAI()
+    except ConfigError as exc:
+        err.write(f"llmroute chat: {exc}\n")
+        return 2
+    except OpenAIError as exc:  # no OPENAI_API_KEY for the plain client
+        err.write(f"llmroute chat: {exc}\n")
+        return 2
+    model = args.model
+    if model is None:
+        if config is None:
+            model = PLAIN_MODEL
+        else:
+            model = next(iter(config.models)) if len(config.models) == 1 else "chat"
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": prompt})
+    extra: dict[str, Any] = {}
+    if args.max_tokens is not None:
+        extra["max_tokens"] = args.max_tokens
+    if args.temperature is not None:
+        extra["temperature"] = args.temperature
+    route: RouteReport | None = None
+    timings: Timings | None = None
+    status = 0
+    wrote = False
+    async with client:
+        try:
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type]
+                stream=True,
+                **extra,
+            )
+            route, timings = stream.route, stream.timings
+            async with stream:
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        out.write(chunk.choices[0].delta.content)
+                        out.flush()
+                        wrote = True
+            route, timings = stream.route, stream.timings
+        except StreamInterrupted as exc:
+            status = 1
+            _finish_line(out, wrote)
+            err.write(f"llmroute chat: the answer broke off: {type(exc).__name__}: {exc}\n")
+        except OpenAIError as exc:
+            status = 1
+            _finish_line(out, wrote)
+            err.write(f"llmroute chat: {type(exc).__name__}: {_one_line(str(exc))}\n")
+            route = getattr(exc, "report", None) or route
+        else:
+            _finish_line(out, True)
+    if args.show_route:
+        for line in route_lines(route, timings, model):
+            err.write(line + "\n")
+    return status
+
+
+def _finish_line(out: TextIO, wrote: bool) -> None:
+    if wrote:
+        out.write("\n")
+        out.flush()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def route_lines(route: RouteReport | None, timings: Timings | None, model: str) -> list[str]:
+    """A human summary of how one request was served: the route report, then the timings."""
+    lines: list[str] = []
+    if route is None:
+        lines.append(f"route: none ({model!r} is not a route: the client's own base_url)")
+    else:
+        lines.append(
+            f"route {route.route!r} ({route.policy}): winner {route.winner or '-'}, "
+            f"TTFT {ms(route.ttft)}, hedges {route.hedges} (denied {route.hedges_denied}), "
+            f"cache hit {'yes' if route.cache_hit else 'no'}"
+            + (", shared an identical request's call" if route.shared else "")
+        )
+        if route.explored:
+            lines.append(f"  explored: {route.explored}")
+        if route.continued_on:
+            lines.append(f"  continued on: {', '.join(route.continued_on)}")
+        width = max((len(a.target) for a in route.attempts), default=0)
+        for index, attempt in enumerate(route.attempts, 1):
+            line = (
+                f"  attempt {index}: {attempt.target:{width}}  {attempt.reason:12} "
+                f"at +{ms(attempt.started):>7}  {attempt.outcome:12} TTFT {ms(attempt.ttft)}"
+            )
+            if attempt.error:
+                line += f"  ({_one_line(attempt.error)})"
+            lines.append(line)
+    if timings is not None and timings.first_token is not None:
+        reused = timings.connection_reused
+        connection = "-" if reused is None else ("reused" if reused else "new")
+        lines.append(
+            f"timings: {timings.http_version or '-'}, connection {connection}, "
+            f"connect {ms(timings.connect)}, headers {ms(timings.headers)}, "
+            f"first token {ms(timings.first_token)}, total {ms(timings.total)}, "
+            f"{timings.tokens} tokens, {timings.retries} retries"
+        )
+    return lines

@@ -1,103 +1,639 @@
-"""``llmroute demo``: simulated providers on loopback, no API keys."""
+"""``llmroute demo``: hedged routing over simulated providers on loopback, no API keys.
+
+Three simulated providers (TLS + HTTP/2 on 127.0.0.1) with contrasting latency: one fast with a
+heavy stall tail, one steady but slow, one flaky (429s and 5xx). A workload with popular repeated
+prompts runs through one ``hedge`` route with a memory cache, under a live table of each target's
+TTFT percentiles; then the same prompts go to each target alone, and a summary compares them.
+``--real`` runs the same on the vendors whose API key is in the environment.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import random
 import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._format import ms as _ms
+from ._format import MissingExtra, make_console, ms, percentiles, ratio, require, table
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .. import AsyncOpenAI
+    from ..testing import Profile
 
 __all__ = ["register"]
+
+ROUTE = "chat"
+SIM_MODEL = "sim-small"
+REQUEST_TIMEOUT = 30.0
+"""Seconds one demo request may take, retries included (stalls are at most ~1.5 s)."""
+
+REAL_MODELS: dict[str, str] = {
+    "openai": "gpt-4o-mini",
+    "deepseek": "deepseek-chat",
+    "groq": "llama-3.1-8b-instant",
+    "mistral": "mistral-small-latest",
+    "together": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
+    "fireworks": "accounts/fireworks/models/llama-v3p1-8b-instruct",
+    "openrouter": "openai/gpt-4o-mini",
+    "xai": "grok-3-mini",
+    "gemini": "gemini-2.0-flash",
+    "anthropic": "claude-3-5-haiku-latest",
+    "moonshot": "moonshot-v1-8k",
+    "zhipu": "glm-4-flash",
+    "dashscope": "qwen-turbo",
+    "siliconflow": "Qwen/Qwen2.5-7B-Instruct",
+}
+"""The model ``--real`` asks each catalog vendor for: a small, cheap one (``--targets`` sets
+others)."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser(
-        "demo", help="stream answers from simulated providers (no keys needed)"
+        "demo",
+        help="hedged routing over three simulated providers, live (no keys needed)",
+        description=(
+            "Start three simulated providers on 127.0.0.1 (fast with a stall tail, steady-slow, "
+            "flaky), route a workload through a hedge route with a cache under a live table, "
+            "then send the same prompts to each target alone and compare TTFT percentiles."
+        ),
     )
-    demo.set_defaults(run=lambda args: anyio.run(_demo))
+    demo.add_argument(
+        "--requests", type=int, default=300, help="requests per run (300; --real: 30)"
+    )
+    demo.add_argument("--concurrency", type=int, default=8, help="requests at a time (8)")
+    demo.add_argument(
+        "--popular",
+        type=float,
+        default=0.3,
+        help="share of requests that repeat a few popular prompts at temperature 0 (0.3)",
+    )
+    demo.add_argument(
+        "--real",
+        action="store_true",
+        help="use the catalog vendors whose API key variable is set, instead of simulators",
+    )
+    demo.add_argument(
+        "--targets",
+        help="with --real: the targets, comma-separated provider:model (default: one per vendor)",
+    )
+    demo.add_argument("--max-tokens", type=int, default=16, help="max_tokens of each request (16)")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the workload's prompt order")
+    demo.set_defaults(run=_run)
 
 
-_PROMPTS = [
-    "Explain HTTP/2 multiplexing in one sentence.",
-    "Why does time to first token matter for chat apps?",
-]
+def _run(args: argparse.Namespace) -> int:
+    if args.requests < 1 or args.concurrency < 1 or not 0 <= args.popular <= 1:
+        sys.stderr.write(
+            "llmroute demo: --requests and --concurrency must be at least 1, "
+            "--popular between 0 and 1\n"
+        )
+        return 2
+    if args.targets and not args.real:
+        sys.stderr.write("llmroute demo: --targets goes with --real\n")
+        return 2
+    try:
+        require("rich", "cli")
+        if not args.real:
+            require("hypercorn", "cli")
+            require("trustme", "cli")
+    except MissingExtra as exc:
+        sys.stderr.write(f"llmroute demo: {exc}\n")
+        return 2
+    try:
+        return anyio.run(_demo, args)
+    except KeyboardInterrupt:
+        sys.stderr.write("llmroute demo: interrupted\n")
+        return 130
 
 
-def _demo_profiles() -> dict[str, object]:
+def _demo_profiles() -> dict[str, Profile]:
+    """The three simulated providers: each wins on some measure and loses on another."""
     from ..testing import Profile
 
+    common: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.01}
     return {
         "fast-but-spiky": Profile(
-            ttft_median=0.08,
+            ttft_median=0.07,
             ttft_sigma=0.3,
-            stall_prob=0.25,
-            stall_range=(0.5, 1.0),
-            inter_token=0.015,
-            reply_tokens=24,
+            stall_prob=0.12,
+            stall_range=(0.7, 1.4),
             seed=1,
+            **common,
         ),
-        "steady-slow": Profile(
-            ttft_median=0.35, ttft_sigma=0.05, inter_token=0.03, reply_tokens=24, seed=2
-        ),
+        "steady-slow": Profile(ttft_median=0.5, ttft_sigma=0.05, seed=2, **common),
         "flaky": Profile(
             ttft_median=0.12,
-            ttft_sigma=0.2,
-            inter_token=0.02,
-            reply_tokens=24,
-            rate_429=0.3,
-            retry_after=0.05,
+            ttft_sigma=0.35,
+            rate_429=0.06,
+            rate_500=0.04,
+            rate_503=0.02,
+            retry_after=0.5,
             seed=3,
+            **common,
         ),
     }
 
 
-async def _demo(out: object = None) -> int:
+# -- the workload -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One request of the workload."""
+
+    messages: list[dict[str, str]]
+    temperature: float
+
+
+_POPULAR = (
+    "What is HTTP/2 multiplexing?",
+    "Why does time to first token matter?",
+    "Explain hedged requests in one line.",
+    "What is a p95 latency?",
+    "Name three causes of a slow first token.",
+)
+
+
+def workload(count: int, popular: float, seed: int) -> list[Ask]:
+    """``count`` requests: a ``popular`` share repeats a few prompts at temperature 0 (cacheable),
+    the rest are unique prompts at temperature 0.7. The same list for every run of one demo."""
+    rng = random.Random(seed)
+    asks: list[Ask] = []
+    for index in range(count):
+        if rng.random() < popular:
+            prompt = _POPULAR[min(int(rng.paretovariate(1.2)) - 1, len(_POPULAR) - 1)]
+            temperature = 0.0
+        else:
+            prompt = f"Question {index}: what is {index} times {index + 7}? Answer briefly."
+            temperature = 0.7
+        asks.append(Ask([{"role": "user", "content": prompt}], temperature))
+    return asks
+
+
+@dataclass(slots=True)
+class Result:
+    """One caller request as the caller saw it: TTFT from ``create()`` to the first content."""
+
+    ttft: float | None = None
+    error: str | None = None
+    cache_hit: bool = False
+    hedged: bool = False
+    hedge_won: str | None = None
+    """The target whose hedge attempt won, if a hedge won."""
+
+
+async def ask_once(client: AsyncOpenAI, model: str, ask: Ask, max_tokens: int) -> Result:
+    """Stream one request and time it; an error is recorded, never raised."""
+    from .. import OpenAIError
+
+    result = Result()
+    began = time.perf_counter()
+    try:
+        with anyio.fail_after(REQUEST_TIMEOUT):
+            stream = await client.chat.completions.create(
+                model=model,
+                messages=ask.messages,  # type: ignore[arg-type]
+                temperature=ask.temperature,
+                max_tokens=max_tokens,
+                stream=True,
+            )
+            async with stream:
+                async for chunk in stream:
+                    if result.ttft is None and chunk.choices and chunk.choices[0].delta.content:
+                        result.ttft = time.perf_counter() - began
+            route = stream.route
+            if route is not None:
+                result.cache_hit = route.cache_hit
+                result.hedged = route.hedges > 0
+                for attempt in route.attempts:
+                    if attempt.reason == "hedge" and attempt.outcome == "won":
+                        result.hedge_won = attempt.target
+    except (OpenAIError, TimeoutError) as exc:
+        result.error = type(exc).__name__
+    return result
+
+
+async def drive(
+    once: Callable[[int], Awaitable[Result]],
+    count: int,
+    concurrency: int,
+    done: Callable[[Result], None],
+) -> list[Result]:
+    """Call ``once(i)`` for every i below ``count``, in order, ``concurrency`` at a time."""
+    results: list[Result] = [Result(error="not run") for _ in range(count)]
+    indices = iter(range(count))
+
+    async def worker() -> None:
+        for index in indices:
+            results[index] = await once(index)
+            done(results[index])
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(min(concurrency, count)):
+            tg.start_soon(worker)
+    return results
+
+
+# -- the targets ------------------------------------------------------------------------------
+
+
+@dataclass
+class Setup:
+    """Where the demo's requests go: the routed client's config, and each target alone."""
+
+    config: dict[str, Any]
+    targets: list[str]
+    """``provider:model`` of each target, in the route's order."""
+    alone: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per target: ``client``, the ``AsyncOpenAI`` arguments that reach it alone (a plain client,
+    or a route of that one target for a protocol other than OpenAI's), and ``model``."""
+    verify: Any = True
+    label: str = ""
+
+
+def _route_table(targets: Sequence[str], real: bool) -> dict[str, Any]:
+    return {
+        "targets": list(targets),
+        "policy": "hedge",
+        # Hedge a late first attempt soon: a stall is seen in a few hundred ms, not at its p95.
+        "hedge_after": "1.5s" if real else "200ms",
+        "rank_by": "p50",
+        "hedge_budget": 0.5,
+        "max_hedges": 2,
+        "first_token_timeout": "20s" if real else "5s",
+    }
+
+
+def simulated_setup(sims: dict[str, Any]) -> Setup:
+    providers = {
+        name: {"base_url": sim.base_url, "api_key": "sk-demo-local"} for name, sim in sims.items()
+    }
+    targets = [f"{name}:{SIM_MODEL}" for name in sims]
+    config = {
+        "providers": providers,
+        "models": {ROUTE: _route_table(targets, real=False)},
+        "routing": {"ttft_prior": "300ms"},
+        "cache": {"backend": "memory", "min_hits": 2},
+    }
+    alone = {
+        f"{name}:{SIM_MODEL}": {
+            "client": {"base_url": sim.base_url, "api_key": "sk-demo-local"},
+            "model": SIM_MODEL,
+        }
+        for name, sim in sims.items()
+    }
+    verify = next(iter(sims.values())).ssl_context()
+    return Setup(
+        config, targets, alone, verify, "three simulated providers on 127.0.0.1 (TLS + HTTP/2)"
+    )
+
+
+def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str], list[str]]:
+    """The ``provider:model`` targets whose key variable is set, and every variable looked for."""
+    from .._catalog import load_catalog
+
+    catalog = load_catalog()
+    looked: list[str] = []
+    targets: list[str] = []
+    for name, model in REAL_MODELS.items():
+        spec = catalog.get(name)
+        if spec is None or spec.api_key_env is None:
+            continue
+        looked.append(spec.api_key_env)
+        if environ.get(spec.api_key_env):
+            targets.append(f"{name}:{model}")
+    return targets, looked
+
+
+def real_setup(targets: list[str]) -> Setup:
+    from .._config import Target, resolve_provider
+
+    providers: dict[str, dict[str, Any]] = {}
+    alone: dict[str, dict[str, Any]] = {}
+    for text in targets:
+        target = Target.parse(text)
+        providers[target.provider] = {}
+        resolved = resolve_provider(target.provider, {})
+        if resolved.spec.protocol == "openai":
+            alone[target.name] = {
+                "client": {"base_url": str(resolved.base_url), "api_key": resolved.api_key},
+                "model": target.model,
+            }
+        else:  # another wire protocol: a route with this one target speaks it
+            only = {"targets": [target.name], "policy": "failover"}
+            alone[target.name] = {
+                "client": {
+                    "api_key": "unused",
+                    "config": {"providers": {target.provider: {}}, "models": {"alone": only}},
+                },
+                "model": "alone",
+            }
+    config = {
+        "providers": providers,
+        "models": {ROUTE: _route_table(targets, real=True)},
+        "cache": {"backend": "memory", "min_hits": 2},
+    }
+    return Setup(config, targets, alone, True, "vendors with a key in the environment")
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace) -> int:
     import contextlib
 
-    from .. import AsyncOpenAI, OpenAIError
+    from .._config import ConfigError
+
+    console = make_console()
+    if args.real:
+        if args.targets:
+            targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+        else:
+            targets, looked = real_targets(os.environ)
+            if not targets:
+                sys.stderr.write(
+                    "llmroute demo --real: no vendor API key is set; looked for "
+                    + ", ".join(looked)
+                    + ". Set one or more, or run the demo without --real.\n"
+                )
+                return 2
+        try:
+            setup = real_setup(targets)
+        except ConfigError as exc:
+            sys.stderr.write(f"llmroute demo --real: {exc}\n")
+            return 2
+        requests = args.requests if args.requests != 300 else 30
+        return await _run_demo(console, setup, args, requests)
     from ..testing import Simulator
 
-    write = sys.stdout.write
     with contextlib.ExitStack() as stack:
         sims = {
-            name: stack.enter_context(Simulator(profile=profile, tls=True))  # type: ignore[arg-type]
+            name: stack.enter_context(Simulator(profile=profile, tls=True))
             for name, profile in _demo_profiles().items()
         }
-        write(
-            "llmroute demo: three simulated providers on 127.0.0.1 (TLS + HTTP/2), no API keys\n\n"
-        )
-        for name, sim in sims.items():
-            async with AsyncOpenAI(
-                api_key="demo-key", base_url=sim.base_url, verify=sim.ssl_context()
-            ) as client:
+        return await _run_demo(console, simulated_setup(sims), args, args.requests)
+
+
+async def _run_demo(console: Console, setup: Setup, args: argparse.Namespace, count: int) -> int:
+    from .. import AsyncOpenAI
+
+    asks = workload(count, args.popular, args.seed)
+    began = time.perf_counter()
+    console.print(f"llmroute demo: {setup.label}")
+    console.print(f"route {ROUTE!r}: hedge over {', '.join(setup.targets)}, memory cache")
+    console.print(
+        f"workload: {count} requests, {args.concurrency} at a time; "
+        f"{sum(a.temperature == 0 for a in asks)} repeat popular prompts at temperature 0 "
+        "(cacheable), the others are unique"
+    )
+    async with AsyncOpenAI(api_key="unused", config=setup.config, verify=setup.verify) as client:
+        try:
+            with anyio.fail_after(30):
                 await client.warmup()
-                for prompt in _PROMPTS:
-                    write(f"[{name}] {prompt}\n  > ")
-                    try:
-                        stream = await client.chat.completions.create(
-                            model="sim-small",
-                            messages=[{"role": "user", "content": prompt}],
-                            stream=True,
-                        )
-                        async with stream:
-                            async for chunk in stream:
-                                if chunk.choices and chunk.choices[0].delta.content:
-                                    write(chunk.choices[0].delta.content)
-                                    sys.stdout.flush()
-                        t = stream.timings
-                        write(
-                            f"\n  {t.http_version}, connection "
-                            f"{'reused' if t.connection_reused else 'new'}, "
-                            f"headers {_ms(t.headers)}, first token {_ms(t.first_token)}, "
-                            f"total {_ms(t.total)}, {t.tokens} tokens, "
-                            f"{t.retries} retries\n\n"
-                        )
-                    except OpenAIError as exc:
-                        write(f"\n  failed: {type(exc).__name__}: {exc}\n\n")
-        write(
-            "Routing across these providers (hedging on live P95 TTFT) comes with the routing "
-            "work.\n"
-        )
+        except Exception as exc:  # an OpenAIError, a timeout, or a group of them
+            sys.stderr.write(f"llmroute demo: cannot reach any target: {exc}\n")
+            return 1
+        routed = await _routed_phase(console, client, asks, args, setup.targets)
+    alone = await _alone_phase(console, setup, asks, args)
+    _summary(console, setup.targets, routed, alone, time.perf_counter() - began)
     return 0
+
+
+class _Board:
+    """Counters of the routed phase, rendered as the live table."""
+
+    def __init__(self, targets: Sequence[str], total: int) -> None:
+        self.targets = list(targets)
+        self.total = total
+        self.results: list[Result] = []
+        self.hedges_won = dict.fromkeys(self.targets, 0)
+
+    def add(self, result: Result) -> None:
+        self.results.append(result)
+        if result.hedge_won in self.hedges_won:
+            self.hedges_won[result.hedge_won] += 1
+
+    def render(self, client: AsyncOpenAI) -> Any:
+        stats = client.stats()
+        rows: list[list[str]] = []
+        for name in self.targets:
+            snap = stats.get(name)
+            if snap is None:
+                rows.append([name, "0", "-", "-", "-", "0", "0", str(self.hedges_won[name]), ""])
+                continue
+            errors = sum(snap.outcomes.get(k, 0) for k in ("error", "timeout", "rate_limited"))
+            rows.append(
+                [
+                    name,
+                    str(snap.n),
+                    ms(snap.ttft_p50),
+                    ms(snap.ttft_p95),
+                    ms(snap.ttft_p99),
+                    str(snap.in_flight),
+                    str(errors),
+                    str(self.hedges_won[name]),
+                    "",
+                ]
+            )
+        hits = [r for r in self.results if r.cache_hit]
+        rows.append(_row("cache (memory)", hits, extra=["", "", "", str(len(hits))]))
+        rows.append(
+            _row(
+                "routed (caller's view)",
+                self.results,
+                extra=[
+                    "",
+                    str(sum(r.error is not None for r in self.results)),
+                    str(sum(r.hedge_won is not None for r in self.results)),
+                    str(len(hits)),
+                ],
+            )
+        )
+        return table(
+            f"hedge route {ROUTE!r}: live TTFT per target (done {len(self.results)}/{self.total})",
+            ["target", "n", "p50", "p95", "p99", "in flight", "errors", "hedges won", "cache hits"],
+            rows,
+        )
+
+
+def _row(name: str, results: Sequence[Result], extra: list[str]) -> list[str]:
+    ttfts = [r.ttft for r in results if r.ttft is not None and r.error is None]
+    return [name, str(len(ttfts)), *(ms(v) for v in percentiles(ttfts)), *extra]
+
+
+async def _routed_phase(
+    console: Console,
+    client: AsyncOpenAI,
+    asks: list[Ask],
+    args: argparse.Namespace,
+    targets: Sequence[str],
+) -> list[Result]:
+    from rich.console import Group
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    board = _Board(targets, len(asks))
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("routed requests", total=len(asks))
+    step = max(1, len(asks) // 4)
+
+    def done(result: Result) -> None:
+        board.add(result)
+        progress.advance(task)
+        if not console.is_terminal and len(board.results) % step == 0:
+            console.print(f"routed: {len(board.results)}/{len(asks)} requests done")
+
+    async def once(index: int) -> Result:
+        return await ask_once(client, ROUTE, asks[index], args.max_tokens)
+
+    results: list[Result] = []
+    if console.is_terminal:
+        with Live(
+            Group(board.render(client), progress),
+            console=console,
+            refresh_per_second=4,
+            transient=False,
+        ) as live:
+            async with anyio.create_task_group() as tg:
+
+                async def refresh() -> None:
+                    while True:
+                        await anyio.sleep(0.25)
+                        live.update(Group(board.render(client), progress))
+
+                tg.start_soon(refresh)
+                results = await drive(once, len(asks), args.concurrency, done)
+                tg.cancel_scope.cancel()
+            live.update(Group(board.render(client), progress))
+    else:
+        results = await drive(once, len(asks), args.concurrency, done)
+        console.print(board.render(client))
+    return results
+
+
+async def _alone_phase(
+    console: Console, setup: Setup, asks: list[Ask], args: argparse.Namespace
+) -> dict[str, list[Result]]:
+    import contextlib
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from .. import AsyncOpenAI
+
+    console.print(
+        f"Now each target alone (no routing, no cache; openai's retries): the same {len(asks)} "
+        "prompts, the three at once."
+    )
+    out: dict[str, list[Result]] = {}
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as progress:
+
+        async def one_target(name: str, spec: dict[str, Any]) -> None:
+            task = progress.add_task(f"{name} alone", total=len(asks))
+            async with AsyncOpenAI(**spec["client"], verify=setup.verify) as client:
+                with contextlib.suppress(Exception):  # its requests will say what is wrong
+                    await client.warmup()
+
+                async def once(index: int) -> Result:
+                    return await ask_once(client, spec["model"], asks[index], args.max_tokens)
+
+                out[name] = await drive(
+                    once, len(asks), args.concurrency, lambda _: progress.advance(task)
+                )
+            if not console.is_terminal:
+                console.print(f"{name} alone: {len(asks)}/{len(asks)} requests done")
+
+        async with anyio.create_task_group() as tg:
+            for name, spec in setup.alone.items():
+                tg.start_soon(one_target, name, spec)
+    return out
+
+
+def _summary(
+    console: Console,
+    targets: Sequence[str],
+    routed: list[Result],
+    alone: dict[str, list[Result]],
+    wall: float,
+) -> None:
+    def stats(results: Sequence[Result]) -> tuple[int, int, list[float | None]]:
+        ttfts = [r.ttft for r in results if r.ttft is not None and r.error is None]
+        return len(ttfts), sum(r.error is not None for r in results), percentiles(ttfts)
+
+    n, errors, (p50, p95, p99) = stats(routed)
+    live = [r for r in routed if not r.cache_hit]
+    live_n, live_errors, (_, live_p95, _) = stats(live)
+    rows: list[list[str]] = [
+        ["routed: hedge + cache", str(n), str(errors), ms(p50), ms(p95), ms(p99), "1.0x"],
+    ]
+    live_stats = stats(live)
+    rows.append(
+        [
+            "routed, cache hits left out",
+            str(live_n),
+            str(live_errors),
+            *(ms(v) for v in live_stats[2]),
+            ratio(live_p95, p95),
+        ]
+    )
+    ratios: dict[str, float] = {}
+    for name in targets:
+        if name not in alone:
+            continue
+        a_n, a_errors, (a50, a95, a99) = stats(alone[name])
+        rows.append([f"{name} alone", str(a_n), str(a_errors), ms(a50), ms(a95), ms(a99)])
+        rows[-1].append(ratio(a95, p95))
+        if a95 is not None and p95:
+            ratios[name] = a95 / p95
+    console.print(
+        table(
+            "Summary: time to first token as the caller saw it (same prompts, same run)",
+            ["run", "answered", "errors", "p50", "p95", "p99", "p95 / routed p95"],
+            rows,
+        )
+    )
+    hedged = sum(r.hedged for r in routed)
+    won = sum(r.hedge_won is not None for r in routed)
+    hits = sum(r.cache_hit for r in routed)
+    lines = [
+        f"hedges fired: {hedged} of {len(routed)} routed requests, {won} won; cache hits: {hits}",
+    ]
+    if ratios:
+        best = min(ratios, key=lambda k: ratios[k])
+        worst = max(ratios, key=lambda k: ratios[k])
+        lines.append(
+            f"P95 improvement: {ratios[best]:.1f}x over the best target alone ({best}), "
+            f"{ratios[worst]:.1f}x over the worst ({worst})"
+        )
+        if live_p95 is not None:
+            live_best = min(
+                (s for s in (stats(alone[t])[2][1] for t in ratios) if s is not None),
+                default=None,
+            )
+            lines.append(
+                f"without the cache's help: routed p95 {ms(live_p95)} vs the best target alone "
+                f"{ms(live_best)} ({ratio(live_best, live_p95)})"
+            )
+    lines.append(f"demo wall time: {wall:.1f} s")
+    for line in lines:
+        console.print(line)

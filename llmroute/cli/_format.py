@@ -1,10 +1,96 @@
-"""Small formatting helpers shared by the commands."""
+"""Formatting and summary helpers shared by the commands (percentiles, tables, consoles)."""
 
 from __future__ import annotations
 
-__all__ = ["ms"]
+import importlib
+import sys
+from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+__all__ = [
+    "QUANTILES",
+    "MissingExtra",
+    "make_console",
+    "ms",
+    "percentiles",
+    "ratio",
+    "require",
+    "table",
+]
+
+QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
+"""The quantiles every command reports: p50, p95, p99."""
+
+
+class MissingExtra(Exception):
+    """Raised when a command needs an optional dependency that is not installed."""
+
+
+def require(module: str, extra: str) -> ModuleType:
+    """Import ``module`` or raise :class:`MissingExtra` naming ``pip install 'llmroute[extra]'``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtra(f"{module} is not installed: pip install 'llmroute[{extra}]'") from None
 
 
 def ms(seconds: float | None) -> str:
     """``seconds`` as whole milliseconds, or ``-`` when unknown."""
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def percentiles(values: Iterable[float], qs: Sequence[float] = QUANTILES) -> list[float | None]:
+    """The ``qs``-quantiles of ``values`` (``None`` each when there are none).
+
+    The same estimator as the live routing stats (linear interpolation between closest ranks),
+    so a number a command prints means what ``client.stats()`` means.
+    """
+    from ..routing.stats import LatencyWindow
+
+    samples = list(values)
+    if not samples:
+        return [None for _ in qs]
+    window = LatencyWindow(window=float("inf"), max_samples=len(samples))
+    for value in samples:
+        window.add(value)
+    return [window.quantile(q) for q in qs]
+
+
+def ratio(before: float | None, after: float | None) -> str:
+    """How many times smaller ``after`` is than ``before``, e.g. ``3.2x``; ``-`` if unknown."""
+    if before is None or after is None or after <= 0:
+        return "-"
+    return f"{before / after:.1f}x"
+
+
+def make_console(file: TextIO | None = None, *, width: int = 120) -> Console:
+    """A rich console on ``file`` (stdout): live and coloured on a terminal, plain in a pipe."""
+    from rich.console import Console
+
+    out = file if file is not None else sys.stdout
+    terminal = out.isatty()
+    return Console(
+        file=out,
+        force_terminal=terminal,
+        no_color=not terminal,
+        highlight=False,
+        width=None if terminal else width,
+    )
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """A rich table: the first column left-aligned, the others (numbers) right-aligned."""
+    from rich import box
+    from rich.table import Table
+
+    out = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for index, column in enumerate(columns):
+        out.add_column(column, justify="left" if index == 0 else "right", no_wrap=True)
+    for row in rows:
+        out.add_row(*(str(cell) for cell in row))
+    return out
