@@ -54,6 +54,7 @@ __all__ = [
     "CacheSettings",
     "Config",
     "ConfigError",
+    "GatewaySettings",
     "ProviderConfig",
     "RedisSettings",
     "Resolved",
@@ -424,6 +425,68 @@ class CacheSettings(BaseModel):
     """Identical requests in flight at once share one upstream call."""
 
 
+_ENV_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_KEY_NAME = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+def _env_var_input(value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_VAR_NAME.fullmatch(value) or value.startswith("sk-"):
+        # Never echo the input: it may be a key pasted where its variable's name belongs.
+        raise _invalid("expected the name of an environment variable (A-Z, 0-9, _), not a key")
+    return value
+
+
+def _path_input(value: Any) -> Any:
+    if isinstance(value, str) and value:
+        return os.path.expanduser(value)
+    return _empty_is_none(value)
+
+
+class GatewaySettings(BaseModel):
+    """The ``[gateway]`` table: ``llmroute serve``, the OpenAI-compatible gateway (see
+    docs/gateway.md). Keys are named here and read from the environment, never from the file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: dict[
+        Annotated[str, Field(pattern=_KEY_NAME)], Annotated[str, BeforeValidator(_env_var_input)]
+    ] = Field(default_factory=lambda: {"default": "LLMROUTE_GATEWAY_KEY"}, min_length=1)
+    """The gateway's API keys: a name (shown in metrics and logs) -> the environment variable
+    holding the key. Default: one key named ``default`` in ``LLMROUTE_GATEWAY_KEY``."""
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    """0: any free port (the one chosen is printed)."""
+    certfile: Annotated[str | None, BeforeValidator(_path_input)] = None
+    """A PEM certificate (chain): with ``keyfile``, the gateway serves HTTPS, HTTP/2 by ALPN."""
+    keyfile: Annotated[str | None, BeforeValidator(_path_input)] = None
+    max_body_bytes: Annotated[Size, Field(gt=0)] = 4 * 2**20
+    """Larger request bodies are refused with 413."""
+    max_concurrency_per_key: int = Field(default=64, ge=1)
+    """Requests in flight per key (a stream counts until it ends); more are refused with 429."""
+    retry_after: Annotated[Duration, Field(gt=0)] = 1.0
+    """Seconds a 429 for ``max_concurrency_per_key`` asks the client to wait (Retry-After)."""
+    metrics_public: bool = False
+    """Serve ``/metrics`` without a key (for a scraper on a private network)."""
+    cache_namespace_per_key: bool = False
+    """Keep each key's cached answers apart (``true``), or share them between keys."""
+
+    @field_validator("keys")
+    @classmethod
+    def _check_key_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if name.lower().startswith("sk-"):
+                # A name shows in metrics and logs; this one looks like a key (never echoed).
+                raise _invalid('a key\'s name looks like a key: name it, e.g. app = "ENV_VAR"')
+        return value
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> GatewaySettings:
+        if (self.certfile is None) != (self.keyfile is None):
+            missing = "keyfile" if self.keyfile is None else "certfile"
+            raise _invalid("certfile and keyfile go together", missing)
+        return self
+
+
 class Config(BaseModel):
     """A whole config: providers, routes and routing settings.
 
@@ -443,6 +506,8 @@ class Config(BaseModel):
     cache: CacheSettings | None = None
     """The response cache; ``None`` (no ``[cache]`` table): no cache."""
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    gateway: GatewaySettings | None = None
+    """``llmroute serve``'s settings; ``None`` (no ``[gateway]`` table): the defaults."""
 
     _source: str = PrivateAttr(default=_DEFAULT_SOURCE)
 
@@ -735,6 +800,8 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
             model = RouteConfig
         case ("routing",):
             model = RoutingSettings
+        case ("gateway",):
+            model = GatewaySettings
         case _:
             return []
     return list(model.model_fields)

@@ -3,12 +3,100 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
-        "serve", help="an OpenAI-compatible gateway with the routing and cache behind it"
+        "serve",
+        help="an OpenAI-compatible gateway with the routing and cache behind it",
+        description=(
+            "Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, "
+            "/v1/models) plus /health and /metrics, with the config's routes and cache behind "
+            "it. Clients authenticate with a gateway key ([gateway] keys, default "
+            "$LLMROUTE_GATEWAY_KEY). See docs/gateway.md."
+        ),
     )
-    parser.set_defaults(run=lambda args: parser.error("not built yet"))
+    parser.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
+    parser.add_argument(
+        "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, help="the port (default: [gateway] port, else 8000; 0: any free one)"
+    )
+    parser.add_argument("--certfile", help="a PEM certificate: HTTPS, HTTP/2 by ALPN")
+    parser.add_argument("--keyfile", help="the certificate's PEM private key")
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import importlib.util
+
+    if importlib.util.find_spec("hypercorn") is None:
+        sys.stderr.write("llmroute serve: hypercorn is missing; pip install 'llmroute[server]'\n")
+        return 2
+    if (args.certfile is None) != (args.keyfile is None):
+        sys.stderr.write("llmroute serve: --certfile and --keyfile go together\n")
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # hpack logs every header it encodes or decodes at DEBUG, upstream keys included.
+    logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger().level))
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+    import ssl
+
+    from .._config import ConfigError, GatewaySettings
+    from ..server import GatewayApp, base_url, listen, serve
+
+    try:
+        app = GatewayApp(args.config)  # in the loop that serves it
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute serve: {exc}\n")
+        return 2
+    settings = app.config.gateway or GatewaySettings()
+    host = args.host or settings.host
+    port = settings.port if args.port is None else args.port
+    certfile, keyfile = args.certfile, args.keyfile
+    if certfile is None:
+        certfile, keyfile = settings.certfile, settings.keyfile
+    if certfile is not None:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        except (OSError, ssl.SSLError) as exc:
+            await app.aclose()
+            sys.stderr.write(f"llmroute serve: cannot use {certfile} and {keyfile}: {exc}\n")
+            return 2
+    try:
+        sock = listen(host, port)
+    except OSError as exc:
+        await app.aclose()
+        sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
+        return 1
+    loop = asyncio.get_running_loop()
+    shutdown = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    url = base_url(sock, tls=certfile is not None)
+    protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
+    sys.stdout.write(
+        f"llmroute gateway listening on {url} ({protocols}); "
+        f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}\n"
+    )
+    sys.stdout.flush()
+    await serve(app, sock, certfile=certfile, keyfile=keyfile, shutdown_trigger=shutdown.wait)
+    sys.stdout.write("llmroute gateway stopped\n")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,246 @@
+"""Gateway benchmark: the TTFT the gateway adds, through it vs directly to the same simulator.
+
+One zero-latency simulator in its own process (``SimulatorProcess``, TLS + HTTP/2, ``Profile()``
+defaults but ``--tokens`` per reply). One gateway in its own process (``llmroute serve`` with a
+trustme certificate: HTTPS, HTTP/2 by ALPN; with ``--plain`` plain HTTP/1.1), one route ``chat``
+-> the simulator, no cache. The benchmark's client is ``llmroute.AsyncOpenAI`` for both paths
+(HTTP/2 over TLS to each server, or HTTP/1.1 keep-alive to a ``--plain`` gateway):
+
+- direct:  ``base_url`` = the simulator, ``model="sim-small"``
+- gateway: ``base_url`` = the gateway, ``model="chat"`` (the gateway's own llmroute client then
+  goes to the simulator over a warm HTTP/2 connection)
+
+TTFT is from ``create()`` to the first chunk with content; every stream is read to its end. At
+each concurrency (1 and 64) the two paths alternate in batches, in rotated order each round, so
+both see the same machine state; percentiles are nearest-rank over all requests of a path. The
+gateway process's CPU time (``/proc``) over its batches, per request, is reported too (on a
+shared machine it moves far less than latencies do), beside the simulator's over the direct
+batches: what one hypercorn server spends to stream the same reply.
+
+    .venv/bin/python benchmarks/gateway.py            # about a minute
+    .venv/bin/python benchmarks/gateway.py --plain    # client -> gateway over HTTP/1.1
+    .venv/bin/python benchmarks/gateway.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import select
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import trustme
+from _machine import machine
+
+from llmroute import AsyncOpenAI
+from llmroute.testing import Profile, SimulatorProcess
+
+UPSTREAM_KEY = "sk-bench-gateway-upstream"
+GATEWAY_KEY = "gw-bench-gateway-key"
+MESSAGES = [{"role": "user", "content": "How much does a gateway add?"}]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+@contextmanager
+def gateway_process(
+    sim: SimulatorProcess, folder: str, *, tls: bool = True
+) -> Iterator[tuple[str, ssl.SSLContext, int]]:
+    """``llmroute serve`` in a child process, over HTTPS unless ``tls`` is false (then plain
+    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    leaf.private_key_and_cert_chain_pem.write_to_path(cert)
+    leaf.private_key_pem.write_to_path(key)
+    config = os.path.join(folder, "llmroute.toml")
+    Path(config).write_text(
+        f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
+        '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
+        "max_concurrency_per_key = 1000\n"
+    )
+    env = {
+        **os.environ,
+        "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
+        "BENCH_GATEWAY_KEY": GATEWAY_KEY,
+        "SSL_CERT_FILE": sim.ca_pem_path or "",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
+    command += ["--log-level", "warning"]
+    if tls:
+        command += ["--certfile", cert, "--keyfile", key]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if readable else ""
+        if "listening on " not in line:
+            raise RuntimeError(f"the gateway did not start: {line!r}")
+        ctx = ssl.create_default_context()
+        ca.configure_trust(ctx)
+        yield line.split("listening on ", 1)[1].split()[0], ctx, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def ttft(client: AsyncOpenAI, model: str) -> float:
+    """Seconds from create() to the first chunk with content; the stream is read to its end."""
+    started = time.perf_counter()
+    stream = await client.chat.completions.create(model=model, messages=MESSAGES, stream=True)
+    first = math.nan
+    async with stream:
+        async for chunk in stream:
+            if math.isnan(first) and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter() - started
+    return first
+
+
+async def batch(client: AsyncOpenAI, model: str, requests: int, concurrency: int) -> list[float]:
+    """``requests`` streams, ``concurrency`` at a time (each worker one after another)."""
+    out: list[float] = []
+
+    async def worker(count: int) -> None:
+        for _ in range(count):
+            out.append(await ttft(client, model))
+
+    share, extra = divmod(requests, concurrency)
+    await asyncio.gather(*(worker(share + (i < extra)) for i in range(concurrency)))
+    return out
+
+
+async def measure(
+    sim: SimulatorProcess,
+    gateway_url: str,
+    gateway_ctx: ssl.SSLContext,
+    gateway_pid: int,
+    levels: Sequence[int],
+    rounds: int,
+    per_batch: dict[int, int],
+) -> dict[str, Any]:
+    direct = AsyncOpenAI(api_key=UPSTREAM_KEY, base_url=sim.base_url, verify=sim.ssl_context())
+    through = AsyncOpenAI(api_key=GATEWAY_KEY, base_url=gateway_url, verify=gateway_ctx)
+    paths = {"direct": (direct, "sim-small"), "gateway": (through, "chat")}
+    results: dict[str, Any] = {}
+    try:
+        for client, model in paths.values():
+            await batch(client, model, 64, 16)  # warm both paths' connections and pools
+        for level in levels:
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            cpu = 0.0  # the gateway process's CPU seconds during its own batches
+            sim_cpu = 0.0  # the simulator's during the direct batches (a hypercorn baseline)
+            for round_ in range(rounds):
+                order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
+                for name in order:
+                    client, model = paths[name]
+                    before, sim_before = cpu_seconds(gateway_pid), cpu_seconds(sim.pid or 0)
+                    samples[name] += await batch(client, model, per_batch[level], level)
+                    if name == "gateway":
+                        cpu += cpu_seconds(gateway_pid) - before
+                    else:
+                        sim_cpu += cpu_seconds(sim.pid or 0) - sim_before
+            row: dict[str, Any] = {"n": {k: len(v) for k, v in samples.items()}}
+            row["gateway_cpu_per_request"] = cpu / max(1, len(samples["gateway"]))
+            row["simulator_cpu_per_request"] = sim_cpu / max(1, len(samples["direct"]))
+            for name, values in samples.items():
+                row[name] = {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
+            results[str(level)] = row
+    finally:
+        await direct.close()
+        await through.close()
+    return results
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [
+        "| concurrency | requests per path | direct p50 | gateway p50 | added p50 | ratio p50 "
+        "| direct p99 | gateway p99 | added p99 | ratio p99 | CPU per request: gateway "
+        "| simulator |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for level, row in results.items():
+        d, g = row["direct"], row["gateway"]
+        cells = [level, str(row["n"]["direct"])]
+        for q in ("p50", "p99"):
+            cells += [
+                f"{d[q] * 1000:.2f} ms",
+                f"{g[q] * 1000:.2f} ms",
+                f"**{(g[q] - d[q]) * 1000:+.2f} ms**",
+                f"{g[q] / d[q]:.2f}x",
+            ]
+        cells.append(f"{row['gateway_cpu_per_request'] * 1000:.2f} ms")
+        cells.append(f"{row['simulator_cpu_per_request'] * 1000:.2f} ms")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=20, help="reply length (SSE chunks)")
+    parser.add_argument("--per-batch-1", type=int, default=25, help="requests per batch at c=1")
+    parser.add_argument("--per-batch-64", type=int, default=256, help="... at c=64")
+    parser.add_argument("--quick", action="store_true", help="2 rounds of small batches")
+    parser.add_argument(
+        "--plain", action="store_true", help="the gateway over plain HTTP/1.1 (client side)"
+    )
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.per_batch_1, args.per_batch_64 = 2, 5, 64
+    per_batch = {1: args.per_batch_1, 64: args.per_batch_64}
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        SimulatorProcess(Profile(reply_tokens=args.tokens), tls=True) as sim,
+        gateway_process(sim, folder, tls=not args.plain) as (url, ctx, pid),
+    ):
+        results = asyncio.run(measure(sim, url, ctx, pid, [1, 64], args.rounds, per_batch))
+    info = machine(["openai", "httpx", "h2", "hypercorn", "anyio"])
+    if args.json:
+        print(json.dumps({"results": results, "machine": info, "args": vars(args)}, indent=2))
+        return
+    print(report(results, args))
+    print(
+        f"\nnproc={info['nproc']} cpu={info['cpu']} python={info['python']} "
+        f"rounds={args.rounds} tokens={args.tokens} "
+        f"client->gateway: {'HTTP/1.1 plain' if args.plain else 'HTTP/2 over TLS'}; "
+        f"per batch: c=1 {args.per_batch_1}, c=64 {args.per_batch_64}"
+    )
+
+
+if __name__ == "__main__":
+    main()

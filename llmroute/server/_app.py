@@ -1,0 +1,632 @@
+"""The gateway's raw ASGI app: OpenAI's HTTP API in front of one routed ``AsyncOpenAI``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Any
+
+import anyio
+import openai
+import pydantic
+
+from .._client import AsyncOpenAI
+from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
+from .._errors import AllTargetsFailed, StreamInterrupted
+from .._streaming import AsyncStream
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ._auth import KeyRing
+from ._metrics import ANONYMOUS, GatewayMetrics
+
+__all__ = ["GatewayApp", "dump_json"]
+
+log = logging.getLogger("llmroute.server")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_CHAT = "/v1/chat/completions"
+_COMPLETIONS = "/v1/completions"
+_EMBEDDINGS = "/v1/embeddings"
+_MODELS = "/v1/models"
+_POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
+# Headers a gateway client may set for the cache behind it; nothing else it sends goes upstream.
+_FORWARDED = ("x-llmroute-cache", "x-llmroute-cache-replay")
+_NAMESPACE_HEADER = "x-llmroute-cache-namespace"
+_CLOSE_TIMEOUT = 5.0  # seconds a cancelled upstream stream may take to close
+_REDACTED = "[redacted]"
+_DRAIN_BYTES = 16 * 2**20  # a refused body up to this size is read to its end before the 413
+_DRAIN_SECONDS = 5.0
+_UPSTREAM_AUTH = (401, 403, 407)
+
+
+def dump_json(model: pydantic.BaseModel) -> bytes:
+    """An ``openai.types`` object as the JSON it came from: the fields it was built with
+    (``exclude_unset``: none invented), the vendor's unknown fields kept, API names used."""
+    return model.model_dump_json(by_alias=True, exclude_unset=True, warnings=False).encode()
+
+
+def _error(message: str, type_: str, code: str | None = None, param: str | None = None) -> Any:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class _Refused(Exception):
+    """An answer decided before the routing: status, OpenAI error body, extra headers."""
+
+    def __init__(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.headers = dict(headers or {})
+
+
+class _Exchange:
+    """One request's state: its id, key name, status sent and whether the client left."""
+
+    __slots__ = ("finished", "gone", "key", "label", "request_id", "send", "status")
+
+    def __init__(self, send: Send, label: str) -> None:
+        self.send = send
+        self.label = label
+        self.key = ANONYMOUS
+        self.status = 0
+        self.gone = False
+        self.finished = False
+        self.request_id = f"gw-{uuid.uuid4().hex}"
+
+    async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
+        self.status = status
+        raw = [
+            (b"content-type", content_type.encode()),
+            (b"x-request-id", self.request_id.encode()),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+        ]
+        await self.send({"type": "http.response.start", "status": status, "headers": raw})
+
+    async def body(self, data: bytes, *, more: bool = False) -> None:
+        if not more:
+            self.finished = True
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def whole(
+        self,
+        status: int,
+        data: bytes,
+        content_type: str = "application/json",
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        await self.start(status, content_type, headers or {})
+        await self.body(data)
+
+
+class GatewayApp:
+    """An ASGI app serving OpenAI's API (``/v1/chat/completions`` streamed or not,
+    ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``) plus ``/health`` and ``/metrics``,
+    with one :class:`llmroute.AsyncOpenAI` built from ``config`` behind it, so every request
+    gets the routing and the cache.
+
+    ``/v1/*`` (and ``/metrics`` unless ``metrics_public``) need one of the gateway's keys as
+    ``Authorization: Bearer <key>``; that header is never sent upstream, and the upstream keys
+    never appear in a response or a log line. ``client_options`` go to ``AsyncOpenAI`` (e.g.
+    ``verify``, ``max_retries``, ``timeout``). Raises :class:`~llmroute.ConfigError` when the
+    config or a gateway key is missing.
+    """
+
+    def __init__(
+        self,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str] | None,
+        *,
+        environ: Mapping[str, str] = os.environ,
+        **client_options: Any,
+    ) -> None:
+        loaded = load_config(config)
+        if loaded is None:
+            raise ConfigError(
+                "llmroute serve needs a config with routes: pass --config or set LLMROUTE_CONFIG"
+            )
+        self.config = loaded
+        self.settings = loaded.gateway or GatewaySettings()
+        self.keys = KeyRing.from_settings(self.settings, environ)
+        resolved = resolve(loaded)
+        self._secrets = sorted(
+            {p.api_key for p in resolved.providers.values() if p.api_key and len(p.api_key) >= 4},
+            key=len,
+            reverse=True,
+        )
+        self.client = AsyncOpenAI(config=loaded, **client_options)
+        self.metrics = GatewayMetrics()
+        self.routes = list(loaded.models)
+        self._created = int(time.time())
+        self._in_flight: dict[str, int] = {}
+        self._scopes: set[anyio.CancelScope] = set()
+        self._closing = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and end the streams in flight (their clients get an error event,
+        their upstream streams are cancelled). Call it from the server's event loop."""
+        self._closing = True
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def aclose(self) -> None:
+        """End what is in flight and close the client (its connections and cache)."""
+        self.begin_shutdown()
+        await self.client.close()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                with anyio.move_on_after(10):
+                    try:
+                        await self.client.warmup()
+                    except Exception as exc:  # serving goes on; the routing handles dead targets
+                        log.warning("warmup: no target could be reached: %s", self._scrub(str(exc)))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- dispatch -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        label = _label(path)
+        exchange = _Exchange(send, label)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        began = time.monotonic()
+        try:
+            await self._route(path, method, headers, exchange, receive)
+        except _Refused as refused:
+            await self._refuse(exchange, refused)
+        finally:
+            elapsed = time.monotonic() - began
+            status = str(exchange.status or 499)
+            self.metrics.requests.labels(exchange.key, label, status).inc()
+            self.metrics.duration.labels(label).observe(elapsed)
+            log.info(
+                "%s %s %s key=%s %.3fs%s",
+                method,
+                label,
+                status,
+                exchange.key,
+                elapsed,
+                " (client went away)" if exchange.gone else "",
+            )
+
+    async def _route(
+        self,
+        path: str,
+        method: str,
+        headers: Mapping[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+    ) -> None:
+        if path == "/health":
+            _allow(method, "GET")
+            await exchange.whole(200, json.dumps(self._health()).encode())
+            return
+        if path == "/metrics":
+            _allow(method, "GET")
+            if not self.settings.metrics_public:
+                self._authenticate(headers, exchange)
+            data = self.client.metrics.exposition() + self.metrics.exposition()
+            await exchange.whole(200, data, METRICS_CONTENT_TYPE)
+            return
+        if not path.startswith("/v1/"):
+            raise _Refused(404, _error(f"Unknown request URL: {path}", "invalid_request_error"))
+        self._authenticate(headers, exchange)
+        if self._closing:
+            raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
+        key = exchange.key
+        in_flight = self._in_flight.get(key, 0)
+        if in_flight >= self.settings.max_concurrency_per_key:
+            self.metrics.rejections.labels(key, "concurrency").inc()
+            wait = self.settings.retry_after
+            raise _Refused(
+                429,
+                _error(
+                    f"Too many requests in flight for this key (at most "
+                    f"{self.settings.max_concurrency_per_key}); retry shortly.",
+                    "requests",
+                    "rate_limit_exceeded",
+                ),
+                {
+                    "retry-after": str(max(1, math.ceil(wait))),
+                    "retry-after-ms": str(int(wait * 1000)),
+                },
+            )
+        self._in_flight[key] = in_flight + 1
+        self.metrics.in_flight.labels(key).inc()
+        try:
+            await self._v1(path, method, headers, exchange, receive)
+        finally:
+            self._in_flight[key] -= 1
+            self.metrics.in_flight.labels(key).dec()
+
+    async def _v1(
+        self,
+        path: str,
+        method: str,
+        headers: Mapping[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+    ) -> None:
+        if path == _MODELS:
+            _allow(method, "GET")
+            data = [self._model(name) for name in self.routes]
+            await exchange.whole(200, json.dumps({"object": "list", "data": data}).encode())
+            return
+        if path.startswith(_MODELS + "/"):
+            _allow(method, "GET")
+            name = path[len(_MODELS) + 1 :]
+            if name not in self.routes:
+                raise _model_not_found(name)
+            await exchange.whole(200, json.dumps(self._model(name)).encode())
+            return
+        if path not in _POSTS:
+            raise _Refused(
+                404, _error(f"Unknown request URL: {method} {path}", "invalid_request_error")
+            )
+        _allow(method, "POST")
+        body = await self._read_json(headers, exchange, receive)
+        required = _POSTS[path]
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise _missing("model")
+        if required not in body:
+            raise _missing(required)
+        if model not in self.routes and self.config.default_provider is None:
+            raise _model_not_found(model)
+        await self._answer(path, body, self._upstream_headers(headers, exchange), exchange, receive)
+
+    # -- the routed call ------------------------------------------------------------------------
+
+    async def _answer(
+        self,
+        path: str,
+        body: dict[str, Any],
+        extra_headers: dict[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+    ) -> None:
+        stream: AsyncStream[Any] | None = None
+        result: object = None
+        failure: Exception | None = None
+        complete = False
+        async with anyio.create_task_group() as tg:
+            scope = tg.cancel_scope
+
+            def client_gone() -> None:
+                if not exchange.finished:
+                    exchange.gone = True
+                    scope.cancel()
+
+            tg.start_soon(_watch_disconnect, receive, client_gone)
+            self._scopes.add(scope)
+            try:
+                result = await self._call(path, body, extra_headers)
+                if isinstance(result, AsyncStream):
+                    stream = result
+                    cache = "hit" if _cache_hit(stream) else "miss"
+                    await exchange.start(
+                        200,
+                        "text/event-stream; charset=utf-8",
+                        {"cache-control": "no-cache", "x-llmroute-cache": cache},
+                    )
+                    async for chunk in stream:
+                        await exchange.body(b"data: " + dump_json(chunk) + b"\n\n", more=True)
+                    complete = True
+            except Exception as exc:
+                failure = exc
+            finally:
+                self._scopes.discard(scope)
+                scope.cancel()
+        if exchange.gone:
+            self.metrics.disconnects.labels(exchange.key, exchange.label).inc()
+        if stream is not None:
+            with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
+                try:
+                    await stream.close()
+                except Exception as exc:
+                    log.warning("closing a stream: %s", self._scrub(f"{type(exc).__name__}: {exc}"))
+        if exchange.gone:
+            return
+        if stream is not None:
+            if complete:
+                await exchange.body(b"data: [DONE]\n\n")
+                return
+            self.metrics.stream_errors.labels(exchange.key, exchange.label).inc()
+            if failure is None:
+                event = _error(
+                    "The gateway is shutting down; the answer is incomplete.",
+                    "server_error",
+                    "gateway_shutdown",
+                )
+            else:
+                event = self._stream_error(failure)
+            await exchange.body(b"data: " + self._error_bytes(event) + b"\n\n")
+            return
+        if failure is not None:
+            raise self._map_error(failure)
+        if result is None:
+            raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
+        assert isinstance(result, pydantic.BaseModel)
+        cache = "hit" if _cache_hit(result) else "miss"
+        await exchange.whole(200, dump_json(result), headers={"x-llmroute-cache": cache})
+
+    async def _call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
+        """The client's call for ``path``: every field of the body is passed on as it is."""
+        rest = dict(body)
+        model = rest.pop("model")
+        kwargs: dict[str, Any] = {"model": model, "extra_headers": extra_headers}
+        if "stream" in rest:
+            kwargs["stream"] = rest.pop("stream")
+        client = self.client
+        if path == _CHAT:
+            kwargs["messages"] = rest.pop("messages")
+            return await client.chat.completions.create(extra_body=rest, **kwargs)
+        if path == _COMPLETIONS:
+            kwargs["prompt"] = rest.pop("prompt")
+            return await client.completions.create(extra_body=rest, **kwargs)
+        kwargs.pop("stream", None)
+        kwargs["input"] = rest.pop("input")
+        if "encoding_format" in rest:
+            kwargs["encoding_format"] = rest.pop("encoding_format")
+        return await client.embeddings.create(extra_body=rest, **kwargs)
+
+    def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
+        """The cache settings a client may give; a per-key namespace when configured."""
+        out = {name: headers[name] for name in _FORWARDED if name in headers}
+        if self.settings.cache_namespace_per_key:
+            out[_NAMESPACE_HEADER] = f"gateway.{exchange.key}"
+        return out
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> None:
+        name = self.keys.match(headers.get("authorization"))
+        if name is None:
+            self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
+            given = "authorization" in headers
+            message = (
+                "Incorrect API key provided."
+                if given
+                else "You didn't provide an API key (Authorization: Bearer <key>)."
+            )
+            raise _Refused(
+                401,
+                _error(message, "invalid_request_error", "invalid_api_key"),
+                {"www-authenticate": 'Bearer realm="llmroute"'},
+            )
+        exchange.key = name
+
+    async def _read_json(
+        self, headers: Mapping[str, str], exchange: _Exchange, receive: Receive
+    ) -> dict[str, Any]:
+        limit = self.settings.max_body_bytes
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            if int(declared) <= _DRAIN_BYTES:
+                await _discard(receive, _DRAIN_BYTES)
+            raise self._too_large(exchange, limit)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                exchange.gone = True
+                raise _Refused(499, _error("The client went away.", "invalid_request_error"))
+            part: bytes = message.get("body", b"")
+            size += len(part)
+            if size > limit:
+                if message.get("more_body", False):
+                    await _discard(receive, _DRAIN_BYTES)
+                raise self._too_large(exchange, limit)
+            parts.append(part)
+            if not message.get("more_body", False):
+                break
+        try:
+            body = json.loads(b"".join(parts))
+        except (ValueError, UnicodeDecodeError):
+            raise _Refused(
+                400, _error("The request body is not valid JSON.", "invalid_request_error")
+            ) from None
+        except RecursionError:
+            raise _too_deep() from None
+        if not isinstance(body, dict):
+            raise _Refused(
+                400, _error("The request body must be a JSON object.", "invalid_request_error")
+            )
+        return body  # type: ignore[return-value]
+
+    def _too_large(self, exchange: _Exchange, limit: int) -> _Refused:
+        self.metrics.rejections.labels(exchange.key, "body_too_large").inc()
+        return _Refused(
+            413,
+            _error(
+                f"The request body is larger than the gateway allows ({limit} bytes).",
+                "invalid_request_error",
+                "request_too_large",
+            ),
+        )
+
+    # -- answers ------------------------------------------------------------------------------
+
+    def _model(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "llmroute"}
+
+    def _health(self) -> dict[str, Any]:
+        targets = {
+            name: {
+                "n": snap.n,
+                "ttft_p50": snap.ttft_p50,
+                "ttft_p95": snap.ttft_p95,
+                "error_rate": snap.error_rate,
+                "in_flight": snap.in_flight,
+                "breaker": snap.breaker,
+            }
+            for name, snap in self.client.stats().items()
+        }
+        status = "shutting_down" if self._closing else "ok"
+        return {"status": status, "routes": self.routes, "targets": targets}
+
+    async def _refuse(self, exchange: _Exchange, refused: _Refused) -> None:
+        if exchange.gone or exchange.status:
+            exchange.status = exchange.status or refused.status
+            return
+        data = self._error_bytes(refused.body)
+        await exchange.whole(refused.status, data, headers=refused.headers)
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, _REDACTED)
+        return text
+
+    def _error_bytes(self, body: Any) -> bytes:
+        return self._scrub(json.dumps(body)).encode()
+
+    def _map_error(self, exc: Exception) -> _Refused:
+        """An exception of the routed call as the OpenAI-shaped error a client should see."""
+        if isinstance(exc, AllTargetsFailed):
+            causes = list(exc.errors.values())
+            statuses = {c.status_code for c in causes if isinstance(c, openai.APIStatusError)}
+            if (
+                len(statuses) == 1
+                and len(causes) > 0
+                and all(isinstance(c, openai.APIStatusError) for c in causes)
+            ):
+                status = statuses.pop()
+                if status < 500 and status not in _UPSTREAM_AUTH:
+                    cause = causes[-1]
+                    assert isinstance(cause, Exception)
+                    return self._map_error(cause)
+            return _Refused(502, _error(exc.message, "upstream_error", "all_targets_failed"))
+        if isinstance(exc, openai.APIStatusError):
+            status = exc.status_code
+            if status in _UPSTREAM_AUTH:
+                log.error("upstream refused the gateway's credentials (HTTP %d)", status)
+                return _Refused(
+                    502,
+                    _error(
+                        "The upstream provider refused the gateway's credentials.",
+                        "upstream_error",
+                        "upstream_auth",
+                    ),
+                )
+            error = exc.body if isinstance(exc.body, dict) else {}
+            kind = "server_error" if status >= 500 else "upstream_error"
+            body = {
+                "message": error.get("message") or exc.message,
+                "type": error.get("type") or kind,
+                "param": error.get("param"),
+                "code": error.get("code"),
+            }
+            headers: dict[str, str] = {}
+            if status == 429:
+                for name in ("retry-after", "retry-after-ms"):
+                    value = exc.response.headers.get(name)
+                    if value is not None:
+                        headers[name] = value
+            return _Refused(status if 400 <= status <= 599 else 502, {"error": body}, headers)
+        if isinstance(exc, openai.APITimeoutError):
+            return _Refused(504, _error(exc.message, "timeout", "upstream_timeout"))
+        if isinstance(exc, openai.APIError):
+            return _Refused(502, _error(exc.message, "upstream_error", "upstream_unavailable"))
+        if isinstance(exc, ConfigError):
+            return _Refused(400, _error(str(exc), "invalid_request_error"))
+        if isinstance(exc, RecursionError):
+            return _too_deep()
+        log.error("unexpected error: %s", self._scrub(f"{type(exc).__name__}: {exc}"))
+        return _Refused(500, _error("The gateway failed to answer.", "server_error"))
+
+    def _stream_error(self, exc: Exception) -> Any:
+        """The last SSE event of a stream that broke: OpenAI's error shape, never ``[DONE]``."""
+        if isinstance(exc, StreamInterrupted):
+            return _error(exc.message, "server_error", "stream_interrupted")
+        if isinstance(exc, openai.APIError):
+            return _error(exc.message, "server_error", "upstream_error")
+        log.error("unexpected error in a stream: %s", self._scrub(f"{type(exc).__name__}: {exc}"))
+        return _error("The gateway failed to finish the answer.", "server_error")
+
+
+async def _discard(receive: Receive, budget: int) -> None:
+    """Read and drop the rest of a refused body (bounded in bytes and time), so an HTTP/1.1
+    client still sending it reads the 413 instead of a reset connection."""
+    with anyio.move_on_after(_DRAIN_SECONDS):
+        while budget > 0:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            budget -= len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+
+async def _watch_disconnect(receive: Receive, gone: Callable[[], None]) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone()
+            return
+
+
+def _cache_hit(result: object) -> bool:
+    route = getattr(result, "route", None)
+    return bool(getattr(route, "cache_hit", False))
+
+
+def _label(path: str) -> str:
+    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _MODELS, "/health", "/metrics"):
+        return path
+    if path.startswith(_MODELS + "/"):
+        return _MODELS + "/{model}"
+    return "other"
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise _Refused(
+            405,
+            _error(f"Method {method} is not allowed here; use {allowed}.", "invalid_request_error"),
+            {"allow": allowed},
+        )
+
+
+def _missing(param: str) -> _Refused:
+    return _Refused(
+        400,
+        _error(f"Missing required parameter: '{param}'.", "invalid_request_error", None, param),
+    )
+
+
+def _too_deep() -> _Refused:
+    return _Refused(400, _error("The request body is nested too deeply.", "invalid_request_error"))
+
+
+def _model_not_found(name: str) -> _Refused:
+    shown = name if len(name) <= 100 else name[:97] + "..."
+    return _Refused(
+        404,
+        _error(
+            f"The model '{shown}' does not exist or you do not have access to it.",
+            "invalid_request_error",
+            "model_not_found",
+        ),
+    )

@@ -1,0 +1,72 @@
+"""The gateway's API keys: read from the environment, matched in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+
+from .._config import ConfigError, GatewaySettings
+
+__all__ = ["KeyRing"]
+
+_BEARER = "bearer "
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
+
+
+class KeyRing:
+    """The gateway's keys by name. Only SHA-256 digests are kept, so a key's length and bytes
+    never steer a comparison, and the repr shows names only."""
+
+    __slots__ = ("_digests",)
+
+    def __init__(self, keys: Mapping[str, str]) -> None:
+        """``keys``: name -> the key itself (each non-empty)."""
+        if not keys:
+            raise ValueError("a gateway needs at least one key")
+        self._digests = [(name, _digest(key.encode())) for name, key in keys.items()]
+
+    @classmethod
+    def from_settings(
+        cls, settings: GatewaySettings, environ: Mapping[str, str] = os.environ
+    ) -> KeyRing:
+        """The keys ``settings.keys`` names, read from ``environ``; :class:`ConfigError` naming
+        the variable (never a value) when one is unset or empty."""
+        keys: dict[str, str] = {}
+        for name, variable in settings.keys.items():
+            value = environ.get(variable, "").strip()
+            if not value:
+                raise ConfigError(
+                    f"gateway.keys.{name}: the environment variable {variable} is not set "
+                    "(it holds the gateway key clients send as 'Authorization: Bearer <key>')"
+                )
+            keys[name] = value
+        return cls(keys)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self._digests]
+
+    def match(self, authorization: str | None) -> str | None:
+        """The name of the key an ``Authorization: Bearer <key>`` header carries, or ``None``.
+
+        Every configured key is compared (``hmac.compare_digest`` over digests), whichever
+        matches, so the time taken does not say which key, or how much of one, matched.
+        """
+        given = b""
+        if authorization is not None and authorization[: len(_BEARER)].lower() == _BEARER:
+            given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogateescape")
+        candidate = _digest(given)
+        found: str | None = None
+        for name, digest in self._digests:
+            equal = hmac.compare_digest(candidate, digest)
+            if equal and found is None and given:
+                found = name
+        return found
+
+    def __repr__(self) -> str:
+        return f"KeyRing(names={self.names!r})"

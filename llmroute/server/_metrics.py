@@ -1,0 +1,62 @@
+"""The gateway's own Prometheus metrics, in a registry of their own."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["GatewayMetrics"]
+
+ANONYMOUS = "-"
+"""The ``key`` label of requests without a valid key."""
+
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    """Requests by key name, path and status; rejections by reason; in flight per key; request
+    durations and client disconnects. Labels carry key *names*, never keys."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "llmroute_gateway_requests",
+            "Requests answered by the gateway, by key name, path and HTTP status.",
+            ["key", "path", "status"],
+            registry=self.registry,
+        )
+        self.rejections = Counter(
+            "llmroute_gateway_rejections",
+            "Requests refused before reaching the routing, by key name and reason "
+            "(unauthorized, body_too_large, concurrency).",
+            ["key", "reason"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "llmroute_gateway_in_flight",
+            "Requests in flight per key name (a stream counts until it ends).",
+            ["key"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "llmroute_gateway_request_duration_seconds",
+            "Seconds from a request's arrival to the end of its response, by path.",
+            ["path"],
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.disconnects = Counter(
+            "llmroute_gateway_client_disconnects",
+            "Streams whose client went away before the end (the upstream stream is cancelled).",
+            ["key", "path"],
+            registry=self.registry,
+        )
+        self.stream_errors = Counter(
+            "llmroute_gateway_stream_errors",
+            "Streams that failed after their first chunk (ended with an error event).",
+            ["key", "path"],
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        """These metrics in the Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,166 @@
+"""Serving the gateway with hypercorn: in the foreground (the CLI) or from a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from .._config import Config
+from ._app import GatewayApp
+
+__all__ = ["Gateway", "listen", "serve"]
+
+_LOG = logging.getLogger("llmroute.server")
+_GRACE = 5.0  # seconds hypercorn waits for connections to finish after shutdown begins
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: any free one), ready to hand to :func:`serve`."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=1024)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def base_url(sock: socket.socket, *, tls: bool) -> str:
+    """The ``.../v1`` URL a client of the gateway listening on ``sock`` uses."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}/v1"
+
+
+async def serve(
+    app: GatewayApp,
+    sock: socket.socket,
+    *,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[object]],
+) -> None:
+    """Serve ``app`` with hypercorn on ``sock`` (which it takes over) until ``shutdown_trigger``
+    returns: HTTPS with HTTP/2 and HTTP/1.1 by ALPN when ``certfile`` and ``keyfile`` are given,
+    else HTTP/1.1 and h2c. Streams in flight are ended when the trigger fires."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
+    config = HypercornConfig()
+    config.bind = [f"fd://{sock.detach()}"]
+    config.accesslog = None
+    config.errorlog = _LOG
+    config.backlog = 1024
+    config.graceful_timeout = _GRACE
+    config.keep_alive_max_requests = 10_000_000
+    config.h2_max_concurrent_streams = 1000
+    if certfile is not None and keyfile is not None:
+        config.certfile, config.keyfile = certfile, keyfile
+        config.alpn_protocols = ["h2", "http/1.1"]
+
+    async def trigger() -> None:
+        await shutdown_trigger()
+        app.begin_shutdown()
+
+    await hypercorn_serve(app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
+
+
+class Gateway:
+    """The gateway served from a background thread on 127.0.0.1, for tests and benchmarks::
+
+        with Gateway(config, verify=ctx) as gateway:
+            client = openai.OpenAI(base_url=gateway.base_url, api_key=key)
+
+    ``config`` and ``client_options`` are :class:`GatewayApp`'s; ``port`` 0 picks a free port.
+    ``base_url`` (ending in ``/v1``) is ready on entry; leaving ends the streams in flight and
+    closes the client.
+    """
+
+    def __init__(
+        self,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+        **client_options: Any,
+    ) -> None:
+        self.app = GatewayApp(config, environ=environ, **client_options)
+        self.host, self.port = host, port
+        self.certfile, self.keyfile = certfile, keyfile
+        self.base_url = ""
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None
+
+    def start(self) -> Gateway:
+        """Listen and serve; returns once the gateway answers (``RuntimeError`` if it cannot)."""
+        if self._thread is not None:
+            raise RuntimeError("gateway already started")
+        if self.tls:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                self.certfile or "", self.keyfile
+            )
+        sock = listen(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        self.base_url = base_url(sock, tls=self.tls)
+        self._thread = threading.Thread(
+            target=self._run, args=(sock,), name=f"llmroute-gateway-{self.port}", daemon=True
+        )
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            self.stop()
+            raise RuntimeError("the gateway failed to start") from self._error
+        return self
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            asyncio.run(self._main(sock))
+        except BaseException as exc:
+            self._error = exc
+            _LOG.error("the gateway stopped on an error: %s", type(exc).__name__)
+        finally:
+            sock.close()
+            self._ready.set()
+
+    async def _main(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        shutdown = self._shutdown = asyncio.Event()
+        self._loop.call_soon(self._ready.set)
+        await serve(
+            self.app,
+            sock,
+            certfile=self.certfile,
+            keyfile=self.keyfile,
+            shutdown_trigger=shutdown.wait,
+        )
+
+    def stop(self) -> None:
+        """End the streams in flight, stop serving and close the client (bounded in time)."""
+        thread, loop, shutdown = self._thread, self._loop, self._shutdown
+        if thread is None:
+            return
+        if loop is not None and shutdown is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(shutdown.set)
+            except RuntimeError:
+                pass  # the loop just closed
+        thread.join(_GRACE + 10)
+        self._thread = None
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
