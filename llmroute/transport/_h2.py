@@ -66,6 +66,14 @@ def _fresh(error: Exception) -> Exception:
     return copy
 
 
+MAX_STREAMS = 256
+"""Streams in flight on one connection at most, whatever the server allows. Beyond it the pool
+opens another connection (up to ``max_connections``). With about 1,000 streams on one connection
+to hypercorn (which allows 1,000), requests stalled on the connection's flow-control window and
+never reached the app (benchmarks/load.py); 256 is also Cloudflare's limit, and it bounds how
+many streams one lost TCP segment holds up."""
+
+
 class ConnectionNotAvailable(Exception):
     """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
 
@@ -522,7 +530,7 @@ class HTTP2Connection:
                 self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_received = True
-            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, 1000)
+            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, MAX_STREAMS)
             self._wake_senders()  # the initial window may have grown
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._goaway = True
