@@ -543,15 +543,16 @@ class AsyncOpenAI:
                 with map_transport_errors(self._client.build_request("GET", url)):
                     await transport.warmup(url, timeout=self.timeout.connect)
             except APIConnectionError as exc:
-                if not self._providers:
-                    raise
-                log.warning("warmup: cannot reach %s: %s", url, exc.message)
+                if self._providers:
+                    log.warning("warmup: cannot reach %s: %s", url, exc.message)
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for url in urls.values():
                 tg.start_soon(warm, url)
-        if errors and len(errors) == len(urls):
+        # A plain client raises if its base URL cannot be reached; a routed one only if no
+        # target can be. Raised here, outside the task group, as itself (not in a group).
+        if errors and (not self._providers or len(errors) == len(urls)):
             raise errors[0]
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
@@ -958,7 +959,7 @@ class AsyncCompletions:
             model,
             body,
             stream=bool(body.get("stream")),
-            target=None if route is not None else f"{client.base_url.host}:{model}",
+            host=None if route is not None else client.base_url.host,
         )
         try:
             result = await self._create(

@@ -13,7 +13,7 @@ import llmroute
 from llmroute import AllTargetsFailed, AsyncOpenAI, StreamInterrupted
 from llmroute._types import AttemptReport, RouteReport, Timings
 from llmroute.metrics import CONTENT_TYPE, ClientMetrics
-from llmroute.metrics._prometheus import RequestRecord
+from llmroute.metrics._prometheus import MAX_MODEL_LABELS, RequestRecord
 from llmroute.routing.stats import TargetSnapshot
 from llmroute.testing import Simulator
 
@@ -155,6 +155,28 @@ async def test_requests_to_a_plain_model_are_counted_by_host(sim: Simulator) -> 
         # Copies share their parent's metrics.
         copy = client.with_options(timeout=5)
         assert copy.metrics is client.metrics
+
+
+def test_model_names_that_are_not_routes_are_bounded_labels() -> None:
+    metrics = ClientMetrics()
+    for i in range(MAX_MODEL_LABELS + 50):
+        telemetry = metrics.begin(f"model-{i}", {}, stream=False, host="api.example")
+        telemetry.failed(RuntimeError("no"))
+    routes = {
+        sample.labels["route"]
+        for family in metrics.collect()
+        if family.name == "llmroute_requests"
+        for sample in family.samples
+    }
+    assert len(routes) == MAX_MODEL_LABELS + 1
+    other = {"route": "other", "outcome": "error", "source": "live"}
+    assert value(metrics, "llmroute_requests_total", **other) == 50
+    error = {"target": "api.example:other", "reason": "first", "outcome": "error"}
+    assert value(metrics, "llmroute_attempts_total", **error) == 0  # no timings: not an attempt
+    # A name seen before keeps its own label.
+    metrics.begin("model-0", {}, stream=False, host="api.example").failed(RuntimeError("no"))
+    model0 = {"route": "model-0", "outcome": "error", "source": "live"}
+    assert value(metrics, "llmroute_requests_total", **model0) == 2
 
 
 async def test_in_flight_is_read_when_scraped(sim_slow: Simulator) -> None:

@@ -217,6 +217,32 @@ async def test_hedge_fires_and_the_loser_is_reset_server_side(
         assert client.stats()["slow:sim-small"].outcomes["cancelled"] == 1
 
 
+async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Simulator) -> None:
+    with Simulator(profile=Profile(rate_500=1.0), tls=True) as broken:
+        cfg = config(
+            {"slow": sim_stall, "broken": broken, "fast": sim},
+            ["slow:sim-small", "broken:sim-small", "fast:sim-small"],
+            policy="hedge",
+            hedge_after="300ms",
+            hedge_budget=1.0,
+        )
+        await settled(sim_stall)
+        async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            await read(stream)
+    route = stream.route
+    assert route is not None and route.winner == "fast:sim-small"
+    first, hedge, replacement = route.attempts
+    assert (first.target, first.outcome) == ("slow:sim-small", "cancelled")
+    assert (hedge.target, hedge.reason, hedge.outcome) == ("broken:sim-small", "hedge", "error")
+    assert (replacement.reason, replacement.outcome) == ("failover", "won")
+    # The failed hedge's replacement starts when it fails, not one more hedge delay later.
+    assert replacement.started - hedge.started < 0.25
+    assert route.hedges == 1
+
+
 async def test_race_starts_both_and_cancels_the_loser(sim: Simulator, sim_stall: Simulator) -> None:
     cfg = config(
         {"slow": sim_stall, "fast": sim}, ["slow:sim-small", "fast:sim-small"], policy="race"

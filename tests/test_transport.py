@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import select
+import socket
 
 import anyio
 import anyio.abc
@@ -158,6 +159,16 @@ async def test_warmup_opens_the_connection_ahead(sim: Simulator) -> None:
         completion = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
         assert completion.timings.connection_reused is True
         assert completion.timings.connect == 0.0
+
+
+async def test_warmup_of_an_unreachable_base_url_raises_the_connection_error() -> None:
+    with socket.socket() as sock:  # a port nobody listens on once it is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"https://127.0.0.1:{port}/v1"
+    async with llmroute.AsyncOpenAI(api_key=KEY, base_url=url, max_retries=0) as client:
+        with pytest.raises(llmroute.APIConnectionError, match="cannot connect"):
+            await client.warmup()  # itself, not an exception group
 
 
 async def test_large_request_body_respects_flow_control(sim: Simulator) -> None:

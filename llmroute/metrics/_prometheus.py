@@ -39,6 +39,11 @@ _TTFT_BUCKETS = (
 _ITL_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0,
 )  # fmt: skip
+MAX_MODEL_LABELS = 64
+"""Distinct model names that are not routes kept as label values; the rest count as ``other``
+(a gateway's clients choose model names: they must not grow the registry without bound)."""
+OTHER = "other"
+
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -122,6 +127,7 @@ class ClientMetrics:
 
     def __init__(self, snapshot: Callable[[], Mapping[str, TargetSnapshot]] | None = None) -> None:
         self.tracer = Tracer()
+        self._models: set[str] = set()
         self.registry = registry = CollectorRegistry(auto_describe=True)
         if snapshot is not None:
             registry.register(_ScrapeTime(snapshot))
@@ -206,10 +212,22 @@ class ClientMetrics:
         return generate_latest(self.registry)
 
     def begin(
-        self, route: str, body: Mapping[str, Any], *, stream: bool, target: str | None = None
+        self, route: str, body: Mapping[str, Any], *, stream: bool, host: str | None = None
     ) -> RequestTelemetry:
-        """Start watching a chat request for ``route`` (the model name asked for); ``target``
-        names the target of a request that is not routed."""
+        """Start watching a chat request for ``route`` (the model name asked for); ``host`` is
+        the base URL's host of a request that is not routed (its target is ``host:model``).
+
+        The first :data:`MAX_MODEL_LABELS` model names that are not routes get labels of their
+        own; later ones are counted under ``other``.
+        """
+        target = None
+        if host is not None:
+            if route not in self._models:
+                if len(self._models) < MAX_MODEL_LABELS:
+                    self._models.add(route)
+                else:
+                    route = OTHER
+            target = f"{host}:{route}"
         return RequestTelemetry(self, route, body, stream=stream, target=target)
 
     def observe(self, record: RequestRecord) -> None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from .._errors import StreamInterrupted
 from .._types import RouteReport, Timings
@@ -111,7 +110,9 @@ class RequestTelemetry:
 
 
 def _failure_outcome(exc: BaseException) -> str:
-    if isinstance(exc, anyio.get_cancelled_exc_class() | KeyboardInterrupt | GeneratorExit):
+    if isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | GeneratorExit) or (
+        type(exc).__name__ == "Cancelled" and type(exc).__module__.startswith("trio")
+    ):
         return "cancelled"
     if isinstance(exc, StreamInterrupted):
         return "interrupted"

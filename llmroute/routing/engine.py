@@ -452,7 +452,7 @@ class _Run:
         pending = deque(plan.order)
         rounds = 0
         hedge_at: float | None = None
-        launched = 0
+        launched = hedged = 0
         async with anyio.create_task_group() as tg:
 
             def available_first() -> bool:
@@ -483,9 +483,11 @@ class _Run:
                 if record.target == plan.explored:
                     record.reason = "explore"
             while state.winner is None:
-                if state.live < plan.start and pending:
+                if state.live < plan.start + hedged and pending:
+                    # Keep the plan's attempts and the hedges fired in flight: a failed hedge
+                    # is replaced at once, not after another hedge delay.
                     available_first()  # else the next fails at once, and says why
-                    launch("failover")  # keep the plan's number of attempts in flight
+                    launch("failover")
                     continue
                 if state.live == 0:
                     if rounds >= retries or not _any_retryable(state.failures.values()):
@@ -507,6 +509,7 @@ class _Run:
                             continue  # nothing to hedge on: no request, no budget spent
                         if route.budget.try_spend():
                             report.hedges += 1
+                            hedged += 1
                             launch("hedge")
                         else:
                             report.hedges_denied += 1
