@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import random
@@ -24,6 +25,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 STATUS_FAULTS = ("429", "500", "503", "html502")
 STREAM_FAULTS = ("drop", "malformed", "stream-error")
+# Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
+# trickle of one event, an event far larger than any real one.
+TAIL_FAULTS = ("truncate", "loris", "oversized")
 _HTML_502 = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
     b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
@@ -41,6 +45,8 @@ class Fault:
     slow: float | None = None
     stall_after: int | None = None
     stall_seconds: float = 0.0
+    amount: float = 0.0
+    """``loris``: seconds between bytes; ``oversized``: the event's size in bytes."""
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
@@ -52,6 +58,10 @@ class Fault:
                 fault.kind = name
             elif name in STREAM_FAULTS:
                 fault.kind, fault.after = name, int(arg or 0)
+            elif name in TAIL_FAULTS:
+                k, _, amount = arg.partition(":")
+                fault.kind, fault.after = name, int(k or 0)
+                fault.amount = float(amount or (0.5 if name == "loris" else 32 * 1024 * 1024))
             elif name == "slow":
                 fault.slow = float(arg)
             elif name == "stall-between":
@@ -410,6 +420,16 @@ class SimApp:
         itl = self.profile.inter_token
         pieces = plan.pieces
         for i in range(len(pieces) + 1):
+            if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
+                if fault.kind == "truncate":  # a clean end, without finish_reason or [DONE]
+                    await send({"type": "http.response.body", "body": b""})
+                    return None
+                if fault.kind == "oversized":
+                    await self._oversized(emit, int(fault.amount))
+                elif await self._trickle(emit, writer.content("slow"), fault.amount, gone):
+                    return self._ended_early()
+                else:
+                    return None  # the hang bound passed: the stream breaks
             if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
                 if fault.kind == "drop":
                     return None  # no end of stream: the server resets it / closes
@@ -445,6 +465,35 @@ class SimApp:
         self._stats["streams_completed"] += 1  # counted first: the client may look at once
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
         return None
+
+    @staticmethod
+    async def _oversized(emit: Callable[[bytes], Awaitable[None]], size: int) -> None:
+        """One ``data:`` event of ``size`` bytes (valid JSON), sent in 64 KiB pieces."""
+        await emit(b'data: {"padding": "')
+        piece = b"x" * 65536
+        left = max(0, size - 20)
+        while left > 0:
+            await emit(piece[:left])
+            left -= len(piece)
+        await emit(b'"}\n\n')
+
+    async def _trickle(
+        self,
+        emit: Callable[[bytes], Awaitable[None]],
+        event: bytes,
+        every: float,
+        gone: asyncio.Event,
+    ) -> bool:
+        """Send ``event`` one byte every ``every`` seconds, never its end (a slow loris), until
+        the client goes away (True) or ``Profile.hang_max`` passes (False)."""
+        deadline = time.monotonic() + self.profile.hang_max
+        for i in itertools.count():
+            if time.monotonic() >= deadline:
+                return False
+            await emit(event[i % (len(event) - 2) : i % (len(event) - 2) + 1])
+            if await self._pause(every, gone):
+                return True
+        return False  # pragma: no cover - the loop only ends by returning
 
     async def _complete(
         self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str

@@ -1,0 +1,323 @@
+"""Every fault a target can show, and the exact outcome the caller gets.
+
+Each case runs twice: with a healthy target beside the faulty one (the caller must get the whole,
+correct answer) and with the faulty target alone (the caller must get a typed error naming the
+cause, within its deadline). Faults come from the simulator (``x-sim-fault``), applied to the
+first request of a unique key only, so the target that fails over or continues is served.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+from llmroute import (
+    AllTargetsFailed,
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AsyncOpenAI,
+    FirstTokenTimeout,
+    MalformedStreamError,
+    RateLimitError,
+    StreamInterrupted,
+)
+from llmroute.testing import Profile, Simulator
+
+from ..conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Tell me about faults."}]
+TIMEOUT = httpx.Timeout(10.0, read=1.0)  # the read timeout is also the deadline between events
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[Simulator]:
+    """20-token replies, 10 ms apart; a hang lasts at most 20 s (the tests give up far sooner)."""
+    profile = Profile(reply_tokens=20, inter_token=0.01, hang_max=20.0)
+    with Simulator(profile=profile, tls=True) as server:
+        yield server
+
+
+def once(kind: str) -> dict[str, str]:
+    """The simulator fails only the first request with these headers."""
+    return {"x-sim-fault": kind, "x-sim-fault-times": "1", "x-sim-fault-key": uuid.uuid4().hex}
+
+
+def routed(first: str, *, second: str | None = None, **route: Any) -> dict[str, Any]:
+    providers: dict[str, Any] = {"bad": {"base_url": first, "api_key": KEY, "continuation": {}}}
+    targets = ["bad:sim-small"]
+    if second is not None:
+        providers["good"] = {"base_url": second, "api_key": KEY, "continuation": {}}
+        targets.append("good:sim-small")
+    return {
+        "providers": providers,
+        "models": {"chat": {"targets": targets, "policy": "failover", **route}},
+        "routing": {"explore": 0},
+    }
+
+
+async def expected(target: Simulator) -> str:
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=target.base_url, verify=target.ssl_context()
+    ) as client:
+        whole = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+    return whole.choices[0].message.content or ""
+
+
+async def stream_text(client: AsyncOpenAI, **kwargs: Any) -> tuple[str, Any]:
+    stream = await client.chat.completions.create(
+        model="chat", messages=MESSAGES, stream=True, **kwargs
+    )
+    parts: list[str] = []
+    async with stream:
+        async for chunk in stream:
+            if chunk.choices:
+                parts.append(chunk.choices[0].delta.content or "")
+    return "".join(parts), stream.route
+
+
+def dead_url() -> str:
+    with socket.socket() as sock:  # nobody listens on it once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"https://127.0.0.1:{port}/v1"
+
+
+# -- mid-stream and first-token faults of a live target ---------------------------------------
+
+STREAM_FAULTS = {
+    # fault: (how the lone target fails, what the error says)
+    "drop:3": (StreamInterrupted, "broke after 3 tokens"),
+    "truncate:3": (StreamInterrupted, "no \\[DONE\\] and no finish_reason"),
+    "malformed:3": (MalformedStreamError, "not valid JSON"),
+    "stall-between:3:30": (StreamInterrupted, "timed out"),
+    "loris:3:0.2": (StreamInterrupted, "timed out"),
+}
+
+
+@pytest.mark.parametrize("kind", list(STREAM_FAULTS))
+async def test_a_break_mid_answer_is_continued_on_a_healthy_target(
+    target: Simulator, kind: str
+) -> None:
+    cfg = routed(target.base_url, second=target.base_url)
+    async with AsyncOpenAI(
+        config=cfg, verify=target.ssl_context(), timeout=TIMEOUT, max_retries=0
+    ) as client:
+        with anyio.fail_after(10):
+            text, route = await stream_text(client, extra_headers=once(kind))
+    assert text == await expected(target)
+    assert route.continued_on == ["good:sim-small"]
+    assert route.attempts[0].outcome == "interrupted"
+
+
+@pytest.mark.parametrize("kind", list(STREAM_FAULTS))
+async def test_a_break_mid_answer_alone_is_never_returned_as_complete(
+    target: Simulator, kind: str
+) -> None:
+    error, says = STREAM_FAULTS[kind]
+    async with AsyncOpenAI(
+        api_key=KEY,
+        base_url=target.base_url,
+        verify=target.ssl_context(),
+        timeout=TIMEOUT,
+        max_retries=0,
+    ) as client:
+        started = time.monotonic()
+        with anyio.fail_after(10), pytest.raises(error, match=says) as caught:
+            stream = await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True, extra_headers=once(kind)
+            )
+            async for _ in stream:
+                pass
+    if isinstance(caught.value, StreamInterrupted):
+        whole = await expected(target)
+        partial = caught.value.partial_text
+        assert partial and whole.startswith(partial) and partial != whole
+    assert time.monotonic() - started < 5  # the 1 s deadline, not the 20 s hang
+
+
+async def test_an_oversized_event_is_refused_without_buffering_it(target: Simulator) -> None:
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=target.base_url, verify=target.ssl_context(), max_retries=0
+    ) as client:
+        with anyio.fail_after(20), pytest.raises(MalformedStreamError, match="max_event_bytes"):
+            stream = await client.chat.completions.create(
+                model="sim-small",
+                messages=MESSAGES,
+                stream=True,
+                extra_headers=once("oversized:2:12000000"),  # 12 MB, over the 8 MiB limit
+            )
+            async for _ in stream:
+                pass
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [("hang", FirstTokenTimeout), ("loris:0:0.2", APITimeoutError)],
+)
+async def test_no_first_token_fails_over_within_the_deadline(
+    target: Simulator, kind: str, error: type[Exception]
+) -> None:
+    cfg = routed(target.base_url, second=target.base_url, first_token_timeout="1s")
+    async with AsyncOpenAI(
+        config=cfg, verify=target.ssl_context(), timeout=TIMEOUT, max_retries=0
+    ) as client:
+        started = time.monotonic()
+        with anyio.fail_after(10):
+            text, route = await stream_text(client, extra_headers=once(kind))
+        assert text == await expected(target)
+        assert [a.outcome for a in route.attempts] == ["timeout", "won"]
+        assert time.monotonic() - started < 5
+        alone = routed(target.base_url, first_token_timeout="1s")
+        async with AsyncOpenAI(
+            config=alone, verify=target.ssl_context(), timeout=TIMEOUT, max_retries=0
+        ) as lone:
+            with anyio.fail_after(10), pytest.raises(AllTargetsFailed) as caught:
+                await stream_text(lone, extra_headers=once(kind))
+    assert isinstance(caught.value.errors["bad:sim-small"], error)
+
+
+# -- faults before an answer: status errors, connections, TLS, DNS -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "error"),
+    [("429", 429, RateLimitError), ("500", 500, APIStatusError), ("html502", 502, APIStatusError)],
+)
+async def test_a_status_error_fails_over_and_alone_is_typed(
+    target: Simulator, kind: str, status: int, error: type[APIStatusError]
+) -> None:
+    cfg = routed(target.base_url, second=target.base_url)
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        text, route = await stream_text(client, extra_headers=once(kind))
+        assert text == await expected(target)
+        assert route.winner == "good:sim-small"
+    async with AsyncOpenAI(
+        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
+    ) as c:
+        with pytest.raises(AllTargetsFailed) as caught:
+            await stream_text(c, extra_headers=once(kind))
+    cause = caught.value.errors["bad:sim-small"]
+    assert isinstance(cause, error) and cause.status_code == status
+
+
+async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Simulator) -> None:
+    cfg = routed(target.base_url, second=target.base_url)
+    storm = {"x-sim-fault": "429", "x-sim-retry-after": "30"}
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        with pytest.raises(AllTargetsFailed) as caught:  # both targets are the same storm
+            await stream_text(client, extra_headers=storm)
+        assert all(isinstance(e, RateLimitError) for e in caught.value.errors.values())
+        # Cooling down: the next request asks nobody and says why, at once.
+        started = time.monotonic()
+        with pytest.raises(AllTargetsFailed, match="cool"):
+            await stream_text(client)
+        assert time.monotonic() - started < 1
+
+
+async def test_retry_after_is_waited_before_retrying_a_lone_target(target: Simulator) -> None:
+    headers = {**once("429"), "x-sim-retry-after": "0.5"}
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=target.base_url, verify=target.ssl_context(), max_retries=1
+    ) as client:
+        started = time.monotonic()
+        text, _ = await stream_text_plain(client, headers)
+    assert text == await expected(target)
+    assert time.monotonic() - started >= 0.5
+
+
+async def stream_text_plain(client: AsyncOpenAI, headers: dict[str, str]) -> tuple[str, Any]:
+    stream = await client.chat.completions.create(
+        model="sim-small", messages=MESSAGES, stream=True, extra_headers=headers
+    )
+    parts = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    return "".join(parts), stream
+
+
+async def test_a_5xx_burst_opens_the_breaker_and_traffic_moves(target: Simulator) -> None:
+    with Simulator(profile=Profile(rate_503=1.0, retry_after=0.0), tls=True) as broken:
+        cfg = routed(broken.base_url, second=target.base_url)
+        cfg["routing"]["breaker_failures"] = 3
+        async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+            for _ in range(3):
+                text, route = await stream_text(client)
+                assert text == await expected(target)
+                assert [a.outcome for a in route.attempts] == ["error", "won"]
+            assert client.stats()["bad:sim-small"].breaker == "open"
+            asked = broken.stats()["chat_requests"]
+            text, route = await stream_text(client)
+            assert route.winner == "good:sim-small"
+            assert broken.stats()["chat_requests"] == asked  # the open circuit is not asked
+
+
+async def test_every_cause_is_kept_when_no_target_can_answer(
+    target: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Simulator(tls=False) as plain:  # an https:// URL to a plain-HTTP server: TLS fails
+        tls_broken = plain.base_url.replace("http://", "https://")
+        real = socket.getaddrinfo
+
+        def resolve(host: Any, *args: Any, **kwargs: Any) -> Any:
+            if host == "dns-fails.invalid":
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return real(host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", resolve)
+        cfg = {
+            "providers": {
+                "refused": {"base_url": dead_url(), "api_key": KEY},
+                "tls": {"base_url": tls_broken, "api_key": KEY},
+                "dns": {"base_url": "https://dns-fails.invalid/v1", "api_key": KEY},
+                "html": {"base_url": target.base_url, "api_key": KEY},
+            },
+            "models": {
+                "chat": {
+                    "targets": ["refused:m", "tls:m", "dns:m", "html:sim-small"],
+                    "policy": "failover",
+                }
+            },
+            "routing": {"explore": 0},
+        }
+        async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+            with anyio.fail_after(20), pytest.raises(AllTargetsFailed) as caught:
+                await stream_text(client, extra_headers={"x-sim-fault": "html502"})
+    errors = caught.value.errors
+    assert set(errors) == {"refused:m", "tls:m", "dns:m", "html:sim-small"}
+    assert isinstance(errors["refused:m"], APIConnectionError)
+    assert "cannot connect" in str(errors["refused:m"])
+    assert isinstance(errors["tls:m"], APIConnectionError)
+    assert "SSL" in str(errors["tls:m"]) or "TLS" in str(errors["tls:m"])
+    assert isinstance(errors["dns:m"], APIConnectionError)
+    assert "dns-fails.invalid" in str(errors["dns:m"])
+    assert isinstance(errors["html:sim-small"], APIStatusError)
+    assert errors["html:sim-small"].status_code == 502
+    message = str(caught.value)
+    for name in errors:
+        assert name in message  # one message names every target's cause
+
+
+# -- the caller leaving ------------------------------------------------------------------------
+
+
+async def test_a_cancelled_reader_releases_the_upstream_stream_at_once() -> None:
+    profile = Profile(reply_tokens=500, inter_token=0.01)
+    with Simulator(profile=profile, tls=True) as slow:
+        async with AsyncOpenAI(config=routed(slow.base_url), verify=slow.ssl_context()) as c:
+            with anyio.move_on_after(0.3) as scope:
+                await stream_text(c)
+            assert scope.cancelled_caught
+            with anyio.move_on_after(5):
+                while slow.stats()["streams_cancelled"] < 1:  # noqa: ASYNC110
+                    await anyio.sleep(0.02)
+            stats = slow.stats()
+    assert stats["streams_cancelled"] == 1
+    assert stats["streams_completed"] == 0
