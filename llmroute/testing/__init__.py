@@ -34,6 +34,11 @@ Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``s
 ``malformed:K``           a ``data: {not json`` line after K tokens (the stream then goes on)
 ``stream-error:K``        ``data: {"error": {...,"type": "server_error"}}`` after K tokens, then
                           the stream ends (non-streamed: a 500)
+``truncate:K``            a clean end of the stream after K tokens, without finish_reason or
+                          ``[DONE]`` (HTTP/2 END_STREAM, HTTP/1.1 last chunk)
+``loris:K:SECONDS``       after K tokens, one byte of an event every SECONDS, never its end (a
+                          slow loris), until the client goes away or ``Profile.hang_max``
+``oversized:K:BYTES``     after K tokens, one valid ``data:`` event of BYTES bytes (default 32 MiB)
 ``slow:SECONDS``          TTFT override
 ``stall-between:K:SECS``  a pause of SECS before token K (K >= 1)
 
