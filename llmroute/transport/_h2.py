@@ -36,6 +36,8 @@ import httpx
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
+from ._events import EventDeadline
+
 __all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
 
 _READ_SIZE = 65536
@@ -607,6 +609,8 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._state = state
         self._timeout = timeout
         self._closed = False
+        self.events: EventDeadline | None = None
+        """Set by :func:`~llmroute.transport.body_receiver` to bound the time between events."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn, state, timeout = self._conn, self._state, self._timeout
@@ -619,7 +623,10 @@ class _ResponseStream(httpx.AsyncByteStream):
     async def receive(self) -> bytes | None:
         """The next chunk, or ``None`` at the end: iteration without an async generator, so
         leaving early leaves no half-run generator behind (trio warns about those)."""
-        return await self._conn.next_chunk(self._state, self._timeout)
+        data = await self._conn.next_chunk(self._state, self._timeout)
+        if data and self.events is not None:
+            self.events.check(data)
+        return data
 
     async def aclose(self) -> None:
         if not self._closed:

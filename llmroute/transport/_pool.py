@@ -20,6 +20,7 @@ import anyio.abc
 import httpx
 from anyio.streams.tls import TLSAttribute, TLSStream
 
+from ._events import EventDeadline
 from ._h2 import ConnectionNotAvailable, HTTP2Connection, _deadline
 
 __all__ = ["Transport", "body_receiver", "make_ssl_context"]
@@ -287,63 +288,27 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
     """The fastest way to read ``response``'s body (an event stream) chunk by chunk.
 
     llmroute's own transport offers ``receive()``; any other transport is read through httpx.
-    With a read timeout, it also bounds the time between complete events: a server that keeps
+    With a read timeout, the time between complete events is bounded too: a server that keeps
     sending bytes without ever ending an event (a slow loris) fails with ``httpx.ReadTimeout``
-    once no event has ended for that long, as a silent one does (see :func:`_event_deadline`).
+    once no event has ended for that long, as a silent one does (:class:`EventDeadline`).
     """
-    body = response.extensions.get("llmroute.body")
-    receive: Callable[[], Awaitable[bytes | None]]
-    if body is not None:
-        receive = body.receive
-    else:
-        iterator = response.aiter_raw()
-
-        async def receive_raw() -> bytes | None:
-            try:
-                return await iterator.__anext__()
-            except StopAsyncIteration:
-                return None
-
-        receive = receive_raw
     timeouts = response.request.extensions.get("timeout") or {}
     timeout = timeouts.get("read")
-    return receive if timeout is None else _event_deadline(receive, timeout)
+    body = response.extensions.get("llmroute.body")
+    if body is not None:
+        if timeout is not None:
+            body.events = EventDeadline(timeout)
+        return body.receive  # type: ignore[no-any-return]
+    iterator = response.aiter_raw()
+    events = EventDeadline(timeout) if timeout is not None else None
 
-
-_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n")
-_LINE_ENDS = (b"\n", b"\r")
-
-
-def _event_deadline(
-    receive: Callable[[], Awaitable[bytes | None]], timeout: float
-) -> Callable[[], Awaitable[bytes | None]]:
-    """``receive`` that raises ``httpx.ReadTimeout`` when data arrives but no SSE event has
-    ended (a blank line) for ``timeout`` seconds.
-
-    A stream that goes silent is the transport's read timeout's; this catches the one that
-    trickles (at most ``timeout`` plus one gap between bytes late). Cost: a clock read and a
-    scan of each chunk for a blank line.
-    """
-    clock = time.monotonic
-    last = clock()
-    tail = b""
-
-    async def receive_events() -> bytes | None:
-        nonlocal last, tail
-        data = await receive()
-        if not data:
-            return data
-        if (
-            b"\n\n" in data
-            or (tail in _LINE_ENDS and data[:1] in _LINE_ENDS)
-            or any(end in data for end in _EVENT_ENDS[1:])
-        ):
-            last = clock()
-        elif clock() - last > timeout:
-            raise httpx.ReadTimeout(
-                f"no server-sent event ended in {timeout:g} s, though data kept arriving"
-            )
-        tail = data[-1:]
+    async def receive() -> bytes | None:
+        try:
+            data = await iterator.__anext__()
+        except StopAsyncIteration:
+            return None
+        if events is not None and data:
+            events.check(data)
         return data
 
-    return receive_events
+    return receive
