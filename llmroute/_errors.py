@@ -1,6 +1,7 @@
 """llmroute's errors: openai's exception tree, plus a few subclasses of it.
 
     openai.OpenAIError
+    ├── RequestBodyError                     a request body JSON cannot encode (also a ValueError)
     └── openai.APIError
         ├── openai.APIConnectionError
         │   └── openai.APITimeoutError
@@ -59,6 +60,7 @@ __all__ = [
     "OpenAIError",
     "PermissionDeniedError",
     "RateLimitError",
+    "RequestBodyError",
     "StreamInterrupted",
     "TargetUnavailable",
     "UnprocessableEntityError",
@@ -85,6 +87,10 @@ class MalformedStreamError(APIError, ValueError):
         super().__init__(text, request, body=None)  # type: ignore[arg-type]
         self.target = target
         self.line = line
+
+
+class RequestBodyError(OpenAIError, ValueError):
+    """Raised before sending when a request body cannot be encoded as JSON (nested too deeply)."""
 
 
 class StreamInterrupted(APIError):

@@ -14,6 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from .._errors import RequestBodyError
+
 __all__ = [
     "NAMESPACE_PATTERN",
     "canonical_request",
@@ -55,13 +57,20 @@ def _normal(value: Any) -> Any:
 def canonical_request(body: Mapping[str, Any], *, model: str) -> bytes:
     """The bytes two requests share exactly when they ask for the same answer.
 
-    ``model`` is what the application asked for (a route's name for a routed request).
+    ``model`` is what the application asked for (a route's name for a routed request). A body
+    JSON cannot encode (nested too deeply, a circular reference) raises
+    :class:`~llmroute._errors.RequestBodyError`.
     """
     fields = {k: v for k, v in body.items() if k not in _IGNORED}
     fields["model"] = model
-    text = json.dumps(
-        _normal(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
-    )
+    try:
+        text = json.dumps(
+            _normal(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str
+        )
+    except RecursionError:
+        raise RequestBodyError("The request body is nested too deeply to encode as JSON") from None
+    except ValueError as exc:  # an int of more than 4300 digits, a circular reference
+        raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
     return text.encode()
 
 

@@ -28,7 +28,9 @@ Mapping, OpenAI -> Anthropic:
 
 Parameters the Messages API cannot express (``n > 1``, ``logprobs``, ``top_logprobs``, non-zero
 ``presence_penalty``/``frequency_penalty``, ``logit_bias``, a JSON ``response_format``, audio)
-raise ``openai.BadRequestError`` naming the parameter and the target, before anything is sent.
+raise ``openai.BadRequestError`` naming the parameter and the target, before anything is sent;
+so do values of the wrong type (a ``temperature`` that is not a number, a text part that is not a
+string, ``tools`` that are not a list of functions with names).
 Parameters with no effect on the answer's shape (``seed``, ``store``, ``metadata``,
 ``service_tier``, ``reasoning_effort``, ``prediction``, ``stream_options``) are dropped.
 """
@@ -36,12 +38,13 @@ Parameters with no effect on the answer's shape (``seed``, ``store``, ``metadata
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, cast
 
 import httpx
-from openai import BadRequestError
+from openai import APIResponseValidationError, BadRequestError
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -89,6 +92,16 @@ _ERROR_STATUS = {
     "overloaded_error": 529,
 }
 _PASSED = ("top_k", "thinking")
+# Events of a message: each needs message_start first (ping, error and new kinds do not).
+_MESSAGE_EVENTS = frozenset(
+    {
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    }
+)
 
 
 def headers(api_key: str) -> dict[str, str]:
@@ -100,11 +113,14 @@ def headers(api_key: str) -> dict[str, str]:
     }
 
 
-def _bad_request(param: str, target: str, detail: str) -> BadRequestError:
-    message = (
-        f"{detail} (parameter {param!r}): target {target!r} speaks the Anthropic Messages "
-        "protocol, which cannot express it"
-    )
+def _bad_request(param: str, target: str, detail: str, *, invalid: bool = False) -> BadRequestError:
+    if invalid:  # a value of the wrong type or shape, whatever the protocol
+        message = f"{detail} (parameter {param!r}, for target {target!r})"
+    else:
+        message = (
+            f"{detail} (parameter {param!r}): target {target!r} speaks the Anthropic Messages "
+            "protocol, which cannot express it"
+        )
     body = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
     request = httpx.Request("POST", "https://llmroute.invalid/v1/messages")
     response = httpx.Response(400, request=request, json={"error": body})
@@ -127,7 +143,8 @@ def _check_supported(body: Mapping[str, Any], target: str) -> None:
     fmt = body.get("response_format")
     if isinstance(fmt, Mapping) and cast(Mapping[str, Any], fmt).get("type") not in (None, "text"):
         raise _bad_request("response_format", target, "structured output is not available")
-    if body.get("audio") or "audio" in (body.get("modalities") or ()):
+    modalities = body.get("modalities")
+    if body.get("audio") or (isinstance(modalities, list | tuple | str) and "audio" in modalities):
         raise _bad_request("audio", target, "audio output is not available")
     if body.get("functions") or body.get("function_call"):
         raise _bad_request("functions", target, "use tools instead of the legacy functions")
@@ -147,9 +164,9 @@ def translate_request(body: Mapping[str, Any], *, target: str) -> dict[str, Any]
     out: dict[str, Any] = {"model": body.get("model"), "messages": turns}
     if system is not None:
         out["system"] = system
-    limit = body.get("max_completion_tokens")
+    limit = _integer(body, "max_completion_tokens", target)
     if limit is None:
-        limit = body.get("max_tokens")
+        limit = _integer(body, "max_tokens", target)
     thinking = body.get("thinking")
     budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
     if isinstance(budget, int) and limit is None:
@@ -163,12 +180,19 @@ def translate_request(body: Mapping[str, Any], *, target: str) -> dict[str, Any]
     out["max_tokens"] = DEFAULT_MAX_TOKENS if limit is None else limit
     stop = body.get("stop")
     if stop:
-        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    temperature = body.get("temperature")
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise _bad_request(
+                "stop", target, "stop must be a string or a list of strings", invalid=True
+            )
+        out["stop_sequences"] = list(cast(list[str], stop))
+    temperature = _number(body, "temperature", target)
     if temperature is not None:
         out["temperature"] = min(float(temperature), 1.0)
-    if body.get("top_p") is not None:
-        out["top_p"] = body["top_p"]
+    top_p = _number(body, "top_p", target)
+    if top_p is not None:
+        out["top_p"] = top_p
     for name in _PASSED:
         if body.get(name) is not None:
             out[name] = body[name]
@@ -178,6 +202,8 @@ def translate_request(body: Mapping[str, Any], *, target: str) -> dict[str, Any]
         out["metadata"] = {"user_id": body["user"]}
     tools = body.get("tools")
     if tools:
+        if not isinstance(tools, list):
+            raise _bad_request("tools", target, "tools must be a list", invalid=True)
         out["tools"] = [_tool(t, i, target) for i, t in enumerate(cast(list[Any], tools))]
         choice = _tool_choice(body.get("tool_choice"), target)
         if body.get("parallel_tool_calls") is False:
@@ -189,14 +215,48 @@ def translate_request(body: Mapping[str, Any], *, target: str) -> dict[str, Any]
     return out
 
 
+def _integer(body: Mapping[str, Any], name: str, target: str) -> int | None:
+    value = body.get(name)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise _bad_request(name, target, f"{name} must be an integer", invalid=True)
+
+
+def _number(body: Mapping[str, Any], name: str, target: str) -> float | int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    raise _bad_request(name, target, f"{name} must be a number", invalid=True)
+
+
 def _tool(tool: Any, i: int, target: str) -> dict[str, Any]:
     if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
         raise _bad_request(f"tools[{i}]", target, "only function tools are available")
-    fn = cast(Mapping[str, Any], cast(Mapping[str, Any], tool).get("function") or {})
-    out: dict[str, Any] = {"name": fn.get("name")}
+    fn = cast(Mapping[str, Any], tool).get("function") or {}
+    if not isinstance(fn, Mapping):
+        raise _bad_request(
+            f"tools[{i}].function", target, "a tool's function must be an object", invalid=True
+        )
+    fn = cast(Mapping[str, Any], fn)
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise _bad_request(
+            f"tools[{i}].function.name", target, "a function needs a name", invalid=True
+        )
+    out: dict[str, Any] = {"name": name}
     if fn.get("description"):
         out["description"] = fn["description"]
-    out["input_schema"] = fn.get("parameters") or {"type": "object", "properties": {}}
+    parameters = fn.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise _bad_request(
+            f"tools[{i}].function.parameters",
+            target,
+            "a function's parameters must be an object",
+            invalid=True,
+        )
+    out["input_schema"] = parameters or {"type": "object", "properties": {}}
     return out
 
 
@@ -211,7 +271,7 @@ def _tool_choice(choice: Any, target: str) -> dict[str, Any] | None:
         return {"type": "any"}
     if isinstance(choice, Mapping):
         fn = cast(Mapping[str, Any], choice).get("function")
-        if isinstance(fn, Mapping) and fn.get("name"):
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and fn.get("name"):
             return {"type": "tool", "name": cast(Mapping[str, Any], fn)["name"]}
     raise _bad_request("tool_choice", target, f"tool_choice {choice!r} is not understood")
 
@@ -247,7 +307,10 @@ def _messages(messages: list[Any], target: str) -> tuple[Any, list[dict[str, Any
             raise _bad_request(f"{where}.role", target, f"role {role!r} is not available")
         if turns and turns[-1]["role"] == role:
             previous = turns[-1]
-            previous["content"] = _as_blocks(previous["content"]) + _as_blocks(content)
+            blocks = previous["content"]
+            if isinstance(blocks, str):  # the lists here are this function's own: extend them
+                blocks = previous["content"] = _as_blocks(blocks)
+            blocks.extend(content if isinstance(content, list) else _as_blocks(content))
         else:
             turns.append({"role": role, "content": content})
     last = turns[-1] if turns else None
@@ -337,7 +400,12 @@ def _blocks(
         part = cast(Mapping[str, Any], part)
         kind = part.get("type")
         if kind in ("text", "refusal"):
-            block: dict[str, Any] = {"type": "text", "text": part.get(kind) or ""}
+            text = part.get(kind) or ""
+            if not isinstance(text, str):
+                raise _bad_request(
+                    f"{where}.content[{j}].{kind}", target, f"{kind} must be a string", invalid=True
+                )
+            block: dict[str, Any] = {"type": "text", "text": text}
         elif kind == "image_url" and not text_only:
             image = part.get("image_url")
             url = image.get("url") if isinstance(image, Mapping) else image
@@ -368,6 +436,8 @@ def _image(url: Any, where: str, target: str) -> dict[str, Any]:
 
 def _assistant(message: Mapping[str, Any], where: str, target: str) -> Any:
     calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise _bad_request(f"{where}.tool_calls", target, "tool_calls must be a list", invalid=True)
     content = message.get("content")
     if not calls:
         if isinstance(content, str):
@@ -382,7 +452,7 @@ def _assistant(message: Mapping[str, Any], where: str, target: str) -> Any:
         arguments = fn.get("arguments") or "{}"
         try:
             value = json.loads(arguments)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             value = None
         if not isinstance(value, dict):
             raise _bad_request(
@@ -402,21 +472,28 @@ def finish_reason(stop_reason: str | None) -> str | None:
     """openai's ``finish_reason`` for an Anthropic ``stop_reason`` (unknown ones map to stop)."""
     if stop_reason is None:
         return None
-    return _FINISH.get(stop_reason, "stop")
+    return _FINISH.get(stop_reason, "stop") if isinstance(stop_reason, str) else "stop"
 
 
 def usage_of(usage: Mapping[str, Any]) -> dict[str, Any]:
-    """openai's usage object for Anthropic's: prompt tokens include the cache's."""
-    cache_read = usage.get("cache_read_input_tokens") or 0
-    prompt = (usage.get("input_tokens") or 0) + (usage.get("cache_creation_input_tokens") or 0)
+    """openai's usage object for Anthropic's: prompt tokens include the cache's.
+
+    A count that is not an integer counts 0.
+    """
+    cache_read = _count(usage.get("cache_read_input_tokens"))
+    prompt = _count(usage.get("input_tokens")) + _count(usage.get("cache_creation_input_tokens"))
     prompt += cache_read
-    completion = usage.get("output_tokens") or 0
+    completion = _count(usage.get("output_tokens"))
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cache_read},
     }
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def parse_message(
@@ -430,7 +507,8 @@ def parse_message(
     """Decode a non-streamed Messages response into a ``ChatCompletion``.
 
     Text blocks are joined into ``content``, ``tool_use`` blocks become ``tool_calls``, thinking
-    becomes the ``reasoning_content`` field; invalid JSON raises ``MalformedResponseError``.
+    becomes the ``reasoning_content`` field; invalid JSON raises ``MalformedResponseError``, and
+    content of the wrong shape ``openai.APIResponseValidationError`` naming the target.
     ``prefill_whitespace`` (see :func:`prefill_whitespace`) is dropped from the text's start.
     """
     data = load_json(raw, request=request, target=target, response=response)
@@ -442,15 +520,24 @@ def parse_message(
     text: list[str] = []
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
-    for block in data.get("content") or []:
+    content = data.get("content") or []
+    if not isinstance(content, list):
+        raise _invalid_response("'content' is not an array", data, request, response, target)
+    for i, block in enumerate(cast(list[Any], content)):
         kind = block.get("type") if isinstance(block, dict) else None
         block = cast(dict[str, Any], block)
-        if kind == "text":
-            text.append(block.get("text") or "")
-        elif kind == "thinking":
-            thinking.append(block.get("thinking") or "")
+        if kind in ("text", "thinking"):
+            piece = block.get(kind) or ""
+            if not isinstance(piece, str):
+                what = f"content[{i}].{kind} is not a string"
+                raise _invalid_response(what, data, request, response, target)
+            (text if kind == "text" else thinking).append(piece)
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            try:
+                arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            except (ValueError, RecursionError):
+                what = f"content[{i}].input cannot be encoded"
+                raise _invalid_response(what, data, request, response, target) from None
             calls.append(
                 {
                     "id": block.get("id"),
@@ -458,12 +545,12 @@ def parse_message(
                     "function": {"name": block.get("name"), "arguments": arguments},
                 }
             )
-    content = "".join(text)
+    answer = "".join(text)
     if prefill_whitespace:
-        content = _skip(content, prefill_whitespace)[0]
+        answer = _skip(answer, prefill_whitespace)[0]
     message: dict[str, Any] = {
         "role": "assistant",
-        "content": content if text or not calls else None,
+        "content": answer if text or not calls else None,
         "refusal": None,
     }
     if calls:
@@ -489,12 +576,29 @@ def parse_message(
     return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=value))
 
 
+def _invalid_response(
+    what: str,
+    data: Any,
+    request: httpx.Request,
+    response: httpx.Response | None,
+    target: str,
+) -> APIResponseValidationError:
+    if response is None:
+        response = httpx.Response(200, request=request)
+    message = f"Messages response from target {target!r} is not valid: {what}"
+    return APIResponseValidationError(response, data, message=message)  # type: ignore[arg-type]
+
+
 def _stream_error(data: Mapping[str, Any], request: httpx.Request) -> Exception:
     error = data.get("error")
     kind = error.get("type") if isinstance(error, Mapping) else None
     status = _ERROR_STATUS.get(kind, 500) if isinstance(kind, str) else 500
     response = httpx.Response(status, request=request)
-    return make_status_error(response, json.dumps(data).encode())
+    try:
+        raw = json.dumps(data).encode()
+    except (ValueError, RecursionError):
+        raw = b"{}"
+    return make_status_error(response, raw)
 
 
 class AnthropicStreamDecoder(ChatStreamDecoder):
@@ -510,9 +614,24 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
     openai status error of its type (``overloaded_error`` -> ``InternalServerError``, status 529).
     :attr:`usage` has openai's usage whether asked for or not. ``prefill_whitespace`` (see
     :func:`prefill_whitespace`) is dropped from the start of the text.
+
+    A stream that breaks the protocol raises ``MalformedStreamError``: an event that is not a
+    JSON object, a member of the wrong type (a ``delta`` that is not an object, an ``index`` that
+    is not an integer, text that is not a string), or a message event before ``message_start``.
+    ``finished`` (the answer is whole even if ``message_stop`` never comes) needs the
+    ``message_delta`` with the stop reason and no content block left open.
     """
 
-    __slots__ = ("_base", "_calls", "_include_usage", "_pending", "_raw_usage", "_tools")
+    __slots__ = (
+        "_base",
+        "_begun",
+        "_calls",
+        "_include_usage",
+        "_open",
+        "_pending",
+        "_raw_usage",
+        "_tools",
+    )
 
     def __init__(
         self,
@@ -535,6 +654,8 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         self._raw_usage: dict[str, Any] = {}
         self._tools: dict[int, int] = {}  # content block index -> tool call index
         self._calls = 0
+        self._begun = False  # message_start seen
+        self._open: set[int] = set()  # content blocks started and not stopped
 
     @property
     def usage(self) -> dict[str, Any] | None:
@@ -555,6 +676,8 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
             if chunk is not None:
                 chunks.append(chunk)
                 self._track(chunk)
+                if self._open:
+                    self.finished = False  # a stop reason while a block is open: not whole
             if self.done:
                 break
         return chunks
@@ -566,75 +689,108 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
             chunk["usage"] = None
         return build_chunk(chunk)
 
+    def _malformed(self, what: str, sse: ServerSentEvent) -> MalformedStreamError:
+        return MalformedStreamError(what, self.request, target=self.target, line=sse.data)
+
+    def _member(
+        self,
+        data: Mapping[str, Any],
+        name: str,
+        kind: type | tuple[type, ...],
+        sse: ServerSentEvent,
+    ) -> Any:
+        """``data[name]``, None if absent or null; MalformedStreamError if not of ``kind``."""
+        value = data.get(name)
+        if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+            return value
+        event = data.get("type")
+        where = f"{event} event" if isinstance(event, str) else "Stream event"
+        raise self._malformed(f"{where} has a {name!r} of the wrong type", sse)
+
+    def _index(self, data: Mapping[str, Any], sse: ServerSentEvent) -> int:
+        index = self._member(data, "index", int, sse)
+        return 0 if index is None else index
+
     def _event(self, sse: ServerSentEvent) -> ChatCompletionChunk | None:
         try:
             data = json.loads(sse.data)
         except (ValueError, RecursionError) as exc:
-            message = "Stream event data is not valid JSON"
-            raise MalformedStreamError(
-                message, self.request, target=self.target, line=sse.data
-            ) from exc
+            raise self._malformed("Stream event data is not valid JSON", sse) from exc
         if not isinstance(data, dict):
-            raise MalformedStreamError(
-                "Stream event is not an object", self.request, target=self.target, line=sse.data
-            )
+            raise self._malformed("Stream event is not an object", sse)
         data = cast(dict[str, Any], data)
         kind = data.get("type", sse.event)
+        if not isinstance(kind, str):
+            if kind is None:
+                return None
+            raise self._malformed("Stream event has a 'type' that is not a string", sse)
+        if kind in _MESSAGE_EVENTS and not self._begun:
+            raise self._malformed(f"{kind} event before message_start", sse)
         if kind == "content_block_delta":
-            delta = data.get("delta") or {}
+            delta = self._member(data, "delta", dict, sse) or {}
             dtype = delta.get("type")
             if dtype == "text_delta":
-                text = delta.get("text")
+                text = self._member(delta, "text", str, sse)
                 if text and self._pending:
                     text, self._pending = _skip(text, self._pending)
                 return self._make({"content": text}) if text else None
             if dtype == "input_json_delta":
-                fragment = delta.get("partial_json")
-                call = self._tools.get(data.get("index", 0))
+                fragment = self._member(delta, "partial_json", str, sse)
+                call = self._tools.get(self._index(data, sse))
                 if not fragment or call is None:
                     return None
                 tool = {"index": call, "function": {"arguments": fragment}}
                 return self._make({"tool_calls": [tool]})
             if dtype == "thinking_delta":
-                thinking = delta.get("thinking")
+                thinking = self._member(delta, "thinking", str, sse)
                 return self._make({"reasoning_content": thinking}) if thinking else None
             return None  # signature_delta, citations_delta: nothing openai has
         if kind == "content_block_start":
-            block = data.get("content_block") or {}
+            block = self._member(data, "content_block", dict, sse) or {}
+            index = self._index(data, sse)
+            self._open.add(index)
             btype = block.get("type")
             if btype == "tool_use":
-                index = self._tools[data.get("index", 0)] = self._calls
+                call_id = self._member(block, "id", str, sse)
+                name = self._member(block, "name", str, sse)
+                call_index = self._tools[index] = self._calls
                 self._calls += 1
                 call = {
-                    "index": index,
-                    "id": block.get("id"),
+                    "index": call_index,
+                    "id": call_id,
                     "type": "function",
-                    "function": {"name": block.get("name"), "arguments": ""},
+                    "function": {"name": name, "arguments": ""},
                 }
                 return self._make({"tool_calls": [call]})
-            if btype == "text" and block.get("text"):
-                text = block["text"]
-                if self._pending:
+            if btype == "text":
+                text = self._member(block, "text", str, sse)
+                if text and self._pending:
                     text, self._pending = _skip(text, self._pending)
                 return self._make({"content": text}) if text else None
-            if btype == "thinking" and block.get("thinking"):
-                return self._make({"reasoning_content": block["thinking"]})
+            if btype == "thinking":
+                thinking = self._member(block, "thinking", str, sse)
+                return self._make({"reasoning_content": thinking}) if thinking else None
             return None
-        if kind in ("content_block_stop", "ping"):
+        if kind == "content_block_stop":
+            self._open.discard(self._index(data, sse))
+            return None
+        if kind == "ping":
             return None
         if kind == "message_start":
-            message = data.get("message") or {}
-            self._base["id"] = message.get("id") or ""
-            self._base["model"] = message.get("model") or ""
+            message = self._member(data, "message", dict, sse) or {}
+            usage = self._member(message, "usage", dict, sse) or {}
+            self._begun = True
+            self._base["id"] = self._member(message, "id", str, sse) or ""
+            self._base["model"] = self._member(message, "model", str, sse) or ""
             self._base["created"] = int(time.time())
-            self._raw_usage.update(message.get("usage") or {})
+            self._raw_usage.update(usage)
             return self._make({"role": "assistant", "content": ""})
         if kind == "message_delta":
-            usage = data.get("usage")
-            if isinstance(usage, dict):
+            usage = self._member(data, "usage", dict, sse)
+            if usage is not None:
                 self._raw_usage.update({k: v for k, v in usage.items() if v is not None})
-            stop = (data.get("delta") or {}).get("stop_reason")
-            return self._make({}, finish_reason(stop) or "stop")
+            delta = self._member(data, "delta", dict, sse) or {}
+            return self._make({}, finish_reason(delta.get("stop_reason")) or "stop")
         if kind == "message_stop":
             self.done = True
             if not self._include_usage:

@@ -94,6 +94,11 @@ def load_json(
         doc = raw.decode("utf-8", "replace")
         err = json.JSONDecodeError(f"invalid text encoding: {exc.reason}", doc, exc.start)
         raise MalformedResponseError(err, request, target=target, response=response) from None
+    except (ValueError, RecursionError) as exc:  # nested too deeply, an int of 4300+ digits
+        doc = raw.decode("utf-8", "replace")
+        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        err = json.JSONDecodeError(what, doc, 0)
+        raise MalformedResponseError(err, request, target=target, response=response) from None
 
 
 def parse_chat_completion(
@@ -214,7 +219,12 @@ class ChatStreamDecoder:
             self._raise()
         if self.done:
             return []
-        return self._chunks(self._sse.close())
+        try:
+            events = self._sse.close()
+        except SSEDecodeError as exc:  # deferred by the last feed, after the events before it
+            self.done = True
+            raise MalformedStreamError(str(exc), self.request, target=self.target, line="") from exc
+        return self._chunks(events)
 
     def _raise(self) -> typing.NoReturn:
         error, self._error = self._error, None

@@ -58,7 +58,11 @@ _EXTRA_FIELDS = ("name", "tool_calls", "tool_call_id", "function_call")
 
 
 def _fingerprint(value: object) -> str:
-    return f"\x1d{hash(repr(value)) & _MASK:016x}"
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # nested too deeply, an int of over 4300 digits
+        text = f"<{type(value).__name__} beyond repr>"
+    return f"\x1d{hash(text) & _MASK:016x}"
 
 
 def render_prompt(messages: Iterable[Mapping[str, Any]]) -> str:
@@ -70,18 +74,25 @@ def render_prompt(messages: Iterable[Mapping[str, Any]]) -> str:
     parts: list[str] = []
     append = parts.append
     for message in messages:
-        append(str(message.get("role", "")))
+        if not isinstance(message, Mapping):  # not a message: only the request's own business
+            append(_fingerprint(message))
+            append("\x1e")
+            continue
+        role = message.get("role", "")
+        append(role if isinstance(role, str) else _fingerprint(role))
         append("\x1f")
         content = message.get("content")
         if isinstance(content, str):
             append(content)
-        elif isinstance(content, Iterable):
+        elif isinstance(content, list | tuple):
             for part in content:
                 if isinstance(part, Mapping) and part.get("type") == "text":
                     text = part.get("text")
                     append(text if isinstance(text, str) else _fingerprint(text))
                 else:
                     append(_fingerprint(part))
+        elif content is not None:
+            append(_fingerprint(content))
         for key in _EXTRA_FIELDS:
             value = message.get(key)
             if value:

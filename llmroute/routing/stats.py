@@ -325,13 +325,15 @@ def class_label(index: int, bounds: Sequence[int]) -> str:
 def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
     """A rough, fast token count of chat messages: text characters // 4, plus 4 per message.
 
-    Text is string content or the ``text`` of ``{"type": "text"}`` parts; other parts count
-    nothing.
+    Text is string content or the ``text`` of ``{"type": "text"}`` parts; other parts, and
+    messages that are not mappings, count nothing.
     """
     characters = 0
     count = 0
     for message in messages:
         count += 1
+        if not isinstance(message, Mapping):
+            continue
         content = message.get("content")
         if isinstance(content, str):
             characters += len(content)
