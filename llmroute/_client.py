@@ -41,6 +41,7 @@ from ._errors import (
     APIConnectionError,
     APIStatusError,
     OpenAIError,
+    RequestBodyError,
     make_status_error,
     map_transport_errors,
 )
@@ -417,6 +418,13 @@ class AsyncOpenAI:
         self._custom_headers = dict(default_headers or {})
         self._custom_query = dict(default_query or {})
         self._verify = verify
+        if verify is False or (
+            isinstance(verify, ssl.SSLContext) and verify.verify_mode == ssl.CERT_NONE
+        ):
+            log.warning(
+                "TLS certificate verification is off (verify=False): anyone on the network "
+                "path can read the requests, their API keys and the answers"
+            )
         self._owns_http_client = http_client is None
         self._transport: Transport | None = None
         if http_client is None:
@@ -760,7 +768,14 @@ class AsyncOpenAI:
         # gets its configured headers, and only what the call itself adds.
         defaults = self._custom_query if provider is None else {}
         params = {**defaults, **(extra_query or {})}
-        content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        try:
+            content = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        except RecursionError:
+            raise RequestBodyError(
+                "The request body is nested too deeply to be encoded as JSON"
+            ) from None
+        except ValueError as exc:  # a circular reference, a number too long to print
+            raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
         limits = self.timeout if not _given(timeout) else _to_timeout(timeout)
         # Plain values: a user's http_client may be an httpx2 client (openai >= 3 makes those).
         return self._client.build_request(

@@ -117,7 +117,9 @@ def parse_size(value: int | str) -> int:
     if isinstance(value, str):
         match = _SIZE.fullmatch(value.strip())
         if match is not None:
-            return int(float(match[1]) * _SIZE_UNITS[(match[2] or "b").lower()])
+            size = float(match[1]) * _SIZE_UNITS[(match[2] or "b").lower()]
+            if math.isfinite(size):
+                return int(size)
     raise ValueError(f"expected a size such as '256MiB', '500kB' or 1048576, got {_show(value)}")
 
 
@@ -720,6 +722,8 @@ def _load_file(path: str, *, missing: str) -> Config:
         raise ConfigError(missing) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # a NUL in the path
+        raise ConfigError(f"{path}: cannot be read: {exc}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
