@@ -70,6 +70,10 @@ __all__ = [
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
+_MAX_WAIT_UNAVAILABLE = 2.0
+"""How long a request waits, at most, for one of its targets to be free again when none can be
+asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
+deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
 """Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
 
 
@@ -453,6 +457,8 @@ class _Run:
         rounds = 0
         hedge_at: float | None = None
         launched = hedged = 0
+        budget = route.first_token_timeout if self.stream else None
+        give_up_at = self.t0 + min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
         async with anyio.create_task_group() as tg:
 
             def available_first() -> bool:
@@ -490,7 +496,18 @@ class _Run:
                     launch("failover")
                     continue
                 if state.live == 0:
-                    if rounds >= retries or not _any_retryable(state.failures.values()):
+                    if not _any_retryable(state.failures.values()):
+                        # Nobody could be asked (cooling down, circuits open): wait for the
+                        # first target to be free again if that fits the first-token deadline.
+                        soon = self._soonest_available(plan.order)
+                        if soon is None or clock() + soon > give_up_at:
+                            break
+                        await anyio.sleep(soon)
+                        pending.extend(plan.order)
+                        available_first()
+                        launch("retry")
+                        continue
+                    if rounds >= retries:
                         break
                     await anyio.sleep(self._retry_delay(rounds, state.failures))
                     rounds += 1
@@ -516,6 +533,18 @@ class _Run:
                         continue
                 await state.wait(wait)
             tg.cancel_scope.cancel()
+
+    def _soonest_available(self, targets: Sequence[str]) -> float | None:
+        """Seconds until the first of ``targets`` that is cooling down or has its circuit open
+        may be tried again; ``None`` if none of them will be (or all are unknown)."""
+        now = self.clock()
+        times = [
+            retry_at
+            for name in targets
+            if name not in self.refused
+            and (retry_at := self.router.health(name).retry_at()) is not None
+        ]
+        return max(0.0, min(times) - now) if times else None
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
         headers = None
