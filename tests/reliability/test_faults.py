@@ -224,6 +224,20 @@ async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Sim
         assert time.monotonic() - started < 1
 
 
+async def test_a_short_cooldown_is_waited_out_instead_of_failing(target: Simulator) -> None:
+    async with AsyncOpenAI(
+        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
+    ) as client:
+        with pytest.raises(AllTargetsFailed):
+            await stream_text(client, extra_headers={**once("429"), "x-sim-retry-after": "0.4"})
+        started = time.monotonic()
+        text, route = await stream_text(client)  # the only target cools down for 0.4 s
+    assert text == await expected(target)
+    assert time.monotonic() - started >= 0.3
+    outcomes = [(a.reason, a.outcome) for a in route.attempts]
+    assert outcomes == [("first", "error"), ("retry", "won")]
+
+
 async def test_retry_after_is_waited_before_retrying_a_lone_target(target: Simulator) -> None:
     headers = {**once("429"), "x-sim-retry-after": "0.5"}
     async with AsyncOpenAI(
