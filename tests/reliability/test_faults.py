@@ -39,6 +39,11 @@ MESSAGES = [{"role": "user", "content": "Tell me about faults."}]
 TIMEOUT = httpx.Timeout(10.0, read=1.0)  # the read timeout is also the deadline between events
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the same transport and engine run on trio in tests/test_routing.py
+
+
 @pytest.fixture(scope="module")
 def target() -> Iterator[Simulator]:
     """20-token replies, 10 ms apart; a hang lasts at most 20 s (the tests give up far sooner)."""
