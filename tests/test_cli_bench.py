@@ -186,3 +186,99 @@ def test_prompt_set_is_fixed_sized_and_nonced() -> None:
     nonced = prompt_for("long", 0, "abc123")[0]["content"]
     assert nonced.startswith("[probe abc123] ")
     assert nonced.endswith(prompt_for("long", 0, None)[0]["content"])
+
+
+HEADER_KEY = "hdr-secret-0123456789-azure"
+HEADER_TOKEN = "tok-secret-9876543210-bearer"
+
+
+class _RaisingCompletions:
+    async def create(self, **_: Any) -> Any:
+        raise RuntimeError(
+            f"proxy refused api-key {HEADER_KEY} and Authorization: Bearer {HEADER_TOKEN} "
+            f"(key {KEY})"
+        )
+
+
+class _RaisingClient:
+    """An AsyncOpenAI whose every request fails with an exception that is no OpenAIError."""
+
+    def __init__(self, **_: Any) -> None:
+        self.chat = type("Chat", (), {"completions": _RaisingCompletions()})()
+
+    async def __aenter__(self) -> _RaisingClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        return None
+
+    async def warmup(self) -> None:
+        return None
+
+
+def test_any_probe_failure_is_counted_and_no_header_secret_is_shown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    """A probe failing with any exception (not only an OpenAIError) is that probe's error, not
+    the end of the run; the provider's secret header values are scrubbed like its key."""
+    import llmroute
+
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f"""
+[providers.azure]
+base_url = "https://127.0.0.1:9/v1"
+api_key = "{KEY}"
+headers = {{ "api-key" = "{HEADER_KEY}", "Authorization" = "Bearer {HEADER_TOKEN}" }}
+[models.chat]
+targets = ["azure:gpt"]
+"""
+    )
+    monkeypatch.setattr(llmroute, "AsyncOpenAI", _RaisingClient)
+    out = tmp_path / "bench.json"
+    status = main(
+        [
+            "bench",
+            "--config",
+            str(config),
+            "--probes",
+            "2",
+            "--lengths",
+            "short",
+            "--json",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 0
+    shown = out.read_text() + captured.out + captured.err
+    for secret in (KEY, HEADER_KEY, HEADER_TOKEN):
+        assert secret not in shown
+    data = load(out)
+    check_consistent(data, 2, ["short"])
+    errors = [s["error"] for s in data["samples"]]
+    assert len(errors) == 2
+    assert all(e.startswith("RuntimeError: proxy refused api-key <key>") for e in errors)
+    assert "2 of 2 probes failed" in captured.out
+
+
+def test_cancelling_a_probe_is_not_counted_as_its_error() -> None:
+    import anyio
+
+    from llmroute.cli._bench import Sample, _Endpoint, _probe  # pyright: ignore[reportPrivateUsage]
+
+    class Hanging:
+        async def create(self, **_: Any) -> Any:
+            await anyio.sleep_forever()
+
+    client: Any = type("Client", (), {"chat": type("Chat", (), {"completions": Hanging()})()})()
+    sample = Sample("t:m", "short", 0, 10, started=0.0)
+    args = type("Args", (), {"timeout": 30.0, "max_tokens": 4})()
+
+    async def main_() -> bool:
+        with anyio.move_on_after(0.05) as scope:
+            await _probe(client, _Endpoint("t:m", "m", {}), sample, [], args)
+        return scope.cancelled_caught
+
+    assert anyio.run(main_) is True
+    assert sample.error is None

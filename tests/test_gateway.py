@@ -22,7 +22,9 @@ from openai.types.chat import ChatCompletionChunk
 
 import llmroute
 from llmroute._config import ConfigError, load_config
-from llmroute.server import Gateway, KeyRing, dump_json
+from llmroute.cache import NAMESPACE_PATTERN
+from llmroute.server import Gateway, GatewayApp, KeyRing, dump_json
+from llmroute.server._app import key_namespace
 from llmroute.testing import Profile, Simulator
 
 # Under trio, openai's own AsyncStream leaves its SSE generators to the garbage collector when it
@@ -313,6 +315,77 @@ def test_key_ring_matches_by_name_only() -> None:
     assert ring.match("key-one") is None
     assert ring.match(None) is None
     assert "key-one" not in repr(ring)
+
+
+def test_a_key_a_client_cannot_send_is_refused_at_load(sim: Simulator, slow: Simulator) -> None:
+    """Header values reach the app decoded as latin-1: a UTF-8 key (or one with a control
+    character) would be accepted and never match, so it is refused, naming the variable."""
+    for bad in ("gw-clé-0123456789", "gw-key-\x01-0123456789", "gw-key-\u00a0-0123456789"):
+        with pytest.raises(ConfigError, match="GW_KEY_OTHER") as refused:
+            Gateway(gateway_config(sim, slow), environ={**ENVIRON, "GW_KEY_OTHER": bad})
+        assert "printable ASCII" in str(refused.value)
+        assert bad not in str(refused.value) and bad[:10] not in str(refused.value)
+        with pytest.raises(ValueError, match="printable ASCII") as direct:
+            KeyRing({"a": bad})
+        assert bad not in str(direct.value)
+    # Printable ASCII, spaces and punctuation included, is fine (and matches).
+    ring = KeyRing({"a": "gw key with spaces & ~punctuation!"})
+    assert ring.match("Bearer gw key with spaces & ~punctuation!") == "a"
+
+
+def test_a_long_key_name_gets_a_cache_namespace_that_fits() -> None:
+    assert key_namespace("ci") == "gateway.ci"  # short names: the namespaces they always had
+    assert key_namespace("k" * 56) == "gateway." + "k" * 56
+    long_names = ["k" * 57, "k" * 64, "a" * 64]
+    spaces = [key_namespace(name) for name in long_names]
+    assert len(set(spaces)) == 3
+    for space in spaces:
+        assert space.startswith("gateway-") and len(space) <= 64
+        assert NAMESPACE_PATTERN.fullmatch(space)
+    assert spaces[0] == key_namespace("k" * 57)  # stable
+
+
+@pytest.mark.anyio
+async def test_the_per_key_cache_works_with_a_64_character_key_name(
+    sim: Simulator, slow: Simulator
+) -> None:
+    config = gateway_config(sim, slow, cache_namespace_per_key=True)
+    config["gateway"]["keys"] = {"k" * 64: "GW_KEY_CI"}
+    messages = [{"role": "user", "content": f"long key name {time.time_ns()}"}]
+    with Gateway(config, environ=ENVIRON, verify=sim.ssl_context(), max_retries=0) as gateway:
+        async with client_for(gateway) as client:
+            answers = [
+                await client.chat.completions.with_raw_response.create(
+                    model="chat", messages=messages, temperature=0
+                )
+                for _ in range(2)
+            ]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert [a.headers["x-llmroute-cache"] for a in answers] == ["miss", "hit"]
+
+
+@pytest.mark.anyio
+async def test_secret_header_values_of_providers_are_scrubbed(sim: Simulator) -> None:
+    azure, anthropic, token = "azure-secret-0123456789", "ant-secret-987654321", "tok-5555-abcd"
+    headers = {"api-key": azure, "X-Api-Key": anthropic, "Authorization": f"Bearer {token}"}
+    config = {
+        "providers": {
+            "sim": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY, "headers": headers},
+        },
+        "models": {"chat": {"targets": ["sim:sim-small"]}},
+        "gateway": {"keys": {"ci": "GW_KEY_CI"}},
+    }
+    app = GatewayApp(config, environ=ENVIRON)
+    try:
+        text = app._scrub(  # pyright: ignore[reportPrivateUsage]
+            f"upstream said: bad api-key {azure}, x-api-key {anthropic}, bearer {token}, "
+            f"key {UPSTREAM_KEY}; trace-id 1234"
+        )
+    finally:
+        await app.aclose()
+    for secret in (azure, anthropic, token, UPSTREAM_KEY):
+        assert secret not in text
+    assert text.count("[redacted]") == 4 and "trace-id 1234" in text
 
 
 @pytest.mark.anyio

@@ -255,6 +255,7 @@ def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
 def _config_endpoints(config: Config) -> list[_Endpoint]:
     """Every target of every route, once, with what reaches it directly."""
     from .._config import resolve, route_config
+    from ..server._secrets import provider_secrets
 
     resolved = resolve(config)
     endpoints: list[_Endpoint] = []
@@ -265,7 +266,8 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
                 continue
             seen.add(target.name)
             provider = resolved.providers[target.provider]
-            secrets = (provider.api_key,) if provider.api_key else ()
+            # Its key and the values of its credential headers (api-key, x-api-key, ...).
+            secrets = tuple(provider_secrets([provider]))
             if provider.spec.protocol == "openai":
                 client_args: dict[str, Any] = {
                     "api_key": provider.api_key or "none",
@@ -299,8 +301,6 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
 async def _probe(
     client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
 ) -> None:
-    from .. import OpenAIError
-
     try:
         with anyio.fail_after(args.timeout):
             stream = await client.chat.completions.create(
@@ -326,11 +326,21 @@ async def _probe(
                 sample.tokens_per_s = (timings.tokens - 1) / decode
     except TimeoutError:
         sample.error = f"Timeout: no complete answer within {args.timeout:g} s"
-    except OpenAIError as exc:
-        message = " ".join(str(exc).split())
-        for secret in endpoint.secrets:
-            message = message.replace(secret, "<key>")
+    except Exception as exc:
+        # One probe's failure, whatever it is (OpenAIError or anything else), is its error and
+        # never ends the run; KeyboardInterrupt and cancellation are no Exceptions, so they do.
+        message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
         sample.error = f"{type(exc).__name__}: {message[:300]}"
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` without ``secrets`` (longest first), also as JSON escapes them."""
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "<key>")
+        escaped = json.dumps(secret)[1:-1]
+        if escaped != secret:
+            text = text.replace(escaped, "<key>")
+    return text
 
 
 async def _measure(
@@ -515,10 +525,7 @@ def _write_json(
         "summary": summary,
         "samples": [dataclasses.asdict(s) for s in sorted(samples, key=lambda s: s.started)],
     }
-    text = json.dumps(data, indent=2)
-    for endpoint in endpoints:
-        for secret in endpoint.secrets:
-            text = text.replace(secret, "<key>")
+    text = _scrub(json.dumps(data, indent=2), [s for e in endpoints for s in e.secrets])
     path.write_text(text + "\n", encoding="utf-8")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -19,11 +20,13 @@ from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
 from .._errors import AllTargetsFailed, StreamInterrupted
 from .._streaming import AsyncStream
+from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._auth import KeyRing
 from ._metrics import ANONYMOUS, GatewayMetrics
+from ._secrets import provider_secrets
 
-__all__ = ["GatewayApp", "dump_json"]
+__all__ = ["GatewayApp", "dump_json", "key_namespace"]
 
 log = logging.getLogger("llmroute.server")
 
@@ -51,6 +54,16 @@ def dump_json(model: pydantic.BaseModel) -> bytes:
     """An ``openai.types`` object as the JSON it came from: the fields it was built with
     (``exclude_unset``: none invented), the vendor's unknown fields kept, API names used."""
     return model.model_dump_json(by_alias=True, exclude_unset=True, warnings=False).encode()
+
+
+def key_namespace(name: str) -> str:
+    """The cache namespace of a gateway key's answers (``cache_namespace_per_key``):
+    ``gateway.<name>``, or, for a name too long for a namespace's 64 characters,
+    ``gateway-`` and 40 hex digits of its SHA-256 (no ``gateway.<name>`` can be that)."""
+    namespace = f"gateway.{name}"
+    if NAMESPACE_PATTERN.fullmatch(namespace):
+        return namespace
+    return "gateway-" + hashlib.sha256(name.encode()).hexdigest()[:40]
 
 
 def _error(message: str, type_: str, code: str | None = None, param: str | None = None) -> Any:
@@ -134,12 +147,10 @@ class GatewayApp:
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
         self.keys = KeyRing.from_settings(self.settings, environ)
+        self._namespaces = {name: key_namespace(name) for name in self.keys.names}
         resolved = resolve(loaded)
-        self._secrets = sorted(
-            {p.api_key for p in resolved.providers.values() if p.api_key and len(p.api_key) >= 4},
-            key=len,
-            reverse=True,
-        )
+        # The upstream keys and the values of the providers' credential headers (api-key, ...).
+        self._secrets = provider_secrets(resolved.providers.values())
         self.client = AsyncOpenAI(config=loaded, **client_options)
         self.metrics = GatewayMetrics()
         self.routes = list(loaded.models)
@@ -395,7 +406,7 @@ class GatewayApp:
         """The cache settings a client may give; a per-key namespace when configured."""
         out = {name: headers[name] for name in _FORWARDED if name in headers}
         if self.settings.cache_namespace_per_key:
-            out[_NAMESPACE_HEADER] = f"gateway.{exchange.key}"
+            out[_NAMESPACE_HEADER] = self._namespaces[exchange.key]
         return out
 
     # -- requests -------------------------------------------------------------------------------

@@ -14,6 +14,12 @@ __all__ = ["KeyRing"]
 _BEARER = "bearer "
 
 
+def _usable(key: str) -> bool:
+    """Whether a client can send ``key`` in an HTTP header: printable ASCII (a header's bytes
+    reach the app decoded as latin-1, so a UTF-8 key would never match)."""
+    return key.isascii() and key.isprintable()
+
+
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
@@ -25,9 +31,12 @@ class KeyRing:
     __slots__ = ("_digests",)
 
     def __init__(self, keys: Mapping[str, str]) -> None:
-        """``keys``: name -> the key itself (each non-empty)."""
+        """``keys``: name -> the key itself (each non-empty printable ASCII)."""
         if not keys:
             raise ValueError("a gateway needs at least one key")
+        for name, key in keys.items():
+            if not key or not _usable(key):  # the key is never shown
+                raise ValueError(f"gateway key {name!r}: empty or not printable ASCII")
         self._digests = [(name, _digest(key.encode())) for name, key in keys.items()]
 
     @classmethod
@@ -35,7 +44,7 @@ class KeyRing:
         cls, settings: GatewaySettings, environ: Mapping[str, str] = os.environ
     ) -> KeyRing:
         """The keys ``settings.keys`` names, read from ``environ``; :class:`ConfigError` naming
-        the variable (never a value) when one is unset or empty."""
+        the variable (never a value) when one is unset, empty, or not printable ASCII."""
         keys: dict[str, str] = {}
         for name, variable in settings.keys.items():
             value = environ.get(variable, "").strip()
@@ -43,6 +52,12 @@ class KeyRing:
                 raise ConfigError(
                     f"gateway.keys.{name}: the environment variable {variable} is not set "
                     "(it holds the gateway key clients send as 'Authorization: Bearer <key>')"
+                )
+            if not _usable(value):
+                raise ConfigError(
+                    f"gateway.keys.{name}: the environment variable {variable} holds characters "
+                    "other than printable ASCII; a client cannot send such a key in an HTTP "
+                    "header (use letters, digits and punctuation)"
                 )
             keys[name] = value
         return cls(keys)

@@ -49,7 +49,13 @@ async def serve(
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
 
+    from . import _h2
+
+    # hypercorn 0.18's HTTP/2 buffers a response to a client that does not read without bound;
+    # this server's streams get bounded buffers (docs/gateway.md, "HTTP/2 back-pressure").
+    _h2.install()
     config = HypercornConfig()
+    setattr(config, _h2.CONFIG_FLAG, True)
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = _LOG

@@ -36,6 +36,11 @@ from hypercorn.protocol.h2 import H2Protocol
 from ._app import SimApp
 from ._profile import Profile
 
+try:
+    from ..server._h2 import BoundedH2Protocol as _BaseH2Protocol
+except ImportError:  # the SGLang stand-in loads this module without the llmroute package
+    _BaseH2Protocol = H2Protocol  # (without the back-pressure fix)
+
 _LOG = logging.getLogger("llmroute.testing.server")
 _HOST_NAMES = ("127.0.0.1", "localhost")
 _ABORT_AFTER = 0.5  # seconds from shutdown until connections still open are aborted
@@ -76,11 +81,13 @@ def _server_ssl_context(http2: bool) -> ssl.SSLContext:
 
 
 # -- HTTP/2: reset a stream the app left unfinished -------------------------------------------
-class _ResettingH2Protocol(H2Protocol):
+class _ResettingH2Protocol(_BaseH2Protocol):  # type: ignore[misc,valid-type]
     """hypercorn's H2Protocol, but a stream whose app returned before the end of the body is
     reset (RST_STREAM INTERNAL_ERROR) instead of being left open. hypercorn 0.18 leaves it
     open, so a client would hang on a simulated dropped stream. Only servers whose config has
-    `reset_unfinished_streams = True` (the simulator's) behave differently.
+    `reset_unfinished_streams = True` (the simulator's) behave differently. Its base class
+    bounds the send buffers of servers whose config sets `h2_bounded_stream_buffers` (the
+    simulator's and the gateway's; see llmroute/server/_h2.py).
     """
 
     async def stream_send(self, event: StreamEvent) -> None:
@@ -125,6 +132,7 @@ def _install_h2_reset() -> None:
 
 class _SimConfig(Config):
     reset_unfinished_streams = True
+    h2_bounded_stream_buffers = True  # hypercorn 0.18's HTTP/2 back-pressure fixed (server/_h2)
 
     def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
         super().__init__()
