@@ -8,6 +8,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
@@ -706,6 +707,25 @@ async def test_a_failed_retry_leaves_no_prompt_in_any_tree() -> None:
         await router.complete(route, {"messages": SHORT_CHAT}, send)
     assert send.calls == ["w0:m", "w1:m", "w1:m"]  # the retry starts with what is available
     assert policy.index.sizes() == {"w0:m": 0, "w1:m": 0}
+
+
+@pytest.mark.anyio
+async def test_waiting_for_a_cooling_target_ends_even_when_the_routers_clock_stands_still(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import llmroute.routing.engine as engine
+
+    monkeypatch.setattr(engine, "_MAX_WAIT_UNAVAILABLE", 0.3)
+    clock = FakeClock()
+    router, route = scripted_route(RoundRobinPolicy(), ["a"], clock=clock)
+    router.health("a:m").cool_down(0.05)  # on a clock that never moves: cooling for ever
+    send = ScriptedSender()
+    with anyio.fail_after(5), pytest.raises(AllTargetsFailed, match="cooling down"):
+        await router.complete(route, {"messages": SHORT_CHAT}, send)
+    assert send.calls == []
+    clock.advance(0.1)  # once it has cooled down, the same request is served
+    done = await router.complete(route, {"messages": SHORT_CHAT}, send)
+    assert done.report.winner == "a:m"
 
 
 @pytest.mark.anyio

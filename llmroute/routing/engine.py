@@ -458,7 +458,9 @@ class _Run:
         hedge_at: float | None = None
         launched = hedged = 0
         budget = route.first_token_timeout if self.stream else None
-        give_up_at = self.t0 + min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
+        budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
+        # On the event loop's clock, which the waits below run on (the router's may be a test's).
+        give_up_at = anyio.current_time() + budget - (clock() - self.t0)
         async with anyio.create_task_group() as tg:
 
             def available_first() -> bool:
@@ -500,7 +502,7 @@ class _Run:
                         # Nobody could be asked (cooling down, circuits open): wait for the
                         # first target to be free again if that fits the first-token deadline.
                         soon = self._soonest_available(plan.order)
-                        if soon is None or clock() + soon > give_up_at:
+                        if soon is None or anyio.current_time() + soon > give_up_at:
                             break
                         await anyio.sleep(soon)
                         pending.extend(plan.order)
