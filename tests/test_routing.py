@@ -12,7 +12,7 @@ import anyio
 import openai
 import pytest
 
-from llmroute import AllTargetsFailed, AsyncOpenAI, StreamInterrupted
+from llmroute import AllTargetsFailed, AsyncOpenAI, RequestBodyError, StreamInterrupted
 from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
@@ -241,6 +241,49 @@ async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Sim
     # The failed hedge's replacement starts when it fails, not one more hedge delay later.
     assert replacement.started - hedge.started < 0.25
     assert route.hedges == 1
+
+
+async def test_a_retry_round_starts_one_attempt_not_one_per_earlier_hedge() -> None:
+    profile = Profile(reply_tokens=5, hang_max=5.0)
+    with (
+        Simulator(profile=profile, tls=True) as a,
+        Simulator(profile=profile, tls=True) as b,
+        Simulator(profile=profile, tls=True) as c,
+    ):
+        cfg = config(
+            {"a": a, "b": b, "c": c},
+            ["a:sim-small", "b:sim-small", "c:sim-small"],
+            policy="hedge",
+            hedge_after="100ms",
+            first_token_timeout="400ms",
+        )
+        # Every simulator hangs on its first request with this key, then answers.
+        async with AsyncOpenAI(config=cfg, verify=a.ssl_context(), max_retries=2) as client:
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, extra_headers=fault("hang", 1)
+            )
+            await read(stream)
+    route = stream.route
+    assert route is not None
+    reasons = [(a.reason, a.outcome) for a in route.attempts]
+    assert reasons[:3] == [("first", "timeout"), ("hedge", "timeout"), ("failover", "timeout")]
+    assert reasons[3] == ("retry", "won")
+    assert len(reasons) == 4  # the retry round began with one attempt, as the first did
+
+
+async def test_an_unencodable_body_is_the_requests_error_not_the_targets(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        for _ in range(6):  # more than the breaker's 5 failures
+            with pytest.raises(RequestBodyError, match="cannot be encoded"):
+                await client.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "x\ud800"}], stream=True
+                )
+        assert {snap.breaker for snap in client.stats().values()} == {"closed"}
+        text, _ = await read(
+            await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        )
+    assert text == await clean_reply(sim)
 
 
 async def test_race_starts_both_and_cancels_the_loser(sim: Simulator, sim_stall: Simulator) -> None:

@@ -223,3 +223,25 @@ async def test_untrusted_certificate_is_a_connection_error(sim: Simulator) -> No
         with pytest.raises(openai.APIConnectionError) as info:
             await client.chat.completions.create(model="sim-small", messages=MESSAGES)
     assert "certificate" in str(info.value.__cause__).lower()
+
+
+def test_the_event_deadline_counts_waiting_not_reading() -> None:
+    from llmroute.transport._events import EventDeadline
+
+    # A slow loris, with CRLF line ends cut between chunks: one line end is not an event's end.
+    loris = EventDeadline(1.0)
+    with pytest.raises(httpx.ReadTimeout, match="no server-sent event ended"):
+        for _ in range(100):
+            for byte in b"data: a\r\n":
+                loris.check(bytes([byte]), 0.1)
+    # A blank line cut anywhere ends the event: CRLF CRLF, LF CR, CR CR.
+    for first, second in ((b"x\r\n\r", b"\n"), (b"x\r\n", b"\r\n"), (b"x\r", b"\r")):
+        events = EventDeadline(1.0)
+        events.check(b"data: " + b"y" * 10, 0.9)
+        events.check(first, 0.0)
+        events.check(second, 0.05)
+        events.check(b"data: z", 0.9)  # waited 0.9 s since the last event ended: in time
+    # Time the application spends between reads never counts: only waiting for data does.
+    slow_reader = EventDeadline(1.0)
+    for _ in range(1000):
+        slow_reader.check(b"data: part of one huge event", 0.0)

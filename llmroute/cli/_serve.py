@@ -49,8 +49,13 @@ def _run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     # hpack logs every header it encodes or decodes at DEBUG, upstream keys included.
-    logging.getLogger("hpack").setLevel(max(logging.INFO, logging.getLogger().level))
-    return asyncio.run(_serve(args))
+    hpack = logging.getLogger("hpack")
+    level = hpack.level
+    hpack.setLevel(max(logging.INFO, logging.getLogger().level))
+    try:
+        return asyncio.run(_serve(args))
+    finally:
+        hpack.setLevel(level)  # main() may run inside another program (or a test)
 
 
 async def _serve(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ from .._errors import (
     APIStatusError,
     APITimeoutError,
     FirstTokenTimeout,
+    RequestBodyError,
     StreamInterrupted,
     TargetUnavailable,
     describe_error,
@@ -146,6 +147,8 @@ class _Race:
         self.winner: _Ready | None = None
         self.live = 0
         self.failures: dict[str, BaseException] = {}
+        self.bad_request: RequestBodyError | None = None
+        """The request itself cannot be sent (to any target): the race ends with it."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -426,6 +429,8 @@ class _Run:
             self._observe(plan.key, state.winner)
             if state.winner is not None:
                 self.key = plan.key
+        if state.winner is None and state.bad_request is not None:
+            raise state.bad_request
         if state.winner is None:
             raise AllTargetsFailed(
                 route.name, state.failures, self.request_stub(), report=self.report
@@ -490,7 +495,7 @@ class _Run:
             for record in report.attempts[-plan.start :]:
                 if record.target == plan.explored:
                     record.reason = "explore"
-            while state.winner is None:
+            while state.winner is None and state.bad_request is None:
                 if state.live < plan.start + hedged and pending:
                     # Keep the plan's attempts and the hedges fired in flight: a failed hedge
                     # is replaced at once, not after another hedge delay.
@@ -506,6 +511,7 @@ class _Run:
                             break
                         await anyio.sleep(soon)
                         pending.extend(plan.order)
+                        hedged = 0  # a new round: its hedges go through the delay and budget
                         available_first()
                         launch("retry")
                         continue
@@ -516,6 +522,7 @@ class _Run:
                     # The same plan again: planning anew would advance round-robin a second
                     # time and leave a prefix policy an insert under a key nobody observes.
                     pending.extend(plan.order)
+                    hedged = 0
                     available_first()  # a circuit the last round opened: its target later
                     launch("retry")
                     continue
@@ -601,6 +608,16 @@ class _Run:
             if probe:
                 health.breaker.release()
             raise
+        except RequestBodyError as exc:  # the request's fault, the same on every target
+            stats.done_waiting(waiting)
+            stats.finished()
+            if probe:
+                health.breaker.release()
+            record.outcome, record.error = "error", describe_error(exc)
+            state.bad_request = exc
+            state.live -= 1
+            state.notify()
+            return
         except Exception as exc:
             stats.done_waiting(waiting)
             stats.finished()

@@ -18,7 +18,7 @@ import pydantic
 
 from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
-from .._errors import AllTargetsFailed, StreamInterrupted
+from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._streaming import AsyncStream
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -560,7 +560,7 @@ class GatewayApp:
             return _Refused(504, _error(exc.message, "timeout", "upstream_timeout"))
         if isinstance(exc, openai.APIError):
             return _Refused(502, _error(exc.message, "upstream_error", "upstream_unavailable"))
-        if isinstance(exc, ConfigError):
+        if isinstance(exc, ConfigError | RequestBodyError):
             return _Refused(400, _error(str(exc), "invalid_request_error"))
         if isinstance(exc, RecursionError):
             return _too_deep()

@@ -2,42 +2,45 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
 __all__ = ["EventDeadline"]
 
-_LINE_ENDS = (b"\n", b"\r")
+# Two line terminators in a row (LF LF, CR CR, or LF then CR/CRLF) end an event; CR LF is one.
+_EVENT_ENDS = frozenset((b"\n\n", b"\r\r", b"\n\r"))
 
 
 class EventDeadline:
-    """Raises ``httpx.ReadTimeout`` when data arrives but no SSE event has ended (a blank line)
-    for ``timeout`` seconds.
+    """Raises ``httpx.ReadTimeout`` once a stream has kept its reader waiting ``timeout`` seconds
+    in all without ending an event (a blank line), though data arrived meanwhile.
 
     A stream that goes silent is the read timeout's; this catches one that keeps sending bytes
     without ever ending an event (a slow loris): it fails at most ``timeout`` plus one gap between
-    bytes late. Cost per chunk: a scan for a blank line, and a clock read.
+    bytes late. Only time spent waiting for data counts, so an application that reads slowly
+    never makes a healthy server look slow. Cost per chunk: a scan for a blank line.
     """
 
-    __slots__ = ("_last", "_tail", "timeout")
+    __slots__ = ("_tail", "_waited", "timeout")
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._last = time.monotonic()
+        self._waited = 0.0
         self._tail = b""
 
-    def check(self, data: bytes) -> None:
-        """Account for ``data`` (a non-empty chunk of the stream), or raise the timeout."""
+    def check(self, data: bytes, waited: float) -> None:
+        """Account for ``data`` (a non-empty chunk), which took ``waited`` seconds to come."""
         if (
             b"\n\n" in data
-            or (self._tail in _LINE_ENDS and data[:1] in _LINE_ENDS)
             or b"\r\r" in data
-            or b"\n\r\n" in data
+            or b"\n\r" in data
+            or self._tail + data[:1] in _EVENT_ENDS
         ):
-            self._last = time.monotonic()
-        elif time.monotonic() - self._last > self.timeout:
-            raise httpx.ReadTimeout(
-                f"no server-sent event ended in {self.timeout:g} s, though data kept arriving"
-            )
+            self._waited = 0.0
+        else:
+            self._waited += waited
+            if self._waited > self.timeout:
+                raise httpx.ReadTimeout(
+                    f"no server-sent event ended in {self.timeout:g} s of waiting, though data "
+                    "kept arriving"
+                )
         self._tail = data[-1:]

@@ -623,9 +623,13 @@ class _ResponseStream(httpx.AsyncByteStream):
     async def receive(self) -> bytes | None:
         """The next chunk, or ``None`` at the end: iteration without an async generator, so
         leaving early leaves no half-run generator behind (trio warns about those)."""
+        events = self.events
+        if events is None:
+            return await self._conn.next_chunk(self._state, self._timeout)
+        started = time.monotonic()
         data = await self._conn.next_chunk(self._state, self._timeout)
-        if data and self.events is not None:
-            self.events.check(data)
+        if data:
+            events.check(data, time.monotonic() - started)
         return data
 
     async def aclose(self) -> None:

@@ -303,12 +303,13 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
     events = EventDeadline(timeout) if timeout is not None else None
 
     async def receive() -> bytes | None:
+        started = time.monotonic()
         try:
             data = await iterator.__anext__()
         except StopAsyncIteration:
             return None
         if events is not None and data:
-            events.check(data)
+            events.check(data, time.monotonic() - started)
         return data
 
     return receive

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI, OpenAIError, StreamInterrupted
@@ -45,11 +46,14 @@ async def workload(client: AsyncOpenAI, seen: list[str]) -> None:
     """Answers, a cache hit, a continued break, and failures of every kind; everything the
     caller can see of them goes to ``seen``."""
     messages = [{"role": "user", "content": "Keep my secrets."}]
-    for _ in range(3):  # the second ask is stored, the third is a hit
+    for _ in range(20):  # the second ask is stored (after its answer): a later one is a hit
         completion = await client.chat.completions.create(
             model="chat", messages=messages, temperature=0
         )
         seen += [repr(completion), repr(completion.route), repr(completion.timings)]
+        if completion.route.cache_hit:
+            break
+        await anyio.sleep(0.05)
     stream = await client.chat.completions.create(
         model="chat",
         messages=messages,
