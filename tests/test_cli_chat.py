@@ -151,8 +151,14 @@ def test_ctrl_c_stops_cleanly() -> None:
             OPENAI_API_KEY=KEY,
             OPENAI_BASE_URL=hanging.base_url,
         )
+        # A runner started in the background may ignore SIGINT, and its children inherit that:
+        # give the CLI Python's default Ctrl-C handling, as a terminal would.
+        restore = (
+            "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from llmroute.cli import main; sys.exit(main())"
+        )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llmroute.cli", "chat", "hello", "--model", MODEL],
+            [sys.executable, "-c", restore, "chat", "hello", "--model", MODEL],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -132,6 +132,13 @@ async def direct_reply(sim: Simulator, messages: list[dict[str, str]] = MESSAGES
     return done.choices[0].message.content or ""
 
 
+async def settled(sim: Simulator) -> None:
+    """Wait until the simulator has counted every earlier cancel (it notices them on its own
+    thread); ``in_flight`` drops only after a cancel was counted."""
+    await wait_for(lambda: sim.stats()["in_flight"] == 0)
+    assert sim.stats()["in_flight"] == 0
+
+
 async def wait_for(predicate: Callable[[], bool], seconds: float = DEADLINE) -> None:
     """Poll ``predicate`` (bounded in time); the assertion after it decides the test."""
     with anyio.move_on_after(seconds):
@@ -464,6 +471,7 @@ async def test_per_key_concurrency_is_refused_with_429(sim: Simulator, slow: Sim
 async def test_a_client_that_leaves_cancels_the_upstream_http1(
     gateway: Gateway, slow: Simulator
 ) -> None:
+    await settled(slow)  # earlier tests' cancels are counted first
     before = slow.stats()["streams_cancelled"]
     async with client_for(gateway) as client:
         stream = await client.chat.completions.create(model="slow", messages=MESSAGES, stream=True)
@@ -483,6 +491,7 @@ async def test_a_client_that_leaves_cancels_the_upstream_http2(
 ) -> None:
     ctx = ssl.create_default_context()
     tls_files[2].configure_trust(ctx)
+    await settled(slow)  # earlier tests' cancels are counted first
     before = slow.stats()["streams_cancelled"]
     async with llmroute.AsyncOpenAI(
         base_url=tls_gateway.base_url, api_key=GW_KEY, verify=ctx, max_retries=0
@@ -520,6 +529,7 @@ async def test_the_official_client_over_http2(
 async def test_a_client_that_leaves_before_the_first_token_cancels_the_upstream(
     gateway: Gateway, slow: Simulator
 ) -> None:
+    await settled(slow)  # earlier tests' cancels are counted first
     before = slow.stats()["streams_cancelled"]
     async with client_for(gateway, timeout=0.5) as client:
         with pytest.raises(openai.APITimeoutError):
@@ -637,6 +647,7 @@ async def test_stopping_the_gateway_ends_streams_and_cancels_upstream(
     config = gateway_config(sim, slow)
     gateway = Gateway(config, environ=ENVIRON, verify=sim.ssl_context()).start()
     try:
+        await settled(slow)  # earlier tests' cancels are counted first
         before = slow.stats()["streams_cancelled"]
         async with client_for(gateway) as client:
             stream = await client.chat.completions.create(

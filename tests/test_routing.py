@@ -223,7 +223,7 @@ async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Sim
             {"slow": sim_stall, "broken": broken, "fast": sim},
             ["slow:sim-small", "broken:sim-small", "fast:sim-small"],
             policy="hedge",
-            hedge_after="300ms",
+            hedge_after="1s",
             hedge_budget=1.0,
         )
         await settled(sim_stall)
@@ -239,7 +239,7 @@ async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Sim
     assert (hedge.target, hedge.reason, hedge.outcome) == ("broken:sim-small", "hedge", "error")
     assert (replacement.reason, replacement.outcome) == ("failover", "won")
     # The failed hedge's replacement starts when it fails, not one more hedge delay later.
-    assert replacement.started - hedge.started < 0.25
+    assert replacement.started - hedge.started < 0.75
     assert route.hedges == 1
 
 
