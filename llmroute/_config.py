@@ -599,6 +599,11 @@ class Resolved:
     cache: CacheSettings | None = None
     redis: RedisSettings = field(default_factory=RedisSettings)
 
+    def targets(self) -> list[Target]:
+        """Every target of every route, once, in the order the routes name them."""
+        unique = {t.name: t for targets in self.routes.values() for t in targets}
+        return list(unique.values())
+
 
 def load_config(
     source: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,

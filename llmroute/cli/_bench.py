@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._format import MissingExtra, make_console, ms, percentiles, require, table
+from ._format import MissingExtra, make_console, ms, percentiles, progress_bar, require, table
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -259,42 +259,35 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
 
     resolved = resolve(config)
     endpoints: list[_Endpoint] = []
-    seen: set[str] = set()
-    for targets in resolved.routes.values():
-        for target in targets:
-            if target.name in seen:
-                continue
-            seen.add(target.name)
-            provider = resolved.providers[target.provider]
-            # Its key and the values of its credential headers (api-key, x-api-key, ...).
-            secrets = tuple(provider_secrets([provider]))
-            if provider.spec.protocol == "openai":
-                client_args: dict[str, Any] = {
-                    "api_key": provider.api_key or "none",
-                    "base_url": str(provider.base_url),
-                    "default_headers": dict(provider.headers),
-                    "max_retries": 0,
-                }
-                endpoints.append(_Endpoint(target.name, target.model, client_args, secrets))
-                continue
-            # Another wire protocol: a route with this one target and nothing else (no retry,
-            # no breaker, no cache) speaks it.
-            probe = config.model_copy(
-                update={
-                    "models": {
-                        "probe": route_config(
-                            "probe", {"targets": [target.name], "policy": "failover"}
-                        )
-                    },
-                    "cache": None,
-                    "default_provider": None,
-                    "routing": config.routing.model_copy(
-                        update={"breaker_failures": 10**9, "explore": 0.0}
-                    ),
-                }
-            )
-            client_args = {"api_key": "unused", "config": probe, "max_retries": 0}
-            endpoints.append(_Endpoint(target.name, "probe", client_args, secrets))
+    for target in resolved.targets():
+        provider = resolved.providers[target.provider]
+        # Its key and the values of its credential headers (api-key, x-api-key, ...).
+        secrets = tuple(provider_secrets([provider]))
+        if provider.spec.protocol == "openai":
+            client_args: dict[str, Any] = {
+                "api_key": provider.api_key or "none",
+                "base_url": str(provider.base_url),
+                "default_headers": dict(provider.headers),
+                "max_retries": 0,
+            }
+            endpoints.append(_Endpoint(target.name, target.model, client_args, secrets))
+            continue
+        # Another wire protocol: a route with this one target and nothing else (no retry,
+        # no breaker, no cache) speaks it.
+        probe = config.model_copy(
+            update={
+                "models": {
+                    "probe": route_config("probe", {"targets": [target.name], "policy": "failover"})
+                },
+                "cache": None,
+                "default_provider": None,
+                "routing": config.routing.model_copy(
+                    update={"breaker_failures": 10**9, "explore": 0.0}
+                ),
+            }
+        )
+        client_args = {"api_key": "unused", "config": probe, "max_retries": 0}
+        endpoints.append(_Endpoint(target.name, "probe", client_args, secrets))
     return endpoints
 
 
@@ -352,8 +345,6 @@ async def _measure(
 ) -> int:
     from contextlib import AsyncExitStack
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from .. import AsyncOpenAI
 
     plan = [
@@ -385,14 +376,7 @@ async def _measure(
         async with anyio.create_task_group() as tg:
             for endpoint in endpoints:
                 tg.start_soon(_warm, clients[endpoint.target])
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            disable=not console.is_terminal,
-        ) as progress:
+        with progress_bar(console, disable=not console.is_terminal) as progress:
             task = progress.add_task("probes", total=len(plan))
 
             pending = iter(plan)

@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._format import MissingExtra, make_console, ms, percentiles, ratio, require, table
+from ._format import (
+    MissingExtra,
+    make_console,
+    ms,
+    percentiles,
+    progress_bar,
+    ratio,
+    require,
+    table,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -478,16 +487,9 @@ async def _routed_phase(
 ) -> list[Result]:
     from rich.console import Group
     from rich.live import Live
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     board = _Board(targets, len(asks))
-    progress = Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    progress = progress_bar(console)
     task = progress.add_task("routed requests", total=len(asks))
     step = max(1, len(asks) // 4)
 
@@ -530,8 +532,6 @@ async def _alone_phase(
 ) -> dict[str, list[Result]]:
     import contextlib
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
     from .. import AsyncOpenAI
 
     console.print(
@@ -539,14 +539,7 @@ async def _alone_phase(
         "prompts, the three at once."
     )
     out: dict[str, list[Result]] = {}
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not console.is_terminal,
-    ) as progress:
+    with progress_bar(console, disable=not console.is_terminal) as progress:
 
         async def one_target(name: str, spec: dict[str, Any]) -> None:
             task = progress.add_task(f"{name} alone", total=len(asks))

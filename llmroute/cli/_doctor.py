@@ -39,49 +39,42 @@ async def _doctor(config_path: str | None, probes: int) -> int:
         return 2
     write = sys.stdout.write
     write(f"{'target':40} {'client TTFT':>12} {'server TTFT':>12}  where the time goes\n")
-    seen: set[str] = set()
-    for targets in resolved.routes.values():
-        for target in targets:
-            if target.name in seen:
-                continue
-            seen.add(target.name)
-            provider = resolved.providers[target.provider]
-            poller = None
-            if provider.kind == "sglang":
-                keys = {target.name: provider.api_key} if provider.api_key else None
-                poller = MetricsPoller(
-                    {target.name: str(provider.base_url)}, LiveStats(), keys=keys
-                )
-                await poller.poll_once()
-            ttfts: list[float] = []
-            error = None
-            async with AsyncOpenAI(
-                api_key=provider.api_key or "none", base_url=provider.base_url
-            ) as client:
-                for index in range(probes):
-                    try:
-                        stream = await client.chat.completions.create(
-                            model=target.model,
-                            messages=[{"role": "user", "content": f"Say hello ({index})."}],
-                            max_tokens=8,
-                            stream=True,
-                        )
-                        async with stream:
-                            async for _ in stream:
-                                pass
-                        if stream.timings.first_token is not None:
-                            ttfts.append(stream.timings.first_token)
-                    except OpenAIError as exc:
-                        error = f"{type(exc).__name__}: {exc}"
-                        break
-            server = None
-            if poller is not None:
-                fresh = await poller.poll_once()
-                server = fresh.get(target.name)
-                await poller.aclose()
-            client_ttft = statistics.median(ttfts) if ttfts else None
-            diagnosis = diagnose_ttft(client_ttft, server)
-            server_ttft = diagnosis.server_ttft
-            verdict = error or diagnosis.verdict
-            write(f"{target.name:40} {_ms(client_ttft):>12} {_ms(server_ttft):>12}  {verdict}\n")
+    for target in resolved.targets():
+        provider = resolved.providers[target.provider]
+        poller = None
+        if provider.kind == "sglang":
+            keys = {target.name: provider.api_key} if provider.api_key else None
+            poller = MetricsPoller({target.name: str(provider.base_url)}, LiveStats(), keys=keys)
+            await poller.poll_once()
+        ttfts: list[float] = []
+        error = None
+        async with AsyncOpenAI(
+            api_key=provider.api_key or "none", base_url=provider.base_url
+        ) as client:
+            for index in range(probes):
+                try:
+                    stream = await client.chat.completions.create(
+                        model=target.model,
+                        messages=[{"role": "user", "content": f"Say hello ({index})."}],
+                        max_tokens=8,
+                        stream=True,
+                    )
+                    async with stream:
+                        async for _ in stream:
+                            pass
+                    if stream.timings.first_token is not None:
+                        ttfts.append(stream.timings.first_token)
+                except OpenAIError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                    break
+        server = None
+        if poller is not None:
+            fresh = await poller.poll_once()
+            server = fresh.get(target.name)
+            await poller.aclose()
+        client_ttft = statistics.median(ttfts) if ttfts else None
+        diagnosis = diagnose_ttft(client_ttft, server)
+        server_ttft = diagnosis.server_ttft
+        verdict = error or diagnosis.verdict
+        write(f"{target.name:40} {_ms(client_ttft):>12} {_ms(server_ttft):>12}  {verdict}\n")
     return 0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress
     from rich.table import Table
 
 __all__ = [
@@ -18,6 +19,7 @@ __all__ = [
     "make_console",
     "ms",
     "percentiles",
+    "progress_bar",
     "ratio",
     "require",
     "table",
@@ -80,6 +82,20 @@ def make_console(file: TextIO | None = None, *, width: int = 120) -> Console:
         no_color=not terminal,
         highlight=False,
         width=None if terminal else width,
+    )
+
+
+def progress_bar(console: Console, *, disable: bool = False) -> Progress:
+    """A rich progress display: description, bar, done of total, time elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=disable,
     )
 
 

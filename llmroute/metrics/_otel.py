@@ -13,12 +13,13 @@ anything an application's users typed.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._types import RouteReport, Timings
 from .._version import __version__
+
+if TYPE_CHECKING:
+    from ._request import RequestRecord
 
 __all__ = ["Tracer", "request_attributes"]
 
@@ -65,10 +66,6 @@ class Tracer:
     def __init__(self) -> None:
         self._tracer = _trace.get_tracer("llmroute", __version__) if _trace is not None else None
 
-    @property
-    def enabled(self) -> bool:
-        return self._tracer is not None
-
     def start(self, model: str, body: Mapping[str, Any], *, stream: bool) -> Any:
         """The span of a request that starts now, or ``None`` when nothing would record it."""
         if self._tracer is None or _trace is None:
@@ -82,15 +79,14 @@ class Tracer:
     def end(
         self,
         span: Any,
+        record: RequestRecord,
         *,
-        outcome: str,
-        report: RouteReport | None,
-        timings: Timings | None,
         result: Any = None,
         error: BaseException | None = None,
         started_ns: int,
     ) -> None:
         """Fill in what the request ended with and end its span."""
+        outcome, report, timings = record.outcome, record.report, record.timings
         attributes: dict[str, Any] = {"llmroute.outcome": outcome}
         if report is not None:
             attributes["llmroute.route"] = report.route
@@ -117,11 +113,10 @@ class Tracer:
                     event["llmroute.error"] = attempt.error
                 at = started_ns + int(attempt.started * 1e9)
                 span.add_event("llmroute.attempt", event, timestamp=at)
+        ttft = record.caller_ttft
+        if ttft is not None:
+            attributes["gen_ai.response.time_to_first_chunk"] = ttft
         if timings is not None:
-            ttft = report.ttft if report is not None and report.ttft is not None else None
-            ttft = ttft if ttft is not None else timings.first_token
-            if ttft is not None:
-                attributes["gen_ai.response.time_to_first_chunk"] = ttft
             if timings.http_version:
                 attributes["network.protocol.version"] = timings.http_version.removeprefix("HTTP/")
         _response_attributes(result, attributes)
@@ -155,8 +150,3 @@ def _response_attributes(result: Any, attributes: dict[str, Any]) -> None:
             attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
         if isinstance(usage.completion_tokens, int):
             attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
-
-
-def now_ns() -> int:
-    """The wall clock in nanoseconds, as spans are timed."""
-    return time.time_ns()

@@ -20,10 +20,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric, StateSetMetricFamily
 from prometheus_client.registry import Collector
 
-from .._types import RouteReport, Timings
+from .._types import Timings
 from ..routing.stats import TargetSnapshot
 from ._otel import Tracer
-from ._request import RequestTelemetry
+from ._request import RequestRecord, RequestTelemetry
 
 __all__ = ["BREAKER_STATES", "CONTENT_TYPE", "ClientMetrics", "RequestRecord"]
 
@@ -45,43 +45,6 @@ MAX_MODEL_LABELS = 64
 OTHER = "other"
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
-
-
-class RequestRecord:
-    """What is known of one chat request when it ends."""
-
-    __slots__ = ("outcome", "report", "route", "stream", "target", "timings")
-
-    def __init__(
-        self,
-        route: str,
-        outcome: str,
-        *,
-        stream: bool,
-        report: RouteReport | None = None,
-        timings: Timings | None = None,
-        target: str | None = None,
-    ) -> None:
-        self.route = route
-        self.outcome = outcome
-        """``ok``, ``error``, ``interrupted`` (broke after tokens) or ``cancelled`` (the caller
-        left before the end)."""
-        self.stream = stream
-        self.report = report
-        self.timings = timings
-        self.target = target
-        """The target of a request that is not routed (``report`` then has no attempts)."""
-
-    @property
-    def source(self) -> str:
-        """``cache`` (replayed), ``shared`` (an identical call's answer) or ``live``."""
-        report = self.report
-        if report is not None:
-            if report.cache_hit:
-                return "cache"
-            if report.shared:
-                return "shared"
-        return "live"
 
 
 class _ScrapeTime(Collector):
@@ -236,10 +199,9 @@ class ClientMetrics:
         self._requests.labels(route, record.outcome, source).inc()
         if source != "live":
             self._cache.labels(route, source).inc()
-        first_token = timings.first_token if timings is not None else None
-        if record.stream and first_token is not None:
-            caller_ttft = report.ttft if report is not None and report.ttft is not None else None
-            self._request_ttft.labels(route, source).observe(caller_ttft or first_token)
+        ttft = record.caller_ttft
+        if record.stream and ttft is not None:
+            self._request_ttft.labels(route, source).observe(ttft)
         if source != "live":
             return  # the call that answered counted its attempts itself
         if report is None or not report.attempts:

@@ -4,19 +4,55 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._errors import StreamInterrupted
 from .._types import RouteReport, Timings
-from ._otel import now_ns
 
 if TYPE_CHECKING:
     from ._prometheus import ClientMetrics
 
-__all__ = ["RequestTelemetry"]
+__all__ = ["RequestRecord", "RequestTelemetry"]
 
 log = logging.getLogger("llmroute")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """What is known of one chat request when it ends."""
+
+    route: str
+    outcome: str
+    """``ok``, ``error``, ``interrupted`` (broke after tokens) or ``cancelled`` (the caller left
+    before the end)."""
+    stream: bool
+    report: RouteReport | None = None
+    timings: Timings | None = None
+    target: str | None = None
+    """The target of a request that is not routed (``report`` then has no attempts)."""
+
+    @property
+    def source(self) -> str:
+        """``cache`` (replayed), ``shared`` (an identical call's answer) or ``live``."""
+        report = self.report
+        if report is not None:
+            if report.cache_hit:
+                return "cache"
+            if report.shared:
+                return "shared"
+        return "live"
+
+    @property
+    def caller_ttft(self) -> float | None:
+        """Time to first token as the caller saw it: the route's (hedges included), else the
+        stream's own."""
+        report = self.report
+        if report is not None and report.ttft is not None:
+            return report.ttft
+        return self.timings.first_token if self.timings is not None else None
 
 
 class RequestTelemetry:
@@ -39,7 +75,7 @@ class RequestTelemetry:
         self._target = target
         self._done = False
         self._span = metrics.tracer.start(route, body, stream=stream)
-        self._started_ns = now_ns() if self._span is not None else 0
+        self._started_ns = time.time_ns() if self._span is not None else 0
 
     def failed(self, exc: BaseException) -> None:
         """The call raised before returning a response or a stream."""
@@ -82,28 +118,12 @@ class RequestTelemetry:
         if self._done:
             return
         self._done = True
-        from ._prometheus import RequestRecord
-
+        record = RequestRecord(self._route, outcome, self._stream, report, timings, self._target)
         try:
-            self._metrics.observe(
-                RequestRecord(
-                    self._route,
-                    outcome,
-                    stream=self._stream,
-                    report=report,
-                    timings=timings,
-                    target=self._target,
-                )
-            )
+            self._metrics.observe(record)
             if self._span is not None:
                 self._metrics.tracer.end(
-                    self._span,
-                    outcome=outcome,
-                    report=report,
-                    timings=timings,
-                    result=result,
-                    error=error,
-                    started_ns=self._started_ns,
+                    self._span, record, result=result, error=error, started_ns=self._started_ns
                 )
         except Exception:  # telemetry must never fail a request
             log.warning("llmroute: recording a request's metrics failed", exc_info=True)
