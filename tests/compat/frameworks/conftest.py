@@ -1,0 +1,189 @@
+"""Frameworks that take an openai client, run with llmroute's routed client.
+
+Each module imports its framework with ``pytest.importorskip``: the frameworks do not install
+beside the newest openai (see tests/compat/requirements-*.txt), so ``make test-frameworks`` runs
+this folder in environments of its own, and the main environment skips it.
+
+The ``client`` fixture runs each test twice: ``openai`` is openai's own client on one simulator
+(it proves the framework, the simulator and the test agree), ``llmroute`` is llmroute's client
+with a route ``chat`` whose targets are two simulators. Both see the same replies (the
+simulators answer by the target's model name and the messages), and the test reads the
+simulators' request records to check which model name arrived: the target's (``sim-small``),
+never the route's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+import llmroute
+from llmroute.testing import Profile, Simulator
+
+from ...conftest import KEY
+
+TARGET_MODEL = "sim-small"
+ROUTE = "chat"
+VERSIONED = (
+    "openai",
+    "httpx",
+    "httpx2",
+    "instructor",
+    "pydantic-ai-slim",
+    "openai-agents",
+    "langchain-openai",
+    "langchain-core",
+    "llama-index-llms-openai",
+    "llama-index-core",
+)
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> str:
+    """The installed versions of openai, its HTTP library and the frameworks, on one line."""
+    return ", ".join(f"{d} {v}" for d in VERSIONED if (v := version(d)) is not None)
+
+
+def pytest_report_header() -> str:
+    return f"frameworks' environment: {versions()}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(f"frameworks' environment: {versions()}")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the frameworks run on asyncio only
+
+
+@pytest.fixture(scope="session")
+def sims() -> Iterator[tuple[Simulator, Simulator]]:
+    """Two TLS + HTTP/2 simulators: the targets of the route."""
+    profile = Profile(reply_tokens=12)
+    with Simulator(profile=profile, tls=True) as a, Simulator(profile=profile, tls=True) as b:
+        yield a, b
+
+
+@dataclass
+class Served:
+    """What the client under test is and what the simulators saw of it."""
+
+    kind: str
+    client: Any
+    model: str
+    """The model name the application passes to the framework."""
+    sims: tuple[Simulator, ...]
+    sync_client: Any
+    """The sync client of the same kind (openai.OpenAI or llmroute.OpenAI), same targets."""
+    target_model: str
+    """The model name the targets are asked for."""
+
+    def requests(self, path: str | None = None) -> list[dict[str, Any]]:
+        """The requests both simulators recorded since the test began (optionally one path)."""
+        seen = [r for sim in self.sims for r in sim.last_requests]
+        return [r for r in seen if path is None or r["path"] == path]
+
+    def assert_served(self, path: str, at_least: int = 1) -> list[dict[str, Any]]:
+        """At least ``at_least`` requests to ``path`` reached the targets, each naming the
+        target's model (the route was resolved), none the route itself."""
+        seen = self.requests(path)
+        assert len(seen) >= at_least, (path, [r["path"] for r in self.requests()])
+        models = {(r["json"] or {}).get("model") for r in seen}
+        assert models == {self.target_model}, models
+        return seen
+
+    def replay(self, request: dict[str, Any]) -> Any:
+        """What a target answers to a recorded request, asked again directly and unstreamed
+        (the simulators' replies depend only on the model name and the input)."""
+        body = {k: v for k, v in request["json"].items() if k not in ("stream", "stream_options")}
+        sim = self.sims[0]
+        origin = sim.base_url.removesuffix("/v1")
+        with httpx.Client(verify=sim.ssl_context()) as http:
+            answer = http.post(
+                origin + request["path"], json=body, headers={"authorization": f"Bearer {KEY}"}
+            )
+        answer.raise_for_status()
+        return answer.json()
+
+
+def _route_config(sims: tuple[Simulator, Simulator], route: str, model: str) -> dict[str, Any]:
+    a, b = sims
+    return {
+        "providers": {
+            "sim_a": {"base_url": a.base_url, "api_key": KEY},
+            "sim_b": {"base_url": b.base_url, "api_key": KEY},
+        },
+        "models": {route: {"targets": [f"sim_a:{model}", f"sim_b:{model}"]}},
+    }
+
+
+def _routed_clients(sims: tuple[Simulator, Simulator], route: str, model: str) -> tuple[Any, Any]:
+    config, ctx = _route_config(sims, route, model), sims[0].ssl_context()
+    return (
+        llmroute.AsyncOpenAI(api_key=KEY, config=config, verify=ctx, max_retries=0),
+        llmroute.OpenAI(api_key=KEY, config=config, verify=ctx, max_retries=0),
+    )
+
+
+def _openai_clients(sim: Simulator) -> tuple[Any, Any]:
+    ctx = sim.ssl_context()
+    return (
+        openai.AsyncOpenAI(
+            api_key=KEY,
+            base_url=sim.base_url,
+            http_client=openai.DefaultAsyncHttpxClient(verify=ctx),
+            max_retries=0,
+        ),
+        openai.OpenAI(
+            api_key=KEY,
+            base_url=sim.base_url,
+            http_client=openai.DefaultHttpxClient(verify=ctx),
+            max_retries=0,
+        ),
+    )
+
+
+@pytest.fixture(params=["openai", "llmroute"])
+async def served(
+    request: pytest.FixtureRequest,
+    sims: tuple[Simulator, Simulator],
+    record_property: Any,
+) -> AsyncIterator[Served]:
+    """The client under test (see the module docstring), with the simulators' records reset.
+    A test module may name its own ``ROUTE`` and ``TARGET_MODEL``."""
+    route = getattr(request.module, "ROUTE", ROUTE)
+    model = getattr(request.module, "TARGET_MODEL", TARGET_MODEL)
+    for sim in sims:
+        sim.reset_stats()
+    record_property("versions", versions())
+    print(versions())
+    if request.param == "openai":
+        client, sync_client = _openai_clients(sims[0])
+        result = Served("openai", client, model, sims[:1], sync_client, model)
+    else:
+        client, sync_client = _routed_clients(sims, route, model)
+        result = Served("llmroute", client, route, sims, sync_client, model)
+    try:
+        async with client:
+            yield result
+    finally:
+        sync_client.close()
+
+
+def assert_openai_client(served: Served) -> None:
+    """The clients are openai's classes (llmroute's are subclasses): frameworks check it."""
+    assert isinstance(served.client, openai.AsyncOpenAI), type(served.client).__mro__
+    assert isinstance(served.sync_client, openai.OpenAI), type(served.sync_client).__mro__
