@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import math
 import random
 import time
 import uuid
@@ -15,67 +14,27 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from . import _reply
+import llmroute.testing._reply as _reply
+
+from ._anthropic import AnthropicSimApp
 from ._profile import Profile
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-STATUS_FAULTS = ("429", "500", "503", "html502")
-STREAM_FAULTS = ("drop", "malformed", "stream-error")
-# Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
-# trickle of one event, an event far larger than any real one.
-TAIL_FAULTS = ("truncate", "loris", "oversized")
-_HTML_502 = (
-    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
-    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
-    b"</body>\r\n</html>\r\n"
+from ._wire import (
+    STATUS_FAULTS,
+    STREAM_FAULTS,
+    TAIL_FAULTS,
+    Fault,
+    Receive,
+    Scope,
+    Send,
+    error_body,
+    pause,
+    read_body,
+    respond,
+    status_fault,
+    watch_disconnect,
 )
+
 _YIELD_EVERY = 8  # with zero delays, give the event loop a turn every this many chunks
-
-
-@dataclass
-class Fault:
-    """The faults of one request (from `x-sim-fault` or drawn from the profile)."""
-
-    kind: str | None = None
-    after: int = 0
-    slow: float | None = None
-    stall_after: int | None = None
-    stall_seconds: float = 0.0
-    amount: float = 0.0
-    """``loris``: seconds between bytes; ``oversized``: the event's size in bytes."""
-
-    @classmethod
-    def parse(cls, spec: str) -> Fault:
-        """Parse a comma-separated `x-sim-fault` value; ValueError when malformed."""
-        fault = cls()
-        for item in filter(None, (s.strip() for s in spec.split(","))):
-            name, _, arg = item.partition(":")
-            if name in STATUS_FAULTS or name == "hang":
-                fault.kind = name
-            elif name in STREAM_FAULTS:
-                fault.kind, fault.after = name, int(arg or 0)
-            elif name in TAIL_FAULTS:
-                k, _, amount = arg.partition(":")
-                fault.kind, fault.after = name, int(k or 0)
-                fault.amount = float(amount or (0.5 if name == "loris" else 32 * 1024 * 1024))
-            elif name == "slow":
-                fault.slow = float(arg)
-            elif name == "stall-between":
-                k, _, seconds = arg.partition(":")
-                fault.stall_after, fault.stall_seconds = int(k), float(seconds)
-            else:
-                raise ValueError(f"unknown x-sim-fault {item!r}")
-        return fault
-
-
-def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    ).encode()
 
 
 def _zero_stats() -> dict[str, Any]:
@@ -103,8 +62,7 @@ class SimApp:
         self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
         self._closing = False
-        from ._anthropic import AnthropicSimApp  # the same server speaks Anthropic's Messages API
-
+        # the same server speaks Anthropic's Messages API
         self.anthropic = AnthropicSimApp(
             profile,
             seed=seed,
@@ -146,7 +104,7 @@ class SimApp:
             return
         rid = "req_" + uuid.uuid4().hex[:24]
         self._stats["requests"] += 1
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         path, method = scope["path"], scope["method"]
@@ -174,8 +132,8 @@ class SimApp:
             await self.anthropic.handle(scope, body, receive, send)
         elif not auth.startswith("Bearer ") or not auth[7:].strip():
             msg = "You didn't provide an API key (Authorization: Bearer <key>)."
-            body401 = _error_body(msg, "invalid_request_error", "invalid_api_key")
-            await _respond(send, 401, body401, rid)
+            body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
+            await respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
             await self._chat(payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
@@ -186,21 +144,21 @@ class SimApp:
             model = path[len("/v1/models/") :]
             if model in self.models:
                 body = json.dumps(_reply.model_object(model)).encode()
-                await _respond(send, 200, body, rid)
+                await respond(send, 200, body, rid)
             else:
                 msg = f"The model '{model}' does not exist"
-                error = _error_body(msg, "invalid_request_error", "model_not_found")
-                await _respond(send, 404, error, rid)
+                error = error_body(msg, "invalid_request_error", "model_not_found")
+                await respond(send, 404, error, rid)
         elif path == "/v1/models" and method == "GET":
             created = 1_700_000_000
             data = [
                 {"id": m, "object": "model", "created": created, "owned_by": "llmroute-sim"}
                 for m in self.models
             ]
-            await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
+            await respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
         else:
             msg = f"Unknown request URL: {method} {path}."
-            await _respond(send, 404, _error_body(msg, "invalid_request_error", "unknown_url"), rid)
+            await respond(send, 404, error_body(msg, "invalid_request_error", "unknown_url"), rid)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -215,12 +173,12 @@ class SimApp:
 
     async def _sim_route(self, path: str, method: str, send: Send, rid: str) -> None:
         if path == "/_sim/stats":
-            await _respond(send, 200, json.dumps(self.stats()).encode(), rid)
+            await respond(send, 200, json.dumps(self.stats()).encode(), rid)
         elif path == "/_sim/reset" and method == "POST":
             self.reset_stats()
-            await _respond(send, 200, b"{}", rid)
+            await respond(send, 200, b"{}", rid)
         else:
-            await _respond(send, 404, _error_body("not found", "invalid_request_error"), rid)
+            await respond(send, 404, error_body("not found", "invalid_request_error"), rid)
 
     # -- chat completions ---------------------------------------------------------------------
     async def _chat(
@@ -252,11 +210,11 @@ class SimApp:
             except ValueError as exc:
                 problem = str(exc)
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
         if fault.kind in STATUS_FAULTS:
             self._count_fault(fault.kind)
-            await _status_fault(send, fault.kind, retry_after, rid)
+            await status_fault(send, fault.kind, retry_after, rid)
             return
         if fault.slow is not None:
             self._count_fault("slow")
@@ -275,7 +233,7 @@ class SimApp:
 
         gone = asyncio.Event()
         self._gone.add(gone)
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, gone))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
         try:
             if req.get("stream"):
                 await self._stream(req, plan, fault, ttft, gone, send, rid)
@@ -289,7 +247,7 @@ class SimApp:
     async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
         problem = _validate_other(req, "prompt")
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
         model: str = req["model"]
         self.models.setdefault(model)
@@ -306,7 +264,7 @@ class SimApp:
         if not req.get("stream"):
             choices = [_reply.text_choice(i, "".join(r), finish) for i, r in enumerate(replies)]
             body = _reply.text_completion(model, choices, usage)
-            await _respond(send, 200, json.dumps(body).encode(), rid)
+            await respond(send, 200, json.dumps(body).encode(), rid)
             return
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -347,7 +305,7 @@ class SimApp:
         if problem is None and dims is not None and (not isinstance(dims, int) or dims < 1):
             problem = "'dimensions' must be a positive integer"
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
         model: str = req["model"]
         self.models.setdefault(model)
@@ -364,24 +322,11 @@ class SimApp:
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        await _respond(send, 200, json.dumps(body).encode(), rid)
+        await respond(send, 200, json.dumps(body).encode(), rid)
 
     def _random_fault(self) -> Fault:
         kind = self.profile.sample_fault(self.rng)
         return Fault(kind=kind, after=self.profile.fault_after)
-
-    async def _pause(self, seconds: float, gone: asyncio.Event) -> bool:
-        """Sleep unless the client goes away first; True when it did (or we are closing)."""
-        if gone.is_set():
-            return True
-        if seconds <= 0:
-            return False
-        try:
-            async with asyncio.timeout(seconds):
-                await gone.wait()
-        except TimeoutError:
-            return False
-        return True
 
     def _ended_early(self) -> None:
         if not self._closing:
@@ -410,10 +355,10 @@ class SimApp:
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        if await self._pause(ttft, gone):
+        if await pause(ttft, gone):
             return self._ended_early()
         if fault.kind == "hang":
-            if await self._pause(self.profile.hang_max, gone):
+            if await pause(self.profile.hang_max, gone):
                 return self._ended_early()
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
         await emit(writer.event(plan.first_delta()))
@@ -447,10 +392,10 @@ class SimApp:
             if i == len(pieces):
                 break
             if fault.stall_after is not None and i == fault.stall_after and i > 0:
-                if await self._pause(fault.stall_seconds, gone):
+                if await pause(fault.stall_seconds, gone):
                     return self._ended_early()
             elif itl > 0 and i > 0:
-                if await self._pause(itl, gone):
+                if await pause(itl, gone):
                     return self._ended_early()
             elif i % _YIELD_EVERY == 1:
                 await asyncio.sleep(0)
@@ -491,7 +436,7 @@ class SimApp:
             if time.monotonic() >= deadline:
                 return False
             await emit(event[i % (len(event) - 2) : i % (len(event) - 2) + 1])
-            if await self._pause(every, gone):
+            if await pause(every, gone):
                 return True
         return False  # pragma: no cover - the loop only ends by returning
 
@@ -503,13 +448,13 @@ class SimApp:
             delay += fault.stall_seconds
         if fault.kind == "hang":
             delay = self.profile.hang_max
-        if await self._pause(delay, gone) or fault.kind == "hang":
+        if await pause(delay, gone) or fault.kind == "hang":
             return None  # client gone, or the hang bound passed: no response at all
         if fault.kind == "stream-error":
-            body = _error_body(
+            body = error_body(
                 "The server had an error while processing your request.", "server_error"
             )
-            await _respond(send, 500, body, rid)
+            await respond(send, 500, body, rid)
             return None
         body = json.dumps(plan.completion()).encode()
         if fault.kind == "malformed":
@@ -633,59 +578,3 @@ def _validate_other(req: Any, field: str) -> str | None:
     if value is not None and (not isinstance(value, int) or value < 1):
         return "'max_tokens' must be a positive integer"
     return None
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    gone.set()
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    rid: str,
-    content_type: bytes = b"application/json",
-    extra: list[tuple[bytes, bytes]] | None = None,
-    id_header: bytes = b"x-request-id",
-) -> None:
-    headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        (id_header, rid.encode()),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:
-    retry = [
-        (b"retry-after", str(max(0, math.ceil(retry_after))).encode()),
-        (b"retry-after-ms", str(max(0, round(retry_after * 1000))).encode()),
-    ]
-    if kind == "429":
-        msg = "Rate limit reached for requests (simulated)."
-        await _respond(
-            send, 429, _error_body(msg, "requests", "rate_limit_exceeded"), rid, extra=retry
-        )
-    elif kind == "500":
-        msg = "The server had an error while processing your request."
-        await _respond(send, 500, _error_body(msg, "server_error"), rid)
-    elif kind == "503":
-        msg = "The engine is currently overloaded, please try again later."
-        await _respond(send, 503, _error_body(msg, "server_error", "overloaded"), rid, extra=retry)
-    else:
-        await _respond(send, 502, _HTML_502, rid, content_type=b"text/html")
