@@ -11,10 +11,11 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
 import llmroute.testing._reply as _reply
+import llmroute.testing._responses as _responses
 
 from ._anthropic import AnthropicSimApp
 from ._profile import Profile
@@ -41,6 +42,7 @@ def _zero_stats() -> dict[str, Any]:
     return {
         "requests": 0,
         "chat_requests": 0,
+        "responses_requests": 0,
         "streams_started": 0,
         "streams_completed": 0,
         "streams_cancelled": 0,
@@ -59,6 +61,8 @@ class SimApp:
         self.models: dict[str, None] = dict.fromkeys(profile.models)
         self.on_startup: Callable[[], None] | None = None
         self._stats = _zero_stats()
+        self.issued = _responses.IssuedIds()
+        """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
         self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
         self._closing = False
@@ -136,6 +140,8 @@ class SimApp:
             await respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
             await self._chat(payload, headers, receive, send, rid)
+        elif path == "/v1/responses" and method == "POST":
+            await self._responses(payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
             await self._text_completion(payload, send, rid)
         elif path == "/v1/embeddings" and method == "POST":
@@ -157,8 +163,8 @@ class SimApp:
             ]
             await respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
         else:
-            msg = f"Unknown request URL: {method} {path}."
-            await respond(send, 404, error_body(msg, "invalid_request_error", "unknown_url"), rid)
+            msg = f"Invalid URL ({method} {path})"
+            await respond(send, 404, error_body(msg, "invalid_request_error"), rid)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -195,53 +201,117 @@ class SimApp:
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _validate(req)
-        fault, retry_after = Fault(), self.profile.retry_after
-        if problem is None:
-            try:
-                spec = headers.get("x-sim-fault")
-                fault = Fault.parse(spec) if spec else self._random_fault()
-                if spec and "x-sim-fault-times" in headers:
-                    key = headers.get("x-sim-fault-key", spec)
-                    used = self._fault_uses.get(key, 0)
-                    self._fault_uses[key] = used + 1
-                    if used >= int(headers["x-sim-fault-times"]):
-                        fault = Fault()
-                retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
-            except ValueError as exc:
-                problem = str(exc)
         if problem is not None:
             await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
+        fault = await self._fault(headers, send, rid)
+        if fault is None:
+            return
+        model: str = req["model"]
+        messages: list[dict[str, Any]] = req["messages"]
+        self.models.setdefault(model)
+        plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        wire = _ChatStream(plan, include_usage) if req.get("stream") else None
+        await self._serve(
+            plan.pieces, plan.prompt_tokens, wire, plan.completion, fault, receive, send, rid
+        )
+
+    async def _fault(self, headers: dict[str, str], send: Send, rid: str) -> Fault | None:
+        """The request's fault (``x-sim-fault`` or drawn from the profile), counted; None when
+        the request is already answered (a status fault, or a malformed fault header)."""
+        try:
+            spec = headers.get("x-sim-fault")
+            fault = Fault.parse(spec) if spec else self._random_fault()
+            if spec and "x-sim-fault-times" in headers:
+                key = headers.get("x-sim-fault-key", spec)
+                used = self._fault_uses.get(key, 0)
+                self._fault_uses[key] = used + 1
+                if used >= int(headers["x-sim-fault-times"]):
+                    fault = Fault()
+            retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
+        except ValueError as exc:
+            await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
+            return None
         if fault.kind in STATUS_FAULTS:
             self._count_fault(fault.kind)
             await status_fault(send, fault.kind, retry_after, rid)
-            return
+            return None
         if fault.slow is not None:
             self._count_fault("slow")
         if fault.stall_after is not None:
             self._count_fault("stall-between")
         if fault.kind is not None:
             self._count_fault(fault.kind)
+        return fault
 
-        model: str = req["model"]
-        messages: list[dict[str, Any]] = req["messages"]
-        self.models.setdefault(model)
-        plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
+    async def _serve(
+        self,
+        pieces: list[str],
+        prompt_tokens: int,
+        wire: _Wire | None,
+        whole: Callable[[], dict[str, Any]],
+        fault: Fault,
+        receive: Receive,
+        send: Send,
+        rid: str,
+    ) -> None:
+        """Answer after the TTFT: streamed through ``wire``, or ``whole()`` as one JSON body."""
         ttft = fault.slow
         if ttft is None:
-            ttft = self.profile.sample_ttft(self.rng, plan.prompt_tokens)
-
+            ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
         gone = asyncio.Event()
         self._gone.add(gone)
         watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
         try:
-            if req.get("stream"):
-                await self._stream(req, plan, fault, ttft, gone, send, rid)
+            if wire is not None:
+                await self._stream(wire, pieces, fault, ttft, gone, send, rid)
             else:
-                await self._complete(plan, fault, ttft, gone, send, rid)
+                await self._complete(len(pieces), whole, fault, ttft, gone, send, rid)
         finally:
             watcher.cancel()
             self._gone.discard(gone)
+
+    # -- the Responses API ----------------------------------------------------------------------
+    async def _responses(
+        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    ) -> None:
+        self._stats["responses_requests"] += 1
+        self._stats["in_flight"] += 1
+        try:
+            await self._responses_inner(req, headers, receive, send, rid)
+        finally:
+            self._stats["in_flight"] -= 1
+
+    async def _responses_inner(
+        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    ) -> None:
+        problem = _responses.validate(req)
+        if problem is not None:
+            message, param = problem
+            body = error_body(message, "invalid_request_error", None, param)
+            await respond(send, 400, body, rid)
+            return
+        prior = req.get("previous_response_id")
+        if prior is not None and prior not in self.issued:
+            msg = f"Previous response with id '{prior}' not found."
+            code = "previous_response_not_found"
+            body = error_body(msg, "invalid_request_error", code, "previous_response_id")
+            await respond(send, 404, body, rid)
+            return
+        fault = await self._fault(headers, send, rid)
+        if fault is None:
+            return
+        self.models.setdefault(req["model"])
+        plan = _responses.ResponsePlan.build(req, self.profile.reply_tokens)
+        if req.get("store", True) is not False:
+            self.issued.add(plan.id)
+        wire = _ResponsesStream(plan) if req.get("stream") else None
+
+        def whole() -> dict[str, Any]:
+            return plan.response(plan.status)
+
+        await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
 
     # -- legacy completions and embeddings (no latency or faults) -------------------------------
     async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
@@ -334,16 +404,14 @@ class SimApp:
 
     async def _stream(
         self,
-        req: dict[str, Any],
-        plan: _Plan,
+        wire: _Wire,
+        pieces: list[str],
         fault: Fault,
         ttft: float,
         gone: asyncio.Event,
         send: Send,
         rid: str,
     ) -> None:
-        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -355,23 +423,25 @@ class SimApp:
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
+        for frame in wire.opening():
+            await emit(frame)
         if await pause(ttft, gone):
             return self._ended_early()
         if fault.kind == "hang":
             if await pause(self.profile.hang_max, gone):
                 return self._ended_early()
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
-        await emit(writer.event(plan.first_delta()))
+        for frame in wire.first():
+            await emit(frame)
         itl = self.profile.inter_token
-        pieces = plan.pieces
         for i in range(len(pieces) + 1):
             if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
-                if fault.kind == "truncate":  # a clean end, without finish_reason or [DONE]
+                if fault.kind == "truncate":  # a clean end, without the answer's end events
                     await send({"type": "http.response.body", "body": b""})
                     return None
                 if fault.kind == "oversized":
                     await self._oversized(emit, int(fault.amount))
-                elif await self._trickle(emit, writer.content("slow"), fault.amount, gone):
+                elif await self._trickle(emit, wire.piece("slow"), fault.amount, gone):
                     return self._ended_early()
                 else:
                     return None  # the hang bound passed: the stream breaks
@@ -379,16 +449,9 @@ class SimApp:
                 if fault.kind == "drop":
                     return None  # no end of stream: the server resets it / closes
                 if fault.kind == "stream-error":
-                    err = {
-                        "error": {
-                            "message": "The server had an error while processing your request.",
-                            "type": "server_error",
-                        }
-                    }
-                    body = b"data: " + json.dumps(err).encode() + b"\n\n"
-                    await send({"type": "http.response.body", "body": body})
+                    await send({"type": "http.response.body", "body": wire.error()})
                     return None
-                await emit(b"data: {not json\n\n")
+                await emit(wire.malformed())
             if i == len(pieces):
                 break
             if fault.stall_after is not None and i == fault.stall_after and i > 0:
@@ -401,14 +464,14 @@ class SimApp:
                 await asyncio.sleep(0)
                 if gone.is_set():
                     return self._ended_early()
-            await emit(writer.arguments(pieces[i]) if plan.tool else writer.content(pieces[i]))
-        tail = writer.event({}, plan.finish)
-        if include_usage:
-            tail += writer.usage_event(plan.prompt_tokens, len(pieces))
+            await emit(wire.piece(pieces[i]))
+        closing = wire.closing()
         if gone.is_set():
             return self._ended_early()
         self._stats["streams_completed"] += 1  # counted first: the client may look at once
-        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
+        for frame in closing[:-1]:
+            await emit(frame)
+        await send({"type": "http.response.body", "body": closing[-1]})
         return None
 
     @staticmethod
@@ -441,9 +504,16 @@ class SimApp:
         return False  # pragma: no cover - the loop only ends by returning
 
     async def _complete(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        n_pieces: int,
+        whole: Callable[[], dict[str, Any]],
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
-        delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
+        delay = ttft + self.profile.inter_token * max(0, n_pieces - 1)
         if fault.stall_after is not None:
             delay += fault.stall_seconds
         if fault.kind == "hang":
@@ -456,7 +526,7 @@ class SimApp:
             )
             await respond(send, 500, body, rid)
             return None
-        body = json.dumps(plan.completion()).encode()
+        body = json.dumps(whole()).encode()
         if fault.kind == "malformed":
             body = b"{not json"
         start_headers = [
@@ -472,6 +542,78 @@ class SimApp:
             return None
         await send({"type": "http.response.body", "body": body})
         return None
+
+
+class _Wire(Protocol):
+    """The SSE framing of one streamed answer (chat chunks or Responses events)."""
+
+    def opening(self) -> list[bytes]: ...
+    def first(self) -> list[bytes]: ...
+    def piece(self, text: str) -> bytes: ...
+    def error(self) -> bytes: ...
+    def malformed(self) -> bytes: ...
+    def closing(self) -> list[bytes]: ...
+
+
+class _ChatStream:
+    """Chat completion chunks: the role chunk, one chunk per token, the finish reason chunk,
+    the usage chunk (when asked) and ``[DONE]``, the last three in one frame."""
+
+    def __init__(self, plan: _Plan, include_usage: bool) -> None:
+        self.plan = plan
+        self.include_usage = include_usage
+        self.writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def first(self) -> list[bytes]:
+        return [self.writer.event(self.plan.first_delta())]
+
+    def piece(self, text: str) -> bytes:
+        return self.writer.arguments(text) if self.plan.tool else self.writer.content(text)
+
+    def error(self) -> bytes:
+        msg = "The server had an error while processing your request."
+        return (
+            b"data: "
+            + json.dumps({"error": {"message": msg, "type": "server_error"}}).encode()
+            + b"\n\n"
+        )
+
+    def malformed(self) -> bytes:
+        return b"data: {not json\n\n"
+
+    def closing(self) -> list[bytes]:
+        tail = self.writer.event({}, self.plan.finish)
+        if self.include_usage:
+            tail += self.writer.usage_event(self.plan.prompt_tokens, len(self.plan.pieces))
+        return [tail + b"data: [DONE]\n\n"]
+
+
+class _ResponsesStream:
+    """Responses API events, one per frame (see :mod:`._responses`)."""
+
+    def __init__(self, plan: _responses.ResponsePlan) -> None:
+        self.events = _responses.ResponseEvents(plan)
+
+    def opening(self) -> list[bytes]:
+        return self.events.opening()
+
+    def first(self) -> list[bytes]:
+        return self.events.first()
+
+    def piece(self, text: str) -> bytes:
+        return self.events.delta(text)
+
+    def error(self) -> bytes:
+        return self.events.error()
+
+    def malformed(self) -> bytes:
+        return b"event: response.output_text.delta\ndata: {not json\n\n"
+
+    def closing(self) -> list[bytes]:
+        return self.events.closing()
 
 
 @dataclass
@@ -493,7 +635,7 @@ class _Plan:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
         n_prompt = _reply.prompt_tokens(messages)
-        tool = _reply.pick_tool(req.get("tools") or [], req.get("tool_choice"))
+        tool = _reply.pick_tool(req.get("tools") or [], req.get("tool_choice"), messages)
         if tool is not None:
             args = _reply.tool_arguments(tool, seed)
             return cls(
@@ -505,7 +647,11 @@ class _Plan:
                 tool,
                 f"call_{seed:016x}",
             )
-        full = _reply.full_reply(seed, reply_tokens)
+        structured = _reply.structured_text(req.get("response_format"), messages, seed)
+        if structured is not None:
+            full = tuple(_reply.split_fragments(structured))
+        else:
+            full = _reply.full_reply(seed, reply_tokens)
         pieces = list(full)
         if prefill is not None:
             rest = _reply.continue_after(full, prefill)
