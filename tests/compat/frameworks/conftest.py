@@ -14,7 +14,9 @@ never the route's.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +56,17 @@ def version(dist: str) -> str | None:
 def versions() -> str:
     """The installed versions of openai, its HTTP library and the frameworks, on one line."""
     return ", ".join(f"{d} {v}" for d in VERSIONED if (v := version(d)) is not None)
+
+
+def import_framework(module: str, dist: str) -> Any:
+    """Import a framework's module, or skip the test module if the framework is not installed.
+    A framework named in ``LLMROUTE_TEST_FRAMEWORKS`` (the Makefile sets it for each
+    environment) must import: there a failing import is an error, never a silent skip."""
+    if dist in os.environ.get("LLMROUTE_TEST_FRAMEWORKS", "").split():
+        return importlib.import_module(module)
+    return pytest.importorskip(
+        module, reason=f"{dist} is not installed here (make test-frameworks runs it)"
+    )
 
 
 def pytest_report_header() -> str:

@@ -8,11 +8,9 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from .conftest import Served, assert_openai_client
+from .conftest import Served, assert_openai_client, import_framework
 
-instructor = pytest.importorskip(
-    "instructor", reason="instructor is not installed here (make test-frameworks installs it)"
-)
+instructor = import_framework("instructor", "instructor")
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"

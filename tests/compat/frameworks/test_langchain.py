@@ -12,14 +12,11 @@ import pytest
 from pydantic import BaseModel
 
 from ...conftest import KEY
-from .conftest import Served, assert_openai_client
+from .conftest import Served, assert_openai_client, import_framework
 
-pytest.importorskip(
-    "langchain_openai",
-    reason="langchain-openai is not installed here (make test-frameworks installs it)",
-)
-from langchain_core.messages import AIMessage, AIMessageChunk
-from langchain_openai import ChatOpenAI
+import_framework("langchain_openai", "langchain-openai")
+from langchain_core.messages import AIMessage, AIMessageChunk  # noqa: E402
+from langchain_openai import ChatOpenAI  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"

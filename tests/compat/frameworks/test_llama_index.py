@@ -13,16 +13,13 @@ import pytest
 from pydantic import BaseModel
 
 from ...conftest import KEY
-from .conftest import Served, assert_openai_client
+from .conftest import Served, assert_openai_client, import_framework
 
-pytest.importorskip(
-    "llama_index.llms.openai",
-    reason="llama-index-llms-openai is not installed here (make test-openai2 installs it)",
-)
-from llama_index.core.llms import ChatMessage
-from llama_index.core.prompts import PromptTemplate
-from llama_index.core.tools import FunctionTool
-from llama_index.llms.openai import OpenAI
+import_framework("llama_index.llms.openai", "llama-index-llms-openai")
+from llama_index.core.llms import ChatMessage  # noqa: E402
+from llama_index.core.prompts import PromptTemplate  # noqa: E402
+from llama_index.core.tools import FunctionTool  # noqa: E402
+from llama_index.llms.openai import OpenAI  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"

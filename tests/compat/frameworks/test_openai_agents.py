@@ -9,12 +9,10 @@ from typing import Any
 
 import pytest
 
-from .conftest import Served, assert_openai_client
+from .conftest import Served, assert_openai_client, import_framework
 
-pytest.importorskip(
-    "agents", reason="openai-agents is not installed here (make test-frameworks installs it)"
-)
-from agents import (
+import_framework("agents", "openai-agents")
+from agents import (  # noqa: E402
     Agent,
     OpenAIChatCompletionsModel,
     Runner,
@@ -22,7 +20,7 @@ from agents import (
     set_default_openai_client,
     set_tracing_disabled,
 )
-from agents.models import _openai_shared
+from agents.models import _openai_shared  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"

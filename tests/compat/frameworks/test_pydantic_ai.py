@@ -9,14 +9,12 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from .conftest import Served, assert_openai_client
+from .conftest import Served, assert_openai_client, import_framework
 
-pytest.importorskip(
-    "pydantic_ai", reason="pydantic-ai is not installed here (make test-frameworks installs it)"
-)
-from pydantic_ai import Agent
-from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
-from pydantic_ai.providers.openai import OpenAIProvider
+import_framework("pydantic_ai", "pydantic-ai-slim")
+from pydantic_ai import Agent  # noqa: E402
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel  # noqa: E402
+from pydantic_ai.providers.openai import OpenAIProvider  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
