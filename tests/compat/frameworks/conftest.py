@@ -1,15 +1,17 @@
 """Frameworks that take an openai client, run with llmroute's routed client.
 
-Each module imports its framework with ``pytest.importorskip``: the frameworks do not install
-beside the newest openai (see tests/compat/requirements-*.txt), so ``make test-frameworks`` runs
-this folder in environments of its own, and the main environment skips it.
+Each module imports its framework with :func:`import_framework`, which skips the module when the
+framework is missing: the frameworks do not install beside the newest openai (see
+tests/compat/requirements-*.txt), so ``make test-frameworks`` runs this folder in environments of
+its own, and the main environment skips it.
 
-The ``client`` fixture runs each test twice: ``openai`` is openai's own client on one simulator
-(it proves the framework, the simulator and the test agree), ``llmroute`` is llmroute's client
-with a route ``chat`` whose targets are two simulators. Both see the same replies (the
-simulators answer by the target's model name and the messages), and the test reads the
-simulators' request records to check which model name arrived: the target's (``sim-small``),
-never the route's.
+The ``served`` fixture runs each test three times: ``openai`` is openai's own client on one
+simulator (it proves the framework, the simulator and the test agree); ``llmroute`` is
+llmroute's client with a route (``chat``) whose targets are two simulators; ``llmroute-failover``
+is the same route with a first target that answers every request with a 500, so each framework
+call is served by the second after a failover. All see the same replies (the simulators answer
+by the target's model name and the input), and each test checks what arrived at the targets:
+the target's model name (``sim-small``), never the route's.
 """
 
 from __future__ import annotations
@@ -103,9 +105,12 @@ class Served:
     """The sync client of the same kind (openai.OpenAI or llmroute.OpenAI), same targets."""
     target_model: str
     """The model name the targets are asked for."""
+    failing: Simulator | None = None
+    """The first target of the failover route, which answers every request with a 500."""
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
-        """The requests both simulators recorded since the test began (optionally one path)."""
+        """The requests the answering simulators recorded since the test began (optionally
+        one path)."""
         seen = [r for sim in self.sims for r in sim.last_requests]
         return [r for r in seen if path is None or r["path"] == path]
 
@@ -116,6 +121,10 @@ class Served:
         assert len(seen) >= at_least, (path, [r["path"] for r in self.requests()])
         models = {(r["json"] or {}).get("model") for r in seen}
         assert models == {self.target_model}, models
+        if self.failing is not None:  # it was tried first, and failed every time
+            refused = [r for r in self.failing.last_requests if r["path"] == path]
+            assert refused, "the failing target was never tried"
+            assert self.failing.stats()["faults"].get("500", 0) >= len(refused)
         return seen
 
     def replay(self, request: dict[str, Any]) -> Any:
@@ -132,19 +141,27 @@ class Served:
         return answer.json()
 
 
-def _route_config(sims: tuple[Simulator, Simulator], route: str, model: str) -> dict[str, Any]:
+def _route_config(
+    sims: tuple[Simulator, Simulator], route: str, model: str, failing: bool
+) -> dict[str, Any]:
+    """Route ``route`` to ``model`` on both simulators; with ``failing``, the first target
+    answers every request with a 500 (a header the simulator obeys) and the route fails over."""
     a, b = sims
+    first: dict[str, Any] = {"base_url": a.base_url, "api_key": KEY}
+    policy: dict[str, Any] = {}
+    if failing:
+        first["headers"] = {"x-sim-fault": "500"}
+        policy = {"policy": "failover"}
     return {
-        "providers": {
-            "sim_a": {"base_url": a.base_url, "api_key": KEY},
-            "sim_b": {"base_url": b.base_url, "api_key": KEY},
-        },
-        "models": {route: {"targets": [f"sim_a:{model}", f"sim_b:{model}"]}},
+        "providers": {"sim_a": first, "sim_b": {"base_url": b.base_url, "api_key": KEY}},
+        "models": {route: {"targets": [f"sim_a:{model}", f"sim_b:{model}"], **policy}},
     }
 
 
-def _routed_clients(sims: tuple[Simulator, Simulator], route: str, model: str) -> tuple[Any, Any]:
-    config, ctx = _route_config(sims, route, model), sims[0].ssl_context()
+def _routed_clients(
+    sims: tuple[Simulator, Simulator], route: str, model: str, failing: bool
+) -> tuple[Any, Any]:
+    config, ctx = _route_config(sims, route, model, failing), sims[0].ssl_context()
     return (
         llmroute.AsyncOpenAI(api_key=KEY, config=config, verify=ctx, max_retries=0),
         llmroute.OpenAI(api_key=KEY, config=config, verify=ctx, max_retries=0),
@@ -169,7 +186,7 @@ def _openai_clients(sim: Simulator) -> tuple[Any, Any]:
     )
 
 
-@pytest.fixture(params=["openai", "llmroute"])
+@pytest.fixture(params=["openai", "llmroute", "llmroute-failover"])
 async def served(
     request: pytest.FixtureRequest,
     sims: tuple[Simulator, Simulator],
@@ -183,12 +200,17 @@ async def served(
         sim.reset_stats()
     record_property("versions", versions())
     print(versions())
-    if request.param == "openai":
+    kind = request.param
+    if kind == "openai":
         client, sync_client = _openai_clients(sims[0])
-        result = Served("openai", client, model, sims[:1], sync_client, model)
+        result = Served(kind, client, model, sims[:1], sync_client, model)
     else:
-        client, sync_client = _routed_clients(sims, route, model)
-        result = Served("llmroute", client, route, sims, sync_client, model)
+        failing = kind == "llmroute-failover"
+        client, sync_client = _routed_clients(sims, route, model, failing)
+        healthy = sims[1:] if failing else sims
+        result = Served(
+            kind, client, route, healthy, sync_client, model, sims[0] if failing else None
+        )
     try:
         async with client:
             yield result
