@@ -147,13 +147,15 @@ def _route_config(
     """Route ``route`` to ``model`` on both simulators; with ``failing``, the first target
     answers every request with a 500 (a header the simulator obeys) and the route fails over."""
     a, b = sims
-    first: dict[str, Any] = {"base_url": a.base_url, "api_key": KEY}
+    # The simulators serve the Responses API and keep the responses they issued.
+    serves = {"api_key": KEY, "responses": True, "responses_stored": True}
+    first: dict[str, Any] = {"base_url": a.base_url, **serves}
     policy: dict[str, Any] = {}
     if failing:
         first["headers"] = {"x-sim-fault": "500"}
         policy = {"policy": "failover"}
     return {
-        "providers": {"sim_a": first, "sim_b": {"base_url": b.base_url, "api_key": KEY}},
+        "providers": {"sim_a": first, "sim_b": {"base_url": b.base_url, **serves}},
         "models": {route: {"targets": [f"sim_a:{model}", f"sim_b:{model}"], **policy}},
     }
 
