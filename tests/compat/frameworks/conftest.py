@@ -71,12 +71,18 @@ def import_framework(module: str, dist: str) -> Any:
     )
 
 
-def pytest_report_header() -> str:
+FRAMEWORKS = VERSIONED[3:]
+
+
+def pytest_report_header() -> str | None:
+    if not any(version(d) for d in FRAMEWORKS):
+        return None
     return f"frameworks' environment: {versions()}"
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(f"frameworks' environment: {versions()}")
+    if any(version(d) for d in FRAMEWORKS):  # the versions the framework checks ran against
+        terminalreporter.write_line(f"frameworks' environment: {versions()}")
 
 
 @pytest.fixture
