@@ -1,5 +1,6 @@
-"""instructor's ``from_openai``: a pydantic model from the route, by a forced tool call and by a
-``json_schema`` response format."""
+"""instructor's ``from_openai``: a pydantic model from the route, by a forced tool call (whole and
+streamed), a ``json_schema`` response format, JSON mode (``json_object``, the schema in the
+system message) and the Responses API's tools mode."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ instructor = import_framework("instructor", "instructor")
 
 pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 class City(BaseModel):
@@ -54,6 +56,31 @@ async def test_json_schema_mode(served: Served) -> None:
     assert response_format["json_schema"]["name"] == "City"
     answer = served.replay(request)
     assert city.model_dump() == json.loads(answer["choices"][0]["message"]["content"])
+
+
+async def test_json_mode(served: Served) -> None:
+    client = instructor.from_openai(served.client, mode=instructor.Mode.JSON)
+    city = await client.chat.completions.create(
+        model=served.model, response_model=City, messages=MESSAGES, max_retries=0
+    )
+    assert isinstance(city, City)
+    (request,) = served.assert_served(CHAT)
+    assert request["json"]["response_format"] == {"type": "json_object"}
+    answer = served.replay(request)
+    assert city.model_dump() == json.loads(answer["choices"][0]["message"]["content"])
+
+
+async def test_responses_tools_mode(served: Served) -> None:
+    client = instructor.from_openai(served.client, mode=instructor.Mode.RESPONSES_TOOLS)
+    city = await client.responses.create(
+        model=served.model, response_model=City, input=MESSAGES, max_retries=0
+    )
+    assert isinstance(city, City)
+    (request,) = served.assert_served(RESPONSES)
+    answer = served.replay(request)
+    call = next(item for item in answer["output"] if item["type"] == "function_call")
+    assert call["name"] == "City"
+    assert city.model_dump() == json.loads(call["arguments"])
 
 
 async def test_tools_mode_streamed_partials(served: Served) -> None:
