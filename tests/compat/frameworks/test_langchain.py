@@ -1,6 +1,7 @@
 """langchain-openai's ``ChatOpenAI`` over existing clients (``root_client``/``client`` and
-``root_async_client``/``async_client``): ``invoke``, ``ainvoke``, ``astream``, tool binding, and
-the default ``with_structured_output`` (json_schema, through ``with_raw_response.parse``)."""
+``root_async_client``/``async_client``): ``invoke``, ``ainvoke``, ``astream`` (chat and the
+Responses API), tool binding, and the default ``with_structured_output`` (json_schema, through
+``with_raw_response.parse``)."""
 
 from __future__ import annotations
 
@@ -91,3 +92,13 @@ async def test_default_with_structured_output(served: Served) -> None:
     (request,) = served.assert_served(CHAT)
     assert request["json"]["response_format"]["type"] == "json_schema"
     assert city.model_dump() == json.loads(content(served, request))
+
+
+async def test_responses_api_astream(served: Served) -> None:
+    llm = chat(served, use_responses_api=True)
+    chunks = [chunk async for chunk in llm.astream(PROMPT)]
+    text = "".join(chunk.text for chunk in chunks)
+    (request,) = served.assert_served("/v1/responses")
+    assert request["json"]["stream"] is True
+    message = next(i for i in served.replay(request)["output"] if i["type"] == "message")
+    assert text == message["content"][0]["text"]
