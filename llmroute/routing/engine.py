@@ -254,6 +254,15 @@ class Router:
         route.budget.on_request()
         return run
 
+    def order(self, route: Route, body: dict[str, Any]) -> list[str]:
+        """The route's targets in the order its policy would try them for ``body`` (for calls
+        the engine does not run itself: failover across them in this order)."""
+        messages = body.get("messages")
+        tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
+        view = _View(self, tokens, False, messages if isinstance(messages, list) else ())
+        plan = route.policy.plan([t.name for t in route.targets], view, self._rng)
+        return list(plan.order)
+
     async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token."""
         run = self._begin(route, body, send, stream=True)
