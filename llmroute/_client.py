@@ -30,7 +30,7 @@ from ._config import Config, load_config
 from ._dispatch import Call, Dispatch, Outcome, attach, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream, response_timings
 from ._types import Timings
-from ._upstream import check_base_url, to_timeout
+from ._upstream import body_errors, check_base_url, to_timeout
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot
@@ -228,6 +228,10 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         stream: bool = False,
         stream_cls: Any = None,
     ) -> Any:
+        with body_errors():
+            return await self._serve(cast_to, options, stream, stream_cls)
+
+    async def _serve(self, cast_to: Any, options: Any, stream: bool, stream_cls: Any) -> Any:
         dispatch = self._llmroute
         call = dispatch.classify(options, timeout=self._timeout_of(options))
         if call is None or call.route is None:

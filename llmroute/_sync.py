@@ -41,7 +41,7 @@ from ._dispatch import Call, Dispatch, attach, missing_key_error
 from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
 from ._streaming import AsyncStream, response_timings
 from ._types import RouteReport, Timings
-from ._upstream import to_timeout
+from ._upstream import body_errors, to_timeout
 from .metrics import ClientMetrics
 from .protocols.openai import ChatStreamDecoder, is_token_chunk
 from .routing.stats import TargetSnapshot
@@ -522,6 +522,10 @@ class OpenAI(openai.OpenAI):
         stream: bool = False,
         stream_cls: Any = None,
     ) -> Any:
+        with body_errors():
+            return self._serve(cast_to, options, stream, stream_cls)
+
+    def _serve(self, cast_to: Any, options: Any, stream: bool, stream_cls: Any) -> Any:
         runtime = self._llmroute
         if self._llmroute_closed:
             raise ClientClosedError("The client has been closed")

@@ -8,10 +8,11 @@ not a route never come here: openai's own machinery builds those.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -26,6 +27,7 @@ from .routing.engine import RouteTarget, Sender
 __all__ = [
     "OWN_HEADER_PREFIX",
     "Upstream",
+    "body_errors",
     "check_base_url",
     "credentials",
     "encode_body",
@@ -109,6 +111,22 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
             "The request body is nested too deeply to be encoded as JSON"
         ) from None
     except (ValueError, TypeError) as exc:  # a circular reference, a number too long, an object
+        raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
+
+
+@contextlib.contextmanager
+def body_errors() -> Iterator[None]:
+    """A call whose body cannot be encoded (openai's machinery encodes a call that is not
+    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError."""
+    try:
+        yield
+    except RecursionError:
+        raise RequestBodyError(
+            "The request body is nested too deeply to be encoded as JSON"
+        ) from None
+    except ValueError as exc:
+        if "circular reference" not in str(exc).lower():
+            raise
         raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
 
 
