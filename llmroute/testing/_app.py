@@ -1,4 +1,4 @@
-"""The simulator's raw ASGI app: OpenAI chat completions with latency and faults."""
+"""The simulator's raw ASGI app: OpenAI chat completions and Responses with latency and faults."""
 
 from __future__ import annotations
 
