@@ -2,9 +2,9 @@
 
 Each file describes how to reach a vendor and what routing may ask of it: base URL, wire
 protocol, the environment variable holding its API key, and capabilities (assistant-prefix
-continuation and how it is requested, prompt-prefix caching, usage in streams). The files ship
-inside the wheel (as ``llmroute/_providers``); in a source checkout or an editable install they
-are read from ``providers/`` beside the package.
+continuation and how it is requested, prompt-prefix caching, usage in streams, the Responses
+API and whether it keeps responses). The files ship inside the wheel (as ``llmroute/_providers``);
+in a source checkout or an editable install they are read from ``providers/`` beside the package.
 """
 
 from __future__ import annotations
@@ -76,10 +76,21 @@ class ProviderSpec(BaseModel):
     """Whether the vendor caches prompt prefixes: by itself, only when asked, or not at all."""
     stream_usage: bool = Field(True, strict=True)
     """Whether ``stream_options.include_usage`` is accepted."""
+    responses: bool = Field(False, strict=True)
+    """Whether ``base_url`` serves OpenAI's Responses API (``POST {base_url}/responses``)."""
+    responses_stored: bool = Field(False, strict=True)
+    """Whether the vendor keeps the responses it issued, so that ``previous_response_id`` works
+    (only on the target that answered: a stateless Responses API needs the whole input)."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers every request to this vendor carries (never secrets)."""
     docs: str = ""
     """The vendor's documentation page the values come from."""
+
+    @pydantic.model_validator(mode="after")
+    def _stored_needs_responses(self) -> ProviderSpec:
+        if self.responses_stored and not self.responses:
+            raise ValueError("responses_stored = true needs responses = true")
+        return self
 
 
 def catalog_dir() -> Path:

@@ -225,6 +225,8 @@ class ProviderConfig(BaseModel):
     protocol: Literal["openai", "anthropic"] | None = None
     prompt_caching: Literal["none", "automatic", "explicit"] | None = None
     stream_usage: bool | None = None
+    responses: bool | None = None
+    responses_stored: bool | None = None
     self_hosted: bool | None = None
     display_name: str | None = None
     docs: str | None = None

@@ -20,6 +20,7 @@ from llmroute._catalog import (
     load_provider_file,
     parse_provider,
 )
+from llmroute._config import resolve_provider
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ROOT / "providers"
@@ -201,6 +202,47 @@ def test_wrong_protocol(tmp_path: Path) -> None:
     assert "'openai'" in message and "'anthropic'" in message and "'grpc'" in message
 
 
+# Vendors whose own documentation says base_url serves POST {base_url}/responses, and those that
+# keep responses so that previous_response_id works (comments in each file cite the page).
+RESPONSES = {
+    "openai",
+    "xai",
+    "groq",
+    "openrouter",
+    "together",
+    "fireworks",
+    "mistral",
+    "vllm",
+    "sglang",
+    "ollama",
+}
+RESPONSES_STORED = {"openai", "xai", "fireworks"}
+
+
+def test_responses_api_capability() -> None:
+    assert {name for name, spec in CATALOG.items() if spec.responses} == RESPONSES
+    assert {name for name, spec in CATALOG.items() if spec.responses_stored} == RESPONSES_STORED
+    for name in CATALOG:
+        text = (PROVIDERS / f"{name}.toml").read_text(encoding="utf-8")
+        assert "# Responses API: " in text, f"{name}: say what the vendor's docs say"
+        assert re.search(r"^responses = (true|false)$", text, re.MULTILINE), name
+    for name in RESPONSES:
+        text = (PROVIDERS / f"{name}.toml").read_text(encoding="utf-8")
+        comment = text[text.index("# Responses API: ") :].split("\nresponses")[0]
+        assert "https://" in comment, f"{name}: cite the page that says so"
+
+
+def test_responses_default_false_and_stored_needs_responses(tmp_path: Path) -> None:
+    spec = parse_provider("acme", {"base_url": "https://api.acme.test/v1"}, source="t")
+    assert spec.responses is False and spec.responses_stored is False
+    stored = {"base_url": "https://api.acme.test/v1", "responses": True, "responses_stored": True}
+    assert parse_provider("acme", stored, source="t").responses_stored
+    path = _write(tmp_path, 'base_url = "https://api.acme.test/v1"\nresponses_stored = true\n')
+    assert "responses_stored = true needs responses = true" in _error(path)
+    path = _write(tmp_path, 'base_url = "https://api.acme.test/v1"\nresponses = "yes"\n')
+    assert _error(path).startswith(f"{path}: responses: ")
+
+
 def test_wrong_type(tmp_path: Path) -> None:
     path = _write(tmp_path, 'base_url = "https://api.acme.test/v1"\nstream_usage = "yes"\n')
     message = _error(path)
@@ -292,3 +334,19 @@ def test_the_wheel_ships_the_catalog(tmp_path: Path) -> None:
     assert Path(package).parent == site / "llmroute"
     assert Path(folder) == site / "llmroute" / "_providers"
     assert int(count) == len(CATALOG)
+
+
+def test_a_config_overrides_the_responses_capability() -> None:
+    gpu = resolve_provider("gpu1", {"kind": "sglang", "responses": False}, environ={})
+    assert gpu.spec.responses is False and CATALOG["sglang"].responses is True
+    qwen = resolve_provider(
+        "qwen_responses",
+        {
+            "kind": "dashscope",
+            "base_url": "https://dashscope-intl.aliyuncs.com/api/v2/apps/protocols/compatible-mode/v1",
+            "responses": True,
+            "responses_stored": True,
+        },
+        environ={"DASHSCOPE_API_KEY": "sk-test"},
+    )
+    assert qwen.spec.responses and qwen.spec.responses_stored

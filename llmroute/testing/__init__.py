@@ -11,9 +11,13 @@ one per process) with HTTP/2 and HTTP/1.1 by ALPN, or over plain HTTP/1.1 (``tls
 (``python -m llmroute.testing serve --port 0 --tls --profile-json '{...}'``), which prints one
 JSON line (base_url, port, ca_pem_path, pid) once ready and serves until SIGTERM/SIGINT.
 
-Routes: ``POST /v1/chat/completions`` (streamed or not, OpenAI's wire format, tool calls),
-``GET /v1/models``, ``GET /_sim/stats`` (counters), ``POST /_sim/reset``. ``/v1`` routes need
-``Authorization: Bearer <anything>``. Every response has an ``x-request-id`` header.
+Routes: ``POST /v1/chat/completions`` (streamed or not, OpenAI's wire format, tool calls,
+``json_schema``/``json_object`` structured outputs), ``POST /v1/responses`` (the Responses API,
+streamed with OpenAI's event sequence; ``previous_response_id`` must be an id this simulator
+issued), ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models``,
+``POST /v1/messages`` (Anthropic), ``GET /_sim/stats`` (counters), ``POST /_sim/reset``. ``/v1``
+routes need ``Authorization: Bearer <anything>``; other paths are OpenAI's ``Invalid URL`` 404.
+Every response has an ``x-request-id`` header. docs/simulator.md has the details.
 
 Replies are deterministic: words drawn by an RNG seeded from the model name and the messages
 (a trailing assistant message excluded), ``Profile.reply_tokens`` long, one SSE chunk per token.

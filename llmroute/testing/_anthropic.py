@@ -36,13 +36,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import _reply
-from ._app import _HTML_502 as HTML_502
-from ._app import STATUS_FAULTS, STREAM_FAULTS, Fault, Receive, Scope, Send
-from ._app import _read_body as read_body
-from ._app import _respond as respond
-from ._app import _watch_disconnect as watch_disconnect
+import llmroute.testing._reply as _reply
+
 from ._profile import Profile
+from ._wire import (
+    HTML_502,
+    STATUS_FAULTS,
+    STREAM_FAULTS,
+    Fault,
+    Receive,
+    Scope,
+    Send,
+    pause,
+    read_body,
+    respond,
+    watch_disconnect,
+)
 
 __all__ = ["AnthropicSimApp", "anthropic_app"]
 
@@ -178,18 +187,6 @@ class AnthropicSimApp:
             self._count("in_flight", -1)
             watcher.cancel()
 
-    async def _pause(self, seconds: float, gone: asyncio.Event) -> bool:
-        if gone.is_set():
-            return True
-        if seconds <= 0:
-            return False
-        try:
-            async with asyncio.timeout(seconds):
-                await gone.wait()
-        except TimeoutError:
-            return False
-        return True
-
     async def _stream(
         self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
     ) -> None:
@@ -204,10 +201,10 @@ class AnthropicSimApp:
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        if await self._pause(ttft, gone):
+        if await pause(ttft, gone):
             return self._ended_early()
         if fault.kind == "hang":
-            if await self._pause(self.profile.hang_max, gone):
+            if await pause(self.profile.hang_max, gone):
                 return self._ended_early()
             return None
         message = plan.message(content=[], stop_reason=None, output_tokens=1)
@@ -231,10 +228,10 @@ class AnthropicSimApp:
             if i == len(pieces):
                 break
             if fault.stall_after is not None and i == fault.stall_after and i > 0:
-                if await self._pause(fault.stall_seconds, gone):
+                if await pause(fault.stall_seconds, gone):
                     return self._ended_early()
             elif self.profile.inter_token > 0 and i > 0:
-                if await self._pause(self.profile.inter_token, gone):
+                if await pause(self.profile.inter_token, gone):
                     return self._ended_early()
             elif i % 8 == 1:
                 await asyncio.sleep(0)
@@ -269,7 +266,7 @@ class AnthropicSimApp:
             delay += fault.stall_seconds
         if fault.kind == "hang":
             delay = self.profile.hang_max
-        if await self._pause(delay, gone) or fault.kind == "hang":
+        if await pause(delay, gone) or fault.kind == "hang":
             return
         if fault.kind == "stream-error":
             await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid)

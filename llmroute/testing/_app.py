@@ -1,87 +1,48 @@
-"""The simulator's raw ASGI app: OpenAI chat completions with latency and faults."""
+"""The simulator's raw ASGI app: OpenAI chat completions and Responses with latency and faults."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
-import math
 import random
 import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl
 
-from . import _reply
+import llmroute.testing._reply as _reply
+import llmroute.testing._responses as _responses
+
+from ._anthropic import AnthropicSimApp
 from ._profile import Profile
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-STATUS_FAULTS = ("429", "500", "503", "html502")
-STREAM_FAULTS = ("drop", "malformed", "stream-error")
-# Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
-# trickle of one event, an event far larger than any real one.
-TAIL_FAULTS = ("truncate", "loris", "oversized")
-_HTML_502 = (
-    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
-    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
-    b"</body>\r\n</html>\r\n"
+from ._wire import (
+    STATUS_FAULTS,
+    STREAM_FAULTS,
+    TAIL_FAULTS,
+    Fault,
+    Receive,
+    Scope,
+    Send,
+    error_body,
+    pause,
+    read_body,
+    respond,
+    status_fault,
+    watch_disconnect,
 )
+
 _YIELD_EVERY = 8  # with zero delays, give the event loop a turn every this many chunks
-
-
-@dataclass
-class Fault:
-    """The faults of one request (from `x-sim-fault` or drawn from the profile)."""
-
-    kind: str | None = None
-    after: int = 0
-    slow: float | None = None
-    stall_after: int | None = None
-    stall_seconds: float = 0.0
-    amount: float = 0.0
-    """``loris``: seconds between bytes; ``oversized``: the event's size in bytes."""
-
-    @classmethod
-    def parse(cls, spec: str) -> Fault:
-        """Parse a comma-separated `x-sim-fault` value; ValueError when malformed."""
-        fault = cls()
-        for item in filter(None, (s.strip() for s in spec.split(","))):
-            name, _, arg = item.partition(":")
-            if name in STATUS_FAULTS or name == "hang":
-                fault.kind = name
-            elif name in STREAM_FAULTS:
-                fault.kind, fault.after = name, int(arg or 0)
-            elif name in TAIL_FAULTS:
-                k, _, amount = arg.partition(":")
-                fault.kind, fault.after = name, int(k or 0)
-                fault.amount = float(amount or (0.5 if name == "loris" else 32 * 1024 * 1024))
-            elif name == "slow":
-                fault.slow = float(arg)
-            elif name == "stall-between":
-                k, _, seconds = arg.partition(":")
-                fault.stall_after, fault.stall_seconds = int(k), float(seconds)
-            else:
-                raise ValueError(f"unknown x-sim-fault {item!r}")
-        return fault
-
-
-def _error_body(message: str, type_: str, code: str | None = None) -> bytes:
-    return json.dumps(
-        {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    ).encode()
 
 
 def _zero_stats() -> dict[str, Any]:
     return {
         "requests": 0,
         "chat_requests": 0,
+        "responses_requests": 0,
         "streams_started": 0,
         "streams_completed": 0,
         "streams_cancelled": 0,
@@ -100,11 +61,12 @@ class SimApp:
         self.models: dict[str, None] = dict.fromkeys(profile.models)
         self.on_startup: Callable[[], None] | None = None
         self._stats = _zero_stats()
+        self.issued = _responses.IssuedIds()
+        """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
         self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
         self._closing = False
-        from ._anthropic import AnthropicSimApp  # the same server speaks Anthropic's Messages API
-
+        # the same server speaks Anthropic's Messages API
         self.anthropic = AnthropicSimApp(
             profile,
             seed=seed,
@@ -146,7 +108,7 @@ class SimApp:
             return
         rid = "req_" + uuid.uuid4().hex[:24]
         self._stats["requests"] += 1
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         path, method = scope["path"], scope["method"]
@@ -174,10 +136,12 @@ class SimApp:
             await self.anthropic.handle(scope, body, receive, send)
         elif not auth.startswith("Bearer ") or not auth[7:].strip():
             msg = "You didn't provide an API key (Authorization: Bearer <key>)."
-            body401 = _error_body(msg, "invalid_request_error", "invalid_api_key")
-            await _respond(send, 401, body401, rid)
+            body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
+            await respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
             await self._chat(payload, headers, receive, send, rid)
+        elif path == "/v1/responses" and method == "POST":
+            await self._responses(payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
             await self._text_completion(payload, send, rid)
         elif path == "/v1/embeddings" and method == "POST":
@@ -186,21 +150,21 @@ class SimApp:
             model = path[len("/v1/models/") :]
             if model in self.models:
                 body = json.dumps(_reply.model_object(model)).encode()
-                await _respond(send, 200, body, rid)
+                await respond(send, 200, body, rid)
             else:
                 msg = f"The model '{model}' does not exist"
-                error = _error_body(msg, "invalid_request_error", "model_not_found")
-                await _respond(send, 404, error, rid)
+                error = error_body(msg, "invalid_request_error", "model_not_found")
+                await respond(send, 404, error, rid)
         elif path == "/v1/models" and method == "GET":
             created = 1_700_000_000
             data = [
                 {"id": m, "object": "model", "created": created, "owned_by": "llmroute-sim"}
                 for m in self.models
             ]
-            await _respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
+            await respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
         else:
-            msg = f"Unknown request URL: {method} {path}."
-            await _respond(send, 404, _error_body(msg, "invalid_request_error", "unknown_url"), rid)
+            msg = f"Invalid URL ({method} {path})"
+            await respond(send, 404, error_body(msg, "invalid_request_error"), rid)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -215,12 +179,12 @@ class SimApp:
 
     async def _sim_route(self, path: str, method: str, send: Send, rid: str) -> None:
         if path == "/_sim/stats":
-            await _respond(send, 200, json.dumps(self.stats()).encode(), rid)
+            await respond(send, 200, json.dumps(self.stats()).encode(), rid)
         elif path == "/_sim/reset" and method == "POST":
             self.reset_stats()
-            await _respond(send, 200, b"{}", rid)
+            await respond(send, 200, b"{}", rid)
         else:
-            await _respond(send, 404, _error_body("not found", "invalid_request_error"), rid)
+            await respond(send, 404, error_body("not found", "invalid_request_error"), rid)
 
     # -- chat completions ---------------------------------------------------------------------
     async def _chat(
@@ -237,59 +201,123 @@ class SimApp:
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _validate(req)
-        fault, retry_after = Fault(), self.profile.retry_after
-        if problem is None:
-            try:
-                spec = headers.get("x-sim-fault")
-                fault = Fault.parse(spec) if spec else self._random_fault()
-                if spec and "x-sim-fault-times" in headers:
-                    key = headers.get("x-sim-fault-key", spec)
-                    used = self._fault_uses.get(key, 0)
-                    self._fault_uses[key] = used + 1
-                    if used >= int(headers["x-sim-fault-times"]):
-                        fault = Fault()
-                retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
-            except ValueError as exc:
-                problem = str(exc)
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
+        fault = await self._fault(headers, send, rid)
+        if fault is None:
+            return
+        model: str = req["model"]
+        messages: list[dict[str, Any]] = req["messages"]
+        self.models.setdefault(model)
+        plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
+        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        wire = _ChatStream(plan, include_usage) if req.get("stream") else None
+        await self._serve(
+            plan.pieces, plan.prompt_tokens, wire, plan.completion, fault, receive, send, rid
+        )
+
+    async def _fault(self, headers: dict[str, str], send: Send, rid: str) -> Fault | None:
+        """The request's fault (``x-sim-fault`` or drawn from the profile), counted; None when
+        the request is already answered (a status fault, or a malformed fault header)."""
+        try:
+            spec = headers.get("x-sim-fault")
+            fault = Fault.parse(spec) if spec else self._random_fault()
+            if spec and "x-sim-fault-times" in headers:
+                key = headers.get("x-sim-fault-key", spec)
+                used = self._fault_uses.get(key, 0)
+                self._fault_uses[key] = used + 1
+                if used >= int(headers["x-sim-fault-times"]):
+                    fault = Fault()
+            retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
+        except ValueError as exc:
+            await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
+            return None
         if fault.kind in STATUS_FAULTS:
             self._count_fault(fault.kind)
-            await _status_fault(send, fault.kind, retry_after, rid)
-            return
+            await status_fault(send, fault.kind, retry_after, rid)
+            return None
         if fault.slow is not None:
             self._count_fault("slow")
         if fault.stall_after is not None:
             self._count_fault("stall-between")
         if fault.kind is not None:
             self._count_fault(fault.kind)
+        return fault
 
-        model: str = req["model"]
-        messages: list[dict[str, Any]] = req["messages"]
-        self.models.setdefault(model)
-        plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
+    async def _serve(
+        self,
+        pieces: list[str],
+        prompt_tokens: int,
+        wire: _Wire | None,
+        whole: Callable[[], dict[str, Any]],
+        fault: Fault,
+        receive: Receive,
+        send: Send,
+        rid: str,
+    ) -> None:
+        """Answer after the TTFT: streamed through ``wire``, or ``whole()`` as one JSON body."""
         ttft = fault.slow
         if ttft is None:
-            ttft = self.profile.sample_ttft(self.rng, plan.prompt_tokens)
-
+            ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
         gone = asyncio.Event()
         self._gone.add(gone)
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, gone))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
         try:
-            if req.get("stream"):
-                await self._stream(req, plan, fault, ttft, gone, send, rid)
+            if wire is not None:
+                await self._stream(wire, pieces, fault, ttft, gone, send, rid)
             else:
-                await self._complete(plan, fault, ttft, gone, send, rid)
+                await self._complete(len(pieces), whole, fault, ttft, gone, send, rid)
         finally:
             watcher.cancel()
             self._gone.discard(gone)
+
+    # -- the Responses API ----------------------------------------------------------------------
+    async def _responses(
+        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    ) -> None:
+        self._stats["responses_requests"] += 1
+        self._stats["in_flight"] += 1
+        try:
+            await self._responses_inner(req, headers, receive, send, rid)
+        finally:
+            self._stats["in_flight"] -= 1
+
+    async def _responses_inner(
+        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    ) -> None:
+        problem = _responses.validate(req)
+        if problem is not None:
+            message, param = problem
+            body = error_body(message, "invalid_request_error", None, param)
+            await respond(send, 400, body, rid)
+            return
+        prior = req.get("previous_response_id")
+        if prior is not None and prior not in self.issued:
+            msg = f"Previous response with id '{prior}' not found."
+            code = "previous_response_not_found"
+            body = error_body(msg, "invalid_request_error", code, "previous_response_id")
+            await respond(send, 404, body, rid)
+            return
+        fault = await self._fault(headers, send, rid)
+        if fault is None:
+            return
+        self.models.setdefault(req["model"])
+        plan = _responses.ResponsePlan.build(req, self.profile.reply_tokens)
+        if req.get("store", True) is not False:
+            self.issued.add(plan.id)
+        wire = _ResponsesStream(plan) if req.get("stream") else None
+
+        def whole() -> dict[str, Any]:
+            return plan.response(plan.status)
+
+        await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
 
     # -- legacy completions and embeddings (no latency or faults) -------------------------------
     async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
         problem = _validate_other(req, "prompt")
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
         model: str = req["model"]
         self.models.setdefault(model)
@@ -306,7 +334,7 @@ class SimApp:
         if not req.get("stream"):
             choices = [_reply.text_choice(i, "".join(r), finish) for i, r in enumerate(replies)]
             body = _reply.text_completion(model, choices, usage)
-            await _respond(send, 200, json.dumps(body).encode(), rid)
+            await respond(send, 200, json.dumps(body).encode(), rid)
             return
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -347,7 +375,7 @@ class SimApp:
         if problem is None and dims is not None and (not isinstance(dims, int) or dims < 1):
             problem = "'dimensions' must be a positive integer"
         if problem is not None:
-            await _respond(send, 400, _error_body(problem, "invalid_request_error"), rid)
+            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
         model: str = req["model"]
         self.models.setdefault(model)
@@ -364,24 +392,11 @@ class SimApp:
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        await _respond(send, 200, json.dumps(body).encode(), rid)
+        await respond(send, 200, json.dumps(body).encode(), rid)
 
     def _random_fault(self) -> Fault:
         kind = self.profile.sample_fault(self.rng)
         return Fault(kind=kind, after=self.profile.fault_after)
-
-    async def _pause(self, seconds: float, gone: asyncio.Event) -> bool:
-        """Sleep unless the client goes away first; True when it did (or we are closing)."""
-        if gone.is_set():
-            return True
-        if seconds <= 0:
-            return False
-        try:
-            async with asyncio.timeout(seconds):
-                await gone.wait()
-        except TimeoutError:
-            return False
-        return True
 
     def _ended_early(self) -> None:
         if not self._closing:
@@ -389,16 +404,14 @@ class SimApp:
 
     async def _stream(
         self,
-        req: dict[str, Any],
-        plan: _Plan,
+        wire: _Wire,
+        pieces: list[str],
         fault: Fault,
         ttft: float,
         gone: asyncio.Event,
         send: Send,
         rid: str,
     ) -> None:
-        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
         headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -410,23 +423,25 @@ class SimApp:
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
 
-        if await self._pause(ttft, gone):
+        for frame in wire.opening():
+            await emit(frame)
+        if await pause(ttft, gone):
             return self._ended_early()
         if fault.kind == "hang":
-            if await self._pause(self.profile.hang_max, gone):
+            if await pause(self.profile.hang_max, gone):
                 return self._ended_early()
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
-        await emit(writer.event(plan.first_delta()))
+        for frame in wire.first():
+            await emit(frame)
         itl = self.profile.inter_token
-        pieces = plan.pieces
         for i in range(len(pieces) + 1):
             if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
-                if fault.kind == "truncate":  # a clean end, without finish_reason or [DONE]
+                if fault.kind == "truncate":  # a clean end, without the answer's end events
                     await send({"type": "http.response.body", "body": b""})
                     return None
                 if fault.kind == "oversized":
                     await self._oversized(emit, int(fault.amount))
-                elif await self._trickle(emit, writer.content("slow"), fault.amount, gone):
+                elif await self._trickle(emit, wire.piece("slow"), fault.amount, gone):
                     return self._ended_early()
                 else:
                     return None  # the hang bound passed: the stream breaks
@@ -434,36 +449,29 @@ class SimApp:
                 if fault.kind == "drop":
                     return None  # no end of stream: the server resets it / closes
                 if fault.kind == "stream-error":
-                    err = {
-                        "error": {
-                            "message": "The server had an error while processing your request.",
-                            "type": "server_error",
-                        }
-                    }
-                    body = b"data: " + json.dumps(err).encode() + b"\n\n"
-                    await send({"type": "http.response.body", "body": body})
+                    await send({"type": "http.response.body", "body": wire.error()})
                     return None
-                await emit(b"data: {not json\n\n")
+                await emit(wire.malformed())
             if i == len(pieces):
                 break
             if fault.stall_after is not None and i == fault.stall_after and i > 0:
-                if await self._pause(fault.stall_seconds, gone):
+                if await pause(fault.stall_seconds, gone):
                     return self._ended_early()
             elif itl > 0 and i > 0:
-                if await self._pause(itl, gone):
+                if await pause(itl, gone):
                     return self._ended_early()
             elif i % _YIELD_EVERY == 1:
                 await asyncio.sleep(0)
                 if gone.is_set():
                     return self._ended_early()
-            await emit(writer.arguments(pieces[i]) if plan.tool else writer.content(pieces[i]))
-        tail = writer.event({}, plan.finish)
-        if include_usage:
-            tail += writer.usage_event(plan.prompt_tokens, len(pieces))
+            await emit(wire.piece(pieces[i]))
+        closing = wire.closing()
         if gone.is_set():
             return self._ended_early()
         self._stats["streams_completed"] += 1  # counted first: the client may look at once
-        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
+        for frame in closing[:-1]:
+            await emit(frame)
+        await send({"type": "http.response.body", "body": closing[-1]})
         return None
 
     @staticmethod
@@ -491,27 +499,34 @@ class SimApp:
             if time.monotonic() >= deadline:
                 return False
             await emit(event[i % (len(event) - 2) : i % (len(event) - 2) + 1])
-            if await self._pause(every, gone):
+            if await pause(every, gone):
                 return True
         return False  # pragma: no cover - the loop only ends by returning
 
     async def _complete(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        n_pieces: int,
+        whole: Callable[[], dict[str, Any]],
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
-        delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
+        delay = ttft + self.profile.inter_token * max(0, n_pieces - 1)
         if fault.stall_after is not None:
             delay += fault.stall_seconds
         if fault.kind == "hang":
             delay = self.profile.hang_max
-        if await self._pause(delay, gone) or fault.kind == "hang":
+        if await pause(delay, gone) or fault.kind == "hang":
             return None  # client gone, or the hang bound passed: no response at all
         if fault.kind == "stream-error":
-            body = _error_body(
+            body = error_body(
                 "The server had an error while processing your request.", "server_error"
             )
-            await _respond(send, 500, body, rid)
+            await respond(send, 500, body, rid)
             return None
-        body = json.dumps(plan.completion()).encode()
+        body = json.dumps(whole()).encode()
         if fault.kind == "malformed":
             body = b"{not json"
         start_headers = [
@@ -527,6 +542,78 @@ class SimApp:
             return None
         await send({"type": "http.response.body", "body": body})
         return None
+
+
+class _Wire(Protocol):
+    """The SSE framing of one streamed answer (chat chunks or Responses events)."""
+
+    def opening(self) -> list[bytes]: ...
+    def first(self) -> list[bytes]: ...
+    def piece(self, text: str) -> bytes: ...
+    def error(self) -> bytes: ...
+    def malformed(self) -> bytes: ...
+    def closing(self) -> list[bytes]: ...
+
+
+class _ChatStream:
+    """Chat completion chunks: the role chunk, one chunk per token, the finish reason chunk,
+    the usage chunk (when asked) and ``[DONE]``, the last three in one frame."""
+
+    def __init__(self, plan: _Plan, include_usage: bool) -> None:
+        self.plan = plan
+        self.include_usage = include_usage
+        self.writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def first(self) -> list[bytes]:
+        return [self.writer.event(self.plan.first_delta())]
+
+    def piece(self, text: str) -> bytes:
+        return self.writer.arguments(text) if self.plan.tool else self.writer.content(text)
+
+    def error(self) -> bytes:
+        msg = "The server had an error while processing your request."
+        return (
+            b"data: "
+            + json.dumps({"error": {"message": msg, "type": "server_error"}}).encode()
+            + b"\n\n"
+        )
+
+    def malformed(self) -> bytes:
+        return b"data: {not json\n\n"
+
+    def closing(self) -> list[bytes]:
+        tail = self.writer.event({}, self.plan.finish)
+        if self.include_usage:
+            tail += self.writer.usage_event(self.plan.prompt_tokens, len(self.plan.pieces))
+        return [tail + b"data: [DONE]\n\n"]
+
+
+class _ResponsesStream:
+    """Responses API events, one per frame (see :mod:`._responses`)."""
+
+    def __init__(self, plan: _responses.ResponsePlan) -> None:
+        self.events = _responses.ResponseEvents(plan)
+
+    def opening(self) -> list[bytes]:
+        return self.events.opening()
+
+    def first(self) -> list[bytes]:
+        return self.events.first()
+
+    def piece(self, text: str) -> bytes:
+        return self.events.delta(text)
+
+    def error(self) -> bytes:
+        return self.events.error()
+
+    def malformed(self) -> bytes:
+        return b"event: response.output_text.delta\ndata: {not json\n\n"
+
+    def closing(self) -> list[bytes]:
+        return self.events.closing()
 
 
 @dataclass
@@ -548,7 +635,7 @@ class _Plan:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
         n_prompt = _reply.prompt_tokens(messages)
-        tool = _reply.pick_tool(req.get("tools") or [], req.get("tool_choice"))
+        tool = _reply.pick_tool(req.get("tools") or [], req.get("tool_choice"), messages)
         if tool is not None:
             args = _reply.tool_arguments(tool, seed)
             return cls(
@@ -560,7 +647,11 @@ class _Plan:
                 tool,
                 f"call_{seed:016x}",
             )
-        full = _reply.full_reply(seed, reply_tokens)
+        structured = _reply.structured_text(req.get("response_format"), messages, seed)
+        if structured is not None:
+            full = tuple(_reply.split_fragments(structured))
+        else:
+            full = _reply.full_reply(seed, reply_tokens)
         pieces = list(full)
         if prefill is not None:
             rest = _reply.continue_after(full, prefill)
@@ -633,59 +724,3 @@ def _validate_other(req: Any, field: str) -> str | None:
     if value is not None and (not isinstance(value, int) or value < 1):
         return "'max_tokens' must be a positive integer"
     return None
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    gone.set()
-
-
-async def _respond(
-    send: Send,
-    status: int,
-    body: bytes,
-    rid: str,
-    content_type: bytes = b"application/json",
-    extra: list[tuple[bytes, bytes]] | None = None,
-    id_header: bytes = b"x-request-id",
-) -> None:
-    headers = [
-        (b"content-type", content_type),
-        (b"content-length", str(len(body)).encode()),
-        (id_header, rid.encode()),
-        *(extra or []),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:
-    retry = [
-        (b"retry-after", str(max(0, math.ceil(retry_after))).encode()),
-        (b"retry-after-ms", str(max(0, round(retry_after * 1000))).encode()),
-    ]
-    if kind == "429":
-        msg = "Rate limit reached for requests (simulated)."
-        await _respond(
-            send, 429, _error_body(msg, "requests", "rate_limit_exceeded"), rid, extra=retry
-        )
-    elif kind == "500":
-        msg = "The server had an error while processing your request."
-        await _respond(send, 500, _error_body(msg, "server_error"), rid)
-    elif kind == "503":
-        msg = "The engine is currently overloaded, please try again later."
-        await _respond(send, 503, _error_body(msg, "server_error", "overloaded"), rid, extra=retry)
-    else:
-        await _respond(send, 502, _HTML_502, rid, content_type=b"text/html")

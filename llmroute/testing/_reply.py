@@ -11,6 +11,8 @@ import struct
 import time
 from typing import Any
 
+from ._schema import find_schema, instance
+
 SYSTEM_FINGERPRINT = "fp_llmroute_sim"
 
 _VOCAB = tuple(
@@ -73,8 +75,16 @@ def continue_after(tokens: tuple[str, ...], prefix: str) -> list[str] | None:
     return []
 
 
-def pick_tool(tools: list[Any], tool_choice: Any) -> dict[str, Any] | None:
-    """The function to call: the one named by tool_choice, else the first tool."""
+def pick_tool(
+    tools: list[Any], tool_choice: Any, messages: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """The function to call, or None for a text answer.
+
+    ``tool_choice`` ``"none"`` means text; a named function is that function; ``"required"``
+    is a call. Otherwise (``"auto"``, absent) a conversation whose last message is a tool's
+    result gets a text answer (the model has what it asked for), a last user message that
+    names a function calls that one, and any other the first function.
+    """
     if tool_choice == "none" or not tools:
         return None
     functions = [t["function"] for t in tools if isinstance(t, dict) and "function" in t]
@@ -85,34 +95,45 @@ def pick_tool(tools: list[Any], tool_choice: Any) -> dict[str, Any] | None:
         for fn in functions:
             if fn.get("name") == name:
                 return fn
+    if tool_choice != "required" and messages:
+        last = messages[-1] if isinstance(messages[-1], dict) else {}
+        if last.get("role") == "tool":
+            return None
+        text = message_text(last)
+        for fn in functions:
+            if fn.get("name") and fn["name"] in text:
+                return fn
     return functions[0]
-
-
-def _value(schema: dict[str, Any], rng: random.Random) -> Any:
-    if schema.get("enum"):
-        return rng.choice(schema["enum"])
-    kind = schema.get("type")
-    if kind == "integer":
-        return rng.randint(0, 100)
-    if kind == "number":
-        return round(rng.uniform(0, 100), 2)
-    if kind == "boolean":
-        return rng.random() < 0.5
-    if kind == "array":
-        return [_value(schema.get("items") or {"type": "string"}, rng) for _ in range(2)]
-    if kind == "object":
-        return {}
-    return " ".join(rng.choices(_VOCAB, k=2))
 
 
 def tool_arguments(function: dict[str, Any], seed: int) -> str:
     """Deterministic JSON arguments that fit the function's parameter schema."""
-    rng = random.Random(seed ^ 0x5EED)
-    props = (function.get("parameters") or {}).get("properties") or {}
-    args = {name: _value(schema or {}, rng) for name, schema in props.items()}
-    if not props:
-        args = {"input": " ".join(rng.choices(_VOCAB, k=3))}
-    return json.dumps(args)
+    return json.dumps(instance(function.get("parameters") or {"type": "object"}, seed ^ 0x5EED))
+
+
+def structured_text(response_format: Any, messages: list[dict[str, Any]], seed: int) -> str | None:
+    """The JSON answer a response format asks for, or None for plain text.
+
+    ``json_schema`` (chat's ``{"json_schema": {"schema": ...}}`` or the Responses API's flat
+    ``{"schema": ...}``): an instance of the schema. ``json_object``: an instance of the first
+    JSON schema spelled out in the messages (as instructor's JSON mode sends it), else a small
+    object.
+    """
+    if not isinstance(response_format, dict):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema") or response_format
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        return json.dumps(instance(schema or {"type": "object"}, seed))
+    if kind == "json_object":
+        for message in reversed(messages):
+            schema = find_schema(message_text(message)) if isinstance(message, dict) else None
+            if schema is not None:
+                return json.dumps(instance(schema, seed))
+        words = full_reply(seed, 4)
+        return json.dumps({"answer": "".join(words).strip()})
+    return None
 
 
 def split_fragments(text: str, size: int = 8) -> list[str]:

@@ -95,8 +95,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _reply, _server
-from ._app import STATUS_FAULTS, Fault, _Plan, _read_body, _status_fault, _watch_disconnect
+import llmroute.testing._reply as _reply
+import llmroute.testing._server as _server
+
+from ._app import _Plan
+from ._wire import STATUS_FAULTS, Fault, read_body, status_fault, watch_disconnect
 
 if TYPE_CHECKING:
     from ._app import SimApp
@@ -666,7 +669,7 @@ class SGLangApp:
                     return
         if scope["type"] != "http":
             return
-        body = await _read_body(receive)
+        body = await read_body(receive)
         if body is None:
             return
         path, method = scope["path"], scope["method"]
@@ -887,7 +890,7 @@ class SGLangApp:
             await _send(send, 400, _error_body(problem, 400))
             return
         if fault.kind in STATUS_FAULTS:
-            await _status_fault(send, fault.kind, retry_after, "req_" + uuid.uuid4().hex[:24])
+            await status_fault(send, fault.kind, retry_after, "req_" + uuid.uuid4().hex[:24])
             return
         limit = self.args.get("max_queued_requests")
         if limit is not None and len(self.waiting) >= limit:
@@ -898,7 +901,7 @@ class SGLangApp:
         entry = _Entry(prompt_token_list(req["messages"]), next(self._seq), loop.create_future())
         gone = asyncio.Event()
         self._gone.add(gone)
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, gone))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
         try:
             await _Generation(self, req, entry, fault, gone, send).run()
         finally:

@@ -1,0 +1,165 @@
+"""ASGI plumbing and faults shared by the simulator's wire modes (OpenAI, Anthropic, SGLang).
+
+The bottom of the simulator: it imports no other simulator module but :mod:`._profile`, so the
+wire modes (``_app``, ``_anthropic``, ``_sglang``) import it and never one another in a circle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "HTML_502",
+    "STATUS_FAULTS",
+    "STREAM_FAULTS",
+    "TAIL_FAULTS",
+    "Fault",
+    "Receive",
+    "Scope",
+    "Send",
+    "error_body",
+    "pause",
+    "read_body",
+    "respond",
+    "status_fault",
+    "watch_disconnect",
+]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+STATUS_FAULTS = ("429", "500", "503", "html502")
+STREAM_FAULTS = ("drop", "malformed", "stream-error")
+# Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
+# trickle of one event, an event far larger than any real one.
+TAIL_FAULTS = ("truncate", "loris", "oversized")
+HTML_502 = (
+    b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+    b"</body>\r\n</html>\r\n"
+)
+
+
+@dataclass
+class Fault:
+    """The faults of one request (from `x-sim-fault` or drawn from the profile)."""
+
+    kind: str | None = None
+    after: int = 0
+    slow: float | None = None
+    stall_after: int | None = None
+    stall_seconds: float = 0.0
+    amount: float = 0.0
+    """``loris``: seconds between bytes; ``oversized``: the event's size in bytes."""
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        """Parse a comma-separated `x-sim-fault` value; ValueError when malformed."""
+        fault = cls()
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, arg = item.partition(":")
+            if name in STATUS_FAULTS or name == "hang":
+                fault.kind = name
+            elif name in STREAM_FAULTS:
+                fault.kind, fault.after = name, int(arg or 0)
+            elif name in TAIL_FAULTS:
+                k, _, amount = arg.partition(":")
+                fault.kind, fault.after = name, int(k or 0)
+                fault.amount = float(amount or (0.5 if name == "loris" else 32 * 1024 * 1024))
+            elif name == "slow":
+                fault.slow = float(arg)
+            elif name == "stall-between":
+                k, _, seconds = arg.partition(":")
+                fault.stall_after, fault.stall_seconds = int(k), float(seconds)
+            else:
+                raise ValueError(f"unknown x-sim-fault {item!r}")
+        return fault
+
+
+def error_body(
+    message: str, type_: str, code: str | None = None, param: str | None = None
+) -> bytes:
+    """An error in OpenAI's shape."""
+    return json.dumps(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    ).encode()
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client went away first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client goes away."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
+async def pause(seconds: float, gone: asyncio.Event) -> bool:
+    """Sleep unless the client goes away first; True when it did (or the server is closing)."""
+    if gone.is_set():
+        return True
+    if seconds <= 0:
+        return False
+    try:
+        async with asyncio.timeout(seconds):
+            await gone.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    rid: str,
+    content_type: bytes = b"application/json",
+    extra: list[tuple[bytes, bytes]] | None = None,
+    id_header: bytes = b"x-request-id",
+) -> None:
+    """A whole response with a content-length and a request-id header."""
+    headers = [
+        (b"content-type", content_type),
+        (b"content-length", str(len(body)).encode()),
+        (id_header, rid.encode()),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:
+    """Answer a status fault (429, 500, 503, html502) as OpenAI (or a proxy in front) does."""
+    retry = [
+        (b"retry-after", str(max(0, math.ceil(retry_after))).encode()),
+        (b"retry-after-ms", str(max(0, round(retry_after * 1000))).encode()),
+    ]
+    if kind == "429":
+        msg = "Rate limit reached for requests (simulated)."
+        body = error_body(msg, "requests", "rate_limit_exceeded")
+        await respond(send, 429, body, rid, extra=retry)
+    elif kind == "500":
+        msg = "The server had an error while processing your request."
+        await respond(send, 500, error_body(msg, "server_error"), rid)
+    elif kind == "503":
+        msg = "The engine is currently overloaded, please try again later."
+        await respond(send, 503, error_body(msg, "server_error", "overloaded"), rid, extra=retry)
+    else:
+        await respond(send, 502, HTML_502, rid, content_type=b"text/html")
