@@ -27,7 +27,6 @@ from ._config import (
     CacheSettings,
     Config,
     ConfigError,
-    Resolved,
     ResolvedProvider,
     RouteConfig,
     Target,
@@ -41,8 +40,10 @@ from ._errors import (
     APIStatusError,
     BadRequestError,
     OpenAIError,
+    describe_error,
     map_transport_errors,
 )
+from ._routes import ServerPolling, build_router, route_for, stats_sync_for
 from ._streaming import AsyncStream
 from ._types import AttemptReport, RouteReport, Timings
 from ._upstream import (
@@ -63,22 +64,11 @@ from .cache import (
 from .cache import tenant_namespace as _tenant_namespace
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
-from .routing.budget import HedgeBudget
-from .routing.engine import Route, Router, RouteTarget
+from .routing.engine import Route
 from .routing.policies import (
-    FailoverPolicy,
-    FastestPolicy,
-    HedgePolicy,
-    LeastLoadedPolicy,
-    Policy,
-    PrefixPolicy,
-    RacePolicy,
-    RoundRobinPolicy,
     WeightedPolicy,
 )
-from .routing.shared import StatsSync
-from .routing.stats import LiveStats, StatsSettings, TargetSnapshot
-from .sglang import MetricsPoller
+from .routing.stats import TargetSnapshot
 from .transport import Transport
 
 __all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome"]
@@ -92,7 +82,6 @@ CACHE_NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
 _CACHE_MODES = ("auto", "on", "read-only", "off")
 _REPLAY_MODES = ("immediate", "paced")
-_METRICS_INTERVAL = 1.0  # seconds between reads of a self-hosted server's /metrics
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -138,146 +127,6 @@ class Outcome:
     retries: int = 0
 
 
-def _policy(config: RouteConfig) -> Policy:
-    if config.policy == "prefix":
-        return PrefixPolicy(
-            block_chars=config.prefix_block_chars,
-            max_blocks=config.prefix_max_blocks,
-            cache_threshold=config.cache_threshold,
-            balance_abs_threshold=config.balance_abs_threshold,
-            balance_rel_threshold=config.balance_rel_threshold,
-            rank_by=config.rank_by,
-        )
-    if config.policy == "least-loaded":
-        return LeastLoadedPolicy(rank_by=config.rank_by)
-    if config.policy == "round-robin":
-        return RoundRobinPolicy()
-    if config.policy == "fastest":
-        return FastestPolicy(rank_by=config.rank_by)
-    if config.policy == "hedge":
-        return HedgePolicy(
-            rank_by=config.rank_by, hedge_after=config.hedge_after, max_hedges=config.max_hedges
-        )
-    if config.policy == "race":
-        return RacePolicy(k=config.race, rank_by=config.rank_by)
-    if config.policy == "weighted":
-        return WeightedPolicy(weights=tuple(config.weights or ()))
-    return FailoverPolicy()
-
-
-def _route(
-    name: str,
-    config: RouteConfig,
-    targets: Iterable[Target],
-    providers: Mapping[str, ResolvedProvider],
-) -> Route:
-    """The engine's route for one ``[models.<name>]`` table."""
-    return Route(
-        name=name,
-        targets=tuple(
-            RouteTarget(
-                provider=t.provider,
-                model=t.model,
-                continuation=providers[t.provider].spec.continuation,
-                stream_usage=providers[t.provider].spec.stream_usage,
-                protocol=providers[t.provider].spec.protocol,
-            )
-            for t in targets
-        ),
-        policy=_policy(config),
-        budget=HedgeBudget(ratio=config.hedge_budget),
-        first_token_timeout=config.first_token_timeout,
-        continue_on_break=config.continue_on_break,
-    )
-
-
-def _build_router(resolved: Resolved, *, max_retries: int) -> Router:
-    """The routing engine for a resolved config: its routes, live stats and health."""
-    settings = resolved.routing
-    stats = LiveStats(
-        StatsSettings(
-            window=settings.window,
-            max_samples=settings.window_samples,
-            prompt_classes=tuple(settings.prompt_classes),
-            prior_ttft=settings.ttft_prior,
-        ),
-        journal=settings.stats_backend == "redis",
-    )
-    routes = {
-        name: _route(name, resolved.route_configs[name], targets, resolved.providers)
-        for name, targets in resolved.routes.items()
-    }
-    return Router(
-        routes,
-        stats=stats,
-        breaker_failures=settings.breaker_failures,
-        breaker_cooldown=settings.breaker_cooldown,
-        explore_share=settings.explore,
-        max_retries=max_retries,
-    )
-
-
-class _ServerPolling:
-    """Reads the self-hosted servers' ``/metrics`` (their queues feed the load-aware
-    policies) in the background, at most once a second while routed requests come."""
-
-    def __init__(self) -> None:
-        self._poller: MetricsPoller | None = None
-        self._next_at = 0.0
-
-    def poll(self, router: Router, providers: Mapping[str, ResolvedProvider]) -> None:
-        now = time.monotonic()
-        if now < self._next_at:
-            return
-        self._next_at = now + _METRICS_INTERVAL
-        servers = {
-            target.name: providers[target.provider]
-            for route in router.routes.values()
-            for target in route.targets
-            if providers[target.provider].kind == "sglang"
-        }
-        if not servers:
-            return
-        poller = self._poller
-        if poller is None or set(poller.urls) != set(servers):
-            if poller is not None:
-                spawn(poller.aclose, name="metrics poller close")
-            poller = self._poller = MetricsPoller(
-                {name: str(p.base_url) for name, p in servers.items()},
-                router.stats,
-                keys={name: p.api_key for name, p in servers.items() if p.api_key},
-                interval=_METRICS_INTERVAL,
-                clock=router._clock,
-            )
-        spawn(poller.poll_once, name="server metrics")
-
-    async def aclose(self) -> None:
-        if self._poller is not None:
-            await self._poller.aclose()
-            self._poller = None
-
-
-def _stats_sync(resolved: Resolved, router: Router) -> StatsSync | None:
-    """With ``stats_backend = "redis"``: the exchange of TTFT samples with the other instances."""
-    settings = resolved.routing
-    if settings.stats_backend != "redis":
-        return None
-    from .routing.shared import RedisStatsBackend
-
-    backend = RedisStatsBackend(
-        resolved.redis.url.get_secret_value(),
-        prefix=resolved.redis.prefix,
-        timeout=resolved.redis.timeout,
-        history=settings.window,
-    )
-    return StatsSync(
-        router.stats,
-        backend,
-        interval=settings.stats_sync,
-        targets={t.name for route in router.routes.values() for t in route.targets},
-    )
-
-
 def _header_choice(
     options: Mapping[str, str], header: str, default: str, choices: tuple[str, ...]
 ) -> str:
@@ -296,7 +145,7 @@ def _serves(provider: ResolvedProvider, kind: str) -> bool:
     if provider.spec.protocol == "anthropic":
         return False
     if kind == "responses":
-        return bool(getattr(provider.spec, "responses", False))
+        return provider.spec.responses
     return True
 
 
@@ -336,10 +185,10 @@ class Dispatch:
         self.providers: dict[str, ResolvedProvider] = (
             dict(resolved.providers) if config is not None else {}
         )
-        self.router = _build_router(resolved, max_retries=max_retries)
+        self.router = build_router(resolved, max_retries=max_retries)
         self.metrics = ClientMetrics(self.router.snapshot)
-        self.servers = _ServerPolling()
-        self.stats_sync = _stats_sync(resolved, self.router) if config is not None else None
+        self.servers = ServerPolling()
+        self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
         self.cache: ResponseCache | None = None
         self.cache_settings: CacheSettings | None = None
         if config is not None and resolved.cache is not None and resolved.cache.backend != "off":
@@ -631,12 +480,28 @@ class Dispatch:
         body = call.body
         targets = [t for t in route.targets if _serves(self.providers[t.provider], call.kind)]
         previous = body.get("previous_response_id") if call.kind == "responses" else None
-        if isinstance(previous, str) and previous in self.pins:
-            pinned = self.pins[previous]
-            targets = [t for t in targets if t.name == pinned] or targets
-        else:
-            order = {name: i for i, name in enumerate(self.router.order(route, body))}
-            targets.sort(key=lambda t: order.get(t.name, len(order)))
+        order = {name: i for i, name in enumerate(self.router.order(route, body))}
+        targets.sort(key=lambda t: order.get(t.name, len(order)))
+        if isinstance(previous, str):
+            # Only a target that keeps responses can continue one: the one that holds it when
+            # known (this client made it), else each that keeps responses, in the policy's order.
+            pinned = self.pins.get(previous)
+            targets = [
+                t
+                for t in targets
+                if (
+                    t.name == pinned if pinned else self.providers[t.provider].spec.responses_stored
+                )
+            ]
+            if not targets:
+                raise _bad_request(
+                    f"route {route.name!r}: no target keeps responses, so none can continue "
+                    f"previous_response_id {previous[:64]!r} (see `responses_stored` in the "
+                    "catalog)",
+                    param="previous_response_id",
+                )
+        # Targets whose circuit is open or that cool down after a 429 go last.
+        targets.sort(key=lambda t: not self.router.health(t.name).available())
         report = RouteReport(route=route.name, policy=route.policy.name)
         failures: dict[str, BaseException] = {}
         started = time.monotonic()
@@ -664,11 +529,15 @@ class Dispatch:
                         request, read_body=not call.stream, http=call.http
                     )
                 except (APIStatusError, APIConnectionError) as exc:
-                    record.outcome, record.error = "error", str(exc)[:200]
+                    record.outcome, record.error = "error", describe_error(exc)
                     failures[target.name] = exc
+                    if not (_not_held(exc) if isinstance(exc, APIStatusError) else False):
+                        self.router.record_call(target.name, elapsed=None, exc=exc)
                     if isinstance(exc, APIStatusError) and not should_retry_status(
                         exc.status_code, exc.response.headers, now=time.time()
                     ):
+                        if _not_held(exc) and previous is not None:
+                            break  # this target does not hold the response: ask the next
                         if 400 <= exc.status_code < 500 and exc.status_code not in (401, 403, 429):
                             raise  # the call itself is at fault: another target will not help
                         break
@@ -688,6 +557,9 @@ class Dispatch:
                     continue
                 record.outcome = "won"
                 record.ttft = timings.headers
+                self.router.record_call(
+                    target.name, elapsed=None if call.stream else timings.total, exc=None
+                )
                 report.winner, report.ttft = target.name, time.monotonic() - started
                 if call.kind == "responses" and not call.stream:
                     self._pin_from(response, target.name)
@@ -751,7 +623,7 @@ class Dispatch:
         existing = routes.get(model)
         if existing is None:
             config = route_config(model, {"targets": [str(t) for t in parsed], **route})
-            routes[model] = _route(model, config, parsed, self.providers)
+            routes[model] = route_for(model, config, parsed, self.providers)
             return
         if route:
             raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
@@ -759,7 +631,9 @@ class Dispatch:
             raise ConfigError(
                 f"models.{model}: a weighted route takes no new targets (each needs a weight)"
             )
-        new = _route(model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self.providers)
+        new = route_for(
+            model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self.providers
+        )
         known = {t.name for t in existing.targets}
         existing.targets += tuple(t for t in new.targets if t.name not in known)
 
@@ -776,6 +650,12 @@ class Dispatch:
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
+
+
+def _not_held(exc: APIStatusError) -> bool:
+    """A 404 saying the ``previous_response_id`` is not this target's."""
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    return exc.status_code == 404 and body.get("code") == "previous_response_not_found"
 
 
 def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:

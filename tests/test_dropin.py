@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 from openai._legacy_response import LegacyAPIResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ParsedChatCompletion
@@ -154,3 +155,107 @@ def test_the_sync_client_routes_too(sim: Simulator, sim_b: Simulator) -> None:
         assert raw.parse().route.winner == "a:sim-small"
         with pytest.raises(openai.BadRequestError, match="is a route"):
             c.images.generate(model="chat", prompt="a cat")
+
+
+# -- the Responses API on a route -----------------------------------------------------------------
+
+
+def responses_config(a: Simulator, b: Simulator, *, b_serves: bool = True) -> dict[str, Any]:
+    serves = {"responses": True, "responses_stored": True}
+    return {
+        "providers": {
+            "a": {"base_url": a.base_url, "api_key": KEY, **serves},
+            "b": {"base_url": b.base_url, "api_key": KEY, **(serves if b_serves else {})},
+        },
+        "models": {"chat": {"targets": ["a:sim-small", "b:sim-small"], "policy": "failover"}},
+        "routing": {"explore": 0},
+    }
+
+
+async def test_responses_on_a_route_stream_and_not(sim: Simulator, sim_b: Simulator) -> None:
+    async with AsyncOpenAI(
+        config=responses_config(sim, sim_b), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        done = await c.responses.create(model="chat", input="Say hello")
+        assert isinstance(done, openai.types.responses.Response)
+        assert done.output_text and done.route.winner == "a:sim-small"
+        stream = await c.responses.create(model="chat", input="Say hello", stream=True)
+        assert isinstance(stream, openai.AsyncStream)
+        events = [event async for event in stream]
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+async def test_previous_response_id_goes_to_the_target_that_holds_it(
+    sim: Simulator, sim_b: Simulator
+) -> None:
+    config = responses_config(sim, sim_b)
+    config["providers"]["a"]["headers"] = {"x-sim-fault": "500"}  # a fails every call
+    async with AsyncOpenAI(config=config, verify=sim.ssl_context(), max_retries=0) as c:
+        first = await c.responses.create(model="chat", input="Remember 7")
+        assert first.route.winner == "b:sim-small"
+        # The follow-up goes straight to b, which holds the response (a is not even asked).
+        follow = await c.responses.create(
+            model="chat", input="What number?", previous_response_id=first.id
+        )
+        assert [a.target for a in follow.route.attempts] == ["b:sim-small"]
+        # Streamed: the id arrives in response.created and pins the same way.
+        stream = await c.responses.create(model="chat", input="Again", stream=True)
+        created = [event async for event in stream][0]
+        again = await c.responses.create(
+            model="chat", input="And?", previous_response_id=created.response.id
+        )
+        assert [a.target for a in again.route.attempts] == ["b:sim-small"]
+    # A client that never saw the id asks each target that keeps responses in turn: a answers
+    # 404 previous_response_not_found, b holds it.
+    async with AsyncOpenAI(
+        config=responses_config(sim, sim_b), verify=sim.ssl_context(), max_retries=0
+    ) as fresh:
+        found = await fresh.responses.create(
+            model="chat", input="?", previous_response_id=first.id
+        )
+        assert found.route.winner == "b:sim-small"
+        assert [(a.target, a.outcome) for a in found.route.attempts] == [
+            ("a:sim-small", "error"),
+            ("b:sim-small", "won"),
+        ]
+
+
+async def test_responses_go_only_to_targets_that_serve_them(
+    sim: Simulator, sim_b: Simulator
+) -> None:
+    before = sim_b.stats()["requests"]
+    async with AsyncOpenAI(
+        config=responses_config(sim_b, sim, b_serves=False),
+        verify=sim.ssl_context(),
+        max_retries=0,
+    ) as c:
+        done = await c.responses.create(model="chat", input="hi")
+        assert done.route.winner == "a:sim-small"
+        assert [a.target for a in done.route.attempts] == ["a:sim-small"]
+    assert sim_b.stats()["requests"] == before + 1
+
+
+class City(pydantic.BaseModel):
+    name: str
+    population: int
+    landmarks: list[str]
+
+
+async def test_structured_output_on_a_route(sim: Simulator, sim_b: Simulator) -> None:
+    async with AsyncOpenAI(
+        config=responses_config(sim, sim_b), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        parsed = await c.chat.completions.parse(
+            model="chat", messages=MESSAGES, response_format=City
+        )
+        city = parsed.choices[0].message.parsed
+        assert isinstance(city, City) and parsed.route.winner == "a:sim-small"
+        beta = getattr(getattr(c, "beta", None), "chat", None)
+        if beta is not None:  # openai versions that still have beta.chat.completions.parse
+            again = await beta.completions.parse(
+                model="chat", messages=MESSAGES, response_format=City
+            )
+            assert isinstance(again.choices[0].message.parsed, City)
+        answer = await c.responses.parse(model="chat", input="A city", text_format=City)
+        assert isinstance(answer.output_parsed, City) and answer.route.winner == "a:sim-small"
