@@ -25,7 +25,7 @@ from ._errors import (
     UnprocessableEntityError,
 )
 from ._streaming import AsyncStream
-from ._sync import OpenAI
+from ._sync import OpenAI, Stream
 from ._types import AttemptReport, RouteReport, Timings
 from ._version import __version__
 from .routing.policies import (
@@ -72,6 +72,7 @@ __all__ = [
     "RequestBodyError",
     "RoundRobinPolicy",
     "RouteReport",
+    "Stream",
     "StreamInterrupted",
     "TargetSnapshot",
     "TargetUnavailable",

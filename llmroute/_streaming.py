@@ -1,14 +1,17 @@
-"""The async stream of chunks a streaming call returns, with its timings."""
+"""The streams a streaming chat call returns: subclasses of openai's ``AsyncStream`` and
+``Stream`` with llmroute's own decoding, their timings and route report."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import httpx
+import openai
 from openai.types.chat import ChatCompletionChunk
 
 from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
@@ -17,7 +20,7 @@ from .protocols.openai import ChatStreamDecoder, is_preamble_chunk, is_token_chu
 from .routing.engine import RoutedStream
 from .transport import body_receiver
 
-__all__ = ["AsyncStream"]
+__all__ = ["CALL_STARTED", "AsyncStream"]
 
 _T = TypeVar("_T")
 RetryHook = Callable[[int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]]
@@ -25,9 +28,30 @@ EndHook = Callable[["AsyncStream[Any]", "BaseException | None", bool], None]
 """Called once when a stream ends: with the exception it ended with (``None`` when it was read
 to its end or closed) and whether the answer was complete."""
 
+CALL_STARTED: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "llmroute_call_started", default=None
+)
+"""When the call being made in this context began (the monotonic clock): a stream that openai's
+machinery builds measures its timings from there."""
 
-class AsyncStream(Generic[_T]):
+
+def response_timings(response: Any, started: float | None) -> Timings:
+    """The timings of a response that has its headers: from ``started`` (now if unknown)."""
+    now = time.monotonic()
+    timings = Timings(started_at=started if started is not None else now)
+    timings.headers = now - timings.started_at
+    ext = getattr(response, "extensions", {}) or {}
+    timings.connection_reused = ext.get("llmroute.connection_reused")
+    timings.connect = ext.get("llmroute.connect_time")
+    version = ext.get("http_version")
+    timings.http_version = version.decode() if isinstance(version, bytes) else None
+    return timings
+
+
+class AsyncStream(openai.AsyncStream[_T]):
     """Chunks of one streamed answer, yielded the moment each SSE event is decoded.
+
+    An ``openai.AsyncStream`` (``isinstance`` holds), decoded by llmroute's own fast path.
 
     Iterate it with ``async for``; leave early with ``close()`` or an ``async with`` block: the
     underlying HTTP/2 stream is reset at once and the connection stays open. After a bare
@@ -42,7 +66,7 @@ class AsyncStream(Generic[_T]):
     iteration raises :class:`~llmroute.StreamInterrupted` with the partial text.
     """
 
-    response: httpx.Response
+    response: httpx.Response  # pyright: ignore[reportIncompatibleVariableOverride]
     timings: Timings
     route: RouteReport | None
     """How a routed request was served (winner, attempts, hedges, continuations); ``None``
@@ -51,19 +75,26 @@ class AsyncStream(Generic[_T]):
     def __init__(
         self,
         *,
+        cast_to: Any = ChatCompletionChunk,
         response: httpx.Response,
-        timings: Timings,
-        new_decoder: Callable[[], ChatStreamDecoder],
-        retry: RetryHook | None = None,
+        client: Any = None,
+        options: Any = None,
+        timings: Timings | None = None,
     ) -> None:
+        # As openai's machinery builds it, for a chat call that is not routed.
         self.response = response
-        self.timings = timings
-        self._new_decoder = new_decoder
-        self._retry = retry
+        self._cast_to = cast_to
+        self._client = client
+        self._options = options
+        self.timings = timings or response_timings(response, CALL_STARTED.get())
+        request = response.request
+        target = request.url.host
+        self._new_decoder = lambda: ChatStreamDecoder(request=request, target=target)
+        self._retry: RetryHook | None = None
         self.route = None
         self._routed: RoutedStream | None = None
         self._on_close: Callable[[], object] | None = None
-        self._decoder: ChatStreamDecoder | None = None
+        self._chat_decoder: ChatStreamDecoder | None = None
         self._complete = False
         self._closed = False
         self._on_end: EndHook | None = None
@@ -73,13 +104,14 @@ class AsyncStream(Generic[_T]):
     def _from_route(cls, routed: RoutedStream) -> AsyncStream[_T]:
         """A stream over a routed request (the engine has its first token already)."""
         self = cls.__new__(cls)
+        self._cast_to, self._client, self._options = ChatCompletionChunk, None, None
         self.response = routed.response
         self.timings = routed.timings
         self.route = routed.report
         self._routed = routed
         self._on_close = None
         self._retry = None
-        self._decoder = None
+        self._chat_decoder = None
         self._complete = False
         self._closed = False
         self._on_end = None
@@ -109,10 +141,11 @@ class AsyncStream(Generic[_T]):
         filled in as the chunks are read.
         """
         self = cls.__new__(cls)
+        self._cast_to, self._client, self._options = ChatCompletionChunk, None, None
         self.response, self.timings, self.route = response, timings, route
         self._routed = None
         self._retry = None
-        self._decoder = None
+        self._chat_decoder = None
         self._complete = False
         self._closed = False
         self._on_close = on_close
@@ -145,7 +178,7 @@ class AsyncStream(Generic[_T]):
             if aclose is not None:
                 await aclose()
 
-    def __aiter__(self) -> AsyncStream[_T]:
+    def __aiter__(self) -> AsyncStream[_T]:  # type: ignore[override]
         return self
 
     async def __anext__(self) -> _T:
@@ -157,7 +190,7 @@ class AsyncStream(Generic[_T]):
                 raise
             # A cancelled read ends the underlying generator; what follows must not look like
             # the end of a complete answer.
-            routed, decoder = self._routed, self._decoder
+            routed, decoder = self._routed, self._chat_decoder
             if routed is not None:
                 partial = routed.text
             else:
@@ -199,7 +232,7 @@ class AsyncStream(Generic[_T]):
         try:
             while True:
                 response, timings = self.response, self.timings
-                decoder = self._decoder = self._new_decoder()
+                decoder = self._chat_decoder = self._new_decoder()
                 request, started = response.request, timings.started_at
                 skipping = skip_preamble
                 failure: APIError | None = None
@@ -265,7 +298,7 @@ class AsyncStream(Generic[_T]):
         sent = await self._retry(timings.retries, failure)
         if sent is None:
             return False
-        self.response, self.timings = sent
+        self.response, self.timings = sent  # pyright: ignore[reportIncompatibleVariableOverride]
         return True
 
     async def close(self) -> None:
@@ -282,7 +315,7 @@ class AsyncStream(Generic[_T]):
         if self._routed is not None:
             self._routed.run.finish()
 
-    async def __aenter__(self) -> AsyncStream[_T]:
+    async def __aenter__(self) -> AsyncStream[_T]:  # type: ignore[override]
         return self
 
     async def __aexit__(

@@ -1,96 +1,90 @@
-"""``OpenAI``: the sync twin of ``AsyncOpenAI``, running it on a private event loop thread.
+"""``OpenAI``: openai's own sync client, with llmroute under it and on top of it.
 
-Each client starts one event loop in a daemon thread (anyio's blocking portal) and builds its
-``AsyncOpenAI`` there; every sync call runs the async one on that loop and waits for it. Nothing
-is implemented twice: resources are reached through generic proxies, so whatever the async
-client offers (a resource, a method, a paginator, a streaming-response context manager) is
-offered here as its sync form. Calls from several threads run concurrently on the loop.
+llmroute's transport and routing engine are async: each client family (a client and its
+copies) runs them on one private event loop in a daemon thread (anyio's blocking portal).
+openai's sync machinery sends over a bridge transport into that loop; a call whose model name is
+a route runs on the loop and comes back as openai's own types, a stream as :class:`Stream` (an
+``openai.Stream``). Calls from several threads run concurrently on the loop.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import functools
-import inspect
 import logging
 import os
-import ssl
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 import openai
-import pydantic
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from openai.types.chat import ChatCompletionChunk
 
-from ._client import DEFAULT_MAX_RETRIES, AsyncOpenAI
+from ._client import (
+    DEFAULT_TIMEOUT,
+    NO_KEY,
+    base_url_of,
+    is_raw,
+    post_parse,
+    prepare,
+    records,
+    wrap_raw,
+)
 from ._config import Config
-from ._streaming import AsyncStream
+from ._dispatch import Call, Dispatch, attach, missing_key_error
+from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
+from ._streaming import AsyncStream, response_timings
 from ._types import RouteReport, Timings
+from ._upstream import body_errors, to_timeout
 from .metrics import ClientMetrics
+from .protocols.openai import ChatStreamDecoder, is_token_chunk
 from .routing.stats import TargetSnapshot
 
-__all__ = ["OpenAI", "Stream"]
+__all__ = ["ClientClosedError", "OpenAI", "Stream"]
 
 log = logging.getLogger("llmroute")
 
 _T = TypeVar("_T")
 _NOT_GIVEN: Any = openai.NOT_GIVEN
-_CLOSE_TIMEOUT = 5.0  # seconds: closing the async client, then stopping the loop
-# Values that are returned as they are, never wrapped (httpx.Response has async methods too).
-_PLAIN = (
-    str,
-    bytes,
-    int,
-    float,
-    bool,
-    type(None),
-    list,
-    tuple,
-    dict,
-    set,
-    frozenset,
-    type,
-    BaseException,
-    pydantic.BaseModel,
-    httpx.Response,
-    httpx.Request,
-    httpx.URL,
-    httpx.Headers,
-    httpx.Timeout,
-    Timings,
-    RouteReport,
-)
+_CLOSE_TIMEOUT = 5.0  # seconds: closing the routing state, then stopping the loop
+
+
+class ClientClosedError(RuntimeError):
+    """Raised when a sync client (or a stream of it) is used after it was closed."""
 
 
 class _Runtime:
-    """One event loop thread and the root ``AsyncOpenAI`` built on it; shared with copies.
+    """One event loop thread and the routing state built on it; shared with copies.
 
-    Shut down by :meth:`close`, or when the last client, copy, proxy or stream using it is
+    Shut down by :meth:`close`, or when the last client, copy or stream using it is
     garbage-collected, or at interpreter exit (``weakref.finalize``), with bounded waits.
     """
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, kwargs: dict[str, Any], config: object, verify: object) -> None:
         manager = start_blocking_portal("asyncio", name="llmroute-loop")
         portal = manager.__enter__()
         thread_id = portal.call(threading.get_ident)
         thread = next(t for t in threading.enumerate() if t.ident == thread_id)
         try:
-            root = portal.call(functools.partial(AsyncOpenAI, **options))
+            # Built on the loop: its locks and connections belong there.
+            dispatch, missing = portal.call(
+                functools.partial(prepare, kwargs, config, verify, None)
+            )
         except BaseException:
             _shutdown(portal, manager, thread, None)
             raise
         self.portal: BlockingPortal = portal
         self.thread = thread
-        self.root = root
+        self.dispatch: Dispatch = dispatch
+        self.missing_key = missing
         self.pid = os.getpid()
-        self._finalizer = weakref.finalize(self, _shutdown, portal, manager, thread, root)
+        self._finalizer = weakref.finalize(self, _shutdown, portal, manager, thread, dispatch)
 
     @property
     def closed(self) -> bool:
@@ -98,6 +92,54 @@ class _Runtime:
 
     def close(self) -> None:
         self._finalizer()
+
+    def check(self) -> None:
+        """Raise :class:`ClientClosedError` if the loop cannot be used from here."""
+        if self.closed:
+            raise ClientClosedError("The client has been closed")
+        if self.pid != os.getpid():
+            raise ClientClosedError(
+                "This llmroute.OpenAI was created before os.fork(): its event loop thread does "
+                "not exist in this process; create a new client here"
+            )
+
+    def call(
+        self,
+        func: Callable[..., Any],
+        /,
+        *args: Any,
+        started: Callable[[concurrent.futures.Future[Any]], None] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``func(*args, **kwargs)`` on the loop (awaiting what it returns), and wait.
+
+        ``started`` is given the call's future as soon as it is scheduled (a stream keeps it,
+        so that another thread can cancel a read in progress)."""
+        self.check()
+        if threading.get_ident() == self.thread.ident:
+            raise RuntimeError(
+                "llmroute.OpenAI was called from its own event loop thread, where it would wait "
+                "for itself; use llmroute.AsyncOpenAI in async code"
+            )
+        target = functools.partial(func, *args, **kwargs) if args or kwargs else func
+        try:
+            future = self.portal.start_task_soon(target)
+            if started is not None:
+                started(future)
+        except RuntimeError:
+            if self.closed:
+                raise ClientClosedError("The client has been closed") from None
+            raise
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self.closed:
+                raise ClientClosedError("The client was closed during the call") from None
+            raise
+        except BaseException:
+            if not future.done():  # KeyboardInterrupt and the like: stop the async call too
+                future.cancel()
+            raise
 
 
 _abandoned: list[object] = []  # loop threads that did not stop in time, left to the exit
@@ -107,19 +149,19 @@ def _shutdown(
     portal: BlockingPortal,
     manager: AbstractContextManager[BlockingPortal],
     thread: threading.Thread,
-    root: AsyncOpenAI | None,
+    dispatch: Dispatch | None,
 ) -> None:
-    """Close ``root`` on its loop, then stop the loop and join its thread, each bounded."""
+    """Close ``dispatch`` on its loop, then stop the loop and join its thread, each bounded."""
     if threading.get_ident() == thread.ident:
         # Collected on the loop thread itself (a reference cycle): it cannot wait for itself.
         helper = threading.Thread(
-            target=_shutdown, args=(portal, manager, thread, root), daemon=True
+            target=_shutdown, args=(portal, manager, thread, dispatch), daemon=True
         )
         helper.start()
         return
-    if root is not None:
+    if dispatch is not None:
         try:
-            portal.start_task_soon(root.close).result(_CLOSE_TIMEOUT)
+            portal.start_task_soon(dispatch.aclose).result(_CLOSE_TIMEOUT)
         except concurrent.futures.TimeoutError:
             log.warning("llmroute.OpenAI: closing the client took over %ss", _CLOSE_TIMEOUT)
         except Exception as exc:  # the loop is gone, or closing failed: stop anyway
@@ -137,8 +179,270 @@ def _shutdown(
     manager.__exit__(None, None, None)
 
 
-def _close_soon(binding: _Binding, stream: AsyncStream[Any]) -> None:
-    runtime = binding.runtime
+class _Reads:
+    """What a sync reader of the loop and whoever closes it share: the read in progress."""
+
+    __slots__ = ("closed", "reading")
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.reading: concurrent.futures.Future[Any] | None = None
+
+    def started(self, future: concurrent.futures.Future[Any]) -> None:
+        self.reading = future
+
+    def cancel(self) -> None:
+        self.closed = True
+        reading = self.reading
+        if reading is not None and not reading.done():
+            reading.cancel()
+
+
+class _BridgedBody(httpx.SyncByteStream):
+    """A response body read on the loop, one chunk per call, for sync readers. ``close()``
+    may come from another thread while one reads: that read ends as the body's end."""
+
+    def __init__(self, runtime: _Runtime, stream: Any) -> None:
+        self._runtime = runtime
+        self._stream = stream
+        self._reads = _Reads()
+
+    def __iter__(self) -> Iterator[bytes]:
+        runtime, reads = self._runtime, self._reads
+        iterator = runtime.call(_aiter, self._stream)
+        while not reads.closed:
+            try:
+                chunk = runtime.call(iterator.__anext__, started=reads.started)
+            except StopAsyncIteration:
+                return
+            except concurrent.futures.CancelledError:
+                if reads.closed:
+                    return
+                raise
+            yield chunk
+
+    def close(self) -> None:
+        runtime, reads = self._runtime, self._reads
+        if reads.closed and reads.reading is None:
+            return
+        reads.cancel()
+        if runtime.closed or runtime.pid != os.getpid():
+            return
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is None:
+            return
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        while True:  # a cancelled read unwinds on the loop a moment after its future says so
+            try:
+                runtime.call(aclose)
+                return
+            except RuntimeError as exc:
+                if "already running" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+
+async def _aiter(stream: Any) -> Any:
+    return stream.__aiter__()
+
+
+def bridged(runtime: _Runtime, response: httpx.Response, request: Any = None) -> httpx.Response:
+    """A sync ``httpx.Response`` over an async one whose body is read on the loop."""
+    body = response.stream
+    if getattr(response, "_content", None) is not None:
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=response.content,
+            extensions=response.extensions,
+            request=request or response.request,
+        )
+    return httpx.Response(
+        response.status_code,
+        headers=response.headers,
+        stream=_BridgedBody(runtime, body),
+        extensions=response.extensions,
+        request=request or response.request,
+    )
+
+
+class _BridgeTransport(httpx.BaseTransport):
+    """openai's sync requests, sent by llmroute's async transport on the client's loop."""
+
+    def __init__(self, runtime: _Runtime) -> None:
+        self._runtime = runtime
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        content = request.read()
+        sent = httpx.Request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            content=content,
+            extensions=request.extensions,
+        )
+        transport = self._runtime.dispatch.transport
+        response = self._runtime.call(transport.handle_async_request, sent)
+        return bridged(self._runtime, response, request)
+
+    def close(self) -> None:
+        pass  # the transport is the routing state's, closed with it
+
+
+class Stream(openai.Stream[_T]):
+    """A streamed chat answer for sync code: an ``openai.Stream`` with llmroute's decoding,
+    ``timings`` and ``route``.
+
+    ``close()`` (or leaving a ``with`` block) resets an unfinished HTTP/2 stream at once, also
+    from another thread while one reads it; after a bare ``break`` the reset goes out as soon
+    as the stream object is dropped. A stream never ends quietly with a truncated answer: it
+    raises :class:`~llmroute.StreamInterrupted`.
+    """
+
+    response: httpx.Response  # pyright: ignore[reportIncompatibleVariableOverride]
+    timings: Timings
+    route: RouteReport | None
+
+    def __init__(
+        self,
+        *,
+        cast_to: Any = ChatCompletionChunk,
+        response: httpx.Response,
+        client: Any = None,
+        options: Any = None,
+    ) -> None:
+        # As openai's machinery builds it, for a chat call that is not routed.
+        self.response = response
+        self._cast_to, self._client, self._options = cast_to, client, options
+        self.timings = response_timings(response, None)
+        self.route = None
+        self._async: AsyncStream[Any] | None = None
+        self._runtime: _Runtime | None = None
+        self._reads = _Reads()
+        self._iterator = _decode(response, self.timings, self._reads)
+
+    @classmethod
+    def _over(cls, runtime: _Runtime, stream: AsyncStream[Any]) -> Stream[Any]:
+        """The sync form of a stream that runs on the loop (a routed or cached answer)."""
+        self = cls.__new__(cls)
+        self._cast_to, self._client, self._options = ChatCompletionChunk, None, None
+        self._async, self._runtime = stream, runtime
+        self.response, self.timings, self.route = stream.response, stream.timings, stream.route
+        self._reads = reads = _Reads()
+        self._iterator = _relay(runtime, stream, reads)
+        # Dropped without close() (a bare break): release the upstream stream at once.
+        weakref.finalize(self, _close_soon, runtime, stream)
+        return self
+
+    def __next__(self) -> _T:
+        if self._reads.closed:
+            raise StopIteration
+        value = self._iterator.__next__()
+        if self._async is not None:
+            self.response = self._async.response  # a continuation switches responses  # pyright: ignore[reportIncompatibleVariableOverride]
+        return value
+
+    def __iter__(self) -> Iterator[_T]:  # type: ignore[override]
+        return self
+
+    def close(self) -> None:
+        """Stop reading and release the stream (resets the HTTP/2 stream if unfinished).
+
+        May be called from another thread while one reads it: that read ends."""
+        reads = self._reads
+        if reads.closed:
+            return
+        runtime, stream = self._runtime, self._async
+        if stream is None or runtime is None:
+            reads.closed = True
+            try:
+                cast(Any, self._iterator).close()
+            except ValueError:  # being read in another thread: that read ends with the body
+                pass
+            self.response.close()
+            return
+        reads.cancel()
+        if runtime.closed:
+            return
+        deadline = time.monotonic() + _CLOSE_TIMEOUT
+        while True:  # a cancelled read unwinds on the loop a moment after its future says so
+            try:
+                runtime.call(stream.close)
+                return
+            except RuntimeError as exc:
+                if "already running" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+    def __enter__(self) -> Stream[_T]:  # type: ignore[override]
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _relay(runtime: _Runtime, stream: AsyncStream[Any], reads: _Reads) -> Iterator[Any]:
+    """The chunks of a stream that runs on the loop (no reference to the sync stream, so
+    dropping that one releases this at once)."""
+    while not reads.closed:
+        try:
+            yield runtime.call(stream.__anext__, started=reads.started)
+        except StopAsyncIteration:
+            return
+        except concurrent.futures.CancelledError:
+            if reads.closed:  # closed by another thread while this one was reading
+                return
+            raise
+
+
+def _decode(response: httpx.Response, timings: Timings, reads: _Reads) -> Iterator[Any]:
+    """A direct chat stream's chunks, decoded from its sync response as bytes arrive."""
+    request = response.request
+    decoder = ChatStreamDecoder(request=request, target=request.url.host)
+    clock, started = time.monotonic, timings.started_at
+    try:
+        with map_transport_errors(request):
+            for data in response.iter_raw():
+                if timings.first_byte is None:
+                    timings.first_byte = clock() - started
+                for chunk in decoder.feed(data):
+                    if is_token_chunk(chunk):
+                        timings.tokens += 1
+                        if timings.first_token is None:
+                            timings.first_token = clock() - started
+                    yield chunk
+                if decoder.done:
+                    break
+            if not decoder.done:
+                yield from decoder.close()
+    except APIConnectionError as exc:
+        if timings.tokens:
+            raise StreamInterrupted(
+                f"The stream broke after {timings.tokens} tokens: {exc.message}",
+                request,
+                partial_text=decoder.text,
+                cause=exc.__cause__ or exc,
+            ) from exc
+        raise
+    finally:
+        timings.total = clock() - started
+        response.close()
+    if not (decoder.done or decoder.finished) and not reads.closed:
+        raise StreamInterrupted(
+            "The stream ended before the answer was complete (no [DONE] and no "
+            "finish_reason); the text so far is in .partial_text.",
+            request,
+            partial_text=decoder.text,
+            cause=None,
+        )
+
+
+def _close_soon(runtime: _Runtime, stream: AsyncStream[Any]) -> None:
     if runtime.closed or runtime.pid != os.getpid():
         return
     try:
@@ -147,452 +451,186 @@ def _close_soon(binding: _Binding, stream: AsyncStream[Any]) -> None:
         pass  # the loop is stopping: it closes everything itself
 
 
-class ClientClosedError(RuntimeError):
-    """Raised when a sync client (or a stream of it) is used after it was closed."""
+def _pinned(events: Iterator[Any], dispatch: Dispatch, target: str | None) -> Iterator[Any]:
+    for event in events:
+        if target is not None and getattr(event, "type", None) == "response.created":
+            rid = getattr(getattr(event, "response", None), "id", None)
+            if isinstance(rid, str):
+                dispatch.pin(rid, target)
+        yield event
 
 
-class _Binding:
-    """What every proxy of one sync client holds: the runtime and the client's closed flag."""
+class OpenAI(openai.OpenAI):
+    """openai's ``OpenAI`` with llmroute's transport and routing (see :class:`AsyncOpenAI`).
 
-    __slots__ = ("closed", "runtime")
-
-    def __init__(self, runtime: _Runtime) -> None:
-        self.runtime = runtime
-        self.closed = False
-
-    def call(
-        self,
-        func: Callable[..., Any],
-        /,
-        *args: Any,
-        started: Callable[[concurrent.futures.Future[Any]], None] | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """Run ``func(*args, **kwargs)`` on the loop (awaiting what it returns), and wait.
-
-        ``started`` is given the call's future as soon as it is scheduled (a stream keeps it,
-        so that another thread can cancel a read in progress)."""
-        runtime = self.runtime
-        if self.closed or runtime.closed:
-            raise ClientClosedError("The client has been closed")
-        if runtime.pid != os.getpid():
-            raise ClientClosedError(
-                "This llmroute.OpenAI was created before os.fork(): its event loop thread does "
-                "not exist in this process; create a new client here"
-            )
-        if threading.get_ident() == runtime.thread.ident:
-            raise RuntimeError(
-                "llmroute.OpenAI was called from its own event loop thread, where it would wait "
-                "for itself; use llmroute.AsyncOpenAI in async code"
-            )
-        target = functools.partial(func, *args, **kwargs) if args or kwargs else func
-        try:
-            future = runtime.portal.start_task_soon(target)
-            if started is not None:
-                started(future)
-        except RuntimeError:
-            if runtime.closed:
-                raise ClientClosedError("The client has been closed") from None
-            raise
-        try:
-            return future.result()
-        except concurrent.futures.CancelledError:
-            if runtime.closed:
-                raise ClientClosedError("The client was closed during the call") from None
-            raise
-        except BaseException:
-            if not future.done():  # KeyboardInterrupt and the like: stop the async call too
-                future.cancel()
-            raise
-
-    def wrap(self, value: Any) -> Any:
-        """The sync form of a value the async client gave."""
-        if isinstance(value, AsyncStream):
-            return Stream(self, value)
-        kind = _proxy_kind(type(value))
-        return value if kind is None else kind(self, value)
-
-
-@functools.lru_cache(maxsize=256)
-def _proxy_kind(cls: type) -> type[_Proxy] | None:
-    """Which proxy a value of ``cls`` needs, or ``None`` for a value returned as it is.
-
-    Async-iterables (pages) and async context managers always need one; so do the async
-    client's resources and responses: llmroute's own classes other than records, and classes
-    with async methods, except the plain values in ``_PLAIN``.
-    """
-    iterable = hasattr(cls, "__aiter__")
-    context = hasattr(cls, "__aenter__")
-    if iterable and context:
-        return _IterableContextProxy
-    if iterable:
-        return _IterableProxy
-    if context:
-        return _ContextProxy
-    if issubclass(cls, _PLAIN) or dataclasses.is_dataclass(cls):
-        return None
-    if (
-        cls.__module__.startswith("llmroute.")
-        or cls.__name__.startswith("Async")
-        or any(
-            inspect.iscoroutinefunction(getattr(cls, name, None))
-            or inspect.isasyncgenfunction(getattr(cls, name, None))
-            for name in dir(cls)
-            if not name.startswith("__")
-        )
-    ):
-        return _Proxy
-    return None
-
-
-class _Proxy:
-    """The sync face of an async object: methods run on the loop, results are wrapped too."""
-
-    __slots__ = ("_binding", "_target")
-
-    def __init__(self, binding: _Binding, target: Any) -> None:
-        self._binding = binding
-        self._target = target
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = getattr(self._target, name)
-        if callable(value) and not isinstance(value, type):
-            return _method(self._binding, value)
-        return self._binding.wrap(value)
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(self._target)) - {"__aiter__", "__aenter__", "__aexit__"})
-
-    def __repr__(self) -> str:
-        return f"<sync {self._target!r}>"
-
-
-def _method(binding: _Binding, func: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(func)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return binding.wrap(binding.call(func, *args, **kwargs))
-
-    return call
-
-
-class _IterableProxy(_Proxy):
-    __slots__ = ()
-
-    def __iter__(self) -> _SyncIterator:
-        binding = self._binding
-        return _SyncIterator(binding, binding.call(self._target.__aiter__))
-
-
-class _ContextProxy(_Proxy):
-    __slots__ = ()
-
-    def __enter__(self) -> Any:
-        return self._binding.wrap(self._binding.call(self._target.__aenter__))
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        return self._binding.call(self._target.__aexit__, exc_type, exc, tb)
-
-
-class _IterableContextProxy(_IterableProxy, _ContextProxy):
-    __slots__ = ()
-
-
-class _SyncIterator:
-    """Iterates an async iterator, one ``__anext__`` on the loop per item."""
-
-    def __init__(self, binding: _Binding, iterator: Any) -> None:
-        self._binding = binding
-        self._iterator = iterator
-
-    def __iter__(self) -> _SyncIterator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            return self._binding.wrap(self._binding.call(self._iterator.__anext__))
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    def close(self) -> None:
-        aclose = getattr(self._iterator, "aclose", None)
-        if aclose is not None and not (self._binding.closed or self._binding.runtime.closed):
-            self._binding.call(aclose)
-
-
-class Stream(Generic[_T]):
-    """The sync form of :class:`~llmroute.AsyncStream`: ``for chunk in stream``, ``with stream``.
-
-    Each item is one ``__anext__`` of the async stream on the client's loop. ``close()`` (or
-    leaving a ``with`` block) resets an unfinished HTTP/2 stream at once; after a bare ``break``
-    the reset is scheduled as soon as the stream object is dropped.
-    """
-
-    def __init__(self, binding: _Binding, stream: AsyncStream[_T]) -> None:
-        self._binding = binding
-        self._stream = stream
-        self._closed = False
-        self._reading: concurrent.futures.Future[Any] | None = None
-        # Dropped without close() (a bare break): release the upstream stream at once, without
-        # waiting, from whatever thread drops it.
-        weakref.finalize(self, _close_soon, binding, stream)
-
-    @property
-    def response(self) -> httpx.Response:
-        return self._stream.response
-
-    @property
-    def timings(self) -> Timings:
-        return self._stream.timings
-
-    @property
-    def route(self) -> RouteReport | None:
-        return self._stream.route
-
-    def __iter__(self) -> Stream[_T]:
-        return self
-
-    def __next__(self) -> _T:
-        if self._closed:
-            raise StopIteration
-        try:
-            return self._binding.call(self._stream.__anext__, started=self._started)
-        except StopAsyncIteration:
-            raise StopIteration from None
-        except concurrent.futures.CancelledError:
-            if self._closed:  # closed by another thread while this one was reading
-                raise StopIteration from None
-            raise
-
-    def _started(self, future: concurrent.futures.Future[Any]) -> None:
-        self._reading = future
-
-    def close(self) -> None:
-        """Stop reading and release the stream (resets the HTTP/2 stream if unfinished).
-
-        May be called from another thread while one reads it: that read ends (the reader's
-        loop stops as at the end of the stream)."""
-        if self._closed:
-            return
-        self._closed = True
-        binding = self._binding
-        if binding.closed or binding.runtime.closed:
-            return
-        reading = self._reading
-        if reading is not None and not reading.done():
-            reading.cancel()
-        # The cancelled read unwinds on the loop a moment after its future says so: until it
-        # has, the async stream is still running and cannot be closed (bounded retries).
-        deadline = time.monotonic() + _CLOSE_TIMEOUT
-        while True:
-            try:
-                binding.call(self._stream.close)
-                return
-            except RuntimeError as exc:
-                if "already running" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.005)
-
-    def __enter__(self) -> Stream[_T]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self._binding.wrap(getattr(self._stream, name))
-
-
-class OpenAI:
-    """A drop-in replacement for ``openai.OpenAI``, with :class:`AsyncOpenAI`'s routing.
-
-    Takes ``AsyncOpenAI``'s constructor arguments (``config=`` and ``verify=`` included) and
-    offers its resources as sync calls: ``client.chat.completions.create(...)`` returns openai's
-    ``ChatCompletion``, or with ``stream=True`` a :class:`Stream` of chunks; errors are the
-    async client's own exception objects (openai's types).
-
-    The async client runs on a private event loop in a daemon thread, started here and stopped
-    by :meth:`close` (or ``with``), when the client is garbage-collected, or at interpreter exit.
-    Safe to use from many threads at once: their calls run concurrently on that loop. It may be
-    called from a coroutine on another event loop, but blocks that loop while it waits; use
-    ``AsyncOpenAI`` there. ``http_client``, if given, must be an ``httpx.AsyncClient``.
+    Takes every constructor argument of the installed openai version, plus ``config`` and
+    ``verify``. The routing runs on a private event loop in a daemon thread, started here and
+    stopped by :meth:`close` (or ``with``), when the client is garbage-collected, or at
+    interpreter exit. Safe to use from many threads at once. A given ``http_client`` (an
+    ``httpx.Client``, as openai takes) carries openai's requests; routed calls still use
+    llmroute's transport.
     """
 
     def __init__(
         self,
-        *,
-        api_key: str | Callable[[], Any] | None = None,
-        organization: str | None = None,
-        project: str | None = None,
-        base_url: str | httpx.URL | None = None,
-        timeout: Any = _NOT_GIVEN,
-        max_retries: int = DEFAULT_MAX_RETRIES,
-        default_headers: Mapping[str, str] | None = None,
-        default_query: Mapping[str, object] | None = None,
-        http_client: httpx.AsyncClient | None = None,
-        verify: ssl.SSLContext | str | bool = True,
+        *args: Any,
         config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        **unsupported: Any,
+        verify: Any = True,
+        _llmroute: _Runtime | None = None,
+        **kwargs: Any,
     ) -> None:
-        if unsupported:
-            names = ", ".join(sorted(unsupported))
-            raise TypeError(f"OpenAI() got unsupported argument(s): {names}")
-        _check_http_client(http_client)
-        runtime = _Runtime(
-            {
-                "api_key": api_key,
-                "organization": organization,
-                "project": project,
-                "base_url": base_url,
-                "timeout": timeout,
-                "max_retries": max_retries,
-                "default_headers": default_headers,
-                "default_query": default_query,
-                "http_client": http_client,
-                "verify": verify,
-                "config": config,
-            }
-        )
-        self._binding = _Binding(runtime)
-        self._async: AsyncOpenAI = runtime.root
-        self._owner = True
+        owner = _llmroute is None
+        if _llmroute is None:
+            runtime = _Runtime(kwargs, config, verify)
+            missing = runtime.missing_key
+        else:
+            runtime = _llmroute
+            _, missing = prepare(kwargs, config, verify, runtime.dispatch)
+        if kwargs.get("http_client") is None:
+            http = httpx.Client(
+                transport=_BridgeTransport(runtime),
+                timeout=DEFAULT_TIMEOUT,
+                follow_redirects=True,
+            )
+            http._llmroute_owned = True  # type: ignore[attr-defined]
+            kwargs["http_client"] = http
+        base_url_of(kwargs)  # a bad base URL fails here, before any request
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            if owner:
+                runtime.close()
+            raise
+        self._llmroute = runtime
+        self._llmroute_owner = owner
+        self._llmroute_closed = False
+        self._missing_key = missing or self.api_key == NO_KEY
 
-    @classmethod
-    def _copy_of(cls, runtime: _Runtime, client: AsyncOpenAI) -> OpenAI:
-        self = object.__new__(cls)
-        self._binding = _Binding(runtime)
-        self._async = client
-        self._owner = False
-        return self
+    def copy(self, *args: Any, _extra_kwargs: Mapping[str, Any] = {}, **kwargs: Any) -> Any:
+        """openai's ``copy``/``with_options``: the copy shares the loop thread, routes, stats,
+        cache and connections. Closing the copy leaves this client open."""
+        extra = {**_extra_kwargs, "_llmroute": self._llmroute}
+        return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
-    # -- attributes and resources, all the async client's ------------------------------------
+    with_options = copy  # type: ignore[assignment]
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_binding", "_async", "_owner"):
-            raise AttributeError(name)
-        value = getattr(self._async, name)
-        if callable(value) and not isinstance(value, type):
-            return _method(self._binding, value)
-        return self._binding.wrap(value)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name.startswith("_"):
-            object.__setattr__(self, name, value)
-        else:  # openai's options (max_retries, timeout, ...) live on the async client
-            setattr(self._async, name, value)
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(super().__dir__()) | set(dir(self._async)))
-
-    @property
-    def chat(self) -> Any:
-        """``client.chat.completions.create(...)``, as openai's sync client has it."""
-        return self._binding.wrap(self._async.chat)
-
-    # -- the client's own methods -----------------------------------------------------------
-
-    def with_options(
+    def request(  # type: ignore[override]
         self,
+        cast_to: Any,
+        options: Any,
         *,
-        api_key: str | Callable[[], Any] | None = None,
-        organization: str | None = None,
-        project: str | None = None,
-        base_url: str | httpx.URL | None = None,
-        timeout: Any = _NOT_GIVEN,
-        max_retries: int | None = None,
-        default_headers: Mapping[str, str] | None = None,
-        set_default_headers: Mapping[str, str] | None = None,
-        default_query: Mapping[str, object] | None = None,
-        set_default_query: Mapping[str, object] | None = None,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> OpenAI:
-        """A copy of this client with some options changed; it shares the loop thread and the
-        connections. Closing the copy leaves this client open; closing this one ends both."""
-        _check_http_client(http_client)
-        clone = self._binding.call(
-            self._async.with_options,
-            api_key=api_key,
-            organization=organization,
-            project=project,
-            base_url=base_url,
-            timeout=timeout,
-            max_retries=max_retries,
-            default_headers=default_headers,
-            set_default_headers=set_default_headers,
-            default_query=default_query,
-            set_default_query=set_default_query,
-            http_client=http_client,
-        )
-        return OpenAI._copy_of(self._binding.runtime, clone)
+        stream: bool = False,
+        stream_cls: Any = None,
+    ) -> Any:
+        with body_errors():
+            return self._serve(cast_to, options, stream, stream_cls)
 
-    copy = with_options
+    def _serve(self, cast_to: Any, options: Any, stream: bool, stream_cls: Any) -> Any:
+        runtime = self._llmroute
+        if self._llmroute_closed:
+            raise ClientClosedError("The client has been closed")
+        runtime.check()  # before openai's machinery, which would wrap it in a connection error
+        dispatch = runtime.dispatch
+        timeout = options.timeout
+        limits = to_timeout(self.timeout if isinstance(timeout, type(_NOT_GIVEN)) else timeout)
+        call = dispatch.classify(options, timeout=limits)
+        if (call is None or call.route is None) and self._missing_key:
+            model = options.json_data.get("model") if call is not None else None
+            raise missing_key_error(model)
+        if call is None:
+            return super().request(cast_to, options, stream=stream, stream_cls=stream_cls)
+        if call.route is None:
+            started = time.monotonic()
+            chunk_cls = Stream[Any] if stream else stream_cls
+            result = super().request(cast_to, options, stream=stream, stream_cls=chunk_cls)
+            if isinstance(result, Stream):
+                result.timings.started_at = started
+            elif not is_raw(options) and result is not None:
+                attach(result, Timings(started_at=started), None, started)
+            return result
+        _describe(self, call)
+        cast_to = self._maybe_override_cast_to(cast_to, options)
+        if call.kind == "chat":
+            outcome = runtime.call(dispatch.chat, call, _unreachable)
+            result = outcome.result
+            if isinstance(result, AsyncStream):
+                result = Stream._over(runtime, result)
+            else:
+                result = post_parse(result, options)
+            return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
+        outcome = runtime.call(dispatch.other, call)
+        response = bridged(runtime, outcome.response)
+        result = self._process_response(
+            cast_to=cast_to,
+            options=options,
+            response=cast(Any, response),
+            stream=stream,
+            stream_cls=stream_cls,
+            retries_taken=outcome.retries,
+        )
+        report = getattr(outcome.response, "_llmroute_route", None)
+        if isinstance(result, openai.Stream) and call.kind == "responses":
+            result._iterator = _pinned(result._iterator, dispatch, getattr(report, "winner", None))
+        records(result, outcome.response)
+        return result
 
     def warmup(self) -> None:
         """Open the connections now (see :meth:`AsyncOpenAI.warmup`)."""
-        self._binding.call(self._async.warmup)
+        dispatch = self._llmroute.dispatch
+        default = (
+            httpx.URL(str(self.base_url))
+            if not dispatch.configured or (dispatch.default_provider is not None)
+            else None
+        )
+        connect = to_timeout(self.timeout).connect
+        self._llmroute.call(dispatch.warmup, default, connect)
 
     def stats(self) -> dict[str, TargetSnapshot]:
         """A snapshot of every routed target's live stats (see :meth:`AsyncOpenAI.stats`)."""
-        return self._binding.call(self._async.stats)
+        return self._llmroute.call(_stats, self._llmroute.dispatch)
 
     @property
     def metrics(self) -> ClientMetrics:
         """This client's Prometheus metrics (see :attr:`AsyncOpenAI.metrics`)."""
-        return self._async.metrics
+        return self._llmroute.dispatch.metrics
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time (see :meth:`AsyncOpenAI.add_provider`)."""
-        self._binding.call(self._async.add_provider, name, table)
+        self._llmroute.dispatch.add_provider(name, table)
 
     def add_targets(self, model: str, targets: Any, **route: Any) -> None:
         """Add targets to a route, creating it (see :meth:`AsyncOpenAI.add_targets`)."""
-        self._binding.call(self._async.add_targets, model, list(targets), **route)
+        self._llmroute.dispatch.add_targets(model, list(targets), **route)
 
     def is_closed(self) -> bool:
         """Whether this client (or the one it is a copy of) was closed, as openai's."""
-        return self._binding.closed or self._binding.runtime.closed
+        return self._llmroute_closed or self._llmroute.closed or super().is_closed()
 
     def close(self) -> None:
         """Close the connections and stop the event loop thread (a copy only marks itself
         closed: the connections are its original's). Idempotent."""
-        binding = self._binding
-        if binding.closed:
+        if self._llmroute_closed:
             return
-        binding.closed = True
-        if self._owner:
-            binding.runtime.close()
-
-    def __enter__(self) -> OpenAI:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+        self._llmroute_closed = True
+        if self._llmroute_owner:
+            if not getattr(self._client, "_llmroute_owned", False):
+                super().close()
+            self._llmroute.close()
 
     def __repr__(self) -> str:
-        return repr(self._async).replace("llmroute.AsyncOpenAI", "llmroute.OpenAI", 1)
+        routes = self._llmroute.dispatch.router.routes
+        shown = f" routes={sorted(routes)!r}" if routes else ""
+        return f"<llmroute.OpenAI base_url={str(self.base_url)!r}{shown}>"
 
 
-def _check_http_client(http_client: object) -> None:
-    if http_client is not None and not isinstance(http_client, httpx.AsyncClient):
-        raise TypeError(
-            "llmroute.OpenAI runs its requests on an event loop: http_client must be an "
-            f"httpx.AsyncClient (or None), not {type(http_client).__name__}"
-        )
+async def _stats(dispatch: Dispatch) -> dict[str, TargetSnapshot]:
+    return dispatch.stats()
+
+
+async def _unreachable() -> Any:
+    raise AssertionError("a routed call has no direct path")
+
+
+def _describe(client: Any, call: Call) -> None:
+    call.client_headers = {k: v for k, v in client._custom_headers.items() if isinstance(v, str)}
+    call.base_url = str(client.base_url)

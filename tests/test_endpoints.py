@@ -12,12 +12,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai._legacy_response import LegacyAPIResponse
+from openai._response import AsyncAPIResponse
 from openai.pagination import AsyncPage
 from openai.types import Completion, CreateEmbeddingResponse, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 import llmroute
-from llmroute._resources import AsyncAPIResponse, LegacyAPIResponse
 from llmroute.protocols.openai import parse_body
 from llmroute.testing import Simulator
 
@@ -71,14 +72,13 @@ async def test_completion_stream(client: llmroute.AsyncOpenAI) -> None:
     stream = await client.completions.create(
         model="sim-small", prompt="Stream it", stream=True, stream_options={"include_usage": True}
     )
-    assert isinstance(stream, llmroute.AsyncStream)
+    assert isinstance(stream, openai.AsyncStream)  # openai's own decoding for legacy completions
     chunks = [chunk async for chunk in stream]
     assert all(isinstance(c, Completion) for c in chunks)
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == whole.choices[0].text
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
-    assert stream.timings.tokens == 20 and stream.timings.first_token is not None
 
 
 async def test_completion_error_is_openai_error(client: llmroute.AsyncOpenAI) -> None:
@@ -132,14 +132,6 @@ async def test_embeddings_float_and_base64_as_asked(client: llmroute.AsyncOpenAI
     decoded = list(struct.unpack(f"<{len(data) // 4}f", data))
     assert len(decoded) == 8  # the default dimensions
     assert decoded[:4] == floats.data[0].embedding  # the same little-endian float32 values
-
-
-async def test_embeddings_with_no_data_raises(client: llmroute.AsyncOpenAI) -> None:
-    from llmroute._resources import decode_embeddings
-
-    empty = CreateEmbeddingResponse.construct(data=[], model="m", object="list", usage=None)
-    with pytest.raises(ValueError, match="No embedding data"):
-        decode_embeddings(empty)
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -247,12 +239,16 @@ async def test_streaming_response_other_resources(client: llmroute.AsyncOpenAI) 
         assert b"sim-small" in await resp.read()
 
 
-async def test_resources_of_a_copy_use_its_options(client: llmroute.AsyncOpenAI) -> None:
-    copy = client.with_options(api_key="")
-    with pytest.raises(openai.AuthenticationError):
-        await copy.models.list()
-    with pytest.raises(openai.AuthenticationError):
-        await copy.embeddings.create(model="emb", input="x")
+async def test_resources_of_a_copy_use_its_options(
+    client: llmroute.AsyncOpenAI, sim: Simulator
+) -> None:
+    copy = client.with_options(api_key="sk-the-copys-own")
+    await copy.embeddings.create(model="emb", input="x")
+    headers = {k.lower(): v for k, v in sim.last_requests[-1]["headers"].items()}
+    assert headers["authorization"] == "Bearer sk-the-copys-own"
+    await client.embeddings.create(model="emb", input="x")
+    headers = {k.lower(): v for k, v in sim.last_requests[-1]["headers"].items()}
+    assert headers["authorization"] == f"Bearer {KEY}"
 
 
 # -- the same snippets with openai's client --------------------------------------------------------

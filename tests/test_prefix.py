@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
-from llmroute._client import _policy
 from llmroute._config import ConfigError, RouteConfig, load_config
+from llmroute._routes import policy_for as _policy
 from llmroute._types import Timings
 from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (

@@ -10,7 +10,7 @@ import textwrap
 import threading
 import time
 import warnings
-from collections.abc import AsyncIterator, Generator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -123,9 +123,14 @@ def test_errors_are_openais(sim: Simulator) -> None:
 
 def test_constructor_errors() -> None:
     threads = len(loop_threads())
-    with pytest.raises(TypeError, match=r"OpenAI\(\) got unsupported argument"):
+    # Exactly as openai: an unknown argument, a wrong http_client.
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'nonsense'"):
         llmroute.OpenAI(api_key=KEY, nonsense=1)
-    with pytest.raises(TypeError, match=r"httpx\.AsyncClient"):
+    try:
+        openai.OpenAI(api_key=KEY, http_client=object())  # type: ignore[arg-type]
+    except Exception as exc:
+        expected: type[Exception] = type(exc)
+    with pytest.raises(expected):
         llmroute.OpenAI(api_key=KEY, http_client=object())  # type: ignore[arg-type]
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     with pytest.MonkeyPatch.context() as patch:
@@ -195,12 +200,14 @@ def test_threads_run_concurrently(sim: Simulator) -> None:
                         texts.append("".join(c.choices[0].delta.content or "" for c in stream))
             return texts
 
-        started = time.monotonic()
+        sim.reset_stats()
         with ThreadPoolExecutor(8) as pool:
             results = [t for texts in pool.map(work, range(8)) for t in texts]
-        elapsed = time.monotonic() - started
+        peak = sim.stats()["peak_in_flight"]
     assert len(results) == 40 and len(set(results)) == 1 and results[0]
-    assert elapsed < 3.0
+    # Concurrent on the loop: several threads' requests were at the simulator at once (counted
+    # there, not timed: one after another they would never overlap).
+    assert peak >= 4
     assert len(loop_threads()) == threads
 
 
@@ -214,7 +221,7 @@ def test_call_from_a_coroutine_works_on_another_loop(client: llmroute.OpenAI) ->
 
 def test_a_call_from_the_loop_thread_is_refused(client: llmroute.OpenAI) -> None:
     with pytest.raises(RuntimeError, match="own event loop thread"):
-        client._binding.call(client.stats)
+        client._llmroute.call(client.stats)
 
 
 def test_close_during_a_read_in_another_thread(sim_slow: Simulator) -> None:
@@ -239,77 +246,8 @@ def test_close_during_a_read_in_another_thread(sim_slow: Simulator) -> None:
     assert isinstance(errors[0], ClientClosedError | openai.APIError)
 
 
-class AsyncPage:
-    """Like openai's page: async-iterable, with async and sync methods."""
-
-    def __init__(self, items: list[int]) -> None:
-        self.data = items
-        self.entered = self.exited = False
-
-    def __aiter__(self) -> AsyncIterator[int]:
-        async def items() -> AsyncIterator[int]:
-            for item in self.data:
-                await anyio.lowlevel.checkpoint()
-                yield item
-
-        return items()
-
-    async def __aenter__(self) -> AsyncPage:
-        self.entered = True
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.exited = True
-
-    async def total(self) -> int:
-        return sum(self.data)
-
-    def has_more(self) -> bool:
-        return False
-
-
-class AsyncPaginator:
-    """Like openai's ``list()`` result: awaitable (to a page) and async-iterable."""
-
-    def __await__(self) -> Generator[Any, None, AsyncPage]:
-        async def page() -> AsyncPage:
-            await anyio.lowlevel.checkpoint()
-            return AsyncPage([1, 2, 3])
-
-        return page().__await__()
-
-    def __aiter__(self) -> AsyncIterator[int]:
-        return AsyncPage([1, 2, 3]).__aiter__()
-
-
-class AsyncThings:
-    """A resource the async client might gain: proxied without any change to the sync one."""
-
-    def list(self) -> AsyncPaginator:
-        return AsyncPaginator()
-
-    async def get(self, n: int, *, scale: int = 1) -> int:
-        return n * scale
-
-    def streaming(self) -> AsyncPage:
-        return AsyncPage([4, 5])
-
-
-def test_generic_proxies_wrap_paginators_and_context_managers(client: llmroute.OpenAI) -> None:
-    things = client._binding.wrap(AsyncThings())
-    assert things.get(21, scale=2) == 42
-    page = things.list()
-    assert page.data == [1, 2, 3] and page.total() == 6 and page.has_more() is False
-    assert list(page) == [1, 2, 3]
-    with things.streaming() as response:
-        assert list(response) == [4, 5]
-    assert response._target.entered and response._target.exited
-
-
 def test_every_endpoint_of_the_async_client(client: llmroute.OpenAI) -> None:
-    """Resources the async client has are the sync client's too, with no code of their own."""
-    if not all(hasattr(client._async, name) for name in ("completions", "embeddings", "models")):
-        pytest.skip("the async client has no completions/embeddings/models resources yet")
+    """openai's sync resources, inherited, over llmroute's transport."""
     text = client.completions.create(model="sim-small", prompt="Hello")
     assert isinstance(text, openai.types.Completion)
     assert all(
@@ -346,7 +284,6 @@ def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
     before = sim_slow.stats()["streams_cancelled"]
     client = sync_client(sim_slow)
     client.max_retries = 1
-    assert client._async.max_retries == 1
     stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
     for _ in stream:
         break
@@ -376,15 +313,14 @@ def test_unclosed_client_exits_cleanly(sim: Simulator) -> None:
         ).choices[0].finish_reason)
         """
     )
-    started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-W", "always", "-c", script],
         capture_output=True,
         text=True,
         timeout=30,
     )
+    # No wall-clock bound (a loaded machine): the subprocess timeout catches a hang.
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "stop", "")
-    assert time.monotonic() - started < 10
 
 
 def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulator) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._streaming import AsyncStream
 from ._format import MissingExtra, make_console, ms, percentiles, progress_bar, require, table
 
 if TYPE_CHECKING:
@@ -306,6 +307,7 @@ async def _probe(
             async with stream:
                 async for _ in stream:
                     pass
+        assert isinstance(stream, AsyncStream)  # llmroute's: it carries its timings
         timings = stream.timings
         sample.ttft = timings.first_token
         sample.total = timings.total

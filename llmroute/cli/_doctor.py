@@ -7,6 +7,7 @@ import sys
 
 import anyio
 
+from .._streaming import AsyncStream
 from ._format import ms as _ms
 
 __all__ = ["register"]
@@ -62,6 +63,7 @@ async def _doctor(config_path: str | None, probes: int) -> int:
                     async with stream:
                         async for _ in stream:
                             pass
+                    assert isinstance(stream, AsyncStream)  # llmroute's: it has timings
                     if stream.timings.first_token is not None:
                         ttfts.append(stream.timings.first_token)
                 except OpenAIError as exc:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 
 if TYPE_CHECKING:
-    from ._request import RequestRecord
+    from ._record import RequestRecord
 
 __all__ = ["Tracer", "request_attributes"]
 

@@ -6,53 +6,24 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._errors import StreamInterrupted
 from .._types import RouteReport, Timings
+from ._otel import Tracer
+from ._record import RequestRecord
 
-if TYPE_CHECKING:
-    from ._prometheus import ClientMetrics
-
-__all__ = ["RequestRecord", "RequestTelemetry"]
+__all__ = ["Observer", "RequestRecord", "RequestTelemetry"]
 
 log = logging.getLogger("llmroute")
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """What is known of one chat request when it ends."""
+class Observer(Protocol):
+    """Where a request's telemetry goes when it ends (:class:`ClientMetrics`)."""
 
-    route: str
-    outcome: str
-    """``ok``, ``error``, ``interrupted`` (broke after tokens) or ``cancelled`` (the caller left
-    before the end)."""
-    stream: bool
-    report: RouteReport | None = None
-    timings: Timings | None = None
-    target: str | None = None
-    """The target of a request that is not routed (``report`` then has no attempts)."""
+    tracer: Tracer
 
-    @property
-    def source(self) -> str:
-        """``cache`` (replayed), ``shared`` (an identical call's answer) or ``live``."""
-        report = self.report
-        if report is not None:
-            if report.cache_hit:
-                return "cache"
-            if report.shared:
-                return "shared"
-        return "live"
-
-    @property
-    def caller_ttft(self) -> float | None:
-        """Time to first token as the caller saw it: the route's (hedges included), else the
-        stream's own."""
-        report = self.report
-        if report is not None and report.ttft is not None:
-            return report.ttft
-        return self.timings.first_token if self.timings is not None else None
+    def observe(self, record: RequestRecord) -> None: ...
 
 
 class RequestTelemetry:
@@ -62,7 +33,7 @@ class RequestTelemetry:
 
     def __init__(
         self,
-        metrics: ClientMetrics,
+        metrics: Observer,
         route: str,
         body: Mapping[str, Any],
         *,

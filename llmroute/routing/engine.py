@@ -254,6 +254,33 @@ class Router:
         route.budget.on_request()
         return run
 
+    def record_call(self, target: str, *, elapsed: float | None, exc: BaseException | None) -> None:
+        """Count one attempt the engine did not run itself (a Responses, completions or
+        embeddings call failing over across a route) in the target's stats and health, as the
+        engine counts its own: ``exc`` ``None`` for a success taking ``elapsed`` seconds."""
+        stats, health = self.stats.target(target), self.health(target)
+        if exc is None:
+            health.breaker.record_success()
+            stats.record_outcome("ok")
+            if elapsed is not None:
+                stats.record_latency(elapsed)
+            return
+        outcome = _outcome(exc)
+        if outcome == "rate_limited" and isinstance(exc, APIStatusError):
+            health.cool_down(_cooldown(exc.response.headers))
+        if _is_health_failure(exc):
+            health.breaker.record_failure()
+        stats.record_outcome(outcome)
+
+    def order(self, route: Route, body: dict[str, Any]) -> list[str]:
+        """The route's targets in the order its policy would try them for ``body`` (for calls
+        the engine does not run itself: failover across them in this order)."""
+        messages = body.get("messages")
+        tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
+        view = _View(self, tokens, False, messages if isinstance(messages, list) else ())
+        plan = route.policy.plan([t.name for t in route.targets], view, self._rng)
+        return list(plan.order)
+
     async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token."""
         run = self._begin(route, body, send, stream=True)

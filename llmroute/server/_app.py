@@ -19,7 +19,6 @@ import pydantic
 from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
-from .._streaming import AsyncStream
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._auth import KeyRing
@@ -317,7 +316,7 @@ class GatewayApp:
         exchange: _Exchange,
         receive: Receive,
     ) -> None:
-        stream: AsyncStream[Any] | None = None
+        stream: openai.AsyncStream[Any] | None = None
         result: object = None
         failure: Exception | None = None
         complete = False
@@ -333,7 +332,7 @@ class GatewayApp:
             self._scopes.add(scope)
             try:
                 result = await self._call(path, body, extra_headers)
-                if isinstance(result, AsyncStream):
+                if isinstance(result, openai.AsyncStream):  # llmroute's for chat, openai's else
                     stream = result
                     cache = "hit" if _cache_hit(stream) else "miss"
                     await exchange.start(

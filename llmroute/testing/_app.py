@@ -1,4 +1,4 @@
-"""The simulator's raw ASGI app: OpenAI chat completions with latency and faults."""
+"""The simulator's raw ASGI app: OpenAI chat completions and Responses with latency and faults."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def _zero_stats() -> dict[str, Any]:
         "streams_completed": 0,
         "streams_cancelled": 0,
         "in_flight": 0,
+        "peak_in_flight": 0,
         "faults": {},
     }
 
@@ -88,6 +89,12 @@ class SimApp:
         fresh["in_flight"] = self._stats["in_flight"]
         self._stats = fresh
         self.last_requests.clear()
+
+    def _enter(self) -> None:
+        """One more request in flight (``peak_in_flight`` keeps the most at once)."""
+        stats = self._stats
+        stats["in_flight"] += 1
+        stats["peak_in_flight"] = max(stats["peak_in_flight"], stats["in_flight"])
 
     def _count_fault(self, kind: str) -> None:
         faults = self._stats["faults"]
@@ -191,7 +198,7 @@ class SimApp:
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         self._stats["chat_requests"] += 1
-        self._stats["in_flight"] += 1
+        self._enter()
         try:
             await self._chat_inner(req, headers, receive, send, rid)
         finally:
@@ -277,7 +284,7 @@ class SimApp:
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         self._stats["responses_requests"] += 1
-        self._stats["in_flight"] += 1
+        self._enter()
         try:
             await self._responses_inner(req, headers, receive, send, rid)
         finally:

@@ -601,6 +601,26 @@ class HTTP2Connection:
                 raise httpx.WriteError(f"write failed: {exc}") from exc
 
 
+class _Chunks:
+    """A response body's chunks as a plain async iterator: a reader that stops early (openai's
+    own stream decoding does) leaves no half-run async generator behind."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: _ResponseStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Chunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        stream = self._stream
+        chunk = await stream._conn.next_chunk(stream._state, stream._timeout)
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+
 class _ResponseStream(httpx.AsyncByteStream):
     """The body of one HTTP/2 response; closing it early resets only this stream."""
 
@@ -612,13 +632,8 @@ class _ResponseStream(httpx.AsyncByteStream):
         self.events: EventDeadline | None = None
         """Set by :func:`~llmroute.transport.body_receiver` to bound the time between events."""
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, state, timeout = self._conn, self._state, self._timeout
-        while True:
-            chunk = await conn.next_chunk(state, timeout)
-            if chunk is None:
-                return
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Chunks(self)
 
     async def receive(self) -> bytes | None:
         """The next chunk, or ``None`` at the end: iteration without an async generator, so

@@ -14,11 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 
 import llmroute
+from llmroute._config import resolve_provider
 from llmroute._errors import RequestBodyError
+from llmroute._upstream import Upstream
 from llmroute.cache._key import canonical_request, request_key
 from llmroute.protocols.anthropic import translate_request
 from llmroute.routing.prefix import PrefixTree, Prompt, prompt_blocks, render_prompt
@@ -268,11 +271,24 @@ def test_odd_messages_in_estimate_and_prefix(messages: list[Any]) -> None:
 
 
 async def _build(body: dict[str, Any]) -> bytes:
-    async with llmroute.AsyncOpenAI(api_key="sk-fuzz", base_url="https://fuzz.invalid/v1") as c:
-        request = await c._build_request(  # pyright: ignore[reportPrivateUsage]
-            "chat/completions", body, extra_headers=None, extra_query=None, timeout=None
+    """The bytes a routed attempt sends for ``body`` (llmroute's own encoding)."""
+    provider = resolve_provider("p", {"base_url": "https://fuzz.invalid/v1", "api_key": "sk"})
+    async with httpx.AsyncClient() as http:
+        upstream = Upstream({"p": provider}, http)
+        request = upstream.build(
+            provider, "chat/completions", body, headers=None, query=None, timeout=httpx.Timeout(5)
         )
         return request.content
+
+
+async def _direct(body: dict[str, Any]) -> None:
+    """A call for a model that is not a route: openai's machinery encodes it."""
+    base_url = "https://fuzz.invalid/v1"
+    async with llmroute.AsyncOpenAI(api_key="sk-fuzz", base_url=base_url, max_retries=0) as c:
+        rest = {k: v for k, v in body.items() if k not in ("model", "messages")}
+        await c.chat.completions.create(
+            model=body["model"], messages=body["messages"], extra_body=rest
+        )
 
 
 @pytest.mark.parametrize("make", list(HUGE.values()), ids=list(HUGE))
@@ -287,3 +303,5 @@ def test_client_refuses_bodies_too_deep_to_encode_with_a_typed_error(
 ) -> None:
     with pytest.raises(RequestBodyError, match="nested too deeply"):
         anyio.run(_build, make())
+    with pytest.raises(RequestBodyError, match="nested too deeply"):
+        anyio.run(_direct, make())

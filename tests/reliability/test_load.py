@@ -31,7 +31,8 @@ def anyio_backend() -> str:
 
 
 async def test_concurrent_streams_are_exact_and_share_few_connections() -> None:
-    profile = Profile(reply_tokens=20, ttft_median=1.0, inter_token=0.005)
+    # Held 3 s before the first token, so even a loaded machine has them all in flight at once.
+    profile = Profile(reply_tokens=20, ttft_median=3.0, inter_token=0.005)
     with Simulator(profile=profile, tls=True) as sim:
         async with AsyncOpenAI(
             api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), max_retries=0

@@ -1,0 +1,674 @@
+"""The seam: what happens to a call whose model name is a route (and to every chat call).
+
+:class:`Dispatch` is the state one client shares with its copies (``with_options``): the
+resolved config, the routing engine and its live stats, the cache, the transport and the
+upstream request builder. The client's ``request()`` hands it openai's request options; it
+answers with an :class:`Outcome` (the result, the HTTP response behind it, the retries) that the
+client wraps in openai's own response classes. It calls only downward: cache, routing engine,
+upstream requests, protocols, transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+from openai.types.chat import ChatCompletion
+
+from ._background import spawn
+from ._config import (
+    CacheSettings,
+    Config,
+    ConfigError,
+    ResolvedProvider,
+    RouteConfig,
+    Target,
+    resolve,
+    resolve_provider,
+    route_config,
+)
+from ._errors import (
+    AllTargetsFailed,
+    APIConnectionError,
+    APIStatusError,
+    BadRequestError,
+    OpenAIError,
+    describe_error,
+    map_transport_errors,
+)
+from ._routes import ServerPolling, build_router, route_for, stats_sync_for
+from ._streaming import AsyncStream
+from ._types import AttemptReport, RouteReport, Timings
+from ._upstream import (
+    Upstream,
+    credentials,
+    merge_headers,
+    proxy_for,
+)
+from .cache import (
+    NAMESPACE_PATTERN,
+    CacheRequest,
+    CacheUnavailable,
+    ResponseCache,
+    is_deterministic,
+    open_cache,
+    request_key,
+)
+from .cache import tenant_namespace as _tenant_namespace
+from .metrics import ClientMetrics
+from .routing.backoff import retry_delay, should_retry_status
+from .routing.engine import Route
+from .routing.policies import (
+    WeightedPolicy,
+)
+from .routing.stats import TargetSnapshot
+from .transport import Transport
+
+__all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome"]
+
+log = logging.getLogger("llmroute")
+
+CACHE_HEADER = "x-llmroute-cache"
+"""Per request (``extra_headers``) or per client (``default_headers``): ``auto``, ``on``,
+``read-only`` or ``off``; never sent upstream, like every ``x-llmroute-*`` header."""
+CACHE_NAMESPACE_HEADER = "x-llmroute-cache-namespace"
+CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
+_CACHE_MODES = ("auto", "on", "read-only", "off")
+_REPLAY_MODES = ("immediate", "paced")
+
+ROUTABLE = {
+    "chat/completions": "chat",
+    "responses": "responses",
+    "completions": "completions",
+    "embeddings": "embeddings",
+}
+"""The endpoints (relative to the base URL) where a model name may be a route, by kind."""
+
+
+@dataclass
+class Call:
+    """One call of openai's machinery that llmroute serves itself."""
+
+    kind: str
+    """"chat", "responses", "completions" or "embeddings"."""
+    path: str
+    route: Route | None
+    """``None``: a chat call for a model name that is not a route (the client's base URL)."""
+    body: dict[str, Any]
+    stream: bool
+    headers: Mapping[str, Any]
+    """The call's own headers (``extra_headers``)."""
+    query: Mapping[str, object] | None
+    timeout: httpx.Timeout
+    client_headers: Mapping[str, str] = field(default_factory=dict)
+    """The client's ``default_headers`` as given (llmroute reads its ``x-llmroute-*`` ones)."""
+    sent_headers: Mapping[str, str] = field(default_factory=dict)
+    """What a direct call is sent with (the client's default and auth headers)."""
+    base_url: str = ""
+    http: Any = None
+    """The application's own async HTTP client (``http_client=``), which routed calls use
+    too; ``None``: llmroute's transport."""
+
+
+@dataclass
+class Outcome:
+    """What a routed call produced: ``result`` (``None``: openai's machinery parses
+    ``response``), the HTTP response behind it and the retries taken."""
+
+    result: Any
+    response: httpx.Response
+    retries: int = 0
+
+
+def _header_choice(
+    options: Mapping[str, str], header: str, default: str, choices: tuple[str, ...]
+) -> str:
+    value = options.get(header)
+    if value is None:
+        return default
+    if value.lower() not in choices:
+        raise ConfigError(f"{header}: expected one of {', '.join(choices)}, got {value[:80]!r}")
+    return value.lower()
+
+
+def _serves(provider: ResolvedProvider, kind: str) -> bool:
+    """Whether ``provider`` serves the endpoint ``kind`` (chat is served by every one)."""
+    if kind == "chat":
+        return True
+    if provider.spec.protocol == "anthropic":
+        return False
+    if kind == "responses":
+        return provider.spec.responses
+    return True
+
+
+def attach(
+    completion: Any, timings: Timings, report: RouteReport | None, started: float | None = None
+) -> None:
+    """Give a completion its timings and route report (``started``: measured until now)."""
+    if started is not None:
+        timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
+    usage = getattr(completion, "usage", None)
+    timings.tokens = getattr(usage, "completion_tokens", 0) or 0 if usage is not None else 0
+    object.__setattr__(completion, "timings", timings)
+    object.__setattr__(completion, "route", report)
+
+
+def _shared_report(result: object, model: str, policy: str) -> RouteReport:
+    """The route report of a request that read an identical request's call."""
+    own = getattr(result, "route", None)
+    if isinstance(own, RouteReport):
+        return dataclasses.replace(own, attempts=list(own.attempts), shared=True)
+    return RouteReport(route=model, policy=policy, shared=True)
+
+
+class Dispatch:
+    """Routes, stats, cache and connections of one client and its copies."""
+
+    def __init__(
+        self,
+        config: Config | None,
+        *,
+        verify: Any = True,
+        max_retries: int = 2,
+    ) -> None:
+        resolved = resolve(config if config is not None else Config())
+        self.configured = config is not None
+        self.resolved = resolved
+        self.providers: dict[str, ResolvedProvider] = (
+            dict(resolved.providers) if config is not None else {}
+        )
+        self.router = build_router(resolved, max_retries=max_retries)
+        self.metrics = ClientMetrics(self.router.snapshot)
+        self.servers = ServerPolling()
+        self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
+        self.cache: ResponseCache | None = None
+        self.cache_settings: CacheSettings | None = None
+        if config is not None and resolved.cache is not None and resolved.cache.backend != "off":
+            try:
+                self.cache = open_cache(resolved.cache, resolved.redis)
+                self.cache_settings = resolved.cache
+            except CacheUnavailable as exc:
+                log.warning("cache: %s; the client runs without a cache", exc)
+        self.verify = verify
+        self.transport = Transport(verify=verify)
+        self.http = httpx.AsyncClient(transport=self.transport, timeout=None)
+        self.upstream = Upstream(self.providers, self.http)
+        self.warm_urls: dict[str, httpx.URL] = {}
+        self.pins: dict[str, str] = {}
+        """Responses API ids by the target that holds them (``previous_response_id``)."""
+        self.closed = False
+
+    @property
+    def default_provider(self) -> ResolvedProvider | None:
+        name = self.resolved.default_provider if self.configured else None
+        return self.providers.get(name) if name is not None else None
+
+    def http_client(self, base_url: httpx.URL, timeout: Any) -> httpx.AsyncClient:
+        """The ``httpx.AsyncClient`` openai's machinery sends with: llmroute's transport,
+        or, when the environment sets a proxy for ``base_url``, httpx's own with the proxy."""
+        proxy = proxy_for(base_url)
+        if proxy is not None:
+            log.warning(
+                "A proxy is configured for %s: requests go through httpx's own transport "
+                "and the proxy, without llmroute's stream resets and per-stream deadlines",
+                base_url.host,
+            )
+            from .transport import make_ssl_context
+
+            client = httpx.AsyncClient(
+                proxy=proxy, verify=make_ssl_context(self.verify), timeout=timeout
+            )
+        else:
+            client = httpx.AsyncClient(
+                transport=self.transport, timeout=timeout, follow_redirects=True
+            )
+        client._llmroute_owned = True  # type: ignore[attr-defined]
+        return client
+
+    # -- which calls are llmroute's ----------------------------------------------------------
+
+    def classify(self, options: Any, *, timeout: httpx.Timeout) -> Call | None:
+        """The call llmroute serves for openai's request ``options``, or ``None`` (openai's
+        machinery sends it). A route on an endpoint that cannot be routed is a
+        :class:`BadRequestError`, never a request to the client's base URL."""
+        if str(options.method).lower() != "post":
+            return None
+        body = options.json_data
+        if not isinstance(body, Mapping):
+            return None
+        model = body.get("model")
+        path = str(options.url).lstrip("/")
+        kind = ROUTABLE.get(path)
+        route = self.router.routes.get(model) if isinstance(model, str) else None
+        if kind is None:
+            if route is not None:
+                raise _bad_request(
+                    f"model {model!r} is a route of llmroute's config; /{path} cannot be routed "
+                    "(routes serve chat/completions, responses, completions and embeddings): "
+                    "use a model name of the provider",
+                    param="model",
+                )
+            return None
+        if route is None and kind != "chat":
+            return None
+        merged: dict[str, Any] = dict(body)
+        if isinstance(options.extra_json, Mapping):
+            merged.update(options.extra_json)
+        if route is not None:
+            self._check_servable(route, kind, path)
+        return Call(
+            kind=kind,
+            path=path,
+            route=route,
+            body=merged,
+            stream=bool(merged.get("stream")),
+            headers=dict(options.headers) if isinstance(options.headers, Mapping) else {},
+            query=dict(options.params) if isinstance(options.params, Mapping) else None,
+            timeout=timeout,
+        )
+
+    def _check_servable(self, route: Route, kind: str, path: str) -> None:
+        able = [t for t in route.targets if _serves(self.providers[t.provider], kind)]
+        if not able:
+            names = ", ".join(t.name for t in route.targets)
+            raise _bad_request(
+                f"route {route.name!r} cannot serve /{path}: none of its targets ({names}) "
+                f"serves the {kind} API (see the providers' `{kind}` capability in the catalog)",
+                param="model",
+            )
+
+    # -- chat: the cache, then the route or the client's base URL ----------------------------
+
+    async def chat(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
+        """A chat call: the cache if it may answer, else ``live()`` (a direct call, openai's
+        machinery) or the route. Metrics count it either way."""
+        route = call.route
+        host = None if route is not None else httpx.URL(call.base_url).host
+        telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
+        try:
+            result = await self._chat(call, live)
+        except BaseException as exc:
+            telemetry.failed(exc)
+            raise
+        value = result.result if isinstance(result, Outcome) else result
+        if isinstance(value, AsyncStream):
+            value._on_end = telemetry.stream_ended
+        else:
+            telemetry.completed(value)
+        return result
+
+    async def _chat(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
+        async def answer() -> Outcome | Any:
+            if call.route is not None:
+                return await self._routed_chat(call, call.route)
+            return await live()
+
+        if self.cache is not None:
+            request = self._cache_request(call)
+            if request is not None:
+                return await self._cached(self.cache, request, call, answer)
+        return await answer()
+
+    async def _routed_chat(self, call: Call, route: Route) -> Outcome:
+        self._background()
+        send = self.upstream.sender(
+            headers=call.headers, query=call.query, timeout=call.timeout, http=call.http
+        )
+        if call.stream:
+            routed = await self.router.stream(route, call.body, send)
+            stream: AsyncStream[Any] = AsyncStream._from_route(routed)
+            return Outcome(stream, stream.response, stream.timings.retries)
+        done = await self.router.complete(route, call.body, send)
+        completion = done.completion
+        if isinstance(completion, ChatCompletion):
+            completion._request_id = done.response.headers.get("x-request-id")
+            attach(completion, done.timings, done.report)
+        return Outcome(completion, done.response, done.timings.retries)
+
+    def _background(self) -> None:
+        sync = self.stats_sync
+        if sync is not None and sync.due():
+            spawn(sync.sync, name="stats sync")
+        self.servers.poll(self.router, self.providers)
+
+    def _cache_request(self, call: Call) -> CacheRequest | None:
+        """What the cache may do for this call (``None``: nothing), from the config and the
+        ``x-llmroute-cache*`` headers of the client and the call."""
+        settings = self.cache_settings
+        if settings is None:
+            return None
+        body, route = call.body, call.route
+        options: dict[str, str] = {}
+        for source in (call.client_headers, call.headers):
+            for name, value in source.items():
+                lower = name.lower()
+                if lower.startswith(CACHE_HEADER):
+                    if not isinstance(value, str):
+                        options.pop(lower, None)
+                    else:
+                        options[lower] = value.strip()
+        mode = _header_choice(options, CACHE_HEADER, settings.mode, _CACHE_MODES)
+        if mode == "off" or (mode == "auto" and not is_deterministic(body)):
+            return None
+        replay = _header_choice(options, CACHE_REPLAY_HEADER, settings.replay, _REPLAY_MODES)
+        namespace = options.get(CACHE_NAMESPACE_HEADER) or settings.namespace
+        if namespace is None:
+            # Whoever the request would be sent as: the keys and organization each target
+            # gets, after the call's own headers.
+            if route is not None:
+                sent = [
+                    self.upstream.provider_headers(self.providers[t.provider])
+                    for t in route.targets
+                ]
+            else:
+                sent = [dict(call.sent_headers)]
+            who = [credentials(merge_headers(headers, call.headers)) for headers in sent]
+            namespace = _tenant_namespace(*(c for group in who for c in group))
+        elif not NAMESPACE_PATTERN.fullmatch(namespace):
+            raise ConfigError(
+                f"{CACHE_NAMESPACE_HEADER}: expected 1 to 64 letters, digits, '.', '_' or '-', "
+                f"got {namespace[:80]!r}"
+            )
+        # A route's answers are its targets'; a plain model's are its base URL's.
+        if route is not None:
+            model = f"route:{route.name}:{','.join(sorted(t.name for t in route.targets))}"
+        else:
+            model = f"{call.base_url}{body['model']}"
+        asked = body.get("stream_options")
+        usage = call.stream and isinstance(asked, Mapping) and bool(asked.get("include_usage"))
+        writes = mode != "read-only"
+        return CacheRequest(
+            key=request_key(body, model=model, namespace=namespace),
+            stream=call.stream,
+            include_usage=usage,
+            read=True,
+            write=writes,
+            share=writes and settings.single_flight,
+            paced=replay == "paced",
+        )
+
+    def _cache_response(self, call: Call) -> httpx.Response:
+        """The response object of an answer the cache gave (no HTTP exchange took place)."""
+        route = call.route
+        url = (
+            f"llmroute://route/{route.name}"
+            if route is not None
+            else str(httpx.URL(call.base_url).join("chat/completions"))
+        )
+        kind = "text/event-stream" if call.stream else "application/json"
+        return httpx.Response(
+            200,
+            headers={"content-type": kind, CACHE_HEADER: "hit"},
+            request=httpx.Request("POST", url),
+        )
+
+    async def _cached(
+        self,
+        cache: ResponseCache,
+        request: CacheRequest,
+        call: Call,
+        live: Callable[[], Awaitable[Outcome | Any]],
+    ) -> Outcome | Any:
+        """A call the cache may answer: a stored answer, a shared call, or a live one."""
+        started = time.monotonic()
+        route = call.route
+        model = call.body["model"]
+        policy = route.policy.name if route is not None else "direct"
+        hit = await cache.lookup(request) if request.read else None
+        if hit is not None:
+            report = RouteReport(route=model, policy=policy, cache_hit=True)
+            timings = Timings(started_at=started)
+            response = self._cache_response(call)
+            if hit.completion is None:
+                stream: AsyncStream[Any] = AsyncStream._from_chunks(
+                    cache.replay(hit, request), response=response, timings=timings, route=report
+                )
+                return Outcome(stream, response)
+            attach(hit.completion, timings, report, started)
+            return Outcome(hit.completion, response)
+        if not request.share and not request.write:
+            return await live()
+
+        async def result_of_live() -> Any:
+            value = await live()
+            return value.result if isinstance(value, Outcome) else value
+
+        seat, leader = cache.join(request, result_of_live)
+        try:
+            result = await seat.opened()
+        except BaseException:
+            seat.leave()
+            raise
+        shared = None if leader else _shared_report(result, model, policy)
+        if request.stream:
+            stream = AsyncStream._from_chunks(
+                seat.chunks(),
+                response=result.response,
+                timings=result.timings if leader else Timings(started_at=started),
+                route=result.route if leader else shared,
+                on_close=seat.leave,
+                measure=not leader,
+                complete=lambda: seat.flight.complete,
+            )
+            return Outcome(stream, stream.response)
+        seat.leave()
+        response = getattr(result, "_llmroute_response", None) or self._cache_response(call)
+        if leader:
+            return Outcome(result, response)
+        completion = result.model_copy(deep=True)  # each caller may change its own
+        attach(completion, Timings(started_at=started), shared, started)
+        return Outcome(completion, response)
+
+    # -- the other routable endpoints: failover across the route's targets -------------------
+
+    async def other(self, call: Call) -> Outcome:
+        """A ``responses``, ``completions`` or ``embeddings`` call on a route: the targets that
+        serve it, in the policy's order, each tried before the next (failover before the
+        answer starts; openai's machinery parses the winner's response). A Responses call
+        that continues an earlier response goes to the target that holds it."""
+        route = call.route
+        assert route is not None
+        self._background()
+        body = call.body
+        targets = [t for t in route.targets if _serves(self.providers[t.provider], call.kind)]
+        previous = body.get("previous_response_id") if call.kind == "responses" else None
+        order = {name: i for i, name in enumerate(self.router.order(route, body))}
+        targets.sort(key=lambda t: order.get(t.name, len(order)))
+        if isinstance(previous, str):
+            # Only a target that keeps responses can continue one: the one that holds it when
+            # known (this client made it), else each that keeps responses, in the policy's order.
+            pinned = self.pins.get(previous)
+            targets = [
+                t
+                for t in targets
+                if (
+                    t.name == pinned if pinned else self.providers[t.provider].spec.responses_stored
+                )
+            ]
+            if not targets:
+                raise _bad_request(
+                    f"route {route.name!r}: no target keeps responses, so none can continue "
+                    f"previous_response_id {previous[:64]!r} (see `responses_stored` in the "
+                    "catalog)",
+                    param="previous_response_id",
+                )
+        # Targets whose circuit is open or that cool down after a 429 go last.
+        targets.sort(key=lambda t: not self.router.health(t.name).available())
+        report = RouteReport(route=route.name, policy=route.policy.name)
+        failures: dict[str, BaseException] = {}
+        started = time.monotonic()
+        retries = 0
+        for target in targets:
+            # One retry of the same target for a retryable failure, if the client allows any.
+            for attempt in range(1 + min(1, self.router.max_retries)):
+                record = AttemptReport(
+                    target=target.name,
+                    started=time.monotonic() - started,
+                    reason="first" if not report.attempts else ("retry" if attempt else "failover"),
+                )
+                report.attempts.append(record)
+                request = self.upstream.build(
+                    self.providers[target.provider],
+                    call.path,
+                    {**body, "model": target.model},
+                    headers=call.headers,
+                    query=call.query,
+                    timeout=call.timeout,
+                    http=call.http,
+                )
+                try:
+                    response, timings = await self.upstream.send(
+                        request, read_body=not call.stream, http=call.http
+                    )
+                except (APIStatusError, APIConnectionError) as exc:
+                    record.outcome, record.error = "error", describe_error(exc)
+                    failures[target.name] = exc
+                    if not (_not_held(exc) if isinstance(exc, APIStatusError) else False):
+                        self.router.record_call(target.name, elapsed=None, exc=exc)
+                    if isinstance(exc, APIStatusError) and not should_retry_status(
+                        exc.status_code, exc.response.headers, now=time.time()
+                    ):
+                        if _not_held(exc) and previous is not None:
+                            break  # this target does not hold the response: ask the next
+                        if 400 <= exc.status_code < 500 and exc.status_code not in (401, 403, 429):
+                            raise  # the call itself is at fault: another target will not help
+                        break
+                    if attempt == 0:
+                        retries += 1
+                        await anyio.sleep(
+                            retry_delay(
+                                retries_done=0,
+                                max_retries=1,
+                                headers=exc.response.headers
+                                if isinstance(exc, APIStatusError)
+                                else None,
+                                now=time.time(),
+                                rand=random.random(),
+                            )
+                        )
+                    continue
+                record.outcome = "won"
+                record.ttft = timings.headers
+                self.router.record_call(
+                    target.name, elapsed=None if call.stream else timings.total, exc=None
+                )
+                report.winner, report.ttft = target.name, time.monotonic() - started
+                if call.kind == "responses" and not call.stream:
+                    self._pin_from(response, target.name)
+                object.__setattr__(response, "_llmroute_route", report)
+                object.__setattr__(response, "_llmroute_timings", timings)
+                return Outcome(None, response, retries)
+        stub = httpx.Request("POST", f"llmroute://route/{route.name}")
+        raise AllTargetsFailed(route.name, failures, stub, report=report)
+
+    def _pin_from(self, response: httpx.Response, target: str) -> None:
+        try:
+            rid = response.json().get("id")
+        except ValueError:
+            return
+        if isinstance(rid, str):
+            self.pin(rid, target)
+
+    def pin(self, response_id: str, target: str) -> None:
+        """Remember that ``target`` holds the Responses API response ``response_id``."""
+        pins = self.pins
+        pins[response_id] = target
+        if len(pins) > 10_000:
+            for key in list(pins)[:1_000]:
+                del pins[key]
+
+    # -- the client's own methods ----------------------------------------------------------
+
+    async def warmup(self, default: httpx.URL | None, connect_timeout: float | None) -> None:
+        urls = {str(default): default} if default is not None else {}
+        for provider in self.providers.values():
+            urls.setdefault(str(provider.base_url), provider.base_url)
+        errors: list[BaseException] = []
+
+        async def warm(url: httpx.URL) -> None:
+            try:
+                with map_transport_errors(self.http.build_request("GET", url)):
+                    await self.transport.warmup(url, timeout=connect_timeout)
+            except APIConnectionError as exc:
+                if self.providers:
+                    log.warning("warmup: cannot reach %s: %s", url, exc.message)
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for url in urls.values():
+                tg.start_soon(warm, url)
+        if errors and (not self.providers or len(errors) == len(urls)):
+            raise errors[0]
+
+    def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
+        self.providers[name] = resolve_provider(name, table)
+
+    def add_targets(self, model: str, targets: Iterable[str], **route: Any) -> None:
+        parsed = [Target.parse(text) for text in targets]
+        for target in parsed:
+            if target.provider not in self.providers:
+                raise ConfigError(
+                    f"models.{model}: unknown provider {target.provider!r} "
+                    "(add it with add_provider() first)"
+                )
+        routes = self.router.routes
+        existing = routes.get(model)
+        if existing is None:
+            config = route_config(model, {"targets": [str(t) for t in parsed], **route})
+            routes[model] = route_for(model, config, parsed, self.providers)
+            return
+        if route:
+            raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
+        if isinstance(existing.policy, WeightedPolicy):
+            raise ConfigError(
+                f"models.{model}: a weighted route takes no new targets (each needs a weight)"
+            )
+        new = route_for(
+            model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self.providers
+        )
+        known = {t.name for t in existing.targets}
+        existing.targets += tuple(t for t in new.targets if t.name not in known)
+
+    def stats(self) -> dict[str, TargetSnapshot]:
+        return self.router.snapshot()
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await self.servers.aclose()
+        if self.stats_sync is not None:
+            await self.stats_sync.aclose()
+        if self.cache is not None:
+            await self.cache.aclose()
+        await self.http.aclose()
+
+
+def _not_held(exc: APIStatusError) -> bool:
+    """A 404 saying the ``previous_response_id`` is not this target's."""
+    body = exc.body if isinstance(exc.body, Mapping) else {}
+    return exc.status_code == 404 and body.get("code") == "previous_response_not_found"
+
+
+def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:
+    """openai's ``BadRequestError`` for a call llmroute refuses before sending anything."""
+    request = httpx.Request("POST", "llmroute://refused")
+    body = {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+    response = httpx.Response(400, json={"error": body}, request=request)
+    return BadRequestError(message, response=response, body=body)  # type: ignore[arg-type]
+
+
+def missing_key_error(model: object) -> OpenAIError:
+    return OpenAIError(
+        f"model {model!r} is not a route of the config, and no default "
+        "provider is set: set default_provider in the config, or the api_key client "
+        "option, or the OPENAI_API_KEY environment variable"
+    )

@@ -1,0 +1,170 @@
+"""The routing state a config builds: each route's engine route and policy, the live stats,
+the reading of self-hosted servers' ``/metrics`` and the exchange of stats through Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from ._background import spawn
+from ._config import Resolved, ResolvedProvider, RouteConfig, Target
+from .routing.budget import HedgeBudget
+from .routing.engine import Route, Router, RouteTarget
+from .routing.policies import (
+    FailoverPolicy,
+    FastestPolicy,
+    HedgePolicy,
+    LeastLoadedPolicy,
+    Policy,
+    PrefixPolicy,
+    RacePolicy,
+    RoundRobinPolicy,
+    WeightedPolicy,
+)
+from .routing.shared import StatsSync
+from .routing.stats import LiveStats, StatsSettings
+from .sglang import MetricsPoller
+
+__all__ = ["ServerPolling", "build_router", "policy_for", "route_for", "stats_sync_for"]
+
+METRICS_INTERVAL = 1.0  # seconds between reads of a self-hosted server's /metrics
+
+
+def policy_for(config: RouteConfig) -> Policy:
+    if config.policy == "prefix":
+        return PrefixPolicy(
+            block_chars=config.prefix_block_chars,
+            max_blocks=config.prefix_max_blocks,
+            cache_threshold=config.cache_threshold,
+            balance_abs_threshold=config.balance_abs_threshold,
+            balance_rel_threshold=config.balance_rel_threshold,
+            rank_by=config.rank_by,
+        )
+    if config.policy == "least-loaded":
+        return LeastLoadedPolicy(rank_by=config.rank_by)
+    if config.policy == "round-robin":
+        return RoundRobinPolicy()
+    if config.policy == "fastest":
+        return FastestPolicy(rank_by=config.rank_by)
+    if config.policy == "hedge":
+        return HedgePolicy(
+            rank_by=config.rank_by, hedge_after=config.hedge_after, max_hedges=config.max_hedges
+        )
+    if config.policy == "race":
+        return RacePolicy(k=config.race, rank_by=config.rank_by)
+    if config.policy == "weighted":
+        return WeightedPolicy(weights=tuple(config.weights or ()))
+    return FailoverPolicy()
+
+
+def route_for(
+    name: str,
+    config: RouteConfig,
+    targets: Iterable[Target],
+    providers: Mapping[str, ResolvedProvider],
+) -> Route:
+    """The engine's route for one ``[models.<name>]`` table."""
+    return Route(
+        name=name,
+        targets=tuple(
+            RouteTarget(
+                provider=t.provider,
+                model=t.model,
+                continuation=providers[t.provider].spec.continuation,
+                stream_usage=providers[t.provider].spec.stream_usage,
+                protocol=providers[t.provider].spec.protocol,
+            )
+            for t in targets
+        ),
+        policy=policy_for(config),
+        budget=HedgeBudget(ratio=config.hedge_budget),
+        first_token_timeout=config.first_token_timeout,
+        continue_on_break=config.continue_on_break,
+    )
+
+
+def build_router(resolved: Resolved, *, max_retries: int) -> Router:
+    """The routing engine for a resolved config: its routes, live stats and health."""
+    settings = resolved.routing
+    stats = LiveStats(
+        StatsSettings(
+            window=settings.window,
+            max_samples=settings.window_samples,
+            prompt_classes=tuple(settings.prompt_classes),
+            prior_ttft=settings.ttft_prior,
+        ),
+        journal=settings.stats_backend == "redis",
+    )
+    routes = {
+        name: route_for(name, resolved.route_configs[name], targets, resolved.providers)
+        for name, targets in resolved.routes.items()
+    }
+    return Router(
+        routes,
+        stats=stats,
+        breaker_failures=settings.breaker_failures,
+        breaker_cooldown=settings.breaker_cooldown,
+        explore_share=settings.explore,
+        max_retries=max_retries,
+    )
+
+
+class ServerPolling:
+    """Reads the self-hosted servers' ``/metrics`` (their queues feed the load-aware
+    policies) in the background, at most once a second while routed requests come."""
+
+    def __init__(self) -> None:
+        self._poller: MetricsPoller | None = None
+        self._next_at = 0.0
+
+    def poll(self, router: Router, providers: Mapping[str, ResolvedProvider]) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            return
+        self._next_at = now + METRICS_INTERVAL
+        servers = {
+            target.name: providers[target.provider]
+            for route in router.routes.values()
+            for target in route.targets
+            if providers[target.provider].kind == "sglang"
+        }
+        if not servers:
+            return
+        poller = self._poller
+        if poller is None or set(poller.urls) != set(servers):
+            if poller is not None:
+                spawn(poller.aclose, name="metrics poller close")
+            poller = self._poller = MetricsPoller(
+                {name: str(p.base_url) for name, p in servers.items()},
+                router.stats,
+                keys={name: p.api_key for name, p in servers.items() if p.api_key},
+                interval=METRICS_INTERVAL,
+                clock=router._clock,
+            )
+        spawn(poller.poll_once, name="server metrics")
+
+    async def aclose(self) -> None:
+        if self._poller is not None:
+            await self._poller.aclose()
+            self._poller = None
+
+
+def stats_sync_for(resolved: Resolved, router: Router) -> StatsSync | None:
+    """With ``stats_backend = "redis"``: the exchange of TTFT samples with the other instances."""
+    settings = resolved.routing
+    if settings.stats_backend != "redis":
+        return None
+    from .routing.shared import RedisStatsBackend
+
+    backend = RedisStatsBackend(
+        resolved.redis.url.get_secret_value(),
+        prefix=resolved.redis.prefix,
+        timeout=resolved.redis.timeout,
+        history=settings.window,
+    )
+    return StatsSync(
+        router.stats,
+        backend,
+        interval=settings.stats_sync,
+        targets={t.name for route in router.routes.values() for t in route.targets},
+    )

@@ -1,0 +1,248 @@
+"""Upstream requests of routed calls: one HTTP request to one target, built and sent.
+
+The routing engine asks for an attempt on a target; this module turns the call's body and
+options into that target's request (its base URL, key, headers and wire protocol), sends it on
+llmroute's transport and reports the timings of the exchange. Requests for a model name that is
+not a route never come here: openai's own machinery builds those.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from ._config import ResolvedProvider
+from ._errors import RequestBodyError, make_status_error, map_transport_errors
+from ._types import Timings
+from ._version import __version__
+from .protocols import anthropic
+from .routing.engine import RouteTarget, Sender
+
+__all__ = [
+    "OWN_HEADER_PREFIX",
+    "Upstream",
+    "body_errors",
+    "check_base_url",
+    "credentials",
+    "encode_body",
+    "merge_headers",
+    "proxy_for",
+    "to_timeout",
+]
+
+OWN_HEADER_PREFIX = "x-llmroute-"
+_USER_AGENT = f"llmroute/{__version__} (openai-compatible)"
+# openai's private markers on a call's headers (raw responses, cast overrides): never sent.
+_OPENAI_MARKERS = ("x-stainless-raw-response", "____stainless_override_cast_to")
+# Headers that identify the caller: the cache's tenant namespace is a hash of their values.
+_CREDENTIALS = frozenset(
+    {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
+)
+
+
+def to_timeout(value: object) -> httpx.Timeout:
+    """openai's timeout forms (float, None, httpx or httpx2 Timeout) as an ``httpx.Timeout``."""
+    if value is None:
+        return httpx.Timeout(None)
+    if isinstance(value, int | float):
+        return httpx.Timeout(float(value))
+    if isinstance(value, httpx.Timeout):
+        return value
+    fields = ("connect", "read", "write", "pool")
+    if all(hasattr(value, f) for f in fields):
+        return httpx.Timeout(**{f: getattr(value, f) for f in fields})
+    raise TypeError(f"timeout must be a number, None or a Timeout, not {type(value).__name__}")
+
+
+def proxy_for(url: httpx.URL) -> str | None:
+    """The proxy the environment (HTTPS_PROXY, ALL_PROXY, NO_PROXY, ...) sets for ``url``."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies or url.host in ("localhost", "::1") or url.host.startswith("127."):
+        return None
+    if urllib.request.proxy_bypass_environment(url.host, proxies):  # type: ignore[attr-defined]
+        return None
+    return proxies.get(url.scheme) or proxies.get("all")
+
+
+def check_base_url(base_url: object) -> httpx.URL:
+    url = httpx.URL(str(base_url))
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ValueError(f"base_url must be an http:// or https:// URL, got {str(base_url)!r}")
+    if not url.raw_path.endswith(b"/"):
+        url = url.copy_with(raw_path=url.raw_path + b"/")
+    return url
+
+
+def merge_headers(headers: dict[str, str], extra: Mapping[str, Any] | None) -> dict[str, str]:
+    """``headers`` with a call's own headers applied (``None`` or a sentinel removes one),
+    without llmroute's ``x-llmroute-*`` settings and openai's private markers."""
+    for name, value in (extra or {}).items():
+        if value is None or not isinstance(value, str):
+            for key in [k for k in headers if k.lower() == name.lower()]:
+                del headers[key]
+        else:
+            for key in [k for k in headers if k.lower() == name.lower() and k != name]:
+                del headers[key]
+            headers[name] = value
+    for name in list(headers):
+        lower = name.lower()
+        if lower.startswith(OWN_HEADER_PREFIX) or lower in _OPENAI_MARKERS:
+            del headers[name]
+    return headers
+
+
+def credentials(headers: Mapping[str, str]) -> list[str]:
+    """The headers that say who is asking, as ``name=value`` strings in a fixed order."""
+    return sorted(f"{k.lower()}={v}" for k, v in headers.items() if k.lower() in _CREDENTIALS)
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The JSON bytes of a request body; :class:`RequestBodyError` if it has none."""
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except RecursionError:
+        raise RequestBodyError(
+            "The request body is nested too deeply to be encoded as JSON"
+        ) from None
+    except (ValueError, TypeError) as exc:  # a circular reference, a number too long, an object
+        raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
+
+
+@contextlib.contextmanager
+def body_errors() -> Iterator[None]:
+    """A call whose body cannot be encoded (openai's machinery encodes a call that is not
+    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError."""
+    try:
+        yield
+    except RecursionError:
+        raise RequestBodyError(
+            "The request body is nested too deeply to be encoded as JSON"
+        ) from None
+    except ValueError as exc:
+        if "circular reference" not in str(exc).lower():
+            raise
+        raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
+
+
+class Upstream:
+    """Builds and sends the requests of routed calls to their targets' providers.
+
+    ``providers`` is the client's table (shared with its copies, so providers added at run time
+    are seen); ``http`` is an ``httpx.AsyncClient`` on llmroute's transport.
+    """
+
+    def __init__(self, providers: Mapping[str, ResolvedProvider], http: httpx.AsyncClient) -> None:
+        self.providers = providers
+        self.http = http
+
+    def provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
+        """The headers every request to ``provider`` carries: its key and configured headers."""
+        if provider.spec.protocol == "anthropic":
+            key = provider.api_key or ""
+            return {"User-Agent": _USER_AGENT, **anthropic.headers(key), **provider.headers}
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": _USER_AGENT,
+            **provider.headers,
+        }
+        if provider.api_key:
+            headers["Authorization"] = f"Bearer {provider.api_key}"
+        return headers
+
+    def build(
+        self,
+        provider: ResolvedProvider,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        headers: Mapping[str, Any] | None,
+        query: Mapping[str, object] | None,
+        timeout: httpx.Timeout,
+        continuation: bool = False,
+        http: Any = None,
+    ) -> httpx.Request:
+        """The request for ``path`` (relative to the provider's base URL) with ``body``;
+        ``http``: the caller's own ``httpx``/``httpx2`` client to build (and send) it with."""
+        base_url = provider.base_url
+        if continuation and provider.spec.continuation and provider.spec.continuation.base_url:
+            base_url = check_base_url(provider.spec.continuation.base_url)
+        sent = merge_headers(self.provider_headers(provider), headers)
+        return (http or self.http).build_request(
+            "POST",
+            str(base_url.join(path)),
+            content=encode_body(body),
+            headers=sent,
+            params=dict(query) if query else None,  # type: ignore[arg-type]
+            # Plain values: the caller's client may be an httpx2 one.
+            timeout=(timeout.connect, timeout.read, timeout.write, timeout.pool),
+        )
+
+    def sender(
+        self,
+        *,
+        headers: Mapping[str, Any] | None,
+        query: Mapping[str, object] | None,
+        timeout: httpx.Timeout,
+        path: str = "chat/completions",
+        http: Any = None,
+    ) -> Sender:
+        """The engine's :data:`Sender` for one call: the call's own headers, query and timeout
+        on every attempt, translated for each target's protocol."""
+
+        async def send(
+            target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+        ) -> tuple[httpx.Response, Timings]:
+            where = path
+            if target.protocol == "anthropic" and path == "chat/completions":
+                where, body = "messages", anthropic.translate_request(body, target=target.name)
+            request = self.build(
+                self.providers[target.provider],
+                where,
+                body,
+                headers=headers,
+                query=query,
+                timeout=timeout,
+                continuation=continuation,
+                http=http,
+            )
+            return await self.send(request, read_body=not stream, http=http)
+
+        return send
+
+    async def send(
+        self, request: httpx.Request, *, read_body: bool, http: Any = None
+    ) -> tuple[httpx.Response, Timings]:
+        """Send once: the response (streaming unless ``read_body``) and its timings; an error
+        status raises openai's status error."""
+        started = time.monotonic()
+        timings = Timings(started_at=started)
+        with map_transport_errors(request):
+            response = await (http or self.http).send(request, stream=True)
+        timings.headers = time.monotonic() - started
+        ext = response.extensions
+        timings.connection_reused = ext.get("llmroute.connection_reused")
+        timings.connect = ext.get("llmroute.connect_time")
+        version = ext.get("http_version")
+        timings.http_version = version.decode() if isinstance(version, bytes) else None
+        if response.status_code >= 400:
+            try:
+                with map_transport_errors(request):
+                    raw = await response.aread()
+            finally:
+                await response.aclose()
+            raise make_status_error(response, raw)
+        if read_body:
+            try:
+                with map_transport_errors(request):
+                    await response.aread()
+            finally:
+                await response.aclose()
+            timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
+        return response, timings
