@@ -201,7 +201,8 @@ async def test_previous_response_id_goes_to_the_target_that_holds_it(
         assert [a.target for a in follow.route.attempts] == ["b:sim-small"]
         # Streamed: the id arrives in response.created and pins the same way.
         stream = await c.responses.create(model="chat", input="Again", stream=True)
-        created = [event async for event in stream][0]
+        events = [event async for event in stream]
+        created = events[0]
         again = await c.responses.create(
             model="chat", input="And?", previous_response_id=created.response.id
         )
@@ -211,9 +212,7 @@ async def test_previous_response_id_goes_to_the_target_that_holds_it(
     async with AsyncOpenAI(
         config=responses_config(sim, sim_b), verify=sim.ssl_context(), max_retries=0
     ) as fresh:
-        found = await fresh.responses.create(
-            model="chat", input="?", previous_response_id=first.id
-        )
+        found = await fresh.responses.create(model="chat", input="?", previous_response_id=first.id)
         assert found.route.winner == "b:sim-small"
         assert [(a.target, a.outcome) for a in found.route.attempts] == [
             ("a:sim-small", "error"),
