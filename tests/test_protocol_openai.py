@@ -6,12 +6,12 @@ import math
 from typing import Any
 
 import httpx
-import httpx2
 import openai
 import pydantic
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai import _base_client
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat.chat_completion_chunk import Choice, ChoiceDelta, ChoiceDeltaToolCall
@@ -26,6 +26,10 @@ from llmroute.protocols.openai import (
     is_token_chunk,
     parse_chat_completion,
 )
+
+# The HTTP library the installed openai is built on (httpx2 from openai 3.0, httpx before):
+# openai's own stream reader is handed its own request and response types.
+openai_http: Any = getattr(_base_client, "httpx2", None) or _base_client.httpx
 
 REQUEST = httpx.Request("POST", "https://api.example.com/v1/chat/completions")
 TARGET = "example:gpt-x"
@@ -155,8 +159,8 @@ def openai_stream(body: bytes) -> list[Any]:
 
     async def run() -> list[Any]:
         client = openai.AsyncOpenAI(api_key="x", base_url="http://t/v1")
-        request = httpx2.Request("POST", "http://t/v1/chat/completions")
-        response = httpx2.Response(200, content=body, request=request)
+        request = openai_http.Request("POST", "http://t/v1/chat/completions")
+        response = openai_http.Response(200, content=body, request=request)
         stream = openai.AsyncStream(cast_to=ChatCompletionChunk, response=response, client=client)
         out: list[Any] = []
         try:
