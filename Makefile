@@ -57,8 +57,8 @@ $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
 demo: $(STAMP)
 	$(BIN)/llmroute demo
 
-# After the main suite: the three environments install side by side (about 1.5 min on two
-# cores with a warm pip cache, against 4 one after the other), then run.
+# After the main suite: the three environments install side by side (they are independent;
+# 1.5 to 4.5 min on two cores with a warm pip cache, by the machine's load), then run.
 test: test-main
 	$(MAKE) -j3 envs
 	$(MAKE) test-openai2 test-frameworks
