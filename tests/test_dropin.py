@@ -211,9 +211,7 @@ async def test_previous_response_id_goes_to_the_target_that_holds_it(
     async with AsyncOpenAI(
         config=responses_config(sim, sim_b), verify=sim.ssl_context(), max_retries=0
     ) as fresh:
-        found = await fresh.responses.create(
-            model="chat", input="?", previous_response_id=first.id
-        )
+        found = await fresh.responses.create(model="chat", input="?", previous_response_id=first.id)
         assert found.route.winner == "b:sim-small"
         assert [(a.target, a.outcome) for a in found.route.attempts] == [
             ("a:sim-small", "error"),

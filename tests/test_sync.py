@@ -389,3 +389,20 @@ def test_a_client_used_after_fork_says_so(sim: Simulator) -> None:
             os.kill(pid, 9)
             os.waitpid(pid, 0)
         assert status is not None and os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_direct_chat_call_is_cached_and_counted(sim: Simulator, tmp_path: Any) -> None:
+    config = {"cache": {"backend": "memory", "min_hits": 1}}
+    with llmroute.OpenAI(
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
+    ) as client:
+        first = client.chat.completions.create(model="sim-small", messages=MESSAGES, temperature=0)
+        second = client.chat.completions.create(model="sim-small", messages=MESSAGES, temperature=0)
+        assert first.route is None and second.route is not None and second.route.cache_hit
+        assert second.choices[0].message.content == first.choices[0].message.content
+        streamed = client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, temperature=0, stream=True
+        )
+        assert isinstance(streamed, llmroute.Stream) and [c for c in streamed]
+        samples = client.metrics.exposition().decode()
+        assert 'source="cache"' in samples
