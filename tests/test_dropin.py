@@ -201,7 +201,8 @@ async def test_previous_response_id_goes_to_the_target_that_holds_it(
         assert [a.target for a in follow.route.attempts] == ["b:sim-small"]
         # Streamed: the id arrives in response.created and pins the same way.
         stream = await c.responses.create(model="chat", input="Again", stream=True)
-        created = [event async for event in stream][0]
+        events = [event async for event in stream]  # read whole: the answer completes
+        created = events[0]
         again = await c.responses.create(
             model="chat", input="And?", previous_response_id=created.response.id
         )
