@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import random
@@ -23,7 +24,16 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._format import MissingExtra, make_console, ms, percentiles, progress_bar, require, table
+from ._format import (
+    MissingExtra,
+    check_output_path,
+    make_console,
+    ms,
+    percentiles,
+    progress_bar,
+    require,
+    table,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -161,6 +171,11 @@ def _run(args: argparse.Namespace) -> int:
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
         return 2
+    for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
+        problem = check_output_path(path, flag) if path else None
+        if problem:
+            sys.stderr.write(f"llmroute bench: {problem}\n")
+            return 2
     try:
         require("rich", "cli")
         if args.plot:
@@ -210,10 +225,10 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                         },
                     )
                 )
-            endpoints, missing = _select(endpoints, _wanted(args))
+            selected, missing = _select(endpoints, _wanted(args))
             if missing:
                 return _missing(missing, endpoints)
-            return await _measure(console, endpoints, lengths, args, "simulated providers")
+            return await _measure(console, selected, lengths, args, "simulated providers")
     from .._config import ConfigError, load_config
 
     try:
@@ -226,9 +241,10 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
         return 2
-    endpoints, missing = _select(endpoints, _wanted(args))
+    selected, missing = _select(endpoints, _wanted(args))
     if missing:
         return _missing(missing, endpoints)
+    endpoints = selected
     if not endpoints:
         sys.stderr.write(f"llmroute bench: {config.source}: no routes, so no targets to probe\n")
         return 2
@@ -245,9 +261,16 @@ def _select(
 
 
 def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
+    """``missing`` named, with every target that could have been (all, not only the selected)."""
+    known = [e.target for e in endpoints]
+    hints = ""
+    for name in missing:
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            hints += f" (did you mean {close[0]!r} for {name!r}?)"
     sys.stderr.write(
-        f"llmroute bench: unknown target {', '.join(missing)}; "
-        f"known: {', '.join(e.target for e in endpoints) or '(none)'}\n"
+        f"llmroute bench: unknown target {', '.join(missing)}{hints}; "
+        f"the targets are: {', '.join(known) or '(none: the config has no routes)'}\n"
     )
     return 2
 
@@ -416,13 +439,18 @@ async def _measure(
             seen.add((sample.target, cause[:60]))
             console.print(f"  {sample.target}: {cause[:160]}")
     console.print(f"{len(samples)} probes in {wall:.1f} s")
-    if args.json_path:
-        _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
-        console.print(f"wrote {args.json_path}")
-    if args.plot:
-        _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
-        console.print(f"wrote {args.plot}")
-    return 0
+    status = 0
+    try:
+        if args.json_path:
+            _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
+            console.print(f"wrote {args.json_path}")
+        if args.plot:
+            _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
+            console.print(f"wrote {args.plot}")
+    except OSError as exc:
+        sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
+        status = 1
+    return status
 
 
 async def _warm(client: AsyncOpenAI) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "QUANTILES",
     "MissingExtra",
+    "check_output_path",
     "make_console",
     "ms",
     "percentiles",
@@ -39,6 +41,24 @@ def require(module: str, extra: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise MissingExtra(f"{module} is not installed: pip install 'llmroute[{extra}]'") from None
+
+
+def check_output_path(path: str, flag: str) -> str | None:
+    """Why ``path`` cannot be written (a sentence naming ``flag``), or ``None`` if it can.
+
+    Checked before a long run, so a typo in the output's directory does not lose the run.
+    """
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        return f"{flag} {path}: is a directory; give a file name"
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: the directory {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK) or (
+        os.path.exists(target) and not os.access(target, os.W_OK)
+    ):
+        return f"{flag} {path}: not writable by this user"
+    return None
 
 
 def ms(seconds: float | None) -> str:
