@@ -26,6 +26,7 @@ import anyio
 
 from ._format import (
     MissingExtra,
+    add_tls_options,
     check_output_path,
     make_console,
     ms,
@@ -33,6 +34,7 @@ from ._format import (
     progress_bar,
     require,
     table,
+    tls_verify,
 )
 
 if TYPE_CHECKING:
@@ -126,6 +128,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--plot", help="write a PNG of the TTFT distributions here (needs llmroute[plot])"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
+    add_tls_options(parser)
     parser.set_defaults(run=_run)
 
 
@@ -170,6 +173,11 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
+        return 2
+    try:
+        args.verify = tls_verify(args, "llmroute bench")
+    except ValueError as exc:
+        sys.stderr.write(f"{exc}\n")
         return 2
     for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
         problem = check_output_path(path, flag) if path else None
@@ -237,7 +245,7 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             raise ConfigError(
                 "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
             )
-        endpoints = _config_endpoints(config)
+        endpoints = _config_endpoints(config, args.verify)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
         return 2
@@ -275,8 +283,11 @@ def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
     return 2
 
 
-def _config_endpoints(config: Config) -> list[_Endpoint]:
-    """Every target of every route, once, with what reaches it directly."""
+def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoint]:
+    """Every target of every route, once, with what reaches it directly.
+
+    A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
+    """
     from .._config import resolve, route_config
     from ..server._secrets import provider_secrets
 
@@ -292,6 +303,7 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
                 "base_url": str(provider.base_url),
                 "default_headers": dict(provider.headers),
                 "max_retries": 0,
+                "verify": verify if provider.verify is None else provider.verify,
             }
             endpoints.append(_Endpoint(target.name, target.model, client_args, secrets))
             continue
@@ -309,7 +321,7 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
                 ),
             }
         )
-        client_args = {"api_key": "unused", "config": probe, "max_retries": 0}
+        client_args = {"api_key": "unused", "config": probe, "max_retries": 0, "verify": verify}
         endpoints.append(_Endpoint(target.name, "probe", client_args, secrets))
     return endpoints
 

@@ -50,7 +50,9 @@ def _run(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("hypercorn") is None:
-        sys.stderr.write("llmroute serve: hypercorn is missing; pip install 'llmroute[server]'\n")
+        from .._install import install_hint
+
+        sys.stderr.write(f"llmroute serve: hypercorn is missing; {install_hint('server')}\n")
         return 2
     if (args.certfile is None) != (args.keyfile is None):
         sys.stderr.write("llmroute serve: --certfile and --keyfile go together\n")
