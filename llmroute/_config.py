@@ -516,6 +516,10 @@ class Config(BaseModel):
 
     default_provider: str | None = None
     """Where model names that are not routes go; ``None``: the client's own base_url and key."""
+    unknown_models: Literal["suggest", "default", "error"] = "suggest"
+    """A model name that is not a route: ``suggest`` raises for a near miss of a route ("did
+    you mean 'chat'?") and sends other names to the default provider; ``default`` sends every
+    such name there, as openai would; ``error`` raises for every such name, naming the routes."""
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, RouteConfig] = Field(default_factory=dict)
     """Routes, by the model name the application asks for."""
@@ -623,6 +627,8 @@ class Resolved:
     source: str = field(default=_DEFAULT_SOURCE, compare=False)
     cache: CacheSettings | None = None
     redis: RedisSettings = field(default_factory=RedisSettings)
+    unknown_models: Literal["suggest", "default", "error"] = "suggest"
+    """See :attr:`Config.unknown_models`; :func:`llmroute._model_names.check_model_name`."""
 
     def targets(self) -> list[Target]:
         """Every target of every route, once, in the order the routes name them."""
@@ -687,6 +693,7 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         source=config.source,
         cache=config.cache,
         redis=config.redis,
+        unknown_models=config.unknown_models,
     )
 
 
