@@ -482,6 +482,7 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
     fast.record_stream(0.02, 50.0)
     slow = stats.target("deepseek:deepseek-chat")
     slow.record_outcome("error")
+    slow.record_latency(1.5)  # a request not streamed: its whole answer
     report = stats.snapshot()
     # Existing callers keep a dict of TargetSnapshot.
     assert isinstance(report, StatsReport) and isinstance(report, dict)
@@ -492,15 +493,16 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
     assert report.to_dict()["openai:gpt-4o-mini"]["ttft_p50"] == pytest.approx(0.2)
     lines = str(report).splitlines()
     assert lines[0].split() == [
-        "target", "n", "TTFT", "p50", "p95", "p99", "ITL", "p50", "tokens/s", "errors", "in",
-        "flight", "circuit",
+        "target", "n", "TTFT", "p50", "p95", "p99", "ITL", "p50", "tokens/s", "whole", "p50",
+        "errors", "in", "flight", "circuit",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "openai:gpt-4o-mini", "3", "200", "ms", "290", "ms", "298", "ms", "20", "ms", "50", "0%",
-        "0", "closed",
+        "openai:gpt-4o-mini", "3", "200", "ms", "290", "ms", "298", "ms", "20", "ms", "50", "-",
+        "0%", "0", "closed",
     ]  # fmt: skip
     assert lines[2].split() == [
-        "deepseek:deepseek-chat", "0", "-", "-", "-", "-", "-", "100%", "0", "closed",
+        "deepseek:deepseek-chat", "0", "-", "-", "-", "-", "-", "1500", "ms", "100%", "0",
+        "closed",
     ]  # fmt: skip
     assert str(report) in repr(report)
     assert str(StatsReport()).startswith("no targets yet")

@@ -425,14 +425,18 @@ class StatsReport(dict[str, TargetSnapshot]):
         "p99",
         "ITL p50",
         "tokens/s",
+        "whole p50",
         "errors",
         "in flight",
         "circuit",
     )
 
     def table(self) -> str:
-        """One line per target: samples, TTFT p50/p95/p99, inter-token latency p50, tokens/s,
-        the error rate (errors, timeouts and 429s), requests in flight and the circuit state."""
+        """One line per target: TTFT samples (streamed requests), TTFT p50/p95/p99, inter-token
+        latency p50, tokens/s, the whole-answer latency p50 of requests not streamed (their
+        first token comes with the whole answer; kept apart so it does not skew the streamed
+        TTFT routing relies on), the error rate (errors, timeouts and 429s), requests in flight
+        and the circuit state."""
         if not self:
             return "no targets yet (a client without routes, or before its first request)"
         rows = [self._COLUMNS] + [
@@ -444,6 +448,7 @@ class StatsReport(dict[str, TargetSnapshot]):
                 _ms(snap.ttft_p99),
                 _ms(snap.itl_p50),
                 "-" if snap.tokens_per_s is None else f"{snap.tokens_per_s:.0f}",
+                _ms(snap.latency_p50),
                 f"{snap.error_rate:.0%}",
                 str(snap.in_flight),
                 snap.breaker,
