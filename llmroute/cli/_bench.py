@@ -174,6 +174,11 @@ def _run(args: argparse.Namespace) -> int:
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
         return 2
+    if not args.timeout > 0:
+        sys.stderr.write(
+            f"llmroute bench: --timeout must be above 0 seconds, got {args.timeout:g}\n"
+        )
+        return 2
     try:
         args.verify = tls_verify(args, "llmroute bench")
     except ValueError as exc:

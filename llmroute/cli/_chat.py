@@ -123,7 +123,7 @@ async def _chat(
         err.write(f"llmroute chat: {exc}\n")
         return 2
     except OpenAIError as exc:  # no OPENAI_API_KEY for the plain client
-        err.write(f"llmroute chat: {exc}\n")
+        err.write(f"llmroute chat: {exc} (or try 'llmroute chat --simulator ...': no key needed)\n")
         return 2
     model = args.model
     if model is None:
