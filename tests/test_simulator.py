@@ -501,12 +501,13 @@ def test_drop_mid_stream_is_a_client_error(anysim: Simulator) -> None:
     """A dropped stream ends in an error (RST_STREAM on h2, a closed connection on h1)."""
     got: list[str] = []
     began = time.monotonic()
-    with pytest.raises(httpx.RemoteProtocolError), client(anysim) as c:
+    timeout = httpx.Timeout(5.0, read=60.0)
+    with pytest.raises(httpx.RemoteProtocolError), client(anysim, timeout=timeout) as c:
         with c.stream(
             "POST", "/chat/completions", json=body(stream=True), headers={"x-sim-fault": "drop:3"}
         ) as r:
             got.extend(line for line in r.iter_lines() if line)
-    assert time.monotonic() - began < 3.0  # an error, not a hang until the read timeout
+    assert time.monotonic() - began < 30  # an error, not a hang until the 60 s read timeout
     assert len(got) == 1 + 3 and "[DONE]" not in got[-1]
     with client(anysim) as c:  # the server is fine afterwards
         assert c.post("/chat/completions", json=body()).status_code == 200

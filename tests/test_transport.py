@@ -270,3 +270,7 @@ async def test_an_origin_can_have_its_own_tls_trust(sim: Simulator, sim_h1: Simu
     insecure = Transport(verify_by_origin={origin: False})
     async with httpx.AsyncClient(transport=insecure) as client:
         assert (await client.get(models, headers=headers)).status_code == 200
+    later = Transport()  # a provider added at run time brings its own trust
+    later.set_origin_verify(origin[0], origin[1], sim.ca_pem_path)
+    async with httpx.AsyncClient(transport=later) as client:
+        assert (await client.get(models, headers=headers)).status_code == 200

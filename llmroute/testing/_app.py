@@ -86,6 +86,7 @@ def _zero_stats() -> dict[str, Any]:
         "streams_completed": 0,
         "streams_cancelled": 0,
         "in_flight": 0,
+        "peak_in_flight": 0,
         "faults": {},
     }
 
@@ -123,7 +124,7 @@ class SimApp:
     def reset_stats(self) -> None:
         """Zero the counters (in_flight is kept) and forget recorded requests."""
         fresh = _zero_stats()
-        fresh["in_flight"] = self._stats["in_flight"]
+        fresh["in_flight"] = fresh["peak_in_flight"] = self._stats["in_flight"]
         self._stats = fresh
         self.last_requests.clear()
 
@@ -226,8 +227,10 @@ class SimApp:
     async def _chat(
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
-        self._stats["chat_requests"] += 1
-        self._stats["in_flight"] += 1
+        stats = self._stats
+        stats["chat_requests"] += 1
+        stats["in_flight"] += 1
+        stats["peak_in_flight"] = max(stats["peak_in_flight"], stats["in_flight"])
         try:
             await self._chat_inner(req, headers, receive, send, rid)
         finally:

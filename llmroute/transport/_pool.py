@@ -200,6 +200,7 @@ class Transport(httpx.AsyncBaseTransport):
             (host.lower(), port): (make_ssl_context(v), self._http1_transport(v))
             for (host, port), v in (verify_by_origin or {}).items()
         }
+        self._retired: list[httpx.AsyncHTTPTransport] = []  # replaced, closed with the transport
         self._pools: dict[tuple[str, int], _OriginPool] = {}
         self._to_close: list[HTTP2Connection] = []
         self._closed = False
@@ -213,6 +214,16 @@ class Transport(httpx.AsyncBaseTransport):
         return httpx.AsyncHTTPTransport(
             verify=h1_verify, http1=True, http2=False, limits=self._limits
         )
+
+    def set_origin_verify(self, host: str, port: int, verify: ssl.SSLContext | str | bool) -> None:
+        """Give ``host:port`` its own TLS trust from now on (a provider added at run time).
+
+        Connections already open to it keep the trust they were opened with."""
+        key = (host.lower(), port)
+        old = self._origins.get(key)
+        self._origins[key] = (make_ssl_context(verify), self._http1_transport(verify))
+        if old is not None:
+            self._retired.append(old[1])
 
     def ssl_context_for(self, host: str, port: int) -> ssl.SSLContext:
         """The TLS context of connections to ``host:port``."""
@@ -303,7 +314,7 @@ class Transport(httpx.AsyncBaseTransport):
                 await conn.aclose()
             pool.connections.clear()
         await self._http1.aclose()
-        for _, http1 in self._origins.values():
+        for http1 in [*(pair[1] for pair in self._origins.values()), *self._retired]:
             await http1.aclose()
 
 
