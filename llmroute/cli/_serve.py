@@ -25,7 +25,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
     )
     parser.add_argument(
-        "--port", type=int, help="the port (default: [gateway] port, else 8000; 0: any free one)"
+        "--port", type=_port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
     )
     parser.add_argument("--certfile", help="a PEM certificate: HTTPS, HTTP/2 by ALPN")
     parser.add_argument("--keyfile", help="the certificate's PEM private key")
@@ -35,12 +35,24 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(run=_run)
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
+
+
 def _run(args: argparse.Namespace) -> int:
     import asyncio
     import importlib.util
 
     if importlib.util.find_spec("hypercorn") is None:
-        sys.stderr.write("llmroute serve: hypercorn is missing; pip install 'llmroute[server]'\n")
+        from .._install import install_hint
+
+        sys.stderr.write(f"llmroute serve: hypercorn is missing; {install_hint('server')}\n")
         return 2
     if (args.certfile is None) != (args.keyfile is None):
         sys.stderr.write("llmroute serve: --certfile and --keyfile go together\n")
