@@ -493,7 +493,7 @@ class GatewaySettings(BaseModel):
     """HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: more open streams on one connection are a
     protocol error (GOAWAY)."""
     h2_max_resets: int = Field(default=200, ge=1)
-    """HTTP/2 streams a client may reset before their answer ended, per connection and 10
+    """HTTP/2 streams a client may reset, per connection and 10
     seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM (rapid reset)."""
     h2_max_control_frames: int = Field(default=1000, ge=1)
     """HTTP/2 frames carrying no request (PING, SETTINGS, PRIORITY, empty DATA, unknown),

@@ -34,6 +34,7 @@ This module imports hypercorn (the ``server`` extra): import it only to serve.
 
 from __future__ import annotations
 
+import ssl
 import time
 from typing import Any
 
@@ -41,7 +42,8 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import hypercorn.protocol
-from hypercorn.events import Closed, Event
+from hypercorn.asyncio.tcp_server import TCPServer
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.protocol.events import EndBody, EndData, StreamClosed, Trailers
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h2 import (
@@ -66,6 +68,8 @@ CONFIG_FLAG = "h2_bounded_stream_buffers"
 LIMITS_ATTRIBUTE = "h2_limits"
 """The hypercorn config attribute holding the :class:`H2Limits` of a server (the gateway's)."""
 
+_LINGER = 1.0  # seconds a connection closed for abuse is read (and dropped) before it closes
+
 # Events of frames that carry no request: a flood of them is all cost and no work.
 _NOISE = (
     h2.events.PingReceived,
@@ -82,9 +86,9 @@ class H2Limits:
     ``burst`` events, refilled at ``burst / window`` per second; a connection that overdraws
     one is closed with GOAWAY ``ENHANCE_YOUR_CALM``.
 
-    ``resets``: streams the client resets before their answer ended (rapid reset,
-    CVE-2023-44487). ``frames``: frames that carry no request (PING, SETTINGS, PRIORITY, empty
-    DATA, unknown types). ``orphan_bytes``: body bytes accepted for a stream already answered.
+    ``resets``: streams the client resets (rapid reset, CVE-2023-44487). ``frames``: frames
+    that carry no request (PING, SETTINGS, PRIORITY, empty DATA, unknown types).
+    ``orphan_bytes``: body bytes accepted for a stream already answered.
     """
 
     __slots__ = ("frames", "orphan_bytes", "resets", "window")
@@ -184,6 +188,8 @@ class BoundedH2Protocol(H2Protocol):
         self.calmed = False  # closed with ENHANCE_YOUR_CALM
 
     async def handle(self, event: Event) -> None:
+        if self.calmed and isinstance(event, RawData):
+            return  # read and dropped until the connection closes (see _calm_down)
         await super().handle(event)
         if self._fixed and isinstance(event, Closed):
             # Writers waiting on a zero window would wait forever: wake them.
@@ -230,9 +236,9 @@ class BoundedH2Protocol(H2Protocol):
 
     def _within_limits(self, event: h2.events.Event) -> bool:
         if isinstance(event, h2.events.StreamReset):
-            if event.remote_reset and event.stream_id in self.streams:
-                return self._resets.take()
-            return True
+            # Every reset counts, answered or not: the work of a stream (an app task, headers
+            # parsed, often an answer) is done by the time a rapid-reset client cancels it.
+            return not event.remote_reset or self._resets.take()
         if isinstance(event, _NOISE) or (
             isinstance(event, h2.events.DataReceived) and not event.data and not event.stream_ended
         ):
@@ -240,11 +246,21 @@ class BoundedH2Protocol(H2Protocol):
         return True
 
     async def _calm_down(self) -> None:
+        """GOAWAY ENHANCE_YOUR_CALM; every stream ends now (their apps see a disconnect), and
+        the connection closes after a short linger during which what the client still sends
+        is read unparsed, so the kernel does not answer it with a TCP reset that would destroy
+        the GOAWAY before the client reads it."""
         self.calmed = True
         self.connection.close_connection(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await self._flush()
+        await super().handle(Closed())
+        for buffer in list(self.stream_buffers.values()):
+            await buffer.close()
+        self.task_group.spawn(self._close_after_linger)
+
+    async def _close_after_linger(self) -> None:
+        await self.context.sleep(_LINGER)
         await self.send(Closed())
-        await self.handle(Closed())
 
     async def stream_send(self, event: StreamEvent) -> None:
         if self._limits is not None:
@@ -277,8 +293,23 @@ class BoundedH2Protocol(H2Protocol):
 
 def install() -> None:
     """Make new hypercorn HTTP/2 connections use :class:`BoundedH2Protocol` (or a subclass of
-    it already installed, such as the simulator's). Idempotent; a server only changes
+    it already installed, such as the simulator's), and keep a TLS error of a connection's
+    close from failing the server's shutdown. Idempotent; a server's HTTP/2 only changes
     behaviour when its config sets ``h2_bounded_stream_buffers``."""
     current = hypercorn.protocol.H2Protocol  # type: ignore[attr-defined]
     if not (isinstance(current, type) and issubclass(current, BoundedH2Protocol)):
         hypercorn.protocol.H2Protocol = BoundedH2Protocol  # type: ignore[misc]
+    close = TCPServer._close  # pyright: ignore[reportPrivateUsage]
+    if not getattr(close, "_llmroute", False):
+
+        async def _close(self: TCPServer) -> None:
+            # hypercorn 0.18 lets the SSLError of a TLS client that still sends after the
+            # server's close_notify escape a connection's task, and hypercorn's shutdown then
+            # raises it: a client's behaviour must not fail the server's exit.
+            try:
+                await close(self)
+            except ssl.SSLError:
+                pass
+
+        _close._llmroute = True  # type: ignore[attr-defined]
+        TCPServer._close = _close  # type: ignore[method-assign]
