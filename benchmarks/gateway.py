@@ -70,10 +70,11 @@ def pct(values: Sequence[float], q: float) -> float:
 
 @contextmanager
 def gateway_process(
-    sim: SimulatorProcess, folder: str, *, tls: bool = True
+    sim: SimulatorProcess, folder: str, *, tls: bool = True, gateway: str = ""
 ) -> Iterator[tuple[str, ssl.SSLContext, int]]:
     """``llmroute serve`` in a child process, over HTTPS unless ``tls`` is false (then plain
-    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid."""
+    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid.
+    ``gateway``: more lines of its ``[gateway]`` table."""
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
@@ -84,7 +85,7 @@ def gateway_process(
         f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
         '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
         '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
-        "max_concurrency_per_key = 1000\n"
+        "max_concurrency_per_key = 1000\n" + gateway
     )
     env = {
         **os.environ,

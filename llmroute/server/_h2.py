@@ -34,6 +34,7 @@ This module imports hypercorn (the ``server`` extra): import it only to serve.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import time
 from typing import Any
@@ -68,6 +69,7 @@ CONFIG_FLAG = "h2_bounded_stream_buffers"
 LIMITS_ATTRIBUTE = "h2_limits"
 """The hypercorn config attribute holding the :class:`H2Limits` of a server (the gateway's)."""
 
+_LOG = logging.getLogger("llmroute.server")
 _LINGER = 1.0  # seconds a connection closed for abuse is read (and dropped) before it closes
 
 # Events of frames that carry no request: a flood of them is all cost and no work.
@@ -207,7 +209,14 @@ class BoundedH2Protocol(H2Protocol):
             if self._limits is not None and not self._within_limits(event):
                 await self._calm_down()
                 return
-            await super()._handle_events([event])
+            try:
+                await super()._handle_events([event])
+            except h2.exceptions.ProtocolError:
+                # hypercorn resets a stream that arrives during shutdown even when the
+                # connection is already closed; h2's error would escape the connection's task.
+                await self._flush()
+                await self.send(Closed())
+                return
             if isinstance(event, h2.events.StreamReset):
                 self._orphans.pop(event.stream_id, None)
                 buffer = self.stream_buffers.get(event.stream_id)
@@ -313,3 +322,15 @@ def install() -> None:
 
         _close._llmroute = True  # type: ignore[attr-defined]
         TCPServer._close = _close  # type: ignore[method-assign]
+        run = TCPServer.run
+
+        async def _run(self: TCPServer) -> None:
+            # One connection's failure (an h2 state error or a write to a TLS transport
+            # already gone, both seen when a client keeps sending while hypercorn shuts its
+            # connection) ends that connection only: hypercorn's shutdown re-raises it.
+            try:
+                await run(self)
+            except Exception as exc:
+                _LOG.debug("a connection ended on %s", type(exc).__name__)
+
+        TCPServer.run = _run  # type: ignore[method-assign]
