@@ -152,6 +152,7 @@ class _Exchange:
         "label",
         "request_id",
         "send",
+        "since",
         "stalled",
         "status",
         "write_timeout",
@@ -166,6 +167,7 @@ class _Exchange:
         self.stalled = False
         self.finished = False
         self.write_timeout = write_timeout
+        self.since = 0.0  # when the chunk being written began to be, 0.0: none is
         self.request_id = f"gw-{uuid.uuid4().hex}"
 
     async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
@@ -176,6 +178,13 @@ class _Exchange:
             *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
+
+    async def chunk(self, data: bytes) -> None:
+        """One chunk of a streamed answer. Its write is timed by the request's watcher
+        (:func:`_watch`), which costs nothing per chunk, unlike a cancel scope per write."""
+        self.since = time.monotonic()
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        self.since = 0.0
 
     async def body(self, data: bytes, *, more: bool = False) -> None:
         if not more:
@@ -457,7 +466,11 @@ class GatewayApp:
                     exchange.gone = True
                     scope.cancel()
 
-            tg.start_soon(_watch_disconnect, receive, client_gone)
+            def client_stalled() -> None:
+                exchange.gone = exchange.stalled = True
+                scope.cancel()
+
+            tg.start_soon(_watch, receive, exchange, client_gone, client_stalled)
             self._scopes.add(scope)
             try:
                 result = await self._call(path, body, extra_headers)
@@ -470,7 +483,7 @@ class GatewayApp:
                         {"cache-control": "no-cache", "x-llmroute-cache": cache},
                     )
                     async for chunk in stream:
-                        await exchange.body(b"data: " + dump_json(chunk) + b"\n\n", more=True)
+                        await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
                     complete = True
             except Exception as exc:
                 failure = exc
@@ -736,11 +749,26 @@ async def _discard(receive: Receive, budget: int) -> None:
                 return
 
 
-async def _watch_disconnect(receive: Receive, gone: Callable[[], None]) -> None:
+async def _watch(
+    receive: Receive,
+    exchange: _Exchange,
+    gone: Callable[[], None],
+    stalled: Callable[[], None],
+) -> None:
+    """Beside a request's work: call ``gone`` when the client disconnects, ``stalled`` when a
+    chunk's write has waited ``write_timeout`` (checked every quarter of it, so the answer is
+    cut within 1.25 times ``write_timeout``)."""
+    interval = exchange.write_timeout / 4
     while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone()
+        with anyio.move_on_after(interval):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone()
+                return
+            continue
+        since = exchange.since
+        if since and time.monotonic() - since >= exchange.write_timeout:
+            stalled()
             return
 
 

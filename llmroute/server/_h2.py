@@ -45,7 +45,7 @@ import h2.exceptions
 import hypercorn.protocol
 from hypercorn.asyncio.tcp_server import TCPServer
 from hypercorn.events import Closed, Event, RawData
-from hypercorn.protocol.events import EndBody, EndData, StreamClosed, Trailers
+from hypercorn.protocol.events import Body, EndBody, EndData, StreamClosed, Trailers
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h2 import (
     BUFFER_HIGH_WATER,
@@ -70,6 +70,7 @@ LIMITS_ATTRIBUTE = "h2_limits"
 """The hypercorn config attribute holding the :class:`H2Limits` of a server (the gateway's)."""
 
 _LOG = logging.getLogger("llmroute.server")
+_ORPHAN_BYTES = 16 * 2**20  # body bytes dropped for an answered stream before it is reset
 _LINGER = 1.0  # seconds a connection closed for abuse is read (and dropped) before it closes
 
 # Events of frames that carry no request: a flood of them is all cost and no work.
@@ -170,6 +171,32 @@ class _BoundedBuffers(dict[int, StreamBuffer]):
         super().__setitem__(stream_id, buffer)
 
 
+class _Answered:
+    """What ``H2Protocol.streams`` gives for a stream it no longer has (its app answered):
+    hypercorn 0.18 raised ``KeyError`` there and dropped the connection (issue #329)."""
+
+    __slots__ = ("_protocol", "_stream_id")
+
+    def __init__(self, protocol: BoundedH2Protocol, stream_id: int) -> None:
+        self._protocol = protocol
+        self._stream_id = stream_id
+
+    async def handle(self, event: StreamEvent) -> None:
+        self._protocol.orphan(self._stream_id, event)
+
+
+class _Streams(dict[int, Any]):
+    """``H2Protocol.streams``, where a stream already answered and forgotten is an
+    :class:`_Answered` for ``streams[id]`` (``in`` and ``get`` are unchanged)."""
+
+    def __init__(self, protocol: BoundedH2Protocol) -> None:
+        super().__init__()
+        self._protocol = protocol
+
+    def __missing__(self, stream_id: int) -> _Answered:
+        return _Answered(self._protocol, stream_id)
+
+
 class BoundedH2Protocol(H2Protocol):
     """hypercorn's ``H2Protocol`` with the fixes and limits of this module when its config has
     ``h2_bounded_stream_buffers = True`` (limits when it also has ``h2_limits``); otherwise
@@ -182,6 +209,7 @@ class BoundedH2Protocol(H2Protocol):
         self._limits = limits if self._fixed else None
         if self._fixed:
             self.stream_buffers = _BoundedBuffers(self.context.event_class)
+            self.streams = _Streams(self)
         self._orphans: dict[int, int] = {}  # answered stream -> body bytes dropped since
         self._ended: set[int] = set()  # streams whose app sent the end of the answer
         if self._limits is not None:
@@ -202,46 +230,44 @@ class BoundedH2Protocol(H2Protocol):
         if not self._fixed:
             await super()._handle_events(events)
             return
+        if self._limits is not None:
+            for event in events:
+                if not self._within_limits(event):
+                    await self._calm_down()
+                    return
+        try:
+            await super()._handle_events(events)
+        except h2.exceptions.ProtocolError:
+            # hypercorn resets a stream that arrives during shutdown even when the connection
+            # is already closed; h2's error would escape the connection's task.
+            await self._flush()
+            await self.send(Closed())
+            return
         for event in events:
-            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
-                self._orphan(event)
-                continue
-            if self._limits is not None and not self._within_limits(event):
-                await self._calm_down()
-                return
-            try:
-                await super()._handle_events([event])
-            except h2.exceptions.ProtocolError:
-                # hypercorn resets a stream that arrives during shutdown even when the
-                # connection is already closed; h2's error would escape the connection's task.
-                await self._flush()
-                await self.send(Closed())
-                return
             if isinstance(event, h2.events.StreamReset):
                 self._orphans.pop(event.stream_id, None)
                 buffer = self.stream_buffers.get(event.stream_id)
                 if buffer is not None:
                     await buffer.close()
-            elif isinstance(event, h2.events.StreamEnded):
-                self._orphans.pop(event.stream_id, None)
-        await self._flush()
 
-    def _orphan(self, event: h2.events.DataReceived) -> None:
-        """DATA for a stream already answered (hypercorn #329): acknowledged and dropped."""
-        stream_id = event.stream_id
-        self.connection.acknowledge_received_data(event.flow_controlled_length, stream_id)
-        dropped = self._orphans.get(stream_id, 0) + event.flow_controlled_length
-        cap = self._limits.orphan_bytes if self._limits is not None else 16 * 2**20
-        if event.stream_ended:
+    def orphan(self, stream_id: int, event: StreamEvent) -> None:
+        """Body of a stream already answered (hypercorn #329): dropped (hypercorn acknowledges
+        it), and the stream reset once more than ``orphan_bytes`` came."""
+        if isinstance(event, EndBody):
             self._orphans.pop(stream_id, None)
-        elif dropped > cap:
-            self._orphans.pop(stream_id, None)
-            try:
-                self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
-            except h2.exceptions.ProtocolError:
-                pass
-        else:
+            return
+        if not isinstance(event, Body):
+            return
+        dropped = self._orphans.get(stream_id, 0) + len(event.data)
+        cap = self._limits.orphan_bytes if self._limits is not None else _ORPHAN_BYTES
+        if dropped <= cap:
             self._orphans[stream_id] = dropped
+            return
+        self._orphans.pop(stream_id, None)
+        try:
+            self.connection.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+        except h2.exceptions.ProtocolError:
+            pass
 
     def _within_limits(self, event: h2.events.Event) -> bool:
         if isinstance(event, h2.events.StreamReset):
