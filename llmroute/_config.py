@@ -489,6 +489,13 @@ class GatewaySettings(BaseModel):
     (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
     max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
     """An upstream's Retry-After passed on to a client is capped at this many seconds."""
+    limits_backend: Literal["memory", "redis"] = "memory"
+    """Where ``max_concurrency_per_key`` is counted: in this process, or in the ``[redis]``
+    server, shared by every replica of the gateway."""
+    slot_lease: Annotated[Duration, Field(gt=0)] = 60.0
+    """With ``limits_backend = "redis"``: a request's slot lapses this long after its replica
+    last renewed it (a replica renews every ``write_timeout / 4`` while the request runs; a
+    replica that dies frees its slots after this long)."""
     h2_max_concurrent_streams: int = Field(default=256, ge=1, le=2**31 - 1)
     """HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: more open streams on one connection are a
     protocol error (GOAWAY)."""
@@ -513,6 +520,12 @@ class GatewaySettings(BaseModel):
         if (self.certfile is None) != (self.keyfile is None):
             missing = "keyfile" if self.keyfile is None else "certfile"
             raise _invalid("certfile and keyfile go together", missing)
+        return self
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> GatewaySettings:
+        if self.slot_lease < self.write_timeout / 2:
+            raise _invalid("slot_lease must be at least half of write_timeout", "slot_lease")
         return self
 
     @model_validator(mode="after")

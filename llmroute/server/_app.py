@@ -28,6 +28,7 @@ from ..routing.health import failure_party
 from ._auth import KeyRing
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import provider_secrets
+from ._slots import LocalSlots, RedisSlots, Slots
 from ._validate import InvalidField, check, finite_float
 
 __all__ = ["GatewayApp", "dump_json", "group_namespace", "key_namespace"]
@@ -153,6 +154,7 @@ class _Exchange:
         "request_id",
         "send",
         "since",
+        "slot",
         "stalled",
         "status",
         "write_timeout",
@@ -167,6 +169,7 @@ class _Exchange:
         self.stalled = False
         self.finished = False
         self.write_timeout = write_timeout
+        self.slot: str | None = None  # the token of the key's slot this request holds
         self.since = 0.0  # when the chunk being written began to be, 0.0: none is
         self.request_id = f"gw-{uuid.uuid4().hex}"
 
@@ -245,7 +248,15 @@ class GatewayApp:
         self.metrics = GatewayMetrics()
         self.routes = list(loaded.models)
         self._created = int(time.time())
-        self._in_flight: dict[str, int] = {}
+        self._slots: Slots = LocalSlots()
+        if self.settings.limits_backend == "redis":
+            redis = loaded.redis
+            self._slots = RedisSlots(
+                redis.url.get_secret_value(),
+                prefix=redis.prefix,
+                timeout=redis.timeout,
+                lease=self.settings.slot_lease,
+            )
         self._scopes: set[anyio.CancelScope] = set()
         self._closing = False
 
@@ -262,6 +273,8 @@ class GatewayApp:
         """End what is in flight and close the client (its connections and cache)."""
         self.begin_shutdown()
         await self.client.close()
+        if isinstance(self._slots, RedisSlots):
+            self._slots.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -347,8 +360,8 @@ class GatewayApp:
     ) -> None:
         """Run ``work`` in one of the key's ``max_concurrency_per_key`` slots, or refuse (429)."""
         key = exchange.key
-        in_flight = self._in_flight.get(key, 0)
-        if in_flight >= self.settings.max_concurrency_per_key:
+        token = await self._slots.acquire(key, self.settings.max_concurrency_per_key)
+        if token is None:
             self.metrics.rejections.labels(key, "concurrency").inc()
             wait = self.settings.retry_after
             raise _Refused(
@@ -364,12 +377,13 @@ class GatewayApp:
                     "retry-after-ms": str(int(wait * 1000)),
                 },
             )
-        self._in_flight[key] = in_flight + 1
         self.metrics.in_flight.labels(key).inc()
+        exchange.slot = token
         try:
             await work()
         finally:
-            self._in_flight[key] -= 1
+            exchange.slot = None
+            await self._slots.release(key, token)
             self.metrics.in_flight.labels(key).dec()
 
     async def _v1(
@@ -470,7 +484,7 @@ class GatewayApp:
                 exchange.gone = exchange.stalled = True
                 scope.cancel()
 
-            tg.start_soon(_watch, receive, exchange, client_gone, client_stalled)
+            tg.start_soon(_watch, receive, exchange, client_gone, client_stalled, self._renew)
             self._scopes.add(scope)
             try:
                 result = await self._call(path, body, extra_headers)
@@ -544,6 +558,10 @@ class GatewayApp:
         if "encoding_format" in rest:
             kwargs["encoding_format"] = rest.pop("encoding_format")
         return await client.embeddings.create(extra_body=rest, **kwargs)
+
+    async def _renew(self, exchange: _Exchange) -> None:
+        if exchange.slot is not None:
+            await self._slots.renew(exchange.key, exchange.slot)
 
     def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
         """The cache settings a client may give; a per-key namespace when configured."""
@@ -754,10 +772,11 @@ async def _watch(
     exchange: _Exchange,
     gone: Callable[[], None],
     stalled: Callable[[], None],
+    renew: Callable[[_Exchange], Awaitable[None]],
 ) -> None:
     """Beside a request's work: call ``gone`` when the client disconnects, ``stalled`` when a
     chunk's write has waited ``write_timeout`` (checked every quarter of it, so the answer is
-    cut within 1.25 times ``write_timeout``)."""
+    cut within 1.25 times ``write_timeout``), and renew the request's shared slot meanwhile."""
     interval = exchange.write_timeout / 4
     while True:
         with anyio.move_on_after(interval):
@@ -770,6 +789,7 @@ async def _watch(
         if since and time.monotonic() - since >= exchange.write_timeout:
             stalled()
             return
+        await renew(exchange)
 
 
 def _cache_hit(result: object) -> bool:
