@@ -55,9 +55,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process has used so far, from /proc (Linux)."""
+    """CPU time (user + system) a process and its children (``--workers``) have used so far,
+    from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        total += sum(cpu_seconds(int(child)) for child in children.read_text().split())
+    return total
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -70,7 +75,7 @@ def pct(values: Sequence[float], q: float) -> float:
 
 @contextmanager
 def gateway_process(
-    sim: SimulatorProcess, folder: str, *, tls: bool = True, gateway: str = ""
+    sim: SimulatorProcess, folder: str, *, tls: bool = True, gateway: str = "", workers: int = 1
 ) -> Iterator[tuple[str, ssl.SSLContext, int]]:
     """``llmroute serve`` in a child process, over HTTPS unless ``tls`` is false (then plain
     HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid.
@@ -95,7 +100,7 @@ def gateway_process(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
-    command += ["--log-level", "warning"]
+    command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
     proc = subprocess.Popen(
@@ -219,6 +224,9 @@ def main() -> None:
     parser.add_argument(
         "--plain", action="store_true", help="the gateway over plain HTTP/1.1 (client side)"
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="gateway processes (llmroute serve --workers)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -227,7 +235,7 @@ def main() -> None:
     with (
         tempfile.TemporaryDirectory() as folder,
         SimulatorProcess(Profile(reply_tokens=args.tokens), tls=True) as sim,
-        gateway_process(sim, folder, tls=not args.plain) as (url, ctx, pid),
+        gateway_process(sim, folder, tls=not args.plain, workers=args.workers) as (url, ctx, pid),
     ):
         results = asyncio.run(measure(sim, url, ctx, pid, [1, 64], args.rounds, per_batch))
     info = machine(["openai", "httpx", "h2", "hypercorn", "anyio"])
@@ -239,6 +247,7 @@ def main() -> None:
         f"\nnproc={info['nproc']} cpu={info['cpu']} python={info['python']} "
         f"rounds={args.rounds} tokens={args.tokens} "
         f"client->gateway: {'HTTP/1.1 plain' if args.plain else 'HTTP/2 over TLS'}; "
+        f"gateway workers: {args.workers}; "
         f"per batch: c=1 {args.per_batch_1}, c=64 {args.per_batch_64}"
     )
 

@@ -5,10 +5,15 @@ connections and stats, sharing nothing but the Redis server."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -110,3 +115,35 @@ def test_ttft_statistics_are_shared_across_replicas(replicas: tuple[Gateway, Gat
         time.sleep(0.15)
     assert samples(second) >= own + theirs
     assert own < 20
+
+
+def test_serve_with_workers_answers_and_stops_cleanly(tmp_path: Path) -> None:
+    """``llmroute serve --workers 2``: two processes on one socket; SIGTERM stops both, exit 0."""
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        '[providers.up]\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "W_UP"\n'
+        '[models.chat]\ntargets = ["up:m"]\n[gateway]\nkeys = { a = "W_KEY" }\nport = 0\n'
+    )
+    env = {**os.environ, "W_UP": "sk-workers-up", "W_KEY": KEYS["alpha"]}
+    command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", str(config)]
+    command += ["--workers", "2", "--log-level", "error"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "2 workers" in line
+        root = line.split("listening on ", 1)[1].split()[0].removesuffix("/v1")
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        assert len(children) == 2
+        for _ in range(4):
+            assert httpx.get(root + "/health", timeout=DEADLINE).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
