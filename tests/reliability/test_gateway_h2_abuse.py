@@ -107,9 +107,10 @@ def test_rapid_reset_is_cut_off_with_enhance_your_calm(gateway: Gateway) -> None
         client.close()
     assert goaway is not None
     assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-    # The app ran for at most the budget (plus what refilled meanwhile), not for every stream.
+    # The app ran for the budget plus what refilled meanwhile (5 a second), not for every
+    # stream: even a minute of attack on a loaded machine stays far under the 2,000 sent.
     seen = _requests_seen(gateway) - before
-    assert seen <= RESETS + 20, (seen, sent)
+    assert seen < ATTACK / 5, (seen, sent)
     _still_serves(gateway)
 
 
