@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench bench-litellm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
+# LiteLLM's proxy for benchmarks/gateway.py, in an environment of its own (never the dev one).
+bench-litellm-env:
+	$(PYTHON) -m venv .venv-litellm
+	.venv-litellm/bin/python -m pip install --quiet 'litellm[proxy]' || \
+		(echo "LiteLLM could not be installed: benchmarks/gateway.py skips it"; rm -rf .venv-litellm)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build dist
+	rm -rf $(VENV) .venv-litellm .pytest_cache .ruff_cache .hypothesis build dist

@@ -486,8 +486,42 @@ class GatewaySettings(BaseModel):
     """Seconds a 429 for ``max_concurrency_per_key`` asks the client to wait (Retry-After)."""
     metrics_public: bool = False
     """Serve ``/metrics`` without a key (for a scraper on a private network)."""
-    cache_namespace_per_key: bool = False
-    """Keep each key's cached answers apart (``true``), or share them between keys."""
+    cache_namespace_per_key: bool = True
+    """Keep each key's cached answers apart (``true``, the default), or share them between all
+    keys (``false``). ``cache_groups`` shares them between some keys only."""
+    cache_groups: dict[Annotated[str, Field(pattern=_KEY_NAME)], list[str]] = Field(
+        default_factory=dict
+    )
+    """Keys whose cached answers are shared: a group name -> key names (a key in one group)."""
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    """A connection with no request in flight (or whose request headers have not all arrived)
+    is closed after this long."""
+    handshake_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    """A TLS handshake must end within this long."""
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """A request body must arrive whole within this long, else 408. A body being read holds no
+    per-key slot."""
+    write_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """A write to a client that does not read may wait this long; then the response is cut
+    (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
+    max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
+    """An upstream's Retry-After passed on to a client is capped at this many seconds."""
+    limits_backend: Literal["memory", "redis"] = "memory"
+    """Where ``max_concurrency_per_key`` is counted: in this process, or in the ``[redis]``
+    server, shared by every replica of the gateway."""
+    slot_lease: Annotated[Duration, Field(gt=0)] = 60.0
+    """With ``limits_backend = "redis"``: a request's slot lapses this long after its replica
+    last renewed it (a replica renews every ``write_timeout / 4`` while the request runs; a
+    replica that dies frees its slots after this long)."""
+    h2_max_concurrent_streams: int = Field(default=256, ge=1, le=2**31 - 1)
+    """HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: more open streams on one connection are a
+    protocol error (GOAWAY)."""
+    h2_max_resets: int = Field(default=200, ge=1)
+    """HTTP/2 streams a client may reset, per connection and 10
+    seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM (rapid reset)."""
+    h2_max_control_frames: int = Field(default=1000, ge=1)
+    """HTTP/2 frames carrying no request (PING, SETTINGS, PRIORITY, empty DATA, unknown),
+    per connection and 10 seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM."""
 
     @field_validator("keys")
     @classmethod
@@ -503,6 +537,24 @@ class GatewaySettings(BaseModel):
         if (self.certfile is None) != (self.keyfile is None):
             missing = "keyfile" if self.keyfile is None else "certfile"
             raise _invalid("certfile and keyfile go together", missing)
+        return self
+
+    @model_validator(mode="after")
+    def _check_lease(self) -> GatewaySettings:
+        if self.slot_lease < self.write_timeout / 2:
+            raise _invalid("slot_lease must be at least half of write_timeout", "slot_lease")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cache_groups(self) -> GatewaySettings:
+        seen: dict[str, str] = {}
+        for group, names in self.cache_groups.items():
+            for name in names:
+                if name not in self.keys:
+                    raise _invalid(f"cache_groups.{group}: {name!r} is not a key name")
+                if name in seen:
+                    raise _invalid(f"key {name!r} is in cache groups {seen[name]!r} and {group!r}")
+                seen[name] = group
         return self
 
 

@@ -51,6 +51,7 @@ from ._upstream import (
     Upstream,
     credentials,
     merge_headers,
+    no_cookies,
     proxy_for,
 )
 from .cache import (
@@ -200,7 +201,8 @@ class Dispatch:
                 log.warning("cache: %s; the client runs without a cache", exc)
         self.verify = verify
         self.transport = Transport(verify=verify, verify_by_origin=resolved.verify_by_origin())
-        self.http = httpx.AsyncClient(transport=self.transport, timeout=None)
+        # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
+        self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http)
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
