@@ -37,7 +37,7 @@ OPENAI2_DESELECT := tests/reliability/test_hostile_bodies.py::test_anthropic_pre
 OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \
 	$(addprefix --deselect=,$(OPENAI2_DESELECT))
 
-.PHONY: demo test test-main envs test-openai2 test-frameworks lint bench clean
+.PHONY: demo test test-main envs test-openai2 test-frameworks lint bench bench-litellm-env clean
 # The environments outlive a run (make would delete a stamp built through two pattern rules).
 .PRECIOUS: $(VENVS)/%/.installed
 
@@ -88,5 +88,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 
+# LiteLLM's proxy for benchmarks/gateway.py, in an environment of its own (never the dev one).
+bench-litellm-env:
+	$(PYTHON) -m venv .venv-litellm
+	.venv-litellm/bin/python -m pip install --quiet 'litellm[proxy]' || \
+		(echo "LiteLLM could not be installed: benchmarks/gateway.py skips it"; rm -rf .venv-litellm)
+
 clean:
-	rm -rf $(VENV) $(VENVS) .pytest_cache .ruff_cache .hypothesis build dist
+	rm -rf $(VENV) $(VENVS) .venv-litellm .pytest_cache .ruff_cache .hypothesis build dist

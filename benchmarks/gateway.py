@@ -30,13 +30,15 @@ import json
 import math
 import os
 import select
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +57,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process has used so far, from /proc (Linux)."""
+    """CPU time (user + system) a process and its children (``--workers``) have used so far,
+    from /proc (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    if children.exists():
+        total += sum(cpu_seconds(int(child)) for child in children.read_text().split())
+    return total
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -70,10 +77,11 @@ def pct(values: Sequence[float], q: float) -> float:
 
 @contextmanager
 def gateway_process(
-    sim: SimulatorProcess, folder: str, *, tls: bool = True
+    sim: SimulatorProcess, folder: str, *, tls: bool = True, gateway: str = "", workers: int = 1
 ) -> Iterator[tuple[str, ssl.SSLContext, int]]:
     """``llmroute serve`` in a child process, over HTTPS unless ``tls`` is false (then plain
-    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid."""
+    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid.
+    ``gateway``: more lines of its ``[gateway]`` table."""
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
@@ -84,7 +92,7 @@ def gateway_process(
         f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
         '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
         '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
-        "max_concurrency_per_key = 1000\n"
+        "max_concurrency_per_key = 1000\n" + gateway
     )
     env = {
         **os.environ,
@@ -94,7 +102,7 @@ def gateway_process(
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
-    command += ["--log-level", "warning"]
+    command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
     proc = subprocess.Popen(
@@ -116,6 +124,87 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+LITELLM_KEY = "sk-bench-litellm-master"
+LITELLM_ENV = ROOT / ".venv-litellm"
+
+
+def litellm_python(given: str | None) -> Path | None:
+    """The Python of the benchmark-only environment holding ``litellm[proxy]``: ``--litellm``,
+    else ``$LLMROUTE_BENCH_LITELLM``, else ``.venv-litellm`` (``make bench-litellm-env``)."""
+    for candidate in (given, os.environ.get("LLMROUTE_BENCH_LITELLM")):
+        if candidate:
+            return Path(candidate)
+    default = LITELLM_ENV / "bin" / "python"
+    return default if default.exists() else None
+
+
+@contextmanager
+def litellm_process(sim: SimulatorProcess, folder: str, python: Path) -> Iterator[tuple[str, int]]:
+    """LiteLLM's proxy (uvicorn, plain HTTP/1.1) with one model ``chat`` -> the simulator;
+    yields its base URL and pid."""
+    port = _free_port()
+    config = os.path.join(folder, "litellm.yaml")
+    Path(config).write_text(
+        "model_list:\n"
+        "  - model_name: chat\n"
+        "    litellm_params:\n"
+        "      model: openai/sim-small\n"
+        f"      api_base: {sim.base_url}\n"
+        "      api_key: os.environ/BENCH_UPSTREAM_KEY\n"
+        "general_settings:\n"
+        "  master_key: os.environ/BENCH_LITELLM_KEY\n"
+        "litellm_settings:\n"
+        "  drop_params: true\n"
+        "  turn_off_message_logging: true\n"
+    )
+    env = {
+        **os.environ,
+        "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
+        "BENCH_LITELLM_KEY": LITELLM_KEY,
+        "SSL_CERT_FILE": sim.ca_pem_path or "",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no price map download at import
+        "LITELLM_LOG": "ERROR",
+    }
+    script = python.parent / "litellm"
+    command = [str(script), "--config", config, "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"LiteLLM's proxy exited with {proc.returncode}")
+            try:
+                with urllib.request.urlopen(url + "/health/liveliness", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("LiteLLM's proxy did not answer within 180 s")
+            time.sleep(0.5)
+        yield url + "/v1", proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 async def ttft(client: AsyncOpenAI, model: str) -> float:
@@ -151,37 +240,48 @@ async def measure(
     levels: Sequence[int],
     rounds: int,
     per_batch: dict[int, int],
+    litellm: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     direct = AsyncOpenAI(api_key=UPSTREAM_KEY, base_url=sim.base_url, verify=sim.ssl_context())
     through = AsyncOpenAI(api_key=GATEWAY_KEY, base_url=gateway_url, verify=gateway_ctx)
     paths = {"direct": (direct, "sim-small"), "gateway": (through, "chat")}
+    pids = {"gateway": gateway_pid}
+    if litellm is not None:
+        paths["litellm"] = (AsyncOpenAI(api_key=LITELLM_KEY, base_url=litellm[0]), "chat")
+        pids["litellm"] = litellm[1]
     results: dict[str, Any] = {}
     try:
         for client, model in paths.values():
             await batch(client, model, 64, 16)  # warm both paths' connections and pools
         for level in levels:
             samples: dict[str, list[float]] = {name: [] for name in paths}
-            cpu = 0.0  # the gateway process's CPU seconds during its own batches
-            sim_cpu = 0.0  # the simulator's during the direct batches (a hypercorn baseline)
+            # Each proxy's CPU seconds during its own batches; the simulator's during the
+            # direct batches (a hypercorn baseline).
+            cpu = {name: 0.0 for name in pids}
+            sim_cpu = 0.0
             for round_ in range(rounds):
-                order = list(paths) if round_ % 2 == 0 else list(reversed(paths))
+                names = list(paths)
+                order = names[round_ % len(names) :] + names[: round_ % len(names)]
                 for name in order:
                     client, model = paths[name]
-                    before, sim_before = cpu_seconds(gateway_pid), cpu_seconds(sim.pid or 0)
+                    pid = pids.get(name)
+                    before = cpu_seconds(pid) if pid else 0.0
+                    sim_before = cpu_seconds(sim.pid or 0)
                     samples[name] += await batch(client, model, per_batch[level], level)
-                    if name == "gateway":
-                        cpu += cpu_seconds(gateway_pid) - before
+                    if pid:
+                        cpu[name] += cpu_seconds(pid) - before
                     else:
                         sim_cpu += cpu_seconds(sim.pid or 0) - sim_before
             row: dict[str, Any] = {"n": {k: len(v) for k, v in samples.items()}}
-            row["gateway_cpu_per_request"] = cpu / max(1, len(samples["gateway"]))
+            for name, seconds in cpu.items():
+                row[f"{name}_cpu_per_request"] = seconds / max(1, len(samples[name]))
             row["simulator_cpu_per_request"] = sim_cpu / max(1, len(samples["direct"]))
             for name, values in samples.items():
                 row[name] = {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
             results[str(level)] = row
     finally:
-        await direct.close()
-        await through.close()
+        for client, _ in paths.values():
+            await client.close()
     return results
 
 
@@ -205,6 +305,24 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
         cells.append(f"{row['gateway_cpu_per_request'] * 1000:.2f} ms")
         cells.append(f"{row['simulator_cpu_per_request'] * 1000:.2f} ms")
         lines.append("| " + " | ".join(cells) + " |")
+    if any("litellm" in row for row in results.values()):
+        lines += [
+            "",
+            "| concurrency | direct p50 | LiteLLM p50 | added p50 | direct p99 | LiteLLM p99 "
+            "| added p99 | CPU per request: LiteLLM |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for level, row in results.items():
+            d, lite = row["direct"], row["litellm"]
+            cells = [level]
+            for q in ("p50", "p99"):
+                cells += [
+                    f"{d[q] * 1000:.2f} ms",
+                    f"{lite[q] * 1000:.2f} ms",
+                    f"**{(lite[q] - d[q]) * 1000:+.2f} ms**",
+                ]
+            cells.append(f"{row['litellm_cpu_per_request'] * 1000:.2f} ms")
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -218,17 +336,40 @@ def main() -> None:
     parser.add_argument(
         "--plain", action="store_true", help="the gateway over plain HTTP/1.1 (client side)"
     )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="gateway processes (llmroute serve --workers)"
+    )
+    parser.add_argument(
+        "--litellm",
+        help="the Python of an environment with litellm[proxy] (default: $LLMROUTE_BENCH_LITELLM,"
+        " else .venv-litellm from 'make bench-litellm-env'); LiteLLM is skipped without one",
+    )
+    parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.per_batch_1, args.per_batch_64 = 2, 5, 64
     per_batch = {1: args.per_batch_1, 64: args.per_batch_64}
+    python = None if args.no_litellm else litellm_python(args.litellm)
+    if python is None and not args.no_litellm:
+        print(
+            "LiteLLM skipped: no environment with litellm[proxy] (make bench-litellm-env, or "
+            "--litellm PYTHON)",
+            file=sys.stderr,
+        )
     with (
         tempfile.TemporaryDirectory() as folder,
         SimulatorProcess(Profile(reply_tokens=args.tokens), tls=True) as sim,
-        gateway_process(sim, folder, tls=not args.plain) as (url, ctx, pid),
+        gateway_process(sim, folder, tls=not args.plain, workers=args.workers) as (url, ctx, pid),
+        ExitStack() as stack,
     ):
-        results = asyncio.run(measure(sim, url, ctx, pid, [1, 64], args.rounds, per_batch))
+        litellm = None
+        if python is not None:
+            try:
+                litellm = stack.enter_context(litellm_process(sim, folder, python))
+            except (OSError, RuntimeError) as exc:
+                print(f"LiteLLM skipped: {exc}", file=sys.stderr)
+        results = asyncio.run(measure(sim, url, ctx, pid, [1, 64], args.rounds, per_batch, litellm))
     info = machine(["openai", "httpx", "h2", "hypercorn", "anyio"])
     if args.json:
         print(json.dumps({"results": results, "machine": info, "args": vars(args)}, indent=2))
@@ -238,6 +379,7 @@ def main() -> None:
         f"\nnproc={info['nproc']} cpu={info['cpu']} python={info['python']} "
         f"rounds={args.rounds} tokens={args.tokens} "
         f"client->gateway: {'HTTP/1.1 plain' if args.plain else 'HTTP/2 over TLS'}; "
+        f"gateway workers: {args.workers}; "
         f"per batch: c=1 {args.per_batch_1}, c=64 {args.per_batch_64}"
     )
 

@@ -22,6 +22,7 @@ from ._errors import (
     RequestBodyError,
     StreamInterrupted,
     TargetUnavailable,
+    UnknownModelError,
     UnprocessableEntityError,
 )
 from ._streaming import AsyncStream
@@ -77,6 +78,7 @@ __all__ = [
     "TargetSnapshot",
     "TargetUnavailable",
     "Timings",
+    "UnknownModelError",
     "UnprocessableEntityError",
     "WeightedPolicy",
     "__version__",

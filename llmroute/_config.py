@@ -196,6 +196,17 @@ def _empty_is_none(value: Any) -> Any:
     return None if value == "" else value
 
 
+def _verify_input(value: Any) -> bool | str | None:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip():
+        path = os.path.expanduser(value.strip())
+        if not os.path.exists(path):
+            raise _invalid(f"{value!r}: no such CA file or directory")
+        return path
+    raise _invalid(f"expected true, false or the path of a CA file (PEM), got {_show(value)}")
+
+
 Duration = Annotated[float, BeforeValidator(_duration_input)]
 Policy = Literal[
     "fastest", "hedge", "race", "failover", "weighted", "prefix", "least-loaded", "round-robin"
@@ -230,6 +241,10 @@ class ProviderConfig(BaseModel):
     self_hosted: bool | None = None
     display_name: str | None = None
     docs: str | None = None
+    verify: Annotated[bool | str | None, BeforeValidator(_verify_input)] = None
+    """TLS trust of this provider's ``https://`` base URL: ``true`` (the system's roots or
+    ``SSL_CERT_FILE``), ``false`` (no verification: for a test server only), or the path of a CA
+    file (PEM) or directory; unset, the client's own ``verify``."""
 
     @field_validator("continuation", mode="before")
     @classmethod
@@ -471,8 +486,42 @@ class GatewaySettings(BaseModel):
     """Seconds a 429 for ``max_concurrency_per_key`` asks the client to wait (Retry-After)."""
     metrics_public: bool = False
     """Serve ``/metrics`` without a key (for a scraper on a private network)."""
-    cache_namespace_per_key: bool = False
-    """Keep each key's cached answers apart (``true``), or share them between keys."""
+    cache_namespace_per_key: bool = True
+    """Keep each key's cached answers apart (``true``, the default), or share them between all
+    keys (``false``). ``cache_groups`` shares them between some keys only."""
+    cache_groups: dict[Annotated[str, Field(pattern=_KEY_NAME)], list[str]] = Field(
+        default_factory=dict
+    )
+    """Keys whose cached answers are shared: a group name -> key names (a key in one group)."""
+    idle_timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    """A connection with no request in flight (or whose request headers have not all arrived)
+    is closed after this long."""
+    handshake_timeout: Annotated[Duration, Field(gt=0)] = 10.0
+    """A TLS handshake must end within this long."""
+    body_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """A request body must arrive whole within this long, else 408. A body being read holds no
+    per-key slot."""
+    write_timeout: Annotated[Duration, Field(gt=0)] = 30.0
+    """A write to a client that does not read may wait this long; then the response is cut
+    (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
+    max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
+    """An upstream's Retry-After passed on to a client is capped at this many seconds."""
+    limits_backend: Literal["memory", "redis"] = "memory"
+    """Where ``max_concurrency_per_key`` is counted: in this process, or in the ``[redis]``
+    server, shared by every replica of the gateway."""
+    slot_lease: Annotated[Duration, Field(gt=0)] = 60.0
+    """With ``limits_backend = "redis"``: a request's slot lapses this long after its replica
+    last renewed it (a replica renews every ``write_timeout / 4`` while the request runs; a
+    replica that dies frees its slots after this long)."""
+    h2_max_concurrent_streams: int = Field(default=256, ge=1, le=2**31 - 1)
+    """HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: more open streams on one connection are a
+    protocol error (GOAWAY)."""
+    h2_max_resets: int = Field(default=200, ge=1)
+    """HTTP/2 streams a client may reset, per connection and 10
+    seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM (rapid reset)."""
+    h2_max_control_frames: int = Field(default=1000, ge=1)
+    """HTTP/2 frames carrying no request (PING, SETTINGS, PRIORITY, empty DATA, unknown),
+    per connection and 10 seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM."""
 
     @field_validator("keys")
     @classmethod
@@ -490,6 +539,24 @@ class GatewaySettings(BaseModel):
             raise _invalid("certfile and keyfile go together", missing)
         return self
 
+    @model_validator(mode="after")
+    def _check_lease(self) -> GatewaySettings:
+        if self.slot_lease < self.write_timeout / 2:
+            raise _invalid("slot_lease must be at least half of write_timeout", "slot_lease")
+        return self
+
+    @model_validator(mode="after")
+    def _check_cache_groups(self) -> GatewaySettings:
+        seen: dict[str, str] = {}
+        for group, names in self.cache_groups.items():
+            for name in names:
+                if name not in self.keys:
+                    raise _invalid(f"cache_groups.{group}: {name!r} is not a key name")
+                if name in seen:
+                    raise _invalid(f"key {name!r} is in cache groups {seen[name]!r} and {group!r}")
+                seen[name] = group
+        return self
+
 
 class Config(BaseModel):
     """A whole config: providers, routes and routing settings.
@@ -503,6 +570,10 @@ class Config(BaseModel):
 
     default_provider: str | None = None
     """Where model names that are not routes go; ``None``: the client's own base_url and key."""
+    unknown_models: Literal["suggest", "default", "error"] = "suggest"
+    """A model name that is not a route: ``suggest`` raises for a near miss of a route ("did
+    you mean 'chat'?") and sends other names to the default provider; ``default`` sends every
+    such name there, as openai would; ``error`` raises for every such name, naming the routes."""
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, RouteConfig] = Field(default_factory=dict)
     """Routes, by the model name the application asks for."""
@@ -578,12 +649,22 @@ class ResolvedProvider:
     headers: Mapping[str, str]
     kind: str | None
     """The catalog entry it is based on; ``None`` for a provider the catalog does not know."""
+    verify: bool | str | None = None
+    """The provider's own TLS trust (``True``, ``False`` or a CA path); ``None``: the client's."""
+
+    @property
+    def origin(self) -> tuple[str, int]:
+        """``(host, port)`` of ``base_url``, as a connection pool keys it."""
+        url = self.base_url
+        return (url.host.lower(), url.port or (443 if url.scheme == "https" else 80))
 
     def __repr__(self) -> str:
         key = "<set>" if self.api_key is not None else "None"
+        verify = "" if self.verify is None else f", verify={self.verify!r}"
         return (
             f"ResolvedProvider(name={self.name!r}, kind={self.kind!r}, "
-            f"base_url={str(self.base_url)!r}, api_key={key}, headers={sorted(self.headers)!r})"
+            f"base_url={str(self.base_url)!r}, api_key={key}, headers={sorted(self.headers)!r}"
+            f"{verify})"
         )
 
 
@@ -600,11 +681,22 @@ class Resolved:
     source: str = field(default=_DEFAULT_SOURCE, compare=False)
     cache: CacheSettings | None = None
     redis: RedisSettings = field(default_factory=RedisSettings)
+    unknown_models: Literal["suggest", "default", "error"] = "suggest"
+    """See :attr:`Config.unknown_models`; :func:`llmroute._model_names.check_model_name`."""
 
     def targets(self) -> list[Target]:
         """Every target of every route, once, in the order the routes name them."""
         unique = {t.name: t for targets in self.routes.values() for t in targets}
         return list(unique.values())
+
+    def verify_by_origin(self) -> dict[tuple[str, int], bool | str]:
+        """The TLS trust providers set for their own ``https://`` origins (``verify`` in their
+        table), for :class:`llmroute.transport.Transport`'s ``verify_by_origin``."""
+        return {
+            p.origin: p.verify
+            for p in self.providers.values()
+            if p.verify is not None and p.base_url.scheme == "https"
+        }
 
 
 def load_config(
@@ -644,8 +736,10 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
     used = dict.fromkeys(target.provider for targets in routes.values() for target in targets)
     if config.default_provider is not None:
         used.setdefault(config.default_provider)
+    providers = {name: _resolve_provider(name, config, catalog, environ) for name in used}
+    _check_shared_origins(providers, config.source)
     return Resolved(
-        providers={name: _resolve_provider(name, config, catalog, environ) for name in used},
+        providers=providers,
         routes=routes,
         route_configs=dict(config.models),
         routing=config.routing,
@@ -653,6 +747,7 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         source=config.source,
         cache=config.cache,
         redis=config.redis,
+        unknown_models=config.unknown_models,
     )
 
 
@@ -714,7 +809,24 @@ def _resolve_provider(
         api_key=api_key,
         headers=dict(spec.headers),
         kind=spec.name if base is not None else None,
+        verify=settings.verify if settings is not None else None,
     )
+
+
+def _check_shared_origins(providers: Mapping[str, ResolvedProvider], source: str) -> None:
+    """Providers on one origin share its connections, so they must trust it alike."""
+    seen: dict[tuple[str, int], ResolvedProvider] = {}
+    for provider in providers.values():
+        if provider.verify is None or provider.base_url.scheme != "https":
+            continue
+        other = seen.setdefault(provider.origin, provider)
+        if other.verify != provider.verify:
+            host, port = provider.origin
+            raise ConfigError(
+                f"{source}: providers.{_key([provider.name])}.verify: {provider.verify!r} differs "
+                f"from providers.{_key([other.name])}.verify ({other.verify!r}), and both reach "
+                f"{host}:{port} over the same connections: give them the same verify"
+            )
 
 
 def _with_slash(url: httpx.URL) -> httpx.URL:

@@ -43,6 +43,7 @@ from ._errors import (
     describe_error,
     map_transport_errors,
 )
+from ._model_names import check_model_name
 from ._routes import ServerPolling, build_router, route_for, stats_sync_for
 from ._streaming import AsyncStream
 from ._types import AttemptReport, RouteReport, Timings
@@ -50,6 +51,7 @@ from ._upstream import (
     Upstream,
     credentials,
     merge_headers,
+    no_cookies,
     proxy_for,
 )
 from .cache import (
@@ -198,8 +200,9 @@ class Dispatch:
             except CacheUnavailable as exc:
                 log.warning("cache: %s; the client runs without a cache", exc)
         self.verify = verify
-        self.transport = Transport(verify=verify)
-        self.http = httpx.AsyncClient(transport=self.transport, timeout=None)
+        self.transport = Transport(verify=verify, verify_by_origin=resolved.verify_by_origin())
+        # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
+        self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http)
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
@@ -257,6 +260,9 @@ class Dispatch:
                     param="model",
                 )
             return None
+        if route is None and isinstance(model, str) and self.configured:
+            # A typo of a route ("caht") must not leave the machine for the default provider.
+            check_model_name(model, self.router.routes, self.resolved.unknown_models)
         if route is None and kind != "chat":
             return None
         merged: dict[str, Any] = dict(body)
@@ -424,7 +430,7 @@ class Dispatch:
         policy = route.policy.name if route is not None else "direct"
         hit = await cache.lookup(request) if request.read else None
         if hit is not None:
-            report = RouteReport(route=model, policy=policy, cache_hit=True)
+            report = RouteReport(route=model, policy=policy, cache_hit=True, winner="cache")
             timings = Timings(started_at=started)
             response = self._cache_response(call)
             if hit.completion is None:
@@ -433,6 +439,7 @@ class Dispatch:
                 )
                 return Outcome(stream, response)
             attach(hit.completion, timings, report, started)
+            report.ttft = timings.first_token
             return Outcome(hit.completion, response)
         if not request.share and not request.write:
             return await live()
@@ -609,7 +616,11 @@ class Dispatch:
             raise errors[0]
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
-        self.providers[name] = resolve_provider(name, table)
+        provider = resolve_provider(name, table)
+        self.providers[name] = provider
+        if provider.verify is not None and provider.base_url.scheme == "https":
+            host, port = provider.origin
+            self.transport.set_origin_verify(host, port, provider.verify)
 
     def add_targets(self, model: str, targets: Iterable[str], **route: Any) -> None:
         parsed = [Target.parse(text) for text in targets]

@@ -2,6 +2,8 @@
 
     openai.OpenAIError
     ├── RequestBodyError                     a request body JSON cannot encode (also a ValueError)
+    ├── UnknownModelError                    a model name is no route: a near miss of one, or the
+    │                                        config refuses other names (also a ValueError)
     └── openai.APIError
         ├── openai.APIConnectionError
         │   └── openai.APITimeoutError
@@ -63,6 +65,7 @@ __all__ = [
     "RequestBodyError",
     "StreamInterrupted",
     "TargetUnavailable",
+    "UnknownModelError",
     "UnprocessableEntityError",
     "make_status_error",
     "map_transport_errors",
@@ -91,6 +94,18 @@ class MalformedStreamError(APIError, ValueError):
 
 class RequestBodyError(OpenAIError, ValueError):
     """Raised before sending when a request body cannot be encoded as JSON (nested too deeply)."""
+
+
+class UnknownModelError(OpenAIError, ValueError):
+    """Raised before sending when a model name is not a route and must not go to the default
+    provider: it is a near miss of a route (``suggestion``), or the config refuses such names.
+    ``routes`` are the route names there were."""
+
+    def __init__(self, message: str, *, model: str, routes: list[str], suggestion: str | None):
+        super().__init__(message)
+        self.model = model
+        self.routes = routes
+        self.suggestion = suggestion
 
 
 class StreamInterrupted(APIError):

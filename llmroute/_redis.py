@@ -33,8 +33,10 @@ class RedisConnection:
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:
+            from ._install import install_hint
+
             raise ImportError(
-                f"{purpose} needs the redis package: pip install 'llmroute[redis]'"
+                f"{purpose} needs the redis package: {install_hint('redis')}"
             ) from exc
         self.url = redact_url(url)
         parts = urlsplit(url)

@@ -169,6 +169,9 @@ class AsyncStream(openai.AsyncStream[_T]):
                         timings.tokens += 1
                         if timings.first_token is None:
                             timings.first_token = clock() - timings.started_at
+                            route = self.route
+                            if route is not None and route.cache_hit and route.ttft is None:
+                                route.ttft = timings.first_token  # the replay's, as served
                 yield chunk
             self._complete = complete()
         finally:

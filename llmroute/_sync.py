@@ -29,6 +29,7 @@ from openai.types.chat import ChatCompletionChunk
 from ._client import (
     DEFAULT_TIMEOUT,
     NO_KEY,
+    AsyncOpenAI,
     base_url_of,
     is_raw,
     post_parse,
@@ -540,6 +541,13 @@ class OpenAI(openai.OpenAI):
         if call is None:
             return super().request(cast_to, options, stream=stream, stream_cls=stream_cls)
         if call.route is None:
+            inner = None if is_raw(options) else self._inner()
+            if inner is not None:  # on the loop: the cache, the metrics, llmroute's stream
+                chunk_cls = AsyncStream[Any] if stream else stream_cls
+                result = runtime.call(
+                    inner.request, cast_to, options, stream=stream, stream_cls=chunk_cls
+                )
+                return Stream._over(runtime, result) if isinstance(result, AsyncStream) else result
             started = time.monotonic()
             chunk_cls = Stream[Any] if stream else stream_cls
             result = super().request(cast_to, options, stream=stream, stream_cls=chunk_cls)
@@ -573,6 +581,20 @@ class OpenAI(openai.OpenAI):
             result._iterator = _pinned(result._iterator, dispatch, getattr(report, "winner", None))
         records(result, outcome.response)
         return result
+
+    def _inner(self) -> AsyncOpenAI | None:
+        """The async twin on the loop that serves this client's chat calls for model names
+        that are not routes (so they get the cache and the metrics as the async client's do);
+        ``None`` when this client's own ``http_client`` or a key callable must carry them."""
+        if not getattr(self._client, "_llmroute_owned", False):
+            return None
+        if getattr(self, "_api_key_provider", None) is not None:
+            return None
+        inner = self.__dict__.get("_llmroute_inner")
+        if inner is None:
+            inner = self._llmroute.call(_twin, self, self._llmroute.dispatch)
+            self.__dict__["_llmroute_inner"] = inner
+        return inner
 
     def warmup(self) -> None:
         """Open the connections now (see :meth:`AsyncOpenAI.warmup`)."""
@@ -621,6 +643,21 @@ class OpenAI(openai.OpenAI):
         routes = self._llmroute.dispatch.router.routes
         shown = f" routes={sorted(routes)!r}" if routes else ""
         return f"<llmroute.OpenAI base_url={str(self.base_url)!r}{shown}>"
+
+
+async def _twin(client: OpenAI, dispatch: Dispatch) -> AsyncOpenAI:
+    """An ``AsyncOpenAI`` with ``client``'s options, sharing its routing state."""
+    return AsyncOpenAI(
+        api_key=client.api_key,
+        organization=client.organization,
+        project=client.project,
+        base_url=client.base_url,
+        timeout=client.timeout,
+        max_retries=client.max_retries,
+        default_headers=client._custom_headers,
+        default_query=client._custom_query,
+        _llmroute=dispatch,
+    )
 
 
 async def _stats(dispatch: Dispatch) -> dict[str, TargetSnapshot]:

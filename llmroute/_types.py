@@ -65,7 +65,8 @@ class RouteReport:
     """The model name the application asked for."""
     policy: str
     winner: str | None = None
-    """The target whose answer the caller got (the first one when a stream was continued)."""
+    """The target whose answer the caller got (the first one when a stream was continued);
+    ``"cache"`` when the cache answered (then ``ttft`` is the time to the replayed answer)."""
     ttft: float | None = None
     """Seconds from the request to its first token as the caller saw it (hedges included);
     ``stream.timings`` are the winning attempt's own."""

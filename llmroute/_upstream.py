@@ -9,6 +9,7 @@ not a route never come here: openai's own machinery builds those.
 from __future__ import annotations
 
 import contextlib
+import http.cookiejar
 import json
 import time
 import urllib.request
@@ -32,6 +33,7 @@ __all__ = [
     "credentials",
     "encode_body",
     "merge_headers",
+    "no_cookies",
     "proxy_for",
     "to_timeout",
 ]
@@ -112,6 +114,22 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
         ) from None
     except (ValueError, TypeError) as exc:  # a circular reference, a number too long, an object
         raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """A cookie policy that stores and sends no cookie."""
+
+    def set_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+    def return_ok(self, cookie: http.cookiejar.Cookie, request: Any) -> bool:
+        return False
+
+
+def no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that keeps nothing: an upstream's Set-Cookie from one call (one tenant's)
+    never rides on the next."""
+    return http.cookiejar.CookieJar(policy=_NoCookies())
 
 
 @contextlib.contextmanager

@@ -110,7 +110,7 @@ async def test_a_popular_stream_is_stored_on_its_second_ask_and_replayed_exactly
     assert not first.route.cache_hit and not second.route.cache_hit
     third, replayed = await ask_stream(client, msgs)
     assert upstream(sim) == before + 2
-    assert third.route.cache_hit and third.route.winner is None and not third.route.attempts
+    assert third.route.cache_hit and third.route.winner == "cache" and not third.route.attempts
     assert dumps(replayed) == dumps(live)
     assert replayed[0].choices[0].delta.role == "assistant"
     assert replayed[-1].choices[0].finish_reason == "stop"
@@ -585,3 +585,47 @@ async def test_the_cache_and_the_shared_stats_share_a_redis_prefix(
         assert stats.entries == 1 and stats.hits == 2 and stats.misses == 2
         assert c._stats_sync.available
         await c._cache.clear()
+
+
+async def test_closing_the_cache_waits_for_an_answer_being_stored() -> None:
+    """A process that got its answer and closes at once still counts its ask and stores the
+    answer (its popularity count is shared with the next process)."""
+    from openai.types.chat import ChatCompletion
+
+    from llmroute.cache._stores import MemoryStore
+
+    class SlowCountingStore(MemoryStore):
+        async def hit(self, key: str, *, window: float) -> int:
+            for _ in range(20):  # a store slow to count: 20 trips to the event loop and back
+                await anyio.sleep(0.01)
+            return await super().hit(key, window=window)
+
+    store = SlowCountingStore(2**20)
+    cache = ResponseCache(store, ttl=60, min_hits=1, window=60, max_entry_bytes=2**20)
+    request = CacheRequest(
+        key="ns/k", stream=False, include_usage=False, read=True, write=True, share=True
+    )
+    answer = ChatCompletion.model_validate(
+        {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hi"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    )
+
+    async def call() -> ChatCompletion:
+        return answer
+
+    seat, leader = cache.join(request, call)
+    assert leader and (await seat.opened()) is answer
+    seat.leave()
+    await cache.aclose()  # at once: the store is still counting
+    assert await store.get("ns/k") is not None

@@ -597,3 +597,55 @@ def test_environ_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None
     config = load_config({"models": {"m": {"targets": ["openai:x"]}}})
     assert config is not None
     assert resolve(config).providers["openai"].api_key == os.environ["OPENAI_API_KEY"]
+
+
+def test_provider_verify_resolves_per_origin(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("")
+    config = load_config(
+        {
+            "providers": {
+                "lab": {"base_url": "https://127.0.0.1:9443/v1", "verify": str(ca)},
+                "dev": {"base_url": "https://LocalHost:8443/v1", "verify": False},
+                "plain": {"base_url": "http://127.0.0.1:30000/v1", "verify": False},
+                "vendor": {"base_url": "https://api.example.com/v1", "api_key": "k"},
+            },
+            "models": {"chat": {"targets": ["lab:m", "dev:m", "plain:m", "vendor:m"]}},
+        }
+    )
+    assert config is not None
+    resolved = resolve(config, environ={})
+    assert resolved.providers["lab"].verify == str(ca)
+    assert resolved.providers["vendor"].verify is None  # the client's own verify
+    assert resolved.verify_by_origin() == {("127.0.0.1", 9443): str(ca), ("localhost", 8443): False}
+    assert "verify=False" in repr(resolved.providers["dev"])
+
+
+@pytest.mark.parametrize(
+    ("verify", "message"),
+    [
+        ("/no/such/ca.pem", "providers.lab.verify: '/no/such/ca.pem': no such CA file"),
+        (3, "providers.lab.verify: expected true, false or the path of a CA file (PEM), got 3"),
+        ("", "providers.lab.verify: expected true, false or the path of a CA file"),
+    ],
+)
+def test_provider_verify_mistakes_are_sentences(verify: object, message: str) -> None:
+    table = {"base_url": "https://127.0.0.1:9443/v1", "verify": verify}
+    with pytest.raises(ConfigError) as info:
+        load_config({"providers": {"lab": table}})
+    assert message in str(info.value)
+
+
+def test_providers_on_one_origin_must_trust_it_alike() -> None:
+    config = load_config(
+        {
+            "providers": {
+                "a": {"base_url": "https://127.0.0.1:9443/v1", "verify": False},
+                "b": {"base_url": "https://127.0.0.1:9443/other", "verify": True},
+            },
+            "models": {"chat": {"targets": ["a:m", "b:m"]}},
+        }
+    )
+    assert config is not None
+    with pytest.raises(ConfigError, match=r"providers\.b\.verify: True differs from providers\.a"):
+        resolve(config, environ={})

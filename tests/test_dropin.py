@@ -201,7 +201,7 @@ async def test_previous_response_id_goes_to_the_target_that_holds_it(
         assert [a.target for a in follow.route.attempts] == ["b:sim-small"]
         # Streamed: the id arrives in response.created and pins the same way.
         stream = await c.responses.create(model="chat", input="Again", stream=True)
-        events = [event async for event in stream]
+        events = [event async for event in stream]  # read whole: the answer completes
         created = events[0]
         again = await c.responses.create(
             model="chat", input="And?", previous_response_id=created.response.id
@@ -258,3 +258,26 @@ async def test_structured_output_on_a_route(sim: Simulator, sim_b: Simulator) ->
             assert isinstance(again.choices[0].message.parsed, City)
         answer = await c.responses.parse(model="chat", input="A city", text_format=City)
         assert isinstance(answer.output_parsed, City) and answer.route.winner == "a:sim-small"
+
+
+async def test_a_typo_of_a_route_never_leaves_the_machine(sim: Simulator, sim_b: Simulator) -> None:
+    before = sim.stats()["requests"], sim_b.stats()["requests"]
+    async with client(sim, sim_b) as c:
+        with pytest.raises(llmroute.UnknownModelError, match="did you mean 'chat'") as caught:
+            await c.chat.completions.create(model="caht", messages=MESSAGES)
+        assert caught.value.suggestion == "chat"
+    assert (sim.stats()["requests"], sim_b.stats()["requests"]) == before
+
+
+async def test_a_cache_hit_names_the_cache_as_winner(sim: Simulator, sim_b: Simulator) -> None:
+    config = routed(sim, sim_b)
+    config["cache"] = {"backend": "memory", "min_hits": 1}
+    async with AsyncOpenAI(config=config, verify=sim.ssl_context(), max_retries=0) as c:
+        await c.chat.completions.create(model="chat", messages=MESSAGES, temperature=0)
+        hit = await c.chat.completions.create(model="chat", messages=MESSAGES, temperature=0)
+        assert hit.route.cache_hit and hit.route.winner == "cache" and hit.route.ttft is not None
+        stream = await c.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0, stream=True
+        )
+        [chunk async for chunk in stream]
+        assert stream.route.winner == "cache" and stream.route.ttft is not None

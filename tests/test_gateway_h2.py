@@ -27,7 +27,7 @@ from llmroute.testing import Profile, Simulator
 
 GW_KEY = "gw-h2-key-0123456789abcdef"
 BOUND = 2**20  # bytes the gateway may hold for a stalled client (it holds ~100 KB)
-DEADLINE = 5.0  # seconds any bounded wait may take
+DEADLINE = 15.0  # seconds any bounded wait may take (4 MB to read on a loaded 2-core VM)
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +53,18 @@ def test_a_stalled_http2_client_holds_the_gateway_back(
 ) -> None:
     handed = [0]  # bytes of answer the gateway handed to hypercorn (sent or buffered)
     body = gateway_app._Exchange.body  # pyright: ignore[reportPrivateUsage]
+    chunk = gateway_app._Exchange.chunk  # pyright: ignore[reportPrivateUsage]
 
     async def counting(self: Any, data: bytes, *, more: bool = False) -> None:
         handed[0] += len(data)
         await body(self, data, more=more)
 
+    async def counting_chunk(self: Any, data: bytes) -> None:
+        handed[0] += len(data)
+        await chunk(self, data)
+
     monkeypatch.setattr(gateway_app._Exchange, "body", counting)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(gateway_app._Exchange, "chunk", counting_chunk)  # pyright: ignore[reportPrivateUsage]
     config = {
         "providers": {"big": {"base_url": big.base_url, "api_key": "sk-upstream-h2-test"}},
         "models": {"chat": {"targets": ["big:sim-small"]}},

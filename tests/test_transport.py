@@ -245,3 +245,32 @@ def test_the_event_deadline_counts_waiting_not_reading() -> None:
     slow_reader = EventDeadline(1.0)
     for _ in range(1000):
         slow_reader.check(b"data: part of one huge event", 0.0)
+
+
+async def test_an_origin_can_have_its_own_tls_trust(sim: Simulator, sim_h1: Simulator) -> None:
+    """``verify_by_origin`` (a provider's ``verify`` in the config) trusts the simulator's CA for
+    its origin only; every other origin keeps the transport's own ``verify``."""
+    from llmroute.transport import Transport
+
+    url = httpx.URL(sim.base_url)
+    origin = (url.host, url.port or 443)
+    models = sim.base_url + "/models"
+    headers = {"authorization": f"Bearer {KEY}"}
+    own = Transport(verify_by_origin={origin: sim.ca_pem_path})
+    async with httpx.AsyncClient(transport=own) as client:
+        response = await client.get(models, headers=headers)
+        assert response.status_code == 200 and response.http_version == "HTTP/2"
+        assert own.ssl_context_for(*origin) is not own.ssl_context
+        plain = await client.get(sim_h1.base_url + "/models", headers=headers)
+        assert plain.status_code == 200
+    other = Transport(verify_by_origin={("127.0.0.2", origin[1]): sim.ca_pem_path})
+    async with httpx.AsyncClient(transport=other) as client:
+        with pytest.raises(httpx.ConnectError, match=r"(?i)certificate"):
+            await client.get(models, headers=headers)
+    insecure = Transport(verify_by_origin={origin: False})
+    async with httpx.AsyncClient(transport=insecure) as client:
+        assert (await client.get(models, headers=headers)).status_code == 200
+    later = Transport()  # a provider added at run time brings its own trust
+    later.set_origin_verify(origin[0], origin[1], sim.ca_pem_path)
+    async with httpx.AsyncClient(transport=later) as client:
+        assert (await client.get(models, headers=headers)).status_code == 200

@@ -29,6 +29,7 @@ log = logging.getLogger("llmroute")
 _RETRY_STORE_AFTER = 5.0
 _STATS_FLUSH_EVERY = 1.0
 _MAX_REPORTED = 1024
+_DRAIN_AT_CLOSE = 5.0  # seconds aclose waits for answers being stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,8 @@ class ResponseCache:
         self._hits = self._misses = 0
         self._flushed_at = clock()
         self._reported: set[str] = set()
+        self._storing = 0  # answers whose store call is under way
+        self._stored: anyio.Event | None = None  # set when _storing drops to 0 (for aclose)
 
     # -- store access that never fails a request -------------------------------------------
 
@@ -176,9 +179,15 @@ class ResponseCache:
             return flight.seat(), False
 
         async def ended(done: Flight) -> None:
+            # Counted before the first await: a caller who got the answer and closes the
+            # cache at once still finds this store under way, and aclose waits for it.
+            self._storing += 1
             try:
                 await self._store(request, done)
             finally:
+                self._storing -= 1
+                if not self._storing and self._stored is not None:
+                    self._stored.set()
                 if self._flights.get(ident) is done:
                     del self._flights[ident]
 
@@ -232,6 +241,15 @@ class ResponseCache:
         return await self.store.clear()
 
     async def aclose(self) -> None:
+        """Wait (a few seconds at most) for answers being stored, flush the counters, close.
+
+        A short-lived process (a CLI, a cron job) that asks, gets its answer and exits still
+        counts its ask and stores a popular answer for the next process.
+        """
+        with anyio.move_on_after(_DRAIN_AT_CLOSE):
+            while self._storing:
+                self._stored = anyio.Event()
+                await self._stored.wait()
         await self.flush_stats()
         await self.store.aclose()
 

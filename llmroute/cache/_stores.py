@@ -14,7 +14,6 @@ import sqlite3
 import stat
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -189,9 +188,10 @@ class MemoryStore:
 
 
 _DB_NAME = "cache.db"  # diskcache's file name
-_popularity: weakref.WeakValueDictionary[str, PopularityCounter] = weakref.WeakValueDictionary()
+_POPULARITY = ("llmroute", "p")  # + the entry's key: its asks in the current window
 _STATS_KEYS = {"hits": ("llmroute", "stats", "hits"), "misses": ("llmroute", "stats", "misses")}
 _PRAGMAS = "SELECT key, value FROM Settings WHERE substr(key, 1, 7) = 'sqlite_'"
+_RAW_ENTRIES = "SELECT COUNT(*) FROM Cache WHERE raw = 1"
 _ENTRY_TOTALS = (
     "SELECT COUNT(*), COALESCE(SUM(COALESCE(LENGTH(value), size)), 0) FROM Cache"
     " WHERE raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
@@ -204,9 +204,12 @@ class DiskStore:
     Built on :class:`diskcache.Cache` (SQLite in WAL mode): least recently used entries are
     evicted once the database passes ``max_bytes``. Every value is kept inside the database, so
     the directory holds only ``cache.db`` and its ``-wal``/``-shm`` files, all mode 0600 in a
-    0700 directory. Entries and lookup counters are shared between processes; popularity is
-    counted per process (by every store of the directory in it). Disk work runs in a worker
-    thread, never on the event loop, one call at a time on one SQLite connection per store.
+    0700 directory. Entries, popularity counts and lookup counters are shared by every process
+    that opens the directory: an ask is counted in one SQLite transaction, so four processes
+    asking a prompt once each count to four (as the Redis store does). Popularity counts are
+    stored under tuple keys, apart from the entries (which have string keys), and expire with
+    their window. Disk work runs in a worker thread, never on the event loop, one call at a time
+    on one SQLite connection per store.
     """
 
     kind = "disk"
@@ -214,7 +217,6 @@ class DiskStore:
     def __init__(self, path: str | os.PathLike[str], max_bytes: int) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
-        self._popularity = _popularity.setdefault(str(self.path.resolve()), PopularityCounter())
         self._lock = threading.Lock()
         self._pid: int | None = None  # the process whose connection diskcache holds
         with self._errors():
@@ -246,7 +248,20 @@ class DiskStore:
         await self._run(self._cache.delete, key)
 
     async def hit(self, key: str, *, window: float) -> int:
-        return self._popularity.hit(key, window)
+        check_ttl(window)
+        name = (*_POPULARITY, key)
+
+        def hit() -> int:
+            # One write transaction (BEGIN IMMEDIATE): no other process counts in between. The
+            # window starts with the first ask: its count expires then, and incr keeps that.
+            with self._cache.transact():
+                count = self._cache.get(name)
+                if not isinstance(count, int):
+                    self._cache.set(name, 1, expire=window)
+                    return 1
+                return int(self._cache.incr(name))
+
+        return await self._run(hit)
 
     async def add_stats(self, *, hits: int, misses: int) -> None:
         def add() -> None:
@@ -268,13 +283,13 @@ class DiskStore:
 
     async def clear(self) -> int:
         def clear() -> int:
+            # Entries have string keys (raw); counters and popularity counts are tuples.
             self._cache.expire()
-            reserved = sum(key in self._cache for key in _STATS_KEYS.values())
-            return self._cache.clear() - reserved
+            (entries,) = self._cache._sql(_RAW_ENTRIES).fetchone()
+            self._cache.clear()
+            return int(entries)
 
-        removed = await self._run(clear)
-        self._popularity.clear()
-        return removed
+        return await self._run(clear)
 
     async def aclose(self) -> None:
         def close() -> None:

@@ -3,6 +3,9 @@
 ``demo``, ``bench``, ``chat``, ``serve``, ``cache stats|clear``, ``sglang launch`` and ``doctor``;
 each command is one module here with a ``register(commands)`` function that adds its parser and
 sets ``run`` (a function of the parsed arguments returning the exit status).
+
+A command's mistakes are sentences on stderr and a non-zero status; an unexpected exception is
+one line too (``--debug`` shows its traceback), never a traceback by default.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .._version import __version__
 from . import _bench, _cache, _chat, _demo, _doctor, _serve, _sglang
 
 __all__ = ["main"]
@@ -22,6 +26,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="llmroute",
         description="llmroute: the first token of an LLM answer, sooner and more reliably.",
+    )
+    parser.add_argument("--version", action="version", version=f"llmroute {__version__}")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     for command in _COMMANDS:
@@ -35,4 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and not getattr(args, "takes_extra", False):
         parser.error("arguments after -- are for llmroute sglang launch")
     args.extra = extra
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nllmroute {args.command}: interrupted\n")
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split()) or "(no message)"
+        sys.stderr.write(
+            f"llmroute {args.command}: unexpected error: {type(exc).__name__}: {message}\n"
+            "(this is a bug in llmroute, or a case it does not handle yet; run "
+            f"'llmroute --debug {args.command} ...' for the traceback)\n"
+        )
+        return 1

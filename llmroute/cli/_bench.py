@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import os
 import random
@@ -24,7 +25,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._streaming import AsyncStream
-from ._format import MissingExtra, make_console, ms, percentiles, progress_bar, require, table
+from ._format import (
+    MissingExtra,
+    add_tls_options,
+    check_output_path,
+    make_console,
+    ms,
+    percentiles,
+    progress_bar,
+    require,
+    table,
+    tls_verify,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,6 +129,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--plot", help="write a PNG of the TTFT distributions here (needs llmroute[plot])"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
+    add_tls_options(parser)
     parser.set_defaults(run=_run)
 
 
@@ -162,6 +175,21 @@ def _run(args: argparse.Namespace) -> int:
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
         return 2
+    if not args.timeout > 0:
+        sys.stderr.write(
+            f"llmroute bench: --timeout must be above 0 seconds, got {args.timeout:g}\n"
+        )
+        return 2
+    try:
+        args.verify = tls_verify(args, "llmroute bench")
+    except ValueError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
+        problem = check_output_path(path, flag) if path else None
+        if problem:
+            sys.stderr.write(f"llmroute bench: {problem}\n")
+            return 2
     try:
         require("rich", "cli")
         if args.plot:
@@ -211,10 +239,10 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                         },
                     )
                 )
-            endpoints, missing = _select(endpoints, _wanted(args))
+            selected, missing = _select(endpoints, _wanted(args))
             if missing:
                 return _missing(missing, endpoints)
-            return await _measure(console, endpoints, lengths, args, "simulated providers")
+            return await _measure(console, selected, lengths, args, "simulated providers")
     from .._config import ConfigError, load_config
 
     try:
@@ -223,13 +251,14 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             raise ConfigError(
                 "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
             )
-        endpoints = _config_endpoints(config)
+        endpoints = _config_endpoints(config, args.verify)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
         return 2
-    endpoints, missing = _select(endpoints, _wanted(args))
+    selected, missing = _select(endpoints, _wanted(args))
     if missing:
         return _missing(missing, endpoints)
+    endpoints = selected
     if not endpoints:
         sys.stderr.write(f"llmroute bench: {config.source}: no routes, so no targets to probe\n")
         return 2
@@ -246,15 +275,25 @@ def _select(
 
 
 def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
+    """``missing`` named, with every target that could have been (all, not only the selected)."""
+    known = [e.target for e in endpoints]
+    hints = ""
+    for name in missing:
+        close = difflib.get_close_matches(name, known, n=1)
+        if close:
+            hints += f" (did you mean {close[0]!r} for {name!r}?)"
     sys.stderr.write(
-        f"llmroute bench: unknown target {', '.join(missing)}; "
-        f"known: {', '.join(e.target for e in endpoints) or '(none)'}\n"
+        f"llmroute bench: unknown target {', '.join(missing)}{hints}; "
+        f"the targets are: {', '.join(known) or '(none: the config has no routes)'}\n"
     )
     return 2
 
 
-def _config_endpoints(config: Config) -> list[_Endpoint]:
-    """Every target of every route, once, with what reaches it directly."""
+def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoint]:
+    """Every target of every route, once, with what reaches it directly.
+
+    A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
+    """
     from .._config import resolve, route_config
     from ..server._secrets import provider_secrets
 
@@ -270,6 +309,7 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
                 "base_url": str(provider.base_url),
                 "default_headers": dict(provider.headers),
                 "max_retries": 0,
+                "verify": verify if provider.verify is None else provider.verify,
             }
             endpoints.append(_Endpoint(target.name, target.model, client_args, secrets))
             continue
@@ -287,7 +327,7 @@ def _config_endpoints(config: Config) -> list[_Endpoint]:
                 ),
             }
         )
-        client_args = {"api_key": "unused", "config": probe, "max_retries": 0}
+        client_args = {"api_key": "unused", "config": probe, "max_retries": 0, "verify": verify}
         endpoints.append(_Endpoint(target.name, "probe", client_args, secrets))
     return endpoints
 
@@ -418,13 +458,18 @@ async def _measure(
             seen.add((sample.target, cause[:60]))
             console.print(f"  {sample.target}: {cause[:160]}")
     console.print(f"{len(samples)} probes in {wall:.1f} s")
-    if args.json_path:
-        _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
-        console.print(f"wrote {args.json_path}")
-    if args.plot:
-        _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
-        console.print(f"wrote {args.plot}")
-    return 0
+    status = 0
+    try:
+        if args.json_path:
+            _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
+            console.print(f"wrote {args.json_path}")
+        if args.plot:
+            _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
+            console.print(f"wrote {args.plot}")
+    except OSError as exc:
+        sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
+        status = 1
+    return status
 
 
 async def _warm(client: AsyncOpenAI) -> None:

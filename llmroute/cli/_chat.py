@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from ._format import ms
+from ._format import MissingExtra, add_tls_options, ms, require, tls_verify
 
 if TYPE_CHECKING:
     from .._types import RouteReport, Timings
@@ -17,6 +17,9 @@ __all__ = ["register", "route_lines"]
 
 PLAIN_MODEL = "gpt-4o-mini"
 """The model asked for without a config and without ``--model`` (the plain OpenAI client)."""
+
+SIMULATOR_MODEL = "sim-small"
+"""The model asked for with ``--simulator`` and without ``--model``."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,6 +35,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("prompt", help="the user message; '-' reads it from stdin")
     parser.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
     parser.add_argument(
+        "--simulator",
+        action="store_true",
+        help="ask a local simulated provider (TLS, HTTP/2; no API key, no config)",
+    )
+    parser.add_argument(
         "--model",
         help=(
             "the route or model name (default: the config's only route, else 'chat'; "
@@ -46,6 +54,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_true",
         help="afterwards, print the winner, every attempt and the timings to stderr",
     )
+    add_tls_options(parser)
     parser.set_defaults(run=_run)
 
 
@@ -57,6 +66,21 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write("llmroute chat: the prompt is empty\n")
         return 2
     try:
+        args.verify = tls_verify(args, "llmroute chat")
+        if args.simulator:
+            if args.config:
+                raise ValueError("llmroute chat: --simulator and --config do not go together")
+            require("hypercorn", "testing")
+            require("trustme", "testing")
+    except MissingExtra as exc:
+        sys.stderr.write(f"llmroute chat: {exc}\n")
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
+    try:
+        if args.simulator:
+            return _with_simulator(args, prompt)
         return anyio.run(_chat, args, prompt)
     except KeyboardInterrupt:
         sys.stdout.write("\n")
@@ -64,23 +88,48 @@ def _run(args: argparse.Namespace) -> int:
         return 130
 
 
-async def _chat(args: argparse.Namespace, prompt: str) -> int:
+def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
+    from ..testing import Simulator
+
+    with Simulator(tls=True) as sim:
+        simulated = {
+            "api_key": "sk-simulator-local",
+            "base_url": sim.base_url,
+            "verify": sim.ssl_context(),
+        }
+        return anyio.run(_chat, args, prompt, simulated)
+
+
+async def _chat(
+    args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
+) -> int:
     from .. import AsyncOpenAI, OpenAIError, StreamInterrupted
     from .._config import ConfigError, load_config
 
     out, err = sys.stdout, sys.stderr
     try:
-        config = load_config(args.config)
-        client = AsyncOpenAI(config=config) if config is not None else AsyncOpenAI()
+        if simulated is not None:
+            config = None
+            client = AsyncOpenAI(**simulated)
+        else:
+            config = load_config(args.config)
+            verify = getattr(args, "verify", True)
+            client = (
+                AsyncOpenAI(config=config, verify=verify)
+                if config is not None
+                else AsyncOpenAI(verify=verify)
+            )
     except ConfigError as exc:
         err.write(f"llmroute chat: {exc}\n")
         return 2
     except OpenAIError as exc:  # no OPENAI_API_KEY for the plain client
-        err.write(f"llmroute chat: {exc}\n")
+        err.write(f"llmroute chat: {exc} (or try 'llmroute chat --simulator ...': no key needed)\n")
         return 2
     model = args.model
     if model is None:
-        if config is None:
+        if simulated is not None:
+            model = SIMULATOR_MODEL
+        elif config is None:
             model = PLAIN_MODEL
         else:
             model = next(iter(config.models)) if len(config.models) == 1 else "chat"

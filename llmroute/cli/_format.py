@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
 __all__ = [
     "QUANTILES",
     "MissingExtra",
+    "add_tls_options",
+    "check_output_path",
     "make_console",
     "ms",
     "percentiles",
@@ -23,6 +27,7 @@ __all__ = [
     "ratio",
     "require",
     "table",
+    "tls_verify",
 ]
 
 QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
@@ -34,11 +39,72 @@ class MissingExtra(Exception):
 
 
 def require(module: str, extra: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingExtra` naming ``pip install 'llmroute[extra]'``."""
+    """Import ``module`` or raise :class:`MissingExtra` naming the pip command for ``extra``."""
+    from .._install import install_hint
+
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise MissingExtra(f"{module} is not installed: pip install 'llmroute[{extra}]'") from None
+        raise MissingExtra(f"{module} is not installed: {install_hint(extra)}") from None
+
+
+def add_tls_options(parser: argparse.ArgumentParser) -> None:
+    """``--ca FILE`` and ``--insecure``: how a command trusts the targets' TLS certificates."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--ca",
+        metavar="FILE",
+        help=(
+            "trust this CA file (PEM) for every target without its own verify in the config, "
+            "e.g. a simulator's ca.pem (default: the system's roots, or $SSL_CERT_FILE)"
+        ),
+    )
+    group.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify TLS certificates (a test server only: anyone can read the traffic)",
+    )
+
+
+def tls_verify(args: argparse.Namespace, flag_owner: str) -> bool | str:
+    """The ``verify`` that :func:`add_tls_options` asked for; raises :class:`ValueError` with a
+    sentence when ``--ca`` names no readable file."""
+    if getattr(args, "insecure", False):
+        return False
+    ca: str | None = getattr(args, "ca", None)
+    if ca is None:
+        return True
+    path = os.path.expanduser(ca)
+    if not os.path.exists(path):
+        raise ValueError(f"{flag_owner}: --ca {ca}: no such file")
+    try:
+        import ssl
+
+        ssl.create_default_context(
+            cafile=None if os.path.isdir(path) else path,
+            capath=path if os.path.isdir(path) else None,
+        )
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise ValueError(f"{flag_owner}: --ca {ca}: not a CA file in PEM form ({exc})") from None
+    return path
+
+
+def check_output_path(path: str, flag: str) -> str | None:
+    """Why ``path`` cannot be written (a sentence naming ``flag``), or ``None`` if it can.
+
+    Checked before a long run, so a typo in the output's directory does not lose the run.
+    """
+    target = os.path.abspath(path)
+    folder = os.path.dirname(target)
+    if os.path.isdir(target):
+        return f"{flag} {path}: is a directory; give a file name"
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: the directory {folder} does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK) or (
+        os.path.exists(target) and not os.access(target, os.W_OK)
+    ):
+        return f"{flag} {path}: not writable by this user"
+    return None
 
 
 def ms(seconds: float | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 __all__ = ["register"]
@@ -25,14 +26,31 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
     )
     parser.add_argument(
-        "--port", type=int, help="the port (default: [gateway] port, else 8000; 0: any free one)"
+        "--port", type=_port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
     )
     parser.add_argument("--certfile", help="a PEM certificate: HTTPS, HTTP/2 by ALPN")
     parser.add_argument("--keyfile", help="the certificate's PEM private key")
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes serving one listening socket (default 1); with more than one, share "
+        'per-key limits, stats and cache through Redis (limits_backend = "redis", ...)',
+    )
     parser.set_defaults(run=_run)
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return port
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -40,7 +58,9 @@ def _run(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("hypercorn") is None:
-        sys.stderr.write("llmroute serve: hypercorn is missing; pip install 'llmroute[server]'\n")
+        from .._install import install_hint
+
+        sys.stderr.write(f"llmroute serve: hypercorn is missing; {install_hint('server')}\n")
         return 2
     if (args.certfile is None) != (args.keyfile is None):
         sys.stderr.write("llmroute serve: --certfile and --keyfile go together\n")
@@ -53,12 +73,77 @@ def _run(args: argparse.Namespace) -> int:
     level = hpack.level
     hpack.setLevel(max(logging.INFO, logging.getLogger().level))
     try:
+        if args.workers > 1:
+            return _serve_workers(args)
         return asyncio.run(_serve(args))
     finally:
         hpack.setLevel(level)  # main() may run inside another program (or a test)
 
 
-async def _serve(args: argparse.Namespace) -> int:
+def _serve_workers(args: argparse.Namespace) -> int:
+    """``--workers N``: the listening socket is made here, then N forked processes each serve
+    it with their own event loop and gateway; SIGTERM/SIGINT here stop them all."""
+    import asyncio
+    import os
+    import signal
+
+    from .._config import ConfigError, GatewaySettings, load_config
+    from ..server import listen
+
+    if not hasattr(os, "fork"):
+        sys.stderr.write("llmroute serve: --workers needs fork (Linux, macOS)\n")
+        return 2
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute serve: {exc}\n")
+        return 2
+    settings = (config.gateway if config is not None else None) or GatewaySettings()
+    host = args.host or settings.host
+    port = settings.port if args.port is None else args.port
+    if settings.limits_backend != "redis":
+        logging.getLogger("llmroute.server").warning(
+            "%d workers count max_concurrency_per_key each on their own (a key may have %d x "
+            'the limit in flight); set limits_backend = "redis" to share it',
+            args.workers,
+            args.workers,
+        )
+    try:
+        sock = listen(host, port)
+    except OSError as exc:
+        sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
+        return 1
+    children: list[int] = []
+    for index in range(args.workers):
+        pid = os.fork()
+        if pid == 0:  # a worker: serve until SIGTERM
+            code = 1
+            try:
+                code = asyncio.run(_serve(args, sock, quiet=index > 0))
+            finally:
+                os._exit(code)
+        children.append(pid)
+    sock.close()
+
+    def stop(signum: int, frame: object) -> None:
+        for child in children:
+            try:
+                os.kill(child, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    worst = 0
+    for child in children:
+        _, status = os.waitpid(child, 0)
+        worst = max(worst, os.waitstatus_to_exitcode(status))
+    return worst
+
+
+async def _serve(
+    args: argparse.Namespace, sock: socket.socket | None = None, *, quiet: bool = False
+) -> int:
     import asyncio
     import signal
     import ssl
@@ -84,24 +169,29 @@ async def _serve(args: argparse.Namespace) -> int:
             await app.aclose()
             sys.stderr.write(f"llmroute serve: cannot use {certfile} and {keyfile}: {exc}\n")
             return 2
-    try:
-        sock = listen(host, port)
-    except OSError as exc:
-        await app.aclose()
-        sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
-        return 1
+    if sock is None:
+        try:
+            sock = listen(host, port)
+        except OSError as exc:
+            await app.aclose()
+            sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
+            return 1
     loop = asyncio.get_running_loop()
     shutdown = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown.set)
     url = base_url(sock, tls=certfile is not None)
     protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
-    sys.stdout.write(
-        f"llmroute gateway listening on {url} ({protocols}); "
-        f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}\n"
-    )
-    sys.stdout.flush()
+    workers = f"; {args.workers} workers" if args.workers > 1 else ""
+    if not quiet:
+        sys.stdout.write(
+            f"llmroute gateway listening on {url} ({protocols}); "
+            f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}"
+            f"{workers}\n"
+        )
+        sys.stdout.flush()
     await serve(app, sock, certfile=certfile, keyfile=keyfile, shutdown_trigger=shutdown.wait)
-    sys.stdout.write("llmroute gateway stopped\n")
-    sys.stdout.flush()
+    if not quiet:
+        sys.stdout.write("llmroute gateway stopped\n")
+        sys.stdout.flush()
     return 0

@@ -350,14 +350,18 @@ def prefill_whitespace(body: Mapping[str, Any]) -> str:
     return content[len(content.rstrip()) :]
 
 
-def _skip(text: str, pending: str) -> tuple[str, str]:
-    """Drop the part of ``pending`` (stripped prefill whitespace) that ``text`` starts with."""
+def _skip(text: str, pending: str, at: int = 0) -> tuple[str, int]:
+    """Drop the part of ``pending[at:]`` (stripped prefill whitespace) that ``text`` starts with.
+
+    Returns the rest of ``text`` and how far into ``pending`` the answer has come. A position,
+    not a slice of ``pending``: a long prefill answered a character at a time costs linear time.
+    """
     n = 0
-    while n < len(text) and n < len(pending) and text[n] == pending[n]:
+    while n < len(text) and at + n < len(pending) and text[n] == pending[at + n]:
         n += 1
     if n < len(text):
-        return text[n:], ""  # the answer went on: whatever was not repeated is not skipped
-    return "", pending[n:]
+        return text[n:], len(pending)  # the answer went on: what was not repeated is not skipped
+    return "", at + n
 
 
 def _strip_prefill(message: dict[str, Any]) -> None:
@@ -630,6 +634,7 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         "_open",
         "_pending",
         "_raw_usage",
+        "_skipped",
         "_tools",
     )
 
@@ -645,6 +650,7 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         super().__init__(request=request, target=target, max_event_bytes=max_event_bytes)
         self._include_usage = include_usage
         self._pending = prefill_whitespace
+        self._skipped = 0  # how much of it the answer has repeated so far
         self._base: dict[str, Any] = {
             "id": "",
             "object": "chat.completion.chunk",
@@ -731,8 +737,8 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
             dtype = delta.get("type")
             if dtype == "text_delta":
                 text = self._member(delta, "text", str, sse)
-                if text and self._pending:
-                    text, self._pending = _skip(text, self._pending)
+                if text and self._skipped < len(self._pending):
+                    text, self._skipped = _skip(text, self._pending, self._skipped)
                 return self._make({"content": text}) if text else None
             if dtype == "input_json_delta":
                 fragment = self._member(delta, "partial_json", str, sse)
@@ -764,8 +770,8 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
                 return self._make({"tool_calls": [call]})
             if btype == "text":
                 text = self._member(block, "text", str, sse)
-                if text and self._pending:
-                    text, self._pending = _skip(text, self._pending)
+                if text and self._skipped < len(self._pending):
+                    text, self._skipped = _skip(text, self._pending, self._skipped)
                 return self._make({"content": text}) if text else None
             if btype == "thinking":
                 thinking = self._member(block, "thinking", str, sse)

@@ -58,7 +58,13 @@ from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
-from .stats import LiveStats, TargetSnapshot, class_label, estimate_prompt_tokens, prompt_class
+from .stats import (
+    LiveStats,
+    StatsReport,
+    class_label,
+    estimate_prompt_tokens,
+    prompt_class,
+)
 
 __all__ = [
     "SERVER_METRICS_MAX_AGE",
@@ -225,8 +231,8 @@ class Router:
             baseline = self._baselines[target] = (server.read_at, local)
         return float(max(0, server.queued + server.running + local - baseline[1]))
 
-    def snapshot(self) -> dict[str, TargetSnapshot]:
-        """Every target's live stats, with its circuit state."""
+    def snapshot(self) -> StatsReport:
+        """Every target's live stats, with its circuit state (a dict that prints as a table)."""
         snaps = self.stats.snapshot()
         for route in self.routes.values():
             for target in route.targets:

@@ -2,15 +2,34 @@
 
 Pure state machines driven by an injectable ``clock``. Which failures count against a target is
 the caller's decision; these classes only keep score.
+
+Attribution: a caller serving several parties (the gateway's keys) sets :data:`failure_party`
+around each request. A breaker then opens for everyone only when failures of at least two
+parties make up the run that reaches the threshold; failures of one party alone open that
+party's own breaker, so one tenant's bad requests stop that tenant, not the others.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Final, Literal
 
-__all__ = ["CLOSED", "HALF_OPEN", "OPEN", "BreakerState", "CircuitBreaker", "TargetHealth"]
+__all__ = [
+    "CLOSED",
+    "HALF_OPEN",
+    "OPEN",
+    "BreakerState",
+    "CircuitBreaker",
+    "TargetHealth",
+    "failure_party",
+]
+
+failure_party: ContextVar[str | None] = ContextVar("llmroute_failure_party", default=None)
+"""Who the request in this context is for (a gateway key's name); ``None``: unattributed."""
+
+_MAX_PARTIES = 1024  # party breakers kept per target (the closed ones are dropped first)
 
 BreakerState = Literal["closed", "open", "half-open"]
 CLOSED: Final = "closed"
@@ -24,17 +43,25 @@ class CircuitBreaker:
     Open, it refuses attempts for ``cooldown`` seconds; then one probe goes (half-open). A
     successful probe closes it; a failed one re-opens it with the cooldown doubled, up to
     ``max_cooldown``.
+
+    With :data:`failure_party` set, it keeps a breaker per party too: a run of failures from a
+    single party opens that party's breaker only; the shared one opens when the run holds
+    failures of two parties or more (or unattributed ones). Every method then answers for the
+    current party: the shared breaker while it is not closed, else the party's own.
     """
 
     __slots__ = (
+        "_attributed",
         "_base_cooldown",
         "_clock",
         "_consecutive",
         "_cooldown",
         "_failures",
         "_max_cooldown",
+        "_parties",
         "_probe_out",
         "_retry_at",
+        "_run",
         "_state",
     )
 
@@ -62,24 +89,44 @@ class CircuitBreaker:
         self._cooldown = self._base_cooldown
         self._retry_at = 0.0
         self._probe_out = False
+        self._attributed = True  # a party's own breaker is not
+        self._parties: dict[str, CircuitBreaker] = {}
+        self._run: set[str | None] = set()  # parties of the failures since the last success
+
+    def _current(self) -> CircuitBreaker:
+        """The breaker answering for the current party."""
+        if self._state != CLOSED or not self._parties:
+            return self
+        party = failure_party.get()
+        if party is None:
+            return self
+        return self._parties.get(party, self)
 
     @property
     def state(self) -> BreakerState:
         """``"closed"``, ``"open"`` or ``"half-open"``; open stays open until an acquire."""
+        return self._current()._state
+
+    @property
+    def shared_state(self) -> BreakerState:
+        """The state of the breaker shared by every party."""
         return self._state
 
     @property
     def consecutive_failures(self) -> int:
         """Failures recorded since the last success."""
-        return self._consecutive
+        return self._current()._consecutive
 
     @property
     def cooldown(self) -> float:
         """The cooldown the breaker opens (or last opened) for, in seconds."""
-        return self._cooldown
+        return self._current()._cooldown
 
     def available(self) -> bool:
         """Whether :meth:`acquire` would grant an attempt now. No side effects."""
+        current = self._current()
+        if current is not self:
+            return current.available()
         if self._state == CLOSED:
             return True
         if self._state == OPEN:
@@ -92,6 +139,9 @@ class CircuitBreaker:
         Closed: yes. Open with the cooldown over: it turns half-open and grants the one probe.
         Half-open with the probe out, or open and cooling: no.
         """
+        current = self._current()
+        if current is not self:
+            return current.acquire()
         if self._state == CLOSED:
             return True
         if self._state == OPEN:
@@ -105,11 +155,18 @@ class CircuitBreaker:
 
     def release(self) -> None:
         """The probe ended without a verdict (it was cancelled); another may go."""
-        if self._state == HALF_OPEN:
+        current = self._current()
+        if current is not self:
+            current.release()
+        elif self._state == HALF_OPEN:
             self._probe_out = False
 
     def record_success(self) -> None:
         """The target answered: close, forgetting failures and cooldown doubling."""
+        party = failure_party.get() if self._attributed else None
+        if party is not None:
+            self._parties.pop(party, None)
+        self._run.clear()
         self._state = CLOSED
         self._consecutive = 0
         self._cooldown = self._base_cooldown
@@ -117,21 +174,45 @@ class CircuitBreaker:
 
     def record_failure(self) -> None:
         """The target failed: count it while closed, opening at the threshold; a failed probe
-        re-opens with the cooldown doubled (capped). Failures while open change nothing."""
+        re-opens with the cooldown doubled (capped). Failures while open change nothing.
+        A failure of a party (:data:`failure_party`) counts for the party's own breaker, and
+        opens the shared one only when the run of failures holds two parties or more."""
         if self._state == OPEN:
             return
+        party = failure_party.get() if self._attributed else None
+        if party is not None and self._state == CLOSED:
+            own = self._parties.get(party)
+            if own is None:
+                if len(self._parties) >= _MAX_PARTIES:
+                    self._forget_a_party()
+                own = self._parties[party] = CircuitBreaker(
+                    self._failures, self._base_cooldown, self._max_cooldown, self._clock
+                )
+                own._attributed = False
+            own.record_failure()
+        self._run.add(party)
         self._consecutive += 1
         if self._state == HALF_OPEN:
             self._cooldown = min(self._cooldown * 2, self._max_cooldown)
         elif self._consecutive < self._failures:
             return
+        elif len(self._run) < 2 and None not in self._run:
+            return  # one party's failures alone: its own breaker speaks for it
         self._state = OPEN
         self._probe_out = False
         self._retry_at = self._clock() + self._cooldown
 
     def retry_at(self) -> float | None:
         """Clock time an open breaker lets a probe through; ``None`` unless open."""
-        return self._retry_at if self._state == OPEN else None
+        current = self._current()
+        return current._retry_at if current._state == OPEN else None
+
+    def _forget_a_party(self) -> None:
+        for name, breaker in self._parties.items():
+            if breaker._state == CLOSED:
+                del self._parties[name]
+                return
+        self._parties.pop(next(iter(self._parties)))
 
 
 class TargetHealth:

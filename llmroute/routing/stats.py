@@ -43,6 +43,7 @@ __all__ = [
     "SampleEvent",
     "SampleJournal",
     "ServerMetrics",
+    "StatsReport",
     "StatsSettings",
     "TargetSnapshot",
     "TargetStats",
@@ -408,6 +409,73 @@ class TargetSnapshot:
         return dataclasses.asdict(self)
 
 
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+class StatsReport(dict[str, TargetSnapshot]):
+    """``client.stats()``: every target's :class:`TargetSnapshot` by name, a plain ``dict`` in
+    every way, that prints as a table (``print(client.stats())``, or at a prompt)."""
+
+    _COLUMNS = (
+        "target",
+        "n",
+        "TTFT p50",
+        "p95",
+        "p99",
+        "ITL p50",
+        "tokens/s",
+        "whole p50",
+        "errors",
+        "in flight",
+        "circuit",
+    )
+
+    def table(self) -> str:
+        """One line per target: TTFT samples (streamed requests), TTFT p50/p95/p99, inter-token
+        latency p50, tokens/s, the whole-answer latency p50 of requests not streamed (their
+        first token comes with the whole answer; kept apart so it does not skew the streamed
+        TTFT routing relies on), the error rate (errors, timeouts and 429s), requests in flight
+        and the circuit state."""
+        if not self:
+            return "no targets yet (a client without routes, or before its first request)"
+        rows = [self._COLUMNS] + [
+            (
+                name,
+                str(snap.n),
+                _ms(snap.ttft_p50),
+                _ms(snap.ttft_p95),
+                _ms(snap.ttft_p99),
+                _ms(snap.itl_p50),
+                "-" if snap.tokens_per_s is None else f"{snap.tokens_per_s:.0f}",
+                _ms(snap.latency_p50),
+                f"{snap.error_rate:.0%}",
+                str(snap.in_flight),
+                snap.breaker,
+            )
+            for name, snap in self.items()
+        ]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self._COLUMNS))]
+        lines = [
+            "  ".join(
+                cell.ljust(width) if index == 0 else cell.rjust(width)
+                for index, (cell, width) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+            for row in rows
+        ]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain data, for JSON: each snapshot as a dict."""
+        return {name: snap.to_dict() for name, snap in self.items()}
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<StatsReport of {len(self)} target(s); as a table:\n{self.table()}\n>"
+
+
 class SampleJournal:
     """A bounded outbox of recorded samples; when full, the oldest is dropped and counted."""
 
@@ -771,6 +839,6 @@ class LiveStats:
         """The targets seen so far, in order of first use."""
         return list(self._targets)
 
-    def snapshot(self) -> dict[str, TargetSnapshot]:
-        """A snapshot of every target, by name."""
-        return {name: stats.snapshot() for name, stats in self._targets.items()}
+    def snapshot(self) -> StatsReport:
+        """A snapshot of every target, by name (a dict that prints as a table)."""
+        return StatsReport((name, stats.snapshot()) for name, stats in self._targets.items())

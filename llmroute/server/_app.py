@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import hashlib
 import json
 import logging
@@ -19,13 +20,17 @@ import pydantic
 from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
+from .._upstream import no_cookies
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..routing.health import failure_party
 from ._auth import KeyRing
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import provider_secrets
+from ._slots import LocalSlots, RedisSlots, Slots
+from ._validate import InvalidField, check, finite_float
 
-__all__ = ["GatewayApp", "dump_json", "key_namespace"]
+__all__ = ["GatewayApp", "dump_json", "group_namespace", "key_namespace"]
 
 log = logging.getLogger("llmroute.server")
 
@@ -39,6 +44,7 @@ _COMPLETIONS = "/v1/completions"
 _EMBEDDINGS = "/v1/embeddings"
 _MODELS = "/v1/models"
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
+_KINDS = {_CHAT: "chat", _COMPLETIONS: "completions", _EMBEDDINGS: "embeddings"}
 # Headers a gateway client may set for the cache behind it; nothing else it sends goes upstream.
 _FORWARDED = ("x-llmroute-cache", "x-llmroute-cache-replay")
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
@@ -53,6 +59,49 @@ def dump_json(model: pydantic.BaseModel) -> bytes:
     """An ``openai.types`` object as the JSON it came from: the fields it was built with
     (``exclude_unset``: none invented), the vendor's unknown fields kept, API names used."""
     return model.model_dump_json(by_alias=True, exclude_unset=True, warnings=False).encode()
+
+
+def group_namespace(group: str) -> str:
+    """The cache namespace of a ``cache_groups`` group: ``gateway-group.<group>``, or
+    ``gateway-group-`` and 40 hex digits of its SHA-256 when too long (no key's namespace can
+    be either)."""
+    namespace = f"gateway-group.{group}"
+    if NAMESPACE_PATTERN.fullmatch(namespace):
+        return namespace
+    return "gateway-group-" + hashlib.sha256(group.encode()).hexdigest()[:40]
+
+
+def _not_json(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _retry_after(headers: Mapping[str, str], cap: float, now: float) -> dict[str, str]:
+    """An upstream's ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date) as the
+    gateway's own two headers, capped at ``cap`` seconds; none when neither is a valid time."""
+    seconds: float | None = None
+    try:
+        seconds = float(headers.get("retry-after-ms", "")) / 1000
+    except ValueError:
+        text = headers.get("retry-after", "").strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            try:
+                seconds = email.utils.parsedate_to_datetime(text).timestamp() - now
+            except (TypeError, ValueError, IndexError, OverflowError):
+                seconds = None
+    if seconds is None or not math.isfinite(seconds):
+        return {}
+    seconds = min(max(seconds, 0.0), cap)
+    return {"retry-after": str(math.ceil(seconds)), "retry-after-ms": str(int(seconds * 1000))}
+
+
+def _refuse_cookies(client: object) -> None:
+    """Give the client's HTTP client a cookie jar that keeps nothing: an upstream's Set-Cookie
+    for one tenant's request must not ride on the next tenant's."""
+    http_client = getattr(client, "_client", None)
+    if http_client is not None and hasattr(http_client, "cookies"):
+        http_client.cookies = no_cookies()  # routed calls keep none already
 
 
 def key_namespace(name: str) -> str:
@@ -79,18 +128,38 @@ class _Refused(Exception):
         self.headers = dict(headers or {})
 
 
+class _Stalled(Exception):
+    """The client did not take a write within ``write_timeout``."""
+
+
 class _Exchange:
     """One request's state: its id, key name, status sent and whether the client left."""
 
-    __slots__ = ("finished", "gone", "key", "label", "request_id", "send", "status")
+    __slots__ = (
+        "finished",
+        "gone",
+        "key",
+        "label",
+        "request_id",
+        "send",
+        "since",
+        "slot",
+        "stalled",
+        "status",
+        "write_timeout",
+    )
 
-    def __init__(self, send: Send, label: str) -> None:
+    def __init__(self, send: Send, label: str, write_timeout: float) -> None:
         self.send = send
         self.label = label
         self.key = ANONYMOUS
         self.status = 0
         self.gone = False
+        self.stalled = False
         self.finished = False
+        self.write_timeout = write_timeout
+        self.slot: str | None = None  # the token of the key's slot this request holds
+        self.since = 0.0  # when the chunk being written began to be, 0.0: none is
         self.request_id = f"gw-{uuid.uuid4().hex}"
 
     async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
@@ -102,10 +171,23 @@ class _Exchange:
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
 
+    async def chunk(self, data: bytes) -> None:
+        """One chunk of a streamed answer. Its write is timed by the request's watcher
+        (:func:`_watch`), which costs nothing per chunk, unlike a cancel scope per write."""
+        self.since = time.monotonic()
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+        self.since = 0.0
+
     async def body(self, data: bytes, *, more: bool = False) -> None:
         if not more:
             self.finished = True
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        with anyio.move_on_after(self.write_timeout) as waited:
+            await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        if waited.cancelled_caught:
+            # The client stopped reading: the response is cut (an HTTP/2 stream is reset, an
+            # HTTP/1.1 connection closed) and, through the caller, the upstream cancelled.
+            self.gone = self.stalled = True
+            raise _Stalled()
 
     async def whole(
         self,
@@ -146,15 +228,24 @@ class GatewayApp:
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
         self.keys = KeyRing.from_settings(self.settings, environ)
-        self._namespaces = {name: key_namespace(name) for name in self.keys.names}
+        self._namespaces = _namespaces(self.settings, self.keys.names)
         resolved = resolve(loaded)
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self.client = AsyncOpenAI(config=loaded, **client_options)
+        _refuse_cookies(self.client)
         self.metrics = GatewayMetrics()
         self.routes = list(loaded.models)
         self._created = int(time.time())
-        self._in_flight: dict[str, int] = {}
+        self._slots: Slots = LocalSlots()
+        if self.settings.limits_backend == "redis":
+            redis = loaded.redis
+            self._slots = RedisSlots(
+                redis.url.get_secret_value(),
+                prefix=redis.prefix,
+                timeout=redis.timeout,
+                lease=self.settings.slot_lease,
+            )
         self._scopes: set[anyio.CancelScope] = set()
         self._closing = False
 
@@ -171,6 +262,8 @@ class GatewayApp:
         """End what is in flight and close the client (its connections and cache)."""
         self.begin_shutdown()
         await self.client.close()
+        if isinstance(self._slots, RedisSlots):
+            self._slots.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -198,13 +291,16 @@ class GatewayApp:
         path: str = scope["path"]
         method: str = scope["method"]
         label = _label(path)
-        exchange = _Exchange(send, label)
+        exchange = _Exchange(send, label, self.settings.write_timeout)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         began = time.monotonic()
         try:
-            await self._route(path, method, headers, exchange, receive)
-        except _Refused as refused:
-            await self._refuse(exchange, refused)
+            try:
+                await self._route(path, method, headers, exchange, receive)
+            except _Refused as refused:
+                await self._refuse(exchange, refused)
+        except _Stalled:
+            pass  # the response is cut; the server resets the stream or closes the connection
         finally:
             elapsed = time.monotonic() - began
             status = str(exchange.status or 499)
@@ -244,9 +340,17 @@ class GatewayApp:
         self._authenticate(headers, exchange)
         if self._closing:
             raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
+        await self._v1(path, method, headers, exchange, receive)
+
+    async def _slot(
+        self,
+        exchange: _Exchange,
+        work: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run ``work`` in one of the key's ``max_concurrency_per_key`` slots, or refuse (429)."""
         key = exchange.key
-        in_flight = self._in_flight.get(key, 0)
-        if in_flight >= self.settings.max_concurrency_per_key:
+        token = await self._slots.acquire(key, self.settings.max_concurrency_per_key)
+        if token is None:
             self.metrics.rejections.labels(key, "concurrency").inc()
             wait = self.settings.retry_after
             raise _Refused(
@@ -262,12 +366,13 @@ class GatewayApp:
                     "retry-after-ms": str(int(wait * 1000)),
                 },
             )
-        self._in_flight[key] = in_flight + 1
         self.metrics.in_flight.labels(key).inc()
+        exchange.slot = token
         try:
-            await self._v1(path, method, headers, exchange, receive)
+            await work()
         finally:
-            self._in_flight[key] -= 1
+            exchange.slot = None
+            await self._slots.release(key, token)
             self.metrics.in_flight.labels(key).dec()
 
     async def _v1(
@@ -295,20 +400,56 @@ class GatewayApp:
                 404, _error(f"Unknown request URL: {method} {path}", "invalid_request_error")
             )
         _allow(method, "POST")
+        # The body is read (within body_timeout) before the key's slot is taken: a client
+        # trickling its body holds no slot.
         body = await self._read_json(headers, exchange, receive)
         required = _POSTS[path]
         model = body.get("model")
-        if not isinstance(model, str) or not model:
+        if "model" not in body:
             raise _missing("model")
+        if not isinstance(model, str) or not model:
+            raise _invalid_field(
+                InvalidField(
+                    "model",
+                    "Invalid 'model': expected a model name (a non-empty string).",
+                    "invalid_type",
+                )
+            )
         if required not in body:
             raise _missing(required)
+        try:
+            check(_KINDS[path], body)
+        except InvalidField as invalid:
+            self.metrics.rejections.labels(exchange.key, "invalid_request").inc()
+            raise _invalid_field(invalid) from None
         if model not in self.routes and self.config.default_provider is None:
             raise _model_not_found(model)
-        await self._answer(path, body, self._upstream_headers(headers, exchange), exchange, receive)
+        extra_headers = self._upstream_headers(headers, exchange)
+
+        async def work() -> None:
+            await self._answer(path, body, extra_headers, exchange, receive)
+
+        await self._slot(exchange, work)
 
     # -- the routed call ------------------------------------------------------------------------
 
     async def _answer(
+        self,
+        path: str,
+        body: dict[str, Any],
+        extra_headers: dict[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+    ) -> None:
+        # Failures of this request count against this key first (routing/health.py): one key's
+        # bad requests open that key's breakers, not everyone's.
+        party = failure_party.set(exchange.key)
+        try:
+            await self._routed(path, body, extra_headers, exchange, receive)
+        finally:
+            failure_party.reset(party)
+
+    async def _routed(
         self,
         path: str,
         body: dict[str, Any],
@@ -328,7 +469,11 @@ class GatewayApp:
                     exchange.gone = True
                     scope.cancel()
 
-            tg.start_soon(_watch_disconnect, receive, client_gone)
+            def client_stalled() -> None:
+                exchange.gone = exchange.stalled = True
+                scope.cancel()
+
+            tg.start_soon(_watch, receive, exchange, client_gone, client_stalled, self._renew)
             self._scopes.add(scope)
             try:
                 result = await self._call(path, body, extra_headers)
@@ -341,14 +486,16 @@ class GatewayApp:
                         {"cache-control": "no-cache", "x-llmroute-cache": cache},
                     )
                     async for chunk in stream:
-                        await exchange.body(b"data: " + dump_json(chunk) + b"\n\n", more=True)
+                        await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
                     complete = True
             except Exception as exc:
                 failure = exc
             finally:
                 self._scopes.discard(scope)
                 scope.cancel()
-        if exchange.gone:
+        if exchange.stalled:
+            self.metrics.rejections.labels(exchange.key, "write_timeout").inc()
+        elif exchange.gone:
             self.metrics.disconnects.labels(exchange.key, exchange.label).inc()
         if stream is not None:
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
@@ -401,11 +548,16 @@ class GatewayApp:
             kwargs["encoding_format"] = rest.pop("encoding_format")
         return await client.embeddings.create(extra_body=rest, **kwargs)
 
+    async def _renew(self, exchange: _Exchange) -> None:
+        if exchange.slot is not None:
+            await self._slots.renew(exchange.key, exchange.slot)
+
     def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
         """The cache settings a client may give; a per-key namespace when configured."""
         out = {name: headers[name] for name in _FORWARDED if name in headers}
-        if self.settings.cache_namespace_per_key:
-            out[_NAMESPACE_HEADER] = self._namespaces[exchange.key]
+        namespace = self._namespaces.get(exchange.key)
+        if namespace is not None:
+            out[_NAMESPACE_HEADER] = namespace
         return out
 
     # -- requests -------------------------------------------------------------------------------
@@ -438,25 +590,41 @@ class GatewayApp:
             raise self._too_large(exchange, limit)
         parts: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                exchange.gone = True
-                raise _Refused(499, _error("The client went away.", "invalid_request_error"))
-            part: bytes = message.get("body", b"")
-            size += len(part)
-            if size > limit:
-                if message.get("more_body", False):
-                    await _discard(receive, _DRAIN_BYTES)
-                raise self._too_large(exchange, limit)
-            parts.append(part)
-            if not message.get("more_body", False):
-                break
-        try:
-            body = json.loads(b"".join(parts))
-        except (ValueError, UnicodeDecodeError):
+        more = True
+        with anyio.move_on_after(self.settings.body_timeout):
+            while more:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    exchange.gone = True
+                    raise _Refused(499, _error("The client went away.", "invalid_request_error"))
+                part: bytes = message.get("body", b"")
+                more = message.get("more_body", False)
+                size += len(part)
+                if size > limit:
+                    if more:
+                        await _discard(receive, _DRAIN_BYTES)
+                    raise self._too_large(exchange, limit)
+                parts.append(part)
+        if more:
+            self.metrics.rejections.labels(exchange.key, "body_timeout").inc()
             raise _Refused(
-                400, _error("The request body is not valid JSON.", "invalid_request_error")
+                408,
+                _error(
+                    f"The request body did not arrive within {self.settings.body_timeout:g} s.",
+                    "invalid_request_error",
+                    "request_timeout",
+                ),
+            )
+        try:
+            body = json.loads(b"".join(parts), parse_constant=_not_json, parse_float=finite_float)
+        except (ValueError, UnicodeDecodeError) as exc:
+            why = str(exc) if "JSON number" in str(exc) or "out of range" in str(exc) else ""
+            raise _Refused(
+                400,
+                _error(
+                    f"The request body is not valid JSON{': ' + why if why else ''}.",
+                    "invalid_request_error",
+                ),
             ) from None
         except RecursionError:
             raise _too_deep() from None
@@ -549,11 +717,10 @@ class GatewayApp:
                 "code": error.get("code"),
             }
             headers: dict[str, str] = {}
-            if status == 429:
-                for name in ("retry-after", "retry-after-ms"):
-                    value = exc.response.headers.get(name)
-                    if value is not None:
-                        headers[name] = value
+            if status in (429, 503):
+                headers = _retry_after(
+                    exc.response.headers, self.settings.max_retry_after, time.time()
+                )
             return _Refused(status if 400 <= status <= 599 else 502, {"error": body}, headers)
         if isinstance(exc, openai.APITimeoutError):
             return _Refused(504, _error(exc.message, "timeout", "upstream_timeout"))
@@ -589,12 +756,29 @@ async def _discard(receive: Receive, budget: int) -> None:
                 return
 
 
-async def _watch_disconnect(receive: Receive, gone: Callable[[], None]) -> None:
+async def _watch(
+    receive: Receive,
+    exchange: _Exchange,
+    gone: Callable[[], None],
+    stalled: Callable[[], None],
+    renew: Callable[[_Exchange], Awaitable[None]],
+) -> None:
+    """Beside a request's work: call ``gone`` when the client disconnects, ``stalled`` when a
+    chunk's write has waited ``write_timeout`` (checked every quarter of it, so the answer is
+    cut within 1.25 times ``write_timeout``), and renew the request's shared slot meanwhile."""
+    interval = exchange.write_timeout / 4
     while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            gone()
+        with anyio.move_on_after(interval):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone()
+                return
+            continue
+        since = exchange.since
+        if since and time.monotonic() - since >= exchange.write_timeout:
+            stalled()
             return
+        await renew(exchange)
 
 
 def _cache_hit(result: object) -> bool:
@@ -617,6 +801,24 @@ def _allow(method: str, allowed: str) -> None:
             _error(f"Method {method} is not allowed here; use {allowed}.", "invalid_request_error"),
             {"allow": allowed},
         )
+
+
+def _namespaces(settings: GatewaySettings, names: list[str]) -> dict[str, str]:
+    """Each key's cache namespace: its own (``cache_namespace_per_key``), its group's
+    (``cache_groups``), or none (every key shares the default namespace)."""
+    if not settings.cache_namespace_per_key:
+        return {}
+    spaces = {name: key_namespace(name) for name in names}
+    for group, members in settings.cache_groups.items():
+        for name in members:
+            spaces[name] = group_namespace(group)
+    return spaces
+
+
+def _invalid_field(invalid: InvalidField) -> _Refused:
+    return _Refused(
+        400, _error(invalid.message, "invalid_request_error", invalid.code, invalid.param)
+    )
 
 
 def _missing(param: str) -> _Refused:

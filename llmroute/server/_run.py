@@ -53,16 +53,28 @@ async def serve(
 
     # hypercorn 0.18's HTTP/2 buffers a response to a client that does not read without bound;
     # this server's streams get bounded buffers (docs/gateway.md, "HTTP/2 back-pressure").
+    # Its early answers (401, 413, 429 before the body is read) no longer drop the connection,
+    # and one connection's resets and control frames are bounded (docs/gateway.md, "HTTP/2").
     _h2.install()
+    settings = app.settings
     config = HypercornConfig()
     setattr(config, _h2.CONFIG_FLAG, True)
+    setattr(
+        config,
+        _h2.LIMITS_ATTRIBUTE,
+        _h2.H2Limits(resets=settings.h2_max_resets, frames=settings.h2_max_control_frames),
+    )
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = _LOG
     config.backlog = 1024
     config.graceful_timeout = _GRACE
+    config.keep_alive_timeout = settings.idle_timeout
+    config.ssl_handshake_timeout = settings.handshake_timeout
+    # Streams are bounded by h2_max_concurrent_streams and the reset budget, not by a count of
+    # requests (hypercorn cannot finish a connection's streams in flight when it reaches one).
     config.keep_alive_max_requests = 10_000_000
-    config.h2_max_concurrent_streams = 1000
+    config.h2_max_concurrent_streams = settings.h2_max_concurrent_streams
     if certfile is not None and keyfile is not None:
         config.certfile, config.keyfile = certfile, keyfile
         config.alpn_protocols = ["h2", "http/1.1"]

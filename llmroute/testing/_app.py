@@ -86,7 +86,7 @@ class SimApp:
     def reset_stats(self) -> None:
         """Zero the counters (in_flight is kept) and forget recorded requests."""
         fresh = _zero_stats()
-        fresh["in_flight"] = self._stats["in_flight"]
+        fresh["in_flight"] = fresh["peak_in_flight"] = self._stats["in_flight"]
         self._stats = fresh
         self.last_requests.clear()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -140,7 +140,7 @@ class _OriginPool:
                 # The context may be shared with clients that set their own ALPN list at each
                 # connect (httpcore does): set ours right before the handshake, with no await
                 # in between, since the TLS object copies the list when it is created.
-                ctx = transport.ssl_context
+                ctx = transport.ssl_context_for(self.host, self.port)
                 ctx.set_alpn_protocols(["h2", "http/1.1"])
                 sock = await TLSStream.wrap(
                     tcp, hostname=self.host, ssl_context=ctx, standard_compatible=False
@@ -176,7 +176,9 @@ class Transport(httpx.AsyncBaseTransport):
     """One target's connections. HTTP/2 streams over TLS, HTTP/1.1 keep-alive for plain HTTP.
 
     ``max_connections`` bounds the HTTP/2 connections per origin (each carries up to the server's
-    stream limit); ``limits`` configures the HTTP/1.1 pool.
+    stream limit); ``limits`` configures the HTTP/1.1 pool. ``verify`` is the TLS trust of every
+    origin but those in ``verify_by_origin`` (``(host, port)`` -> ``verify``), which have their
+    own: a provider's ``verify`` setting in the config.
     """
 
     def __init__(
@@ -186,24 +188,47 @@ class Transport(httpx.AsyncBaseTransport):
         max_connections: int = 8,
         keepalive_expiry: float = 60.0,
         limits: httpx.Limits | None = None,
+        verify_by_origin: Mapping[tuple[str, int], ssl.SSLContext | str | bool] | None = None,
     ) -> None:
         self.ssl_context = make_ssl_context(verify)
         self.max_connections = max_connections
         self.keepalive_expiry = keepalive_expiry
+        self._limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
+        self._http1 = self._http1_transport(verify)
+        # Per origin: its HTTP/2 context and its HTTP/1.1 transport.
+        self._origins: dict[tuple[str, int], tuple[ssl.SSLContext, httpx.AsyncHTTPTransport]] = {
+            (host.lower(), port): (make_ssl_context(v), self._http1_transport(v))
+            for (host, port), v in (verify_by_origin or {}).items()
+        }
+        self._retired: list[httpx.AsyncHTTPTransport] = []  # replaced, closed with the transport
+        self._pools: dict[tuple[str, int], _OriginPool] = {}
+        self._to_close: list[HTTP2Connection] = []
+        self._closed = False
+
+    def _http1_transport(self, verify: ssl.SSLContext | str | bool) -> httpx.AsyncHTTPTransport:
         h1_verify = (
             verify
             if isinstance(verify, ssl.SSLContext)
             else make_ssl_context(verify, alpn=("http/1.1",))
         )
-        self._http1 = httpx.AsyncHTTPTransport(
-            verify=h1_verify,
-            http1=True,
-            http2=False,
-            limits=limits or httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        return httpx.AsyncHTTPTransport(
+            verify=h1_verify, http1=True, http2=False, limits=self._limits
         )
-        self._pools: dict[tuple[str, int], _OriginPool] = {}
-        self._to_close: list[HTTP2Connection] = []
-        self._closed = False
+
+    def set_origin_verify(self, host: str, port: int, verify: ssl.SSLContext | str | bool) -> None:
+        """Give ``host:port`` its own TLS trust from now on (a provider added at run time).
+
+        Connections already open to it keep the trust they were opened with."""
+        key = (host.lower(), port)
+        old = self._origins.get(key)
+        self._origins[key] = (make_ssl_context(verify), self._http1_transport(verify))
+        if old is not None:
+            self._retired.append(old[1])
+
+    def ssl_context_for(self, host: str, port: int) -> ssl.SSLContext:
+        """The TLS context of connections to ``host:port``."""
+        own = self._origins.get((host.lower(), port))
+        return own[0] if own is not None else self.ssl_context
 
     def _pool(self, url: httpx.URL) -> _OriginPool:
         key = (url.host, url.port or 443)
@@ -240,7 +265,14 @@ class Transport(httpx.AsyncBaseTransport):
                 connect["end"] = time.monotonic()
 
         request.extensions = {**request.extensions, "trace": trace}
-        response = await self._http1.handle_async_request(request)
+        url = request.url
+        own = (
+            self._origins.get((url.host.lower(), url.port or 443))
+            if url.scheme == "https"
+            else None
+        )
+        http1 = own[1] if own is not None else self._http1
+        response = await http1.handle_async_request(request)
         reused = "start" not in connect
         response.extensions["llmroute.connection_reused"] = reused
         response.extensions["llmroute.connect_time"] = (
@@ -282,6 +314,8 @@ class Transport(httpx.AsyncBaseTransport):
                 await conn.aclose()
             pool.connections.clear()
         await self._http1.aclose()
+        for http1 in [*(pair[1] for pair in self._origins.values()), *self._retired]:
+            await http1.aclose()
 
 
 def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | None]]:

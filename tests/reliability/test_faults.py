@@ -136,7 +136,6 @@ async def test_a_break_mid_answer_alone_is_never_returned_as_complete(
         timeout=TIMEOUT,
         max_retries=0,
     ) as client:
-        started = time.monotonic()
         with anyio.fail_after(10), pytest.raises(error, match=says) as caught:
             stream = await client.chat.completions.create(
                 model="sim-small", messages=MESSAGES, stream=True, extra_headers=once(kind)
@@ -147,7 +146,7 @@ async def test_a_break_mid_answer_alone_is_never_returned_as_complete(
         whole = await expected(target)
         partial = caught.value.partial_text
         assert partial and whole.startswith(partial) and partial != whole
-    assert time.monotonic() - started < 5  # the 1 s deadline, not the 20 s hang
+    # The 1 s deadline ended it, not the 20 s hang: fail_after(10) above would have said so.
 
 
 async def test_a_slow_reader_of_a_big_event_is_not_taken_for_a_slow_loris(
@@ -201,12 +200,10 @@ async def test_no_first_token_fails_over_within_the_deadline(
     async with AsyncOpenAI(
         config=cfg, verify=target.ssl_context(), timeout=TIMEOUT, max_retries=0
     ) as client:
-        started = time.monotonic()
         with anyio.fail_after(10):
             text, route = await stream_text(client, extra_headers=once(kind))
         assert text == await expected(target)
-        assert [a.outcome for a in route.attempts] == ["timeout", "won"]
-        assert time.monotonic() - started < 5
+        assert [a.outcome for a in route.attempts] == ["timeout", "won"]  # within fail_after
         alone = routed(target.base_url, first_token_timeout="1s")
         async with AsyncOpenAI(
             config=alone, verify=target.ssl_context(), timeout=TIMEOUT, max_retries=0
@@ -247,11 +244,12 @@ async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Sim
         with pytest.raises(AllTargetsFailed) as caught:  # both targets are the same storm
             await stream_text(client, extra_headers=storm)
         assert all(isinstance(e, RateLimitError) for e in caught.value.errors.values())
-        # Cooling down: the next request asks nobody and says why, at once.
-        started = time.monotonic()
-        with pytest.raises(AllTargetsFailed, match="cool"):
+        # Cooling down: the next request asks nobody (the simulator counts no request) and
+        # says why, without waiting out the 30 s (the deadline only guards against a hang).
+        asked = target.stats()["chat_requests"]
+        with anyio.fail_after(10), pytest.raises(AllTargetsFailed, match="cool"):
             await stream_text(client)
-        assert time.monotonic() - started < 1
+        assert target.stats()["chat_requests"] == asked
 
 
 async def test_a_short_cooldown_is_waited_out_instead_of_failing(target: Simulator) -> None:

@@ -6,9 +6,7 @@ stays within the event-size limit.
 from __future__ import annotations
 
 import itertools
-import math
 import re
-import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +26,8 @@ from llmroute.protocols.openai import (
     parse_chat_completion,
 )
 from llmroute.transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+
+from ..work import ScanCountingBuffer, assert_linear_work, count_lines
 
 REQUEST = httpx.Request("POST", "https://fuzz.invalid/v1/chat/completions")
 BOM = b"\xef\xbb\xbf"
@@ -322,25 +322,24 @@ def test_default_limit_holds_a_1gib_line_to_a_few_mib_of_memory() -> None:
 # -- linear time: no input makes decoding quadratic -----------------------------------------------
 
 
-def _best_of_3(work: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeat):
-            work()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
-def _feed_all(pattern: bytes, n: int, piece: int) -> Callable[[], object]:
+def _feed_all(pattern: bytes, n: int, piece: int) -> Callable[[], int]:
+    """Decode ``pattern * n`` fed in ``piece``-byte chunks; return the work it took: Python lines
+    executed, bytes the decoder's buffer touched, and the bytes fed (each chunk is scanned a
+    constant number of times: for CR, for the blank line)."""
     stream = pattern * n
 
-    def work() -> object:
+    def work() -> int:
         decoder = SSEDecoder(max_event_bytes=len(stream) + 1)
+        buffer = decoder._buf = ScanCountingBuffer()  # type: ignore[misc]
         out: list[ServerSentEvent] = []
-        for start in range(0, len(stream), piece):
-            out += decoder.feed(stream[start : start + piece])
-        return out
+
+        def feed() -> None:
+            for start in range(0, len(stream), piece):
+                out.extend(decoder.feed(stream[start : start + piece]))
+
+        lines = count_lines(feed)
+        assert decoder._buf is buffer  # the decoder kept the counting buffer throughout
+        return lines + buffer.scanned + len(stream)
 
     return work
 
@@ -357,15 +356,34 @@ def _feed_all(pattern: bytes, n: int, piece: int) -> Callable[[], object]:
         (b"id: 1\nretry: 5\nevent: e\ndata: x\r\n\r\n", 257),
     ],
 )
-def test_decoding_time_is_linear(pattern: bytes, piece: int) -> None:
-    n = 100_000 // len(pattern) + 1
-    small_work, large_work = _feed_all(pattern, n, piece), _feed_all(pattern, 4 * n, piece)
-    started = time.perf_counter()
-    small_work()
-    repeat = max(1, math.ceil(0.03 / max(time.perf_counter() - started, 1e-6)))  # >= 30 ms
-    small = _best_of_3(small_work, repeat)
-    large = _best_of_3(large_work, repeat)
-    assert large / small < 4 * 2.5, (small, large, repeat)  # linear: 4; quadratic would be 16
+def test_decoding_work_is_linear(pattern: bytes, piece: int) -> None:
+    """Four times the stream, about four times the work (counted, not timed: tests/work.py)."""
+    n = 20_000 // len(pattern) + 1
+    assert_linear_work(lambda size: _feed_all(pattern, size, piece), n)
+
+
+def test_rescanning_the_buffer_would_be_caught() -> None:
+    """The counter sees the quadratic decoder it guards against: one that searches its whole
+    buffer for a blank line at every chunk."""
+
+    class Rescanning(ScanCountingBuffer):
+        def rfind(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+            return super().rfind(sub, 0, end)
+
+    def make(n: int) -> Callable[[], int]:
+        stream = b"x" * n
+
+        def work() -> int:
+            decoder = SSEDecoder(max_event_bytes=len(stream) + 1)
+            buffer = decoder._buf = Rescanning()  # type: ignore[misc]
+            for start in range(0, len(stream), 64):
+                decoder.feed(stream[start : start + 64])
+            return buffer.scanned
+
+        return work
+
+    with pytest.raises(AssertionError, match="quadratic 16"):
+        assert_linear_work(make, 20_000)
 
 
 # -- the chunk decoders ---------------------------------------------------------------------------

@@ -8,8 +8,6 @@ against a fixed deadline.
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,33 +25,21 @@ from llmroute.protocols.anthropic import translate_request
 from llmroute.routing.prefix import PrefixTree, Prompt, prompt_blocks, render_prompt
 from llmroute.routing.stats import estimate_prompt_tokens
 
+from ..work import assert_linear_work, count_lines
+
 TARGET = "fuzz:claude"
 DEPTH = 10_000
 
 
-def _best_of_3(work: Callable[[], object], repeat: int) -> float:
-    best = float("inf")
-    for _ in range(3):
-        started = time.perf_counter()
-        for _ in range(repeat):
-            work()
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def _assert_linear(make: Callable[[int], Callable[[], object]], n: int) -> None:
-    """``make(n)()`` takes about 4 times as long at ``4n``: a ratio under 10 (quadratic: 16).
+    """``make(n)()`` executes at most about 4 times as many Python lines at ``4n`` (quadratic:
+    16). Lines are counted, not timed, so a loaded machine cannot fail it (tests/work.py)."""
 
-    Each measurement repeats the work to last some 30 ms at least, so timer noise is small; the
-    margin absorbs a busy machine and caches that hold the small input but not the large one.
-    """
-    small_work, large_work = make(n), make(4 * n)
-    started = time.perf_counter()
-    small_work()
-    repeat = max(1, math.ceil(0.03 / max(time.perf_counter() - started, 1e-6)))
-    small = _best_of_3(small_work, repeat)
-    large = _best_of_3(large_work, repeat)
-    assert large / small < 10, (small, large, repeat)
+    def counted(size: int) -> Callable[[], int]:
+        work = make(size)
+        return lambda: count_lines(work)
+
+    assert_linear_work(counted, n)
 
 
 def _deep_dict(depth: int = DEPTH) -> dict[str, Any]:
@@ -184,20 +170,40 @@ def test_long_text_scales_linearly() -> None:
     _assert_linear(make, 1_000_000)
 
 
+class _CopyCountingStr(str):
+    """A ``str`` that counts the characters its slices copy (a slice is a copy in CPython)."""
+
+    copied = 0
+
+    def __getitem__(self, item: Any) -> str:  # type: ignore[override]
+        value = super().__getitem__(item)
+        if isinstance(item, slice):
+            _CopyCountingStr.copied += len(value)
+        return value
+
+
 def test_anthropic_prefill_skip_is_linear() -> None:
-    """A prefill ending in a lot of whitespace, answered one character at a time."""
+    """A prefill ending in a lot of whitespace, answered one character at a time: the lines run
+    and the characters copied out of the prefill grow linearly (slicing the rest of it at every
+    character, as _skip once did, copies n**2 / 2 characters)."""
     from llmroute.protocols.anthropic import _skip
 
-    def make(n: int) -> Callable[[], object]:
-        def work() -> object:
-            pending = " " * n
-            while pending:
-                _, pending = _skip(" ", pending)
-            return pending
+    def make(n: int) -> Callable[[], int]:
+        def work() -> int:
+            _CopyCountingStr.copied = 0
+            pending = _CopyCountingStr(" " * n)
+            at = 0
+            while at < len(pending):
+                _, at = _skip(" ", pending, at)
+            return _CopyCountingStr.copied
 
-        return work
+        def counted() -> int:
+            lines = count_lines(work)
+            return lines + work()
 
-    _assert_linear(make, 10_000)
+        return counted
+
+    assert_linear_work(make, 2_000)
 
 
 # -- deep nesting: works, or a typed error; never RecursionError ----------------------------------

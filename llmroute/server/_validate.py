@@ -1,0 +1,254 @@
+"""A request body checked against OpenAI's schema before anything goes upstream.
+
+Only the fields OpenAI defines are checked (types, ranges, finite numbers); fields it does not
+know (a vendor's own parameters) pass as they are. :func:`check` raises :class:`InvalidField`,
+which names the field the way OpenAI's own 400s do (``messages[2].role``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["InvalidField", "check", "finite_float"]
+
+
+class InvalidField(ValueError):
+    """A field of the request body that OpenAI's API would refuse."""
+
+    def __init__(self, param: str, message: str, code: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+        self.code = code
+
+
+def finite_float(text: str) -> float:
+    """``json.loads``' ``parse_float``: a number too large for a float (``1e999``) is refused
+    rather than read as infinity, which no JSON encoder can send on."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number out of range: {text[:40]}")
+    return value
+
+
+_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+    type(None): "null",
+}
+
+
+def _kind(value: object) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+def _wrong_type(param: str, expected: str, value: object) -> InvalidField:
+    return InvalidField(
+        param,
+        f"Invalid type for '{param}': expected {expected}, but got {_kind(value)} instead.",
+        "invalid_type",
+    )
+
+
+def _boolean(param: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise _wrong_type(param, "a boolean", value)
+
+
+def _string(param: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise _wrong_type(param, "a string", value)
+
+
+def _object(param: str, value: object) -> None:
+    if not isinstance(value, dict):
+        raise _wrong_type(param, "an object", value)
+
+
+def _number(low: float | None, high: float | None, *, integer: bool = False) -> Callable[..., None]:
+    word = "integer" if integer else "decimal"
+
+    def check(param: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _wrong_type(param, "an integer" if integer else "a number", value)
+        if integer and not isinstance(value, int):
+            raise _wrong_type(param, "an integer", value)
+        if low is not None and value < low:
+            raise InvalidField(
+                param,
+                f"Invalid '{param}': {word} below minimum value. "
+                f"Expected a value >= {low:g}, but got {value:g} instead.",
+                f"{word}_below_min_value",
+            )
+        if high is not None and value > high:
+            raise InvalidField(
+                param,
+                f"Invalid '{param}': {word} above maximum value. "
+                f"Expected a value <= {high:g}, but got {value:g} instead.",
+                f"{word}_above_max_value",
+            )
+
+    return check
+
+
+def _stop(param: str, value: object) -> None:
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _wrong_type(param, "a string or an array of strings", value)
+    if len(value) > 4:
+        raise InvalidField(
+            param,
+            f"Invalid '{param}': array too long. Expected at most 4 items, "
+            f"but got {len(value)} instead.",
+            "array_above_max_length",
+        )
+    for i, item in enumerate(value):
+        _string(f"{param}[{i}]", item)
+
+
+def _list_of_objects(param: str, value: object) -> None:
+    if not isinstance(value, list):
+        raise _wrong_type(param, "an array", value)
+    for i, item in enumerate(value):
+        _object(f"{param}[{i}]", item)
+
+
+def _string_or_object(param: str, value: object) -> None:
+    if not isinstance(value, str | dict):
+        raise _wrong_type(param, "a string or an object", value)
+
+
+def _logit_bias(param: str, value: object) -> None:
+    _object(param, value)
+    bias = _number(-100, 100)
+    for token, weight in value.items():  # type: ignore[union-attr]
+        bias(f"{param}.{token}", weight)
+
+
+def _stream_options(param: str, value: object) -> None:
+    _object(param, value)
+    include = value.get("include_usage")  # type: ignore[union-attr]
+    if include is not None:
+        _boolean(f"{param}.include_usage", include)
+
+
+def _messages(param: str, value: object) -> None:
+    if not isinstance(value, list):
+        raise _wrong_type(param, "an array", value)
+    if not value:
+        raise InvalidField(
+            param,
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "empty_array",
+        )
+    for i, message in enumerate(value):
+        where = f"{param}[{i}]"
+        if not isinstance(message, dict):
+            raise _wrong_type(where, "an object", message)
+        if "role" not in message:
+            raise InvalidField(
+                f"{where}.role",
+                f"Missing required parameter: '{where}.role'.",
+                "missing_required_parameter",
+            )
+        _string(f"{where}.role", message["role"])
+        content = message.get("content")
+        if content is not None and not isinstance(content, str):
+            if not isinstance(content, list):
+                raise _wrong_type(f"{where}.content", "a string or an array of objects", content)
+            for j, part in enumerate(content):
+                _object(f"{where}.content[{j}]", part)
+        name = message.get("name")
+        if name is not None:
+            _string(f"{where}.name", name)
+
+
+def _prompt_like(param: str, value: object) -> None:
+    """A string, an array of strings, an array of token ids or an array of such arrays."""
+    if isinstance(value, str):
+        return
+    expected = "a string, an array of strings or an array of token arrays"
+    if not isinstance(value, list) or not value:
+        raise _wrong_type(param, expected, value)
+    for i, item in enumerate(value):
+        if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
+            continue
+        if isinstance(item, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in item
+        ):
+            continue
+        raise _wrong_type(f"{param}[{i}]", expected, item)
+
+
+def _encoding_format(param: str, value: object) -> None:
+    if value not in ("float", "base64"):
+        raise InvalidField(
+            param,
+            f"Invalid '{param}': expected one of 'float' or 'base64'.",
+            "invalid_value",
+        )
+
+
+_SAMPLING: dict[str, Callable[[str, object], None]] = {
+    "stream": _boolean,
+    "stream_options": _stream_options,
+    "temperature": _number(0, 2),
+    "top_p": _number(0, 1),
+    "n": _number(1, 128, integer=True),
+    "max_tokens": _number(1, None, integer=True),
+    "presence_penalty": _number(-2, 2),
+    "frequency_penalty": _number(-2, 2),
+    "logprobs": _boolean,
+    "seed": _number(None, None, integer=True),
+    "stop": _stop,
+    "user": _string,
+    "logit_bias": _logit_bias,
+}
+
+_FIELDS: Mapping[str, Mapping[str, Callable[[str, object], None]]] = {
+    "chat": {
+        **_SAMPLING,
+        "messages": _messages,
+        "max_completion_tokens": _number(1, None, integer=True),
+        "top_logprobs": _number(0, 20, integer=True),
+        "tools": _list_of_objects,
+        "tool_choice": _string_or_object,
+        "parallel_tool_calls": _boolean,
+        "response_format": _object,
+    },
+    "completions": {
+        **_SAMPLING,
+        "prompt": _prompt_like,
+        "logprobs": _number(0, 5, integer=True),
+        "echo": _boolean,
+        "best_of": _number(1, 20, integer=True),
+        "suffix": _string,
+    },
+    "embeddings": {
+        "input": _prompt_like,
+        "encoding_format": _encoding_format,
+        "dimensions": _number(1, None, integer=True),
+        "user": _string,
+    },
+}
+
+
+def check(kind: str, body: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidField` for the first field of ``body`` (a ``kind`` request:
+    ``chat``, ``completions`` or ``embeddings``) OpenAI would refuse. ``null`` is accepted for
+    every optional field, as OpenAI does, but not for the required one."""
+    fields = _FIELDS[kind]
+    for name, value in body.items():
+        checker = fields.get(name)
+        if checker is None:
+            continue
+        if value is None and name not in ("messages", "prompt", "input"):
+            continue
+        checker(name, value)
