@@ -210,6 +210,7 @@ def test_data_parallel_ranks_add_up_and_other_tp_ranks_are_ignored() -> None:
     )
     m = read_server_metrics(parse_prometheus(text), None, read_at=0.0).metrics
     assert (m.queued, m.running) == (7, 10)
+    assert (m.ranks, m.dp_size) == ((11, 6), 2)  # each rank's queued + running
     assert m.cache_hit_rate == pytest.approx(0.7)  # a ratio: averaged, not summed
     assert m.token_usage == pytest.approx(0.3)
 
@@ -327,6 +328,28 @@ async def test_poller_sets_server_metrics_and_survives_failures(
     assert any("can be read again" in r.getMessage() for r in caplog.records)
     debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
     assert len(debug) >= 5  # down:qwen four times, gpu:qwen twice
+
+
+@pytest.mark.anyio
+async def test_a_reading_is_dated_when_its_scrape_was_sent_and_an_older_one_never_wins(
+    metrics_server: MetricsServer,
+) -> None:
+    """The clock ticks once per call: the reading carries the tick taken before the request.
+    A scrape that started before one already taken (an overlapping poll) answers too late."""
+    ticks = iter(range(100, 200))
+    stats = LiveStats(clock=lambda: 0.0)
+    async with MetricsPoller(
+        {"gpu:qwen": metrics_server.url}, stats, clock=lambda: float(next(ticks))
+    ) as poller:
+        await poller.poll_once()
+        first = stats.target("gpu:qwen").server
+        assert first is not None and first.read_at == 100.0
+        await poller.poll_once()
+        second = poller.reading("gpu:qwen")
+        assert second is not None and second.metrics.read_at == 101.0
+        stale = ServerMetrics(read_at=50.0, queued=99, running=99)
+        assert not stats.target("gpu:qwen").observe_server(stale)
+        assert stats.target("gpu:qwen").server is second.metrics
 
 
 @pytest.mark.anyio
