@@ -885,6 +885,36 @@ async def test_another_server_on_the_port_is_not_taken_for_ours(
     assert server.pids == []
 
 
+@asyncio_only
+@pytest.mark.anyio
+@pytest.mark.usefixtures("port_taken_after_the_check")
+async def test_a_keyless_server_of_the_same_model_is_not_taken_for_ours(
+    tmp_path: Path, standin: str
+) -> None:
+    """While ours loads (its port not bound yet), a server without an API key serving the same
+    model answers on the port: it names our model to our key, but takes a wrong key too."""
+    foreign = ForeignServer((200, b'{"model_path":"org/m"}'))
+    try:
+        server = SGLangServer(
+            "org/m",
+            port=foreign.port,
+            api_key=KEY,
+            env=standin_env(standin, load=60),
+            log_dir=tmp_path,
+            startup_timeout=20,
+            grace=2,
+        )
+        with pytest.raises(SGLangStartupError) as info:
+            await server.start()
+    finally:
+        foreign.close()
+    message = str(info.value)
+    assert f"another server answers on port {foreign.port} (it answered a wrong API key" in message
+    assert KEY not in message
+    assert foreign.paths.count("/get_model_info") == 2  # our key, then a wrong one
+    assert server.pids == []
+
+
 @needs_proc
 @asyncio_only
 @pytest.mark.anyio

@@ -5,12 +5,13 @@ shows) as a child process in a process group of its own, from a chosen Python in
 container image, with its output in a log file. It is ready when ``GET /health_generate``
 answers 200: that endpoint runs a one-token generation, so it fails until the model is loaded and
 warmed up, whereas ``/v1/models`` answers as soon as the HTTP server is up. A 200 counts only
-while the worker's process still runs and once ``GET /get_model_info`` with the worker's API key
-names the launched model: another server already on the port would answer ``/health_generate``
-too (each port is also checked free just before its worker starts). Stopping sends SIGTERM to the
-whole group, waits for the drain, then SIGKILLs what is left. After :meth:`SGLangServer.start`,
-:meth:`SGLangServer.exited` and :meth:`SGLangServer.wait_exited` tell when a worker dies, and
-:meth:`SGLangServer.log_tail` what it said last.
+while the worker's process still runs, once ``GET /get_model_info`` with the worker's API key
+names the launched model and the same request with a wrong key is refused (401): another server
+already on the port answers ``/health_generate`` too, and one started without a key may serve
+the same model (each port is also checked free just before its worker starts). Stopping sends
+SIGTERM to the whole group, waits for the drain, then SIGKILLs what is left. After
+:meth:`SGLangServer.start`, :meth:`SGLangServer.exited` and :meth:`SGLangServer.wait_exited` tell
+when a worker dies, and :meth:`SGLangServer.log_tail` what it said last.
 
 The command follows the installed SGLang. From :data:`SGLANG_SERVE_SINCE` on it is the
 ``sglang serve`` console command, run as ``python -c "from sglang.cli.main import main; ..."
@@ -764,11 +765,12 @@ class SGLangServer:
         """Start every worker and wait until each is ready.
 
         A worker is ready when ``GET /health_generate`` answers 200 while its process still runs
-        and ``GET /get_model_info`` (with the API key) names this server's ``model_path``. Just
-        before a worker starts, its port is checked free: a port the launcher chose is replaced
-        by another free one, a port given by the caller makes it an error. A server that answers
-        on the port but refuses the key or names another model is another server (one that took
-        the port meanwhile): an error too, as the worker could never serve there.
+        and ``GET /get_model_info`` (with the API key) names this server's ``model_path``, while
+        a wrong key is refused. Just before a worker starts, its port is checked free: a port
+        the launcher chose is replaced by another free one, a port given by the caller makes it
+        an error. A server that answers on the port but refuses the key, names another model or
+        takes any key is another server (one that took the port meanwhile): an error too, as
+        the worker could never serve there.
 
         Raises :class:`SGLangStartupError` when a worker exits first (quoting its last log
         lines), is not ready within ``startup_timeout``, finds its port taken, or when
@@ -918,8 +920,10 @@ class SGLangServer:
         headers: Mapping[str, str],
     ) -> bool:
         """Whether the server on ``w``'s port is ``w``: True when ``/get_model_info`` answers 200
-        with this server's model, False when it cannot tell yet (no answer, 5xx). Raises when it
-        is another server: it refuses the key, lacks the endpoint, or serves another model."""
+        with this server's model to this server's key and refuses a wrong key (401 or 403),
+        False when it cannot tell yet (no answer, 5xx). Raises when it is another server: it
+        refuses the key, lacks the endpoint, serves another model, or takes any key (a server
+        started without ``--api-key`` that happens to serve the same model)."""
         try:
             response = await http.get(root + "/get_model_info", headers=headers, timeout=10.0)
         except httpx.HTTPError:
@@ -935,8 +939,21 @@ class SGLangServer:
                 info = None
             served = info.get("model_path") if isinstance(info, dict) else None
             if isinstance(served, str) and self._same_model(w, served):
-                return True
-            why = f"it serves model_path {served!r}, not {self.model_path!r}"
+                wrong = {"Authorization": f"Bearer wrong-{secrets.token_urlsafe(16)}"}
+                try:
+                    refused = await http.get(root + "/get_model_info", headers=wrong, timeout=10.0)
+                except httpx.HTTPError:
+                    return False
+                if refused.status_code in (401, 403):
+                    return True
+                if refused.status_code >= 500:
+                    return False
+                why = (
+                    f"it answered a wrong API key with {refused.status_code}: a server without "
+                    "this server's key, though it serves the same model"
+                )
+            else:
+                why = f"it serves model_path {served!r}, not {self.model_path!r}"
         elif status in (401, 403):
             why = f"it refused this server's API key (GET /get_model_info: {status})"
         else:

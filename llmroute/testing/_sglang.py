@@ -140,8 +140,12 @@ def parse_version(text: str) -> Version:
 class StandInKnobs:
     """The stand-in's behaviour, read from ``SGLANG_STANDIN_<FIELD NAME IN CAPITALS>``."""
 
+    load: float = 0.0
+    """Seconds of loading before the port is bound, as SGLang loads the weights (70%) and
+    captures CUDA graphs (30%; none with ``--disable-cuda-graph``) before its HTTP server
+    listens, each phase logged with SGLang's lines."""
     warmup: float = 0.5
-    """Seconds after start during which ``/health_generate`` answers 503."""
+    """Seconds after the port is bound during which ``/health_generate`` answers 503."""
     ttft: float = 0.02
     """Base time to first token in seconds (after any queue wait)."""
     prefill_ms_per_1k: float = 40.0
@@ -1272,6 +1276,18 @@ def main(argv: Sequence[str], *, entry: str, version: str) -> int:
         _stop_children(children)
 
 
+async def _loading(seconds: float, shutdown: asyncio.Event) -> bool:
+    """Spend ``seconds`` loading; True when a signal asked for shutdown meanwhile."""
+    if seconds <= 0:
+        return shutdown.is_set()
+    try:
+        async with asyncio.timeout(seconds):
+            await shutdown.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 async def _serve(
     args: dict[str, Any],
     version: str,
@@ -1298,12 +1314,27 @@ async def _serve(
     else:
         loop.add_signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_signal, "SIGINT")
+    # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
+    # the HTTP server bind its port (a server that took the port meanwhile answers instead).
+    log.info("Load weight begin. avail mem=78.50 GB")
+    if await _loading(knobs.load * 0.7, shutdown):
+        return 0
+    log.info(
+        f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
+        f"mem usage=15.30 GB. model={args['model_path']}"
+    )
+    if not args.get("disable_cuda_graph"):
+        log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
+        if await _loading(knobs.load * 0.3, shutdown):
+            return 0
+        log.info(
+            f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"
+        )
     try:
         sock = _server._listen(args["host"], args["port"])
     except OSError as exc:
         log.error(f"Failed to bind {args['host']}:{args['port']}: {exc}")
         return 1
-    log.info(f"Load weight end. type=StandIn, dtype=torch.bfloat16, model={args['model_path']}")
     log.info(
         f"max_total_num_tokens={app.capacity}, max_running_requests={app.max_running}, "
         f"context_len={args.get('context_length') or 32768}"
