@@ -26,7 +26,9 @@ from llmroute.sglang import (
     SGLangNotInstalled,
     SGLangServer,
     SGLangStartupError,
+    StartupProgress,
     _launcher,
+    startup_phase,
 )
 from llmroute.sglang._launcher import _SERVE_CODE, DEFAULT_FLAGS, parse_release
 
@@ -314,6 +316,84 @@ def test_container_command(tmp_path: Path) -> None:
     assert server.worker_env(1).get("CUDA_VISIBLE_DEVICES") == os.environ.get(
         "CUDA_VISIBLE_DEVICES"
     )
+
+
+# -- progress while starting -------------------------------------------------------------------
+
+SGLANG_LOG = """\
+[2026-12-01 10:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2.5-7B-Instruct', ...)
+Fetching 4 files: 100%|##########| 4/4 [00:41<00:00, 10.3s/it]
+[2026-12-01 10:00:44 TP0] Load weight begin. avail mem=78.50 GB
+Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:03<00:03,  1.52s/it]
+[2026-12-01 10:00:51 TP0] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16
+[2026-12-01 10:00:51 TP0] KV Cache is allocated. #tokens: 1007413, K size: 27.00 GB
+[2026-12-01 10:00:52 TP0] Capture cuda graph begin. This can take up to several minutes.
+Capturing batches (bs=160 avail_mem=9.81 GB):  40%|####      | 10/25 [00:03<00:04]
+[2026-12-01 10:01:01 TP0] Capture cuda graph end. Time elapsed: 9.12 s. mem usage=0.72 GB
+[2026-12-01 10:01:03] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
+[2026-12-01 10:01:05] The server is fired up and ready to roll!
+""".splitlines()
+
+
+@pytest.mark.parametrize(
+    ("upto", "phase"),
+    [
+        (1, "starting"),
+        (2, "downloading the weights"),
+        (3, "loading the weights"),
+        (4, "loading the weights"),
+        (6, "allocating the KV cache"),
+        (8, "capturing CUDA graphs"),
+        (9, "warming up"),
+        (10, "warming up"),
+        (11, "ready"),
+    ],
+)
+def test_the_startup_phase_is_read_from_sglangs_log(upto: int, phase: str) -> None:
+    assert startup_phase(SGLANG_LOG[:upto]) == phase
+
+
+def test_the_startup_phase_never_goes_back() -> None:
+    # The tail of a log may no longer hold the line that began the phase.
+    assert startup_phase(["Loading safetensors checkpoint"], since="warming up") == "warming up"
+    assert startup_phase([], since="capturing CUDA graphs") == "capturing CUDA graphs"
+
+
+@pytest.mark.anyio
+async def test_start_reports_each_workers_phase_while_it_loads(
+    tmp_path: Path, standin: str
+) -> None:
+    server = SGLangServer(
+        "m", gpus=[0, 1], env=standin_env(standin, load=60), log_dir=tmp_path, grace=2
+    )
+    reports: list[StartupProgress] = []
+
+    def loading() -> bool:
+        return any(set(report.phases.values()) == {"loading the weights"} for report in reports)
+
+    error = await start_and_stop_with_progress(server, reports, loading)
+    assert isinstance(error, SGLangStartupError)
+    assert reports[0].labels == {0: "worker 0 (GPU 0)", 1: "worker 1 (GPU 1)"}
+    assert "worker 1 (GPU 1): loading the weights" in str(reports[-1])
+    assert server.pids == []
+
+
+async def start_and_stop_with_progress(
+    server: SGLangServer, reports: list[StartupProgress], when: Callable[[], bool]
+) -> BaseException | None:
+    raised: list[BaseException] = []
+
+    async def starting() -> None:
+        try:
+            await server.start(progress=reports.append)
+        except Exception as exc:
+            raised.append(exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(starting)
+        await until(when, timeout=60)
+        await server.stop()
+    return raised[0] if raised else None
 
 
 # -- a missing sglang --------------------------------------------------------------------------

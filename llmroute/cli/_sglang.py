@@ -35,6 +35,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     launch.set_defaults(run=_run, takes_extra=True)
 
 
+_PROG = "llmroute sglang launch"
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"{_PROG}: {text}\n")
+    sys.stderr.flush()
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_sglang_launch, args, args.extra)
@@ -43,32 +51,66 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
 
+def _gpu_list(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(gpu) for gpu in text.split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--gpus takes GPU numbers separated by commas, such as 0,1,2,3; got {text!r}"
+        ) from None
+
+
 async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
+    """Exit status: 0 once a signal stopped the servers, 1 when a server failed (exited, not
+    ready in time, its port taken, another server on it), 2 for a mistake found before any
+    server started (bad arguments, SGLang not installed)."""
     import os
     import shlex
     import signal
 
-    from ..sglang import SGLangError, SGLangServer
+    from ..sglang import SGLangError, SGLangNotInstalled, SGLangServer, StartupProgress
 
-    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-    server = SGLangServer(
-        args.model_path,
-        served_model_name=args.served_model_name,
-        port=args.port,
-        host=args.host,
-        api_key=args.api_key or os.environ.get(args.api_key_env) or None,
-        python=args.python,
-        image=args.image,
-        gpus=gpus,
-        extra_args=extra,
-        log_dir=args.log_dir,
-        startup_timeout=args.startup_timeout,
-        grace=args.grace,
-    )
-    if args.dry_run:
-        for worker in range(len(server)):
-            sys.stdout.write(shlex.join(server.command(worker)) + "\n")
-        return 0
+    try:
+        server = SGLangServer(
+            args.model_path,
+            served_model_name=args.served_model_name,
+            port=args.port,
+            host=args.host,
+            api_key=args.api_key or os.environ.get(args.api_key_env) or None,
+            python=args.python,
+            image=args.image,
+            gpus=_gpu_list(args.gpus),
+            extra_args=extra,
+            log_dir=args.log_dir,
+            startup_timeout=args.startup_timeout,
+            grace=args.grace,
+        )
+        if args.dry_run:
+            for worker in range(len(server)):
+                sys.stdout.write(shlex.join(server.command(worker)) + "\n")
+            return 0
+    except (ValueError, TypeError) as exc:
+        _say(str(exc))
+        return 2
+    except SGLangNotInstalled as exc:
+        _say(str(exc))
+        return 2
+    except SGLangError as exc:
+        _say(str(exc))
+        return 1
+
+    def report(progress: StartupProgress) -> None:
+        if not reported:
+            reported.append(progress)
+            _say(
+                f"started {len(server)} SGLang server(s) of {server.model_path}, logs in "
+                f"{server.log_dir}; waiting until they are ready (Ctrl-C stops them)"
+            )
+        _say(f"{progress}")
+
+    reported: list[StartupProgress] = []
     status = 0
     # Signals are caught from before the start to after the stop: a SIGTERM or SIGHUP (a closed
     # terminal) at any moment stops the servers, and a second one cannot cut the drain short.
@@ -82,7 +124,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
 
             tg.start_soon(stop_on_signal)
             try:
-                await server.start()
+                await server.start(progress=report)
                 key_file = server.log_dir / "api_key"
                 fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
                 with os.fdopen(fd, "w") as out:
@@ -92,13 +134,13 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
                 sys.stdout.flush()
                 worker, code = await server.wait_exited()
                 tail = "\n".join(server.log_tail(worker))
-                sys.stderr.write(
-                    f"llmroute sglang launch: server {worker} exited with status {code}; "
-                    f"the end of its log:\n{tail}\n"
-                )
+                _say(f"server {worker} exited with status {code}; the end of its log:\n{tail}")
                 status = 1
+            except SGLangNotInstalled as exc:
+                _say(str(exc))
+                return 2
             except SGLangError as exc:
-                sys.stderr.write(f"llmroute sglang launch: {exc}\n")
+                _say(str(exc))
                 status = 1
             finally:
                 tg.cancel_scope.cancel()

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from ._launcher import (
     SGLANG_SERVE_SINCE,
+    STARTUP_PHASES,
     SGLangError,
     SGLangNotInstalled,
     SGLangServer,
     SGLangStartupError,
+    StartupProgress,
+    startup_phase,
 )
 from ._metrics import (
     HistogramTotals,
@@ -31,6 +34,7 @@ from ._metrics import (
 
 __all__ = [
     "SGLANG_SERVE_SINCE",
+    "STARTUP_PHASES",
     "HistogramTotals",
     "MetricsPoller",
     "PrometheusText",
@@ -40,10 +44,12 @@ __all__ = [
     "SGLangStartupError",
     "Sample",
     "ServerReading",
+    "StartupProgress",
     "TTFTDiagnosis",
     "diagnose_ttft",
     "metrics_url",
     "parse_prometheus",
     "read_server_metrics",
+    "startup_phase",
     "transport_share",
 ]

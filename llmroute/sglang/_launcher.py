@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -63,12 +63,15 @@ __all__ = [
     "HELP_TIMEOUT",
     "KILL_TIMEOUT",
     "SGLANG_SERVE_SINCE",
+    "STARTUP_PHASES",
     "VERSION_TIMEOUT",
     "SGLangError",
     "SGLangNotInstalled",
     "SGLangServer",
     "SGLangStartupError",
+    "StartupProgress",
     "parse_release",
+    "startup_phase",
 ]
 
 log = logging.getLogger("llmroute.sglang")
@@ -89,7 +92,12 @@ _SERVE_CODE: Final = (
     "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"
 )
 _VERSION_CODE: Final = "import sglang; print(sglang.__version__)"
-_INSTALL_HINT: Final = "install it with: pip install 'sglang[all]' (see docs/sglang.md)"
+_INSTALL_HINT: Final = (
+    "SGLang's server needs a Linux host with an NVIDIA GPU. Install it into that interpreter "
+    "(<python> -m pip install 'sglang[all]'), or name an interpreter that has it (python=, "
+    "--python), or run SGLang's container image instead (image=, --image "
+    "lmsysorg/sglang:latest). See docs/sglang.md"
+)
 _LOG_TAIL_LINES: Final = 20
 _WATCH_INTERVAL: Final = 0.1  # seconds between wait_exited()'s looks at the workers
 _REDACTED: Final = "***"
@@ -109,6 +117,52 @@ DEFAULT_FLAGS: Final = (
 
 _ALIASES: Final = {"--model": "--model-path"}
 """Spellings SGLang accepts for the same option (``--model`` is ``--model-path``'s alias)."""
+
+
+STARTUP_PHASES: Final = (
+    ("downloading the weights", re.compile(r"Fetching \d+ files|Downloading ")),
+    ("loading the weights", re.compile(r"Load weight begin|Loading safetensors checkpoint")),
+    ("allocating the KV cache", re.compile(r"Load weight end|KV Cache is allocated")),
+    ("capturing CUDA graphs", re.compile(r"Capture cuda graph begin|Capturing batches")),
+    ("warming up", re.compile(r"Capture cuda graph end|Uvicorn running on")),
+    ("ready", re.compile(r"The server is fired up and ready to roll")),
+)
+"""What an SGLang server is doing while it starts, by the lines of its log that begin each
+phase (``sglang/srt/model_executor/model_runner.py`` logs ``Load weight begin``, ``Load weight
+end``, ``Capture cuda graph begin`` and ``... end``; the HTTP server logs ``Uvicorn running on``
+once the model is loaded, then warms up with one request and logs ``The server is fired up and
+ready to roll!``)."""
+_STARTING: Final = "starting"
+_PROGRESS_LOOK: Final = 0.5  # seconds between looks at the logs for progress
+
+
+def startup_phase(lines: Iterable[str], since: str = _STARTING) -> str:
+    """The latest startup phase the log ``lines`` show (a name of :data:`STARTUP_PHASES`), never
+    earlier than ``since``; ``"starting"`` before any phase began."""
+    names = [_STARTING, *(name for name, _ in STARTUP_PHASES)]
+    reached = names.index(since) if since in names else 0
+    for line in lines:
+        for index, (_, pattern) in enumerate(STARTUP_PHASES, start=1):
+            if index > reached and pattern.search(line):
+                reached = index
+    return names[reached]
+
+
+@dataclass(frozen=True, slots=True)
+class StartupProgress:
+    """Where a start stands: seconds since it began and each worker's phase (see
+    :func:`startup_phase`), by worker index; ``labels`` name the workers (``"worker 0 (GPU
+    0)"``)."""
+
+    elapsed: float
+    phases: dict[int, str]
+    labels: dict[int, str]
+
+    def __str__(self) -> str:
+        parts = [
+            f"{self.labels.get(i, f'worker {i}')}: {phase}" for i, phase in self.phases.items()
+        ]
+        return f"{self.elapsed:4.0f} s  " + "; ".join(parts)
 
 
 class SGLangError(Exception):
@@ -316,6 +370,7 @@ class _Worker:
     pgid: int | None = None
     container: str | None = None
     ready: bool = False
+    phase: str = _STARTING
 
 
 class SGLangServer:
@@ -567,7 +622,8 @@ class SGLangServer:
 
     def _no_interpreter(self) -> SGLangNotInstalled:
         return SGLangNotInstalled(
-            f"the Python interpreter {self.python!r} does not exist; {_INSTALL_HINT}"
+            f"the Python interpreter {self.python!r} does not exist. "
+            + _INSTALL_HINT.replace("<python>", "python")
         )
 
     def _cannot_run(self, exc: OSError) -> SGLangError:
@@ -582,8 +638,8 @@ class SGLangServer:
         if returncode != 0:
             if "No module named 'sglang'" in errors or "No module named sglang" in errors:
                 raise SGLangNotInstalled(
-                    f"sglang is not installed for the Python interpreter {self.python}; "
-                    + _INSTALL_HINT
+                    f"SGLang is not installed for the Python interpreter {self.python} "
+                    "(import sglang fails). " + _INSTALL_HINT.replace("<python>", self.python)
                 )
             tail = "\n".join("  " + line for line in errors.splitlines()[-_LOG_TAIL_LINES:])
             raise SGLangError(
@@ -761,8 +817,17 @@ class SGLangServer:
     ) -> None:
         await self.stop()
 
-    async def start(self) -> None:
+    async def start(
+        self,
+        *,
+        progress: Callable[[StartupProgress], object] | None = None,
+        progress_every: float = 10.0,
+    ) -> None:
         """Start every worker and wait until each is ready.
+
+        ``progress``, when given, is called with a :class:`StartupProgress` whenever a worker's
+        phase changes (read from its log: loading the weights, capturing CUDA graphs, warming
+        up, ...) and at least every ``progress_every`` seconds while the start lasts.
 
         A worker is ready when ``GET /health_generate`` answers 200 while its process still runs
         and ``GET /get_model_info`` (with the API key) names this server's ``model_path``, while
@@ -787,7 +852,7 @@ class SGLangServer:
                     await self._detect_async()
                     for w in self._workers:
                         self._spawn(w)
-                    await self._wait_ready()
+                    await self._wait_ready(progress, progress_every)
             finally:
                 self._start_scope = None
             if self._stop_requested:
@@ -854,13 +919,43 @@ class SGLangServer:
         w.pgid = process.pid  # start_new_session: the child leads a new group
         _live.add(self)
 
-    async def _wait_ready(self) -> None:
+    def phases(self) -> dict[int, str]:
+        """Each worker's startup phase, read from its log (see :func:`startup_phase`); a ready
+        worker is ``"ready"``."""
+        phases: dict[int, str] = {}
+        for w in self._workers:
+            phase = "ready" if w.ready else startup_phase(self.log_tail(w.index, 200), w.phase)
+            w.phase = phases[w.index] = phase
+        return phases
+
+    async def _report_progress(
+        self, progress: Callable[[StartupProgress], object], every: float
+    ) -> None:
+        began = last_report = anyio.current_time()
+        labels = {w.index: self._label(w) for w in self._workers}
+        reported: dict[int, str] = {}
+        while True:
+            phases = await anyio.to_thread.run_sync(self.phases)
+            now = anyio.current_time()
+            if phases != reported or now - last_report >= every:
+                progress(StartupProgress(now - began, phases, labels))
+                reported, last_report = phases, now
+            await anyio.sleep(_PROGRESS_LOOK)
+
+    def _label(self, w: _Worker) -> str:
+        return f"worker {w.index}" + ("" if w.gpu is None else f" (GPU {w.gpu})")
+
+    async def _wait_ready(
+        self, progress: Callable[[StartupProgress], object] | None = None, every: float = 10.0
+    ) -> None:
         failures: list[SGLangStartupError] = []
         with anyio.move_on_after(self.startup_timeout) as deadline:
             async with (
                 httpx.AsyncClient(trust_env=False) as http,
                 anyio.create_task_group() as group,
             ):
+                if progress is not None:
+                    group.start_soon(self._report_progress, progress, every)
 
                 async def wait(w: _Worker) -> None:
                     try:
@@ -869,8 +964,10 @@ class SGLangServer:
                         failures.append(exc)
                         group.cancel_scope.cancel()
 
-                for w in self._workers:
-                    group.start_soon(wait, w)
+                async with anyio.create_task_group() as waits:
+                    for w in self._workers:
+                        waits.start_soon(wait, w)
+                group.cancel_scope.cancel()  # every worker is ready: the reports end
         if failures:
             raise failures[0]
         if deadline.cancelled_caught:
