@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -273,6 +274,62 @@ def test_one_server_per_gpu(tmp_path: Path) -> None:
         SGLangServer("m", gpus=[0, 1], extra_args=["--port", "1"])
     with pytest.raises(ValueError, match="duplicates"):
         SGLangServer("m", gpus=[0, 0])
+
+
+def test_replicas_of_a_tensor_parallel_server(tmp_path: Path) -> None:
+    python = fake_python(tmp_path, "0.5.5", help_text(*ALL_FLAGS))
+    server = SGLangServer("org/qwen", python=str(python), gpus=[0, 1, 2, 3], tp=2)
+    assert len(server) == 2
+    for worker, devices in enumerate(["0,1", "2,3"]):
+        assert server.worker_env(worker)["CUDA_VISIBLE_DEVICES"] == devices
+        assert value_of(server.command(worker), "--tp-size") == "2"
+    # The size may come with SGLang's own flags instead, under any of its spellings.
+    for flags in (["--tp", "2"], ["--tp-size=2"], ["--tensor-parallel-size", "2"]):
+        same = SGLangServer("m", python=str(python), gpus=[4, 5, 6, 7], extra_args=flags)
+        assert [same.worker_env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["4,5", "6,7"]
+        assert "--tp-size" not in same.command(0) or flags == ["--tp-size=2"]
+        assert " ".join(flags) in " ".join(same.command(0))  # passed once, as given
+    # Data parallel: each server takes tp x dp GPUs.
+    both = SGLangServer("m", python=str(python), gpus=range(8), tp=2, extra_args=["--dp", "2"])
+    assert [both.worker_env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1,2,3", "4,5,6,7"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": [0, 1, 2], "tp": 2}, r"3 GPU\(s\) \[0, 1, 2\] do not divide into servers of 2"),
+        ({"gpus": [0, 1], "extra_args": ["--tp", "4"]}, "do not divide into servers of 4"),
+        ({"gpus": [0, 1], "extra_args": ["--dp-size", "3"]}, "data parallel 3"),
+        ({"tp": 2, "extra_args": ["--tp-size", "4"]}, "disagree"),
+        ({"extra_args": ["--tp", "two"]}, "--tp takes a whole number"),
+        ({"tp": 0}, "at least 1"),
+    ],
+)
+def test_gpus_that_do_not_divide_are_an_error_before_anything_starts(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        SGLangServer("m", **kwargs)
+
+
+@pytest.mark.anyio
+async def test_gpus_the_host_does_not_have_are_an_error_before_any_spawn(
+    tmp_path: Path, standin: str
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-0)'\n"
+        "echo 'GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-1)'\n"
+    )
+    smi.chmod(0o755)
+    env = {**standin_env(standin), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    server = SGLangServer("m", gpus=[0, 1, 2, 3], tp=2, env=env, log_dir=tmp_path / "logs")
+    with pytest.raises(SGLangError, match="GPUs 2,3 not on this host: nvidia-smi lists GPUs 0-1"):
+        await server.start()
+    assert server.pids == []
+    assert not (tmp_path / "logs").exists()
 
 
 def test_container_command(tmp_path: Path) -> None:

@@ -439,6 +439,45 @@ async def test_poller_reads_a_launched_server(tmp_path: Path) -> None:
     assert reading is not None and reading.ttft is not None and reading.ttft.count == 2
 
 
+@pytest.mark.anyio
+async def test_a_data_parallel_server_reports_each_ranks_queue(tmp_path: Path) -> None:
+    """``--dp-size 2``: two schedulers, requests dealt to them in turn; the reading keeps each
+    rank's load, and routing counts the server's load per rank."""
+    import anyio
+
+    from llmroute.testing import sglang_standin_path
+
+    env = {"PYTHONPATH": sglang_standin_path(), "SGLANG_STANDIN_WARMUP": "0"}
+    env["SGLANG_STANDIN_TTFT"] = "30"  # the requests stay running until cancelled
+    stats = LiveStats()
+    async with SGLangServer(
+        "org/qwen", env=env, log_dir=tmp_path, extra_args=["--dp-size", "2"], grace=2
+    ) as server:
+        urls = server.metrics_urls("gpu")
+        client = llmroute.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        async with (
+            MetricsPoller(urls, stats, timeout=5.0) as poller,
+            anyio.create_task_group() as tg,
+        ):
+            for n in range(3):
+                messages = [{"role": "user", "content": f"question {n}"}]
+                tg.start_soon(
+                    lambda m=messages: client.chat.completions.create(
+                        model=server.served_model_name, messages=m, max_tokens=2
+                    )
+                )
+            metrics = None
+            with anyio.fail_after(20):
+                while metrics is None or metrics.running < 3:
+                    metrics = (await poller.poll_once())["gpu:qwen"]
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        await client.close()
+    assert metrics.ranks == (2, 1)  # dealt in turn: ranks 0, 1, 0
+    assert metrics.dp_size == 2
+    assert (metrics.queued, metrics.running) == (0, 3)
+
+
 METRICS_KEY = "sk-metrics-SECRET-0123456789"
 
 

@@ -19,7 +19,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description="Arguments after -- go to SGLang as they are and win over llmroute's.",
     )
     launch.add_argument("model_path", help="a Hugging Face model id or a local path")
-    launch.add_argument("--gpus", help="one server per GPU, e.g. 0,1,2,3")
+    launch.add_argument(
+        "--gpus", help="one server per GPU, or per --tp GPUs: e.g. 0,1,2,3 (with --tp 2: two)"
+    )
+    launch.add_argument(
+        "--tp",
+        type=int,
+        help="tensor parallel size of each server (SGLang's --tp-size); GPUs are split in order",
+    )
     launch.add_argument("--port", type=int, help="the first server's port (default: free ports)")
     launch.add_argument("--host", default="127.0.0.1")
     launch.add_argument("--served-model-name")
@@ -82,6 +89,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
             python=args.python,
             image=args.image,
             gpus=_gpu_list(args.gpus),
+            tp=args.tp,
             extra_args=extra,
             log_dir=args.log_dir,
             startup_timeout=args.startup_timeout,
@@ -89,7 +97,11 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
         )
         if args.dry_run:
             for worker in range(len(server)):
-                sys.stdout.write(shlex.join(server.command(worker)) + "\n")
+                devices = server.worker_env(worker).get("CUDA_VISIBLE_DEVICES")
+                shown = shlex.join(server.command(worker))
+                if devices is not None and devices != os.environ.get("CUDA_VISIBLE_DEVICES"):
+                    shown = f"CUDA_VISIBLE_DEVICES={devices} {shown}"
+                sys.stdout.write(shown + "\n")
             return 0
     except (ValueError, TypeError) as exc:
         _say(str(exc))

@@ -38,6 +38,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -216,6 +217,34 @@ def _user_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
+_PARALLEL_SPELLINGS: Final = {
+    "--tp-size": ("--tp-size", "--tensor-parallel-size", "--tp"),
+    "--dp-size": ("--dp-size", "--data-parallel-size", "--dp"),
+}
+"""SGLang's spellings of the parallel sizes; ``--tp`` and ``--dp`` are argparse's prefix
+matches of ``--tp-size`` and ``--dp-size``, which users write."""
+
+
+def _parallel_size(args: Sequence[str], flag: str) -> int | None:
+    """The value ``args`` give a parallel size under any of its spellings (the last wins)."""
+    value: int | None = None
+    spellings = _PARALLEL_SPELLINGS[flag]
+    for i, token in enumerate(args):
+        name, _, inline = token.partition("=")
+        if name not in spellings:
+            continue
+        text = inline if "=" in token else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{name} takes a whole number, got {text!r}") from None
+    return value
+
+
+def _gpu_names(gpus: Sequence[int]) -> str:
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus))
+
+
 def _tokens(flag: str, value: str | None) -> list[str]:
     if value is None:
         return [flag]
@@ -362,7 +391,7 @@ def _kill_leftovers() -> None:
 @dataclass
 class _Worker:
     index: int
-    gpu: int | None
+    gpus: tuple[int, ...]  # empty: whatever the environment shows
     port: int
     auto_port: bool  # chosen by the launcher: another free one may replace it
     log_path: Path | None = None
@@ -374,7 +403,8 @@ class _Worker:
 
 
 class SGLangServer:
-    """One SGLang server per GPU (or a single one), started for low time to first token.
+    """SGLang servers, one per GPU or per set of ``tp`` x ``dp`` GPUs (or a single one on
+    whatever GPUs the environment shows), started for low time to first token.
 
     ::
 
@@ -384,9 +414,14 @@ class SGLangServer:
     ``python`` is the interpreter that has sglang installed (default: this one); with ``image``
     the server runs in that container image instead (``docker run --gpus device=N ...``, with
     ``python3`` inside it and ``python -m sglang.launch_server``, which every version has; the
-    image's version is not probed). ``gpus`` starts one server per GPU, each with
-    ``CUDA_VISIBLE_DEVICES=<gpu>`` and a port of its own: ``port``, ``port + 1``, ... or free
-    ports when ``port`` is ``None``. ``extra_args`` are passed to every server as given and win
+    image's version is not probed). ``gpus`` starts one server per ``tp`` x ``dp`` GPUs, in
+    order: with ``gpus=[0, 1, 2, 3]`` and ``tp=2``, two servers of tensor parallel 2 on GPUs
+    {0, 1} and {2, 3}, each with ``CUDA_VISIBLE_DEVICES`` set to its GPUs (``--gpus
+    '"device=0,1"'`` in a container) and a port of its own: ``port``, ``port + 1``, ... or free
+    ports when ``port`` is ``None``. ``tp`` is passed as ``--tp-size``; it may also come from
+    ``extra_args`` (``--tp-size``, ``--tensor-parallel-size`` or ``--tp``), as the data-parallel
+    size does (``--dp-size``, ``--dp``). A GPU count that is not a multiple of ``tp`` x ``dp`` is
+    a ``ValueError``. ``extra_args`` are passed to every server as given and win
     over the defaults (see :meth:`default_args`). ``env`` is added to this process's environment.
     ``api_key`` defaults to a random key; it is never logged, and ``repr`` and the command shown
     in logs and errors hide it (SGLang itself prints its arguments, key included, into its log:
@@ -407,6 +442,7 @@ class SGLangServer:
         python: str | None = sys.executable,
         image: str | None = None,
         gpus: Sequence[int] | None = None,
+        tp: int | None = None,
         extra_args: Sequence[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 600.0,
@@ -421,17 +457,33 @@ class SGLangServer:
             raise ValueError(f"startup_timeout must be a positive number, got {startup_timeout!r}")
         if not (grace >= 0 and math.isfinite(grace)):
             raise ValueError(f"grace must be a non-negative number, got {grace!r}")
-        gpu_list: list[int | None] = [None]
+        user_tp = _parallel_size(extra, "--tp-size")
+        if tp is not None and user_tp is not None and int(tp) != user_tp:
+            raise ValueError(f"tp={tp} and the SGLang flag --tp-size {user_tp} disagree")
+        self.tp = int(tp) if tp is not None else (user_tp or 1)
+        self.dp = _parallel_size(extra, "--dp-size") or 1
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError("the tensor- and data-parallel sizes must be at least 1")
+        self._pass_tp = tp is not None and user_tp is None and self.tp > 1
+        gpu_sets: list[tuple[int, ...]] = [()]
         if gpus is not None:
             gpu_list = [int(gpu) for gpu in gpus]
             if not gpu_list:
                 raise ValueError("gpus must name at least one GPU (or be None)")
             if len(set(gpu_list)) != len(gpu_list):
                 raise ValueError(f"gpus has duplicates: {list(gpus)}")
+            per = self.tp * self.dp
+            if len(gpu_list) % per:
+                raise ValueError(
+                    f"{len(gpu_list)} GPU(s) {gpu_list} do not divide into servers of "
+                    f"{per} GPU(s) each (tensor parallel {self.tp} x data parallel {self.dp}): "
+                    f"give a multiple of {per} GPUs"
+                )
+            gpu_sets = [tuple(gpu_list[i : i + per]) for i in range(0, len(gpu_list), per)]
         user_port = _user_value(extra, "--port")
         if user_port is not None:
-            if len(gpu_list) > 1:
-                raise ValueError("with several GPUs give the first port as port=, not --port")
+            if len(gpu_sets) > 1:
+                raise ValueError("with several servers give the first port as port=, not --port")
             port = int(user_port)
         self.model_path = _user_value(extra, "--model-path") or model_path
         self.served_model_name = (
@@ -452,16 +504,16 @@ class SGLangServer:
         self.container_args = tuple(container_args)
         self._log_dir = Path(log_dir) if log_dir is not None else None
         ports = (
-            [port + i for i in range(len(gpu_list))]
+            [port + i for i in range(len(gpu_sets))]
             if port is not None
-            else _free_ports(self._bind_host(), len(gpu_list))
+            else _free_ports(self._bind_host(), len(gpu_sets))
         )
         self._version: str | None = None
         self._flags: frozenset[str] | None = None
         self._detected = False
         self._workers = [
-            _Worker(index=i, gpu=gpu, port=ports[i], auto_port=port is None)
-            for i, gpu in enumerate(gpu_list)
+            _Worker(index=i, gpus=gpu_set, port=ports[i], auto_port=port is None)
+            for i, gpu_set in enumerate(gpu_sets)
         ]
         self._start_scope: anyio.CancelScope | None = None  # set while start() runs
         self._stop_requested = False  # stop() was called while start() ran
@@ -620,6 +672,33 @@ class SGLangServer:
                 _help_cache[key] = flags
         self._detected_as(flags)
 
+    async def _check_gpus(self) -> None:
+        """Raise when a GPU asked for is not on this host, as ``nvidia-smi -L`` lists them
+        (no check without ``nvidia-smi``)."""
+        wanted = sorted({gpu for w in self._workers for gpu in w.gpus})
+        env = self._probe_env()
+        smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+        if not wanted or smi is None:
+            return
+        try:
+            with anyio.fail_after(30):
+                done = await anyio.run_process(
+                    [smi, "-L"], env=env, stdin=subprocess.DEVNULL, check=False
+                )
+        except (OSError, TimeoutError):
+            return
+        if done.returncode != 0:
+            return
+        listed = done.stdout.decode("utf-8", "replace").splitlines()
+        count = sum(1 for line in listed if line.startswith("GPU "))
+        missing = [gpu for gpu in wanted if gpu >= count]
+        if missing:
+            have = f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count else "no GPU"
+            raise SGLangError(
+                f"{_gpu_names(missing)} not on this host: nvidia-smi lists {have}; "
+                "choose GPUs from those (--gpus / gpus=)"
+            )
+
     def _no_interpreter(self) -> SGLangNotInstalled:
         return SGLangNotInstalled(
             f"the Python interpreter {self.python!r} does not exist. "
@@ -715,6 +794,7 @@ class SGLangServer:
             ("--schedule-policy", "lpm"),
             ("--enable-metrics", None),
             ("--enable-cache-report", None),
+            *([("--tp-size", str(self.tp))] if self._pass_tp else []),
         ]
 
     def _server_args(self, worker: int) -> list[str]:
@@ -733,7 +813,16 @@ class SGLangServer:
         args = [*self._entry_point(), *self._server_args(worker)]
         if self.image is None:
             return args
-        docker = ["docker", "run", "--gpus", "all" if w.gpu is None else f"device={w.gpu}"]
+        # docker reads --gpus as CSV: several devices must be quoted ('"device=0,1"').
+        devices = ",".join(map(str, w.gpus))
+        gpus = (
+            "all"
+            if not w.gpus
+            else f"device={devices}"
+            if len(w.gpus) == 1
+            else f'"device={devices}"'
+        )
+        docker = ["docker", "run", "--gpus", gpus]
         docker += ["--rm", "--init", "-p", f"{_url_host(self.host)}:{w.port}:{w.port}"]
         docker += ["--ipc=host"]
         if w.container is not None:
@@ -754,9 +843,9 @@ class SGLangServer:
     def worker_env(self, worker: int = 0) -> dict[str, str]:
         """The environment ``worker`` runs with (``CUDA_VISIBLE_DEVICES`` set for its GPU)."""
         env = {**os.environ, **self.env}
-        gpu = self._workers[worker].gpu
-        if gpu is not None and self.image is None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        gpus = self._workers[worker].gpus
+        if gpus and self.image is None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         return env
 
     # -- routing -------------------------------------------------------------------------------
@@ -849,6 +938,7 @@ class SGLangServer:
         try:
             try:
                 with anyio.CancelScope() as self._start_scope:
+                    await self._check_gpus()
                     await self._detect_async()
                     for w in self._workers:
                         self._spawn(w)
@@ -867,7 +957,7 @@ class SGLangServer:
             raise
 
     def _describe(self, w: _Worker) -> str:
-        gpu = "" if w.gpu is None else f", GPU {w.gpu}"
+        gpu = f", {_gpu_names(w.gpus)}" if w.gpus else ""
         return f"worker {w.index}{gpu}, port {w.port}"
 
     def _claim_port(self, w: _Worker) -> None:
@@ -943,7 +1033,7 @@ class SGLangServer:
             await anyio.sleep(_PROGRESS_LOOK)
 
     def _label(self, w: _Worker) -> str:
-        return f"worker {w.index}" + ("" if w.gpu is None else f" (GPU {w.gpu})")
+        return f"worker {w.index}" + (f" ({_gpu_names(w.gpus)})" if w.gpus else "")
 
     async def _wait_ready(
         self, progress: Callable[[StartupProgress], object] | None = None, every: float = 10.0

@@ -31,6 +31,11 @@ cached once it finishes, so the next turn hits. TTFT = queue wait + ``SGLANG_STA
 ``SGLANG_STANDIN_PREFILL_MS_PER_1K`` x uncached tokens / 1000. ``--disable-radix-cache`` turns it
 off; ``--max-total-tokens`` overrides the capacity (``SGLANG_STANDIN_CACHE_TOKENS``).
 
+Data parallelism: with ``--dp-size N`` the server runs N ranks, each with its own queue, slots
+and prefix cache; chat requests are dealt to them in turn (SGLang's default
+``--load-balance-method round_robin``), and ``/metrics`` shows each rank's scheduler gauges with
+a ``dp_rank`` label, the tokenizer's counters and histograms once for the whole server.
+
 Faults: the simulator's ``x-sim-fault`` header (see :mod:`llmroute.testing`): ``429``, ``500``,
 ``503``, ``html502``, ``drop:K``, ``hang``, ``malformed:K``, ``slow:SECONDS`` (replaces the
 TTFT after the queue), ``stall-between:K:SECS`` and ``stream-error:K``, which sends SGLang's
@@ -501,8 +506,14 @@ class _Exposition:
         self.lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
 
     def value(self, name: str, kind: str, help: str, labels: Mapping[str, str], v: float) -> None:
+        self.values(name, kind, help, [(labels, v)])
+
+    def values(
+        self, name: str, kind: str, help: str, samples: Sequence[tuple[Mapping[str, str], float]]
+    ) -> None:
         self.head(name, kind, help)
-        self.lines.append(f"{name}{_labels(labels)} {_number(v)}")
+        for labels, v in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(v)}")
 
     def histogram(self, name: str, help: str, labels: Mapping[str, str], h: _Histogram) -> None:
         self.head(name, "histogram", help)
@@ -531,6 +542,33 @@ class _Stats:
     e2e: _Histogram = dataclasses.field(default_factory=lambda: _Histogram(_E2E_BUCKETS))
     queue: _Histogram = dataclasses.field(default_factory=lambda: _Histogram(_QUEUE_BUCKETS))
     throughput_mark: tuple[float, int] = (0.0, 0)
+
+    @staticmethod
+    def merged(parts: Sequence[_Stats]) -> _Stats:
+        """The counters and histograms of several data-parallel ranks, added up (the
+        tokenizer, which keeps them in SGLang, sees every rank's requests)."""
+        if len(parts) == 1:
+            return parts[0]
+        total = _Stats()
+        for part in parts:
+            for name in ("prompt_tokens", "generation_tokens", "cached_tokens", "requests"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            total.aborted += part.aborted
+            for name in ("ttft", "itl", "e2e", "queue"):
+                mine, theirs = getattr(total, name), getattr(part, name)
+                mine.counts = [a + b for a, b in zip(mine.counts, theirs.counts, strict=True)]
+                mine.sum += theirs.sum
+        return total
+
+
+_SCHEDULER_GAUGES = (
+    ("num_running_reqs", "The number of running requests."),
+    ("num_used_tokens", "The number of used tokens."),
+    ("token_usage", "The token usage."),
+    ("gen_throughput", "The generation throughput (token/s)."),
+    ("num_queue_reqs", "The number of requests in the waiting queue."),
+    ("cache_hit_rate", "The prefix cache hit rate."),
+)
 
 
 # -- the HTTP app ------------------------------------------------------------------------------
@@ -583,9 +621,19 @@ class SGLangApp:
     """The ASGI app of one stand-in server (one "GPU worker" with its own prefix cache)."""
 
     def __init__(
-        self, args: dict[str, Any], version: str, knobs: StandInKnobs, log: logging.Logger = _LOG
+        self,
+        args: dict[str, Any],
+        version: str,
+        knobs: StandInKnobs,
+        log: logging.Logger = _LOG,
+        *,
+        dp_rank: int | None = None,
     ) -> None:
         self.args = args
+        self.dp_rank = dp_rank
+        self.peers: list[SGLangApp] = [self]
+        """Every data-parallel rank's app (itself alone without data parallelism): rank 0
+        answers /metrics and /flush_cache for all of them."""
         self.version_text = version
         self.version = parse_version(version)
         self.knobs = knobs
@@ -779,9 +827,10 @@ class SGLangApp:
         await _send(send, 404, json.dumps({"error": error}).encode())
 
     async def _flush_cache(self, send: Send) -> None:
-        idle = not self.running and not self.waiting
+        idle = all(not peer.running and not peer.waiting for peer in self.peers)
         if idle:
-            self.cache.clear()
+            for peer in self.peers:
+                peer.cache.clear()
         text = (
             b"Cache flushed.\nPlease check backend logs for more details. (When there are "
             b"running or waiting requests, the operation will not be performed.)\n"
@@ -804,20 +853,28 @@ class SGLangApp:
 
     def metrics_text(self) -> str:
         """The /metrics page: SGLang's names, types and labels for this version."""
-        new, s = self.version >= _V050, self.stats
+        new, s = self.version >= _V050, _Stats.merged([peer.stats for peer in self.peers])
         model = {"model_name": self.model_name}
         sched = model
         if new:
             sched = {"engine_type": "unified", **model, "pp_rank": "0", "tp_rank": "0"}
-        used = sum(entry.used_tokens for entry in self.running)
-        gauges = (
-            ("num_running_reqs", "The number of running requests.", len(self.running)),
-            ("num_used_tokens", "The number of used tokens.", used),
-            ("token_usage", "The token usage.", used / self.capacity),
-            ("gen_throughput", "The generation throughput (token/s).", self._throughput()),
-            ("num_queue_reqs", "The number of requests in the waiting queue.", len(self.waiting)),
-            ("cache_hit_rate", "The prefix cache hit rate.", s.cache_hit_rate),
-        )
+        # One scheduler per data-parallel rank, each with its gauges (labelled dp_rank).
+        gauges: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
+            (name, help, []) for name, help in _SCHEDULER_GAUGES
+        ]
+        for peer in self.peers:
+            labels = sched if peer.dp_rank is None else {**sched, "dp_rank": str(peer.dp_rank)}
+            used = sum(entry.used_tokens for entry in peer.running)
+            values = (
+                len(peer.running),
+                used,
+                used / peer.capacity,
+                peer._throughput(),
+                len(peer.waiting),
+                peer.stats.cache_hit_rate,
+            )
+            for (_, _, samples), value in zip(gauges, values, strict=True):
+                samples.append((labels, value))
         counters = [
             ("prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens),
             (
@@ -848,8 +905,8 @@ class SGLangApp:
             ),
         ]
         out = _Exposition()
-        for name, help, value in gauges:
-            out.value(f"sglang:{name}", "gauge", help, sched, value)
+        for name, help, samples in gauges:
+            out.values(f"sglang:{name}", "gauge", help, samples)
         if new:
             help = "Histogram of queueing time in seconds."
             out.histogram("sglang:queue_time_seconds", help, sched, s.queue)
@@ -908,6 +965,46 @@ class SGLangApp:
         finally:
             watcher.cancel()
             self._gone.discard(gone)
+
+
+class DataParallelApp:
+    """A server with ``--dp-size N``: N ranks, each its own scheduler and prefix cache; chat
+    requests go to them in turn (SGLang's default ``--load-balance-method round_robin``), every
+    other path to rank 0, whose /metrics shows each rank's gauges with a ``dp_rank`` label."""
+
+    def __init__(
+        self, args: dict[str, Any], version: str, knobs: StandInKnobs, log: logging.Logger
+    ) -> None:
+        size = int(args.get("dp_size") or 1)
+        self.ranks = [SGLangApp(args, version, knobs, log, dp_rank=i) for i in range(size)]
+        for rank in self.ranks:
+            rank.peers = self.ranks
+        self._turn = itertools.count()
+        self.capacity = self.ranks[0].capacity
+        self.max_running = self.ranks[0].max_running
+
+    @property
+    def draining(self) -> bool:
+        return self.ranks[0].draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        for rank in self.ranks:
+            rank.draining = value
+
+    def set_warm(self) -> None:
+        for rank in self.ranks:
+            rank.set_warm()
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            rank.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rank = self.ranks[0]
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            rank = self.ranks[next(self._turn) % len(self.ranks)]
+        await rank(scope, receive, send)
 
 
 def _check_chat(req: Any) -> str | None:
@@ -1296,7 +1393,9 @@ async def _serve(
     log: logging.Logger,
 ) -> int:
     loop = asyncio.get_running_loop()
-    app = SGLangApp(args, version, knobs, log)
+    app: SGLangApp | DataParallelApp = SGLangApp(args, version, knobs, log)
+    if int(args.get("dp_size") or 1) > 1:
+        app = DataParallelApp(args, version, knobs, log)
     asgi = cast("SimApp", app)  # _server's helpers need only an ASGI app with close()
     shutdown = asyncio.Event()
 
