@@ -3,6 +3,7 @@ against the SGLang stand-in, through the same code path as a real server."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -332,15 +333,52 @@ async def test_gpus_the_host_does_not_have_are_an_error_before_any_spawn(
     assert not (tmp_path / "logs").exists()
 
 
-def test_container_command(tmp_path: Path) -> None:
-    python = fake_python(tmp_path, "0.5.5", help_text(*ALL_FLAGS))
+def fake_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A ``docker`` on PATH that runs ``docker run [options] IMAGE CMD...`` here (``python3``
+    is this interpreter), honours ``--entrypoint``, accepts ``docker kill``, and logs each call
+    as a JSON line. Returns the env that puts it first on PATH, and the log."""
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls_log = tmp_path / "docker.calls"
+    script = bin_dir / "docker"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""\
+            import json, os, sys
+            with open({str(calls_log)!r}, "a") as log:
+                log.write(json.dumps(sys.argv[1:]) + "\\n")
+            args = sys.argv[1:]
+            if args[0] != "run":
+                sys.exit(0)
+            i, entry = 1, None
+            while args[i].startswith("-"):
+                if args[i] == "--entrypoint":
+                    entry = args[i + 1]
+                i += 2 if args[i] in ("--gpus", "-p", "--name", "-e", "-v", "--entrypoint") else 1
+            command = ([entry] if entry else []) + args[i + 1 :]
+            if command[0] == "python3":
+                command[0] = sys.executable
+            os.execvp(command[0], command)
+            """
+        )
+    )
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls_log
+
+
+def docker_calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_container_command(tmp_path: Path, standin: str) -> None:
+    path, calls_log = fake_docker(tmp_path)
     server = SGLangServer(
         "Qwen/Qwen2.5-7B-Instruct",
         image="lmsysorg/sglang:v0.5.5",
-        python=str(python),
         gpus=[1, 3],
         api_key=KEY,
-        env={"HF_TOKEN": "hf-SECRET"},
+        env={**path, "PYTHONPATH": standin, "HF_TOKEN": "hf-SECRET"},
         container_args=["-v", "/data/hf:/root/.cache/huggingface"],
     )
     argv = server.command(1)
@@ -357,22 +395,81 @@ def test_container_command(tmp_path: Path) -> None:
         "--ipc=host",
         "-e",
     ]
-    assert argv[10:14] == [
-        "HF_TOKEN",
-        "-v",
-        "/data/hf:/root/.cache/huggingface",
-        "lmsysorg/sglang:v0.5.5",
-    ]
-    assert argv[14:17] == ["python3", "-m", "sglang.launch_server"]
+    # HF_TOKEN by name only, once; the caller's own mount of the cache replaces ours.
+    assert argv.count("HF_TOKEN") == 1
+    assert argv.count("-v") == 1
+    image_at = argv.index("lmsysorg/sglang:v0.5.5")
+    assert argv[image_at - 2 : image_at] == ["-v", "/data/hf:/root/.cache/huggingface"]
+    assert argv[image_at + 1 : image_at + 3] == ["python3", "-c"]  # sglang serve, from 0.5.5
+    assert argv[image_at + 4] == "serve"
     assert value_of(argv, "--host") == "0.0.0.0"  # inside the container; published on 127.0.0.1
     assert value_of(argv, "--api-key") == "***"
     assert "hf-SECRET" not in " ".join(server.command(1, reveal_key=True))
-    assert server.version is None
-    assert calls(python) == []  # the image is not probed
+    assert server.version == "0.5.5"  # read in a throwaway container of the image
+    probes = docker_calls(calls_log)
+    assert probes[0][:6] == [
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        "lmsysorg/sglang:v0.5.5",
+        "-c",
+    ]
+    assert probes[1][-1] == "--help"
     # --gpus device=N shows the container that GPU alone: no CUDA_VISIBLE_DEVICES is added.
     assert server.worker_env(1).get("CUDA_VISIBLE_DEVICES") == os.environ.get(
         "CUDA_VISIBLE_DEVICES"
     )
+    tp = SGLangServer(
+        "m", image="img", gpus=[0, 1, 2, 3], tp=2, env={**path, "PYTHONPATH": standin}
+    )
+    assert tp.command(1)[3] == '"device=2,3"'  # docker reads --gpus as CSV
+
+
+def test_an_old_image_gets_launch_server_and_the_hf_cache(tmp_path: Path, standin: str) -> None:
+    path, _ = fake_docker(tmp_path)
+    env = {**path, "PYTHONPATH": standin, "SGLANG_STANDIN_VERSION": "0.4.0", "HF_HOME": ""}
+    server = SGLangServer("m", image="lmsysorg/sglang:v0.4.0", env=env)
+    argv = server.command()
+    image_at = argv.index("lmsysorg/sglang:v0.4.0")
+    assert argv[image_at + 1 : image_at + 4] == ["python3", "-m", "sglang.launch_server"]
+    assert value_of(argv, "-v") == f"{Path.home() / '.cache/huggingface'}:/root/.cache/huggingface"
+    mine = SGLangServer("m", image="img", env={**env, "HF_HOME": str(tmp_path / "hf")})
+    assert f"{tmp_path / 'hf'}:/root/.cache/huggingface" in mine.command()
+    given = SGLangServer("m", image="img", env=env, hf_cache=tmp_path / "mine")
+    assert f"{tmp_path / 'mine'}:/root/.cache/huggingface" in given.command()
+    assert "-v" not in SGLangServer("m", image="img", env=env, hf_cache=False).command()
+    assert "HF_TOKEN" not in argv  # no token set, none passed
+
+
+@pytest.mark.anyio
+async def test_a_container_server_starts_stops_and_mounts_the_cache(
+    tmp_path: Path, standin: str
+) -> None:
+    path, calls_log = fake_docker(tmp_path)
+    cache = tmp_path / "hf-cache"
+    server = SGLangServer(
+        "org/m",
+        image="lmsysorg/sglang:latest",
+        env={**standin_env(standin), **path},
+        hf_cache=cache,
+        log_dir=tmp_path / "logs",
+        startup_timeout=30,
+        grace=2,
+    )
+    async with server:
+        assert await get(server.base_url.removesuffix("/v1") + "/health_generate") == 200
+    assert cache.is_dir()  # created before docker could create it as root
+    runs = [c for c in docker_calls(calls_log) if "--name" in c]
+    assert len(runs) == 1 and f"{cache}:/root/.cache/huggingface" in runs[0]
+    assert server.pids == []
+
+
+def test_an_image_without_sglang_is_a_clear_error(tmp_path: Path) -> None:
+    path, _ = fake_docker(tmp_path)
+    server = SGLangServer("m", image="ubuntu:24.04", env={**path, "PYTHONPATH": str(tmp_path)})
+    with pytest.raises(SGLangNotInstalled, match="not installed in the container image ubuntu"):
+        server.command()
 
 
 # -- progress while starting -------------------------------------------------------------------

@@ -34,6 +34,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     launch.add_argument("--api-key-env", default="SGLANG_API_KEY")
     launch.add_argument("--python", default=sys.executable, help="the interpreter with sglang")
     launch.add_argument("--image", help="run in this container image (docker run --gpus ...)")
+    launch.add_argument(
+        "--hf-cache",
+        help="with --image: the host's Hugging Face cache to mount (default: $HF_HOME, else "
+        "~/.cache/huggingface)",
+    )
+    launch.add_argument(
+        "--no-hf-cache", action="store_true", help="with --image: mount no Hugging Face cache"
+    )
     launch.add_argument("--log-dir")
     launch.add_argument("--startup-timeout", type=float, default=600.0)
     launch.add_argument("--grace", type=float, default=30.0, help="drain after SIGTERM (30 s)")
@@ -88,6 +96,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
             api_key=args.api_key or os.environ.get(args.api_key_env) or None,
             python=args.python,
             image=args.image,
+            hf_cache=False if args.no_hf_cache else args.hf_cache,
             gpus=_gpu_list(args.gpus),
             tp=args.tp,
             extra_args=extra,

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 import anyio.to_thread
@@ -115,6 +115,11 @@ DEFAULT_FLAGS: Final = (
     "--enable-cache-report",
 )
 """The flags the launcher sets itself, each explained in :meth:`SGLangServer.default_args`."""
+
+_CONTAINER_HF_CACHE: Final = "/root/.cache/huggingface"
+"""The Hugging Face cache inside SGLang's images (they run as root)."""
+_HF_TOKENS: Final = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""Passed into a container by name when set (``-e NAME``): gated models need them."""
 
 _ALIASES: Final = {"--model": "--model-path"}
 """Spellings SGLang accepts for the same option (``--model`` is ``--model-path``'s alias)."""
@@ -413,8 +418,11 @@ class SGLangServer:
 
     ``python`` is the interpreter that has sglang installed (default: this one); with ``image``
     the server runs in that container image instead (``docker run --gpus device=N ...``, with
-    ``python3`` inside it and ``python -m sglang.launch_server``, which every version has; the
-    image's version is not probed). ``gpus`` starts one server per ``tp`` x ``dp`` GPUs, in
+    ``python3`` inside it). Either way the SGLang version is read first (in a throwaway
+    container of the image) and the command and flags follow it. In a container the host's
+    Hugging Face cache is mounted (``hf_cache``: a directory, default ``$HF_HOME`` or
+    ``~/.cache/huggingface``; ``False``: none), and ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``
+    are passed by name when set. ``gpus`` starts one server per ``tp`` x ``dp`` GPUs, in
     order: with ``gpus=[0, 1, 2, 3]`` and ``tp=2``, two servers of tensor parallel 2 on GPUs
     {0, 1} and {2, 3}, each with ``CUDA_VISIBLE_DEVICES`` set to its GPUs (``--gpus
     '"device=0,1"'`` in a container) and a port of its own: ``port``, ``port + 1``, ... or free
@@ -449,6 +457,7 @@ class SGLangServer:
         grace: float = 30.0,
         env: Mapping[str, str] | None = None,
         container_args: Sequence[str] = (),
+        hf_cache: str | os.PathLike[str] | Literal[False] | None = None,
     ) -> None:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of arguments, not one string")
@@ -502,6 +511,7 @@ class SGLangServer:
         self.grace = float(grace)
         self.env = dict(env or {})
         self.container_args = tuple(container_args)
+        self._hf_cache = hf_cache
         self._log_dir = Path(log_dir) if log_dir is not None else None
         ports = (
             [port + i for i in range(len(gpu_sets))]
@@ -588,15 +598,15 @@ class SGLangServer:
     def _detect(self) -> None:
         """Probe the interpreter's SGLang version and its entry point's flags (blocking; for
         :meth:`command`: :meth:`start` uses :meth:`_detect_async`)."""
-        if self._detected or self.image is not None:
+        if self._detected:
             return
         env = self._probe_env()
         try:
             done = subprocess.run(
-                [self.python, "-c", _VERSION_CODE],
+                self._version_argv(),
                 env=env,
                 capture_output=True,
-                timeout=VERSION_TIMEOUT,
+                timeout=self._version_timeout(),
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:
@@ -613,7 +623,7 @@ class SGLangServer:
         if not cached:
             try:
                 helped = subprocess.run(
-                    [*self._entry_point(), "--help"],
+                    self._probe_argv([*self._entry_point(), "--help"]),
                     env=dict(env),
                     capture_output=True,
                     timeout=HELP_TIMEOUT,
@@ -631,13 +641,13 @@ class SGLangServer:
     async def _detect_async(self) -> None:
         """:meth:`_detect` for :meth:`start`: the probes are child processes that cancellation
         kills (a cancelled start does not wait for a slow ``import sglang`` or ``--help``)."""
-        if self._detected or self.image is not None:
+        if self._detected:
             return
         env = self._probe_env()
         try:
-            with anyio.fail_after(VERSION_TIMEOUT):
+            with anyio.fail_after(self._version_timeout()):
                 done = await anyio.run_process(
-                    [self.python, "-c", _VERSION_CODE],
+                    self._version_argv(),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     check=False,
@@ -658,7 +668,7 @@ class SGLangServer:
             try:
                 with anyio.fail_after(HELP_TIMEOUT):
                     helped = await anyio.run_process(
-                        [*self._entry_point(), "--help"],
+                        self._probe_argv([*self._entry_point(), "--help"]),
                         env=dict(env),
                         stdin=subprocess.DEVNULL,
                         check=False,
@@ -699,37 +709,73 @@ class SGLangServer:
                 "choose GPUs from those (--gpus / gpus=)"
             )
 
-    def _no_interpreter(self) -> SGLangNotInstalled:
+    def _probe_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run where the server runs: here, or in a throwaway container of the image
+        (``docker run --rm --entrypoint <argv[0]> <image> <argv[1:]>``, no GPU needed)."""
+        if self.image is None:
+            return list(argv)
+        return ["docker", "run", "--rm", "--entrypoint", argv[0], self.image, *argv[1:]]
+
+    def _version_argv(self) -> list[str]:
+        python = "python3" if self.image is not None else self.python
+        return self._probe_argv([python, "-c", _VERSION_CODE])
+
+    def _version_timeout(self) -> float:
+        # A container's first run may pull the image first.
+        return VERSION_TIMEOUT if self.image is None else max(VERSION_TIMEOUT, self.startup_timeout)
+
+    def _where(self) -> str:
+        if self.image is not None:
+            return f"the container image {self.image}"
+        return f"the Python interpreter {self.python}"
+
+    def _no_interpreter(self) -> SGLangError:
+        if self.image is not None:
+            return SGLangError(
+                "docker is not on this host's PATH: a container image (image=, --image) needs "
+                "Docker with the NVIDIA Container Toolkit; or run SGLang from a Python "
+                "interpreter that has it (python=, --python)"
+            )
         return SGLangNotInstalled(
             f"the Python interpreter {self.python!r} does not exist. "
             + _INSTALL_HINT.replace("<python>", "python")
         )
 
     def _cannot_run(self, exc: OSError) -> SGLangError:
-        return SGLangError(f"cannot run the Python interpreter {self.python!r}: {exc}")
+        what = "docker" if self.image is not None else f"the Python interpreter {self.python!r}"
+        return SGLangError(f"cannot run {what}: {exc}")
 
     def _import_too_slow(self) -> SGLangError:
-        return SGLangError(f"{self.python} took over {VERSION_TIMEOUT:.0f} s to import sglang")
+        return SGLangError(
+            f"importing sglang in {self._where()} took over {self._version_timeout():.0f} s"
+        )
 
     def _read_version(self, returncode: int, stdout: bytes, stderr: bytes) -> str:
         """The version the probe printed; raises when it could not import sglang."""
         errors = stderr.decode("utf-8", "replace")
         if returncode != 0:
             if "No module named 'sglang'" in errors or "No module named sglang" in errors:
+                if self.image is not None:
+                    raise SGLangNotInstalled(
+                        f"SGLang is not installed in the container image {self.image} (import "
+                        "sglang fails): choose an SGLang image, such as lmsysorg/sglang:latest"
+                    )
                 raise SGLangNotInstalled(
                     f"SGLang is not installed for the Python interpreter {self.python} "
                     "(import sglang fails). " + _INSTALL_HINT.replace("<python>", self.python)
                 )
             tail = "\n".join("  " + line for line in errors.splitlines()[-_LOG_TAIL_LINES:])
             raise SGLangError(
-                f"{self.python} could not import sglang (status {returncode}):\n{tail}"
+                f"could not import sglang in {self._where()} (status {returncode}):\n{tail}"
             )
         lines = stdout.decode("utf-8", "replace").strip().splitlines()
         return lines[-1].strip() if lines else ""
 
     def _help_key(self, env: Mapping[str, str]) -> tuple[str, str, str, str]:
-        """Help texts are cached by interpreter, version, PYTHONPATH and entry point."""
-        return (self.python, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
+        """Help texts are cached by interpreter (or image), version, PYTHONPATH and entry
+        point."""
+        where = self.image if self.image is not None else self.python
+        return (where, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
 
     @staticmethod
     def _read_help(stdout: bytes, stderr: bytes) -> frozenset[str] | None:
@@ -754,11 +800,10 @@ class SGLangServer:
                 )
 
     def _entry_point(self) -> list[str]:
-        if self.image is not None:
-            return ["python3", "-m", "sglang.launch_server"]
+        python = "python3" if self.image is not None else self.python
         if parse_release(self._version or "") >= SGLANG_SERVE_SINCE:
-            return [self.python, "-c", _SERVE_CODE, "serve"]
-        return [self.python, "-m", "sglang.launch_server"]
+            return [python, "-c", _SERVE_CODE, "serve"]
+        return [python, "-m", "sglang.launch_server"]
 
     def default_args(self, worker: int = 0) -> list[str]:
         """The launcher's own flags for ``worker``, before user flags and version filtering.
@@ -827,9 +872,28 @@ class SGLangServer:
         docker += ["--ipc=host"]
         if w.container is not None:
             docker += ["--name", w.container]
-        for name in self.env:  # values come from docker's environment, never the command line
+        hf_cache = self.hf_cache_dir()
+        if hf_cache is not None:
+            docker += ["-v", f"{hf_cache}:{_CONTAINER_HF_CACHE}"]
+        # Values come from docker's environment, never the command line.
+        passed = {**self.env, **dict.fromkeys(n for n in _HF_TOKENS if self._probe_env().get(n))}
+        for name in passed:
             docker += ["-e", name]
         return [*docker, *self.container_args, self.image, *args]
+
+    def hf_cache_dir(self) -> Path | None:
+        """The host directory mounted as the container's Hugging Face cache, so weights are
+        downloaded once: ``hf_cache``, else ``$HF_HOME``, else ``~/.cache/huggingface``;
+        ``None`` outside a container, with ``hf_cache=False``, or when ``container_args``
+        mount that place themselves."""
+        if self.image is None or self._hf_cache is False:
+            return None
+        if any(_CONTAINER_HF_CACHE in arg for arg in self.container_args):
+            return None
+        if self._hf_cache is not None and self._hf_cache is not True:
+            return Path(self._hf_cache).expanduser()
+        home = self._probe_env().get("HF_HOME")
+        return Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface"
 
     def command(self, worker: int = 0, *, reveal_key: bool = False) -> list[str]:
         """The argv that starts ``worker``, with the API key shown as ``***`` unless revealed.
@@ -987,6 +1051,10 @@ class SGLangServer:
         w.log_path = log_path = self.log_paths[w.index]
         if self.image is not None:
             w.container = f"llmroute-sglang-{w.port}-{secrets.token_hex(4)}"
+        hf_cache = self.hf_cache_dir()
+        if hf_cache is not None:  # else docker creates it, owned by root
+            with contextlib.suppress(OSError):
+                hf_cache.mkdir(parents=True, exist_ok=True)
         argv = self._argv(w.index)
         shown = shlex.join(_redact(argv, self._api_key))
         log.info("starting SGLang worker %d: %s (log: %s)", w.index, shown, log_path)
