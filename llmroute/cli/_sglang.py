@@ -45,6 +45,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     launch.add_argument("--log-dir")
     launch.add_argument("--startup-timeout", type=float, default=600.0)
     launch.add_argument("--grace", type=float, default=30.0, help="drain after SIGTERM (30 s)")
+    launch.add_argument(
+        "--gateway",
+        action="store_true",
+        help="start SGLang's model gateway (smg, cache-aware) in front of the servers and print "
+        "one target for it (pip install 'llmroute[gateway]')",
+    )
+    launch.add_argument("--gateway-port", type=int, help="the gateway's port (default: free)")
+    launch.add_argument(
+        "--gateway-policy",
+        default="cache_aware",
+        help="the gateway's --policy: cache_aware (default), round_robin, power_of_two, ...",
+    )
     launch.add_argument("--provider", default="gpu", help="provider name in the printed config")
     launch.add_argument("--dry-run", action="store_true", help="print the commands, start none")
     launch.set_defaults(run=_run, takes_extra=True)
@@ -85,7 +97,13 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     import shlex
     import signal
 
-    from ..sglang import SGLangError, SGLangNotInstalled, SGLangServer, StartupProgress
+    from ..sglang import (
+        SGLangError,
+        SGLangGatewayNotInstalled,
+        SGLangNotInstalled,
+        SGLangServer,
+        StartupProgress,
+    )
 
     try:
         server = SGLangServer(
@@ -103,6 +121,9 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
             log_dir=args.log_dir,
             startup_timeout=args.startup_timeout,
             grace=args.grace,
+            gateway=args.gateway,
+            gateway_port=args.gateway_port,
+            gateway_policy=args.gateway_policy,
         )
         if args.dry_run:
             for worker in range(len(server)):
@@ -111,6 +132,8 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
                 if devices is not None and devices != os.environ.get("CUDA_VISIBLE_DEVICES"):
                     shown = f"CUDA_VISIBLE_DEVICES={devices} {shown}"
                 sys.stdout.write(shown + "\n")
+            if server.gateway is not None:
+                sys.stdout.write(shlex.join(server.gateway.argv()) + "\n")
             return 0
     except (ValueError, TypeError) as exc:
         _say(str(exc))
@@ -157,7 +180,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
                 tail = "\n".join(server.log_tail(worker))
                 _say(f"server {worker} exited with status {code}; the end of its log:\n{tail}")
                 status = 1
-            except SGLangNotInstalled as exc:
+            except (SGLangNotInstalled, SGLangGatewayNotInstalled) as exc:
                 _say(str(exc))
                 return 2
             except SGLangError as exc:
@@ -175,9 +198,15 @@ def _launched_config(server: object, provider: str, key_env: str, key_file: obje
     from ..sglang import SGLangServer
 
     assert isinstance(server, SGLangServer)
+    gateway = server.gateway_url
     lines = [
         f"# SGLang {server.version or ''} is ready: {len(server)} server(s) of "
         f"{server.served_model_name}; logs in {server.log_dir}",
+        *(
+            [f"# SGLang's gateway (smg, {server.gateway.policy}) fronts them at {gateway}"]
+            if server.gateway is not None
+            else []
+        ),
         f"# The API key is in {key_file} (mode 0600): export {key_env}=$(cat {key_file})",
         "# Route to it with this config (Ctrl-C stops the servers):",
         "",
@@ -185,11 +214,13 @@ def _launched_config(server: object, provider: str, key_env: str, key_file: obje
     for name, table in server.providers(provider).items():
         lines += [
             f"[providers.{name}]",
-            'kind = "sglang"',
+            f'kind = "{table["kind"]}"',
             f'base_url = "{table["base_url"]}"',
             f'api_key_env = "{key_env}"',
             "",
         ]
     targets = ", ".join(f'"{t}"' for t in server.targets(provider))
-    lines += ["[models.chat]", f"targets = [{targets}]", 'policy = "prefix"', ""]
+    # Behind a gateway the gateway picks the worker; llmroute routes across it and any vendors.
+    policy = "hedge" if gateway else "prefix"
+    lines += ["[models.chat]", f"targets = [{targets}]", f'policy = "{policy}"', ""]
     return "\n".join(lines) + "\n"

@@ -1,13 +1,15 @@
 """Self-hosted SGLang servers: a launcher tuned for time to first token, and their metrics.
 
-``SGLangServer`` starts one server per GPU from a chosen interpreter or container image and
-waits until it is really ready; ``MetricsPoller`` reads each server's ``/metrics`` into the live
-stats that routing uses; ``diagnose_ttft`` tells where a target's time to first token goes.
-llmroute never imports sglang itself: it runs it in child processes.
+``SGLangServer`` starts one server per GPU (or per tensor-parallel GPU set) from a chosen
+interpreter or container image and waits until it is really ready, optionally with SGLang's own
+model gateway (``SGLangGateway``, ``smg``) in front; ``MetricsPoller`` reads each server's
+``/metrics`` into the live stats that routing uses; ``diagnose_ttft`` tells where a target's time
+to first token goes. llmroute never imports sglang itself: it runs it in child processes.
 """
 
 from __future__ import annotations
 
+from ._gateway import GATEWAY_POLICIES, SGLangGateway, SGLangGatewayNotInstalled, find_smg
 from ._launcher import (
     SGLANG_SERVE_SINCE,
     STARTUP_PHASES,
@@ -33,12 +35,15 @@ from ._metrics import (
 )
 
 __all__ = [
+    "GATEWAY_POLICIES",
     "SGLANG_SERVE_SINCE",
     "STARTUP_PHASES",
     "HistogramTotals",
     "MetricsPoller",
     "PrometheusText",
     "SGLangError",
+    "SGLangGateway",
+    "SGLangGatewayNotInstalled",
     "SGLangNotInstalled",
     "SGLangServer",
     "SGLangStartupError",
@@ -47,6 +52,7 @@ __all__ = [
     "StartupProgress",
     "TTFTDiagnosis",
     "diagnose_ttft",
+    "find_smg",
     "metrics_url",
     "parse_prometheus",
     "read_server_metrics",

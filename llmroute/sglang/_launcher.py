@@ -58,6 +58,7 @@ import httpx
 
 if TYPE_CHECKING:
     from .._client import AsyncOpenAI
+    from ._gateway import SGLangGateway
 
 __all__ = [
     "DEFAULT_FLAGS",
@@ -458,6 +459,11 @@ class SGLangServer:
         env: Mapping[str, str] | None = None,
         container_args: Sequence[str] = (),
         hf_cache: str | os.PathLike[str] | Literal[False] | None = None,
+        gateway: bool = False,
+        gateway_port: int | None = None,
+        gateway_policy: str = "cache_aware",
+        gateway_args: Sequence[str] = (),
+        gateway_command: Sequence[str] | None = None,
     ) -> None:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of arguments, not one string")
@@ -525,6 +531,23 @@ class SGLangServer:
             _Worker(index=i, gpus=gpu_set, port=ports[i], auto_port=port is None)
             for i, gpu_set in enumerate(gpu_sets)
         ]
+        self._gateway: SGLangGateway | None = None
+        if gateway:
+            from ._gateway import SGLangGateway
+
+            self._gateway = SGLangGateway(
+                self.urls,
+                api_key=self._api_key,
+                log_path=self.log_dir / "smg-gateway.log",
+                host=self.host,
+                port=gateway_port,
+                policy=gateway_policy,
+                extra_args=gateway_args,
+                command=gateway_command,
+                startup_timeout=self.startup_timeout,
+                grace=self.grace,
+                env=self.env,
+            )
         self._start_scope: anyio.CancelScope | None = None  # set while start() runs
         self._stop_requested = False  # stop() was called while start() ran
         self._stopping: anyio.Event | None = None  # set while stop() runs
@@ -681,6 +704,13 @@ class SGLangServer:
             with _help_lock:
                 _help_cache[key] = flags
         self._detected_as(flags)
+
+    def _check_gateway(self) -> None:
+        if self._gateway is not None and self._gateway.command is None:
+            from ._gateway import _INSTALL, SGLangGatewayNotInstalled, find_smg
+
+            if find_smg() is None:
+                raise SGLangGatewayNotInstalled(_INSTALL)
 
     async def _check_gpus(self) -> None:
         """Raise when a GPU asked for is not on this host, as ``nvidia-smi -L`` lists them
@@ -922,13 +952,30 @@ class SGLangServer:
         """A ``[providers.X]`` table for ``worker``: kind, base URL and key."""
         return {"kind": "sglang", "base_url": self.urls[worker], "api_key": self._api_key}
 
+    @property
+    def gateway_url(self) -> str | None:
+        """The OpenAI base URL of SGLang's gateway in front of the workers (``gateway=True``),
+        else ``None``."""
+        return self._gateway.url if self._gateway is not None else None
+
+    @property
+    def gateway(self) -> SGLangGateway | None:
+        return self._gateway
+
     def providers(self, provider_name: str) -> dict[str, dict[str, Any]]:
-        """Every worker's ``[providers.X]`` table, by the names of :meth:`provider_names`."""
+        """Every worker's ``[providers.X]`` table, by the names of :meth:`provider_names`; with
+        a gateway, the gateway's alone (``kind = "sglang-gateway"``): it decides the worker."""
+        if self._gateway is not None:
+            table = {"kind": "sglang-gateway", "base_url": self._gateway.url}
+            return {provider_name: {**table, "api_key": self._api_key}}
         names = self.provider_names(provider_name)
         return {name: self.provider_config(i) for i, name in enumerate(names)}
 
     def targets(self, provider_name: str) -> list[str]:
-        """Each worker as a route target, ``"provider:served_model_name"``."""
+        """Each worker as a route target, ``"provider:served_model_name"``; with a gateway,
+        the gateway alone."""
+        if self._gateway is not None:
+            return [f"{provider_name}:{self.served_model_name}"]
         return [f"{name}:{self.served_model_name}" for name in self.provider_names(provider_name)]
 
     def metrics_urls(self, provider_name: str) -> dict[str, str]:
@@ -1003,10 +1050,15 @@ class SGLangServer:
             try:
                 with anyio.CancelScope() as self._start_scope:
                     await self._check_gpus()
+                    self._check_gateway()
                     await self._detect_async()
                     for w in self._workers:
                         self._spawn(w)
                     await self._wait_ready(progress, progress_every)
+                    if self._gateway is not None:
+                        for w in self._workers:  # a port the launcher had to change
+                            self._gateway.worker_urls[w.index] = self.urls[w.index][: -len("/v1")]
+                        await self._gateway.start()
             finally:
                 self._start_scope = None
             if self._stop_requested:
@@ -1296,6 +1348,8 @@ class SGLangServer:
                 return
             self._stopping = stopping = anyio.Event()
             try:
+                if self._gateway is not None:  # first: it stops sending to the workers
+                    await self._gateway.stop()
                 async with anyio.create_task_group() as group:
                     for w in self._workers:
                         if w.process is not None:
@@ -1330,6 +1384,8 @@ class SGLangServer:
 
     def kill(self) -> None:
         """SIGKILL every worker's process group now, without a drain (blocking; for exit paths)."""
+        if self._gateway is not None:
+            self._gateway.kill()
         for w in self._workers:
             if w.pgid is not None:
                 _signal_group(w.pgid, signal.SIGKILL)
