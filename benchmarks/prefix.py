@@ -17,7 +17,7 @@ the same order.
 
     .venv/bin/python benchmarks/prefix.py            # about a minute
     .venv/bin/python benchmarks/prefix.py --quick    # smoke run
-    .venv/bin/python benchmarks/prefix.py --burst --policies pinned,prefix,round-robin
+    .venv/bin/python benchmarks/prefix.py --burst --policies pinned,prefix,gateway,round-robin
 
 ``--burst`` is the fleet shared by several clients: two workers, five families, three clients
 (each with its own prefix trees, so only the servers' ``/metrics`` tell one client of the
@@ -48,8 +48,10 @@ from llmroute.sglang import SGLangServer
 from llmroute.testing import sglang_standin_path
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
-"""Routing policies compared; ``pinned`` (``--policies``) sends each system prompt's chats to
-one worker chosen in advance, the best spread, for reference."""
+"""Routing policies compared. With ``--policies`` also: ``pinned`` sends each system prompt's
+chats to one worker chosen in advance, the best spread, for reference; ``gateway`` sends every
+request to SGLang's model gateway (``smg``, cache-aware) in front of the workers, which then
+decides (``pip install 'llmroute[gateway]'``)."""
 WORDS = (
     "routing latency cache prefix token server client stream answer model request policy queue "
     "worker prompt system user assistant hedge failover window percentile budget target vendor"
@@ -99,7 +101,12 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     winners: dict[str, int] = {}
     gpus = list(range(args.workers))
     async with SGLangServer(
-        "standin/chat-model", gpus=gpus, env=env, startup_timeout=60, grace=5
+        "standin/chat-model",
+        gpus=gpus,
+        env=env,
+        startup_timeout=60,
+        grace=5,
+        gateway=policy == "gateway",
     ) as server:
         async with contextlib.AsyncExitStack() as stack:
             clients: list[AsyncOpenAI] = []
@@ -108,7 +115,11 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
                 await stack.enter_async_context(client)
                 for name, table in server.providers("gpu").items():
                     client.add_provider(name, table)
-                targets = server.targets("gpu")
+                targets = server.targets("gpu")  # with the gateway: the gateway alone
+                if policy == "gateway":
+                    client.add_targets("chat", targets, first_token_timeout=30)
+                    clients.append(client)
+                    continue
                 if policy == "pinned":  # the best spread: each family's worker known in advance
                     for i, target in enumerate(targets):
                         client.add_targets(f"chat-{i}", [target], policy="failover")
