@@ -27,7 +27,7 @@ async def _doctor(config_path: str | None, probes: int) -> int:
     from .. import AsyncOpenAI, OpenAIError
     from .._config import ConfigError, load_config, resolve
     from ..routing.stats import LiveStats
-    from ..sglang import MetricsPoller, diagnose_ttft
+    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
 
     try:
         config = load_config(config_path)
@@ -47,6 +47,7 @@ async def _doctor(config_path: str | None, probes: int) -> int:
             poller = MetricsPoller({target.name: str(provider.base_url)}, LiveStats(), keys=keys)
             await poller.poll_once()
         ttfts: list[float] = []
+        itls: list[float] = []
         error = None
         async with AsyncOpenAI(
             api_key=provider.api_key or "none", base_url=provider.base_url
@@ -62,8 +63,12 @@ async def _doctor(config_path: str | None, probes: int) -> int:
                     async with stream:
                         async for _ in stream:
                             pass
-                    if stream.timings.first_token is not None:
-                        ttfts.append(stream.timings.first_token)
+                    timings = stream.timings
+                    if timings.first_token is not None:
+                        ttfts.append(timings.first_token)
+                        if timings.total is not None and timings.tokens > 1:
+                            decode = timings.total - timings.first_token
+                            itls.append(decode / (timings.tokens - 1))
                 except OpenAIError as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     break
@@ -77,4 +82,8 @@ async def _doctor(config_path: str | None, probes: int) -> int:
         server_ttft = diagnosis.server_ttft
         verdict = error or diagnosis.verdict
         write(f"{target.name:40} {_ms(client_ttft):>12} {_ms(server_ttft):>12}  {verdict}\n")
+        itl = statistics.median(itls) if itls else None
+        suggestion = None if error else suggest_preset(diagnosis, itl)
+        if suggestion is not None and provider.kind == "sglang":
+            write(f"{'':40} suggestion: {suggestion}\n")
     return 0

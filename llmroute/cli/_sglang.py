@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import anyio
+
+if TYPE_CHECKING:
+    from ..sglang import Preset
 
 __all__ = ["register"]
 
@@ -57,6 +61,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         default="cache_aware",
         help="the gateway's --policy: cache_aware (default), round_robin, power_of_two, ...",
     )
+    presets = launch.add_argument_group(
+        "presets", "beyond the TTFT-first defaults; checked against the installed SGLang"
+    )
+    presets.add_argument(
+        "--speculative",
+        choices=("eagle3", "eagle", "standalone"),
+        help="speculative decoding with --draft-model (faster decoding)",
+    )
+    presets.add_argument(
+        "--draft-model", help="the draft model (100M-1B parameters, or an EAGLE3 head)"
+    )
+    presets.add_argument(
+        "--long-prompts",
+        action="store_true",
+        help="chunked prefill sized for long prompts (--chunked-prefill-size 16384)",
+    )
+    presets.add_argument(
+        "--mem-fraction", type=float, help="share of GPU memory for weights and KV cache"
+    )
     launch.add_argument("--provider", default="gpu", help="provider name in the printed config")
     launch.add_argument("--dry-run", action="store_true", help="print the commands, start none")
     launch.set_defaults(run=_run, takes_extra=True)
@@ -89,6 +112,23 @@ def _gpu_list(text: str | None) -> list[int] | None:
         ) from None
 
 
+def _presets(args: argparse.Namespace) -> list[Preset]:
+    from ..sglang import chunked_prefill, memory_fraction, speculative_decoding
+
+    chosen: list[Preset] = []
+    if args.speculative:
+        if not args.draft_model:
+            raise ValueError("--speculative needs --draft-model (a small model or an EAGLE3 head)")
+        chosen.append(speculative_decoding(args.draft_model, algorithm=args.speculative.upper()))
+    elif args.draft_model:
+        raise ValueError("--draft-model goes with --speculative eagle3|eagle|standalone")
+    if args.long_prompts:
+        chosen.append(chunked_prefill())
+    if args.mem_fraction is not None:
+        chosen.append(memory_fraction(args.mem_fraction))
+    return chosen
+
+
 async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     """Exit status: 0 once a signal stopped the servers, 1 when a server failed (exited, not
     ready in time, its port taken, another server on it), 2 for a mistake found before any
@@ -108,6 +148,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         server = SGLangServer(
             args.model_path,
+            presets=_presets(args),
             served_model_name=args.served_model_name,
             port=args.port,
             host=args.host,

@@ -33,6 +33,13 @@ from ._metrics import (
     read_server_metrics,
     transport_share,
 )
+from ._presets import (
+    Preset,
+    chunked_prefill,
+    memory_fraction,
+    speculative_decoding,
+    suggest_preset,
+)
 
 __all__ = [
     "GATEWAY_POLICIES",
@@ -40,6 +47,7 @@ __all__ = [
     "STARTUP_PHASES",
     "HistogramTotals",
     "MetricsPoller",
+    "Preset",
     "PrometheusText",
     "SGLangError",
     "SGLangGateway",
@@ -51,11 +59,15 @@ __all__ = [
     "ServerReading",
     "StartupProgress",
     "TTFTDiagnosis",
+    "chunked_prefill",
     "diagnose_ttft",
     "find_smg",
+    "memory_fraction",
     "metrics_url",
     "parse_prometheus",
     "read_server_metrics",
+    "speculative_decoding",
     "startup_phase",
+    "suggest_preset",
     "transport_share",
 ]

@@ -56,6 +56,8 @@ import anyio
 import anyio.to_thread
 import httpx
 
+from ._presets import Preset, preset_args
+
 if TYPE_CHECKING:
     from .._client import AsyncOpenAI
     from ._gateway import SGLangGateway
@@ -104,6 +106,7 @@ _LOG_TAIL_LINES: Final = 20
 _WATCH_INTERVAL: Final = 0.1  # seconds between wait_exited()'s looks at the workers
 _REDACTED: Final = "***"
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+_CHOICES = re.compile(r"\{([\w.,-]+)\}")
 
 DEFAULT_FLAGS: Final = (
     "--model-path",
@@ -464,6 +467,7 @@ class SGLangServer:
         gateway_policy: str = "cache_aware",
         gateway_args: Sequence[str] = (),
         gateway_command: Sequence[str] | None = None,
+        presets: Sequence[Preset] = (),
     ) -> None:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of arguments, not one string")
@@ -517,6 +521,7 @@ class SGLangServer:
         self.grace = float(grace)
         self.env = dict(env or {})
         self.container_args = tuple(container_args)
+        self.presets = tuple(presets)
         self._hf_cache = hf_cache
         self._log_dir = Path(log_dir) if log_dir is not None else None
         ports = (
@@ -811,6 +816,9 @@ class SGLangServer:
     def _read_help(stdout: bytes, stderr: bytes) -> frozenset[str] | None:
         text = (stdout + b"\n" + stderr).decode("utf-8", "replace")
         flags = frozenset(_FLAG.findall(text)) or None
+        if flags is not None:  # and the choices argparse lists, {EAGLE,EAGLE3,...}
+            choices = (c.strip() for group in _CHOICES.findall(text) for c in group.split(","))
+            flags |= {choice for choice in choices if choice}
         if flags is None:
             log.warning("SGLang's --help listed no flags; passing every default flag")
         return flags
@@ -820,6 +828,14 @@ class SGLangServer:
         log.warning("could not read the SGLang server's --help (%s); passing every flag", why)
 
     def _detected_as(self, flags: frozenset[str] | None) -> None:
+        for preset in self.presets:
+            missing = preset.missing(flags)
+            if missing:
+                raise SGLangError(
+                    f"the preset {preset.name} needs {', '.join(missing)}, which SGLang "
+                    f"{self._version or '(this version)'} in {self._where()} does not have: "
+                    "upgrade SGLang or leave the preset out"
+                )
         self._flags = flags
         self._detected = True
         if flags is not None:
@@ -881,7 +897,7 @@ class SGLangServer:
             known = self._flags is None or flag in self._flags or flag == "--model-path"
             if flag not in user and known:
                 chosen += _tokens(flag, value)
-        return [*chosen, *self.extra_args]
+        return [*chosen, *preset_args(self.presets, user), *self.extra_args]
 
     def _argv(self, worker: int) -> list[str]:
         w = self._workers[worker]

@@ -371,6 +371,21 @@ _FLAGS: tuple[_Flag, ...] = (
     _switch("--enable-p2p-check", "Check P2P access between GPUs."),
     _Flag("--cpu-offload-gb", "GiB of weights to offload to CPU memory.", int, 0, since=_V040),
     _switch("--enable-lora", "Enable LoRA adapters.", since=_V054),
+    _Flag(
+        "--speculative-algorithm",
+        "Speculative algorithm.",
+        since=_V054,
+        choices=tuple((c, _V054) for c in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")),
+    ),
+    _Flag(
+        "--speculative-draft-model-path",
+        "The path of the draft model weights (a local folder or a Hugging Face repo id).",
+        since=_V054,
+        aliases=(("--speculative-draft-model", _V054),),
+    ),
+    _Flag("--speculative-num-steps", "Draft steps before verification.", int, since=_V054),
+    _Flag("--speculative-eagle-topk", "Tokens sampled per draft step.", int, since=_V054),
+    _Flag("--speculative-num-draft-tokens", "Draft tokens verified at once.", int, since=_V054),
     _switch("--sleep-on-idle", "Reduce CPU use while idle.", since=_V054),
 )
 
