@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -110,7 +111,7 @@ def test_the_doctor_suggests_the_preset_its_figures_point_to(
         assert suggestion is not None and suggestion.startswith(expected)
 
 
-def test_the_cli_presets() -> None:
+def test_the_cli_presets(tmp_path: Path) -> None:
     def launch(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "llmroute.cli", "sglang", "launch", "org/big", *args],
@@ -128,3 +129,17 @@ def test_the_cli_presets() -> None:
     lonely = launch("--speculative", "eagle3", "--dry-run")
     assert lonely.returncode == 2 and "needs --draft-model" in lonely.stderr
     assert "Traceback" not in lonely.stderr
+    old = subprocess.run(
+        [
+            *(sys.executable, "-m", "llmroute.cli", "sglang", "launch", "org/big"),
+            *("--log-dir", str(tmp_path), "--speculative", "eagle3", "--draft-model", "org/d"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **standin("0.4.0")},
+        check=False,
+    )
+    assert old.returncode == 2, old.stderr
+    assert "the preset speculative-eagle3 needs --speculative-algorithm" in old.stderr
+    assert "Traceback" not in old.stderr  # nothing was started, so nothing to stop

@@ -132,12 +132,14 @@ def _presets(args: argparse.Namespace) -> list[Preset]:
 async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     """Exit status: 0 once a signal stopped the servers, 1 when a server failed (exited, not
     ready in time, its port taken, another server on it), 2 for a mistake found before any
-    server started (bad arguments, SGLang not installed)."""
+    server started (bad arguments, SGLang or smg not installed, a preset the version lacks, a GPU
+    the host lacks)."""
     import os
     import shlex
     import signal
 
     from ..sglang import (
+        SGLangConfigError,
         SGLangError,
         SGLangGatewayNotInstalled,
         SGLangNotInstalled,
@@ -179,7 +181,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     except (ValueError, TypeError) as exc:
         _say(str(exc))
         return 2
-    except SGLangNotInstalled as exc:
+    except (SGLangNotInstalled, SGLangGatewayNotInstalled, SGLangConfigError) as exc:
         _say(str(exc))
         return 2
     except SGLangError as exc:
@@ -221,7 +223,7 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
                 tail = "\n".join(server.log_tail(worker))
                 _say(f"server {worker} exited with status {code}; the end of its log:\n{tail}")
                 status = 1
-            except (SGLangNotInstalled, SGLangGatewayNotInstalled) as exc:
+            except (SGLangNotInstalled, SGLangGatewayNotInstalled, SGLangConfigError) as exc:
                 _say(str(exc))
                 return 2
             except SGLangError as exc:

@@ -13,6 +13,7 @@ from ._gateway import GATEWAY_POLICIES, SGLangGateway, SGLangGatewayNotInstalled
 from ._launcher import (
     SGLANG_SERVE_SINCE,
     STARTUP_PHASES,
+    SGLangConfigError,
     SGLangError,
     SGLangNotInstalled,
     SGLangServer,
@@ -49,6 +50,7 @@ __all__ = [
     "MetricsPoller",
     "Preset",
     "PrometheusText",
+    "SGLangConfigError",
     "SGLangError",
     "SGLangGateway",
     "SGLangGatewayNotInstalled",

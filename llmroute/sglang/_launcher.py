@@ -23,6 +23,7 @@ Errors::
 
     SGLangError
      +-- SGLangNotInstalled     the interpreter cannot import sglang
+     +-- SGLangConfigError      a preset the version lacks, a GPU the host lacks (before spawning)
      +-- SGLangStartupError     the server exited, timed out, found its port taken, or was
                                 stopped (by stop()) before it was ready
 """
@@ -69,6 +70,7 @@ __all__ = [
     "SGLANG_SERVE_SINCE",
     "STARTUP_PHASES",
     "VERSION_TIMEOUT",
+    "SGLangConfigError",
     "SGLangError",
     "SGLangNotInstalled",
     "SGLangServer",
@@ -181,6 +183,11 @@ class SGLangError(Exception):
 
 class SGLangNotInstalled(SGLangError):
     """Raised when the chosen Python interpreter cannot import sglang."""
+
+
+class SGLangConfigError(SGLangError):
+    """Raised before any server starts when what was asked for cannot work here: a preset the
+    installed SGLang lacks, a GPU this host does not have."""
 
 
 class SGLangStartupError(SGLangError):
@@ -739,7 +746,7 @@ class SGLangServer:
         missing = [gpu for gpu in wanted if gpu >= count]
         if missing:
             have = f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count else "no GPU"
-            raise SGLangError(
+            raise SGLangConfigError(
                 f"{_gpu_names(missing)} not on this host: nvidia-smi lists {have}; "
                 "choose GPUs from those (--gpus / gpus=)"
             )
@@ -831,7 +838,7 @@ class SGLangServer:
         for preset in self.presets:
             missing = preset.missing(flags)
             if missing:
-                raise SGLangError(
+                raise SGLangConfigError(
                     f"the preset {preset.name} needs {', '.join(missing)}, which SGLang "
                     f"{self._version or '(this version)'} in {self._where()} does not have: "
                     "upgrade SGLang or leave the preset out"
