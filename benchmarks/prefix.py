@@ -17,12 +17,19 @@ the same order.
 
     .venv/bin/python benchmarks/prefix.py            # about a minute
     .venv/bin/python benchmarks/prefix.py --quick    # smoke run
+    .venv/bin/python benchmarks/prefix.py --burst --policies pinned,prefix,gateway,round-robin
+
+``--burst`` is the fleet shared by several clients: two workers, five families, three clients
+(each with its own prefix trees, so only the servers' ``/metrics`` tell one client of the
+others' load), ten chats at once. ``pinned`` is the best spread, for reference: each family's
+chats go to one worker chosen in advance.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -41,6 +48,10 @@ from llmroute.sglang import SGLangServer
 from llmroute.testing import sglang_standin_path
 
 POLICIES = ("prefix", "round-robin", "least-loaded")
+"""Routing policies compared. With ``--policies`` also: ``pinned`` sends each system prompt's
+chats to one worker chosen in advance, the best spread, for reference; ``gateway`` sends every
+request to SGLang's model gateway (``smg``, cache-aware) in front of the workers, which then
+decides (``pip install 'llmroute[gateway]'``)."""
 WORDS = (
     "routing latency cache prefix token server client stream answer model request policy queue "
     "worker prompt system user assistant hedge failover window percentile budget target vendor"
@@ -61,8 +72,8 @@ def system_prompt(index: int, tokens: int) -> str:
     return f"You are assistant number {index}. Follow these house rules: {words}"
 
 
-def workload(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """Each chat: its system prompt and its user turns."""
+def workload(args: argparse.Namespace) -> list[tuple[int, str, list[str]]]:
+    """Each chat: its system prompt's number, the prompt, and its user turns."""
     rng = random.Random(7)
     chats = []
     for chat in range(args.conversations):
@@ -70,7 +81,7 @@ def workload(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
         turns = [
             f"Chat {chat}, question {turn}: {rng.choice(WORDS)}?" for turn in range(args.turns)
         ]
-        chats.append((system, turns))
+        chats.append((chat % args.systems, system, turns))
     return chats
 
 
@@ -88,26 +99,50 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
     ttfts: list[float] = []
     prompt_tokens = cached_tokens = 0
     winners: dict[str, int] = {}
+    gpus = list(range(args.workers))
     async with SGLangServer(
-        "standin/chat-model", gpus=[0, 1, 2, 3], env=env, startup_timeout=60, grace=5
+        "standin/chat-model",
+        gpus=gpus,
+        env=env,
+        startup_timeout=60,
+        grace=5,
+        gateway=policy == "gateway",
     ) as server:
-        async with AsyncOpenAI(api_key="unused", base_url=server.base_url) as client:
-            for name, table in server.providers("gpu").items():
-                client.add_provider(name, table)
-            route: dict[str, Any] = {"policy": policy, "first_token_timeout": 30}
-            if policy == "prefix":
-                route["balance_abs_threshold"] = args.balance_abs
-            client.add_targets("chat", server.targets("gpu"), **route)
-            queue = list(workload(args))
+        async with contextlib.AsyncExitStack() as stack:
+            clients: list[AsyncOpenAI] = []
+            for _ in range(args.clients):
+                client = AsyncOpenAI(api_key="unused", base_url=server.base_url)
+                await stack.enter_async_context(client)
+                for name, table in server.providers("gpu").items():
+                    client.add_provider(name, table)
+                targets = server.targets("gpu")  # with the gateway: the gateway alone
+                if policy == "gateway":
+                    client.add_targets("chat", targets, first_token_timeout=30)
+                    clients.append(client)
+                    continue
+                if policy == "pinned":  # the best spread: each family's worker known in advance
+                    for i, target in enumerate(targets):
+                        client.add_targets(f"chat-{i}", [target], policy="failover")
+                    clients.append(client)
+                    continue
+                route: dict[str, Any] = {"policy": policy, "first_token_timeout": 30}
+                if policy == "prefix":
+                    route["balance_abs_threshold"] = args.balance_abs
+                client.add_targets("chat", targets, **route)
+                clients.append(client)
+            queue = [(i % args.clients, *chat) for i, chat in enumerate(workload(args))]
 
-            async def converse(system: str, turns: list[str]) -> None:
+            async def converse(
+                client: AsyncOpenAI, family: int, system: str, turns: list[str]
+            ) -> None:
+                model = f"chat-{family % args.workers}" if policy == "pinned" else "chat"
                 nonlocal prompt_tokens, cached_tokens
                 messages: list[dict[str, str]] = [{"role": "system", "content": system}]
                 for turn in turns:
                     messages.append({"role": "user", "content": turn})
                     started = time.perf_counter()
                     stream = await client.chat.completions.create(
-                        model="chat",
+                        model=model,
                         messages=messages,
                         stream=True,
                         stream_options={"include_usage": True},
@@ -130,8 +165,8 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
             async def worker() -> None:
                 while queue:
-                    system, turns = queue.pop(0)
-                    await converse(system, turns)
+                    owner, family, system, turns = queue.pop(0)
+                    await converse(clients[owner], family, system, turns)
 
             started = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -149,7 +184,7 @@ async def run_policy(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     results = []
-    for policy in POLICIES:
+    for policy in args.policies.split(","):
         result = await run_policy(policy, args)
         results.append(result)
         r = result
@@ -172,14 +207,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-tokens", type=int, default=8000, help="each worker's prefix cache")
     p.add_argument("--prefill-ms", type=float, default=40.0, help="per 1k uncached tokens")
     p.add_argument("--balance-abs", type=int, default=8, help="prefix: balance_abs_threshold")
+    p.add_argument("--workers", type=int, default=4, help="stand-in workers (4)")
+    p.add_argument("--clients", type=int, default=1, help="clients sharing the workers (1)")
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     p.add_argument("--quick", action="store_true", help="10 chats of 2 turns")
+    p.add_argument(
+        "--burst",
+        action="store_true",
+        help="several clients, new families at once: 2 workers, 5 system prompts, 40 chats, "
+        "10 at once from 3 clients, each worker's cache holding about 3.5 families, 150 ms "
+        "prefill per 1k uncached tokens (other flags still win)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results here")
+    if p.parse_known_args(argv)[0].burst:  # its settings are defaults: other flags win
+        p.set_defaults(workers=2, systems=5, conversations=40, concurrency=10, clients=3)
+        p.set_defaults(cache_tokens=6000, prefill_ms=150.0)
     args = p.parse_args(argv)
     if args.quick:
         args.conversations, args.turns = 10, 2
     print(
         f"{args.conversations} chats x {args.turns} turns, {args.systems} system prompts of "
-        f"~{args.system_tokens} words, {args.concurrency} chats at once; 4 stand-in workers, "
+        f"~{args.system_tokens} words, {args.concurrency} chats at once from {args.clients} "
+        f"client(s); {args.workers} stand-in workers, "
         f"cache {args.cache_tokens} tokens each, prefill {args.prefill_ms} ms per 1k uncached",
         flush=True,
     )

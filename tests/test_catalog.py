@@ -44,7 +44,7 @@ REQUIRED = {
     "vllm",
     "ollama",
 }
-SELF_HOSTED = {"sglang": 30000, "vllm": 8000, "ollama": 11434}
+SELF_HOSTED = {"sglang": 30000, "sglang-gateway": 30000, "vllm": 8000, "ollama": 11434}
 ENV_VAR = re.compile(r"[A-Z][A-Z0-9_]*")
 SECRET_HEADERS = {"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie"}
 

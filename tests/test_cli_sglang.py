@@ -165,6 +165,64 @@ def test_a_server_that_dies_after_it_was_ready_ends_the_launch(tmp_path: Path) -
     assert none_left(model)
 
 
+def run_launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmroute.cli", "sglang", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env if env is not None else standin_env(),
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_without_sglang_the_launch_says_how_to_get_it(tmp_path: Path, dry_run: bool) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # an interpreter without sglang
+    done = run_launch("org/m", *(["--dry-run"] if dry_run else []), env=env)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one paragraph
+    assert "SGLang is not installed for the Python interpreter" in done.stderr
+    assert "pip install 'sglang[all]'" in done.stderr and "--image" in done.stderr
+    assert "SGLang stopped." not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--gpus", "0,x"], "--gpus takes GPU numbers separated by commas"),
+        (["--gpus", "0,0"], "gpus has duplicates"),
+        (["--startup-timeout", "0"], "startup_timeout must be a positive number"),
+    ],
+)
+def test_bad_arguments_are_a_sentence_before_anything_starts(args: list[str], message: str) -> None:
+    done = run_launch("org/m", *args)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_launch_tells_what_each_server_is_doing_while_it_loads(tmp_path: Path) -> None:
+    model = f"org/loading-{uuid.uuid4().hex[:8]}"
+    proc = launch(tmp_path, model, SGLANG_STANDIN_LOAD="3", SGLANG_STANDIN_WARMUP="0.5")
+    try:
+        assert "[providers.gpu]" in read_config(proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert none_left(model)
+    assert proc.returncode == 0
+    lines = [line for line in err.splitlines() if line.startswith("llmroute sglang launch:")]
+    assert "waiting until they are ready" in lines[0]
+    progress = "\n".join(lines[1:])
+    assert "worker 0 (GPU 0): loading the weights" in progress
+    assert "worker 1 (GPU 1): loading the weights" in progress
+    assert "Traceback" not in err
+
+
 def test_launch_dry_run_and_a_server_that_dies_at_start(tmp_path: Path) -> None:
     dry = subprocess.run(
         [

@@ -32,7 +32,7 @@ from llmroute.routing.prefix import (
     prompt_blocks,
     render_prompt,
 )
-from llmroute.routing.stats import ServerMetrics
+from llmroute.routing.stats import IN_FLIGHT_HISTORY, ServerMetrics
 from llmroute.testing import Simulator
 
 from .clock import FakeClock
@@ -481,22 +481,148 @@ def test_load_is_the_servers_queue_plus_requests_started_since_the_reading() -> 
     router = Router({}, clock=clock)
     stats = router.stats.target("gpu")
     stats.started()  # one of ours is running there, and in the reading
+    clock.advance(0.01)
     stats.server = ServerMetrics(read_at=clock(), queued=3, running=5)
     clock.advance(0.3)
     assert router.load("gpu") == 8.0
     stats.started()
     stats.started()  # two more since the reading
     assert router.load("gpu") == 10.0
+    clock.advance(0.01)
     stats.finished()
     assert router.load("gpu") == 9.0
     stats.server = ServerMetrics(read_at=clock(), queued=0, running=2)  # a new reading
     assert router.load("gpu") == 2.0
+    clock.advance(0.01)
     for _ in range(3):
         stats.finished()
     assert router.load("gpu") == 0.0  # never below zero
     clock.advance(SERVER_METRICS_MAX_AGE + 0.1)  # the poller stopped: only our own count
     stats.started()
     assert router.load("gpu") == 1.0
+
+
+def test_requests_sent_between_a_reading_and_its_first_use_count_once() -> None:
+    """The reading is dated when it was taken: requests sent before it arrived (or before the
+    router first looked at it) are added, not absorbed into a baseline taken at first use."""
+    clock = FakeClock()
+    router = Router({}, clock=clock)
+    stats = router.stats.target("gpu")
+    taken = clock()  # the scrape goes out: the server is idle
+    clock.advance(0.05)
+    for _ in range(3):  # a burst while the answer is on its way
+        stats.started()
+        clock.advance(0.01)
+    stats.observe_server(ServerMetrics(read_at=taken, queued=0, running=0))
+    assert router.load("gpu") == 3.0
+    clock.advance(0.1)
+    assert router.load("gpu") == 3.0  # looking again changes nothing
+    stats.finished()
+    assert router.load("gpu") == 2.0
+
+
+def test_an_older_reading_arriving_late_does_not_replace_a_newer_one() -> None:
+    clock = FakeClock()
+    router = Router({}, clock=clock)
+    stats = router.stats.target("gpu")
+    old = ServerMetrics(read_at=clock(), queued=9, running=8)
+    clock.advance(0.5)
+    new = ServerMetrics(read_at=clock(), queued=0, running=1)
+    assert stats.observe_server(new)
+    assert not stats.observe_server(old)
+    assert stats.server is new
+    assert router.load("gpu") == 1.0
+
+
+def test_the_load_of_a_data_parallel_server_is_per_rank() -> None:
+    clock = FakeClock()
+    router = Router({}, clock=clock)
+    stats = router.stats.target("gpu")
+    stats.observe_server(ServerMetrics(read_at=clock(), queued=2, running=4, ranks=(3, 3)))
+    clock.advance(0.01)
+    stats.started()
+    stats.started()
+    assert router.load("gpu") == 4.0  # (6 + 2) over two ranks
+
+
+def test_in_flight_history_is_bounded_in_time() -> None:
+    clock = FakeClock()
+    stats = Router({}, clock=clock).stats.target("gpu")
+    stats.started()
+    at_one = clock()
+    clock.advance(IN_FLIGHT_HISTORY + 1)
+    stats.started()
+    assert stats.in_flight_at(at_one) == 1  # the oldest count remembered
+    assert stats.in_flight_at(clock()) == 2
+    assert len(stats._flights) == 1
+
+
+class RouterView(View):
+    """A route view whose loads are the router's (its stats and server readings)."""
+
+    def __init__(self, router: Router, messages: Sequence[Mapping[str, Any]]) -> None:
+        super().__init__(messages)
+        self.router = router
+
+    def load(self, target: str) -> float:
+        return self.router.load(target)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_burst_of_new_families_spreads_with_late_out_of_order_and_missing_readings(
+    seed: int,
+) -> None:
+    """Twenty new long-prefix families arrive 20 ms apart at two idle workers, each request
+    holding its worker for a second. Each worker is scraped every 100 ms; an answer arrives
+    50-400 ms later (so answers overtake each other), and one in five never arrives. With each
+    request counted once, whether in a reading or sent since, the families split 10 / 10
+    (counting the requests sent since a reading from when it was first used, rather than taken,
+    put up to 12 on one worker)."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    router = Router({}, clock=clock)
+    policy = PrefixPolicy()
+    workers = ["w0", "w1"]
+    ends: list[tuple[float, str]] = []  # when each request leaves its worker
+    starts: list[tuple[float, str]] = []  # when it reached it (what a scrape sees)
+    readings: list[tuple[float, str, ServerMetrics]] = []  # (arrives at, worker, reading)
+    families: dict[str, int] = dict.fromkeys(workers, 0)
+    t0 = clock()
+    next_scrape = t0
+    for family in range(20):
+        arrive = t0 + 0.02 * family
+        # everything that happens before this request, in time order
+        while True:
+            due = [(when, "end", w) for when, w in ends if when <= arrive]
+            due += [(at, "reading", i) for i, (at, _, _) in enumerate(readings) if at <= arrive]
+            if next_scrape <= arrive:
+                due.append((next_scrape, "scrape", ""))
+            if not due:
+                break
+            when, kind, what = min(due, key=lambda event: event[0])
+            clock.now = when
+            if kind == "end":
+                ends.remove((when, str(what)))
+                router.stats.target(str(what)).finished()
+            elif kind == "reading":
+                _, worker, metrics = readings.pop(int(what))
+                router.stats.target(worker).observe_server(metrics)
+            else:
+                for worker in workers:
+                    busy = sum(1 for s, w in starts if w == worker and s <= when < s + 1.0)
+                    if rng.random() < 0.2:
+                        continue  # lost
+                    metrics = ServerMetrics(read_at=when, queued=0, running=busy)
+                    readings.append((when + rng.uniform(0.05, 0.4), worker, metrics))
+                next_scrape += 0.1
+        clock.now = arrive
+        view = RouterView(router, chat(f"family {family}", 1))
+        choice = policy.plan(workers, view, rng).order[0]
+        router.stats.target(choice).started()
+        starts.append((arrive, choice))
+        ends.append((arrive + 1.0, choice))
+        families[choice] += 1
+    assert families == {"w0": 10, "w1": 10}
 
 
 # --- config -----------------------------------------------------------------------------------

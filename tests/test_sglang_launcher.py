@@ -3,6 +3,7 @@ against the SGLang stand-in, through the same code path as a real server."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -26,7 +28,10 @@ from llmroute.sglang import (
     SGLangNotInstalled,
     SGLangServer,
     SGLangStartupError,
+    StartupProgress,
     _launcher,
+    _process,
+    startup_phase,
 )
 from llmroute.sglang._launcher import _SERVE_CODE, DEFAULT_FLAGS, parse_release
 
@@ -273,15 +278,108 @@ def test_one_server_per_gpu(tmp_path: Path) -> None:
         SGLangServer("m", gpus=[0, 0])
 
 
-def test_container_command(tmp_path: Path) -> None:
+def test_replicas_of_a_tensor_parallel_server(tmp_path: Path) -> None:
     python = fake_python(tmp_path, "0.5.5", help_text(*ALL_FLAGS))
+    server = SGLangServer("org/qwen", python=str(python), gpus=[0, 1, 2, 3], tp=2)
+    assert len(server) == 2
+    for worker, devices in enumerate(["0,1", "2,3"]):
+        assert server.worker_env(worker)["CUDA_VISIBLE_DEVICES"] == devices
+        assert value_of(server.command(worker), "--tp-size") == "2"
+    # The size may come with SGLang's own flags instead, under any of its spellings.
+    for flags in (["--tp", "2"], ["--tp-size=2"], ["--tensor-parallel-size", "2"]):
+        same = SGLangServer("m", python=str(python), gpus=[4, 5, 6, 7], extra_args=flags)
+        assert [same.worker_env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["4,5", "6,7"]
+        assert "--tp-size" not in same.command(0) or flags == ["--tp-size=2"]
+        assert " ".join(flags) in " ".join(same.command(0))  # passed once, as given
+    # Data parallel: each server takes tp x dp GPUs.
+    both = SGLangServer("m", python=str(python), gpus=range(8), tp=2, extra_args=["--dp", "2"])
+    assert [both.worker_env(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1,2,3", "4,5,6,7"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": [0, 1, 2], "tp": 2}, r"3 GPU\(s\) \[0, 1, 2\] do not divide into servers of 2"),
+        ({"gpus": [0, 1], "extra_args": ["--tp", "4"]}, "do not divide into servers of 4"),
+        ({"gpus": [0, 1], "extra_args": ["--dp-size", "3"]}, "data parallel 3"),
+        ({"tp": 2, "extra_args": ["--tp-size", "4"]}, "disagree"),
+        ({"extra_args": ["--tp", "two"]}, "--tp takes a whole number"),
+        ({"tp": 0}, "at least 1"),
+    ],
+)
+def test_gpus_that_do_not_divide_are_an_error_before_anything_starts(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        SGLangServer("m", **kwargs)
+
+
+@pytest.mark.anyio
+async def test_gpus_the_host_does_not_have_are_an_error_before_any_spawn(
+    tmp_path: Path, standin: str
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-0)'\n"
+        "echo 'GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-1)'\n"
+    )
+    smi.chmod(0o755)
+    env = {**standin_env(standin), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    server = SGLangServer("m", gpus=[0, 1, 2, 3], tp=2, env=env, log_dir=tmp_path / "logs")
+    with pytest.raises(SGLangError, match="GPUs 2,3 not on this host: nvidia-smi lists GPUs 0-1"):
+        await server.start()
+    assert server.pids == []
+    assert not (tmp_path / "logs").exists()
+
+
+def fake_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A ``docker`` on PATH that runs ``docker run [options] IMAGE CMD...`` here (``python3``
+    is this interpreter), honours ``--entrypoint``, accepts ``docker kill``, and logs each call
+    as a JSON line. Returns the env that puts it first on PATH, and the log."""
+    bin_dir = tmp_path / "docker-bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls_log = tmp_path / "docker.calls"
+    script = bin_dir / "docker"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent(
+            f"""\
+            import json, os, sys
+            with open({str(calls_log)!r}, "a") as log:
+                log.write(json.dumps(sys.argv[1:]) + "\\n")
+            args = sys.argv[1:]
+            if args[0] != "run":
+                sys.exit(0)
+            i, entry = 1, None
+            while args[i].startswith("-"):
+                if args[i] == "--entrypoint":
+                    entry = args[i + 1]
+                i += 2 if args[i] in ("--gpus", "-p", "--name", "-e", "-v", "--entrypoint") else 1
+            command = ([entry] if entry else []) + args[i + 1 :]
+            if command[0] == "python3":
+                command[0] = sys.executable
+            os.execvp(command[0], command)
+            """
+        )
+    )
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, calls_log
+
+
+def docker_calls(log: Path) -> list[list[str]]:
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_container_command(tmp_path: Path, standin: str) -> None:
+    path, calls_log = fake_docker(tmp_path)
     server = SGLangServer(
         "Qwen/Qwen2.5-7B-Instruct",
         image="lmsysorg/sglang:v0.5.5",
-        python=str(python),
         gpus=[1, 3],
         api_key=KEY,
-        env={"HF_TOKEN": "hf-SECRET"},
+        env={**path, "PYTHONPATH": standin, "HF_TOKEN": "hf-SECRET"},
         container_args=["-v", "/data/hf:/root/.cache/huggingface"],
     )
     argv = server.command(1)
@@ -298,22 +396,159 @@ def test_container_command(tmp_path: Path) -> None:
         "--ipc=host",
         "-e",
     ]
-    assert argv[10:14] == [
-        "HF_TOKEN",
-        "-v",
-        "/data/hf:/root/.cache/huggingface",
-        "lmsysorg/sglang:v0.5.5",
-    ]
-    assert argv[14:17] == ["python3", "-m", "sglang.launch_server"]
+    # HF_TOKEN by name only, once; the caller's own mount of the cache replaces ours.
+    assert argv.count("HF_TOKEN") == 1
+    assert argv.count("-v") == 1
+    image_at = argv.index("lmsysorg/sglang:v0.5.5")
+    assert argv[image_at - 2 : image_at] == ["-v", "/data/hf:/root/.cache/huggingface"]
+    assert argv[image_at + 1 : image_at + 3] == ["python3", "-c"]  # sglang serve, from 0.5.5
+    assert argv[image_at + 4] == "serve"
     assert value_of(argv, "--host") == "0.0.0.0"  # inside the container; published on 127.0.0.1
     assert value_of(argv, "--api-key") == "***"
     assert "hf-SECRET" not in " ".join(server.command(1, reveal_key=True))
-    assert server.version is None
-    assert calls(python) == []  # the image is not probed
+    assert server.version == "0.5.5"  # read in a throwaway container of the image
+    probes = docker_calls(calls_log)
+    assert probes[0][:6] == [
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python3",
+        "lmsysorg/sglang:v0.5.5",
+        "-c",
+    ]
+    assert probes[1][-1] == "--help"
     # --gpus device=N shows the container that GPU alone: no CUDA_VISIBLE_DEVICES is added.
     assert server.worker_env(1).get("CUDA_VISIBLE_DEVICES") == os.environ.get(
         "CUDA_VISIBLE_DEVICES"
     )
+    tp = SGLangServer(
+        "m", image="img", gpus=[0, 1, 2, 3], tp=2, env={**path, "PYTHONPATH": standin}
+    )
+    assert tp.command(1)[3] == '"device=2,3"'  # docker reads --gpus as CSV
+
+
+def test_an_old_image_gets_launch_server_and_the_hf_cache(tmp_path: Path, standin: str) -> None:
+    path, _ = fake_docker(tmp_path)
+    env = {**path, "PYTHONPATH": standin, "SGLANG_STANDIN_VERSION": "0.4.0", "HF_HOME": ""}
+    server = SGLangServer("m", image="lmsysorg/sglang:v0.4.0", env=env)
+    argv = server.command()
+    image_at = argv.index("lmsysorg/sglang:v0.4.0")
+    assert argv[image_at + 1 : image_at + 4] == ["python3", "-m", "sglang.launch_server"]
+    assert value_of(argv, "-v") == f"{Path.home() / '.cache/huggingface'}:/root/.cache/huggingface"
+    mine = SGLangServer("m", image="img", env={**env, "HF_HOME": str(tmp_path / "hf")})
+    assert f"{tmp_path / 'hf'}:/root/.cache/huggingface" in mine.command()
+    given = SGLangServer("m", image="img", env=env, hf_cache=tmp_path / "mine")
+    assert f"{tmp_path / 'mine'}:/root/.cache/huggingface" in given.command()
+    assert "-v" not in SGLangServer("m", image="img", env=env, hf_cache=False).command()
+    assert "HF_TOKEN" not in argv  # no token set, none passed
+
+
+@pytest.mark.anyio
+async def test_a_container_server_starts_stops_and_mounts_the_cache(
+    tmp_path: Path, standin: str
+) -> None:
+    path, calls_log = fake_docker(tmp_path)
+    cache = tmp_path / "hf-cache"
+    server = SGLangServer(
+        "org/m",
+        image="lmsysorg/sglang:latest",
+        env={**standin_env(standin), **path},
+        hf_cache=cache,
+        log_dir=tmp_path / "logs",
+        startup_timeout=30,
+        grace=2,
+    )
+    async with server:
+        assert await get(server.base_url.removesuffix("/v1") + "/health_generate") == 200
+    assert cache.is_dir()  # created before docker could create it as root
+    runs = [c for c in docker_calls(calls_log) if "--name" in c]
+    assert len(runs) == 1 and f"{cache}:/root/.cache/huggingface" in runs[0]
+    assert server.pids == []
+
+
+def test_an_image_without_sglang_is_a_clear_error(tmp_path: Path) -> None:
+    path, _ = fake_docker(tmp_path)
+    server = SGLangServer("m", image="ubuntu:24.04", env={**path, "PYTHONPATH": str(tmp_path)})
+    with pytest.raises(SGLangNotInstalled, match="not installed in the container image ubuntu"):
+        server.command()
+
+
+# -- progress while starting -------------------------------------------------------------------
+
+SGLANG_LOG = """\
+[2026-12-01 10:00:00] server_args=ServerArgs(model_path='Qwen/Qwen2.5-7B-Instruct', ...)
+Fetching 4 files: 100%|##########| 4/4 [00:41<00:00, 10.3s/it]
+[2026-12-01 10:00:44 TP0] Load weight begin. avail mem=78.50 GB
+Loading safetensors checkpoint shards:  50% Completed | 2/4 [00:03<00:03,  1.52s/it]
+[2026-12-01 10:00:51 TP0] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16
+[2026-12-01 10:00:51 TP0] KV Cache is allocated. #tokens: 1007413, K size: 27.00 GB
+[2026-12-01 10:00:52 TP0] Capture cuda graph begin. This can take up to several minutes.
+Capturing batches (bs=160 avail_mem=9.81 GB):  40%|####      | 10/25 [00:03<00:04]
+[2026-12-01 10:01:01 TP0] Capture cuda graph end. Time elapsed: 9.12 s. mem usage=0.72 GB
+[2026-12-01 10:01:03] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
+[2026-12-01 10:01:05] The server is fired up and ready to roll!
+""".splitlines()
+
+
+@pytest.mark.parametrize(
+    ("upto", "phase"),
+    [
+        (1, "starting"),
+        (2, "downloading the weights"),
+        (3, "loading the weights"),
+        (4, "loading the weights"),
+        (6, "allocating the KV cache"),
+        (8, "capturing CUDA graphs"),
+        (9, "warming up"),
+        (10, "warming up"),
+        (11, "ready"),
+    ],
+)
+def test_the_startup_phase_is_read_from_sglangs_log(upto: int, phase: str) -> None:
+    assert startup_phase(SGLANG_LOG[:upto]) == phase
+
+
+def test_the_startup_phase_never_goes_back() -> None:
+    # The tail of a log may no longer hold the line that began the phase.
+    assert startup_phase(["Loading safetensors checkpoint"], since="warming up") == "warming up"
+    assert startup_phase([], since="capturing CUDA graphs") == "capturing CUDA graphs"
+
+
+@pytest.mark.anyio
+async def test_start_reports_each_workers_phase_while_it_loads(
+    tmp_path: Path, standin: str
+) -> None:
+    server = SGLangServer(
+        "m", gpus=[0, 1], env=standin_env(standin, load=60), log_dir=tmp_path, grace=2
+    )
+    reports: list[StartupProgress] = []
+
+    def loading() -> bool:
+        return any(set(report.phases.values()) == {"loading the weights"} for report in reports)
+
+    error = await start_and_stop_with_progress(server, reports, loading)
+    assert isinstance(error, SGLangStartupError)
+    assert reports[0].labels == {0: "worker 0 (GPU 0)", 1: "worker 1 (GPU 1)"}
+    assert "worker 1 (GPU 1): loading the weights" in str(reports[-1])
+    assert server.pids == []
+
+
+async def start_and_stop_with_progress(
+    server: SGLangServer, reports: list[StartupProgress], when: Callable[[], bool]
+) -> BaseException | None:
+    raised: list[BaseException] = []
+
+    async def starting() -> None:
+        try:
+            await server.start(progress=reports.append)
+        except Exception as exc:
+            raised.append(exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(starting)
+        await until(when, timeout=60)
+        await server.stop()
+    return raised[0] if raised else None
 
 
 # -- a missing sglang --------------------------------------------------------------------------
@@ -622,13 +857,13 @@ async def test_sigterm_ignored_means_sigkill_after_the_grace(
         startup_timeout=20,
     )
     scans: list[bool] = []  # whether each /proc scan ran on the event loop's thread
-    group_alive = _launcher._group_alive
+    group_alive = _process._group_alive
 
     def recording(pgid: int) -> bool:
         scans.append(threading.current_thread() is threading.main_thread())
         return group_alive(pgid)
 
-    monkeypatch.setattr(_launcher, "_group_alive", recording)
+    monkeypatch.setattr(_process, "_group_alive", recording)
     await server.start()
     (pid,) = server.pids
     assert grandchildren(pid)
@@ -882,6 +1117,36 @@ async def test_another_server_on_the_port_is_not_taken_for_ours(
     assert f"another server answers on port {foreign.port} ({why}" in message
     assert KEY not in message
     assert "/get_model_info" in foreign.paths
+    assert server.pids == []
+
+
+@asyncio_only
+@pytest.mark.anyio
+@pytest.mark.usefixtures("port_taken_after_the_check")
+async def test_a_keyless_server_of_the_same_model_is_not_taken_for_ours(
+    tmp_path: Path, standin: str
+) -> None:
+    """While ours loads (its port not bound yet), a server without an API key serving the same
+    model answers on the port: it names our model to our key, but takes a wrong key too."""
+    foreign = ForeignServer((200, b'{"model_path":"org/m"}'))
+    try:
+        server = SGLangServer(
+            "org/m",
+            port=foreign.port,
+            api_key=KEY,
+            env=standin_env(standin, load=60),
+            log_dir=tmp_path,
+            startup_timeout=20,
+            grace=2,
+        )
+        with pytest.raises(SGLangStartupError) as info:
+            await server.start()
+    finally:
+        foreign.close()
+    message = str(info.value)
+    assert f"another server answers on port {foreign.port} (it answered a wrong API key" in message
+    assert KEY not in message
+    assert foreign.paths.count("/get_model_info") == 2  # our key, then a wrong one
     assert server.pids == []
 
 

@@ -210,6 +210,7 @@ def test_data_parallel_ranks_add_up_and_other_tp_ranks_are_ignored() -> None:
     )
     m = read_server_metrics(parse_prometheus(text), None, read_at=0.0).metrics
     assert (m.queued, m.running) == (7, 10)
+    assert (m.ranks, m.dp_size) == ((11, 6), 2)  # each rank's queued + running
     assert m.cache_hit_rate == pytest.approx(0.7)  # a ratio: averaged, not summed
     assert m.token_usage == pytest.approx(0.3)
 
@@ -330,6 +331,28 @@ async def test_poller_sets_server_metrics_and_survives_failures(
 
 
 @pytest.mark.anyio
+async def test_a_reading_is_dated_when_its_scrape_was_sent_and_an_older_one_never_wins(
+    metrics_server: MetricsServer,
+) -> None:
+    """The clock ticks once per call: the reading carries the tick taken before the request.
+    A scrape that started before one already taken (an overlapping poll) answers too late."""
+    ticks = iter(range(100, 200))
+    stats = LiveStats(clock=lambda: 0.0)
+    async with MetricsPoller(
+        {"gpu:qwen": metrics_server.url}, stats, clock=lambda: float(next(ticks))
+    ) as poller:
+        await poller.poll_once()
+        first = stats.target("gpu:qwen").server
+        assert first is not None and first.read_at == 100.0
+        await poller.poll_once()
+        second = poller.reading("gpu:qwen")
+        assert second is not None and second.metrics.read_at == 101.0
+        stale = ServerMetrics(read_at=50.0, queued=99, running=99)
+        assert not stats.target("gpu:qwen").observe_server(stale)
+        assert stats.target("gpu:qwen").server is second.metrics
+
+
+@pytest.mark.anyio
 async def test_poller_run_loops_until_cancelled(metrics_server: MetricsServer) -> None:
     import anyio
 
@@ -414,6 +437,45 @@ async def test_poller_reads_a_launched_server(tmp_path: Path) -> None:
     assert metrics.token_usage is not None
     reading = poller.reading("gpu:qwen")
     assert reading is not None and reading.ttft is not None and reading.ttft.count == 2
+
+
+@pytest.mark.anyio
+async def test_a_data_parallel_server_reports_each_ranks_queue(tmp_path: Path) -> None:
+    """``--dp-size 2``: two schedulers, requests dealt to them in turn; the reading keeps each
+    rank's load, and routing counts the server's load per rank."""
+    import anyio
+
+    from llmroute.testing import sglang_standin_path
+
+    env = {"PYTHONPATH": sglang_standin_path(), "SGLANG_STANDIN_WARMUP": "0"}
+    env["SGLANG_STANDIN_TTFT"] = "30"  # the requests stay running until cancelled
+    stats = LiveStats()
+    async with SGLangServer(
+        "org/qwen", env=env, log_dir=tmp_path, extra_args=["--dp-size", "2"], grace=2
+    ) as server:
+        urls = server.metrics_urls("gpu")
+        client = llmroute.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        async with (
+            MetricsPoller(urls, stats, timeout=5.0) as poller,
+            anyio.create_task_group() as tg,
+        ):
+            for n in range(3):
+                messages = [{"role": "user", "content": f"question {n}"}]
+                tg.start_soon(
+                    lambda m=messages: client.chat.completions.create(
+                        model=server.served_model_name, messages=m, max_tokens=2
+                    )
+                )
+            metrics = None
+            with anyio.fail_after(20):
+                while metrics is None or metrics.running < 3:
+                    metrics = (await poller.poll_once())["gpu:qwen"]
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+        await client.close()
+    assert metrics.ranks == (2, 1)  # dealt in turn: ranks 0, 1, 0
+    assert metrics.dp_size == 2
+    assert (metrics.queued, metrics.running) == (0, 3)
 
 
 METRICS_KEY = "sk-metrics-SECRET-0123456789"

@@ -50,7 +50,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
     from .. import AsyncOpenAI, OpenAIError
     from .._config import ConfigError, load_config, resolve
     from ..routing.stats import LiveStats
-    from ..sglang import MetricsPoller, diagnose_ttft
+    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
     from ._bench import _config_endpoints, _scrub
 
     try:
@@ -77,6 +77,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
             poller = MetricsPoller({target.name: str(provider.base_url)}, LiveStats(), keys=keys)
             await poller.poll_once()
         ttfts: list[float] = []
+        itls: list[float] = []
         error = None
         async with AsyncOpenAI(**endpoint.client_args) as client:
             for index in range(probes):
@@ -92,8 +93,12 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
                             async for _ in stream:
                                 pass
                     assert isinstance(stream, AsyncStream)  # llmroute's: it has timings
-                    if stream.timings.first_token is not None:
-                        ttfts.append(stream.timings.first_token)
+                    timings = stream.timings
+                    if timings.first_token is not None:
+                        ttfts.append(timings.first_token)
+                        if timings.total is not None and timings.tokens > 1:
+                            decode = timings.total - timings.first_token
+                            itls.append(decode / (timings.tokens - 1))
                 except TimeoutError:
                     error = f"Timeout: no complete answer within {timeout:g} s"
                     break
@@ -115,6 +120,10 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         if error is not None:
             failed.append(f"{target.name} ({error})")
         write(f"{target.name:40} {_ms(client_ttft):>12} {_ms(server_ttft):>12}  {verdict}\n")
+        itl = statistics.median(itls) if itls else None
+        suggestion = None if error else suggest_preset(diagnosis, itl)
+        if suggestion is not None and provider.kind == "sglang":
+            write(f"{'':40} suggestion: {suggestion}\n")
     if failed:
         count = len(resolved.targets())
         sys.stderr.write(

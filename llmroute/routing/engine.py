@@ -197,7 +197,6 @@ class Router:
         self._health: dict[str, TargetHealth] = {}
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
-        self._baselines: dict[str, tuple[float, int]] = {}
 
     def health(self, target: str) -> TargetHealth:
         health = self._health.get(target)
@@ -213,23 +212,16 @@ class Router:
         return health
 
     def load(self, target: str) -> float:
-        """The requests ``target`` is working on.
+        """The requests ``target`` is working on, per data-parallel rank.
 
         With a server reading (``stats.target(name).server``) younger than
-        :data:`SERVER_METRICS_MAX_AGE`: the server's queued + running requests, plus the change
-        in this client's attempts in flight there since the reading was first used (the
-        requests started since then are not in it yet; those finished were). Without one: this
-        client's attempts in flight there.
+        :data:`SERVER_METRICS_MAX_AGE`: the server's queued + running requests when the reading
+        was taken, plus the change in this client's attempts in flight there since that time
+        (see :meth:`TargetStats.server_load`). Without one: this client's attempts in flight.
         """
         stats = self.stats.target(target)
-        local = stats.in_flight
-        server = stats.server
-        if server is None or self._clock() - server.read_at > SERVER_METRICS_MAX_AGE:
-            return float(local)
-        baseline = self._baselines.get(target)
-        if baseline is None or baseline[0] != server.read_at:
-            baseline = self._baselines[target] = (server.read_at, local)
-        return float(max(0, server.queued + server.running + local - baseline[1]))
+        server = stats.server_load(SERVER_METRICS_MAX_AGE)
+        return float(stats.in_flight) if server is None else server
 
     def snapshot(self) -> StatsReport:
         """Every target's live stats, with its circuit state (a dict that prints as a table)."""

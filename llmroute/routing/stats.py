@@ -28,6 +28,8 @@ __all__ = [
     "CANCELLED",
     "ERROR",
     "INTERRUPTED",
+    "IN_FLIGHT_HISTORY",
+    "IN_FLIGHT_HISTORY_MAX",
     "OK",
     "OUTBOX_MAXLEN",
     "OUTCOMES",
@@ -51,6 +53,12 @@ __all__ = [
     "estimate_prompt_tokens",
     "prompt_class",
 ]
+
+IN_FLIGHT_HISTORY: Final = 60.0
+"""Seconds of in-flight counts each target remembers, to add the requests sent since a
+``/metrics`` reading was taken (readings older than that no longer count for load)."""
+IN_FLIGHT_HISTORY_MAX: Final = 100_000
+"""At most this many changes of the in-flight count are remembered per target."""
 
 Outcome = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "interrupted"]
 
@@ -366,13 +374,22 @@ class ServerMetrics:
     """
 
     read_at: float
-    """When it was read, on the stats' clock."""
+    """When it was read, on the stats' clock: when the scrape was sent, so that a request this
+    client started later is not in it (one started while the scrape was on its way may be)."""
     queued: int
     running: int
     cache_hit_rate: float | None = None
     token_usage: float | None = None
     ttft_mean: float | None = None
     queue_time_mean: float | None = None
+    ranks: tuple[int, ...] = ()
+    """Queued + running requests per data-parallel rank (``--dp-size``), in rank order; empty
+    when the server reports one queue. Each rank schedules its own requests."""
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks the load is spread over (1 without data parallelism)."""
+        return max(1, len(self.ranks))
 
 
 @dataclass(frozen=True, slots=True)
@@ -534,6 +551,9 @@ class TargetStats:
         self._journal = journal
         self.settings = settings = settings if settings is not None else StatsSettings()
         self.in_flight = 0
+        # (time, in_flight after the change) of the latest changes, for in_flight_at().
+        self._flights: deque[tuple[float, int]] = deque()
+        self._flights_before = 0  # in_flight before the oldest change kept
 
         def window() -> LatencyWindow:
             return LatencyWindow(settings.window, settings.max_samples, clock)
@@ -556,10 +576,45 @@ class TargetStats:
     def started(self) -> None:
         """An attempt went out."""
         self.in_flight += 1
+        self._flight_changed()
 
     def finished(self) -> None:
         """An attempt ended, however it ended."""
         self.in_flight = max(0, self.in_flight - 1)
+        self._flight_changed()
+
+    def _flight_changed(self) -> None:
+        now, flights = self._clock(), self._flights
+        flights.append((now, self.in_flight))
+        horizon = now - IN_FLIGHT_HISTORY
+        while flights and (flights[0][0] < horizon or len(flights) > IN_FLIGHT_HISTORY_MAX):
+            self._flights_before = flights.popleft()[1]
+
+    def in_flight_at(self, when: float) -> int:
+        """This client's attempts in flight at time ``when`` (the stats' clock). Known for the
+        last :data:`IN_FLIGHT_HISTORY` seconds; before that, the oldest count remembered."""
+        flights = self._flights
+        index = bisect.bisect_right(flights, when, key=lambda change: change[0])
+        return flights[index - 1][1] if index else self._flights_before
+
+    def observe_server(self, metrics: ServerMetrics) -> bool:
+        """Take a ``/metrics`` reading unless a newer one is already held (readings may arrive
+        out of order); returns whether it was taken."""
+        if self.server is not None and metrics.read_at < self.server.read_at:
+            return False
+        self.server = metrics
+        return True
+
+    def server_load(self, max_age: float) -> float | None:
+        """The requests the server is working on per data-parallel rank, from its latest
+        reading if younger than ``max_age`` seconds (else ``None``): queued + running at the
+        reading, plus the change in this client's attempts in flight since it was taken (those
+        started since are not in it, those finished since were), each counted once."""
+        server = self.server
+        if server is None or self._clock() - server.read_at > max_age:
+            return None
+        since = self.in_flight - self.in_flight_at(server.read_at)
+        return max(0.0, (server.queued + server.running + since) / server.dp_size)
 
     def waiting(self) -> int:
         """An attempt now waits for its first token; returns a handle for :meth:`done_waiting`.

@@ -1,19 +1,25 @@
 """Self-hosted SGLang servers: a launcher tuned for time to first token, and their metrics.
 
-``SGLangServer`` starts one server per GPU from a chosen interpreter or container image and
-waits until it is really ready; ``MetricsPoller`` reads each server's ``/metrics`` into the live
-stats that routing uses; ``diagnose_ttft`` tells where a target's time to first token goes.
-llmroute never imports sglang itself: it runs it in child processes.
+``SGLangServer`` starts one server per GPU (or per tensor-parallel GPU set) from a chosen
+interpreter or container image and waits until it is really ready, optionally with SGLang's own
+model gateway (``SGLangGateway``, ``smg``) in front; ``MetricsPoller`` reads each server's
+``/metrics`` into the live stats that routing uses; ``diagnose_ttft`` tells where a target's time
+to first token goes. llmroute never imports sglang itself: it runs it in child processes.
 """
 
 from __future__ import annotations
 
+from ._gateway import GATEWAY_POLICIES, SGLangGateway, SGLangGatewayNotInstalled, find_smg
 from ._launcher import (
     SGLANG_SERVE_SINCE,
+    STARTUP_PHASES,
+    SGLangConfigError,
     SGLangError,
     SGLangNotInstalled,
     SGLangServer,
     SGLangStartupError,
+    StartupProgress,
+    startup_phase,
 )
 from ._metrics import (
     HistogramTotals,
@@ -28,22 +34,42 @@ from ._metrics import (
     read_server_metrics,
     transport_share,
 )
+from ._presets import (
+    Preset,
+    chunked_prefill,
+    memory_fraction,
+    speculative_decoding,
+    suggest_preset,
+)
 
 __all__ = [
+    "GATEWAY_POLICIES",
     "SGLANG_SERVE_SINCE",
+    "STARTUP_PHASES",
     "HistogramTotals",
     "MetricsPoller",
+    "Preset",
     "PrometheusText",
+    "SGLangConfigError",
     "SGLangError",
+    "SGLangGateway",
+    "SGLangGatewayNotInstalled",
     "SGLangNotInstalled",
     "SGLangServer",
     "SGLangStartupError",
     "Sample",
     "ServerReading",
+    "StartupProgress",
     "TTFTDiagnosis",
+    "chunked_prefill",
     "diagnose_ttft",
+    "find_smg",
+    "memory_fraction",
     "metrics_url",
     "parse_prometheus",
     "read_server_metrics",
+    "speculative_decoding",
+    "startup_phase",
+    "suggest_preset",
     "transport_share",
 ]

@@ -5,12 +5,13 @@ shows) as a child process in a process group of its own, from a chosen Python in
 container image, with its output in a log file. It is ready when ``GET /health_generate``
 answers 200: that endpoint runs a one-token generation, so it fails until the model is loaded and
 warmed up, whereas ``/v1/models`` answers as soon as the HTTP server is up. A 200 counts only
-while the worker's process still runs and once ``GET /get_model_info`` with the worker's API key
-names the launched model: another server already on the port would answer ``/health_generate``
-too (each port is also checked free just before its worker starts). Stopping sends SIGTERM to the
-whole group, waits for the drain, then SIGKILLs what is left. After :meth:`SGLangServer.start`,
-:meth:`SGLangServer.exited` and :meth:`SGLangServer.wait_exited` tell when a worker dies, and
-:meth:`SGLangServer.log_tail` what it said last.
+while the worker's process still runs, once ``GET /get_model_info`` with the worker's API key
+names the launched model and the same request with a wrong key is refused (401): another server
+already on the port answers ``/health_generate`` too, and one started without a key may serve
+the same model (each port is also checked free just before its worker starts). Stopping sends
+SIGTERM to the whole group, waits for the drain, then SIGKILLs what is left. After
+:meth:`SGLangServer.start`, :meth:`SGLangServer.exited` and :meth:`SGLangServer.wait_exited` tell
+when a worker dies, and :meth:`SGLangServer.log_tail` what it said last.
 
 The command follows the installed SGLang. From :data:`SGLANG_SERVE_SINCE` on it is the
 ``sglang serve`` console command, run as ``python -c "from sglang.cli.main import main; ..."
@@ -22,6 +23,7 @@ Errors::
 
     SGLangError
      +-- SGLangNotInstalled     the interpreter cannot import sglang
+     +-- SGLangConfigError      a preset the version lacks, a GPU the host lacks (before spawning)
      +-- SGLangStartupError     the server exited, timed out, found its port taken, or was
                                 stopped (by stop()) before it was ready
 """
@@ -30,44 +32,64 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
 import logging
 import math
 import os
 import re
 import secrets
 import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, Self
 
 import anyio
 import anyio.to_thread
 import httpx
 
+from ._presets import Preset, preset_args
+from ._process import (
+    _LOG_TAIL_LINES,
+    _REDACTED,
+    KILL_TIMEOUT,
+    SGLangError,
+    SGLangStartupError,
+    _describe_status,
+    _free_ports,
+    _port_in_use,
+    _redact,
+    _scrub,
+    _signal_group,
+    _tail,
+    _url_host,
+    _wait_gone,
+)
+
 if TYPE_CHECKING:
-    from .._client import AsyncOpenAI
+    from ._gateway import SGLangGateway
 
 __all__ = [
     "DEFAULT_FLAGS",
     "HELP_TIMEOUT",
     "KILL_TIMEOUT",
     "SGLANG_SERVE_SINCE",
+    "STARTUP_PHASES",
     "VERSION_TIMEOUT",
+    "SGLangConfigError",
     "SGLangError",
     "SGLangNotInstalled",
     "SGLangServer",
     "SGLangStartupError",
+    "StartupProgress",
     "parse_release",
+    "startup_phase",
 ]
 
 log = logging.getLogger("llmroute.sglang")
@@ -81,18 +103,20 @@ VERSION_TIMEOUT: Final = 60.0
 """Seconds allowed for ``import sglang`` in the chosen interpreter (a cold import is slow)."""
 HELP_TIMEOUT: Final = 120.0
 """Seconds allowed for the entry point's ``--help`` (it imports the server's argument module)."""
-KILL_TIMEOUT: Final = 10.0
-"""Seconds to wait for a process group to vanish after SIGKILL."""
 
 _SERVE_CODE: Final = (
     "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"
 )
 _VERSION_CODE: Final = "import sglang; print(sglang.__version__)"
-_INSTALL_HINT: Final = "install it with: pip install 'sglang[all]' (see docs/sglang.md)"
-_LOG_TAIL_LINES: Final = 20
+_INSTALL_HINT: Final = (
+    "SGLang's server needs a Linux host with an NVIDIA GPU. Install it into that interpreter "
+    "(<python> -m pip install 'sglang[all]'), or name an interpreter that has it (python=, "
+    "--python), or run SGLang's container image instead (image=, --image "
+    "lmsysorg/sglang:latest). See docs/sglang.md"
+)
 _WATCH_INTERVAL: Final = 0.1  # seconds between wait_exited()'s looks at the workers
-_REDACTED: Final = "***"
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
+_CHOICES = re.compile(r"\{([\w.,-]+)\}")
 
 DEFAULT_FLAGS: Final = (
     "--model-path",
@@ -106,29 +130,76 @@ DEFAULT_FLAGS: Final = (
 )
 """The flags the launcher sets itself, each explained in :meth:`SGLangServer.default_args`."""
 
+_CONTAINER_HF_CACHE: Final = "/root/.cache/huggingface"
+"""The Hugging Face cache inside SGLang's images (they run as root)."""
+_HF_TOKENS: Final = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+"""Passed into a container by name when set (``-e NAME``): gated models need them."""
+
 _ALIASES: Final = {"--model": "--model-path"}
 """Spellings SGLang accepts for the same option (``--model`` is ``--model-path``'s alias)."""
 
 
-class SGLangError(Exception):
-    """Raised when an SGLang server cannot be set up, started or run."""
+STARTUP_PHASES: Final = (
+    ("downloading the weights", re.compile(r"Fetching \d+ files|Downloading ")),
+    ("loading the weights", re.compile(r"Load weight begin|Loading safetensors checkpoint")),
+    ("allocating the KV cache", re.compile(r"Load weight end|KV Cache is allocated")),
+    ("capturing CUDA graphs", re.compile(r"Capture cuda graph begin|Capturing batches")),
+    ("warming up", re.compile(r"Capture cuda graph end|Uvicorn running on")),
+    ("ready", re.compile(r"The server is fired up and ready to roll")),
+)
+"""What an SGLang server is doing while it starts, by the lines of its log that begin each
+phase (``sglang/srt/model_executor/model_runner.py`` logs ``Load weight begin``, ``Load weight
+end``, ``Capture cuda graph begin`` and ``... end``; the HTTP server logs ``Uvicorn running on``
+once the model is loaded, then warms up with one request and logs ``The server is fired up and
+ready to roll!``)."""
+_STARTING: Final = "starting"
+_PROGRESS_LOOK: Final = 0.5  # seconds between looks at the logs for progress
+
+
+def startup_phase(lines: Iterable[str], since: str = _STARTING) -> str:
+    """The latest startup phase the log ``lines`` show (a name of :data:`STARTUP_PHASES`), never
+    earlier than ``since``; ``"starting"`` before any phase began."""
+    names = [_STARTING, *(name for name, _ in STARTUP_PHASES)]
+    reached = names.index(since) if since in names else 0
+    for line in lines:
+        for index, (_, pattern) in enumerate(STARTUP_PHASES, start=1):
+            if index > reached and pattern.search(line):
+                reached = index
+    return names[reached]
+
+
+class RouteRegistry(Protocol):
+    """What :meth:`SGLangServer.register` needs of a client (``llmroute.AsyncOpenAI``)."""
+
+    def add_provider(self, name: str, table: Mapping[str, Any]) -> None: ...
+
+    def add_targets(self, model: str, targets: Any, **route: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StartupProgress:
+    """Where a start stands: seconds since it began and each worker's phase (see
+    :func:`startup_phase`), by worker index; ``labels`` name the workers (``"worker 0 (GPU
+    0)"``)."""
+
+    elapsed: float
+    phases: dict[int, str]
+    labels: dict[int, str]
+
+    def __str__(self) -> str:
+        parts = [
+            f"{self.labels.get(i, f'worker {i}')}: {phase}" for i, phase in self.phases.items()
+        ]
+        return f"{self.elapsed:4.0f} s  " + "; ".join(parts)
 
 
 class SGLangNotInstalled(SGLangError):
     """Raised when the chosen Python interpreter cannot import sglang."""
 
 
-class SGLangStartupError(SGLangError):
-    """Raised when a server cannot become ready: it exited first, did not get ready in time, its
-    port is taken (by a server already listening, or one that answers for it: see
-    :meth:`SGLangServer.start`), or :meth:`SGLangServer.stop` was called while it started."""
-
-    def __init__(self, message: str, *, worker: int, returncode: int | None = None) -> None:
-        super().__init__(message)
-        self.worker = worker
-        self.returncode = returncode
-        """The exit status, ``None`` when the launcher stopped it (a startup timeout, a taken
-        port, a stop) or never started it."""
+class SGLangConfigError(SGLangError):
+    """Raised before any server starts when what was asked for cannot work here: a preset the
+    installed SGLang lacks, a GPU this host does not have."""
 
 
 def parse_release(version: str) -> tuple[int, ...]:
@@ -161,131 +232,39 @@ def _user_value(args: Sequence[str], flag: str) -> str | None:
     return value
 
 
+_PARALLEL_SPELLINGS: Final = {
+    "--tp-size": ("--tp-size", "--tensor-parallel-size", "--tp"),
+    "--dp-size": ("--dp-size", "--data-parallel-size", "--dp"),
+}
+"""SGLang's spellings of the parallel sizes; ``--tp`` and ``--dp`` are argparse's prefix
+matches of ``--tp-size`` and ``--dp-size``, which users write."""
+
+
+def _parallel_size(args: Sequence[str], flag: str) -> int | None:
+    """The value ``args`` give a parallel size under any of its spellings (the last wins)."""
+    value: int | None = None
+    spellings = _PARALLEL_SPELLINGS[flag]
+    for i, token in enumerate(args):
+        name, _, inline = token.partition("=")
+        if name not in spellings:
+            continue
+        text = inline if "=" in token else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{name} takes a whole number, got {text!r}") from None
+    return value
+
+
+def _gpu_names(gpus: Sequence[int]) -> str:
+    return ("GPU " if len(gpus) == 1 else "GPUs ") + ",".join(map(str, gpus))
+
+
 def _tokens(flag: str, value: str | None) -> list[str]:
     if value is None:
         return [flag]
     # argparse takes "--flag -x" for a missing value; "--flag=-x" is unambiguous.
     return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
-
-
-def _redact(argv: Sequence[str], secret: str) -> list[str]:
-    shown: list[str] = []
-    hide_next = False
-    for token in argv:
-        if hide_next:
-            shown.append(_REDACTED)
-            hide_next = False
-        elif token == "--api-key":
-            shown.append(token)
-            hide_next = True
-        elif token.startswith("--api-key="):
-            shown.append("--api-key=" + _REDACTED)
-        else:
-            shown.append(token.replace(secret, _REDACTED) if secret else token)
-    return shown
-
-
-def _scrub(text: str, secret: str) -> str:
-    return text.replace(secret, _REDACTED) if secret else text
-
-
-def _free_ports(host: str, count: int) -> list[int]:
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _port_in_use(host: str, port: int) -> bool:
-    """Whether a socket already listens on ``host:port``: a bind test with ``SO_REUSEADDR``, as
-    servers set it, so connections of a closed server lingering in TIME_WAIT do not count. Other
-    bind errors (an address the host does not have, a privileged port) are the server's to
-    report: they read as free."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-    except OSError as exc:
-        return exc.errno == errno.EADDRINUSE
-    return False
-
-
-def _url_host(host: str) -> str:
-    if host in ("0.0.0.0", ""):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a live member (zombies do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            return True
-    return False
-
-
-async def _group_alive_async(pgid: int) -> bool:
-    """:func:`_group_alive` without blocking the event loop: the ``/proc`` scan runs in a worker
-    thread, and only while ``killpg(pgid, 0)`` finds the group (the common end is cheap)."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return await anyio.to_thread.run_sync(_group_alive, pgid)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _describe_status(returncode: int) -> str:
-    if returncode < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-returncode).name}"
-    return f"status {returncode}"
-
-
-def _tail(path: Path | None, lines: int = _LOG_TAIL_LINES) -> list[str]:
-    if path is None or lines <= 0:
-        return []
-    try:
-        with path.open("rb") as file:
-            file.seek(0, os.SEEK_END)
-            file.seek(max(0, file.tell() - 64 * 1024))
-            data = file.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
 
 
 # Help texts by (interpreter, version, PYTHONPATH): the flags each entry point lists, or None
@@ -307,7 +286,7 @@ def _kill_leftovers() -> None:
 @dataclass
 class _Worker:
     index: int
-    gpu: int | None
+    gpus: tuple[int, ...]  # empty: whatever the environment shows
     port: int
     auto_port: bool  # chosen by the launcher: another free one may replace it
     log_path: Path | None = None
@@ -315,10 +294,12 @@ class _Worker:
     pgid: int | None = None
     container: str | None = None
     ready: bool = False
+    phase: str = _STARTING
 
 
 class SGLangServer:
-    """One SGLang server per GPU (or a single one), started for low time to first token.
+    """SGLang servers, one per GPU or per set of ``tp`` x ``dp`` GPUs (or a single one on
+    whatever GPUs the environment shows), started for low time to first token.
 
     ::
 
@@ -327,10 +308,18 @@ class SGLangServer:
 
     ``python`` is the interpreter that has sglang installed (default: this one); with ``image``
     the server runs in that container image instead (``docker run --gpus device=N ...``, with
-    ``python3`` inside it and ``python -m sglang.launch_server``, which every version has; the
-    image's version is not probed). ``gpus`` starts one server per GPU, each with
-    ``CUDA_VISIBLE_DEVICES=<gpu>`` and a port of its own: ``port``, ``port + 1``, ... or free
-    ports when ``port`` is ``None``. ``extra_args`` are passed to every server as given and win
+    ``python3`` inside it). Either way the SGLang version is read first (in a throwaway
+    container of the image) and the command and flags follow it. In a container the host's
+    Hugging Face cache is mounted (``hf_cache``: a directory, default ``$HF_HOME`` or
+    ``~/.cache/huggingface``; ``False``: none), and ``HF_TOKEN`` / ``HUGGING_FACE_HUB_TOKEN``
+    are passed by name when set. ``gpus`` starts one server per ``tp`` x ``dp`` GPUs, in
+    order: with ``gpus=[0, 1, 2, 3]`` and ``tp=2``, two servers of tensor parallel 2 on GPUs
+    {0, 1} and {2, 3}, each with ``CUDA_VISIBLE_DEVICES`` set to its GPUs (``--gpus
+    '"device=0,1"'`` in a container) and a port of its own: ``port``, ``port + 1``, ... or free
+    ports when ``port`` is ``None``. ``tp`` is passed as ``--tp-size``; it may also come from
+    ``extra_args`` (``--tp-size``, ``--tensor-parallel-size`` or ``--tp``), as the data-parallel
+    size does (``--dp-size``, ``--dp``). A GPU count that is not a multiple of ``tp`` x ``dp`` is
+    a ``ValueError``. ``extra_args`` are passed to every server as given and win
     over the defaults (see :meth:`default_args`). ``env`` is added to this process's environment.
     ``api_key`` defaults to a random key; it is never logged, and ``repr`` and the command shown
     in logs and errors hide it (SGLang itself prints its arguments, key included, into its log:
@@ -351,12 +340,20 @@ class SGLangServer:
         python: str | None = sys.executable,
         image: str | None = None,
         gpus: Sequence[int] | None = None,
+        tp: int | None = None,
         extra_args: Sequence[str] = (),
         log_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 600.0,
         grace: float = 30.0,
         env: Mapping[str, str] | None = None,
         container_args: Sequence[str] = (),
+        hf_cache: str | os.PathLike[str] | Literal[False] | None = None,
+        gateway: bool = False,
+        gateway_port: int | None = None,
+        gateway_policy: str = "cache_aware",
+        gateway_args: Sequence[str] = (),
+        gateway_command: Sequence[str] | None = None,
+        presets: Sequence[Preset] = (),
     ) -> None:
         if isinstance(extra_args, str):
             raise TypeError("extra_args must be a sequence of arguments, not one string")
@@ -365,17 +362,33 @@ class SGLangServer:
             raise ValueError(f"startup_timeout must be a positive number, got {startup_timeout!r}")
         if not (grace >= 0 and math.isfinite(grace)):
             raise ValueError(f"grace must be a non-negative number, got {grace!r}")
-        gpu_list: list[int | None] = [None]
+        user_tp = _parallel_size(extra, "--tp-size")
+        if tp is not None and user_tp is not None and int(tp) != user_tp:
+            raise ValueError(f"tp={tp} and the SGLang flag --tp-size {user_tp} disagree")
+        self.tp = int(tp) if tp is not None else (user_tp or 1)
+        self.dp = _parallel_size(extra, "--dp-size") or 1
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError("the tensor- and data-parallel sizes must be at least 1")
+        self._pass_tp = tp is not None and user_tp is None and self.tp > 1
+        gpu_sets: list[tuple[int, ...]] = [()]
         if gpus is not None:
             gpu_list = [int(gpu) for gpu in gpus]
             if not gpu_list:
                 raise ValueError("gpus must name at least one GPU (or be None)")
             if len(set(gpu_list)) != len(gpu_list):
                 raise ValueError(f"gpus has duplicates: {list(gpus)}")
+            per = self.tp * self.dp
+            if len(gpu_list) % per:
+                raise ValueError(
+                    f"{len(gpu_list)} GPU(s) {gpu_list} do not divide into servers of "
+                    f"{per} GPU(s) each (tensor parallel {self.tp} x data parallel {self.dp}): "
+                    f"give a multiple of {per} GPUs"
+                )
+            gpu_sets = [tuple(gpu_list[i : i + per]) for i in range(0, len(gpu_list), per)]
         user_port = _user_value(extra, "--port")
         if user_port is not None:
-            if len(gpu_list) > 1:
-                raise ValueError("with several GPUs give the first port as port=, not --port")
+            if len(gpu_sets) > 1:
+                raise ValueError("with several servers give the first port as port=, not --port")
             port = int(user_port)
         self.model_path = _user_value(extra, "--model-path") or model_path
         self.served_model_name = (
@@ -394,19 +407,38 @@ class SGLangServer:
         self.grace = float(grace)
         self.env = dict(env or {})
         self.container_args = tuple(container_args)
+        self.presets = tuple(presets)
+        self._hf_cache = hf_cache
         self._log_dir = Path(log_dir) if log_dir is not None else None
         ports = (
-            [port + i for i in range(len(gpu_list))]
+            [port + i for i in range(len(gpu_sets))]
             if port is not None
-            else _free_ports(self._bind_host(), len(gpu_list))
+            else _free_ports(self._bind_host(), len(gpu_sets))
         )
         self._version: str | None = None
         self._flags: frozenset[str] | None = None
         self._detected = False
         self._workers = [
-            _Worker(index=i, gpu=gpu, port=ports[i], auto_port=port is None)
-            for i, gpu in enumerate(gpu_list)
+            _Worker(index=i, gpus=gpu_set, port=ports[i], auto_port=port is None)
+            for i, gpu_set in enumerate(gpu_sets)
         ]
+        self._gateway: SGLangGateway | None = None
+        if gateway:
+            from ._gateway import SGLangGateway
+
+            self._gateway = SGLangGateway(
+                self.urls,
+                api_key=self._api_key,
+                log_path=self.log_dir / "smg-gateway.log",
+                host=self.host,
+                port=gateway_port,
+                policy=gateway_policy,
+                extra_args=gateway_args,
+                command=gateway_command,
+                startup_timeout=self.startup_timeout,
+                grace=self.grace,
+                env=self.env,
+            )
         self._start_scope: anyio.CancelScope | None = None  # set while start() runs
         self._stop_requested = False  # stop() was called while start() ran
         self._stopping: anyio.Event | None = None  # set while stop() runs
@@ -480,15 +512,15 @@ class SGLangServer:
     def _detect(self) -> None:
         """Probe the interpreter's SGLang version and its entry point's flags (blocking; for
         :meth:`command`: :meth:`start` uses :meth:`_detect_async`)."""
-        if self._detected or self.image is not None:
+        if self._detected:
             return
         env = self._probe_env()
         try:
             done = subprocess.run(
-                [self.python, "-c", _VERSION_CODE],
+                self._version_argv(),
                 env=env,
                 capture_output=True,
-                timeout=VERSION_TIMEOUT,
+                timeout=self._version_timeout(),
                 stdin=subprocess.DEVNULL,
             )
         except FileNotFoundError as exc:
@@ -505,7 +537,7 @@ class SGLangServer:
         if not cached:
             try:
                 helped = subprocess.run(
-                    [*self._entry_point(), "--help"],
+                    self._probe_argv([*self._entry_point(), "--help"]),
                     env=dict(env),
                     capture_output=True,
                     timeout=HELP_TIMEOUT,
@@ -523,13 +555,13 @@ class SGLangServer:
     async def _detect_async(self) -> None:
         """:meth:`_detect` for :meth:`start`: the probes are child processes that cancellation
         kills (a cancelled start does not wait for a slow ``import sglang`` or ``--help``)."""
-        if self._detected or self.image is not None:
+        if self._detected:
             return
         env = self._probe_env()
         try:
-            with anyio.fail_after(VERSION_TIMEOUT):
+            with anyio.fail_after(self._version_timeout()):
                 done = await anyio.run_process(
-                    [self.python, "-c", _VERSION_CODE],
+                    self._version_argv(),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     check=False,
@@ -550,7 +582,7 @@ class SGLangServer:
             try:
                 with anyio.fail_after(HELP_TIMEOUT):
                     helped = await anyio.run_process(
-                        [*self._entry_point(), "--help"],
+                        self._probe_argv([*self._entry_point(), "--help"]),
                         env=dict(env),
                         stdin=subprocess.DEVNULL,
                         check=False,
@@ -564,41 +596,115 @@ class SGLangServer:
                 _help_cache[key] = flags
         self._detected_as(flags)
 
-    def _no_interpreter(self) -> SGLangNotInstalled:
+    def _check_gateway(self) -> None:
+        if self._gateway is not None and self._gateway.command is None:
+            from ._gateway import _INSTALL, SGLangGatewayNotInstalled, find_smg
+
+            if find_smg() is None:
+                raise SGLangGatewayNotInstalled(_INSTALL)
+
+    async def _check_gpus(self) -> None:
+        """Raise when a GPU asked for is not on this host, as ``nvidia-smi -L`` lists them
+        (no check without ``nvidia-smi``)."""
+        wanted = sorted({gpu for w in self._workers for gpu in w.gpus})
+        env = self._probe_env()
+        smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+        if not wanted or smi is None:
+            return
+        try:
+            with anyio.fail_after(30):
+                done = await anyio.run_process(
+                    [smi, "-L"], env=env, stdin=subprocess.DEVNULL, check=False
+                )
+        except (OSError, TimeoutError):
+            return
+        if done.returncode != 0:
+            return
+        listed = done.stdout.decode("utf-8", "replace").splitlines()
+        count = sum(1 for line in listed if line.startswith("GPU "))
+        missing = [gpu for gpu in wanted if gpu >= count]
+        if missing:
+            have = f"GPUs 0-{count - 1}" if count > 1 else "GPU 0" if count else "no GPU"
+            raise SGLangConfigError(
+                f"{_gpu_names(missing)} not on this host: nvidia-smi lists {have}; "
+                "choose GPUs from those (--gpus / gpus=)"
+            )
+
+    def _probe_argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run where the server runs: here, or in a throwaway container of the image
+        (``docker run --rm --entrypoint <argv[0]> <image> <argv[1:]>``, no GPU needed)."""
+        if self.image is None:
+            return list(argv)
+        return ["docker", "run", "--rm", "--entrypoint", argv[0], self.image, *argv[1:]]
+
+    def _version_argv(self) -> list[str]:
+        python = "python3" if self.image is not None else self.python
+        return self._probe_argv([python, "-c", _VERSION_CODE])
+
+    def _version_timeout(self) -> float:
+        # A container's first run may pull the image first.
+        return VERSION_TIMEOUT if self.image is None else max(VERSION_TIMEOUT, self.startup_timeout)
+
+    def _where(self) -> str:
+        if self.image is not None:
+            return f"the container image {self.image}"
+        return f"the Python interpreter {self.python}"
+
+    def _no_interpreter(self) -> SGLangError:
+        if self.image is not None:
+            return SGLangError(
+                "docker is not on this host's PATH: a container image (image=, --image) needs "
+                "Docker with the NVIDIA Container Toolkit; or run SGLang from a Python "
+                "interpreter that has it (python=, --python)"
+            )
         return SGLangNotInstalled(
-            f"the Python interpreter {self.python!r} does not exist; {_INSTALL_HINT}"
+            f"the Python interpreter {self.python!r} does not exist. "
+            + _INSTALL_HINT.replace("<python>", "python")
         )
 
     def _cannot_run(self, exc: OSError) -> SGLangError:
-        return SGLangError(f"cannot run the Python interpreter {self.python!r}: {exc}")
+        what = "docker" if self.image is not None else f"the Python interpreter {self.python!r}"
+        return SGLangError(f"cannot run {what}: {exc}")
 
     def _import_too_slow(self) -> SGLangError:
-        return SGLangError(f"{self.python} took over {VERSION_TIMEOUT:.0f} s to import sglang")
+        return SGLangError(
+            f"importing sglang in {self._where()} took over {self._version_timeout():.0f} s"
+        )
 
     def _read_version(self, returncode: int, stdout: bytes, stderr: bytes) -> str:
         """The version the probe printed; raises when it could not import sglang."""
         errors = stderr.decode("utf-8", "replace")
         if returncode != 0:
             if "No module named 'sglang'" in errors or "No module named sglang" in errors:
+                if self.image is not None:
+                    raise SGLangNotInstalled(
+                        f"SGLang is not installed in the container image {self.image} (import "
+                        "sglang fails): choose an SGLang image, such as lmsysorg/sglang:latest"
+                    )
                 raise SGLangNotInstalled(
-                    f"sglang is not installed for the Python interpreter {self.python}; "
-                    + _INSTALL_HINT
+                    f"SGLang is not installed for the Python interpreter {self.python} "
+                    "(import sglang fails). " + _INSTALL_HINT.replace("<python>", self.python)
                 )
             tail = "\n".join("  " + line for line in errors.splitlines()[-_LOG_TAIL_LINES:])
             raise SGLangError(
-                f"{self.python} could not import sglang (status {returncode}):\n{tail}"
+                f"could not import sglang in {self._where()} (status {returncode}):\n{tail}"
             )
         lines = stdout.decode("utf-8", "replace").strip().splitlines()
         return lines[-1].strip() if lines else ""
 
     def _help_key(self, env: Mapping[str, str]) -> tuple[str, str, str, str]:
-        """Help texts are cached by interpreter, version, PYTHONPATH and entry point."""
-        return (self.python, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
+        """Help texts are cached by interpreter (or image), version, PYTHONPATH and entry
+        point."""
+        where = self.image if self.image is not None else self.python
+        return (where, self._version or "", env.get("PYTHONPATH", ""), self._entry_point()[1])
 
     @staticmethod
     def _read_help(stdout: bytes, stderr: bytes) -> frozenset[str] | None:
         text = (stdout + b"\n" + stderr).decode("utf-8", "replace")
         flags = frozenset(_FLAG.findall(text)) or None
+        if flags is not None:  # and the choices argparse lists, {EAGLE,EAGLE3,...}
+            choices = (c.strip() for group in _CHOICES.findall(text) for c in group.split(","))
+            flags |= {choice for choice in choices if choice}
         if flags is None:
             log.warning("SGLang's --help listed no flags; passing every default flag")
         return flags
@@ -608,6 +714,14 @@ class SGLangServer:
         log.warning("could not read the SGLang server's --help (%s); passing every flag", why)
 
     def _detected_as(self, flags: frozenset[str] | None) -> None:
+        for preset in self.presets:
+            missing = preset.missing(flags)
+            if missing:
+                raise SGLangConfigError(
+                    f"the preset {preset.name} needs {', '.join(missing)}, which SGLang "
+                    f"{self._version or '(this version)'} in {self._where()} does not have: "
+                    "upgrade SGLang or leave the preset out"
+                )
         self._flags = flags
         self._detected = True
         if flags is not None:
@@ -618,11 +732,10 @@ class SGLangServer:
                 )
 
     def _entry_point(self) -> list[str]:
-        if self.image is not None:
-            return ["python3", "-m", "sglang.launch_server"]
+        python = "python3" if self.image is not None else self.python
         if parse_release(self._version or "") >= SGLANG_SERVE_SINCE:
-            return [self.python, "-c", _SERVE_CODE, "serve"]
-        return [self.python, "-m", "sglang.launch_server"]
+            return [python, "-c", _SERVE_CODE, "serve"]
+        return [python, "-m", "sglang.launch_server"]
 
     def default_args(self, worker: int = 0) -> list[str]:
         """The launcher's own flags for ``worker``, before user flags and version filtering.
@@ -658,6 +771,7 @@ class SGLangServer:
             ("--schedule-policy", "lpm"),
             ("--enable-metrics", None),
             ("--enable-cache-report", None),
+            *([("--tp-size", str(self.tp))] if self._pass_tp else []),
         ]
 
     def _server_args(self, worker: int) -> list[str]:
@@ -669,21 +783,49 @@ class SGLangServer:
             known = self._flags is None or flag in self._flags or flag == "--model-path"
             if flag not in user and known:
                 chosen += _tokens(flag, value)
-        return [*chosen, *self.extra_args]
+        return [*chosen, *preset_args(self.presets, user), *self.extra_args]
 
     def _argv(self, worker: int) -> list[str]:
         w = self._workers[worker]
         args = [*self._entry_point(), *self._server_args(worker)]
         if self.image is None:
             return args
-        docker = ["docker", "run", "--gpus", "all" if w.gpu is None else f"device={w.gpu}"]
+        # docker reads --gpus as CSV: several devices must be quoted ('"device=0,1"').
+        devices = ",".join(map(str, w.gpus))
+        gpus = (
+            "all"
+            if not w.gpus
+            else f"device={devices}"
+            if len(w.gpus) == 1
+            else f'"device={devices}"'
+        )
+        docker = ["docker", "run", "--gpus", gpus]
         docker += ["--rm", "--init", "-p", f"{_url_host(self.host)}:{w.port}:{w.port}"]
         docker += ["--ipc=host"]
         if w.container is not None:
             docker += ["--name", w.container]
-        for name in self.env:  # values come from docker's environment, never the command line
+        hf_cache = self.hf_cache_dir()
+        if hf_cache is not None:
+            docker += ["-v", f"{hf_cache}:{_CONTAINER_HF_CACHE}"]
+        # Values come from docker's environment, never the command line.
+        passed = {**self.env, **dict.fromkeys(n for n in _HF_TOKENS if self._probe_env().get(n))}
+        for name in passed:
             docker += ["-e", name]
         return [*docker, *self.container_args, self.image, *args]
+
+    def hf_cache_dir(self) -> Path | None:
+        """The host directory mounted as the container's Hugging Face cache, so weights are
+        downloaded once: ``hf_cache``, else ``$HF_HOME``, else ``~/.cache/huggingface``;
+        ``None`` outside a container, with ``hf_cache=False``, or when ``container_args``
+        mount that place themselves."""
+        if self.image is None or self._hf_cache is False:
+            return None
+        if any(_CONTAINER_HF_CACHE in arg for arg in self.container_args):
+            return None
+        if self._hf_cache is not None and self._hf_cache is not True:
+            return Path(self._hf_cache).expanduser()
+        home = self._probe_env().get("HF_HOME")
+        return Path(home).expanduser() if home else Path.home() / ".cache" / "huggingface"
 
     def command(self, worker: int = 0, *, reveal_key: bool = False) -> list[str]:
         """The argv that starts ``worker``, with the API key shown as ``***`` unless revealed.
@@ -697,9 +839,9 @@ class SGLangServer:
     def worker_env(self, worker: int = 0) -> dict[str, str]:
         """The environment ``worker`` runs with (``CUDA_VISIBLE_DEVICES`` set for its GPU)."""
         env = {**os.environ, **self.env}
-        gpu = self._workers[worker].gpu
-        if gpu is not None and self.image is None:
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        gpus = self._workers[worker].gpus
+        if gpus and self.image is None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         return env
 
     # -- routing -------------------------------------------------------------------------------
@@ -712,13 +854,30 @@ class SGLangServer:
         """A ``[providers.X]`` table for ``worker``: kind, base URL and key."""
         return {"kind": "sglang", "base_url": self.urls[worker], "api_key": self._api_key}
 
+    @property
+    def gateway_url(self) -> str | None:
+        """The OpenAI base URL of SGLang's gateway in front of the workers (``gateway=True``),
+        else ``None``."""
+        return self._gateway.url if self._gateway is not None else None
+
+    @property
+    def gateway(self) -> SGLangGateway | None:
+        return self._gateway
+
     def providers(self, provider_name: str) -> dict[str, dict[str, Any]]:
-        """Every worker's ``[providers.X]`` table, by the names of :meth:`provider_names`."""
+        """Every worker's ``[providers.X]`` table, by the names of :meth:`provider_names`; with
+        a gateway, the gateway's alone (``kind = "sglang-gateway"``): it decides the worker."""
+        if self._gateway is not None:
+            table = {"kind": "sglang-gateway", "base_url": self._gateway.url}
+            return {provider_name: {**table, "api_key": self._api_key}}
         names = self.provider_names(provider_name)
         return {name: self.provider_config(i) for i, name in enumerate(names)}
 
     def targets(self, provider_name: str) -> list[str]:
-        """Each worker as a route target, ``"provider:served_model_name"``."""
+        """Each worker as a route target, ``"provider:served_model_name"``; with a gateway,
+        the gateway alone."""
+        if self._gateway is not None:
+            return [f"{provider_name}:{self.served_model_name}"]
         return [f"{name}:{self.served_model_name}" for name in self.provider_names(provider_name)]
 
     def metrics_urls(self, provider_name: str) -> dict[str, str]:
@@ -732,7 +891,7 @@ class SGLangServer:
         return dict.fromkeys(self.targets(provider_name), self._api_key)
 
     def register(
-        self, client: AsyncOpenAI, model: str, *, provider: str = "sglang", **route: Any
+        self, client: RouteRegistry, model: str, *, provider: str = "sglang", **route: Any
     ) -> list[str]:
         """Make every worker a target of ``client``'s route ``model``; returns the targets.
 
@@ -760,15 +919,25 @@ class SGLangServer:
     ) -> None:
         await self.stop()
 
-    async def start(self) -> None:
+    async def start(
+        self,
+        *,
+        progress: Callable[[StartupProgress], object] | None = None,
+        progress_every: float = 10.0,
+    ) -> None:
         """Start every worker and wait until each is ready.
 
+        ``progress``, when given, is called with a :class:`StartupProgress` whenever a worker's
+        phase changes (read from its log: loading the weights, capturing CUDA graphs, warming
+        up, ...) and at least every ``progress_every`` seconds while the start lasts.
+
         A worker is ready when ``GET /health_generate`` answers 200 while its process still runs
-        and ``GET /get_model_info`` (with the API key) names this server's ``model_path``. Just
-        before a worker starts, its port is checked free: a port the launcher chose is replaced
-        by another free one, a port given by the caller makes it an error. A server that answers
-        on the port but refuses the key or names another model is another server (one that took
-        the port meanwhile): an error too, as the worker could never serve there.
+        and ``GET /get_model_info`` (with the API key) names this server's ``model_path``, while
+        a wrong key is refused. Just before a worker starts, its port is checked free: a port
+        the launcher chose is replaced by another free one, a port given by the caller makes it
+        an error. A server that answers on the port but refuses the key, names another model or
+        takes any key is another server (one that took the port meanwhile): an error too, as
+        the worker could never serve there.
 
         Raises :class:`SGLangStartupError` when a worker exits first (quoting its last log
         lines), is not ready within ``startup_timeout``, finds its port taken, or when
@@ -782,10 +951,16 @@ class SGLangServer:
         try:
             try:
                 with anyio.CancelScope() as self._start_scope:
+                    await self._check_gpus()
+                    self._check_gateway()
                     await self._detect_async()
                     for w in self._workers:
                         self._spawn(w)
-                    await self._wait_ready()
+                    await self._wait_ready(progress, progress_every)
+                    if self._gateway is not None:
+                        for w in self._workers:  # a port the launcher had to change
+                            self._gateway.worker_urls[w.index] = self.urls[w.index][: -len("/v1")]
+                        await self._gateway.start()
             finally:
                 self._start_scope = None
             if self._stop_requested:
@@ -800,7 +975,7 @@ class SGLangServer:
             raise
 
     def _describe(self, w: _Worker) -> str:
-        gpu = "" if w.gpu is None else f", GPU {w.gpu}"
+        gpu = f", {_gpu_names(w.gpus)}" if w.gpus else ""
         return f"worker {w.index}{gpu}, port {w.port}"
 
     def _claim_port(self, w: _Worker) -> None:
@@ -830,6 +1005,10 @@ class SGLangServer:
         w.log_path = log_path = self.log_paths[w.index]
         if self.image is not None:
             w.container = f"llmroute-sglang-{w.port}-{secrets.token_hex(4)}"
+        hf_cache = self.hf_cache_dir()
+        if hf_cache is not None:  # else docker creates it, owned by root
+            with contextlib.suppress(OSError):
+                hf_cache.mkdir(parents=True, exist_ok=True)
         argv = self._argv(w.index)
         shown = shlex.join(_redact(argv, self._api_key))
         log.info("starting SGLang worker %d: %s (log: %s)", w.index, shown, log_path)
@@ -852,13 +1031,43 @@ class SGLangServer:
         w.pgid = process.pid  # start_new_session: the child leads a new group
         _live.add(self)
 
-    async def _wait_ready(self) -> None:
+    def phases(self) -> dict[int, str]:
+        """Each worker's startup phase, read from its log (see :func:`startup_phase`); a ready
+        worker is ``"ready"``."""
+        phases: dict[int, str] = {}
+        for w in self._workers:
+            phase = "ready" if w.ready else startup_phase(self.log_tail(w.index, 200), w.phase)
+            w.phase = phases[w.index] = phase
+        return phases
+
+    async def _report_progress(
+        self, progress: Callable[[StartupProgress], object], every: float
+    ) -> None:
+        began = last_report = anyio.current_time()
+        labels = {w.index: self._label(w) for w in self._workers}
+        reported: dict[int, str] = {}
+        while True:
+            phases = await anyio.to_thread.run_sync(self.phases)
+            now = anyio.current_time()
+            if phases != reported or now - last_report >= every:
+                progress(StartupProgress(now - began, phases, labels))
+                reported, last_report = phases, now
+            await anyio.sleep(_PROGRESS_LOOK)
+
+    def _label(self, w: _Worker) -> str:
+        return f"worker {w.index}" + (f" ({_gpu_names(w.gpus)})" if w.gpus else "")
+
+    async def _wait_ready(
+        self, progress: Callable[[StartupProgress], object] | None = None, every: float = 10.0
+    ) -> None:
         failures: list[SGLangStartupError] = []
         with anyio.move_on_after(self.startup_timeout) as deadline:
             async with (
                 httpx.AsyncClient(trust_env=False) as http,
                 anyio.create_task_group() as group,
             ):
+                if progress is not None:
+                    group.start_soon(self._report_progress, progress, every)
 
                 async def wait(w: _Worker) -> None:
                     try:
@@ -867,8 +1076,10 @@ class SGLangServer:
                         failures.append(exc)
                         group.cancel_scope.cancel()
 
-                for w in self._workers:
-                    group.start_soon(wait, w)
+                async with anyio.create_task_group() as waits:
+                    for w in self._workers:
+                        waits.start_soon(wait, w)
+                group.cancel_scope.cancel()  # every worker is ready: the reports end
         if failures:
             raise failures[0]
         if deadline.cancelled_caught:
@@ -918,8 +1129,10 @@ class SGLangServer:
         headers: Mapping[str, str],
     ) -> bool:
         """Whether the server on ``w``'s port is ``w``: True when ``/get_model_info`` answers 200
-        with this server's model, False when it cannot tell yet (no answer, 5xx). Raises when it
-        is another server: it refuses the key, lacks the endpoint, or serves another model."""
+        with this server's model to this server's key and refuses a wrong key (401 or 403),
+        False when it cannot tell yet (no answer, 5xx). Raises when it is another server: it
+        refuses the key, lacks the endpoint, serves another model, or takes any key (a server
+        started without ``--api-key`` that happens to serve the same model)."""
         try:
             response = await http.get(root + "/get_model_info", headers=headers, timeout=10.0)
         except httpx.HTTPError:
@@ -935,8 +1148,21 @@ class SGLangServer:
                 info = None
             served = info.get("model_path") if isinstance(info, dict) else None
             if isinstance(served, str) and self._same_model(w, served):
-                return True
-            why = f"it serves model_path {served!r}, not {self.model_path!r}"
+                wrong = {"Authorization": f"Bearer wrong-{secrets.token_urlsafe(16)}"}
+                try:
+                    refused = await http.get(root + "/get_model_info", headers=wrong, timeout=10.0)
+                except httpx.HTTPError:
+                    return False
+                if refused.status_code in (401, 403):
+                    return True
+                if refused.status_code >= 500:
+                    return False
+                why = (
+                    f"it answered a wrong API key with {refused.status_code}: a server without "
+                    "this server's key, though it serves the same model"
+                )
+            else:
+                why = f"it serves model_path {served!r}, not {self.model_path!r}"
         elif status in (401, 403):
             why = f"it refused this server's API key (GET /get_model_info: {status})"
         else:
@@ -1024,6 +1250,8 @@ class SGLangServer:
                 return
             self._stopping = stopping = anyio.Event()
             try:
+                if self._gateway is not None:  # first: it stops sending to the workers
+                    await self._gateway.stop()
                 async with anyio.create_task_group() as group:
                     for w in self._workers:
                         if w.process is not None:
@@ -1058,6 +1286,8 @@ class SGLangServer:
 
     def kill(self) -> None:
         """SIGKILL every worker's process group now, without a drain (blocking; for exit paths)."""
+        if self._gateway is not None:
+            self._gateway.kill()
         for w in self._workers:
             if w.pgid is not None:
                 _signal_group(w.pgid, signal.SIGKILL)
@@ -1070,21 +1300,3 @@ class SGLangServer:
             w.process = w.pgid = w.container = None
             w.ready = False
         _live.discard(self)
-
-
-async def _wait_gone(process: subprocess.Popen[bytes], pgid: int, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for the group to vanish, reaping its leader. The ``/proc``
-    scan of :func:`_group_alive` runs in a worker thread, never on the event loop."""
-    deadline = time.monotonic() + timeout
-    interval = 0.02
-    while True:
-        process.poll()  # reap the leader, so it does not linger as a zombie
-        if not await _group_alive_async(pgid):
-            if process.poll() is None:  # dead (the group is gone) but not reaped yet
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    await anyio.to_thread.run_sync(process.wait, 1.0)
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        await anyio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-        interval = min(interval * 2, 0.2)

@@ -237,6 +237,24 @@ def _values(samples: Mapping[str, list[Sample]], name: str) -> list[float]:
     return [s.value for s in samples.get(name, ()) if _lead_rank(s) and not math.isnan(s.value)]
 
 
+def _rank_loads(samples: Mapping[str, list[Sample]]) -> tuple[int, ...]:
+    """Queued + running requests per ``dp_rank`` label, in rank order; ``()`` when the gauges
+    carry no such label or a single rank."""
+    loads: dict[int, float] = {}
+    for name in (QUEUE, RUNNING):
+        for sample in samples.get(name, ()):
+            rank = sample.labels.get("dp_rank")
+            if rank is None or not _lead_rank(sample) or math.isnan(sample.value):
+                continue
+            try:
+                loads[int(rank)] = loads.get(int(rank), 0.0) + sample.value
+            except ValueError:
+                continue
+    if len(loads) < 2:
+        return ()
+    return tuple(round(loads[rank]) for rank in sorted(loads))
+
+
 def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
@@ -257,14 +275,16 @@ def read_server_metrics(
     """The server's state from one scrape; the TTFT and queue-time means since ``previous``.
 
     Queue depth and running requests are summed over label sets (data-parallel ranks each have
-    a queue); cache hit rate and token usage, being ratios, are averaged over them. Samples of
-    tensor or pipeline ranks other than 0 are left out. Missing gauges read as 0 requests and
-    ``None`` ratios. When a histogram's count went down (the server restarted), the mean is
-    over everything since the restart.
+    a queue) and also kept per ``dp_rank`` (:attr:`ServerMetrics.ranks`); cache hit rate and
+    token usage, being ratios, are averaged over them. Samples of tensor or pipeline ranks
+    other than 0 are left out. Missing gauges read as 0 requests and ``None`` ratios. When a
+    histogram's count went down (the server restarted), the mean is over everything since the
+    restart.
     """
     ttft = _totals(samples, TTFT)
     queue_time = _totals(samples, QUEUE_TIME)
     metrics = ServerMetrics(
+        ranks=_rank_loads(samples),
         read_at=read_at,
         queued=round(math.fsum(_values(samples, QUEUE))),
         running=round(math.fsum(_values(samples, RUNNING))),
@@ -363,6 +383,8 @@ class MetricsPoller:
         url = self.urls[target]
         key = self._keys.get(target)
         headers = {"Authorization": f"Bearer {key}"} if key else None
+        # The reading is dated when the scrape is sent: a request started later is not in it.
+        sent_at = self._clock()
         try:
             response = await self._http.get(url, headers=headers, timeout=self.timeout)
             response.raise_for_status()
@@ -380,9 +402,12 @@ class MetricsPoller:
                 log.warning("cannot read the metrics of %s from %s: %s", target, url, problem)
             return
         samples = parse_prometheus(text)
-        reading = read_server_metrics(samples, self._readings.get(target), read_at=self._clock())
+        previous = self._readings.get(target)
+        if previous is not None and previous.metrics.read_at > sent_at:
+            return  # a later scrape (of an overlapping poll) already answered
+        reading = read_server_metrics(samples, previous, read_at=sent_at)
         self._readings[target] = reading
-        self.stats.target(target).server = reading.metrics
+        self.stats.target(target).observe_server(reading.metrics)
         fresh[target] = reading.metrics
         if target in self._failing:
             self._failing.discard(target)

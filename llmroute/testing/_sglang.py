@@ -31,6 +31,11 @@ cached once it finishes, so the next turn hits. TTFT = queue wait + ``SGLANG_STA
 ``SGLANG_STANDIN_PREFILL_MS_PER_1K`` x uncached tokens / 1000. ``--disable-radix-cache`` turns it
 off; ``--max-total-tokens`` overrides the capacity (``SGLANG_STANDIN_CACHE_TOKENS``).
 
+Data parallelism: with ``--dp-size N`` the server runs N ranks, each with its own queue, slots
+and prefix cache; chat requests are dealt to them in turn (SGLang's default
+``--load-balance-method round_robin``), and ``/metrics`` shows each rank's scheduler gauges with
+a ``dp_rank`` label, the tokenizer's counters and histograms once for the whole server.
+
 Faults: the simulator's ``x-sim-fault`` header (see :mod:`llmroute.testing`): ``429``, ``500``,
 ``503``, ``html502``, ``drop:K``, ``hang``, ``malformed:K``, ``slow:SECONDS`` (replaces the
 TTFT after the queue), ``stall-between:K:SECS`` and ``stream-error:K``, which sends SGLang's
@@ -143,8 +148,12 @@ def parse_version(text: str) -> Version:
 class StandInKnobs:
     """The stand-in's behaviour, read from ``SGLANG_STANDIN_<FIELD NAME IN CAPITALS>``."""
 
+    load: float = 0.0
+    """Seconds of loading before the port is bound, as SGLang loads the weights (70%) and
+    captures CUDA graphs (30%; none with ``--disable-cuda-graph``) before its HTTP server
+    listens, each phase logged with SGLang's lines."""
     warmup: float = 0.5
-    """Seconds after start during which ``/health_generate`` answers 503."""
+    """Seconds after the port is bound during which ``/health_generate`` answers 503."""
     ttft: float = 0.02
     """Base time to first token in seconds (after any queue wait)."""
     prefill_ms_per_1k: float = 40.0
@@ -365,6 +374,21 @@ _FLAGS: tuple[_Flag, ...] = (
     _switch("--enable-p2p-check", "Check P2P access between GPUs."),
     _Flag("--cpu-offload-gb", "GiB of weights to offload to CPU memory.", int, 0, since=_V040),
     _switch("--enable-lora", "Enable LoRA adapters.", since=_V054),
+    _Flag(
+        "--speculative-algorithm",
+        "Speculative algorithm.",
+        since=_V054,
+        choices=tuple((c, _V054) for c in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")),
+    ),
+    _Flag(
+        "--speculative-draft-model-path",
+        "The path of the draft model weights (a local folder or a Hugging Face repo id).",
+        since=_V054,
+        aliases=(("--speculative-draft-model", _V054),),
+    ),
+    _Flag("--speculative-num-steps", "Draft steps before verification.", int, since=_V054),
+    _Flag("--speculative-eagle-topk", "Tokens sampled per draft step.", int, since=_V054),
+    _Flag("--speculative-num-draft-tokens", "Draft tokens verified at once.", int, since=_V054),
     _switch("--sleep-on-idle", "Reduce CPU use while idle.", since=_V054),
 )
 
@@ -500,8 +524,14 @@ class _Exposition:
         self.lines += [f"# HELP {name} {help}", f"# TYPE {name} {kind}"]
 
     def value(self, name: str, kind: str, help: str, labels: Mapping[str, str], v: float) -> None:
+        self.values(name, kind, help, [(labels, v)])
+
+    def values(
+        self, name: str, kind: str, help: str, samples: Sequence[tuple[Mapping[str, str], float]]
+    ) -> None:
         self.head(name, kind, help)
-        self.lines.append(f"{name}{_labels(labels)} {_number(v)}")
+        for labels, v in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(v)}")
 
     def histogram(self, name: str, help: str, labels: Mapping[str, str], h: _Histogram) -> None:
         self.head(name, "histogram", help)
@@ -530,6 +560,33 @@ class _Stats:
     e2e: _Histogram = dataclasses.field(default_factory=lambda: _Histogram(_E2E_BUCKETS))
     queue: _Histogram = dataclasses.field(default_factory=lambda: _Histogram(_QUEUE_BUCKETS))
     throughput_mark: tuple[float, int] = (0.0, 0)
+
+    @staticmethod
+    def merged(parts: Sequence[_Stats]) -> _Stats:
+        """The counters and histograms of several data-parallel ranks, added up (the
+        tokenizer, which keeps them in SGLang, sees every rank's requests)."""
+        if len(parts) == 1:
+            return parts[0]
+        total = _Stats()
+        for part in parts:
+            for name in ("prompt_tokens", "generation_tokens", "cached_tokens", "requests"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            total.aborted += part.aborted
+            for name in ("ttft", "itl", "e2e", "queue"):
+                mine, theirs = getattr(total, name), getattr(part, name)
+                mine.counts = [a + b for a, b in zip(mine.counts, theirs.counts, strict=True)]
+                mine.sum += theirs.sum
+        return total
+
+
+_SCHEDULER_GAUGES = (
+    ("num_running_reqs", "The number of running requests."),
+    ("num_used_tokens", "The number of used tokens."),
+    ("token_usage", "The token usage."),
+    ("gen_throughput", "The generation throughput (token/s)."),
+    ("num_queue_reqs", "The number of requests in the waiting queue."),
+    ("cache_hit_rate", "The prefix cache hit rate."),
+)
 
 
 # -- the HTTP app ------------------------------------------------------------------------------
@@ -582,9 +639,19 @@ class SGLangApp:
     """The ASGI app of one stand-in server (one "GPU worker" with its own prefix cache)."""
 
     def __init__(
-        self, args: dict[str, Any], version: str, knobs: StandInKnobs, log: logging.Logger = _LOG
+        self,
+        args: dict[str, Any],
+        version: str,
+        knobs: StandInKnobs,
+        log: logging.Logger = _LOG,
+        *,
+        dp_rank: int | None = None,
     ) -> None:
         self.args = args
+        self.dp_rank = dp_rank
+        self.peers: list[SGLangApp] = [self]
+        """Every data-parallel rank's app (itself alone without data parallelism): rank 0
+        answers /metrics and /flush_cache for all of them."""
         self.version_text = version
         self.version = parse_version(version)
         self.knobs = knobs
@@ -778,9 +845,10 @@ class SGLangApp:
         await _send(send, 404, json.dumps({"error": error}).encode())
 
     async def _flush_cache(self, send: Send) -> None:
-        idle = not self.running and not self.waiting
+        idle = all(not peer.running and not peer.waiting for peer in self.peers)
         if idle:
-            self.cache.clear()
+            for peer in self.peers:
+                peer.cache.clear()
         text = (
             b"Cache flushed.\nPlease check backend logs for more details. (When there are "
             b"running or waiting requests, the operation will not be performed.)\n"
@@ -803,20 +871,28 @@ class SGLangApp:
 
     def metrics_text(self) -> str:
         """The /metrics page: SGLang's names, types and labels for this version."""
-        new, s = self.version >= _V050, self.stats
+        new, s = self.version >= _V050, _Stats.merged([peer.stats for peer in self.peers])
         model = {"model_name": self.model_name}
         sched = model
         if new:
             sched = {"engine_type": "unified", **model, "pp_rank": "0", "tp_rank": "0"}
-        used = sum(entry.used_tokens for entry in self.running)
-        gauges = (
-            ("num_running_reqs", "The number of running requests.", len(self.running)),
-            ("num_used_tokens", "The number of used tokens.", used),
-            ("token_usage", "The token usage.", used / self.capacity),
-            ("gen_throughput", "The generation throughput (token/s).", self._throughput()),
-            ("num_queue_reqs", "The number of requests in the waiting queue.", len(self.waiting)),
-            ("cache_hit_rate", "The prefix cache hit rate.", s.cache_hit_rate),
-        )
+        # One scheduler per data-parallel rank, each with its gauges (labelled dp_rank).
+        gauges: list[tuple[str, str, list[tuple[dict[str, str], float]]]] = [
+            (name, help, []) for name, help in _SCHEDULER_GAUGES
+        ]
+        for peer in self.peers:
+            labels = sched if peer.dp_rank is None else {**sched, "dp_rank": str(peer.dp_rank)}
+            used = sum(entry.used_tokens for entry in peer.running)
+            values = (
+                len(peer.running),
+                used,
+                used / peer.capacity,
+                peer._throughput(),
+                len(peer.waiting),
+                peer.stats.cache_hit_rate,
+            )
+            for (_, _, samples), value in zip(gauges, values, strict=True):
+                samples.append((labels, value))
         counters = [
             ("prompt_tokens_total", "Number of prefill tokens processed.", s.prompt_tokens),
             (
@@ -847,8 +923,8 @@ class SGLangApp:
             ),
         ]
         out = _Exposition()
-        for name, help, value in gauges:
-            out.value(f"sglang:{name}", "gauge", help, sched, value)
+        for name, help, samples in gauges:
+            out.values(f"sglang:{name}", "gauge", help, samples)
         if new:
             help = "Histogram of queueing time in seconds."
             out.histogram("sglang:queue_time_seconds", help, sched, s.queue)
@@ -907,6 +983,46 @@ class SGLangApp:
         finally:
             watcher.cancel()
             self._gone.discard(gone)
+
+
+class DataParallelApp:
+    """A server with ``--dp-size N``: N ranks, each its own scheduler and prefix cache; chat
+    requests go to them in turn (SGLang's default ``--load-balance-method round_robin``), every
+    other path to rank 0, whose /metrics shows each rank's gauges with a ``dp_rank`` label."""
+
+    def __init__(
+        self, args: dict[str, Any], version: str, knobs: StandInKnobs, log: logging.Logger
+    ) -> None:
+        size = int(args.get("dp_size") or 1)
+        self.ranks = [SGLangApp(args, version, knobs, log, dp_rank=i) for i in range(size)]
+        for rank in self.ranks:
+            rank.peers = self.ranks
+        self._turn = itertools.count()
+        self.capacity = self.ranks[0].capacity
+        self.max_running = self.ranks[0].max_running
+
+    @property
+    def draining(self) -> bool:
+        return self.ranks[0].draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        for rank in self.ranks:
+            rank.draining = value
+
+    def set_warm(self) -> None:
+        for rank in self.ranks:
+            rank.set_warm()
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            rank.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        rank = self.ranks[0]
+        if scope["type"] == "http" and scope["path"] == "/v1/chat/completions":
+            rank = self.ranks[next(self._turn) % len(self.ranks)]
+        await rank(scope, receive, send)
 
 
 def _check_chat(req: Any) -> str | None:
@@ -1275,6 +1391,18 @@ def main(argv: Sequence[str], *, entry: str, version: str) -> int:
         _stop_children(children)
 
 
+async def _loading(seconds: float, shutdown: asyncio.Event) -> bool:
+    """Spend ``seconds`` loading; True when a signal asked for shutdown meanwhile."""
+    if seconds <= 0:
+        return shutdown.is_set()
+    try:
+        async with asyncio.timeout(seconds):
+            await shutdown.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 async def _serve(
     args: dict[str, Any],
     version: str,
@@ -1283,7 +1411,9 @@ async def _serve(
     log: logging.Logger,
 ) -> int:
     loop = asyncio.get_running_loop()
-    app = SGLangApp(args, version, knobs, log)
+    app: SGLangApp | DataParallelApp = SGLangApp(args, version, knobs, log)
+    if int(args.get("dp_size") or 1) > 1:
+        app = DataParallelApp(args, version, knobs, log)
     asgi = cast("SimApp", app)  # _server's helpers need only an ASGI app with close()
     shutdown = asyncio.Event()
 
@@ -1301,12 +1431,27 @@ async def _serve(
     else:
         loop.add_signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_signal, "SIGINT")
+    # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
+    # the HTTP server bind its port (a server that took the port meanwhile answers instead).
+    log.info("Load weight begin. avail mem=78.50 GB")
+    if await _loading(knobs.load * 0.7, shutdown):
+        return 0
+    log.info(
+        f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
+        f"mem usage=15.30 GB. model={args['model_path']}"
+    )
+    if not args.get("disable_cuda_graph"):
+        log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
+        if await _loading(knobs.load * 0.3, shutdown):
+            return 0
+        log.info(
+            f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"
+        )
     try:
         sock = _server._listen(args["host"], args["port"])
     except OSError as exc:
         log.error(f"Failed to bind {args['host']}:{args['port']}: {exc}")
         return 1
-    log.info(f"Load weight end. type=StandIn, dtype=torch.bfloat16, model={args['model_path']}")
     log.info(
         f"max_total_num_tokens={app.capacity}, max_running_requests={app.max_running}, "
         f"context_len={args.get('context_length') or 32768}"
