@@ -23,6 +23,7 @@ FRAMEWORKS_instructor := instructor
 # would double make test's time (the whole suite on openai 2.x took 20 min on a loaded 2-core
 # machine, this part about a third of it). New test modules run on both majors by default.
 OPENAI2_SKIP := $(FRAMEWORKS) tests/test_sglang_launcher.py tests/test_sglang_standin.py \
+	tests/test_sglang_gateway.py tests/test_sglang_presets.py \
 	tests/test_sglang_metrics.py tests/test_cli_sglang.py tests/test_cli_cache.py \
 	tests/test_cli_demo.py tests/test_cli_bench.py tests/test_cli_chat.py \
 	tests/test_simulator.py tests/test_simulator_responses.py tests/test_cache_stores.py \
