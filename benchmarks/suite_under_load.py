@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="suite runs (5)")
     parser.add_argument("--burners", type=int, default=2, help="CPU-burning processes (2)")
+    parser.add_argument(
+        "--log-dir", help="write each run's whole pytest output here (run-1.log, ...)"
+    )
     options = parser.parse_args(args)
     if options.runs < 1 or options.burners < 0:
         parser.error("--runs must be at least 1 and --burners at least 0")
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
                 check=False,
             )
             took = time.monotonic() - started
+            if options.log_dir:
+                Path(options.log_dir).mkdir(parents=True, exist_ok=True)
+                (Path(options.log_dir) / f"run-{run}.log").write_text(done.stdout + done.stderr)
             lines = done.stdout.strip().splitlines()
             summary = lines[-1] if lines else "(no output)"
             results.append((done.returncode, took, summary))

@@ -237,7 +237,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         if call is None or call.route is None:
             if self._missing_key:
                 model = options.json_data.get("model") if call is not None else None
-                raise missing_key_error(model)
+                raise missing_key_error(model, dispatch.router.routes)
         if call is None:
             return await super().request(cast_to, options, stream=stream, stream_cls=stream_cls)
         self._describe(call)

@@ -677,9 +677,11 @@ def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:
     return BadRequestError(message, response=response, body=body)  # type: ignore[arg-type]
 
 
-def missing_key_error(model: object) -> OpenAIError:
+def missing_key_error(model: object, routes: Iterable[str] = ()) -> OpenAIError:
+    """A call for a model that is not a route, on a client that has only routes."""
+    known = ", ".join(repr(r) for r in sorted(routes)) or "(none)"
     return OpenAIError(
-        f"model {model!r} is not a route of the config, and no default "
-        "provider is set: set default_provider in the config, or the api_key client "
-        "option, or the OPENAI_API_KEY environment variable"
+        f"model {model!r} is not a route of the config (the routes are: {known}), and no "
+        "default provider is set: use a route, or set default_provider in the config, or the "
+        "api_key client option, or the OPENAI_API_KEY environment variable"
     )

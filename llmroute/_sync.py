@@ -537,7 +537,7 @@ class OpenAI(openai.OpenAI):
         call = dispatch.classify(options, timeout=limits)
         if (call is None or call.route is None) and self._missing_key:
             model = options.json_data.get("model") if call is not None else None
-            raise missing_key_error(model)
+            raise missing_key_error(model, dispatch.router.routes)
         if call is None:
             return super().request(cast_to, options, stream=stream, stream_cls=stream_cls)
         if call.route is None:

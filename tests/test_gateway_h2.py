@@ -27,7 +27,7 @@ from llmroute.testing import Profile, Simulator
 
 GW_KEY = "gw-h2-key-0123456789abcdef"
 BOUND = 2**20  # bytes the gateway may hold for a stalled client (it holds ~100 KB)
-DEADLINE = 15.0  # seconds any bounded wait may take (4 MB to read on a loaded 2-core VM)
+DEADLINE = 30.0  # seconds any bounded wait may take: a hang guard (5 s failed with two CPU burners)
 
 
 @pytest.fixture(scope="module")
