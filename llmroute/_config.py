@@ -294,6 +294,16 @@ class RouteConfig(BaseModel):
     """Seconds an attempt may wait for its first token before the route moves on."""
     continue_on_break: bool = True
     """Continue a stream that broke after content on another target."""
+    retry_after_max: Annotated[Duration, Field(ge=0, le=120)] = 5.0
+    """Policy ``"failover"``: a 429 whose Retry-After is at most this long is waited out and
+    the same target retried (once), rather than failing over; 0 fails over at once."""
+    server_error_retries: int = Field(default=1, ge=0, le=5)
+    """Policy ``"failover"``: retries of the same target after a 5xx before failing over."""
+    failover_on: list[Literal["invalid_request", "content_policy", "context_length"]] = Field(
+        default_factory=list
+    )
+    """Request-caused 400s a route fails over on; by default each is returned to the caller
+    unchanged (another vendor would refuse it too, or answer something else)."""
 
     @model_validator(mode="before")
     @classmethod

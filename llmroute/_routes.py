@@ -80,6 +80,9 @@ def route_for(
         budget=HedgeBudget(ratio=config.hedge_budget),
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
+        retry_after_max=config.retry_after_max,
+        server_error_retries=config.server_error_retries,
+        failover_on=frozenset(config.failover_on),
     )
 
 

@@ -145,6 +145,7 @@ async def test_failover_before_the_first_token(sim: Simulator, kind: str, outcom
         ["a:sim-small", "b:sim-small"],
         policy="failover",
         first_token_timeout="1s",
+        server_error_retries=0,  # a 5xx fails over at once (the retry is tested below)
     )
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         headers = {**fault(kind), "x-sim-retry-after": "20"}
@@ -412,7 +413,12 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
 
 
 async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
-    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    cfg = config(
+        {"a": sim, "b": sim},
+        ["a:sim-small", "b:sim-small"],
+        policy="failover",
+        server_error_retries=0,  # each 500 counts once, then fails over
+    )
     cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s", "explore": 0}
     clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
@@ -448,9 +454,12 @@ async def test_all_targets_failed_lists_every_cause(sim: Simulator) -> None:
     text = str(exc)
     assert "'chat'" in text and "a:sim-small: InternalServerError" in text
     assert "b:sim-small: InternalServerError" in text
-    assert [(a.target, a.outcome) for a in exc.report.attempts] == [
-        ("a:sim-small", "error"),
-        ("b:sim-small", "error"),
+    assert isinstance(exc, openai.InternalServerError) and exc.status_code == 500
+    assert [(a.target, a.reason, a.outcome) for a in exc.report.attempts] == [
+        ("a:sim-small", "first", "error"),
+        ("a:sim-small", "retry", "error"),  # an ordered route retries its primary once
+        ("b:sim-small", "failover", "error"),
+        ("b:sim-small", "retry", "error"),  # and so each target in its turn
     ]
 
 
@@ -474,11 +483,11 @@ async def test_all_failed_rounds_are_retried_within_max_retries(sim: Simulator) 
 
 async def test_not_streamed_routed_request(sim: Simulator, pair: AsyncOpenAI) -> None:
     completion = await pair.chat.completions.create(
-        model="chat", messages=MESSAGES, extra_headers=fault("500")
+        model="chat", messages=MESSAGES, extra_headers=fault("500", times=2)
     )
     assert completion.choices[0].message.content == await clean_reply(sim)
     route = completion.route  # type: ignore[attr-defined]
-    assert route.winner == "b:sim-small"
+    assert route.winner == "b:sim-small"  # after the primary failed twice (its retry)
     assert completion.timings.total is not None  # type: ignore[attr-defined]
     assert pair.stats()["b:sim-small"].latency_p50 is not None
 

@@ -27,6 +27,7 @@ async def _doctor(config_path: str | None, probes: int) -> int:
 
     from .. import AsyncOpenAI, OpenAIError
     from .._config import ConfigError, load_config, resolve
+    from ..routing.causes import classify
     from ..routing.stats import LiveStats
     from ..sglang import MetricsPoller, diagnose_ttft
 
@@ -68,6 +69,8 @@ async def _doctor(config_path: str | None, probes: int) -> int:
                         ttfts.append(stream.timings.first_token)
                 except OpenAIError as exc:
                     error = f"{type(exc).__name__}: {exc}"
+                    if classify(exc) == "misconfigured":  # a wrong key, model or permission
+                        error = f"misconfigured (check its key and model name): {error}"
                     break
         server = None
         if poller is not None:

@@ -56,6 +56,7 @@ from ..protocols.openai import (
 from ..transport import body_receiver
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
+from .causes import CauseRules, classify, react
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import LiveStats, TargetSnapshot, class_label, estimate_prompt_tokens, prompt_class
@@ -71,6 +72,9 @@ __all__ = [
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
+_RETRY_SLACK = 0.05
+"""Seconds an ordered route's retry of the same target may wait past its Retry-After for the
+target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
 _MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
@@ -118,6 +122,23 @@ class Route:
     first_token_timeout: float | None = 30.0
     continue_on_break: bool = True
     max_continuations: int = 3
+    retry_after_max: float = 5.0
+    """An ordered (``failover``) route waits out a Retry-After up to this long to retry the
+    same target (0: fail over at once)."""
+    server_error_retries: int = 1
+    """An ordered route retries the same target this many times after a 5xx."""
+    failover_on: frozenset[str] = frozenset()
+    """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
+    the route fails over on instead of returning them to the caller."""
+
+    def rules(self) -> CauseRules:
+        """How the route reacts to each cause of failure (:mod:`.causes`)."""
+        return CauseRules(
+            ordered=self.policy.name == "failover",
+            retry_after_max=self.retry_after_max,
+            server_error_retries=self.server_error_retries,
+            failover_on=self.failover_on,
+        )
 
     def target(self, name: str) -> RouteTarget:
         for target in self.targets:
@@ -147,8 +168,13 @@ class _Race:
         self.winner: _Ready | None = None
         self.live = 0
         self.failures: dict[str, BaseException] = {}
-        self.bad_request: RequestBodyError | None = None
-        """The request itself cannot be sent (to any target): the race ends with it."""
+        self.last: BaseException | None = None
+        self.final: Exception | None = None
+        """The request itself is at fault (it cannot be encoded, or a target refused it as
+        invalid): the race ends with this error, raised to the caller unchanged."""
+        self.again: tuple[str, float] | None = None
+        """A target to try again, and when (the event loop's clock): an ordered route's
+        primary after a short Retry-After or a 5xx."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -192,6 +218,9 @@ class Router:
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._baselines: dict[str, tuple[float, int]] = {}
+        self.misconfigured_cooldown = max(60.0, breaker_cooldown)
+        """Seconds a target that answered 401, 403 or 404 (its key or model is wrong) is
+        left out before it is tried again."""
 
     def health(self, target: str) -> TargetHealth:
         health = self._health.get(target)
@@ -268,6 +297,8 @@ class Router:
         outcome = _outcome(exc)
         if outcome == "rate_limited" and isinstance(exc, APIStatusError):
             health.cool_down(_cooldown(exc.response.headers))
+        if classify(exc) == "misconfigured":
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown)
         if _is_health_failure(exc):
             health.breaker.record_failure()
         stats.record_outcome(outcome)
@@ -384,6 +415,8 @@ class _Run:
         """The key of the served plan, for a policy that wants to learn its outcome."""
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
+        self.retried: dict[str, int] = {}
+        """Retries of the same target in this request (an ordered route's primary)."""
 
     def refuse_unservable(self) -> None:
         """Leave out the targets whose protocol cannot express this request (an Anthropic
@@ -456,11 +489,11 @@ class _Run:
             self._observe(plan.key, state.winner)
             if state.winner is not None:
                 self.key = plan.key
-        if state.winner is None and state.bad_request is not None:
-            raise state.bad_request
+        if state.winner is None and state.final is not None:
+            raise state.final
         if state.winner is None:
             raise AllTargetsFailed(
-                route.name, state.failures, self.request_stub(), report=self.report
+                route.name, state.failures, self.request_stub(), report=self.report, last=state.last
             )
         if report.ttft is None:
             report.ttft = clock() - self.t0
@@ -522,7 +555,22 @@ class _Run:
             for record in report.attempts[-plan.start :]:
                 if record.target == plan.explored:
                     record.reason = "explore"
-            while state.winner is None and state.bad_request is None:
+            while state.winner is None and state.final is None:
+                if state.again is not None and state.live < plan.start + hedged:
+                    name, due = state.again
+                    left = due - anyio.current_time()
+                    if left > 0:
+                        await state.wait(left)
+                        continue
+                    state.again = None
+                    soon = self._soonest_available([name])
+                    if soon is None or soon <= _RETRY_SLACK:  # else its circuit opened: move on
+                        await anyio.sleep(soon or 0.0)
+                        if name in pending:
+                            pending.remove(name)
+                        pending.appendleft(name)
+                        launch("retry")
+                        continue
                 if state.live < plan.start + hedged and pending:
                     # Keep the plan's attempts and the hedges fired in flight: a failed hedge
                     # is replaced at once, not after another hedge delay.
@@ -641,7 +689,7 @@ class _Run:
             if probe:
                 health.breaker.release()
             record.outcome, record.error = "error", describe_error(exc)
-            state.bad_request = exc
+            state.final = exc
             state.live -= 1
             state.notify()
             return
@@ -651,6 +699,8 @@ class _Run:
             outcome = _outcome(exc)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
+            if classify(exc) == "misconfigured":
+                health.misconfigured(describe_error(exc), router.misconfigured_cooldown)
             if _is_health_failure(exc):
                 health.breaker.record_failure()
             elif probe:
@@ -690,6 +740,19 @@ class _Run:
             self.router.stats.target(record.target).record_outcome(outcome)
         if not isinstance(exc, TargetUnavailable) or record.target not in state.failures:
             state.failures[record.target] = exc
+        if not isinstance(exc, TargetUnavailable):
+            state.last = exc
+            reaction = react(
+                exc,
+                self.route.rules(),
+                retried=self.retried.get(record.target, 0),
+                now=time.time(),
+            )
+            if reaction.action == "raise" and state.winner is None:
+                state.final = exc
+            elif reaction.action == "retry" and state.again is None:
+                self.retried[record.target] = self.retried.get(record.target, 0) + 1
+                state.again = (record.target, anyio.current_time() + reaction.delay)
         state.live -= 1
         state.notify()
 
@@ -899,7 +962,7 @@ class _Run:
             ) from failure
         try:
             new = await self.race(Plan(tuple(order)), retries=0, prefix=partial)
-        except AllTargetsFailed as exc:
+        except APIError as exc:  # every target failed, or one refused the continuation
             raise StreamInterrupted(
                 f"{broke}; no target could continue it ({exc.message}). The text so far is in "
                 ".partial_text.",

@@ -226,18 +226,19 @@ async def test_no_first_token_fails_over_within_the_deadline(
 async def test_a_status_error_fails_over_and_alone_is_typed(
     target: Simulator, kind: str, status: int, error: type[APIStatusError]
 ) -> None:
-    cfg = routed(target.base_url, second=target.base_url)
+    # An ordered route that retries nothing in place (tests/test_retry_rules.py has the retries).
+    cfg = routed(target.base_url, second=target.base_url, retry_after_max=0, server_error_retries=0)
     async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         text, route = await stream_text(client, extra_headers=once(kind))
         assert text == await expected(target)
         assert route.winner == "good:sim-small"
-    async with AsyncOpenAI(
-        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
-    ) as c:
+    alone = routed(target.base_url, retry_after_max=0, server_error_retries=0)
+    async with AsyncOpenAI(config=alone, verify=target.ssl_context(), max_retries=0) as c:
         with pytest.raises(AllTargetsFailed) as caught:
             await stream_text(c, extra_headers=once(kind))
     cause = caught.value.errors["bad:sim-small"]
     assert isinstance(cause, error) and cause.status_code == status
+    assert isinstance(caught.value, error) and caught.value.status_code == status
 
 
 async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Simulator) -> None:
@@ -255,9 +256,8 @@ async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Sim
 
 
 async def test_a_short_cooldown_is_waited_out_instead_of_failing(target: Simulator) -> None:
-    async with AsyncOpenAI(
-        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
-    ) as client:
+    cfg = routed(target.base_url, retry_after_max=0)  # the 429 is not waited out in place
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         started = time.monotonic()  # the cooldown starts after this, with the 429
         with pytest.raises(AllTargetsFailed):
             await stream_text(client, extra_headers={**once("429"), "x-sim-retry-after": "0.4"})
@@ -289,7 +289,7 @@ async def stream_text_plain(client: AsyncOpenAI, headers: dict[str, str]) -> tup
 
 async def test_a_5xx_burst_opens_the_breaker_and_traffic_moves(target: Simulator) -> None:
     with Simulator(profile=Profile(rate_503=1.0, retry_after=0.0), tls=True) as broken:
-        cfg = routed(broken.base_url, second=target.base_url)
+        cfg = routed(broken.base_url, second=target.base_url, server_error_retries=0)
         cfg["routing"]["breaker_failures"] = 3
         async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
             for _ in range(3):
