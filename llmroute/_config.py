@@ -363,6 +363,10 @@ class RoutingSettings(BaseModel):
     """Consecutive failures that open a target's circuit."""
     breaker_cooldown: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an open circuit waits before a trial request."""
+    breaker_max_cooldown: Annotated[Duration, Field(gt=0)] = 60.0
+    """Each failed trial doubles the wait before the next, up to this many seconds (or
+    ``breaker_cooldown`` if that is longer), so a recovered target is found within about
+    one of them."""
     stats_backend: Literal["memory", "redis"] = "memory"
     """``redis``: app instances share their TTFT samples through ``[redis]``."""
     stats_sync: Annotated[Duration, Field(gt=0)] = 1.0

@@ -236,7 +236,7 @@ def _typed_failure(meaning: type[APIError]) -> type[AllTargetsFailed]:
     typed = _TYPED.get(meaning)
     if typed is None:
         typed = type(
-            f"AllTargetsFailed[{meaning.__name__}]",
+            "AllTargetsFailed",  # the name users and traces know; also a ``meaning``
             (AllTargetsFailed, meaning),
             {"__module__": __name__, "__doc__": AllTargetsFailed.__doc__},
         )

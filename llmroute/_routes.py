@@ -107,6 +107,7 @@ def build_router(resolved: Resolved, *, max_retries: int) -> Router:
         stats=stats,
         breaker_failures=settings.breaker_failures,
         breaker_cooldown=settings.breaker_cooldown,
+        breaker_max_cooldown=settings.breaker_max_cooldown,
         explore_share=settings.explore,
         max_retries=max_retries,
     )

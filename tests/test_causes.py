@@ -144,3 +144,11 @@ def test_all_targets_failed_without_a_meaning_is_plain() -> None:
     explicit = AllTargetsFailed("chat", {"a:m": status(500)}, REQUEST, last=status(429))
     assert isinstance(explicit, openai.RateLimitError)
     assert type(explicit) is type(AllTargetsFailed("x", {"a": status(429)}, REQUEST))
+
+
+def test_a_parameter_one_target_does_not_support_fails_over() -> None:
+    refused = status(400, {"message": "the simulator supports only n=1"})
+    assert classify(refused) == "unsupported"
+    assert react(refused, ORDERED, retried=0, now=0).action == "failover"
+    unsupported = status(400, {"message": "m", "code": "unsupported_parameter"})
+    assert react(unsupported, LATENCY, retried=0, now=0).action == "failover"

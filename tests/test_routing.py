@@ -440,6 +440,38 @@ async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None
         assert client.stats()["a:sim-small"].breaker == "closed"
 
 
+@pytest.mark.parametrize("policy", ["fastest", "hedge"])
+async def test_a_latency_route_probes_an_open_circuit_in_the_background(
+    sim: Simulator, policy: str
+) -> None:
+    """A latency policy ranks a target with an open circuit last, so no request would try it
+    again: once the cooldown is over, a request sends it a one-token trial in the background
+    (the caller does not wait on it), and its answer closes the circuit."""
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy=policy)
+    cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
+    clock = FakeClock()
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = clock
+        breaker = router.health("b:sim-small").breaker
+        breaker.record_failure()  # b had an outage: its circuit is open
+        asked = sim.stats()["chat_requests"]
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+        assert [a.target for a in stream.route.attempts] == ["a:sim-small"]
+        assert sim.stats()["chat_requests"] == asked + 1 and breaker.state == "open"
+        clock.advance(31.0)  # the cooldown is over: b may be tried once
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+        assert [a.target for a in stream.route.attempts] == ["a:sim-small"]
+        await wait_for(lambda: breaker.state == "closed")
+        assert breaker.state == "closed"  # the trial answered: b is back
+        assert sim.stats()["chat_requests"] == asked + 3
+        trials = [r for r in sim.last_requests if r["json"].get("max_tokens") == 1]
+        assert trials and not trials[-1]["json"].get("stream")
+
+
 async def test_all_targets_failed_lists_every_cause(sim: Simulator) -> None:
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:

@@ -39,6 +39,7 @@ Cause = Literal[
     "invalid_request",
     "content_policy",
     "context_length",
+    "unsupported",
     "misconfigured",
     "other",
 ]
@@ -53,6 +54,9 @@ _CONTEXT_LENGTH = re.compile(
 )
 _CONTENT_POLICY = re.compile(
     r"content[ _-]?(policy|filter|management)|safety system|flagged|moderation", re.IGNORECASE
+)
+_UNSUPPORTED = re.compile(
+    r"unsupported|not supported|supports only|does not support", re.IGNORECASE
 )
 _MISCONFIGURED_CODES = frozenset({"model_not_found", "invalid_api_key", "not_found_error"})
 
@@ -87,6 +91,8 @@ def classify(exc: BaseException) -> Cause:
                 return "context_length"
             if _CONTENT_POLICY.search(text):
                 return "content_policy"
+            if _UNSUPPORTED.search(text):
+                return "unsupported"  # this target cannot do it; another may
             return "invalid_request"
         return "other"
     if isinstance(exc, StallTimeout):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -31,6 +32,7 @@ import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from .._background import spawn
 from .._catalog import Continuation
 from .._errors import (
     AllTargetsFailed,
@@ -203,6 +205,7 @@ class Router:
         stats: LiveStats | None = None,
         breaker_failures: int = 5,
         breaker_cooldown: float = 30.0,
+        breaker_max_cooldown: float = 60.0,
         explore_share: float = 0.02,
         max_retries: int = 2,
         rng: random.Random | None = None,
@@ -214,6 +217,7 @@ class Router:
         self.explore_share = explore_share
         self._breaker_failures = breaker_failures
         self._breaker_cooldown = breaker_cooldown
+        self._breaker_max_cooldown = breaker_max_cooldown
         self._health: dict[str, TargetHealth] = {}
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
@@ -229,7 +233,7 @@ class Router:
             breaker = CircuitBreaker(
                 self._breaker_failures,
                 cooldown,
-                max_cooldown=max(300.0, cooldown),
+                max_cooldown=max(self._breaker_max_cooldown, cooldown),
                 clock=self._clock,
             )
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
@@ -417,6 +421,8 @@ class _Run:
         """Targets whose protocol cannot express the request: never tried, never penalised."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
+        self.probe: str | None = None
+        """The last target whose open circuit this request sent a trial request to."""
 
     def refuse_unservable(self) -> None:
         """Leave out the targets whose protocol cannot express this request (an Anthropic
@@ -452,7 +458,46 @@ class _Run:
         if self.refused:
             plan = _without(plan, self.refused, names)
             self.report.explored = plan.explored if self.report.explored else None
+        if route.policy.name != "failover":
+            self._probe_open_circuits()
         return plan
+
+    def _probe_open_circuits(self) -> None:
+        """Send a cheap trial request (one token, not streamed) in the background to each
+        target of the route whose circuit waits for one (open, its cooldown over). A latency
+        policy ranks such a target last, so no request of the caller's would try it again;
+        this one's answer closes the circuit, its failure re-opens it for the next, bounded
+        wait. The caller never waits on it."""
+        for target in self.route.targets:
+            health = self.router.health(target.name)
+            if target.name in self.refused or health.breaker.state == "closed":
+                continue
+            if not health.available() or not health.acquire():
+                continue
+            self.probe = target.name
+            spawn(functools.partial(self._probe, target, health), name=f"probe {target.name}")
+
+    async def _probe(self, target: RouteTarget, health: TargetHealth) -> None:
+        body: dict[str, Any] = {
+            "model": target.model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+        }
+        try:
+            with anyio.fail_after(self.route.first_token_timeout or 30.0):
+                response, _ = await self.send(target, body, stream=False, continuation=False)
+            await _close_quietly(response)
+        except Exception as exc:
+            if _is_health_failure(exc):
+                health.breaker.record_failure()
+            else:
+                health.breaker.release()
+            self.router.stats.target(target.name).record_outcome(_outcome(exc))
+            return
+        except BaseException:
+            health.breaker.release()
+            raise
+        health.breaker.record_success()
 
     def request_stub(self) -> httpx.Request:
         return httpx.Request("POST", f"llmroute://route/{self.route.name}")
