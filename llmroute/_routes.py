@@ -81,6 +81,7 @@ def route_for(
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
         retry_after_max=config.retry_after_max,
+        stall_timeout=None if config.stall_timeout == "off" else config.stall_timeout,
         server_error_retries=config.server_error_retries,
         failover_on=frozenset(config.failover_on),
     )

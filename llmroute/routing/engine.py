@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import httpx
@@ -42,6 +42,7 @@ from .._errors import (
     APITimeoutError,
     FirstTokenTimeout,
     RequestBodyError,
+    StallTimeout,
     StreamInterrupted,
     TargetUnavailable,
     describe_error,
@@ -61,7 +62,14 @@ from .budget import HedgeBudget
 from .causes import CauseRules, classify, react
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
-from .stats import LiveStats, TargetSnapshot, class_label, estimate_prompt_tokens, prompt_class
+from .stats import (
+    LiveStats,
+    TargetSnapshot,
+    class_label,
+    estimate_prompt_tokens,
+    prompt_class,
+    stall_deadline,
+)
 
 __all__ = [
     "SERVER_METRICS_MAX_AGE",
@@ -129,6 +137,10 @@ class Route:
     same target (0: fail over at once)."""
     server_error_retries: int = 1
     """An ordered route retries the same target this many times after a 5xx."""
+    stall_timeout: float | Literal["auto"] | None = "auto"
+    """Seconds a stream may send nothing after its first token before it counts as broken
+    (and is continued on another target): ``"auto"`` derives it from the target's live
+    pauses between chunks (:func:`~.stats.stall_deadline`), ``None`` turns it off."""
     failover_on: frozenset[str] = frozenset()
     """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
     the route fails over on instead of returning them to the caller."""
@@ -421,6 +433,8 @@ class _Run:
         """Targets whose protocol cannot express the request: never tried, never penalised."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
+        self.longest_gap = 0.0
+        """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.probe: str | None = None
         """The last target whose open circuit this request sent a trial request to."""
 
@@ -887,6 +901,7 @@ class _Run:
                 request = ready.response.request
                 failure: APIError | None = None
                 buffered, ready.buffered = ready.buffered, []
+                stall = self.stall_deadline(ready.target.name)
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -914,7 +929,22 @@ class _Run:
                                 yield chunk
                             if decoder.done or ready.ended:
                                 break
-                            data = await receive()
+                            waited = clock()
+                            if stall is None:
+                                data = await receive()
+                            else:
+                                data = b""
+                                with anyio.CancelScope(
+                                    deadline=anyio.current_time() + stall
+                                ) as scope:
+                                    data = await receive()
+                                if scope.cancelled_caught:
+                                    raise StallTimeout(
+                                        request, target=ready.target.name, seconds=stall
+                                    )
+                            waited = clock() - waited
+                            if waited > self.longest_gap and ready is self.ready:
+                                self.longest_gap = waited
                             if data is None:
                                 ready.ended = True
                                 buffered = decoder.close()
@@ -954,6 +984,15 @@ class _Run:
             span = timings.total - (timings.first_token or 0.0)
             itl = span / (self.tokens - 1) if span > 0 else None
             stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
+            stats.record_gap(self.longest_gap)
+
+    def stall_deadline(self, target: str) -> float | None:
+        """Seconds the stream from ``target`` may send nothing before it counts as broken."""
+        setting = self.route.stall_timeout
+        if setting != "auto":
+            return setting
+        cap = self.route.first_token_timeout or 30.0
+        return stall_deadline(self.router.stats.target(target).gap_quantile(0.99), cap=cap)
 
     async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready:
         """Continue a broken answer on another target, or raise StreamInterrupted."""

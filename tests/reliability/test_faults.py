@@ -365,3 +365,37 @@ async def test_a_cancelled_reader_releases_the_upstream_stream_at_once() -> None
             stats = slow.stats()
     assert stats["streams_cancelled"] == 1
     assert stats["streams_completed"] == 0
+
+
+async def test_a_stall_between_chunks_is_continued_on_another_target(target: Simulator) -> None:
+    """The stream stops after 5 tokens with its socket open; the route's deadline between
+    chunks notices it (not the 600 s read timeout) and the answer ends on the other target."""
+    cfg = routed(target.base_url, second=target.base_url, stall_timeout="300ms")
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+    assert text == await expected(target)
+    assert route.continued_on == ["good:sim-small"]
+    first = route.attempts[0]
+    assert (first.target, first.outcome) == ("bad:sim-small", "interrupted")
+    assert "StallTimeout" in (first.error or "") and "stall" in (first.error or "")
+
+
+async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Simulator) -> None:
+    from llmroute.routing.stats import STALL_FLOOR, STALL_PRIOR
+
+    cfg = routed(target.base_url, second=target.base_url)  # stall_timeout = "auto"
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        stats = router.stats.target("bad:sim-small")
+        assert stats.gap_quantile(0.99) is None  # no streams yet: the prior
+        run = router._begin(router.routes["chat"], {"messages": MESSAGES}, None, stream=True)  # type: ignore[arg-type]
+        assert run.stall_deadline("bad:sim-small") == STALL_PRIOR
+        for _ in range(5):
+            await stream_text(client)
+        gap = stats.gap_quantile(0.99)
+        assert gap is not None and gap < STALL_FLOOR / 4  # 10 ms between tokens
+        assert run.stall_deadline("bad:sim-small") == STALL_FLOOR
+        text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+    assert text == await expected(target)
+    assert route.continued_on == ["good:sim-small"]
