@@ -56,7 +56,7 @@ from ..protocols.openai import (
     is_token_chunk,
     parse_chat_completion,
 )
-from ..transport import body_receiver
+from ..transport import body_receiver, bound_wait
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .causes import CauseRules, classify, react
@@ -902,6 +902,11 @@ class _Run:
                 failure: APIError | None = None
                 buffered, ready.buffered = ready.buffered, []
                 stall = self.stall_deadline(ready.target.name)
+                in_transport, read_timeout = (
+                    bound_wait(ready.response, stall) if stall is not None else (False, None)
+                )
+                if read_timeout is not None and stall is not None and read_timeout < stall:
+                    stall = None  # the read timeout comes first: it is the deadline
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -930,7 +935,7 @@ class _Run:
                             if decoder.done or ready.ended:
                                 break
                             waited = clock()
-                            if stall is None:
+                            if stall is None or in_transport:
                                 data = await receive()
                             else:
                                 data = b""
@@ -950,6 +955,10 @@ class _Run:
                                 buffered = decoder.close()
                             else:
                                 buffered = decoder.feed(data)
+                except APITimeoutError as exc:
+                    failure = exc
+                    if in_transport and stall is not None:  # the wait's bound was the stall's
+                        failure = StallTimeout(request, target=ready.target.name, seconds=stall)
                 except APIError as exc:
                     failure = exc
                 if decoder.finished or (decoder.done and failure is None):

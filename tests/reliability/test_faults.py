@@ -399,3 +399,15 @@ async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Sim
         text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
     assert text == await expected(target)
     assert route.continued_on == ["good:sim-small"]
+
+
+async def test_a_stall_over_http1_is_noticed_by_the_engines_own_deadline() -> None:
+    """Plain HTTP/1.1 bodies have no bounded wait of their own: the engine's scope is used."""
+    profile = Profile(reply_tokens=20, inter_token=0.01, hang_max=20.0)
+    with Simulator(profile=profile, tls=False) as plain:
+        cfg = routed(plain.base_url, second=plain.base_url, stall_timeout="300ms")
+        async with AsyncOpenAI(config=cfg, max_retries=0) as client:
+            text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+        assert text == await expected(plain)
+    assert route.continued_on == ["good:sim-small"]
+    assert "StallTimeout" in (route.attempts[0].error or "")
