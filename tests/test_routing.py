@@ -216,6 +216,9 @@ async def test_hedge_fires_and_the_loser_is_reset_server_side(
         assert len(transport.connections()) == 2  # one per simulator, none replaced
         assert text == await clean_reply(sim)
         assert client.stats()["slow:sim-small"].outcomes["cancelled"] == 1
+        # The winning hedge was refunded: a degradation's hedges do not drain the budget.
+        budget = client._router.routes["chat"].budget  # type: ignore[union-attr]
+        assert budget.tokens == budget.burst
 
 
 async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Simulator) -> None:

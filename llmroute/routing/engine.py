@@ -778,6 +778,8 @@ class _Run:
             return
         record.outcome = "won"
         record.ttft = elapsed
+        if record.reason == "hedge":
+            self.route.budget.refund()  # it saved the request: no extra request lost
         if self.report.winner is None:
             self.report.winner = target.name
         health.breaker.record_success()
