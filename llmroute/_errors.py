@@ -136,9 +136,18 @@ class StallTimeout(APITimeoutError):
 class TargetUnavailable(APIError):
     """Raised for an attempt on a target whose circuit is open or that cools down after a 429."""
 
-    def __init__(self, message: str, request: httpx.Request, *, target: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        request: httpx.Request,
+        *,
+        target: str,
+        cause: BaseException | None = None,
+    ) -> None:
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.target = target
+        self.cause = cause
+        """The failure that left the target out, where it says what is wrong (a 401)."""
 
 
 class AllTargetsFailed(APIError):
@@ -218,6 +227,8 @@ def _last_cause(errors: dict[str, BaseException]) -> BaseException | None:
     for exc in reversed(list(errors.values())):
         if not isinstance(exc, TargetUnavailable):
             return exc
+        if exc.cause is not None:  # left out as misconfigured: that answer's meaning
+            return exc.cause
     return None
 
 

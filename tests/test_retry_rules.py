@@ -196,6 +196,12 @@ async def test_a_one_target_route_keeps_the_errors_type(
     async with AsyncOpenAI(config=config, verify=sim.ssl_context(), max_retries=0) as client:
         with pytest.raises(error) as caught:
             await ask(client, {"x-sim-fault": kind, "x-sim-retry-after": "30"})
+        if kind == "401":  # left out now: the next request asks nobody, yet says what is wrong
+            asked = sim.stats()["chat_requests"]
+            with pytest.raises(error) as again:
+                await ask(client, {})
+            assert sim.stats()["chat_requests"] == asked
+            assert "misconfigured" in again.value.message
     assert isinstance(caught.value, AllTargetsFailed)
     assert caught.value.status_code == status
     assert "primary:sim-small" in caught.value.message

@@ -314,7 +314,7 @@ class Router:
         if outcome == "rate_limited" and isinstance(exc, APIStatusError):
             health.cool_down(_cooldown(exc.response.headers))
         if classify(exc) == "misconfigured":
-            health.misconfigured(describe_error(exc), self.misconfigured_cooldown)
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
         if _is_health_failure(exc):
             health.breaker.record_failure()
         stats.record_outcome(outcome)
@@ -712,6 +712,7 @@ class _Run:
                 f"target {target.name!r} is unavailable: {health.describe()}",
                 self.request_stub(),
                 target=target.name,
+                cause=health.cause if health.misconfiguration is not None else None,
             )
             self._failed(record, state, exc, "error", count=False)
             return
@@ -759,7 +760,7 @@ class _Run:
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
             if classify(exc) == "misconfigured":
-                health.misconfigured(describe_error(exc), router.misconfigured_cooldown)
+                health.misconfigured(describe_error(exc), router.misconfigured_cooldown, exc)
             if _is_health_failure(exc):
                 health.breaker.record_failure()
             elif probe:
