@@ -160,6 +160,20 @@ def _duration_input(value: Any) -> float:
         raise _invalid(str(exc)) from None
 
 
+def _stall_input(value: Any) -> str | float:
+    if isinstance(value, str) and value.strip().lower() in ("auto", "off"):
+        return value.strip().lower()
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise _invalid(
+            f"expected 'auto', 'off' or a duration such as '5s', got {_show(value)}"
+        ) from None
+    if not seconds > 0:
+        raise _invalid(f"expected a positive duration, got {_show(value)}")
+    return seconds
+
+
 def _size_input(value: Any) -> int:
     try:
         return parse_size(value)
@@ -309,6 +323,21 @@ class RouteConfig(BaseModel):
     """Seconds an attempt may wait for its first token before the route moves on."""
     continue_on_break: bool = True
     """Continue a stream that broke after content on another target."""
+    stall_timeout: Annotated[Literal["auto", "off"] | float, BeforeValidator(_stall_input)] = "auto"
+    """Seconds a stream may send nothing after its first token before it counts as broken
+    and is continued on another target. ``"auto"``: 4x the target's p99 longest pause between
+    chunks, at least 2 s, at most ``first_token_timeout`` (10 s while fewer than 5 streams were
+    measured); ``"off"``: only the read timeout."""
+    retry_after_max: Annotated[Duration, Field(ge=0, le=120)] = 5.0
+    """Policy ``"failover"``: a 429 whose Retry-After is at most this long is waited out and
+    the same target retried (once), rather than failing over; 0 fails over at once."""
+    server_error_retries: int = Field(default=1, ge=0, le=5)
+    """Policy ``"failover"``: retries of the same target after a 5xx before failing over."""
+    failover_on: list[Literal["invalid_request", "content_policy", "context_length"]] = Field(
+        default_factory=list
+    )
+    """Request-caused 400s a route fails over on; by default each is returned to the caller
+    unchanged (another vendor would refuse it too, or answer something else)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -368,6 +397,10 @@ class RoutingSettings(BaseModel):
     """Consecutive failures that open a target's circuit."""
     breaker_cooldown: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an open circuit waits before a trial request."""
+    breaker_max_cooldown: Annotated[Duration, Field(gt=0)] = 60.0
+    """Each failed trial doubles the wait before the next, up to this many seconds (or
+    ``breaker_cooldown`` if that is longer), so a recovered target is found within about
+    one of them."""
     stats_backend: Literal["memory", "redis"] = "memory"
     """``redis``: app instances share their TTFT samples through ``[redis]``."""
     stats_sync: Annotated[Duration, Field(gt=0)] = 1.0

@@ -7,12 +7,15 @@
     └── openai.APIError
         ├── openai.APIConnectionError
         │   └── openai.APITimeoutError
-        │       └── FirstTokenTimeout        no first token within a route's deadline
+        │       ├── FirstTokenTimeout        no first token within a route's deadline
+        │       └── StallTimeout             no chunk within a stream's deadline between chunks
         ├── openai.APIStatusError            (one subclass per HTTP status, as in openai)
         ├── MalformedStreamError             a target sent an SSE line that is not valid
         ├── StreamInterrupted                the stream broke after content was yielded
         ├── TargetUnavailable                a target's circuit is open or it cools down after a 429
-        └── AllTargetsFailed                 every target of a route failed; keeps each cause
+        └── AllTargetsFailed                 every target of a route failed; keeps each cause,
+                                             and is also the openai class of the last one's
+                                             meaning (BadRequestError, RateLimitError, ...)
 
 Every error raised by llmroute is, or subclasses, the openai exception of the same meaning, so
 ``except openai.RateLimitError`` and ``isinstance`` checks in existing code keep working.
@@ -63,6 +66,7 @@ __all__ = [
     "PermissionDeniedError",
     "RateLimitError",
     "RequestBodyError",
+    "StallTimeout",
     "StreamInterrupted",
     "TargetUnavailable",
     "UnknownModelError",
@@ -134,20 +138,59 @@ class FirstTokenTimeout(APITimeoutError):
         self.target = target
 
 
+class StallTimeout(APITimeoutError):
+    """Raised when a stream sends nothing for longer than its deadline between chunks."""
+
+    def __init__(self, request: httpx.Request, *, target: str, seconds: float) -> None:
+        super().__init__(request=request)  # type: ignore[arg-type]
+        self.message = f"No chunk from target {target!r} for {seconds:.3g} s (a stall)"
+        self.args = (self.message,)
+        self.target = target
+
+
 class TargetUnavailable(APIError):
     """Raised for an attempt on a target whose circuit is open or that cools down after a 429."""
 
-    def __init__(self, message: str, request: httpx.Request, *, target: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        request: httpx.Request,
+        *,
+        target: str,
+        cause: BaseException | None = None,
+    ) -> None:
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.target = target
+        self.cause = cause
+        """The failure that left the target out, where it says what is wrong (a 401)."""
 
 
 class AllTargetsFailed(APIError):
     """Raised when every target of a route failed before its first token.
 
     ``errors`` maps each target (``"provider:model"``) to the exception it last failed with;
-    the message lists them all.
+    the message lists them all. The exception keeps the meaning of the last target's failure:
+    when that was a status error it is also an instance of that openai class (a 400 from the
+    only target is an ``openai.BadRequestError`` with its ``status_code``, ``body`` and
+    ``response``), a timeout an ``openai.APITimeoutError``, a connection error an
+    ``openai.APIConnectionError``; ``last`` is that exception.
     """
+
+    def __new__(
+        cls,
+        route: str,
+        errors: dict[str, BaseException],
+        request: httpx.Request,
+        *,
+        report: Any = None,
+        last: BaseException | None = None,
+    ) -> AllTargetsFailed:
+        made: type[AllTargetsFailed] = cls
+        if cls is AllTargetsFailed:
+            meaning = _meaning(last if last is not None else _last_cause(errors))
+            if meaning is not None:
+                made = _typed_failure(meaning)
+        return APIError.__new__(made)
 
     def __init__(
         self,
@@ -156,6 +199,7 @@ class AllTargetsFailed(APIError):
         request: httpx.Request,
         *,
         report: Any = None,
+        last: BaseException | None = None,
     ) -> None:
         causes = "; ".join(f"{target}: {describe_error(exc)}" for target, exc in errors.items())
         count = f"all {len(errors)} targets" if len(errors) != 1 else "its only target"
@@ -164,11 +208,66 @@ class AllTargetsFailed(APIError):
             if errors
             else (f"Route {route!r}: no target is available")
         )
-        super().__init__(message, request, body=None)  # type: ignore[arg-type]
+        last = last if last is not None else _last_cause(errors)
+        if isinstance(self, APIStatusError) and isinstance(last, APIStatusError):
+            APIStatusError.__init__(self, message, response=last.response, body=last.body)
+        else:
+            APIError.__init__(self, message, request, body=None)  # type: ignore[arg-type]
         self.route = route
         self.errors = dict(errors)
         self.report = report
         """The :class:`~llmroute.RouteReport` of the request: every attempt, in order."""
+        self.last = last
+        """The failure whose meaning the exception keeps (the last target's), or ``None``."""
+
+
+_MEANINGS: tuple[type[APIError], ...] = (
+    BadRequestError,
+    AuthenticationError,
+    PermissionDeniedError,
+    NotFoundError,
+    ConflictError,
+    UnprocessableEntityError,
+    RateLimitError,
+    InternalServerError,
+    APIStatusError,
+    APITimeoutError,
+    APIConnectionError,
+)
+_TYPED: dict[type[APIError], type[AllTargetsFailed]] = {}
+
+
+def _last_cause(errors: dict[str, BaseException]) -> BaseException | None:
+    """The last failure that says something about a target (not that it was skipped)."""
+    for exc in reversed(list(errors.values())):
+        if not isinstance(exc, TargetUnavailable):
+            return exc
+        if exc.cause is not None:  # left out as misconfigured: that answer's meaning
+            return exc.cause
+    return None
+
+
+def _meaning(exc: BaseException | None) -> type[APIError] | None:
+    """The openai class whose meaning ``exc`` has (its own, or the nearest openai base)."""
+    if exc is None:
+        return None
+    for cls in _MEANINGS:
+        if isinstance(exc, cls):
+            return cls
+    return None
+
+
+def _typed_failure(meaning: type[APIError]) -> type[AllTargetsFailed]:
+    """``AllTargetsFailed`` that is also ``meaning`` (made once per class)."""
+    typed = _TYPED.get(meaning)
+    if typed is None:
+        typed = type(
+            "AllTargetsFailed",  # the name users and traces know; also a ``meaning``
+            (AllTargetsFailed, meaning),
+            {"__module__": __name__, "__doc__": AllTargetsFailed.__doc__},
+        )
+        _TYPED[meaning] = typed
+    return typed
 
 
 def describe_error(exc: BaseException) -> str:

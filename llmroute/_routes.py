@@ -80,6 +80,10 @@ def route_for(
         budget=HedgeBudget(ratio=config.hedge_budget),
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
+        retry_after_max=config.retry_after_max,
+        stall_timeout=None if config.stall_timeout == "off" else config.stall_timeout,
+        server_error_retries=config.server_error_retries,
+        failover_on=frozenset(config.failover_on),
     )
 
 
@@ -104,6 +108,7 @@ def build_router(resolved: Resolved, *, max_retries: int) -> Router:
         stats=stats,
         breaker_failures=settings.breaker_failures,
         breaker_cooldown=settings.breaker_cooldown,
+        breaker_max_cooldown=settings.breaker_max_cooldown,
         explore_share=settings.explore,
         max_retries=max_retries,
     )

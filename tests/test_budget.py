@@ -76,3 +76,16 @@ def test_zero_ratio_allows_no_hedge_at_all() -> None:
     for _ in range(100):
         budget.on_request()
         assert not budget.try_spend()
+
+
+def test_a_winning_hedge_is_refunded() -> None:
+    budget = HedgeBudget(ratio=0.1, burst=2.0)
+    assert budget.try_spend() and budget.try_spend() and not budget.try_spend()
+    budget.refund()  # the hedge answered first: it saved its request
+    assert budget.tokens == 1.0 and budget.try_spend()
+    for _ in range(5):
+        budget.refund()
+    assert budget.tokens == 2.0  # never above the burst
+    off = HedgeBudget(ratio=0.0)
+    off.refund()
+    assert off.tokens == 0.0  # a budget of 0 stays closed

@@ -113,10 +113,12 @@ def test_show_route_lists_winner_attempts_and_timings(
     assert lines[0].startswith("route 'chat' (failover): winner good:sim-small")
     assert "cache hit no" in lines[0]
     assert "attempt 1: bad:sim-small" in lines[1] and " error " in lines[1] and "500" in lines[1]
-    assert "attempt 2: good:sim-small" in lines[2] and "failover" in lines[2]
-    assert " won " in lines[2]
-    assert lines[3].startswith("timings: HTTP/2, connection ")
-    assert "first token" in lines[3] and "tokens" in lines[3]
+    # an ordered route retries its primary once after a 5xx, then fails over
+    assert "attempt 2: bad:sim-small" in lines[2] and "retry" in lines[2]
+    assert "attempt 3: good:sim-small" in lines[3] and "failover" in lines[3]
+    assert " won " in lines[3]
+    assert lines[4].startswith("timings: HTTP/2, connection ")
+    assert "first token" in lines[4] and "tokens" in lines[4]
     assert KEY not in done.stdout + done.stderr
 
 

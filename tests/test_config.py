@@ -403,6 +403,27 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             "duration such as '400ms', got 'p96'",
         ),
         (
+            ROUTE + 'stall_timeout = "-1s"\n',
+            "llmroute.toml: models.chat.stall_timeout: expected 'auto', 'off' or a duration "
+            "such as '5s', got '-1s'",
+        ),
+        (
+            ROUTE + "stall_timeout = 0\n",
+            "llmroute.toml: models.chat.stall_timeout: expected a positive duration, got 0",
+        ),
+        (
+            ROUTE + "server_error_retries = -1\n",
+            "llmroute.toml: models.chat.server_error_retries:",
+        ),
+        (
+            ROUTE + 'failover_on = ["context"]\n',
+            "llmroute.toml: models.chat.failover_on[0]:",
+        ),
+        (
+            '[routing]\nbreaker_max_cooldown = "0s"\n',
+            "llmroute.toml: routing.breaker_max_cooldown:",
+        ),
+        (
             ROUTE + "race = 4\n",
             "llmroute.toml: models.chat.race: expected at most 3 (the number of targets), got 4",
         ),

@@ -247,3 +247,40 @@ def test_party_breakers_are_bounded() -> None:
     for i in range(3000):
         _as(f"p{i}", breaker.record_failure)
     assert len(breaker._parties) <= 1024  # pyright: ignore[reportPrivateUsage]
+
+
+def test_the_router_bounds_the_probe_schedule_near_one_cooldown() -> None:
+    """An outage of any length: after it ends, a probe finds the target within the cap (60 s
+    by default), never the doubled-to-300-s waits of before."""
+    from llmroute.routing.engine import Router
+
+    clock = FakeClock()
+    router = Router({}, breaker_failures=1, breaker_cooldown=30.0, clock=clock)
+    breaker = router.health("a:m").breaker
+    breaker.record_failure()
+    waits: list[float] = []
+    for _ in range(10):  # ten failed probes in a row: a long outage
+        retry_at = breaker.retry_at()
+        assert retry_at is not None
+        waits.append(retry_at - clock.now)
+        clock.now = retry_at
+        assert breaker.acquire()
+        breaker.record_failure()
+    assert waits[:3] == [30.0, 60.0, 60.0] and max(waits) == 60.0
+    capped = Router({}, breaker_failures=1, breaker_cooldown=5.0, breaker_max_cooldown=20.0)
+    health = capped.health("a:m")
+    assert health.breaker.cooldown == 5.0
+    long = Router({}, breaker_cooldown=90.0)  # a cooldown above the cap is the cap
+    long.health("a:m").breaker.record_failure()
+    assert long.health("a:m").breaker.cooldown == 90.0
+
+
+def test_a_misconfigured_target_is_left_out_and_named() -> None:
+    clock = FakeClock()
+    health = TargetHealth(CircuitBreaker(clock=clock), clock=clock)
+    health.misconfigured("AuthenticationError: Incorrect API key", 60.0)
+    assert not health.available()
+    assert health.misconfiguration == "AuthenticationError: Incorrect API key"
+    assert "misconfigured (AuthenticationError: Incorrect API key)" in health.describe()
+    clock.advance(60.0)
+    assert health.available() and health.misconfiguration is None

@@ -827,8 +827,8 @@ async def test_a_retried_round_follows_the_first_plan() -> None:
 async def test_a_failed_retry_leaves_no_prompt_in_any_tree() -> None:
     policy = PrefixPolicy()
     router, route = scripted_route(policy, ["w0", "w1"], max_retries=1, breaker_failures=1)
-    # w0 is down (its circuit opens), w1 refuses the request (a 400: its circuit stays closed)
-    send = ScriptedSender({"w0:m": [503, 503], "w1:m": [400, 400]})
+    # w0 is down (its circuit opens), w1 is rate limited (a 429: its circuit stays closed)
+    send = ScriptedSender({"w0:m": [503, 503], "w1:m": [429, 429]})
     with pytest.raises(AllTargetsFailed):
         await router.complete(route, {"messages": SHORT_CHAT}, send)
     assert send.calls == ["w0:m", "w1:m", "w1:m"]  # the retry starts with what is available

@@ -145,6 +145,7 @@ async def test_failover_before_the_first_token(sim: Simulator, kind: str, outcom
         ["a:sim-small", "b:sim-small"],
         policy="failover",
         first_token_timeout="1s",
+        server_error_retries=0,  # a 5xx fails over at once (the retry is tested below)
     )
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         headers = {**fault(kind), "x-sim-retry-after": "20"}
@@ -215,6 +216,9 @@ async def test_hedge_fires_and_the_loser_is_reset_server_side(
         assert len(transport.connections()) == 2  # one per simulator, none replaced
         assert text == await clean_reply(sim)
         assert client.stats()["slow:sim-small"].outcomes["cancelled"] == 1
+        # The winning hedge was refunded: a degradation's hedges do not drain the budget.
+        budget = client._router.routes["chat"].budget  # type: ignore[union-attr]
+        assert budget.tokens == budget.burst
 
 
 async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Simulator) -> None:
@@ -412,7 +416,12 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
 
 
 async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
-    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    cfg = config(
+        {"a": sim, "b": sim},
+        ["a:sim-small", "b:sim-small"],
+        policy="failover",
+        server_error_retries=0,  # each 500 counts once, then fails over
+    )
     cfg["routing"] = {"breaker_failures": 2, "breaker_cooldown": "30s", "explore": 0}
     clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
@@ -434,6 +443,38 @@ async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None
         assert client.stats()["a:sim-small"].breaker == "closed"
 
 
+@pytest.mark.parametrize("policy", ["fastest", "hedge"])
+async def test_a_latency_route_probes_an_open_circuit_in_the_background(
+    sim: Simulator, policy: str
+) -> None:
+    """A latency policy ranks a target with an open circuit last, so no request would try it
+    again: once the cooldown is over, a request sends it a one-token trial in the background
+    (the caller does not wait on it), and its answer closes the circuit."""
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy=policy)
+    cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
+    clock = FakeClock()
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = clock
+        breaker = router.health("b:sim-small").breaker
+        breaker.record_failure()  # b had an outage: its circuit is open
+        asked = sim.stats()["chat_requests"]
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+        assert [a.target for a in stream.route.attempts] == ["a:sim-small"]
+        assert sim.stats()["chat_requests"] == asked + 1 and breaker.state == "open"
+        clock.advance(31.0)  # the cooldown is over: b may be tried once
+        stream = await client.chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+        await read(stream)
+        assert [a.target for a in stream.route.attempts] == ["a:sim-small"]
+        await wait_for(lambda: breaker.state == "closed")
+        assert breaker.state == "closed"  # the trial answered: b is back
+        assert sim.stats()["chat_requests"] == asked + 3
+        trials = [r for r in sim.last_requests if r["json"].get("max_tokens") == 1]
+        assert trials and not trials[-1]["json"].get("stream")
+
+
 async def test_all_targets_failed_lists_every_cause(sim: Simulator) -> None:
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
@@ -448,9 +489,12 @@ async def test_all_targets_failed_lists_every_cause(sim: Simulator) -> None:
     text = str(exc)
     assert "'chat'" in text and "a:sim-small: InternalServerError" in text
     assert "b:sim-small: InternalServerError" in text
-    assert [(a.target, a.outcome) for a in exc.report.attempts] == [
-        ("a:sim-small", "error"),
-        ("b:sim-small", "error"),
+    assert isinstance(exc, openai.InternalServerError) and exc.status_code == 500
+    assert [(a.target, a.reason, a.outcome) for a in exc.report.attempts] == [
+        ("a:sim-small", "first", "error"),
+        ("a:sim-small", "retry", "error"),  # an ordered route retries its primary once
+        ("b:sim-small", "failover", "error"),
+        ("b:sim-small", "retry", "error"),  # and so each target in its turn
     ]
 
 
@@ -474,11 +518,11 @@ async def test_all_failed_rounds_are_retried_within_max_retries(sim: Simulator) 
 
 async def test_not_streamed_routed_request(sim: Simulator, pair: AsyncOpenAI) -> None:
     completion = await pair.chat.completions.create(
-        model="chat", messages=MESSAGES, extra_headers=fault("500")
+        model="chat", messages=MESSAGES, extra_headers=fault("500", times=2)
     )
     assert completion.choices[0].message.content == await clean_reply(sim)
     route = completion.route  # type: ignore[attr-defined]
-    assert route.winner == "b:sim-small"
+    assert route.winner == "b:sim-small"  # after the primary failed twice (its retry)
     assert completion.timings.total is not None  # type: ignore[attr-defined]
     assert pair.stats()["b:sim-small"].latency_p50 is not None
 

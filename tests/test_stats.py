@@ -506,3 +506,25 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
     ]  # fmt: skip
     assert str(report) in repr(report)
     assert str(StatsReport()).startswith("no targets yet")
+
+
+def test_the_stall_deadline_is_a_multiple_of_the_longest_pauses_floored_and_capped() -> None:
+    from llmroute.routing.stats import stall_deadline
+
+    assert stall_deadline(None, cap=30.0) == 10.0  # no statistic: the prior
+    assert stall_deadline(None, cap=5.0) == 5.0
+    assert stall_deadline(0.05, cap=30.0) == 2.0  # the floor
+    assert stall_deadline(1.5, cap=30.0) == 6.0  # 4x the p99 longest pause
+    assert stall_deadline(20.0, cap=30.0) == 30.0  # the cap
+
+
+def test_longest_pauses_count_once_there_are_enough_streams() -> None:
+    from llmroute.routing.stats import TargetStats
+
+    stats = TargetStats("a:m", clock=FakeClock())
+    for gap in (0.1, 0.2, 0.1, 0.3):
+        stats.record_gap(gap)
+    assert stats.gap_quantile(0.99) is None
+    stats.record_gap(0.2)
+    quantile = stats.gap_quantile(0.99)
+    assert quantile is not None and 0.2 <= quantile <= 0.3

@@ -49,6 +49,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
 
     from .. import AsyncOpenAI, OpenAIError
     from .._config import ConfigError, load_config, resolve
+    from ..routing.causes import classify
     from ..routing.stats import LiveStats
     from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
     from ._bench import _config_endpoints, _scrub
@@ -105,6 +106,8 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
                 except OpenAIError as exc:
                     message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
                     error = f"{type(exc).__name__}: {message[:300]}"
+                    if classify(exc) == "misconfigured":  # a wrong key, model or permission
+                        error = f"misconfigured (check its key and model name): {error}"
                     break
         if error is None and not ttfts:
             error = "NoToken: the streams ended without a token"

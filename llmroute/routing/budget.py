@@ -11,7 +11,10 @@ class HedgeBudget:
     """Allows extra requests at ``ratio`` per primary request, with up to ``burst`` saved up.
 
     It starts full, except that a ratio of 0 allows no extra request at all. Over any run of
-    requests, the extra ones spent are at most ``ratio * requests + burst``.
+    requests, the extra ones that lost (hedges that did not answer first) are at most
+    ``ratio * requests + burst``: a hedge that wins is refunded (:meth:`refund`), since it is
+    what saved its request and a run of them says the first choice got slow; the budget must
+    not starve exactly those hedges.
     """
 
     __slots__ = ("_burst", "_ratio", "_tokens")
@@ -43,6 +46,10 @@ class HedgeBudget:
     def on_request(self) -> None:
         """A primary request went out: earn ``ratio`` tokens, up to ``burst``."""
         self._tokens = min(self._burst, self._tokens + self._ratio)
+
+    def refund(self, cost: float = 1.0) -> None:
+        """An extra request paid off (a hedge answered first): give its tokens back."""
+        self._tokens = min(self._burst, self._tokens + cost) if self._ratio > 0 else 0.0
 
     def try_spend(self, cost: float = 1.0) -> bool:
         """Take ``cost`` tokens for an extra request if there are that many; whether it did."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import random
 import time
@@ -24,13 +25,14 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import anyio
 import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from .._background import spawn
 from .._catalog import Continuation
 from .._errors import (
     AllTargetsFailed,
@@ -40,6 +42,7 @@ from .._errors import (
     APITimeoutError,
     FirstTokenTimeout,
     RequestBodyError,
+    StallTimeout,
     StreamInterrupted,
     TargetUnavailable,
     describe_error,
@@ -53,9 +56,10 @@ from ..protocols.openai import (
     is_token_chunk,
     parse_chat_completion,
 )
-from ..transport import body_receiver
+from ..transport import body_receiver, bound_wait
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
+from .causes import CauseRules, classify, react
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import (
@@ -64,6 +68,7 @@ from .stats import (
     class_label,
     estimate_prompt_tokens,
     prompt_class,
+    stall_deadline,
 )
 
 __all__ = [
@@ -77,6 +82,9 @@ __all__ = [
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
+_RETRY_SLACK = 0.05
+"""Seconds an ordered route's retry of the same target may wait past its Retry-After for the
+target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
 _MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
@@ -124,6 +132,27 @@ class Route:
     first_token_timeout: float | None = 30.0
     continue_on_break: bool = True
     max_continuations: int = 3
+    retry_after_max: float = 5.0
+    """An ordered (``failover``) route waits out a Retry-After up to this long to retry the
+    same target (0: fail over at once)."""
+    server_error_retries: int = 1
+    """An ordered route retries the same target this many times after a 5xx."""
+    stall_timeout: float | Literal["auto"] | None = "auto"
+    """Seconds a stream may send nothing after its first token before it counts as broken
+    (and is continued on another target): ``"auto"`` derives it from the target's live
+    pauses between chunks (:func:`~.stats.stall_deadline`), ``None`` turns it off."""
+    failover_on: frozenset[str] = frozenset()
+    """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
+    the route fails over on instead of returning them to the caller."""
+
+    def rules(self) -> CauseRules:
+        """How the route reacts to each cause of failure (:mod:`.causes`)."""
+        return CauseRules(
+            ordered=self.policy.name == "failover",
+            retry_after_max=self.retry_after_max,
+            server_error_retries=self.server_error_retries,
+            failover_on=self.failover_on,
+        )
 
     def target(self, name: str) -> RouteTarget:
         for target in self.targets:
@@ -153,8 +182,13 @@ class _Race:
         self.winner: _Ready | None = None
         self.live = 0
         self.failures: dict[str, BaseException] = {}
-        self.bad_request: RequestBodyError | None = None
-        """The request itself cannot be sent (to any target): the race ends with it."""
+        self.last: BaseException | None = None
+        self.final: Exception | None = None
+        """The request itself is at fault (it cannot be encoded, or a target refused it as
+        invalid): the race ends with this error, raised to the caller unchanged."""
+        self.again: tuple[str, float] | None = None
+        """A target to try again, and when (the event loop's clock): an ordered route's
+        primary after a short Retry-After or a 5xx."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -183,6 +217,7 @@ class Router:
         stats: LiveStats | None = None,
         breaker_failures: int = 5,
         breaker_cooldown: float = 30.0,
+        breaker_max_cooldown: float = 60.0,
         explore_share: float = 0.02,
         max_retries: int = 2,
         rng: random.Random | None = None,
@@ -194,9 +229,13 @@ class Router:
         self.explore_share = explore_share
         self._breaker_failures = breaker_failures
         self._breaker_cooldown = breaker_cooldown
+        self._breaker_max_cooldown = breaker_max_cooldown
         self._health: dict[str, TargetHealth] = {}
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
+        self.misconfigured_cooldown = max(60.0, breaker_cooldown)
+        """Seconds a target that answered 401, 403 or 404 (its key or model is wrong) is
+        left out before it is tried again."""
 
     def health(self, target: str) -> TargetHealth:
         health = self._health.get(target)
@@ -205,7 +244,7 @@ class Router:
             breaker = CircuitBreaker(
                 self._breaker_failures,
                 cooldown,
-                max_cooldown=max(300.0, cooldown),
+                max_cooldown=max(self._breaker_max_cooldown, cooldown),
                 clock=self._clock,
             )
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
@@ -266,6 +305,8 @@ class Router:
         outcome = _outcome(exc)
         if outcome == "rate_limited" and isinstance(exc, APIStatusError):
             health.cool_down(_cooldown(exc.response.headers))
+        if classify(exc) == "misconfigured":
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
         if _is_health_failure(exc):
             health.breaker.record_failure()
         stats.record_outcome(outcome)
@@ -382,6 +423,12 @@ class _Run:
         """The key of the served plan, for a policy that wants to learn its outcome."""
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
+        self.retried: dict[str, int] = {}
+        """Retries of the same target in this request (an ordered route's primary)."""
+        self.longest_gap = 0.0
+        """The longest pause between chunks of the first stream (a sample when it completes)."""
+        self.probe: str | None = None
+        """The last target whose open circuit this request sent a trial request to."""
 
     def refuse_unservable(self) -> None:
         """Leave out the targets whose protocol cannot express this request (an Anthropic
@@ -417,7 +464,46 @@ class _Run:
         if self.refused:
             plan = _without(plan, self.refused, names)
             self.report.explored = plan.explored if self.report.explored else None
+        if route.policy.name != "failover":
+            self._probe_open_circuits()
         return plan
+
+    def _probe_open_circuits(self) -> None:
+        """Send a cheap trial request (one token, not streamed) in the background to each
+        target of the route whose circuit waits for one (open, its cooldown over). A latency
+        policy ranks such a target last, so no request of the caller's would try it again;
+        this one's answer closes the circuit, its failure re-opens it for the next, bounded
+        wait. The caller never waits on it."""
+        for target in self.route.targets:
+            health = self.router.health(target.name)
+            if target.name in self.refused or health.breaker.state == "closed":
+                continue
+            if not health.available() or not health.acquire():
+                continue
+            self.probe = target.name
+            spawn(functools.partial(self._probe, target, health), name=f"probe {target.name}")
+
+    async def _probe(self, target: RouteTarget, health: TargetHealth) -> None:
+        body: dict[str, Any] = {
+            "model": target.model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+        }
+        try:
+            with anyio.fail_after(self.route.first_token_timeout or 30.0):
+                response, _ = await self.send(target, body, stream=False, continuation=False)
+            await _close_quietly(response)
+        except Exception as exc:
+            if _is_health_failure(exc):
+                health.breaker.record_failure()
+            else:
+                health.breaker.release()
+            self.router.stats.target(target.name).record_outcome(_outcome(exc))
+            return
+        except BaseException:
+            health.breaker.release()
+            raise
+        health.breaker.record_success()
 
     def request_stub(self) -> httpx.Request:
         return httpx.Request("POST", f"llmroute://route/{self.route.name}")
@@ -454,11 +540,11 @@ class _Run:
             self._observe(plan.key, state.winner)
             if state.winner is not None:
                 self.key = plan.key
-        if state.winner is None and state.bad_request is not None:
-            raise state.bad_request
+        if state.winner is None and state.final is not None:
+            raise state.final
         if state.winner is None:
             raise AllTargetsFailed(
-                route.name, state.failures, self.request_stub(), report=self.report
+                route.name, state.failures, self.request_stub(), report=self.report, last=state.last
             )
         if report.ttft is None:
             report.ttft = clock() - self.t0
@@ -520,7 +606,22 @@ class _Run:
             for record in report.attempts[-plan.start :]:
                 if record.target == plan.explored:
                     record.reason = "explore"
-            while state.winner is None and state.bad_request is None:
+            while state.winner is None and state.final is None:
+                if state.again is not None and state.live < plan.start + hedged:
+                    name, due = state.again
+                    left = due - anyio.current_time()
+                    if left > 0:
+                        await state.wait(left)
+                        continue
+                    state.again = None
+                    soon = self._soonest_available([name])
+                    if soon is None or soon <= _RETRY_SLACK:  # else its circuit opened: move on
+                        await anyio.sleep(soon or 0.0)
+                        if name in pending:
+                            pending.remove(name)
+                        pending.appendleft(name)
+                        launch("retry")
+                        continue
                 if state.live < plan.start + hedged and pending:
                     # Keep the plan's attempts and the hedges fired in flight: a failed hedge
                     # is replaced at once, not after another hedge delay.
@@ -603,6 +704,7 @@ class _Run:
                 f"target {target.name!r} is unavailable: {health.describe()}",
                 self.request_stub(),
                 target=target.name,
+                cause=health.cause if health.misconfiguration is not None else None,
             )
             self._failed(record, state, exc, "error", count=False)
             return
@@ -639,7 +741,7 @@ class _Run:
             if probe:
                 health.breaker.release()
             record.outcome, record.error = "error", describe_error(exc)
-            state.bad_request = exc
+            state.final = exc
             state.live -= 1
             state.notify()
             return
@@ -649,6 +751,8 @@ class _Run:
             outcome = _outcome(exc)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
+            if classify(exc) == "misconfigured":
+                health.misconfigured(describe_error(exc), router.misconfigured_cooldown, exc)
             if _is_health_failure(exc):
                 health.breaker.record_failure()
             elif probe:
@@ -667,6 +771,8 @@ class _Run:
             return
         record.outcome = "won"
         record.ttft = elapsed
+        if record.reason == "hedge":
+            self.route.budget.refund()  # it saved the request: no extra request lost
         if self.report.winner is None:
             self.report.winner = target.name
         health.breaker.record_success()
@@ -688,6 +794,19 @@ class _Run:
             self.router.stats.target(record.target).record_outcome(outcome)
         if not isinstance(exc, TargetUnavailable) or record.target not in state.failures:
             state.failures[record.target] = exc
+        if not isinstance(exc, TargetUnavailable):
+            state.last = exc
+            reaction = react(
+                exc,
+                self.route.rules(),
+                retried=self.retried.get(record.target, 0),
+                now=time.time(),
+            )
+            if reaction.action == "raise" and state.winner is None:
+                state.final = exc
+            elif reaction.action == "retry" and state.again is None:
+                self.retried[record.target] = self.retried.get(record.target, 0) + 1
+                state.again = (record.target, anyio.current_time() + reaction.delay)
         state.live -= 1
         state.notify()
 
@@ -777,6 +896,12 @@ class _Run:
                 request = ready.response.request
                 failure: APIError | None = None
                 buffered, ready.buffered = ready.buffered, []
+                stall = self.stall_deadline(ready.target.name)
+                in_transport, read_timeout = (
+                    bound_wait(ready.response, stall) if stall is not None else (False, None)
+                )
+                if read_timeout is not None and stall is not None and read_timeout < stall:
+                    stall = None  # the read timeout comes first: it is the deadline
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -804,12 +929,31 @@ class _Run:
                                 yield chunk
                             if decoder.done or ready.ended:
                                 break
-                            data = await receive()
+                            waited = clock()
+                            if stall is None or in_transport:
+                                data = await receive()
+                            else:
+                                data = b""
+                                with anyio.CancelScope(
+                                    deadline=anyio.current_time() + stall
+                                ) as scope:
+                                    data = await receive()
+                                if scope.cancelled_caught:
+                                    raise StallTimeout(
+                                        request, target=ready.target.name, seconds=stall
+                                    )
+                            waited = clock() - waited
+                            if waited > self.longest_gap and ready is self.ready:
+                                self.longest_gap = waited
                             if data is None:
                                 ready.ended = True
                                 buffered = decoder.close()
                             else:
                                 buffered = decoder.feed(data)
+                except APITimeoutError as exc:
+                    failure = exc
+                    if in_transport and stall is not None:  # the wait's bound was the stall's
+                        failure = StallTimeout(request, target=ready.target.name, seconds=stall)
                 except APIError as exc:
                     failure = exc
                 if decoder.finished or (decoder.done and failure is None):
@@ -844,6 +988,15 @@ class _Run:
             span = timings.total - (timings.first_token or 0.0)
             itl = span / (self.tokens - 1) if span > 0 else None
             stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
+            stats.record_gap(self.longest_gap)
+
+    def stall_deadline(self, target: str) -> float | None:
+        """Seconds the stream from ``target`` may send nothing before it counts as broken."""
+        setting = self.route.stall_timeout
+        if setting != "auto":
+            return setting
+        cap = self.route.first_token_timeout or 30.0
+        return stall_deadline(self.router.stats.target(target).gap_quantile(0.99), cap=cap)
 
     async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready:
         """Continue a broken answer on another target, or raise StreamInterrupted."""
@@ -897,7 +1050,7 @@ class _Run:
             ) from failure
         try:
             new = await self.race(Plan(tuple(order)), retries=0, prefix=partial)
-        except AllTargetsFailed as exc:
+        except APIError as exc:  # every target failed, or one refused the continuation
             raise StreamInterrupted(
                 f"{broke}; no target could continue it ({exc.message}). The text so far is in "
                 ".partial_text.",

@@ -218,7 +218,7 @@ class CircuitBreaker:
 class TargetHealth:
     """A target's circuit breaker plus a cooldown the target asked for (Retry-After)."""
 
-    __slots__ = ("_clock", "_cooling_until", "_reason", "breaker")
+    __slots__ = ("_clock", "_cooling_until", "_misconfigured", "_reason", "breaker", "cause")
 
     def __init__(
         self,
@@ -229,6 +229,22 @@ class TargetHealth:
         self._clock = clock
         self._cooling_until = 0.0
         self._reason = ""
+        self._misconfigured = ""
+        self.cause: BaseException | None = None
+        """The answer that found the target misconfigured (a 401, 403 or 404), while it is."""
+
+    def misconfigured(self, why: str, seconds: float, cause: BaseException | None = None) -> None:
+        """The target refused this client (401, 403) or does not know the model (404): its
+        key or model name is wrong. It is left out for ``seconds``, and named so."""
+        self._misconfigured = why
+        self.cause = cause
+        self._cooling_until = self._clock() + seconds
+        self._reason = f"it was found misconfigured ({why})"
+
+    @property
+    def misconfiguration(self) -> str | None:
+        """Why the target is left out as misconfigured, while it is; else ``None``."""
+        return self._misconfigured if self._misconfigured and self.cooling() > 0 else None
 
     def cool_down(self, seconds: float, reason: str = "a 429") -> None:
         """Send nothing for ``seconds``; an existing cooldown that ends later is kept."""

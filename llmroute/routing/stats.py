@@ -52,6 +52,7 @@ __all__ = [
     "class_label",
     "estimate_prompt_tokens",
     "prompt_class",
+    "stall_deadline",
 ]
 
 IN_FLIGHT_HISTORY: Final = 60.0
@@ -59,6 +60,30 @@ IN_FLIGHT_HISTORY: Final = 60.0
 ``/metrics`` reading was taken (readings older than that no longer count for load)."""
 IN_FLIGHT_HISTORY_MAX: Final = 100_000
 """At most this many changes of the in-flight count are remembered per target."""
+
+STALL_MULTIPLE = 4.0
+"""The deadline between chunks is this many times a target's p99 longest pause per stream."""
+STALL_FLOOR = 2.0
+"""Seconds: the deadline between chunks is never shorter."""
+STALL_PRIOR = 10.0
+"""Seconds: the deadline between chunks of a target with too few streams measured."""
+
+
+def stall_deadline(
+    gap_p99: float | None,
+    *,
+    cap: float,
+    multiple: float = STALL_MULTIPLE,
+    floor: float = STALL_FLOOR,
+    prior: float = STALL_PRIOR,
+) -> float:
+    """Seconds a stream may send nothing before it counts as stalled: ``multiple`` times the
+    target's p99 longest pause between chunks, at least ``floor``, at most ``cap``; ``prior``
+    (capped) while there is no such statistic."""
+    if gap_p99 is None:
+        return min(prior, cap)
+    return min(cap, max(floor, multiple * gap_p99))
+
 
 Outcome = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "interrupted"]
 
@@ -561,6 +586,7 @@ class TargetStats:
         self._ttft_by_class = [window() for _ in range(len(settings.prompt_classes) + 1)]
         self._ttft = window()
         self._itl = window()
+        self._gap = window()
         self._tokens_per_s = window()
         self._latency = window()
         self._outcomes = OutcomeWindow(settings.window, clock)
@@ -671,6 +697,16 @@ class TargetStats:
             self._tokens_per_s.add(tokens_per_s)
         if self._journal is not None and (itl is not None or tokens_per_s is not None):
             self._journal.add((self.name, "s", itl, tokens_per_s))
+
+    def record_gap(self, seconds: float) -> None:
+        """The longest pause between two chunks of one stream that completed."""
+        self._gap.add(seconds)
+
+    def gap_quantile(self, q: float) -> float | None:
+        """A quantile of the longest pause per stream, once ``min_samples`` streams have one."""
+        if len(self._gap) < self.settings.min_samples:
+            return None
+        return self._gap.quantile(q)
 
     def record_latency(self, seconds: float) -> None:
         """A non-streamed request took ``seconds`` in all."""

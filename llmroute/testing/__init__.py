@@ -30,6 +30,10 @@ Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``s
 ``429``                   429 with Retry-After and retry-after-ms (OpenAI's rate-limit JSON)
 ``500`` / ``503``         server_error JSON (503 also carries Retry-After)
 ``html502``               502 with an HTML body (``text/html``), like a proxy in front
+``400``                   400 invalid_request_error (an invalid parameter)
+``context-length``        400 ``context_length_exceeded`` (Anthropic: "prompt is too long")
+``content-policy``        400 ``content_policy_violation`` (a refusal by the safety system)
+``401`` / ``403`` / ``404``  a wrong key, no permission, an unknown model
 ``drop:K``                stream ends abruptly after K tokens: RST_STREAM (INTERNAL_ERROR) over
                           HTTP/2, connection closed without the last chunk over HTTP/1.1
                           (non-streamed: half the body, then the same break)

@@ -480,5 +480,26 @@ async def _status_fault(send: Send, kind: str, retry_after: float, rid: str) -> 
         await _respond(send, 500, error_body("api_error", "Internal server error"), rid)
     elif kind == "503":
         await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid, extra=retry)
+    elif kind in _REQUEST_ERRORS:
+        status, type_, msg = _REQUEST_ERRORS[kind]
+        await _respond(send, status, error_body(type_, msg), rid)
     else:
         await _respond(send, 502, HTML_502, rid, content_type=b"text/html")
+
+
+_REQUEST_ERRORS = {
+    "400": (400, "invalid_request_error", "temperature: Input should be a number (simulated)"),
+    "context-length": (
+        400,
+        "invalid_request_error",
+        "prompt is too long: 210000 tokens > 200000 maximum (simulated)",
+    ),
+    "content-policy": (
+        400,
+        "invalid_request_error",
+        "Output blocked by content filtering policy (simulated)",
+    ),
+    "401": (401, "authentication_error", "invalid x-api-key (simulated)"),
+    "403": (403, "permission_error", "Your API key does not have permission (simulated)"),
+    "404": (404, "not_found_error", "model: sim-x (simulated)"),
+}

@@ -35,7 +35,18 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-STATUS_FAULTS = ("429", "500", "503", "html502")
+STATUS_FAULTS = (
+    "429",
+    "500",
+    "503",
+    "html502",
+    "400",
+    "context-length",
+    "content-policy",
+    "401",
+    "403",
+    "404",
+)
 STREAM_FAULTS = ("drop", "malformed", "stream-error")
 # Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
 # trickle of one event, an event far larger than any real one.
@@ -161,5 +172,55 @@ async def status_fault(send: Send, kind: str, retry_after: float, rid: str) -> N
     elif kind == "503":
         msg = "The engine is currently overloaded, please try again later."
         await respond(send, 503, error_body(msg, "server_error", "overloaded"), rid, extra=retry)
+    elif kind in _REQUEST_ERRORS:
+        status, message, type_, code, param = _REQUEST_ERRORS[kind]
+        await respond(send, status, error_body(message, type_, code, param), rid)
     else:
         await respond(send, 502, HTML_502, rid, content_type=b"text/html")
+
+
+_REQUEST_ERRORS: dict[str, tuple[int, str, str, str | None, str | None]] = {
+    "400": (
+        400,
+        "Invalid value for 'temperature': expected a number (simulated).",
+        "invalid_request_error",
+        "invalid_value",
+        "temperature",
+    ),
+    "context-length": (
+        400,
+        "This model's maximum context length is 8192 tokens. However, your messages resulted "
+        "in 9000 tokens. Please reduce the length of the messages. (simulated)",
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+    ),
+    "content-policy": (
+        400,
+        "Your request was rejected as a result of our safety system (simulated).",
+        "invalid_request_error",
+        "content_policy_violation",
+        None,
+    ),
+    "401": (
+        401,
+        "Incorrect API key provided (simulated).",
+        "invalid_request_error",
+        "invalid_api_key",
+        None,
+    ),
+    "403": (
+        403,
+        "You are not allowed to use this model (simulated).",
+        "invalid_request_error",
+        None,
+        None,
+    ),
+    "404": (
+        404,
+        "The model 'sim-x' does not exist or you do not have access to it (simulated).",
+        "invalid_request_error",
+        "model_not_found",
+        None,
+    ),
+}

@@ -635,6 +635,13 @@ class _ResponseStream(httpx.AsyncByteStream):
     def __aiter__(self) -> AsyncIterator[bytes]:
         return _Chunks(self)
 
+    def bound_wait(self, seconds: float) -> float | None:
+        """Wait at most ``seconds`` for each next chunk from now on (``httpx.ReadTimeout``
+        after that); returns the bound it had (the read timeout), ``None`` if none."""
+        before = self._timeout
+        self._timeout = seconds if before is None else min(before, seconds)
+        return before
+
     async def receive(self) -> bytes | None:
         """The next chunk, or ``None`` at the end: iteration without an async generator, so
         leaving early leaves no half-run generator behind (trio warns about those)."""

@@ -318,6 +318,16 @@ class Transport(httpx.AsyncBaseTransport):
             await http1.aclose()
 
 
+def bound_wait(response: httpx.Response, seconds: float) -> tuple[bool, float | None]:
+    """Bound each wait for the next chunk of ``response``'s body to ``seconds``, where the
+    body is llmroute's own (an HTTP/2 stream: the bound costs nothing while chunks are
+    already there). Returns whether it could, and the bound the body had before."""
+    body = response.extensions.get("llmroute.body")
+    if body is None or not hasattr(body, "bound_wait"):
+        return False, None
+    return True, body.bound_wait(seconds)
+
+
 def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | None]]:
     """The fastest way to read ``response``'s body (an event stream) chunk by chunk.
 

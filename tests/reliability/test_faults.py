@@ -223,18 +223,19 @@ async def test_no_first_token_fails_over_within_the_deadline(
 async def test_a_status_error_fails_over_and_alone_is_typed(
     target: Simulator, kind: str, status: int, error: type[APIStatusError]
 ) -> None:
-    cfg = routed(target.base_url, second=target.base_url)
+    # An ordered route that retries nothing in place (tests/test_retry_rules.py has the retries).
+    cfg = routed(target.base_url, second=target.base_url, retry_after_max=0, server_error_retries=0)
     async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         text, route = await stream_text(client, extra_headers=once(kind))
         assert text == await expected(target)
         assert route.winner == "good:sim-small"
-    async with AsyncOpenAI(
-        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
-    ) as c:
+    alone = routed(target.base_url, retry_after_max=0, server_error_retries=0)
+    async with AsyncOpenAI(config=alone, verify=target.ssl_context(), max_retries=0) as c:
         with pytest.raises(AllTargetsFailed) as caught:
             await stream_text(c, extra_headers=once(kind))
     cause = caught.value.errors["bad:sim-small"]
     assert isinstance(cause, error) and cause.status_code == status
+    assert isinstance(caught.value, error) and caught.value.status_code == status
 
 
 async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Simulator) -> None:
@@ -253,9 +254,8 @@ async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Sim
 
 
 async def test_a_short_cooldown_is_waited_out_instead_of_failing(target: Simulator) -> None:
-    async with AsyncOpenAI(
-        config=routed(target.base_url), verify=target.ssl_context(), max_retries=0
-    ) as client:
+    cfg = routed(target.base_url, retry_after_max=0)  # the 429 is not waited out in place
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         started = time.monotonic()  # the cooldown starts after this, with the 429
         with pytest.raises(AllTargetsFailed):
             await stream_text(client, extra_headers={**once("429"), "x-sim-retry-after": "0.4"})
@@ -287,7 +287,7 @@ async def stream_text_plain(client: AsyncOpenAI, headers: dict[str, str]) -> tup
 
 async def test_a_5xx_burst_opens_the_breaker_and_traffic_moves(target: Simulator) -> None:
     with Simulator(profile=Profile(rate_503=1.0, retry_after=0.0), tls=True) as broken:
-        cfg = routed(broken.base_url, second=target.base_url)
+        cfg = routed(broken.base_url, second=target.base_url, server_error_retries=0)
         cfg["routing"]["breaker_failures"] = 3
         async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
             for _ in range(3):
@@ -363,3 +363,49 @@ async def test_a_cancelled_reader_releases_the_upstream_stream_at_once() -> None
             stats = slow.stats()
     assert stats["streams_cancelled"] == 1
     assert stats["streams_completed"] == 0
+
+
+async def test_a_stall_between_chunks_is_continued_on_another_target(target: Simulator) -> None:
+    """The stream stops after 5 tokens with its socket open; the route's deadline between
+    chunks notices it (not the 600 s read timeout) and the answer ends on the other target."""
+    cfg = routed(target.base_url, second=target.base_url, stall_timeout="300ms")
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+    assert text == await expected(target)
+    assert route.continued_on == ["good:sim-small"]
+    first = route.attempts[0]
+    assert (first.target, first.outcome) == ("bad:sim-small", "interrupted")
+    assert "StallTimeout" in (first.error or "") and "stall" in (first.error or "")
+
+
+async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Simulator) -> None:
+    from llmroute.routing.stats import STALL_FLOOR, STALL_PRIOR
+
+    cfg = routed(target.base_url, second=target.base_url)  # stall_timeout = "auto"
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        stats = router.stats.target("bad:sim-small")
+        assert stats.gap_quantile(0.99) is None  # no streams yet: the prior
+        run = router._begin(router.routes["chat"], {"messages": MESSAGES}, None, stream=True)  # type: ignore[arg-type]
+        assert run.stall_deadline("bad:sim-small") == STALL_PRIOR
+        for _ in range(5):
+            await stream_text(client)
+        gap = stats.gap_quantile(0.99)
+        assert gap is not None and gap < STALL_FLOOR / 4  # 10 ms between tokens
+        assert run.stall_deadline("bad:sim-small") == STALL_FLOOR
+        text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+    assert text == await expected(target)
+    assert route.continued_on == ["good:sim-small"]
+
+
+async def test_a_stall_over_http1_is_noticed_by_the_engines_own_deadline() -> None:
+    """Plain HTTP/1.1 bodies have no bounded wait of their own: the engine's scope is used."""
+    profile = Profile(reply_tokens=20, inter_token=0.01, hang_max=20.0)
+    with Simulator(profile=profile, tls=False) as plain:
+        cfg = routed(plain.base_url, second=plain.base_url, stall_timeout="300ms")
+        async with AsyncOpenAI(config=cfg, max_retries=0) as client:
+            text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
+        assert text == await expected(plain)
+    assert route.continued_on == ["good:sim-small"]
+    assert "StallTimeout" in (route.attempts[0].error or "")
