@@ -354,9 +354,12 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         opens every target's, concurrently; a target that cannot be reached is logged and left
         to the routing, and only if none can be reached does this raise.
         """
-        if not getattr(self._client, "_llmroute_owned", False) and not self._llmroute.providers:
+        # The base URL is warmed only over llmroute's own transport (not a user's http_client,
+        # nor httpx's transport through a proxy).
+        ours = self._transport is not None
+        default = check_base_url(self.base_url) if self._warm_default and ours else None
+        if default is None and not self._llmroute.providers:
             return
-        default = check_base_url(self.base_url) if self._warm_default else None
         connect = to_timeout(self.timeout).connect
         await self._llmroute.warmup(default, connect)
 
