@@ -167,10 +167,7 @@ async def _pinned(
 ) -> AsyncIterator[Any]:
     """A Responses stream's events, remembering which target holds the response they make."""
     async for event in events:
-        if target is not None and getattr(event, "type", None) == "response.created":
-            rid = getattr(getattr(event, "response", None), "id", None)
-            if isinstance(rid, str):
-                dispatch.pin(rid, target)
+        dispatch.note_event(event, target)
         yield event
 
 

@@ -584,6 +584,13 @@ class Dispatch:
         if isinstance(rid, str):
             self.pin(rid, target)
 
+    def note_event(self, event: Any, target: str | None) -> None:
+        """Remember the target of a Responses stream whose ``response.created`` event this is."""
+        if target is not None and getattr(event, "type", None) == "response.created":
+            rid = getattr(getattr(event, "response", None), "id", None)
+            if isinstance(rid, str):
+                self.pin(rid, target)
+
     def pin(self, response_id: str, target: str) -> None:
         """Remember that ``target`` holds the Responses API response ``response_id``."""
         pins = self.pins

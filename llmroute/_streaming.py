@@ -20,7 +20,7 @@ from .protocols.openai import ChatStreamDecoder, is_preamble_chunk, is_token_chu
 from .routing.engine import RoutedStream
 from .transport import body_receiver
 
-__all__ = ["CALL_STARTED", "AsyncStream"]
+__all__ = ["CALL_STARTED", "AsyncStream", "broke", "response_timings"]
 
 _T = TypeVar("_T")
 RetryHook = Callable[[int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]]
@@ -46,6 +46,18 @@ def response_timings(response: Any, started: float | None) -> Timings:
     version = ext.get("http_version")
     timings.http_version = version.decode() if isinstance(version, bytes) else None
     return timings
+
+
+def broke(
+    exc: APIConnectionError, request: httpx.Request, timings: Timings, decoder: ChatStreamDecoder
+) -> StreamInterrupted:
+    """The error of a stream whose connection failed after tokens were yielded."""
+    return StreamInterrupted(
+        f"The stream broke after {timings.tokens} tokens: {exc.message}",
+        request,
+        partial_text=decoder.text,
+        cause=exc.__cause__ or exc,
+    )
 
 
 class AsyncStream(openai.AsyncStream[_T]):
@@ -266,12 +278,7 @@ class AsyncStream(openai.AsyncStream[_T]):
                                 break
                 except APIConnectionError as exc:
                     if timings.tokens:
-                        raise StreamInterrupted(
-                            f"The stream broke after {timings.tokens} tokens: {exc.message}",
-                            request,
-                            partial_text=decoder.text,
-                            cause=exc.__cause__ or exc,
-                        ) from exc
+                        raise broke(exc, request, timings, decoder) from exc
                     failure = exc
                 if failure is None and (decoder.done or decoder.finished):
                     self._complete = True

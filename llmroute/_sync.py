@@ -40,7 +40,7 @@ from ._client import (
 from ._config import Config
 from ._dispatch import Call, Dispatch, attach, missing_key_error
 from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
-from ._streaming import AsyncStream, response_timings
+from ._streaming import AsyncStream, broke, response_timings
 from ._types import RouteReport, Timings
 from ._upstream import body_errors, to_timeout
 from .metrics import ClientMetrics
@@ -423,12 +423,7 @@ def _decode(response: httpx.Response, timings: Timings, reads: _Reads) -> Iterat
                 yield from decoder.close()
     except APIConnectionError as exc:
         if timings.tokens:
-            raise StreamInterrupted(
-                f"The stream broke after {timings.tokens} tokens: {exc.message}",
-                request,
-                partial_text=decoder.text,
-                cause=exc.__cause__ or exc,
-            ) from exc
+            raise broke(exc, request, timings, decoder) from exc
         raise
     finally:
         timings.total = clock() - started
@@ -453,11 +448,9 @@ def _close_soon(runtime: _Runtime, stream: AsyncStream[Any]) -> None:
 
 
 def _pinned(events: Iterator[Any], dispatch: Dispatch, target: str | None) -> Iterator[Any]:
+    """A Responses stream's events, remembering which target holds the response they make."""
     for event in events:
-        if target is not None and getattr(event, "type", None) == "response.created":
-            rid = getattr(getattr(event, "response", None), "id", None)
-            if isinstance(rid, str):
-                dispatch.pin(rid, target)
+        dispatch.note_event(event, target)
         yield event
 
 
