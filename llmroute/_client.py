@@ -16,7 +16,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any, cast, get_origin
 
 import anyio
@@ -162,15 +162,6 @@ def records(result: Any, response: httpx.Response) -> None:
                 pass
 
 
-async def _pinned(
-    events: AsyncIterator[Any], dispatch: Dispatch, target: str | None
-) -> AsyncIterator[Any]:
-    """A Responses stream's events, remembering which target holds the response they make."""
-    async for event in events:
-        dispatch.note_event(event, target)
-        yield event
-
-
 class AsyncOpenAI(openai.AsyncOpenAI):
     """openai's ``AsyncOpenAI`` with llmroute's transport and routing.
 
@@ -242,12 +233,12 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             if is_raw(options):
                 chunk_cls = AsyncStream[Any] if stream else stream_cls
                 return await super().request(cast_to, options, stream=stream, stream_cls=chunk_cls)
-            outcome = await dispatch.chat(call, lambda: self._direct(cast_to, options, stream))
+            outcome = await dispatch.answer(call, lambda: self._direct(cast_to, options, stream))
             result = outcome.result if isinstance(outcome, Outcome) else outcome
             return post_parse(result, options)
         cast_to = self._maybe_override_cast_to(cast_to, options)
-        if call.kind == "chat":
-            outcome = await dispatch.chat(call, _unreachable)
+        if call.kind in ("chat", "responses"):
+            outcome = await dispatch.answer(call, _unreachable)
             result = outcome.result if stream else post_parse(outcome.result, options)
             return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         outcome = await dispatch.other(call)
@@ -259,10 +250,6 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             stream_cls=stream_cls,
             retries_taken=outcome.retries,
         )
-        report = getattr(outcome.response, "_llmroute_route", None)
-        if isinstance(result, openai.AsyncStream) and call.kind == "responses":
-            winner = getattr(report, "winner", None)
-            result._iterator = _pinned(result._iterator, dispatch, winner)
         records(result, outcome.response)
         return result
 

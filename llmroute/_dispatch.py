@@ -14,13 +14,14 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import httpx
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from ._background import spawn
 from ._config import (
@@ -84,6 +85,8 @@ CACHE_NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 CACHE_REPLAY_HEADER = "x-llmroute-cache-replay"
 _CACHE_MODES = ("auto", "on", "read-only", "off")
 _REPLAY_MODES = ("immediate", "paced")
+_STATEFUL = ("previous_response_id", "conversation", "background")
+"""Responses API fields whose answer depends on what the vendor keeps (never cached)."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -158,7 +161,8 @@ def attach(
     if started is not None:
         timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
     usage = getattr(completion, "usage", None)
-    timings.tokens = getattr(usage, "completion_tokens", 0) or 0 if usage is not None else 0
+    tokens = getattr(usage, "completion_tokens", None) or getattr(usage, "output_tokens", 0)
+    timings.tokens = tokens if isinstance(tokens, int) else 0
     object.__setattr__(completion, "timings", timings)
     object.__setattr__(completion, "route", report)
 
@@ -293,14 +297,15 @@ class Dispatch:
 
     # -- chat: the cache, then the route or the client's base URL ----------------------------
 
-    async def chat(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
-        """A chat call: the cache if it may answer, else ``live()`` (a direct call, openai's
-        machinery) or the route. Metrics count it either way."""
+    async def answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
+        """A chat call, or a Responses call on a route: the cache if it may answer, else
+        ``live()`` (a direct chat call, openai's machinery) or the route's engine. Metrics
+        count it either way."""
         route = call.route
         host = None if route is not None else httpx.URL(call.base_url).host
         telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
         try:
-            result = await self._chat(call, live)
+            result = await self._answer(call, live)
         except BaseException as exc:
             telemetry.failed(exc)
             raise
@@ -311,10 +316,10 @@ class Dispatch:
             telemetry.completed(value)
         return result
 
-    async def _chat(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
+    async def _answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
         async def answer() -> Outcome | Any:
             if call.route is not None:
-                return await self._routed_chat(call, call.route)
+                return await self._routed(call, call.route)
             return await live()
 
         if self.cache is not None:
@@ -323,21 +328,69 @@ class Dispatch:
                 return await self._cached(self.cache, request, call, answer)
         return await answer()
 
-    async def _routed_chat(self, call: Call, route: Route) -> Outcome:
+    async def _routed(self, call: Call, route: Route) -> Outcome:
+        """A chat or Responses call on a route, through the routing engine."""
         self._background()
         send = self.upstream.sender(
-            headers=call.headers, query=call.query, timeout=call.timeout, http=call.http
+            headers=call.headers,
+            query=call.query,
+            timeout=call.timeout,
+            path=call.path,
+            http=call.http,
         )
+        kind = call.kind
+        unservable = self._unservable(call, route)
         if call.stream:
-            routed = await self.router.stream(route, call.body, send)
+            routed = await self.router.stream(
+                route, call.body, send, kind=kind, unservable=unservable
+            )
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
+            if kind == "responses":
+                stream._iterator = self._pinning(stream._iterator, routed.report.winner)
             return Outcome(stream, stream.response, stream.timings.retries)
-        done = await self.router.complete(route, call.body, send)
+        done = await self.router.complete(route, call.body, send, kind=kind, unservable=unservable)
         completion = done.completion
-        if isinstance(completion, ChatCompletion):
+        if isinstance(completion, ChatCompletion | Response):
             completion._request_id = done.response.headers.get("x-request-id")
             attach(completion, done.timings, done.report)
+            if kind == "responses" and done.report.winner is not None:
+                self.pin(completion.id, done.report.winner)
         return Outcome(completion, done.response, done.timings.retries)
+
+    def _unservable(self, call: Call, route: Route) -> set[str]:
+        """The route's targets that cannot serve ``call``: those whose vendor lacks its API,
+        and for a Responses call that continues an earlier response (``previous_response_id``)
+        every target but the one that holds it (when this client made it), else those that do
+        not keep responses. Raises ``BadRequestError`` if none is left."""
+        if call.kind == "chat":
+            return set()
+        providers = self.providers
+        out = {t.name for t in route.targets if not _serves(providers[t.provider], call.kind)}
+        previous = call.body.get("previous_response_id")
+        if call.kind == "responses" and isinstance(previous, str):
+            pinned = self.pins.get(previous)
+            out.update(
+                t.name
+                for t in route.targets
+                if (t.name != pinned if pinned else not providers[t.provider].spec.responses_stored)
+            )
+            if len(out) >= len(route.targets):
+                raise _bad_request(
+                    f"route {route.name!r}: no target keeps responses, so none can continue "
+                    f"previous_response_id {previous[:64]!r} (see `responses_stored` in the "
+                    "catalog)",
+                    param="previous_response_id",
+                )
+        return out
+
+    async def _pinning(self, events: AsyncIterator[Any], target: str | None) -> AsyncIterator[Any]:
+        """A routed Responses stream's events, remembering the target that holds its response."""
+        try:
+            async for event in events:
+                self.note_event(event, target)
+                yield event
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]  # resets an unfinished stream
 
     def _background(self) -> None:
         sync = self.stats_sync
@@ -364,6 +417,8 @@ class Dispatch:
         mode = _header_choice(options, CACHE_HEADER, settings.mode, _CACHE_MODES)
         if mode == "off" or (mode == "auto" and not is_deterministic(body)):
             return None
+        if call.kind == "responses" and any(body.get(k) for k in _STATEFUL):
+            return None  # the answer depends on state a vendor keeps, not on the body alone
         replay = _header_choice(options, CACHE_REPLAY_HEADER, settings.replay, _REPLAY_MODES)
         namespace = options.get(CACHE_NAMESPACE_HEADER) or settings.namespace
         if namespace is None:
@@ -388,6 +443,8 @@ class Dispatch:
             model = f"route:{route.name}:{','.join(sorted(t.name for t in route.targets))}"
         else:
             model = f"{call.base_url}{body['model']}"
+        if call.kind != "chat":
+            model = f"{call.kind}:{model}"  # another API's answers never replay as chat's
         asked = body.get("stream_options")
         usage = call.stream and isinstance(asked, Mapping) and bool(asked.get("include_usage"))
         writes = mode != "read-only"
@@ -399,6 +456,7 @@ class Dispatch:
             write=writes,
             share=writes and settings.single_flight,
             paced=replay == "paced",
+            kind=call.kind,
         )
 
     def _cache_response(self, call: Call) -> httpx.Response:
@@ -477,36 +535,16 @@ class Dispatch:
     # -- the other routable endpoints: failover across the route's targets -------------------
 
     async def other(self, call: Call) -> Outcome:
-        """A ``responses``, ``completions`` or ``embeddings`` call on a route: the targets that
-        serve it, in the policy's order, each tried before the next (failover before the
-        answer starts; openai's machinery parses the winner's response). A Responses call
-        that continues an earlier response goes to the target that holds it."""
+        """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
+        the policy's order, each tried before the next (failover before the answer starts;
+        openai's machinery parses the winner's response)."""
         route = call.route
         assert route is not None
         self._background()
         body = call.body
         targets = [t for t in route.targets if _serves(self.providers[t.provider], call.kind)]
-        previous = body.get("previous_response_id") if call.kind == "responses" else None
-        order = {name: i for i, name in enumerate(self.router.order(route, body))}
+        order = {name: i for i, name in enumerate(self.router.order(route, body, call.kind))}
         targets.sort(key=lambda t: order.get(t.name, len(order)))
-        if isinstance(previous, str):
-            # Only a target that keeps responses can continue one: the one that holds it when
-            # known (this client made it), else each that keeps responses, in the policy's order.
-            pinned = self.pins.get(previous)
-            targets = [
-                t
-                for t in targets
-                if (
-                    t.name == pinned if pinned else self.providers[t.provider].spec.responses_stored
-                )
-            ]
-            if not targets:
-                raise _bad_request(
-                    f"route {route.name!r}: no target keeps responses, so none can continue "
-                    f"previous_response_id {previous[:64]!r} (see `responses_stored` in the "
-                    "catalog)",
-                    param="previous_response_id",
-                )
         # Targets whose circuit is open or that cool down after a 429 go last.
         targets.sort(key=lambda t: not self.router.health(t.name).available())
         report = RouteReport(route=route.name, policy=route.policy.name)
@@ -538,13 +576,10 @@ class Dispatch:
                 except (APIStatusError, APIConnectionError) as exc:
                     record.outcome, record.error = "error", describe_error(exc)
                     failures[target.name] = exc
-                    if not (_not_held(exc) if isinstance(exc, APIStatusError) else False):
-                        self.router.record_call(target.name, elapsed=None, exc=exc)
+                    self.router.record_call(target.name, elapsed=None, exc=exc)
                     if isinstance(exc, APIStatusError) and not should_retry_status(
                         exc.status_code, exc.response.headers, now=time.time()
                     ):
-                        if _not_held(exc) and previous is not None:
-                            break  # this target does not hold the response: ask the next
                         if 400 <= exc.status_code < 500 and exc.status_code not in (401, 403, 429):
                             raise  # the call itself is at fault: another target will not help
                         break
@@ -568,21 +603,11 @@ class Dispatch:
                     target.name, elapsed=None if call.stream else timings.total, exc=None
                 )
                 report.winner, report.ttft = target.name, time.monotonic() - started
-                if call.kind == "responses" and not call.stream:
-                    self._pin_from(response, target.name)
                 object.__setattr__(response, "_llmroute_route", report)
                 object.__setattr__(response, "_llmroute_timings", timings)
                 return Outcome(None, response, retries)
         stub = httpx.Request("POST", f"llmroute://route/{route.name}")
         raise AllTargetsFailed(route.name, failures, stub, report=report)
-
-    def _pin_from(self, response: httpx.Response, target: str) -> None:
-        try:
-            rid = response.json().get("id")
-        except ValueError:
-            return
-        if isinstance(rid, str):
-            self.pin(rid, target)
 
     def note_event(self, event: Any, target: str | None) -> None:
         """Remember the target of a Responses stream whose ``response.created`` event this is."""
@@ -668,12 +693,6 @@ class Dispatch:
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
-
-
-def _not_held(exc: APIStatusError) -> bool:
-    """A 404 saying the ``previous_response_id`` is not this target's."""
-    body = exc.body if isinstance(exc.body, Mapping) else {}
-    return exc.status_code == 404 and body.get("code") == "previous_response_not_found"
 
 
 def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:

@@ -16,7 +16,7 @@ from openai.types.chat import ChatCompletionChunk
 
 from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
 from ._types import RouteReport, Timings
-from .protocols.openai import ChatStreamDecoder, is_preamble_chunk, is_token_chunk
+from .protocols.openai import ChatStreamDecoder, is_output, is_preamble_chunk
 from .routing.engine import RoutedStream
 from .transport import body_receiver
 
@@ -177,7 +177,7 @@ class AsyncStream(openai.AsyncStream[_T]):
                 if measure:
                     if timings.first_byte is None:
                         timings.first_byte = clock() - timings.started_at
-                    if is_token_chunk(chunk):
+                    if is_output(chunk):
                         timings.tokens += 1
                         if timings.first_token is None:
                             timings.first_token = clock() - timings.started_at

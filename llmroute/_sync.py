@@ -447,13 +447,6 @@ def _close_soon(runtime: _Runtime, stream: AsyncStream[Any]) -> None:
         pass  # the loop is stopping: it closes everything itself
 
 
-def _pinned(events: Iterator[Any], dispatch: Dispatch, target: str | None) -> Iterator[Any]:
-    """A Responses stream's events, remembering which target holds the response they make."""
-    for event in events:
-        dispatch.note_event(event, target)
-        yield event
-
-
 class OpenAI(openai.OpenAI):
     """openai's ``OpenAI`` with llmroute's transport and routing (see :class:`AsyncOpenAI`).
 
@@ -551,8 +544,8 @@ class OpenAI(openai.OpenAI):
             return result
         _describe(self, call)
         cast_to = self._maybe_override_cast_to(cast_to, options)
-        if call.kind == "chat":
-            outcome = runtime.call(dispatch.chat, call, _unreachable)
+        if call.kind in ("chat", "responses"):
+            outcome = runtime.call(dispatch.answer, call, _unreachable)
             result = outcome.result
             if isinstance(result, AsyncStream):
                 result = Stream._over(runtime, result)
@@ -569,9 +562,6 @@ class OpenAI(openai.OpenAI):
             stream_cls=stream_cls,
             retries_taken=outcome.retries,
         )
-        report = getattr(outcome.response, "_llmroute_route", None)
-        if isinstance(result, openai.Stream) and call.kind == "responses":
-            result._iterator = _pinned(result._iterator, dispatch, getattr(report, "winner", None))
         records(result, outcome.response)
         return result
 

@@ -13,9 +13,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response
 
 from .._background import spawn
 from ._entry import CacheEntry, CorruptEntry
@@ -47,6 +49,8 @@ class CacheRequest:
     """Join an identical request in flight (single-flight)."""
     paced: bool = False
     """Replay at the recorded rhythm instead of at once."""
+    kind: str = "chat"
+    """The API: ``"chat"`` or ``"responses"`` (its events and ``Response``)."""
 
 
 class ResponseCache:
@@ -201,7 +205,7 @@ class ResponseCache:
     async def _store(self, request: CacheRequest, flight: Flight) -> None:
         if not (request.write and flight.complete and self._usable()):
             return
-        entry = _entry_of(request.key, flight)
+        entry = _entry_of(request.key, flight, request.kind)
         if entry is None:
             return
         data = entry.encode()
@@ -261,15 +265,20 @@ class Hit:
     entry: CacheEntry
     chunks: Iterator[tuple[float, ChatCompletionChunk]] | None = None
     """For a streamed request: each chunk with its recorded offset in seconds."""
-    completion: ChatCompletion | None = None
+    completion: Any = None
+    """A ``ChatCompletion`` or a Responses API ``Response``."""
 
 
 def _prepare(entry: CacheEntry, request: CacheRequest) -> Hit | None:
     """The replay of ``entry`` for ``request``; ``None`` if it lacks the usage the request
     needs. Anything that cannot be rebuilt raises :class:`CorruptEntry`."""
+    if entry.kind != request.kind:
+        raise CorruptEntry(f"a {entry.kind} answer stored under a {request.kind} request's key")
     needs_usage = request.include_usage if request.stream else entry.chunks is not None
     if needs_usage and not entry.has_usage:
         return None  # asked with usage, stored without: the live answer will replace it
+    if request.stream and not entry.streams:
+        return None  # no events to replay: the live stream's will replace it
     try:
         if request.stream:
             # The first chunk now (a damaged entry fails here, as a miss); the rest as they are
@@ -284,9 +293,18 @@ def _prepare(entry: CacheEntry, request: CacheRequest) -> Hit | None:
         raise CorruptEntry(f"cannot be replayed ({type(exc).__name__}: {exc})") from None
 
 
-def _entry_of(key: str, flight: Flight) -> CacheEntry | None:
+def _entry_of(key: str, flight: Flight, kind: str = "chat") -> CacheEntry | None:
     """The entry for a complete flight, or ``None`` if its answer is not a finished one."""
     origin = _origin(flight.result)
+    if kind == "responses":
+        if flight.stream:
+            if not any(getattr(e, "type", None) == "response.completed" for e in flight.chunks):
+                return None  # incomplete, failed or cut short: never stored
+            return CacheEntry.from_chunks(key, flight.chunks, flight.offsets, origin, kind)
+        result = flight.result
+        if not isinstance(result, Response) or result.status != "completed":
+            return None
+        return CacheEntry.from_completion(key, result, origin, kind)
     if flight.stream:
         if not flight.chunks or not _finished(flight.chunks):
             return None

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 from ..protocols.openai import build_chunk
 
@@ -52,14 +53,18 @@ class CacheEntry:
     """A non-streamed answer's JSON."""
     origin: str | None = None
     """The target that produced it."""
+    kind: str = "chat"
+    """The API: ``"chat"`` (chunks and a ``ChatCompletion``) or ``"responses"`` (the Responses
+    API's stream events and its ``Response``)."""
 
     @classmethod
     def from_chunks(
         cls,
         key: str,
-        chunks: list[ChatCompletionChunk],
+        chunks: list[Any],
         offsets: list[float],
         origin: str | None,
+        kind: str = "chat",
     ) -> CacheEntry:
         return cls(
             key=key,
@@ -67,13 +72,16 @@ class CacheEntry:
             chunks=[chunk.to_dict() for chunk in chunks],
             offsets=[round(t, 4) for t in offsets],
             origin=origin,
+            kind=kind,
         )
 
     @classmethod
     def from_completion(
-        cls, key: str, completion: ChatCompletion, origin: str | None
+        cls, key: str, completion: Any, origin: str | None, kind: str = "chat"
     ) -> CacheEntry:
-        return cls(key=key, created=time.time(), completion=completion.to_dict(), origin=origin)
+        return cls(
+            key=key, created=time.time(), completion=completion.to_dict(), origin=origin, kind=kind
+        )
 
     # -- stored form -----------------------------------------------------------------------
 
@@ -86,6 +94,8 @@ class CacheEntry:
             data["completion"] = self.completion
         if self.origin is not None:
             data["origin"] = self.origin
+        if self.kind != "chat":
+            data["kind"] = self.kind
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
@@ -110,8 +120,12 @@ class CacheEntry:
             data.get("offsets"),
             data.get("completion"),
         )
+        kind = data.get("kind", "chat")
+        if kind not in ("chat", "responses"):
+            raise CorruptEntry(f"unknown kind {kind!r}")
+        valid_chunk = _valid_chunk if kind == "chat" else _valid_event
         if chunks is not None:
-            if not (isinstance(chunks, list) and chunks and all(map(_valid_chunk, chunks))):
+            if not (isinstance(chunks, list) and chunks and all(map(valid_chunk, chunks))):
                 raise CorruptEntry("bad chunks")
             if not (
                 isinstance(offsets, list)
@@ -119,7 +133,13 @@ class CacheEntry:
                 and all(isinstance(t, int | float) and t >= 0 for t in offsets)
             ):
                 raise CorruptEntry("bad chunk offsets")
-            return cls(key, float(created), chunks=chunks, offsets=offsets, origin=origin)
+            return cls(
+                key, float(created), chunks=chunks, offsets=offsets, origin=origin, kind=kind
+            )
+        if kind == "responses":
+            if not (isinstance(completion, dict) and isinstance(completion.get("output"), list)):
+                raise CorruptEntry("neither events nor a response")
+            return cls(key, float(created), completion=completion, origin=origin, kind=kind)
         if not (
             isinstance(completion, dict)
             and isinstance(completion.get("choices"), list)
@@ -132,7 +152,10 @@ class CacheEntry:
 
     @property
     def has_usage(self) -> bool:
-        """Whether the answer's token usage was recorded (a stream asked for it)."""
+        """Whether the answer's token usage was recorded (a stream asked for it; a Responses
+        API answer always has it)."""
+        if self.kind == "responses":
+            return True
         if self.chunks is not None:
             return any(chunk.get("usage") for chunk in self.chunks)
         return bool(self.completion and self.completion.get("usage"))
@@ -142,6 +165,9 @@ class CacheEntry:
 
         Without ``include_usage``, the usage-only chunk (no choices) is left out.
         """
+        if self.kind == "responses":
+            yield from self._replay_events()
+            return
         if self.chunks is not None:
             offsets = self.offsets or [0.0] * len(self.chunks)
             for offset, data in zip(offsets, self.chunks, strict=True):
@@ -156,10 +182,40 @@ class CacheEntry:
         for data in _unfold(self.completion, include_usage=include_usage):
             yield 0.0, build_chunk(data)
 
-    def replay_completion(self) -> ChatCompletion:
-        """The ``ChatCompletion`` a live non-streamed call would give."""
+    def replay_completion(self) -> Any:
+        """The ``ChatCompletion`` (or Responses API ``Response``) a live non-streamed call
+        would give."""
+        if self.kind == "responses":
+            data = self.completion if self.completion is not None else _final(self.chunks or [])
+            return construct_type(type_=Response, value=data)
         data = self.completion if self.completion is not None else _fold(self.chunks or [])
         return cast(ChatCompletion, construct_type(type_=ChatCompletion, value=data))
+
+    @property
+    def streams(self) -> bool:
+        """Whether a streamed request can be answered from it (a Responses API answer stored
+        from a call that was not streamed has no events to replay)."""
+        return self.kind == "chat" or self.chunks is not None
+
+    def _replay_events(self) -> Iterator[tuple[float, Any]]:
+        chunks = self.chunks
+        if chunks is None:
+            raise CorruptEntry("a Responses API answer without its events cannot be streamed")
+        offsets = self.offsets or [0.0] * len(chunks)
+        for offset, data in zip(offsets, chunks, strict=True):
+            yield offset, construct_type(type_=ResponseStreamEvent, value=data)
+
+
+def _valid_event(event: object) -> bool:
+    return isinstance(event, dict) and isinstance(event.get("type"), str)
+
+
+def _final(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The response a Responses API stream ended with (its ``response.completed`` event's)."""
+    for event in reversed(events):
+        if event.get("type") == "response.completed" and isinstance(event.get("response"), dict):
+            return event["response"]
+    raise CorruptEntry("a Responses API stream without its response.completed event")
 
 
 def _valid_choice(choice: object, body: str) -> bool:

@@ -145,8 +145,10 @@ def _response_attributes(result: Any, attributes: dict[str, Any]) -> None:
     if reasons:
         attributes["gen_ai.response.finish_reasons"] = reasons
     usage = getattr(result, "usage", None)
-    if usage is not None:
-        if isinstance(usage.prompt_tokens, int):
-            attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
-        if isinstance(usage.completion_tokens, int):
-            attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+    if usage is not None:  # a chat completion's, or a Responses API response's
+        prompt = getattr(usage, "prompt_tokens", getattr(usage, "input_tokens", None))
+        if isinstance(prompt, int):
+            attributes["gen_ai.usage.input_tokens"] = prompt
+        output = getattr(usage, "completion_tokens", getattr(usage, "output_tokens", None))
+        if isinstance(output, int):
+            attributes["gen_ai.usage.output_tokens"] = output

@@ -22,6 +22,7 @@ from openai import APIError, APIResponseValidationError
 from openai._models import construct_type
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 from .._errors import MalformedStreamError, quote
 from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
@@ -35,12 +36,16 @@ __all__ = [
     "ChatStreamDecoder",
     "CompletionStreamDecoder",
     "MalformedResponseError",
+    "ResponsesStreamDecoder",
     "build_chunk",
+    "is_output",
     "is_preamble_chunk",
     "is_token_chunk",
     "load_json",
     "parse_body",
     "parse_chat_completion",
+    "parse_response",
+    "response_text_delta",
 ]
 
 _STREAM_ERROR = "An error occurred during streaming"
@@ -132,6 +137,15 @@ def is_token_chunk(chunk: ChatCompletionChunk) -> bool:
     except (AttributeError, TypeError):
         return False
     return False
+
+
+def is_output(item: object) -> bool:
+    """Whether a chat chunk (see :func:`is_token_chunk`) or a Responses API stream event (a
+    ``*.delta`` event: text, refusal, function-call arguments, reasoning) carries output."""
+    if type(item) is ChatCompletionChunk:
+        return is_token_chunk(item)
+    kind = getattr(item, "type", None)
+    return type(kind) is str and kind.endswith(".delta")
 
 
 def is_preamble_chunk(chunk: ChatCompletionChunk) -> bool:
@@ -681,3 +695,129 @@ class CompletionStreamDecoder(ChatStreamDecoder):
             return
         if token:
             self.tokens += 1
+
+
+# The Responses API.
+
+_RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+"""Events that end a Responses stream: the answer is whole (``incomplete``: cut by a limit the
+caller set, as a chat completion's ``finish_reason: length``; ``failed``: the vendor says so)."""
+
+
+def parse_response(
+    raw: bytes,
+    *,
+    request: httpx.Request,
+    target: str,
+    response: httpx.Response | None = None,
+) -> Response:
+    """Decode a non-streamed Responses API body into openai's ``Response``, as openai does.
+
+    A response whose ``status`` is ``failed`` raises ``openai.APIError`` with its error (another
+    target may answer); invalid JSON raises :class:`MalformedResponseError` naming ``target``.
+    """
+    data = load_json(raw, request=request, target=target, response=response)
+    if type(data) is dict and data.get("status") == "failed":
+        error = data.get("error")
+        message = error.get("message") if isinstance(error, Mapping) else None
+        raise APIError(
+            message=f"target {target!r}: the response failed ({quote(message or 'no message')})",
+            request=request,  # type: ignore[arg-type]
+            body=error,
+        )
+    return cast(Response, construct_type(type_=Response, value=data))
+
+
+def response_text_delta(event: object) -> str | None:
+    """The text an ``response.output_text.delta`` event adds, else ``None``."""
+    if getattr(event, "type", None) == "response.output_text.delta":
+        delta = getattr(event, "delta", None)
+        return delta if type(delta) is str else None
+    return None
+
+
+class ResponsesStreamDecoder(ChatStreamDecoder):
+    """Turn the bytes of a streamed Responses API call into openai's ``ResponseStreamEvent``
+    objects, built as ``openai.AsyncStream`` builds them.
+
+    ``tokens`` counts the events that carry generated output (every ``*.delta`` event: text,
+    refusal, function-call arguments, reasoning); ``finished`` is set by the event that ends the
+    response (``response.completed``, ``response.incomplete`` or ``response.failed``), after
+    which later bytes are ignored. Before the first token, an ``error`` or ``response.failed``
+    event raises ``openai.APIError`` (the attempt failed and another target may answer); after
+    it, they are passed on as openai passes them, so the caller sees what the vendor sent.
+    """
+
+    def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
+        try:
+            data = _loads(payload)
+        except (ValueError, RecursionError) as exc:
+            message = "Stream event data is not valid JSON"
+            target = self.target
+            raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+        if type(data) is dict:
+            kind = data.get("type")
+            if data.get("error") and kind != "response.failed" and kind != "error":
+                error = data.get("error")  # openai raises on an ``error`` member too
+                message = error.get("message") if isinstance(error, Mapping) else None
+                raise APIError(
+                    message=message if isinstance(message, str) and message else _STREAM_ERROR,
+                    request=self.request,  # type: ignore[arg-type]
+                    body=error,  # type: ignore[arg-type]
+                )
+            if not self.tokens and kind in ("error", "response.failed"):
+                failed = data.get("response") if kind == "response.failed" else data
+                error = (
+                    failed.get("error")
+                    if kind == "response.failed" and type(failed) is dict
+                    else failed
+                )
+                message = error.get("message") if isinstance(error, Mapping) else None
+                raise APIError(
+                    message=message if isinstance(message, str) and message else _STREAM_ERROR,
+                    request=self.request,  # type: ignore[arg-type]
+                    body=error,  # type: ignore[arg-type]
+                )
+        return cast(ChatCompletionChunk, construct_type(type_=ResponseStreamEvent, value=data))
+
+    def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
+        chunks: list[ChatCompletionChunk] = []
+        for sse in events:
+            if self.done or self._error is not None:
+                break  # the response ended: later bytes are ignored
+            payload = sse.data
+            if payload.startswith("[DONE]"):
+                self.done = True
+                break
+            try:
+                chunk = self._chunk(sse, payload)
+            except Exception as exc:
+                if not chunks:
+                    self.done = True
+                    raise
+                self._error = exc
+                break
+            chunks.append(chunk)
+            self._track(chunk)
+        return chunks
+
+    def _track(self, chunk: ChatCompletionChunk) -> None:
+        kind = getattr(chunk, "type", None)
+        if type(kind) is not str:
+            return
+        if kind.endswith(".delta"):
+            self.tokens += 1
+            text = response_text_delta(chunk)
+            if text:
+                self._text.append(text)
+        elif kind in _RESPONSE_ENDS:
+            self.finished = self.done = True
+        elif kind == "error":
+            # The caller gets the event, as from openai; then the stream fails (its answer is
+            # not whole), so it is never taken for a complete one.
+            message = getattr(chunk, "message", None)
+            self._error = APIError(
+                message=message if isinstance(message, str) and message else _STREAM_ERROR,
+                request=self.request,  # type: ignore[arg-type]
+                body=chunk.model_dump(),  # type: ignore[arg-type]
+            )

@@ -41,6 +41,7 @@ Cause = Literal[
     "context_length",
     "unsupported",
     "misconfigured",
+    "not_held",
     "other",
 ]
 REQUEST_CAUSES: Final = frozenset({"invalid_request", "content_policy", "context_length"})
@@ -76,6 +77,8 @@ def classify(exc: BaseException) -> Cause:
     """The cause of one failed attempt."""
     if isinstance(exc, APIStatusError):
         status = exc.status_code
+        if status in (400, 404) and _error_fields(exc.body)[0] == "previous_response_not_found":
+            return "not_held"  # a Responses call continues a response another target holds
         if status == 429:
             return "rate_limited"
         if status in (401, 403, 404):

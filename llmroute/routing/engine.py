@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 import anyio
 import httpx
 from openai import BadRequestError
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.chat import ChatCompletionChunk
 
 from .._background import spawn
 from .._catalog import Continuation
@@ -52,9 +52,12 @@ from .._types import AttemptReport, RouteReport, Timings
 from ..protocols import anthropic
 from ..protocols.openai import (
     ChatStreamDecoder,
+    ResponsesStreamDecoder,
     is_preamble_chunk,
     is_token_chunk,
     parse_chat_completion,
+    parse_response,
+    response_text_delta,
 )
 from ..transport import body_receiver, bound_wait
 from .backoff import parse_retry_after, retry_delay, should_retry_status
@@ -277,17 +280,25 @@ class Router:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _begin(self, route: Route, body: dict[str, Any], send: Sender, *, stream: bool) -> _Run:
-        messages = body.get("messages")
-        tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
+    def _begin(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        stream: bool,
+        kind: str,
+        unservable: Iterable[str],
+    ) -> _Run:
+        tokens = estimate_prompt_tokens(prompt_messages(body, kind))
         bounds = self.stats.settings.prompt_classes
         report = RouteReport(
             route=route.name,
             policy=route.policy.name,
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
         )
-        run = _Run(self, route, body, send, report, tokens, stream)
-        run.refuse_unservable()
+        run = _Run(self, route, body, send, report, tokens, stream, kind)
+        run.refuse_unservable(unservable)
         route.budget.on_request()
         return run
 
@@ -311,24 +322,43 @@ class Router:
             health.breaker.record_failure()
         stats.record_outcome(outcome)
 
-    def order(self, route: Route, body: dict[str, Any]) -> list[str]:
+    def order(self, route: Route, body: dict[str, Any], kind: str = "chat") -> list[str]:
         """The route's targets in the order its policy would try them for ``body`` (for calls
         the engine does not run itself: failover across them in this order)."""
-        messages = body.get("messages")
-        tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
-        view = _View(self, tokens, False, messages if isinstance(messages, list) else ())
+        messages = prompt_messages(body, kind)
+        view = _View(self, estimate_prompt_tokens(messages), False, messages)
         plan = route.policy.plan([t.name for t in route.targets], view, self._rng)
         return list(plan.order)
 
-    async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
-        """Start a streamed request; returns once an attempt produced its first token."""
-        run = self._begin(route, body, send, stream=True)
+    async def stream(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        kind: str = "chat",
+        unservable: Iterable[str] = (),
+    ) -> RoutedStream:
+        """Start a streamed request; returns once an attempt produced its first token.
+
+        ``kind``: ``"chat"`` (chat completions) or ``"responses"`` (the Responses API, whose
+        events the stream yields); ``unservable``: targets of the route that cannot serve this
+        call (never tried, never penalised)."""
+        run = self._begin(route, body, send, stream=True, kind=kind, unservable=unservable)
         run.ready = await run.race(run.plan(), retries=self.max_retries)
         return RoutedStream(run)
 
-    async def complete(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedCompletion:
+    async def complete(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        kind: str = "chat",
+        unservable: Iterable[str] = (),
+    ) -> RoutedCompletion:
         """A request that is not streamed: the first complete answer wins."""
-        run = self._begin(route, body, send, stream=False)
+        run = self._begin(route, body, send, stream=False, kind=kind, unservable=unservable)
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
         if run.key is not None:
@@ -340,7 +370,8 @@ class Router:
 
 @dataclass(slots=True)
 class RoutedCompletion:
-    completion: ChatCompletion
+    completion: Any
+    """A ``ChatCompletion``, or a Responses API ``Response``."""
     response: httpx.Response
     timings: Timings
     report: RouteReport
@@ -399,6 +430,7 @@ class _Run:
         report: RouteReport,
         prompt_tokens: int,
         stream: bool,
+        kind: str = "chat",
     ) -> None:
         self.router = router
         self.route = route
@@ -408,12 +440,11 @@ class _Run:
         self.complete = False
         self.prompt_tokens = prompt_tokens
         self.stream = stream
+        self.kind = kind
+        """``"chat"`` or ``"responses"``: the API of the call, and how its answer is decoded."""
         self.clock = router._clock
         self.t0 = self.clock()
-        messages = body.get("messages")
-        self.view = _View(
-            router, prompt_tokens, stream, messages if isinstance(messages, list) else ()
-        )
+        self.view = _View(router, prompt_tokens, stream, prompt_messages(body, kind))
         self.ready: _Ready | None = None
         self.text: list[str] = []
         self.tokens = 0
@@ -430,12 +461,14 @@ class _Run:
         self.probe: str | None = None
         """The last target whose open circuit this request sent a trial request to."""
 
-    def refuse_unservable(self) -> None:
-        """Leave out the targets whose protocol cannot express this request (an Anthropic
-        target asked for ``n > 1``, say); raise the first refusal if no target is left."""
+    def refuse_unservable(self, unservable: Iterable[str] = ()) -> None:
+        """Leave out the targets the caller named as unable to serve the call, and those whose
+        protocol cannot express this request (an Anthropic target asked for ``n > 1``, say);
+        raise the first refusal if no target is left."""
+        self.refused.update(unservable)
         first: BadRequestError | None = None
         for target in self.route.targets:
-            if target.protocol != "anthropic":
+            if target.protocol != "anthropic" or self.kind != "chat":
                 continue
             try:
                 anthropic.translate_request(self.body_for(target, None), target=target.name)
@@ -484,11 +517,15 @@ class _Run:
             spawn(functools.partial(self._probe, target, health), name=f"probe {target.name}")
 
     async def _probe(self, target: RouteTarget, health: TargetHealth) -> None:
-        body: dict[str, Any] = {
-            "model": target.model,
-            "messages": [{"role": "user", "content": "Say OK."}],
-            "max_tokens": 1,
-        }
+        body: dict[str, Any] = (
+            {"model": target.model, "input": "Say OK.", "max_output_tokens": 16}
+            if self.kind == "responses"
+            else {
+                "model": target.model,
+                "messages": [{"role": "user", "content": "Say OK."}],
+                "max_tokens": 1,
+            }
+        )
         try:
             with anyio.fail_after(self.route.first_token_timeout or 30.0):
                 response, _ = await self.send(target, body, stream=False, continuation=False)
@@ -511,6 +548,8 @@ class _Run:
     def body_for(self, target: RouteTarget, prefix: str | None) -> dict[str, Any]:
         body = dict(self.body)
         body["model"] = target.model
+        if self.kind != "chat":
+            return body
         if not target.stream_usage:
             body.pop("stream_options", None)
         if prefix is not None and target.continuation is not None:
@@ -818,9 +857,13 @@ class _Run:
         clock = self.clock
         try:
             request = response.request
-            if target.protocol == "anthropic":
+            if self.kind == "responses":
+                decoder: ChatStreamDecoder = ResponsesStreamDecoder(
+                    request=request, target=target.name
+                )
+            elif target.protocol == "anthropic":
                 asked = self.body.get("stream_options")
-                decoder: ChatStreamDecoder = anthropic.AnthropicStreamDecoder(
+                decoder = anthropic.AnthropicStreamDecoder(
                     request=request,
                     target=target.name,
                     include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
@@ -860,7 +903,11 @@ class _Run:
     async def _open_complete(self, target: RouteTarget) -> _Ready:
         body = self.body_for(target, None)
         response, timings = await self.send(target, body, stream=False, continuation=False)
-        if target.protocol == "anthropic":
+        if self.kind == "responses":
+            completion: Any = parse_response(
+                response.content, request=response.request, target=target.name, response=response
+            )
+        elif target.protocol == "anthropic":
             completion = anthropic.parse_message(
                 response.content,
                 request=response.request,
@@ -925,7 +972,14 @@ class _Run:
                                         self.tokens += 1
                                         timings.tokens = self.tokens
                                 else:
-                                    continuable = False
+                                    continuable = False  # another API's events (Responses)
+                                    kind = getattr(chunk, "type", None)
+                                    if type(kind) is str and kind.endswith(".delta"):
+                                        self.tokens += 1
+                                        timings.tokens = self.tokens
+                                        piece = response_text_delta(chunk)
+                                        if piece:
+                                            text.append(piece)
                                 yield chunk
                             if decoder.done or ready.ended:
                                 break
@@ -1111,10 +1165,29 @@ def _outcome(exc: BaseException) -> str:
 
 
 def _is_health_failure(exc: BaseException) -> bool:
-    """Whether a failure says the target is unwell (not that the request was bad)."""
+    """Whether a failure says the target is unwell (not that the request was bad, nor that
+    it does not hold the response a Responses call continues)."""
     if isinstance(exc, APIStatusError):
-        return exc.status_code not in (400, 413, 422, 429)
+        return exc.status_code not in (400, 413, 422, 429) and classify(exc) != "not_held"
     return True
+
+
+def prompt_messages(body: Mapping[str, Any], kind: str) -> list[Any]:
+    """The messages of a call's prompt, for its size: a chat call's ``messages``; a Responses
+    call's ``instructions`` and ``input`` (a string, or a list of items)."""
+    if kind != "responses":
+        messages = body.get("messages")
+        return messages if isinstance(messages, list) else []
+    out: list[Any] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        out.append({"role": "system", "content": instructions})
+    given = body.get("input")
+    if isinstance(given, str):
+        out.append({"role": "user", "content": given})
+    elif isinstance(given, list):
+        out.extend(item for item in given if isinstance(item, Mapping))
+    return out
 
 
 def _cooldown(headers: Mapping[str, str]) -> float:

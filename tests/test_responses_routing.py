@@ -1,0 +1,338 @@
+"""The Responses API on a route goes through the routing engine, as chat does: hedging, racing,
+failover before the first token, deadlines, live stats, the cache and the metrics; and a stream
+that breaks after its first token is never taken for a complete one."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+import llmroute
+from llmroute import AsyncOpenAI, StreamInterrupted
+from llmroute.testing import Profile, Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+SERVES = {"responses": True, "responses_stored": True}
+
+
+@pytest.fixture(scope="module")
+def sim_stall() -> Iterator[Simulator]:
+    """Every first token takes 5 s: a target that always needs hedging."""
+    with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
+        yield server
+
+
+def config(providers: dict[str, Simulator], targets: list[str], **route: Any) -> dict[str, Any]:
+    return {
+        "providers": {
+            name: {"base_url": sim.base_url, "api_key": KEY, **SERVES}
+            for name, sim in providers.items()
+        },
+        "models": {"chat": {"targets": targets, **route}},
+        "routing": {"explore": 0},
+    }
+
+
+def fault(kind: str, times: int = 1) -> dict[str, str]:
+    return {
+        "x-sim-fault": kind,
+        "x-sim-fault-times": str(times),
+        "x-sim-fault-key": uuid.uuid4().hex,
+    }
+
+
+def text_of(events: list[Any]) -> str:
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+async def reference(sim: Simulator, text: str = "Say hello") -> str:
+    """The answer the simulator gives without llmroute's routing."""
+    async with openai.AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, http_client=_plain(sim)
+    ) as plain:
+        return (await plain.responses.create(model="sim-small", input=text)).output_text
+
+
+def _plain(sim: Simulator) -> Any:
+    import httpx
+
+    return httpx.AsyncClient(verify=sim.ssl_context())
+
+
+async def test_a_stalled_responses_stream_is_hedged(sim: Simulator, sim_stall: Simulator) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim},
+        ["slow:sim-small", "fast:sim-small"],
+        policy="hedge",
+        hedge_after="100ms",
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.responses.create(model="chat", input="Say hello", stream=True)
+        assert isinstance(stream, openai.AsyncStream)
+        events = [event async for event in stream]
+        route = stream.route
+        assert route.winner == "fast:sim-small" and route.hedges == 1
+        assert [(a.target, a.reason, a.outcome) for a in route.attempts] == [
+            ("slow:sim-small", "first", "cancelled"),
+            ("fast:sim-small", "hedge", "won"),
+        ]
+        assert events[0].type == "response.created" and events[-1].type == "response.completed"
+        assert text_of(events) == events[-1].response.output_text == await reference(sim)
+        assert stream.timings.first_token is not None and stream.timings.tokens == 20
+        # The winner's TTFT is a live sample, as a chat stream's is; the loser's wait is censored.
+        stats = client.stats()
+        assert stats["fast:sim-small"].n == 1 and stats["fast:sim-small"].ttft_p50 is not None
+        assert stats["slow:sim-small"].outcomes["cancelled"] == 1
+
+
+async def test_a_race_of_whole_responses_takes_the_first(
+    sim: Simulator, sim_stall: Simulator
+) -> None:
+    cfg = config({"slow": sim_stall, "fast": sim}, ["slow:sim-small", "fast:sim-small"])
+    cfg["models"]["chat"]["policy"] = "race"
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        done = await client.responses.create(model="chat", input="Say hello")
+        assert isinstance(done, openai.types.responses.Response)
+        assert done.route.winner == "fast:sim-small"
+        assert {a.reason for a in done.route.attempts} == {"race"}
+        assert done.output_text == await reference(sim)
+        assert done.timings.tokens == done.usage.output_tokens == 20  # type: ignore[union-attr]
+        assert done._request_id  # the winner's x-request-id, as openai sets it
+
+
+@pytest.mark.parametrize("kind", ["500", "429", "stream-error:0"])
+async def test_a_failure_before_the_first_token_fails_over(sim: Simulator, kind: str) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    cfg["providers"]["a"]["headers"] = fault(kind, times=100)
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        stream = await client.responses.create(model="chat", input="Say hello", stream=True)
+        events = [event async for event in stream]
+        assert stream.route.winner == "b:sim-small"
+        assert [a.outcome for a in stream.route.attempts][-1] == "won"
+        assert stream.route.attempts[0].outcome in ("error", "rate_limited")
+        assert text_of(events) == await reference(sim)
+
+
+async def test_a_break_after_the_first_token_is_never_a_complete_answer(sim: Simulator) -> None:
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        seen: list[Any] = []
+        stream = await client.responses.create(
+            model="chat", input="Say hello", stream=True, extra_headers=fault("drop:5")
+        )
+        with pytest.raises(StreamInterrupted) as caught:
+            async for event in stream:
+                seen.append(event)
+        assert caught.value.partial_text == text_of(seen) != ""
+        assert not any(e.type == "response.completed" for e in seen)
+        # An in-stream error event reaches the caller as openai gives it, then the stream fails.
+        seen = []
+        stream = await client.responses.create(
+            model="chat", input="Say hello", stream=True, extra_headers=fault("stream-error:3")
+        )
+        with pytest.raises(StreamInterrupted):
+            async for event in stream:
+                seen.append(event)
+        assert seen[-1].type == "error" and len(text_of(seen).split()) == 3
+
+
+async def test_a_stall_between_events_ends_within_the_stall_deadline(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"], stall_timeout=0.3)
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+        stream = await client.responses.create(
+            model="chat", input="Say hello", stream=True, extra_headers=fault("stall-between:4:30")
+        )
+        seen: list[Any] = []
+        with pytest.raises(StreamInterrupted) as caught:
+            async for event in stream:
+                seen.append(event)
+        assert "StallTimeout" in repr(caught.value.__cause__) or "stall" in str(caught.value)
+        assert len(text_of(seen).split()) == 4  # the pause comes before token 4 (from 0)
+        assert caught.value.partial_text == text_of(seen)
+
+
+async def test_responses_are_cached_and_replayed(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    cfg["cache"] = {"backend": "memory", "min_hits": 1}
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        ask = {"model": "chat", "input": "Cache me", "temperature": 0}
+        live = await client.responses.create(**ask, stream=True)
+        live_events = [event async for event in live]
+        before = sim.stats()["responses_requests"]
+        replay = await client.responses.create(**ask, stream=True)
+        events = [event async for event in replay]
+        assert replay.route.cache_hit and replay.route.winner == "cache"
+        assert replay.route.ttft is not None
+        assert [e.to_dict() for e in events] == [e.to_dict() for e in live_events]
+        # The same answer, not streamed: the stream's final response.
+        whole = await client.responses.create(**ask)
+        assert whole.route.cache_hit and whole.output_text == text_of(live_events)
+        assert whole.id == live_events[-1].response.id
+        assert sim.stats()["responses_requests"] == before  # nothing went upstream
+        # A chat call with the same words is another API's answer: never this one.
+        chat = await client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Cache me"}], temperature=0
+        )
+        assert not chat.route.cache_hit
+        # A call that continues a stored response depends on the vendor's state: never cached.
+        for _ in range(2):
+            follow = await client.responses.create(**ask, previous_response_id=whole.id)
+            assert not follow.route.cache_hit
+
+
+async def test_the_stream_helper_and_parse_work_over_the_engine(
+    sim: Simulator, sim_stall: Simulator
+) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim},
+        ["slow:sim-small", "fast:sim-small"],
+        policy="hedge",
+        hedge_after="100ms",
+    )
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        async with client.responses.stream(model="chat", input="Say hello") as stream:
+            deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+            final = await stream.get_final_response()
+        assert "".join(deltas) == final.output_text == await reference(sim)
+        raw = await client.responses.with_raw_response.create(model="chat", input="Say hello")
+        assert isinstance(raw.parse(), openai.types.responses.Response)
+        assert raw.parse().route.winner == "fast:sim-small"
+
+
+async def test_responses_are_counted_in_the_metrics(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        await client.responses.create(model="chat", input="Say hello")
+        stream = await client.responses.create(model="chat", input="Say hello", stream=True)
+        [event async for event in stream]
+        text = client.metrics.exposition().decode()
+    lines = [line for line in text.splitlines() if line.startswith("llmroute_requests_total{")]
+    assert any('route="chat"' in line and line.endswith(" 2.0") for line in lines), lines
+
+
+def test_the_sync_client_routes_responses(sim: Simulator, sim_stall: Simulator) -> None:
+    cfg = config(
+        {"slow": sim_stall, "fast": sim},
+        ["slow:sim-small", "fast:sim-small"],
+        policy="hedge",
+        hedge_after="100ms",
+    )
+    with llmroute.OpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = client.responses.create(model="chat", input="Say hello", stream=True)
+        assert isinstance(stream, openai.Stream)
+        events = list(stream)
+        assert stream.route.winner == "fast:sim-small"
+        assert events[-1].type == "response.completed"
+        done = client.responses.create(model="chat", input="Say hello")
+        assert done.output_text == text_of(events)
+
+
+# -- the decoder, without a network -----------------------------------------------------------
+
+
+def _sse(data: dict[str, Any]) -> bytes:
+    import json
+
+    return f"event: {data['type']}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _wire(*extra: dict[str, Any]) -> bytes:
+    created = {
+        "type": "response.created",
+        "sequence_number": 0,
+        "response": _response("in_progress"),
+    }
+    deltas = [
+        {
+            "type": "response.output_text.delta",
+            "item_id": "m",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": word,
+            "sequence_number": i + 1,
+            "logprobs": [],
+        }
+        for i, word in enumerate(["Hello", " there"])
+    ]
+    return b"".join(_sse(e) for e in (created, *deltas, *extra))
+
+
+def _response(status: str) -> dict[str, Any]:
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "model": "m",
+        "status": status,
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+
+
+def _decoder() -> Any:
+    import httpx
+
+    from llmroute.protocols.openai import ResponsesStreamDecoder
+
+    return ResponsesStreamDecoder(
+        request=httpx.Request("POST", "https://x/v1/responses"), target="t"
+    )
+
+
+def test_the_decoder_gives_openais_events_whatever_the_framing() -> None:
+    completed = {
+        "type": "response.completed",
+        "sequence_number": 3,
+        "response": _response("completed"),
+    }
+    wire = _wire(completed) + _sse({"type": "response.output_text.delta", "delta": "late"})
+    whole = _decoder()
+    events = whole.feed(wire) + whole.close()
+    assert [type(e).__name__ for e in events] == [
+        "ResponseCreatedEvent",
+        "ResponseTextDeltaEvent",
+        "ResponseTextDeltaEvent",
+        "ResponseCompletedEvent",
+    ]  # nothing after the end
+    assert (whole.tokens, whole.finished, whole.text) == (2, True, "Hello there")
+    split = _decoder()
+    by_byte = [e for i in range(len(wire)) for e in split.feed(wire[i : i + 1])] + split.close()
+    assert [e.to_dict() for e in by_byte] == [e.to_dict() for e in events]
+
+
+def test_an_error_before_the_first_token_raises_and_after_it_is_passed_on() -> None:
+    early = _decoder()
+    failed = {"type": "response.failed", "sequence_number": 1, "response": _response("failed")}
+    failed["response"]["error"] = {"code": "server_error", "message": "boom"}
+    with pytest.raises(openai.APIError, match="boom"):
+        early.feed(_sse(failed))
+    late = _decoder()
+    error = {"type": "error", "code": "server_error", "message": "later", "sequence_number": 3}
+    events = late.feed(_wire(error))
+    assert events[-1].type == "error" and not late.finished
+    with pytest.raises(openai.APIError, match="later"):
+        late.close()  # the answer is not whole: the stream fails after the event
+
+
+def test_a_failed_whole_response_is_an_error() -> None:
+    import json
+
+    import httpx
+
+    from llmroute.protocols.openai import parse_response
+
+    body = _response("failed") | {"error": {"code": "server_error", "message": "it broke"}}
+    request = httpx.Request("POST", "https://x/v1/responses")
+    with pytest.raises(openai.APIError, match="it broke"):
+        parse_response(json.dumps(body).encode(), request=request, target="t")
+    done = parse_response(json.dumps(_response("completed")).encode(), request=request, target="t")
+    assert isinstance(done, openai.types.responses.Response) and done.status == "completed"
