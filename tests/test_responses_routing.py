@@ -204,6 +204,13 @@ async def test_the_stream_helper_and_parse_work_over_the_engine(
         raw = await client.responses.with_raw_response.create(model="chat", input="Say hello")
         assert isinstance(raw.parse(), openai.types.responses.Response)
         assert raw.parse().route.winner == "fast:sim-small"
+        assert raw.headers.get("x-request-id")  # the winner's response
+        async with client.responses.with_streaming_response.create(
+            model="chat", input="Say hello", stream=True
+        ) as response:
+            stream = await response.parse()
+            events = [event async for event in stream]
+        assert text_of(events) == final.output_text and stream.route.winner == "fast:sim-small"
 
 
 async def test_responses_are_counted_in_the_metrics(sim: Simulator) -> None:
