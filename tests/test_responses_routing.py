@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import openai
 import pytest
 
@@ -343,3 +344,19 @@ def test_a_failed_whole_response_is_an_error() -> None:
         parse_response(json.dumps(body).encode(), request=request, target="t")
     done = parse_response(json.dumps(_response("completed")).encode(), request=request, target="t")
     assert isinstance(done, openai.types.responses.Response) and done.status == "completed"
+
+
+async def test_a_responses_stream_left_early_is_reset_upstream(sim_slow: Simulator) -> None:
+    cfg = config({"a": sim_slow}, ["a:sim-small"])
+    before = sim_slow.stats()["streams_cancelled"]
+    async with AsyncOpenAI(config=cfg, verify=sim_slow.ssl_context()) as client:
+        stream = await client.responses.create(model="chat", input="Say hello", stream=True)
+        async for event in stream:
+            if event.type == "response.output_text.delta":
+                break
+        await stream.close()
+        with anyio.move_on_after(10):  # the simulator notices the reset asynchronously
+            while sim_slow.stats()["streams_cancelled"] == before:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        assert sim_slow.stats()["streams_cancelled"] == before + 1
+        assert client.stats()["a:sim-small"].in_flight == 0
