@@ -324,6 +324,7 @@ class Dispatch:
         return await answer()
 
     async def _routed_chat(self, call: Call, route: Route) -> Outcome:
+        await self._fresh_stats()
         self._background()
         send = self.upstream.sender(
             headers=call.headers, query=call.query, timeout=call.timeout, http=call.http
@@ -338,6 +339,13 @@ class Dispatch:
             completion._request_id = done.response.headers.get("x-request-id")
             attach(completion, done.timings, done.report)
         return Outcome(completion, done.response, done.timings.retries)
+
+    async def _fresh_stats(self) -> None:
+        """Route on the fleet's statistics: a view older than the sync interval (or never
+        read) is refreshed first, waiting at most the Redis timeout (then the local stats)."""
+        sync = self.stats_sync
+        if sync is not None and sync.stale():
+            await sync.refresh(self.resolved.redis.timeout)
 
     def _background(self) -> None:
         sync = self.stats_sync
@@ -617,6 +625,8 @@ class Dispatch:
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:
+            if self.stats_sync is not None:  # the fleet's statistics, beside the connections
+                tg.start_soon(self.stats_sync.refresh, None)
             for url in urls.values():
                 tg.start_soon(warm, url)
         if errors and (not self.providers or len(errors) == len(urls)):
