@@ -336,7 +336,8 @@ class Dispatch:
         done = await self.router.complete(route, call.body, send)
         completion = done.completion
         if isinstance(completion, ChatCompletion):
-            completion._request_id = done.response.headers.get("x-request-id")
+            won = [a.request_id for a in done.report.attempts if a.outcome == "won"]
+            completion._request_id = won[-1] if won else None  # the vendor's header, by protocol
             attach(completion, done.timings, done.report)
         return Outcome(completion, done.response, done.timings.retries)
 

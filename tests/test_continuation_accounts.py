@@ -159,6 +159,17 @@ async def test_anthropic_chunks_of_several_words_and_its_request_id(sim: Simulat
     assert usage is not None and usage.completion_tokens == estimate + rest
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_a_whole_answer_carries_its_vendors_request_id(sim: Simulator, kind: str) -> None:
+    async with AsyncOpenAI(config=config(sim, kind), verify=sim.ssl_context()) as client:
+        done = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    (sent_,) = sent(sim, 1)
+    assert done._request_id == sent_["request_id"]  # x-request-id, or Anthropic's request-id
+    route = getattr(done, "route")  # noqa: B009 - llmroute's attribute on openai's class
+    assert route.attempts[0].request_id == sent_["request_id"]
+    assert route.attempts[0].tokens is None  # counted for streams only
+
+
 async def test_no_continuation_when_the_estimate_may_have_used_up_max_tokens(
     sim: Simulator,
 ) -> None:
