@@ -130,7 +130,7 @@ def run(cfg: dict[str, Any], mode: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--instances", type=int, default=8, help="fresh instances per mode (8)")
     p.add_argument("--slow", type=float, default=0.4, help="the slow target's TTFT (0.4 s)")
     p.add_argument("--json", action="store_true")

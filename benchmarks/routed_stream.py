@@ -84,7 +84,7 @@ def child(tree: Path, sim: SimulatorProcess, args: argparse.Namespace) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--baseline", required=True, type=Path, help="a tree holding llmroute/")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--streams", type=int, default=5, help="measured streams per child (5)")
