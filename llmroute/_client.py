@@ -336,7 +336,9 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
         A plain client opens its base URL's connection (and raises if it cannot). A routed one
         opens every target's, concurrently; a target that cannot be reached is logged and left
-        to the routing, and only if none can be reached does this raise.
+        to the routing, and only if none can be reached does this raise. With shared stats
+        (``stats_backend = "redis"``) it also reads the fleet's, so the first request routes
+        where the fleet learned (an unreachable Redis is logged, never raised).
         """
         # The base URL is warmed only over llmroute's own transport (not a user's http_client,
         # nor httpx's transport through a proxy).

@@ -330,6 +330,7 @@ class Dispatch:
 
     async def _routed(self, call: Call, route: Route) -> Outcome:
         """A chat or Responses call on a route, through the routing engine."""
+        await self._fresh_stats()
         self._background()
         send = self.upstream.sender(
             headers=call.headers,
@@ -351,7 +352,8 @@ class Dispatch:
         done = await self.router.complete(route, call.body, send, kind=kind, unservable=unservable)
         completion = done.completion
         if isinstance(completion, ChatCompletion | Response):
-            completion._request_id = done.response.headers.get("x-request-id")
+            won = [a.request_id for a in done.report.attempts if a.outcome == "won"]
+            completion._request_id = won[-1] if won else None  # the vendor's header, by protocol
             attach(completion, done.timings, done.report)
             if kind == "responses" and done.report.winner is not None:
                 self.pin(completion.id, done.report.winner)
@@ -391,6 +393,13 @@ class Dispatch:
                 yield event
         finally:
             await events.aclose()  # type: ignore[attr-defined]  # resets an unfinished stream
+
+    async def _fresh_stats(self) -> None:
+        """Route on the fleet's statistics: a view older than the sync interval (or never
+        read) is refreshed first, waiting at most the Redis timeout (then the local stats)."""
+        sync = self.stats_sync
+        if sync is not None and sync.stale():
+            await sync.refresh(self.resolved.redis.timeout)
 
     def _background(self) -> None:
         sync = self.stats_sync
@@ -540,6 +549,7 @@ class Dispatch:
         openai's machinery parses the winner's response)."""
         route = call.route
         assert route is not None
+        await self._fresh_stats()
         self._background()
         body = call.body
         targets = [t for t in route.targets if _serves(self.providers[t.provider], call.kind)]
@@ -642,6 +652,8 @@ class Dispatch:
                 errors.append(exc)
 
         async with anyio.create_task_group() as tg:
+            if self.stats_sync is not None:  # the fleet's statistics, beside the connections
+                tg.start_soon(self.stats_sync.refresh, None)
             for url in urls.values():
                 tg.start_soon(warm, url)
         if errors and (not self.providers or len(errors) == len(urls)):

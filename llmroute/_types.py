@@ -55,6 +55,15 @@ class AttemptReport:
     """Seconds from this attempt's start to its first token."""
     error: str | None = None
     """The cause of a failure, one line."""
+    request_id: str | None = None
+    """The vendor's id of this request (``x-request-id``, Anthropic's ``request-id``), when
+    its response carried one: what a vendor's support asks for."""
+    tokens: int | None = None
+    """Completion tokens this attempt delivered to the caller (a streamed attempt that won):
+    the vendor's own usage count when it sent one, else an upper bound (``tokens_counted``)."""
+    tokens_counted: str | None = None
+    """How ``tokens`` was counted: ``"usage"`` (the vendor's usage) or ``"estimate"`` (an
+    upper bound from the UTF-8 bytes of the text: a token is at least one byte)."""
 
 
 @dataclass(slots=True)

@@ -72,7 +72,10 @@ async def test_a_routed_stream_is_one_client_span_with_its_attempts(
     assert isinstance(ttft, float) and ttft > 0
     (attempt,) = span.events
     assert attempt.name == "llmroute.attempt"
-    assert dict(attempt.attributes or {})["llmroute.outcome"] == "won"
+    event = dict(attempt.attributes or {})
+    assert event["llmroute.outcome"] == "won"
+    assert event["llmroute.request_id"] == sim.last_requests[-1]["request_id"]
+    assert isinstance(event["llmroute.tokens"], int) and event["llmroute.tokens"] > 0
     assert span.status.status_code is StatusCode.UNSET
     text = everything(span)
     assert KEY not in text

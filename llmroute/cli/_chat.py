@@ -211,6 +211,11 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
                 f"  attempt {index}: {attempt.target:{width}}  {attempt.reason:12} "
                 f"at +{ms(attempt.started):>7}  {attempt.outcome:12} TTFT {ms(attempt.ttft)}"
             )
+            if attempt.tokens is not None:
+                bound = "<= " if attempt.tokens_counted == "estimate" else ""
+                line += f"  {bound}{attempt.tokens} tokens"
+            if attempt.request_id:
+                line += f"  request id {attempt.request_id}"
             if attempt.error:
                 line += f"  ({_one_line(attempt.error)})"
             lines.append(line)

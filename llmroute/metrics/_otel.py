@@ -111,6 +111,10 @@ class Tracer:
                     event["llmroute.ttft"] = attempt.ttft
                 if attempt.error is not None:
                     event["llmroute.error"] = attempt.error
+                if attempt.request_id is not None:
+                    event["llmroute.request_id"] = attempt.request_id
+                if attempt.tokens is not None:
+                    event["llmroute.tokens"] = attempt.tokens
                 at = started_ns + int(attempt.started * 1e9)
                 span.add_event("llmroute.attempt", event, timestamp=at)
         ttft = record.caller_ttft

@@ -96,8 +96,8 @@ class ClientMetrics:
             registry.register(_ScrapeTime(snapshot))
         self._requests = Counter(
             "llmroute_requests",
-            "Chat and Responses API requests by route, outcome (ok, error, interrupted, cancelled) and source "
-            "(live, cache, shared)",
+            "Chat and Responses API requests by route, outcome (ok, error, interrupted, "
+            "cancelled) and source (live, cache, shared)",
             ["route", "outcome", "source"],
             registry=registry,
         )

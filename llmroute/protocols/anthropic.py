@@ -55,6 +55,7 @@ from .openai import ChatStreamDecoder, build_chunk, load_json
 __all__ = [
     "ANTHROPIC_VERSION",
     "DEFAULT_MAX_TOKENS",
+    "REQUEST_ID_HEADER",
     "AnthropicStreamDecoder",
     "finish_reason",
     "headers",
@@ -65,6 +66,8 @@ __all__ = [
 ]
 
 ANTHROPIC_VERSION = "2023-06-01"
+REQUEST_ID_HEADER = "request-id"
+"""The response header with Anthropic's id of a request (``req_...``)."""
 DEFAULT_MAX_TOKENS = 4096
 """``max_tokens`` sent when the chat request sets neither ``max_tokens`` nor
 ``max_completion_tokens`` (the Messages API requires one)."""

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - jiter is a dependency of openai
     _jiter_loads = None
 
 __all__ = [
+    "REQUEST_ID_HEADER",
     "ChatStreamDecoder",
     "CompletionStreamDecoder",
     "MalformedResponseError",
@@ -49,6 +50,9 @@ __all__ = [
 ]
 
 _STREAM_ERROR = "An error occurred during streaming"
+
+REQUEST_ID_HEADER = "x-request-id"
+"""The response header with the vendor's id of a request (OpenAI and most compatible APIs)."""
 
 
 class MalformedResponseError(json.JSONDecodeError, APIResponseValidationError):

@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast
 
 import anyio
 import httpx
@@ -51,6 +51,7 @@ from .._errors import (
 from .._types import AttemptReport, RouteReport, Timings
 from ..protocols import anthropic
 from ..protocols.openai import (
+    REQUEST_ID_HEADER,
     ChatStreamDecoder,
     ResponsesStreamDecoder,
     is_preamble_chunk,
@@ -448,6 +449,15 @@ class _Run:
         self.ready: _Ready | None = None
         self.text: list[str] = []
         self.tokens = 0
+        """Token chunks yielded (``timings.tokens``); a chunk may carry several tokens."""
+        self.delivered = 0
+        """Completion tokens the attempts that broke mid-answer delivered (each counted by
+        :meth:`_delivered_by`): what a continuation's ``max_tokens`` and ``usage`` account for."""
+        self._since = 0
+        """Where the current attempt's text starts in ``text``."""
+        self._counted: tuple[int, int] | None = None
+        """The current attempt's own usage count of its completion tokens, and the length of
+        ``text`` it covers (a vendor that sends usage with its chunks, or at the end)."""
         self.broken: list[str] = []
         self._in_flight: str | None = None
         self.key: object = None
@@ -558,8 +568,46 @@ class _Run:
             body.update(target.continuation.body)
             for key in ("max_tokens", "max_completion_tokens"):
                 if isinstance(body.get(key), int):
-                    body[key] = max(1, body[key] - self.tokens)
+                    body[key] = max(1, body[key] - self.delivered)
         return body
+
+    def _delivered_by(self, decoder: ChatStreamDecoder | None) -> tuple[int, str]:
+        """The completion tokens the current attempt delivered, and how they were counted:
+        the vendor's usage where it covers the text (``"usage"``), plus, for text after it or
+        without it, the UTF-8 bytes of the text (``"estimate"``): every token of a byte-level
+        tokenizer decodes to at least one byte, so the bound never undercounts."""
+        text = self.text
+        counted = self._counted
+        if counted is None and decoder is not None and decoder.finished:
+            usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
+            if isinstance(usage, dict):
+                count = cast(dict[str, Any], usage).get("completion_tokens")
+                if isinstance(count, int):
+                    counted = (count, len(text))
+        start, tokens, how = self._since, 0, "estimate"
+        if counted is not None and counted[1] >= start:
+            tokens, start = counted[0], counted[1]
+            how = "usage"
+        if start < len(text):
+            tokens += len("".join(text[start:]).encode())
+            how = "estimate"
+        return tokens, how
+
+    def _usage_seen(self, chunk: ChatCompletionChunk, usage: Any) -> None:
+        """A chunk with the vendor's usage: remember its count (covering the text so far),
+        and add what earlier attempts delivered when the answer was continued."""
+        completion = getattr(usage, "completion_tokens", None)
+        if not isinstance(completion, int):
+            return
+        self._counted = (completion, len(self.text))
+        if not self.delivered:
+            return
+        total = completion + self.delivered
+        prompt = getattr(usage, "prompt_tokens", None)
+        update: dict[str, Any] = {"completion_tokens": total}
+        if isinstance(prompt, int):
+            update["total_tokens"] = prompt + total
+        chunk.usage = usage.model_copy(update=update)
 
     # -- before the first token: attempts, hedges, failover --------------------------------
 
@@ -796,6 +844,8 @@ class _Run:
                 health.breaker.record_failure()
             elif probe:
                 health.breaker.release()  # no verdict on its health (a 429, a bad request)
+            if isinstance(exc, APIStatusError):
+                record.request_id = _request_id(target, exc.response.headers)
             self._failed(record, state, exc, outcome, count=True)
             return
         stats.done_waiting(waiting)
@@ -810,6 +860,7 @@ class _Run:
             return
         record.outcome = "won"
         record.ttft = elapsed
+        record.request_id = _request_id(target, ready.response.headers)
         if record.reason == "hedge":
             self.route.budget.refund()  # it saved the request: no extra request lost
         if self.report.winner is None:
@@ -971,6 +1022,9 @@ class _Run:
                                     if is_token_chunk(chunk):
                                         self.tokens += 1
                                         timings.tokens = self.tokens
+                                    usage = chunk.usage
+                                    if usage is not None:
+                                        self._usage_seen(chunk, usage)
                                 else:
                                     continuable = False  # another API's events (Responses)
                                     kind = getattr(chunk, "type", None)
@@ -1035,6 +1089,9 @@ class _Run:
 
     def _completed(self, ready: _Ready) -> None:
         self.complete = True
+        record = self._won(ready.target.name)
+        if record is not None:
+            record.tokens, record.tokens_counted = self._delivered_by(ready.decoder)
         timings = self.ready.timings if self.ready is not None else ready.timings
         timings.total = self.clock() - timings.started_at
         if ready is self.ready and self.tokens > 1:
@@ -1062,11 +1119,13 @@ class _Run:
         stats.record_outcome("interrupted")
         router.health(name).breaker.record_failure()
         self.broken.append(name)
-        for record in reversed(self.report.attempts):
-            if record.target == name and record.outcome == "won":
-                record.outcome = "interrupted"
-                record.error = describe_error(failure)
-                break
+        tokens, counted = self._delivered_by(ready.decoder)
+        self.delivered += tokens
+        record = self._won(name)
+        if record is not None:
+            record.outcome = "interrupted"
+            record.error = describe_error(failure)
+            record.tokens, record.tokens_counted = tokens, counted
         partial = "".join(self.text)
         cause = failure.__cause__ or failure
         request = ready.response.request
@@ -1085,6 +1144,18 @@ class _Run:
                 partial_text=partial,
                 cause=cause,
             ) from failure
+        for key in ("max_tokens", "max_completion_tokens"):
+            asked = self.body.get(key)
+            if isinstance(asked, int) and asked - self.delivered < 1:
+                raise StreamInterrupted(
+                    f"{broke}; it was not continued: the answer so far may already hold the "
+                    f"{key}={asked} tokens asked (counted as at most {self.delivered}, from "
+                    "the vendors' usage or the bytes of the text). The text so far is in "
+                    ".partial_text.",
+                    request,
+                    partial_text=partial,
+                    cause=cause,
+                ) from failure
         candidates = [
             t.name
             for t in route.targets
@@ -1113,7 +1184,15 @@ class _Run:
                 cause=cause,
             ) from failure
         self.report.continued_on.append(new.target.name)
+        self._since, self._counted = len(self.text), None
         return new
+
+    def _won(self, target: str) -> AttemptReport | None:
+        """The report of ``target``'s attempt that is serving the answer now."""
+        for record in reversed(self.report.attempts):
+            if record.target == target and record.outcome == "won":
+                return record
+        return None
 
     def finish(self) -> None:
         """The winner's stream ended: it no longer counts as in flight (idempotent)."""
@@ -1154,6 +1233,14 @@ def _plain_content(delta: Any) -> bool:
         return False
     extra = delta.__pydantic_extra__
     return not (extra and (extra.get("reasoning_content") or extra.get("reasoning")))
+
+
+def _request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
+    """The vendor's id of a request from its response headers, by the target's protocol
+    (Anthropic's ``request-id``; ``x-request-id`` for the OpenAI-style APIs)."""
+    if target.protocol == "anthropic":
+        return headers.get(anthropic.REQUEST_ID_HEADER) or headers.get(REQUEST_ID_HEADER)
+    return headers.get(REQUEST_ID_HEADER)
 
 
 def _outcome(exc: BaseException) -> str:

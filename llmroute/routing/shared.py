@@ -24,6 +24,7 @@ from typing import Any, Protocol, cast
 import anyio
 import anyio.to_thread
 
+from .._background import spawn
 from .._redis import RedisConnection
 from .stats import LiveStats, SampleEvent
 
@@ -151,10 +152,12 @@ class StatsSync:
     """Exchanges ``stats``' samples with the fleet through ``backend``, every ``interval``
     seconds at most.
 
-    Call ``if sync.due(): spawn(sync.sync())`` after requests. While the backend is unavailable
-    the stats keep working locally; the drained events are kept (the newest ``max_pending`` of
-    them, the rest dropped and counted) for the next exchange, tried after ``interval * 5``.
-    Incoming events for targets outside ``targets`` (when given) are skipped.
+    Call ``if sync.due(): spawn(sync.sync())`` after requests, and ``await sync.refresh(wait)``
+    before routing on the stats: an instance that never read the fleet's samples, or not within
+    ``interval``, reads them first. While the backend is unavailable the stats keep working
+    locally; the drained events are kept (the newest ``max_pending`` of them, the rest dropped
+    and counted) for the next exchange, tried after ``interval * 5``. Incoming events for
+    targets outside ``targets`` (when given) are skipped.
     """
 
     def __init__(
@@ -183,6 +186,7 @@ class StatsSync:
         self._targets = targets
         self._pending: list[SampleEvent] = []
         self._next_at = -math.inf
+        self._synced_at: float | None = None
         self._running = False
         self._failing = False
         self._closed = False
@@ -198,13 +202,43 @@ class StatsSync:
         is running."""
         return not self._running and not self._closed and self._clock() >= self._next_at
 
+    def stale(self) -> bool:
+        """Whether the view of the fleet's samples is older than ``interval`` (or was never
+        read) and could be refreshed now: not closed, not backing off after a failure."""
+        now = self._clock()
+        if self._closed or (self._failing and now < self._next_at):
+            return False
+        return self._synced_at is None or now - self._synced_at >= self.interval
+
+    async def refresh(self, wait: float | None) -> bool:
+        """Bring a :meth:`stale` view up to date before routing on it: start an exchange (or
+        join the one running) and wait for it, at most ``wait`` seconds (``None``: until it
+        ends; the backend's own timeouts bound it). An exchange that takes longer goes on in
+        the background. Returns whether the view is fresh now; never raises an error."""
+        if not self.stale():
+            return True
+        if not self._running:
+            self._begin()
+            spawn(self._exchange, name="stats sync")
+        idle = self._idle
+        if idle is not None:
+            with anyio.move_on_after(math.inf if wait is None else wait):
+                await idle.wait()
+        return not self._running and not self._failing
+
     async def sync(self) -> None:
         """One exchange: publish the local samples, record the fleet's. Never raises an error;
         a second call while one runs returns at once."""
         if self._running or self._closed:
             return
+        self._begin()
+        await self._exchange()
+
+    def _begin(self) -> None:
         self._running = True
         self._idle = anyio.Event()
+
+    async def _exchange(self) -> None:
         try:
             outgoing = self._pending + self.stats.drain()
             self._pending = []
@@ -221,10 +255,12 @@ class StatsSync:
             if self._failing:
                 self._failing = False
                 logger.info("shared stats are back: %s", self.backend.describe())
-            self._next_at = self._clock() + self.interval
+            self._synced_at = self._clock()
+            self._next_at = self._synced_at + self.interval
         finally:
             self._running = False
-            self._idle.set()
+            if self._idle is not None:
+                self._idle.set()
 
     def _failed(self, exc: Exception, outgoing: list[SampleEvent]) -> None:
         keep = outgoing[-self._max_pending :] if self._max_pending > 0 else []

@@ -126,15 +126,20 @@ class AnthropicSimApp:
         if body is not None:
             await self.handle(scope, body, receive, send)
 
-    async def handle(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
-        """Answer one HTTP request whose body was already read (for mounting in another app)."""
-        rid = "req_" + uuid.uuid4().hex[:24]
+    async def handle(
+        self, scope: Scope, body: bytes, receive: Receive, send: Send, rid: str | None = None
+    ) -> None:
+        """Answer one HTTP request whose body was already read (for mounting in another app,
+        which may give the request's id)."""
+        rid = rid or "req_" + uuid.uuid4().hex[:24]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
-        self.requests.append({"path": scope["path"], "headers": headers, "json": payload})
+        self.requests.append(
+            {"path": scope["path"], "headers": headers, "json": payload, "request_id": rid}
+        )
         if not headers.get("x-api-key", "").strip():
             msg = "x-api-key header is required"
             await _respond(send, 401, error_body("authentication_error", msg), rid)
@@ -214,7 +219,7 @@ class AnthropicSimApp:
             {"type": "content_block_start", "index": 0, "content_block": plan.block_start()},
         )
         await emit(head + _sse("ping", {"type": "ping"}))
-        pieces = plan.pieces
+        pieces = _reply.group(plan.pieces, self.profile.tokens_per_chunk)
         for i in range(len(pieces) + 1):
             if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
                 if fault.kind == "drop":
@@ -251,7 +256,7 @@ class AnthropicSimApp:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": plan.stop_reason, "stop_sequence": plan.stop_sequence},
-                "usage": {"output_tokens": len(pieces)},
+                "usage": {"output_tokens": len(plan.pieces)},
             },
         )
         tail += _sse("message_stop", {"type": "message_stop"})

@@ -135,12 +135,13 @@ class SimApp:
                 "headers": headers,
                 "query": dict(parse_qsl(scope["query_string"].decode("latin-1"))),
                 "json": payload,
+                "request_id": rid,
             }
         )
         auth = headers.get("authorization", "")
         if path == "/v1/messages" and method == "POST":
             self._stats["chat_requests"] += 1
-            await self.anthropic.handle(scope, body, receive, send)
+            await self.anthropic.handle(scope, body, receive, send, rid)
         elif not auth.startswith("Bearer ") or not auth[7:].strip():
             msg = "You didn't provide an API key (Authorization: Bearer <key>)."
             body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
@@ -218,8 +219,10 @@ class SimApp:
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
         plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
-        include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        wire = _ChatStream(plan, include_usage) if req.get("stream") else None
+        options = req.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
+        wire = _ChatStream(plan, include_usage, continuous) if req.get("stream") else None
         await self._serve(
             plan.pieces, plan.prompt_tokens, wire, plan.completion, fault, receive, send, rid
         )
@@ -440,6 +443,7 @@ class SimApp:
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
         for frame in wire.first():
             await emit(frame)
+        pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
         itl = self.profile.inter_token
         for i in range(len(pieces) + 1):
             if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
@@ -563,12 +567,16 @@ class _Wire(Protocol):
 
 
 class _ChatStream:
-    """Chat completion chunks: the role chunk, one chunk per token, the finish reason chunk,
-    the usage chunk (when asked) and ``[DONE]``, the last three in one frame."""
+    """Chat completion chunks: the role chunk, one chunk per token (or per
+    ``Profile.tokens_per_chunk``), the finish reason chunk, the usage chunk (when asked) and
+    ``[DONE]``, the last three in one frame. With ``stream_options.continuous_usage_stats``
+    (vLLM's and SGLang's option), every content chunk also carries the usage so far."""
 
-    def __init__(self, plan: _Plan, include_usage: bool) -> None:
+    def __init__(self, plan: _Plan, include_usage: bool, continuous: bool = False) -> None:
         self.plan = plan
         self.include_usage = include_usage
+        self.continuous = continuous
+        self.sent = 0  # tokens of plan.pieces sent so far
         self.writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
 
     def opening(self) -> list[bytes]:
@@ -578,7 +586,15 @@ class _ChatStream:
         return [self.writer.event(self.plan.first_delta())]
 
     def piece(self, text: str) -> bytes:
-        return self.writer.arguments(text) if self.plan.tool else self.writer.content(text)
+        if self.plan.tool:
+            return self.writer.arguments(text)
+        if not self.continuous:
+            return self.writer.content(text)
+        pieces, length = self.plan.pieces, 0
+        while self.sent < len(pieces) and length < len(text):  # the tokens this text joins
+            length += len(pieces[self.sent])
+            self.sent += 1
+        return self.writer.content(text, _reply.usage(self.plan.prompt_tokens, self.sent))
 
     def error(self) -> bytes:
         msg = "The server had an error while processing your request."

@@ -36,6 +36,9 @@ class Profile:
     """Delay between tokens in seconds (0: no timer at all)."""
     reply_tokens: int = 32
     """Length of a full reply in tokens (one token is one word)."""
+    tokens_per_chunk: int = 1
+    """Tokens per streamed delta (Anthropic's streams, and others, often carry several); faults
+    that count tokens (``drop:K``, ...) then count deltas. Usage still counts tokens."""
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0

@@ -141,6 +141,13 @@ def split_fragments(text: str, size: int = 8) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
+def group(pieces: list[str], size: int) -> list[str]:
+    """``pieces`` joined ``size`` at a time (several tokens per streamed delta)."""
+    if size <= 1:
+        return pieces
+    return ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
+
+
 def usage(prompt: int, completion: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt,
@@ -190,7 +197,11 @@ class ChunkWriter:
     def event(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return b"data: " + _dumps(self._base([self._choice(delta, finish)])).encode() + b"\n\n"
 
-    def content(self, text: str) -> bytes:
+    def content(self, text: str, usage_: dict[str, int] | None = None) -> bytes:
+        if usage_ is not None:
+            chunk = self._base([self._choice({"content": text})])
+            chunk["usage"] = usage_
+            return b"data: " + _dumps(chunk).encode() + b"\n\n"
         head, tail = self._content
         return head + _dumps(text).encode() + tail
 

@@ -1,0 +1,141 @@
+"""Client CPU per chunk of a *routed* stream (the engine's loop), this tree against a baseline
+tree, side by side in one run.
+
+A zero-latency simulator in a separate process streams ``--tokens``-token replies over TLS +
+HTTP/2 (``--chunk-tokens`` tokens per delta). Each round runs one child process per tree, in
+rotated order, with ``PYTHONPATH`` set to that tree: the child opens a routed client (a route of
+one target), streams ``--warmup`` replies, then measures its own CPU time (``process_time``) over
+``--streams`` replies. Reported: the median CPU seconds per 1000 chunks of each tree and the
+median of the per-round ratios this/baseline (measurements seconds apart, since absolute times
+drift on a shared machine).
+
+    git archive <commit> llmroute | tar -x -C /tmp/base     # the baseline tree
+    .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base
+    .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --usage   # with usage
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import _machine  # benchmarks/_machine.py, beside this script
+
+from llmroute.testing import Profile, SimulatorProcess
+
+HERE = Path(__file__).resolve().parent.parent
+
+CHILD = """
+import json, sys, time, anyio
+from llmroute import AsyncOpenAI
+
+async def main() -> None:
+    base_url, ca, streams, warmup, usage = sys.argv[1:6]
+    config = {
+        "providers": {"sim": {"base_url": base_url, "api_key": "sk-bench"}},
+        "models": {"chat": {"targets": ["sim:sim-small"]}},
+    }
+    extra = {"stream_options": {"include_usage": True}} if usage == "1" else {}
+    messages = [{"role": "user", "content": "Tell me a long story."}]
+    async with AsyncOpenAI(config=config, verify=ca) as client:
+        async def once() -> int:
+            stream = await client.chat.completions.create(
+                model="chat", messages=messages, stream=True, **extra
+            )
+            n = 0
+            async for _ in stream:
+                n += 1
+            return n
+        for _ in range(int(warmup)):
+            await once()
+        cpu = time.process_time()
+        chunks = 0
+        for _ in range(int(streams)):
+            chunks += await once()
+        cpu = time.process_time() - cpu
+    print(json.dumps({"cpu": cpu, "chunks": chunks}))
+
+anyio.run(main)
+"""
+
+
+def child(tree: Path, sim: SimulatorProcess, args: argparse.Namespace) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "LLMROUTE_CONFIG"}
+    env["PYTHONPATH"] = str(tree)
+    argv = [sim.base_url, str(sim.ca_pem_path), str(args.streams), str(args.warmup)]
+    argv.append("1" if args.usage else "0")
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd="/",
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"child for {tree} failed:\n{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--baseline", required=True, type=Path, help="a tree holding llmroute/")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--streams", type=int, default=5, help="measured streams per child (5)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--tokens", type=int, default=1000)
+    p.add_argument("--chunk-tokens", type=int, default=1)
+    p.add_argument("--usage", action="store_true", help="ask for stream_options.include_usage")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    trees = {"this": HERE, "baseline": args.baseline.resolve()}
+    profile = Profile(reply_tokens=args.tokens, tokens_per_chunk=args.chunk_tokens)
+    rounds: list[dict[str, float]] = []
+    with SimulatorProcess(profile=profile, tls=True) as sim:
+        for r in range(args.rounds):
+            names = list(trees) if r % 2 == 0 else list(reversed(trees))
+            row: dict[str, float] = {}
+            for name in names:
+                out = child(trees[name], sim, args)
+                row[name] = out["cpu"] / out["chunks"] * 1000
+            rounds.append(row)
+            if not args.json:
+                print(
+                    f"round {r + 1}: this {row['this']:.4f}  baseline {row['baseline']:.4f}  "
+                    f"ratio {row['this'] / row['baseline']:.3f}",
+                    flush=True,
+                )
+    ratios = [row["this"] / row["baseline"] for row in rounds]
+    result = {
+        "cpu_s_per_1000_chunks": {n: statistics.median(r[n] for r in rounds) for n in trees},
+        "ratio_this_over_baseline": {
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+        },
+        "rounds": rounds,
+        "config": vars(args) | {"baseline": str(args.baseline)},
+        "load_average": os.getloadavg(),
+        "machine": _machine.machine(("llmroute", "httpx", "h2", "openai", "anyio", "hypercorn")),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        cpu = result["cpu_s_per_1000_chunks"]
+        ratio = result["ratio_this_over_baseline"]
+        print(
+            f"CPU s/1000 chunks: this {cpu['this']:.4f}, baseline {cpu['baseline']:.4f}; "
+            f"this/baseline {ratio['median']:.3f} (rounds {ratio['min']:.3f}..{ratio['max']:.3f}); "
+            f"load average {result['load_average'][0]:.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

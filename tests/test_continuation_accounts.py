@@ -1,0 +1,193 @@
+"""A continued stream's accounts: the tokens each attempt delivered, the ``max_tokens`` left for
+the continuation, the summed ``usage`` and the vendors' request ids, over the simulator with
+several words per streamed delta (one word is one of its tokens)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from llmroute import AsyncOpenAI, StreamInterrupted
+from llmroute.testing import Profile, Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "Tell me about continuations."}
+]
+WORDS_PER_CHUNK = 2
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[Simulator]:
+    """30-word replies, two words per streamed delta (OpenAI's and Anthropic's wire)."""
+    profile = Profile(reply_tokens=30, tokens_per_chunk=WORDS_PER_CHUNK)
+    with Simulator(profile=profile, tls=True) as server:
+        yield server
+
+
+def config(sim: Simulator, kind: str = "openai") -> dict[str, Any]:
+    provider = {"kind": kind, "base_url": sim.base_url, "api_key": KEY, "continuation": {}}
+    return {
+        "providers": {"a": provider, "b": provider},
+        "models": {"chat": {"targets": ["a:sim-small", "b:sim-small"], "policy": "failover"}},
+        "routing": {"explore": 0},
+    }
+
+
+def drop_first(chunks: int) -> dict[str, str]:
+    """The first request's stream breaks after ``chunks`` deltas; later ones are whole."""
+    key = uuid.uuid4().hex
+    return {"x-sim-fault": f"drop:{chunks}", "x-sim-fault-times": "1", "x-sim-fault-key": key}
+
+
+async def whole_reply(sim: Simulator) -> str:
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()) as c:
+        done = await c.chat.completions.create(model="sim-small", messages=MESSAGES)
+    return done.choices[0].message.content or ""
+
+
+async def routed(sim: Simulator, kind: str = "openai", **kwargs: Any) -> tuple[Any, str, list[Any]]:
+    """Stream one routed request; return the stream, its text and its chunks."""
+    async with AsyncOpenAI(config=config(sim, kind), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, **kwargs
+            )
+            chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return stream, text, chunks
+
+
+def sent(sim: Simulator, n: int) -> list[dict[str, Any]]:
+    """The last ``n`` chat requests the simulator received (OpenAI's or Anthropic's path)."""
+    paths = ("/v1/chat/completions", "/v1/messages")
+    return [r for r in sim.last_requests if r["path"] in paths][-n:]
+
+
+async def test_an_estimate_that_never_undercounts_sets_the_continuations_max_tokens(
+    sim: Simulator,
+) -> None:
+    full = await whole_reply(sim)
+    stream, text, chunks = await routed(
+        sim,
+        max_tokens=60,
+        stream_options={"include_usage": True},
+        extra_headers=drop_first(3),
+    )
+    first, second = sent(sim, 2)
+    prefix = second["json"]["messages"][-1]["content"]
+    # Three deltas of two words each were delivered before the break.
+    assert full.startswith(prefix) and prefix.split() == full.split()[: 3 * WORDS_PER_CHUNK]
+    estimate = len(prefix.encode())
+    assert estimate >= 3 * WORDS_PER_CHUNK  # an upper bound: a token is at least one byte
+    assert second["json"]["max_tokens"] == 60 - estimate
+    rest = min(30 - 3 * WORDS_PER_CHUNK, 60 - estimate)
+    assert len(text.split()) == 3 * WORDS_PER_CHUNK + rest <= 60
+    assert full.startswith(text)
+    route = stream.route
+    assert [(a.outcome, a.tokens, a.tokens_counted) for a in route.attempts] == [
+        ("interrupted", estimate, "estimate"),
+        ("won", rest, "usage"),
+    ]
+    assert [a.request_id for a in route.attempts] == [first["request_id"], second["request_id"]]
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.completion_tokens == estimate + rest  # what both attempts delivered, summed
+    assert usage.completion_tokens >= len(text.split())  # never fewer than were delivered
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+async def test_the_vendors_own_count_is_exact_and_the_caller_gets_what_it_asked(
+    sim: Simulator,
+) -> None:
+    # The issue's case: max_tokens=10, a break after 4 words (2 deltas of 2 words); the vendor
+    # counts its tokens on every chunk (vLLM's and SGLang's continuous_usage_stats).
+    stream, text, chunks = await routed(
+        sim,
+        max_tokens=10,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        extra_headers=drop_first(2),
+    )
+    _, second = sent(sim, 2)
+    assert second["json"]["max_tokens"] == 6
+    assert len(text.split()) == 10  # exactly what was asked, no more
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finish[-1] == "length"
+    route = stream.route
+    assert [(a.tokens, a.tokens_counted) for a in route.attempts] == [(4, "usage"), (6, "usage")]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 10
+
+
+async def test_anthropic_chunks_of_several_words_and_its_request_id(sim: Simulator) -> None:
+    stream, text, chunks = await routed(
+        sim,
+        "anthropic",
+        max_tokens=50,
+        stream_options={"include_usage": True},
+        extra_headers=drop_first(2),
+    )
+    first, second = sent(sim, 2)
+    assert first["path"] == second["path"] == "/v1/messages"
+    prefill = second["json"]["messages"][-1]
+    assert prefill["role"] == "assistant"
+    prefix = (
+        prefill["content"] if isinstance(prefill["content"], str) else prefill["content"][0]["text"]
+    )
+    assert len(prefix.split()) == 2 * WORDS_PER_CHUNK
+    estimate = len(prefix.encode())
+    assert second["json"]["max_tokens"] == 50 - estimate  # Anthropic's own max_tokens
+    route = stream.route
+    assert [a.request_id for a in route.attempts] == [first["request_id"], second["request_id"]]
+    assert all(
+        rid and rid.startswith("req_") for rid in (first["request_id"], second["request_id"])
+    )
+    rest = len(text.split()) - 2 * WORDS_PER_CHUNK
+    assert [(a.tokens, a.tokens_counted) for a in route.attempts] == [
+        (estimate, "estimate"),
+        (rest, "usage"),
+    ]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == estimate + rest
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+async def test_a_whole_answer_carries_its_vendors_request_id(sim: Simulator, kind: str) -> None:
+    async with AsyncOpenAI(config=config(sim, kind), verify=sim.ssl_context()) as client:
+        done = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    (sent_,) = sent(sim, 1)
+    assert done._request_id == sent_["request_id"]  # x-request-id, or Anthropic's request-id
+    route = getattr(done, "route")  # noqa: B009 - llmroute's attribute on openai's class
+    assert route.attempts[0].request_id == sent_["request_id"]
+    assert route.attempts[0].tokens is None  # counted for streams only
+
+
+async def test_no_continuation_when_the_estimate_may_have_used_up_max_tokens(
+    sim: Simulator,
+) -> None:
+    before = sim.stats()["chat_requests"]
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=8,
+                extra_headers=drop_first(2),
+            )
+            parts: list[str] = []
+            with pytest.raises(StreamInterrupted, match="max_tokens=8") as info:
+                async for chunk in stream:
+                    if chunk.choices:
+                        parts.append(chunk.choices[0].delta.content or "")
+    assert info.value.partial_text == "".join(parts)
+    assert len(info.value.partial_text.split()) == 2 * WORDS_PER_CHUNK
+    assert sim.stats()["chat_requests"] == before + 1  # nobody was asked to continue
