@@ -26,7 +26,7 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..routing.health import failure_party
 from ._auth import KeyRing
 from ._metrics import ANONYMOUS, GatewayMetrics
-from ._secrets import provider_secrets
+from ._secrets import masked_forms, provider_secrets, scrub
 from ._slots import LocalSlots, RedisSlots, Slots
 from ._validate import InvalidField, check, finite_float
 
@@ -232,6 +232,7 @@ class GatewayApp:
         resolved = resolve(loaded)
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
+        self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
         self.client = AsyncOpenAI(config=loaded, **client_options)
         _refuse_cookies(self.client)
         self.metrics = GatewayMetrics()
@@ -333,6 +334,8 @@ class GatewayApp:
             if not self.settings.metrics_public:
                 self._authenticate(headers, exchange)
             data = self.client.metrics.exposition() + self.metrics.exposition()
+            # No label can carry an upstream key, whole or masked, whatever an upstream said.
+            data = self._scrub(data.decode()).encode()
             await exchange.whole(200, data, METRICS_CONTENT_TYPE)
             return
         if not path.startswith("/v1/"):
@@ -673,12 +676,11 @@ class GatewayApp:
         await exchange.whole(refused.status, data, headers=refused.headers)
 
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, _REDACTED)
-        return text
+        return scrub(text, self._secrets, _REDACTED, self._masked)
 
     def _error_bytes(self, body: Any) -> bytes:
-        return self._scrub(json.dumps(body)).encode()
+        # Not ASCII-escaped, so a masked key's ellipsis or bullets are seen as such.
+        return self._scrub(json.dumps(body, ensure_ascii=False)).encode()
 
     def _map_error(self, exc: Exception) -> _Refused:
         """An exception of the routed call as the OpenAI-shaped error a client should see."""
