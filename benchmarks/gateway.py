@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -119,16 +119,22 @@ def gateway_process(
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
-    )
-    try:
+    with child(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if readable else ""
         if "listening on " not in line:
             raise RuntimeError(f"the gateway did not start: {line!r}")
         yield line.split("listening on ", 1)[1].split()[0], ctx, proc.pid
+
+
+@contextmanager
+def child(command: list[str], **options: Any) -> Iterator[subprocess.Popen[Any]]:
+    """A child process (``options`` for ``Popen``), terminated when the block ends (killed
+    if it has not exited 15 s later)."""
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, **options)
+    try:
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -136,6 +142,25 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_ready(
+    proc: subprocess.Popen[Any], name: str, ready: Callable[[], bool], seconds: float
+) -> None:
+    """Poll ``ready()`` (an ``OSError`` counts as not ready) until it holds; ``RuntimeError``
+    if ``proc`` exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not answer within {seconds:g} s")
+        time.sleep(0.3)
 
 
 @contextmanager
@@ -163,35 +188,16 @@ def granian_process(
     if tls:
         command += ["--ssl-certificate", cert, "--ssl-keyfile", pkcs8]
     command += ["--factory", "_granian_gateway:app"]
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        env={**env, "LLMROUTE_CONFIG": config},
-        start_new_session=True,
-    )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"granian exited with {proc.returncode}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("granian did not listen within 60 s")
-            time.sleep(0.2)
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    options: dict[str, Any] = {"stdout": subprocess.DEVNULL, "start_new_session": True}
+    with child(command, env={**env, "LLMROUTE_CONFIG": config}, **options) as proc:
+        wait_ready(proc, "granian", listening, 60)
         yield url + "/v1", proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 LITELLM_KEY = "sk-bench-litellm-master"
@@ -237,36 +243,16 @@ def litellm_process(sim: SimulatorProcess, folder: str, python: Path) -> Iterato
     }
     script = python.parent / "litellm"
     command = [str(script), "--config", config, "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"LiteLLM's proxy exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(url + "/health/liveliness", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("LiteLLM's proxy did not answer within 180 s")
-            time.sleep(0.5)
+
+    def live() -> bool:
+        with urllib.request.urlopen(url + "/health/liveliness", timeout=2) as reply:
+            return reply.status == 200
+
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    with child(command, env=env, **quiet) as proc:
+        wait_ready(proc, "LiteLLM's proxy", live, 180)
         yield url + "/v1", proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _free_port() -> int:
