@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -77,11 +77,19 @@ def pct(values: Sequence[float], q: float) -> float:
 
 @contextmanager
 def gateway_process(
-    sim: SimulatorProcess, folder: str, *, tls: bool = True, gateway: str = "", workers: int = 1
+    sim: SimulatorProcess,
+    folder: str,
+    *,
+    tls: bool = True,
+    gateway: str = "",
+    workers: int = 1,
+    server: str = "hypercorn",
 ) -> Iterator[tuple[str, ssl.SSLContext, int]]:
-    """``llmroute serve`` in a child process, over HTTPS unless ``tls`` is false (then plain
-    HTTP/1.1); yields its base URL, a client context trusting its certificate and its pid.
-    ``gateway``: more lines of its ``[gateway]`` table."""
+    """``llmroute serve`` (``server="hypercorn"``) or granian serving the same ``GatewayApp``
+    in a child process, over HTTPS unless ``tls`` is false (then plain HTTP/1.1); yields its
+    base URL, a client context trusting its certificate and its pid. ``gateway``: more lines
+    of its ``[gateway]`` table."""
+    folder = tempfile.mkdtemp(dir=folder, prefix=f"{server}-")
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
@@ -101,22 +109,32 @@ def gateway_process(
         "SSL_CERT_FILE": sim.ca_pem_path or "",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    if server == "granian":
+        with granian_process(config, cert, key, env, tls=tls, workers=workers) as (url, pid):
+            yield url, ctx, pid
+        return
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, env=env
-    )
-    try:
+    with child(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if readable else ""
         if "listening on " not in line:
             raise RuntimeError(f"the gateway did not start: {line!r}")
-        ctx = ssl.create_default_context()
-        ca.configure_trust(ctx)
         yield line.split("listening on ", 1)[1].split()[0], ctx, proc.pid
+
+
+@contextmanager
+def child(command: list[str], **options: Any) -> Iterator[subprocess.Popen[Any]]:
+    """A child process (``options`` for ``Popen``), terminated when the block ends (killed
+    if it has not exited 15 s later)."""
+    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, **options)
+    try:
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -124,6 +142,62 @@ def gateway_process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def wait_ready(
+    proc: subprocess.Popen[Any], name: str, ready: Callable[[], bool], seconds: float
+) -> None:
+    """Poll ``ready()`` (an ``OSError`` counts as not ready) until it holds; ``RuntimeError``
+    if ``proc`` exits first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not answer within {seconds:g} s")
+        time.sleep(0.3)
+
+
+@contextmanager
+def granian_process(
+    config: str, cert: str, key: str, env: dict[str, str], *, tls: bool, workers: int
+) -> Iterator[tuple[str, int]]:
+    """granian (Rust, hyper) serving ``GatewayApp(config)`` (benchmarks/_granian_gateway.py):
+    HTTP/2 over TLS, or HTTP/1.1 without ``tls``; yields its base URL and pid."""
+    from cryptography.hazmat.primitives import serialization
+
+    port = _free_port()
+    pkcs8 = key + ".pkcs8"  # granian reads PKCS#8 keys only
+    loaded = serialization.load_pem_private_key(Path(key).read_bytes(), password=None)
+    Path(pkcs8).write_bytes(
+        loaded.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    command = [sys.executable, "-m", "granian", "--interface", "asgi", "--no-ws"]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+    command += ["--log-level", "warning", "--http", "2" if tls else "1"]
+    command += ["--working-dir", str(Path(__file__).resolve().parent)]
+    if tls:
+        command += ["--ssl-certificate", cert, "--ssl-keyfile", pkcs8]
+    command += ["--factory", "_granian_gateway:app"]
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+    def listening() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+
+    options: dict[str, Any] = {"stdout": subprocess.DEVNULL, "start_new_session": True}
+    with child(command, env={**env, "LLMROUTE_CONFIG": config}, **options) as proc:
+        wait_ready(proc, "granian", listening, 60)
+        yield url + "/v1", proc.pid
 
 
 LITELLM_KEY = "sk-bench-litellm-master"
@@ -169,36 +243,16 @@ def litellm_process(sim: SimulatorProcess, folder: str, python: Path) -> Iterato
     }
     script = python.parent / "litellm"
     command = [str(script), "--config", config, "--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"LiteLLM's proxy exited with {proc.returncode}")
-            try:
-                with urllib.request.urlopen(url + "/health/liveliness", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("LiteLLM's proxy did not answer within 180 s")
-            time.sleep(0.5)
+
+    def live() -> bool:
+        with urllib.request.urlopen(url + "/health/liveliness", timeout=2) as reply:
+            return reply.status == 200
+
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    with child(command, env=env, **quiet) as proc:
+        wait_ready(proc, "LiteLLM's proxy", live, 180)
         yield url + "/v1", proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _free_port() -> int:
@@ -234,18 +288,20 @@ async def batch(client: AsyncOpenAI, model: str, requests: int, concurrency: int
 
 async def measure(
     sim: SimulatorProcess,
-    gateway_url: str,
-    gateway_ctx: ssl.SSLContext,
-    gateway_pid: int,
+    gateways: dict[str, tuple[str, ssl.SSLContext, int]],
     levels: Sequence[int],
     rounds: int,
     per_batch: dict[int, int],
     litellm: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
+    """Each path's TTFTs and CPU per request at each level: ``direct`` to the simulator, each
+    of ``gateways`` (name -> base URL, TLS context, pid) and LiteLLM's proxy if given."""
     direct = AsyncOpenAI(api_key=UPSTREAM_KEY, base_url=sim.base_url, verify=sim.ssl_context())
-    through = AsyncOpenAI(api_key=GATEWAY_KEY, base_url=gateway_url, verify=gateway_ctx)
-    paths = {"direct": (direct, "sim-small"), "gateway": (through, "chat")}
-    pids = {"gateway": gateway_pid}
+    paths = {"direct": (direct, "sim-small")}
+    pids: dict[str, int] = {}
+    for name, (url, ctx, pid) in gateways.items():
+        paths[name] = (AsyncOpenAI(api_key=GATEWAY_KEY, base_url=url, verify=ctx), "chat")
+        pids[name] = pid
     if litellm is not None:
         paths["litellm"] = (AsyncOpenAI(api_key=LITELLM_KEY, base_url=litellm[0]), "chat")
         pids["litellm"] = litellm[1]
@@ -286,42 +342,26 @@ async def measure(
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
+    """One row per concurrency and proxy: its TTFT beside the direct path's, and its CPU per
+    request beside the simulator's (a bare hypercorn server streaming the same reply)."""
     lines = [
-        "| concurrency | requests per path | direct p50 | gateway p50 | added p50 | ratio p50 "
-        "| direct p99 | gateway p99 | added p99 | ratio p99 | CPU per request: gateway "
-        "| simulator |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| concurrency | path | requests | direct p50 | p50 | added p50 | ratio p50 "
+        "| direct p99 | p99 | added p99 | CPU per request | simulator's | CPU ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for level, row in results.items():
-        d, g = row["direct"], row["gateway"]
-        cells = [level, str(row["n"]["direct"])]
-        for q in ("p50", "p99"):
-            cells += [
-                f"{d[q] * 1000:.2f} ms",
-                f"{g[q] * 1000:.2f} ms",
-                f"**{(g[q] - d[q]) * 1000:+.2f} ms**",
-                f"{g[q] / d[q]:.2f}x",
-            ]
-        cells.append(f"{row['gateway_cpu_per_request'] * 1000:.2f} ms")
-        cells.append(f"{row['simulator_cpu_per_request'] * 1000:.2f} ms")
-        lines.append("| " + " | ".join(cells) + " |")
-    if any("litellm" in row for row in results.values()):
-        lines += [
-            "",
-            "| concurrency | direct p50 | LiteLLM p50 | added p50 | direct p99 | LiteLLM p99 "
-            "| added p99 | CPU per request: LiteLLM |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for level, row in results.items():
-            d, lite = row["direct"], row["litellm"]
-            cells = [level]
-            for q in ("p50", "p99"):
-                cells += [
-                    f"{d[q] * 1000:.2f} ms",
-                    f"{lite[q] * 1000:.2f} ms",
-                    f"**{(lite[q] - d[q]) * 1000:+.2f} ms**",
-                ]
-            cells.append(f"{row['litellm_cpu_per_request'] * 1000:.2f} ms")
+        d = row["direct"]
+        for name in row["n"]:
+            if name == "direct":
+                continue
+            g = row[name]
+            cpu, sim = row[f"{name}_cpu_per_request"], row["simulator_cpu_per_request"]
+            cells = [level, name, str(row["n"][name])]
+            cells += [f"{d['p50'] * 1000:.2f} ms", f"{g['p50'] * 1000:.2f} ms"]
+            cells += [f"**{(g['p50'] - d['p50']) * 1000:+.2f} ms**", f"{g['p50'] / d['p50']:.2f}x"]
+            cells += [f"{d['p99'] * 1000:.2f} ms", f"{g['p99'] * 1000:.2f} ms"]
+            cells += [f"**{(g['p99'] - d['p99']) * 1000:+.2f} ms**"]
+            cells += [f"{cpu * 1000:.2f} ms", f"{sim * 1000:.2f} ms", f"{cpu / sim:.2f}x"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -345,6 +385,12 @@ def main() -> None:
         " else .venv-litellm from 'make bench-litellm-env'); LiteLLM is skipped without one",
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
+    parser.add_argument(
+        "--servers",
+        default="hypercorn",
+        help="HTTP servers the gateway runs on, side by side: hypercorn (llmroute serve), "
+        "granian (pip install granian); comma-separated",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.quick:
@@ -357,24 +403,34 @@ def main() -> None:
             "--litellm PYTHON)",
             file=sys.stderr,
         )
+    servers = [name.strip() for name in args.servers.split(",") if name.strip()]
+    load_before = os.getloadavg()
     with (
         tempfile.TemporaryDirectory() as folder,
         SimulatorProcess(Profile(reply_tokens=args.tokens), tls=True) as sim,
-        gateway_process(sim, folder, tls=not args.plain, workers=args.workers) as (url, ctx, pid),
         ExitStack() as stack,
     ):
+        gateways = {
+            ("gateway" if name == "hypercorn" else f"gateway-{name}"): stack.enter_context(
+                gateway_process(sim, folder, tls=not args.plain, workers=args.workers, server=name)
+            )
+            for name in servers
+        }
         litellm = None
         if python is not None:
             try:
                 litellm = stack.enter_context(litellm_process(sim, folder, python))
             except (OSError, RuntimeError) as exc:
                 print(f"LiteLLM skipped: {exc}", file=sys.stderr)
-        results = asyncio.run(measure(sim, url, ctx, pid, [1, 64], args.rounds, per_batch, litellm))
-    info = machine(["openai", "httpx", "h2", "hypercorn", "anyio"])
+        results = asyncio.run(measure(sim, gateways, [1, 64], args.rounds, per_batch, litellm))
+    info = machine(["openai", "httpx", "h2", "hypercorn", "granian", "anyio"])
     if args.json:
         print(json.dumps({"results": results, "machine": info, "args": vars(args)}, indent=2))
         return
     print(report(results, args))
+    load = f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
+    print(f"\nload average (1 min): {load}; {versions}")
     print(
         f"\nnproc={info['nproc']} cpu={info['cpu']} python={info['python']} "
         f"rounds={args.rounds} tokens={args.tokens} "

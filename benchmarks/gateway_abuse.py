@@ -10,6 +10,7 @@ frames sent, the connections used and the GOAWAY codes received.
 
     .venv/bin/python benchmarks/gateway_abuse.py              # 2 x 2 attacks of 10 s
     .venv/bin/python benchmarks/gateway_abuse.py --seconds 3  # shorter
+    .venv/bin/python benchmarks/gateway_abuse.py --server granian  # the gateway on granian
 """
 
 from __future__ import annotations
@@ -133,13 +134,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="HTTP/2 abuse against llmroute serve")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--after", type=float, default=3.0, help="seconds measured after")
+    parser.add_argument(
+        "--server",
+        choices=("hypercorn", "granian"),
+        default="hypercorn",
+        help="the HTTP server under the gateway (granian: hyper's own HTTP/2 limits)",
+    )
     args = parser.parse_args()
-    print(machine(["h2", "hypercorn"]))
+    print(machine(["h2", "hypercorn", "granian"]))
+    runs = [("limits on (defaults)", ""), ("limits off", OFF)]
+    if args.server == "granian":
+        runs = [("granian (hyper's own)", "")]
     with SimulatorProcess(profile=Profile(reply_tokens=20)) as sim:
-        for label, extra in (("limits on (defaults)", ""), ("limits off", OFF)):
+        for label, extra in runs:
             with (
                 tempfile.TemporaryDirectory() as folder,
-                gateway_process(sim, folder, gateway=extra) as (url, ctx, pid),
+                gateway_process(sim, folder, gateway=extra, server=args.server) as (url, ctx, pid),
             ):
                 port = int(url.rsplit(":", 1)[1].split("/")[0])
                 for kind in ("reset", "ping"):

@@ -321,6 +321,15 @@ class RouteConfig(BaseModel):
     """Policy ``"prefix"``: the factor of the rule above (both must be exceeded)."""
     first_token_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     """Seconds an attempt may wait for its first token before the route moves on."""
+    connect_timeout: Annotated[Duration, Field(gt=0)] | None = None
+    """Seconds to open a connection to one of the route's targets; default the client's
+    (openai's ``timeout``: 5 s to connect)."""
+    total_timeout: Annotated[Duration, Field(gt=0)] | None = None
+    """Seconds a whole request of this route may take in the gateway (``llmroute serve``),
+    from its arrival to its last chunk: then an answer not started is a 504 and a stream
+    still going ends with an ``upstream_timeout`` error event (never ``[DONE]``). Default: no
+    bound beyond the first-token, between-token and read timeouts. The SDK leaves a call's
+    total to its caller (a cancel scope)."""
     continue_on_break: bool = True
     """Continue a stream that broke after content on another target."""
     stall_timeout: Annotated[Literal["auto", "off"] | float, BeforeValidator(_stall_input)] = "auto"

@@ -47,6 +47,7 @@ from ._errors import (
 from ._model_names import check_model_name
 from ._routes import ServerPolling, build_router, route_for, stats_sync_for
 from ._streaming import AsyncStream
+from ._timeouts import TimeoutHeaderError, request_timeouts, with_timeouts
 from ._types import AttemptReport, RouteReport, Timings
 from ._upstream import (
     Upstream,
@@ -272,15 +273,21 @@ class Dispatch:
         merged: dict[str, Any] = dict(body)
         if isinstance(options.extra_json, Mapping):
             merged.update(options.extra_json)
+        headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
         if route is not None:
             self._check_servable(route, kind, path)
+            try:
+                own = request_timeouts(headers)
+            except TimeoutHeaderError as exc:
+                raise _bad_request(str(exc), param=exc.header) from None
+            route, timeout = with_timeouts(route, timeout, own)
         return Call(
             kind=kind,
             path=path,
             route=route,
             body=merged,
             stream=bool(merged.get("stream")),
-            headers=dict(options.headers) if isinstance(options.headers, Mapping) else {},
+            headers=headers,
             query=dict(options.params) if isinstance(options.params, Mapping) else None,
             timeout=timeout,
         )

@@ -84,6 +84,7 @@ def route_for(
         stall_timeout=None if config.stall_timeout == "off" else config.stall_timeout,
         server_error_retries=config.server_error_retries,
         failover_on=frozenset(config.failover_on),
+        connect_timeout=config.connect_timeout,
     )
 
 

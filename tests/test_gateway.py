@@ -23,9 +23,11 @@ from openai.types.chat import ChatCompletionChunk
 import llmroute
 from llmroute._config import ConfigError, load_config
 from llmroute.cache import NAMESPACE_PATTERN
+from llmroute.cache._stores import MemoryStore
 from llmroute.server import Gateway, GatewayApp, KeyRing, dump_json
 from llmroute.server._app import key_namespace
 from llmroute.testing import Profile, Simulator
+from llmroute.testing._wire import masked_key
 
 # Under trio, openai's own AsyncStream leaves its SSE generators to the garbage collector when it
 # stops at [DONE] or is closed (as for httpx's in pyproject.toml); llmroute's streams do not.
@@ -393,6 +395,93 @@ async def test_secret_header_values_of_providers_are_scrubbed(sim: Simulator) ->
     for secret in (azure, anthropic, token, UPSTREAM_KEY):
         assert secret not in text
     assert text.count("[redacted]") == 4 and "trace-id 1234" in text
+
+
+def masked_forms_of(key: str) -> list[str]:
+    """The forms vendors echo a key in: first 8 and last 4 around stars (OpenAI's 401),
+    ``sk-...`` and the last 4, an ellipsis, the head alone with stars."""
+    return [
+        masked_key(key),
+        f"{key[:3]}...{key[-4:]}",
+        f"{key[:4]}\u2026{key[-4:]}",
+        f"****{key[-4:]}",
+        f"{key[:6]}****",
+    ]
+
+
+def test_masked_forms_of_upstream_keys_are_scrubbed(gateway: Gateway) -> None:
+    app = gateway.app
+    for form in masked_forms_of(UPSTREAM_KEY):
+        text = app._scrub(f"Incorrect API key provided: {form}. See your account.")
+        assert form not in text and UPSTREAM_KEY[-4:] not in text
+        assert text == "Incorrect API key provided: [redacted]. See your account."
+    # Ordinary text keeps its dots, stars and words that merely end like the key.
+    plain = "Loading... done ** 5 items, x-request-id abc, SHOWN, ends with HOWN"
+    assert app._scrub(plain) == plain
+
+
+@pytest.mark.anyio
+async def test_an_upstream_401_echoing_the_masked_key_leaks_it_nowhere(
+    sim: Simulator, slow: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The simulator's 401 quotes the key as OpenAI's does (sk-upstr****...HOWN): not in the
+    502's message, a stream's answer, the logs, /metrics, /health or the cache's entries."""
+    caplog.set_level(logging.DEBUG)
+    config = gateway_config(sim, slow)
+    denied = {"base_url": sim.base_url, "api_key": UPSTREAM_KEY, "headers": {"x-sim-fault": "401"}}
+    config["providers"]["denied"] = denied
+    config["models"]["denied"] = {"targets": ["denied:sim-small"]}
+    config["models"]["fallback"] = {
+        "targets": ["denied:sim-small", "sim:sim-small"],
+        "policy": "failover",
+    }
+    config["gateway"]["metrics_public"] = True
+    masked = masked_key(UPSTREAM_KEY)
+    texts: list[str] = []
+    with Gateway(config, environ=ENVIRON, verify=sim.ssl_context(), max_retries=0) as gateway:
+        async with client_for(gateway) as client:
+            with pytest.raises(openai.APIStatusError) as failed:
+                await client.chat.completions.create(model="denied", messages=MESSAGES)
+            assert failed.value.status_code == 502
+            assert "denied:sim-small" in failed.value.message  # the cause is still named
+            texts.append(failed.value.response.text)
+            messages = [{"role": "user", "content": f"masked {time.time_ns()}"}]
+            stream = await client.chat.completions.create(
+                model="fallback", messages=messages, stream=True, temperature=0
+            )
+            texts.append("".join([c.model_dump_json() async for c in stream]))
+        async with httpx.AsyncClient() as plain:
+            for path in ("/metrics", "/health"):
+                answer = await plain.get(root(gateway) + path)
+                assert answer.status_code == 200
+                texts.append(answer.text)
+        cache = gateway.app.client._llmroute.cache  # pyright: ignore[reportPrivateUsage]
+        assert cache is not None
+        store = cache.store
+        assert isinstance(store, MemoryStore)
+        entries = store._entries  # pyright: ignore[reportPrivateUsage]
+        for _ in range(100):  # stored in the background once the stream ended
+            if entries:
+                break
+            await anyio.sleep(0.05)
+        assert entries  # the fallback's answer was stored
+        texts.extend(repr(value) for value in entries.values())
+    records = [r for r in caplog.records if r.name.startswith(("llmroute", "hypercorn"))]
+    texts.append("\n".join(r.getMessage() for r in records))
+    # The upstream did echo it: the direct answer carries the masked key.
+    async with openai.AsyncOpenAI(
+        base_url=sim.base_url,
+        api_key=UPSTREAM_KEY,
+        max_retries=0,
+        default_headers={"x-sim-fault": "401"},
+        http_client=httpx.AsyncClient(verify=sim.ssl_context()),
+    ) as direct:
+        with pytest.raises(openai.AuthenticationError) as refused:
+            await direct.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert masked in refused.value.message
+    for text in texts:
+        scan(text)
+        assert masked not in text and UPSTREAM_KEY[-4:] not in text
 
 
 @pytest.mark.anyio

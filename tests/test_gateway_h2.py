@@ -169,3 +169,41 @@ def test_the_bounded_buffer_holds_its_writer_until_it_drains() -> None:
         await asyncio.wait_for(writer, DEADLINE)
 
     asyncio.run(main())
+
+
+def test_the_gateway_s_send_order_takes_ready_streams_in_turn() -> None:
+    """The gateway's stand-in for hypercorn's priority tree: the same calls and errors."""
+    from priority.priority import (
+        DeadlockError,
+        DuplicateStreamError,
+        MissingStreamError,
+        TooManyStreamsError,
+    )
+
+    from llmroute.server._h2 import _ReadyStreams  # pyright: ignore[reportPrivateUsage]
+
+    ready = _ReadyStreams()
+    with pytest.raises(DeadlockError):
+        next(ready)
+    for stream_id in (1, 3, 5):
+        ready.insert_stream(stream_id)
+        ready.block(stream_id)  # as hypercorn does for a new stream: no data yet
+    with pytest.raises(DeadlockError):
+        next(ready)
+    ready.unblock(3)
+    ready.unblock(1)
+    assert [next(ready) for _ in range(4)] == [3, 1, 3, 1]  # in turn, in the order they came
+    ready.block(3)
+    assert [next(ready) for _ in range(2)] == [1, 1]
+    ready.reprioritize(5, depends_on=1, weight=200)  # accepted, not kept
+    ready.remove_stream(1)
+    with pytest.raises(DeadlockError):
+        next(ready)
+    with pytest.raises(MissingStreamError):
+        ready.unblock(1)
+    with pytest.raises(DuplicateStreamError):
+        ready.insert_stream(5)
+    for stream_id in range(7, 7 + 2 * 998, 2):
+        ready.insert_stream(stream_id)
+    with pytest.raises(TooManyStreamsError):  # 1,000 known at once, as priority's tree
+        ready.insert_stream(9999)

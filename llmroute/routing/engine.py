@@ -145,6 +145,8 @@ class Route:
     """Seconds a stream may send nothing after its first token before it counts as broken
     (and is continued on another target): ``"auto"`` derives it from the target's live
     pauses between chunks (:func:`~.stats.stall_deadline`), ``None`` turns it off."""
+    connect_timeout: float | None = None
+    """Seconds to open a connection to a target (``None``: the call's own timeout)."""
     failover_on: frozenset[str] = frozenset()
     """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
     the route fails over on instead of returning them to the caller."""

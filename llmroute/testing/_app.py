@@ -245,7 +245,8 @@ class SimApp:
             return None
         if fault.kind in STATUS_FAULTS:
             self._count_fault(fault.kind)
-            await status_fault(send, fault.kind, retry_after, rid)
+            key = headers.get("authorization", "").removeprefix("Bearer ").strip()
+            await status_fault(send, fault.kind, retry_after, rid, key)
             return None
         if fault.slow is not None:
             self._count_fault("slow")

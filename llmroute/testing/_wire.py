@@ -156,8 +156,18 @@ async def respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def status_fault(send: Send, kind: str, retry_after: float, rid: str) -> None:
-    """Answer a status fault (429, 500, 503, html502) as OpenAI (or a proxy in front) does."""
+def masked_key(key: str) -> str:
+    """A key as OpenAI's 401 message echoes it: its first 8 characters, stars, its last 4."""
+    if len(key) < 16:
+        return "*" * len(key)
+    return key[:8] + "*" * (len(key) - 12) + key[-4:]
+
+
+async def status_fault(
+    send: Send, kind: str, retry_after: float, rid: str, api_key: str = ""
+) -> None:
+    """Answer a status fault (429, 500, 503, html502) as OpenAI (or a proxy in front) does;
+    a 401 names the masked ``api_key`` as OpenAI's does."""
     retry = [
         (b"retry-after", str(max(0, math.ceil(retry_after))).encode()),
         (b"retry-after-ms", str(max(0, round(retry_after * 1000))).encode()),
@@ -174,6 +184,8 @@ async def status_fault(send: Send, kind: str, retry_after: float, rid: str) -> N
         await respond(send, 503, error_body(msg, "server_error", "overloaded"), rid, extra=retry)
     elif kind in _REQUEST_ERRORS:
         status, message, type_, code, param = _REQUEST_ERRORS[kind]
+        if kind == "401" and api_key:
+            message = f"Incorrect API key provided: {masked_key(api_key)} (simulated)."
         await respond(send, status, error_body(message, type_, code, param), rid)
     else:
         await respond(send, 502, HTML_502, rid, content_type=b"text/html")
