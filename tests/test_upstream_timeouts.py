@@ -234,6 +234,11 @@ async def test_gateway_total_timeout_cuts_a_stream_and_cancels_its_upstream(
 ) -> None:
     """A 3 s answer with a 500 ms total: some chunks, then an upstream_timeout event, no
     [DONE], and the upstream stream cancelled."""
+    for _ in range(200):  # earlier tests' resets are noticed asynchronously: let them land
+        if slow.stats()["in_flight"] == 0:
+            break
+        await anyio.sleep(0.05)
+    assert slow.stats()["in_flight"] == 0
     before = slow.stats()["streams_cancelled"]
     body = {"model": "chat", "messages": MESSAGES, "stream": True}
     answer = await post(gateway, body, {TOTAL_HEADER: "500ms"})
