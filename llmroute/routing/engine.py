@@ -290,8 +290,8 @@ class Router:
         send: Sender,
         *,
         stream: bool,
-        kind: str,
-        unservable: Iterable[str],
+        kind: str = "chat",
+        unservable: Iterable[str] = (),
     ) -> _Run:
         tokens = estimate_prompt_tokens(prompt_messages(body, kind))
         bounds = self.stats.settings.prompt_classes
