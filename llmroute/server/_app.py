@@ -17,6 +17,7 @@ import anyio
 import openai
 import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
@@ -50,9 +51,15 @@ Send = Callable[[Message], Awaitable[None]]
 _CHAT = "/v1/chat/completions"
 _COMPLETIONS = "/v1/completions"
 _EMBEDDINGS = "/v1/embeddings"
+_RESPONSES = "/v1/responses"
 _MODELS = "/v1/models"
-_POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input"}
-_KINDS = {_CHAT: "chat", _COMPLETIONS: "completions", _EMBEDDINGS: "embeddings"}
+_POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
+_KINDS = {
+    _CHAT: "chat",
+    _COMPLETIONS: "completions",
+    _EMBEDDINGS: "embeddings",
+    _RESPONSES: "responses",
+}
 # Headers a gateway client may set for the cache and the timeouts behind it (checked first);
 # nothing else it sends goes upstream. Its x-llmroute-timeout-total the gateway keeps itself.
 _FORWARDED = (
@@ -74,6 +81,14 @@ def dump_json(model: pydantic.BaseModel) -> bytes:
     """An ``openai.types`` object as the JSON it came from: the fields it was built with
     (``exclude_unset``: none invented), the vendor's unknown fields kept, API names used."""
     return model.model_dump_json(by_alias=True, exclude_unset=True, warnings=False).encode()
+
+
+def _named_event(event: pydantic.BaseModel) -> bytes:
+    """A Responses API stream event on the wire: ``event: <type>`` and its JSON."""
+    kind = getattr(event, "type", None)
+    named = isinstance(kind, str) and kind.isprintable()
+    head = b"event: " + kind.encode() + b"\n" if named else b""  # type: ignore[union-attr]
+    return head + b"data: " + dump_json(event) + b"\n\n"
 
 
 def group_namespace(group: str) -> str:
@@ -497,6 +512,7 @@ class GatewayApp:
     ) -> None:
         """The routed call and its answer, within ``total`` seconds if given."""
         stream: openai.AsyncStream[Any] | None = None
+        sequence: object = None
         result: object = None
         failure: Exception | None = None
         complete = False
@@ -526,8 +542,13 @@ class GatewayApp:
                             "text/event-stream; charset=utf-8",
                             {"cache-control": "no-cache", "x-llmroute-cache": cache},
                         )
-                        async for chunk in stream:
-                            await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
+                        if path == _RESPONSES:  # named events, as OpenAI sends them
+                            async for event in stream:
+                                sequence = getattr(event, "sequence_number", sequence)
+                                await exchange.chunk(_named_event(event))
+                        else:
+                            async for chunk in stream:
+                                await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
                         complete = True
                 if limit.cancelled_caught and total is not None:
                     result = None
@@ -551,7 +572,8 @@ class GatewayApp:
             return
         if stream is not None:
             if complete:
-                await exchange.body(b"data: [DONE]\n\n")
+                # A Responses stream ends with its response.completed event; chat's with [DONE].
+                await exchange.body(b"" if path == _RESPONSES else b"data: [DONE]\n\n")
                 return
             self.metrics.stream_errors.labels(exchange.key, exchange.label).inc()
             if failure is None:
@@ -562,6 +584,18 @@ class GatewayApp:
                 )
             else:
                 event = self._stream_error(failure)
+            if path == _RESPONSES:  # the Responses API's own error event
+                error = event["error"]
+                number = sequence + 1 if isinstance(sequence, int) else None
+                event = {
+                    "type": "error",
+                    "code": error["code"],
+                    "message": error["message"],
+                    "param": None,
+                    "sequence_number": number,
+                }
+                await exchange.body(b"event: error\ndata: " + self._error_bytes(event) + b"\n\n")
+                return
             await exchange.body(b"data: " + self._error_bytes(event) + b"\n\n")
             return
         if failure is not None:
@@ -586,6 +620,15 @@ class GatewayApp:
                 options={"headers": extra_headers},
                 stream=bool(body.get("stream")),
                 stream_cls=openai.AsyncStream[ChatCompletionChunk],
+            )
+        if path == _RESPONSES:  # posted as it is too: the body is checked already
+            return await client.post(
+                "/responses",
+                body=body,
+                cast_to=Response,
+                options={"headers": extra_headers},
+                stream=bool(body.get("stream")),
+                stream_cls=openai.AsyncStream[ResponseStreamEvent],
             )
         rest = dict(body)
         model = rest.pop("model")
@@ -841,7 +884,7 @@ def _cache_hit(result: object) -> bool:
 
 
 def _label(path: str) -> str:
-    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _MODELS, "/health", "/metrics"):
+    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics"):
         return path
     if path.startswith(_MODELS + "/"):
         return _MODELS + "/{model}"

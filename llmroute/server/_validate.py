@@ -212,6 +212,31 @@ _SAMPLING: dict[str, Callable[[str, object], None]] = {
     "logit_bias": _logit_bias,
 }
 
+
+def _response_input(param: str, value: object) -> None:
+    """A Responses API ``input``: a string, or a non-empty array of items (objects)."""
+    if isinstance(value, str):
+        return
+    if not isinstance(value, list):
+        raise _wrong_type(param, "a string or an array of input items", value)
+    if not value:
+        raise InvalidField(
+            param,
+            f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
+            "but got an empty array instead.",
+            "empty_array",
+        )
+    for i, item in enumerate(value):
+        _object(f"{param}[{i}]", item)
+
+
+def _string_list(param: str, value: object) -> None:
+    if not isinstance(value, list):
+        raise _wrong_type(param, "an array of strings", value)
+    for i, item in enumerate(value):
+        _string(f"{param}[{i}]", item)
+
+
 _FIELDS: Mapping[str, Mapping[str, Callable[[str, object], None]]] = {
     "chat": {
         **_SAMPLING,
@@ -231,6 +256,27 @@ _FIELDS: Mapping[str, Mapping[str, Callable[[str, object], None]]] = {
         "best_of": _number(1, 20, integer=True),
         "suffix": _string,
     },
+    "responses": {
+        "input": _response_input,
+        "instructions": _string,
+        "stream": _boolean,
+        "temperature": _number(0, 2),
+        "top_p": _number(0, 1),
+        "max_output_tokens": _number(1, None, integer=True),
+        "top_logprobs": _number(0, 20, integer=True),
+        "tools": _list_of_objects,
+        "tool_choice": _string_or_object,
+        "parallel_tool_calls": _boolean,
+        "text": _object,
+        "reasoning": _object,
+        "previous_response_id": _string,
+        "store": _boolean,
+        "background": _boolean,
+        "metadata": _object,
+        "user": _string,
+        "include": _string_list,
+        "truncation": _string,
+    },
     "embeddings": {
         "input": _prompt_like,
         "encoding_format": _encoding_format,
@@ -242,8 +288,8 @@ _FIELDS: Mapping[str, Mapping[str, Callable[[str, object], None]]] = {
 
 def check(kind: str, body: Mapping[str, Any]) -> None:
     """Raise :class:`InvalidField` for the first field of ``body`` (a ``kind`` request:
-    ``chat``, ``completions`` or ``embeddings``) OpenAI would refuse. ``null`` is accepted for
-    every optional field, as OpenAI does, but not for the required one."""
+    ``chat``, ``completions``, ``embeddings`` or ``responses``) OpenAI would refuse. ``null``
+    is accepted for every optional field, as OpenAI does, but not for the required one."""
     fields = _FIELDS[kind]
     for name, value in body.items():
         checker = fields.get(name)
