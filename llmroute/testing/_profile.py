@@ -36,6 +36,13 @@ class Profile:
     """Delay between tokens in seconds (0: no timer at all)."""
     reply_tokens: int = 32
     """Length of a full reply in tokens (one token is one word)."""
+    token_bytes: int = 0
+    """Pad each token of a chat reply to this many characters (0: a word as is); 4096 makes
+    events as long as a vendor's tool-call arguments."""
+    frame_per_event: bool = False
+    """Send every SSE event in its own HTTP/2 DATA frame and TLS record, as vendors that flush
+    each token do (False: hypercorn coalesces whatever the app sent meanwhile, often ~8 events
+    per frame)."""
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0
