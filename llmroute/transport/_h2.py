@@ -250,8 +250,9 @@ class HTTP2Connection:
             with self._h2_errors(state):
                 self._h2.send_headers(stream_id, headers, end_stream=end_stream)
             state.local_ended = end_stream
-            await self._flush(write_timeout)
-            if not end_stream:
+            if end_stream:
+                await self._flush(write_timeout)
+            else:  # the headers leave with the body's first write
                 await self._send_body(state, request, write_timeout)
             await self._wait(state, read_timeout, lambda: state.status is not None)
         except httpx.TransportError as exc:
@@ -307,6 +308,9 @@ class HTTP2Connection:
         self, state: _StreamState, request: httpx.Request, write_timeout: float | None
     ) -> None:
         stream_id = state.id
+        # A body known in full (httpx's JSON and bytes bodies) leaves with its headers and its
+        # end in one write; a streamed one is sent as each chunk comes.
+        whole = isinstance(request.stream, httpx.ByteStream)
         # The body is iterated to its end even when the server answered early (then nothing more
         # is sent): leaving the iterator half-run would leave an unfinished async generator.
         async for chunk in request.stream:  # type: ignore[union-attr]
@@ -319,12 +323,14 @@ class HTTP2Connection:
                         self._h2.max_outbound_frame_size,
                     )
                 if window <= 0:
+                    await self._flush(write_timeout)
                     await self._wait_for_window(state, write_timeout)
                     continue
                 with self._h2_errors(state):
                     self._h2.send_data(stream_id, bytes(view[:window]))
                 view = view[window:]
-                await self._flush(write_timeout)
+                if not whole or len(self._h2._data_to_send) >= _READ_SIZE:
+                    await self._flush(write_timeout)
         if state.ended:
             return  # the server answered before reading it all (RFC 9113 8.1)
         self._raise_if_failed(state)
