@@ -687,6 +687,11 @@ def parse_body(
     Invalid JSON raises :class:`MalformedResponseError` naming ``target``.
     """
     data = load_json(raw, request=request, target=target, response=response)
+    if type(data) is dict and isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
+        try:
+            return cast(_M, _shape(cls).construct(data))
+        except _Slow:
+            pass
     return cast(_M, construct_type(type_=cls, value=data))
 
 
