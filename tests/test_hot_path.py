@@ -246,3 +246,70 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         text, hit = await _ask(client)
         assert hit and text == live
         assert decoded["n"] == 2
+
+
+_COMPLETIONS = [
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi", "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 1,
+            "completion_tokens": 1,
+            "total_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+        "system_fingerprint": "fp",
+        "vendor_field": {"x": [1, 2]},
+    },
+    {
+        "id": "chatcmpl-2",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                "logprobs": {"content": [{"token": "a", "logprob": -0.1, "top_logprobs": []}]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    },
+    {"id": "x", "choices": "not a list", "created": "yesterday"},
+]
+
+
+@pytest.mark.parametrize("body", _COMPLETIONS)
+def test_whole_completions_are_built_as_openai_builds_them(body: dict[str, Any]) -> None:
+    from openai.types.chat import ChatCompletion
+
+    from llmroute.protocols.openai import parse_chat_completion
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    for _ in range(3):  # the first time, then the compiled layout
+        raw = json.dumps(body).encode()
+        ours = parse_chat_completion(raw, request=request, target="t")
+        theirs = construct_type(type_=ChatCompletion, value=json.loads(raw))
+        assert type(ours) is type(theirs)
+        assert ours == theirs
+        assert ours.model_fields_set == theirs.model_fields_set  # type: ignore[union-attr]
