@@ -39,6 +39,8 @@ class Profile:
     token_bytes: int = 0
     """Pad each token of a chat reply to this many characters (0: a word as is); 4096 makes
     events as long as a vendor's tool-call arguments."""
+    max_streams: int = 1000
+    """The HTTP/2 streams a client may open at once on one connection (SETTINGS)."""
     frame_per_event: bool = False
     """Send every SSE event in its own HTTP/2 DATA frame and TLS record, as vendors that flush
     each token do (False: hypercorn coalesces whatever the app sent meanwhile, often ~8 events

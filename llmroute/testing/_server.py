@@ -199,7 +199,7 @@ async def _serve(
     # hypercorn ends a connection after this many requests, and its h2 cannot finish the
     # streams in flight then; long benchmarks must not see that as faults.
     config.keep_alive_max_requests = 10_000_000
-    config.h2_max_concurrent_streams = 1000
+    config.h2_max_concurrent_streams = app.profile.max_streams
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
 
 

@@ -136,6 +136,8 @@ class HTTP2Connection:
         self._error: Exception | None = None
         self._settings_received = False
         self.max_streams = 100
+        self.stream_cap = MAX_STREAMS
+        """Streams in flight here at most, whatever the server allows (set before ``start``)."""
         self.last_used = time.monotonic()
         self.on_stream_closed: Callable[[HTTP2Connection], None] | None = None
 
@@ -576,7 +578,7 @@ class HTTP2Connection:
                 self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_received = True
-            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, MAX_STREAMS)
+            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, self.stream_cap)
             self._wake_senders()  # the initial window may have grown
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._goaway = True
