@@ -313,3 +313,61 @@ def test_whole_completions_are_built_as_openai_builds_them(body: dict[str, Any])
         assert type(ours) is type(theirs)
         assert ours == theirs
         assert ours.model_fields_set == theirs.model_fields_set  # type: ignore[union-attr]
+
+
+class _ScanCounter(bytearray):
+    """An SSE decoder buffer that counts the bytes its searches look at."""
+
+    scanned = 0
+
+    def rfind(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        _ScanCounter.scanned += len(self) - (start or 0)
+        return super().rfind(sub, start, end)
+
+
+def _event(content: str) -> bytes:
+    chunk = _chunk_data(content)
+    chunk["choices"][0]["finish_reason"] = "stop"
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("size", [32 * 1024, 64 * 1024])
+def test_an_event_split_at_every_byte_is_decoded_with_work_linear_in_its_size(size: int) -> None:
+    from llmroute.protocols.openai import ChatStreamDecoder
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    decoder = ChatStreamDecoder(request=request, target="t")
+    decoder._sse._buf = _ScanCounter()  # type: ignore[attr-defined]
+    _ScanCounter.scanned = 0
+    stream = _event("x" * size)
+    chunks: list[Any] = []
+    for i in range(len(stream)):
+        chunks += decoder.feed(stream[i : i + 1])
+    assert len(chunks) == 1 and chunks[0].choices[0].delta.content == "x" * size
+    assert decoder._sse.buffered == 0  # type: ignore[attr-defined]
+    assert 0 < _ScanCounter.scanned <= 2 * len(stream)  # each byte looked at about once, not n^2
+
+
+def test_a_one_megabyte_event_and_bad_events_give_output_or_typed_errors() -> None:
+    from llmroute._errors import MalformedStreamError
+    from llmroute.protocols.openai import ChatStreamDecoder
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    big = _event("y" * (1024 * 1024))
+    decoder = ChatStreamDecoder(request=request, target="t")
+    chunks: list[Any] = []
+    for i in range(0, len(big), 1000):
+        chunks += decoder.feed(big[i : i + 1000])
+        assert decoder._sse.buffered <= len(big)  # type: ignore[attr-defined]
+    assert len(chunks) == 1 and len(chunks[0].choices[0].delta.content) == 1024 * 1024
+    small = ChatStreamDecoder(request=request, target="t", max_event_bytes=64 * 1024)
+    with pytest.raises(MalformedStreamError, match="max_event_bytes"):
+        for i in range(0, len(big), 1000):
+            small.feed(big[i : i + 1000])
+    assert small._sse.buffered <= 64 * 1024 + 1000  # type: ignore[attr-defined]
+    for bad, what in [(b"data: {\xff}\n\n", "UTF-8"), (b"data: {nope\n\n", "not valid JSON")]:
+        decoder = ChatStreamDecoder(request=request, target="t")
+        with pytest.raises(MalformedStreamError, match=what) as caught:
+            decoder.feed(_event("ok") + bad)  # the good chunk first, the error at the next feed
+            decoder.feed(b"")
+        assert caught.value.target == "t"  # type: ignore[attr-defined]
