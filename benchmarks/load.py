@@ -125,7 +125,7 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
                     await anyio.sleep(0.05)
 
             started, cpu0 = time.monotonic(), time.process_time()
-            with anyio.fail_after(600):
+            with anyio.fail_after(1800):
                 async with anyio.create_task_group() as outer:
                     outer.start_soon(watch)
                     async with anyio.create_task_group() as tg:

@@ -32,6 +32,7 @@ from hypercorn.config import Config
 from hypercorn.protocol.events import Body, EndBody, EndData, StreamClosed, Trailers
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h2 import H2Protocol
+from priority.priority import PriorityTree
 
 from ._app import SimApp
 from ._profile import Profile
@@ -89,6 +90,14 @@ class _ResettingH2Protocol(_BaseH2Protocol):  # type: ignore[misc,valid-type]
     bounds the send buffers of servers whose config sets `h2_bounded_stream_buffers` (the
     simulator's and the gateway's; see llmroute/server/_h2.py).
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # hypercorn's priority tree refuses its 1,001st stream (priority's default limit) with an
+        # exception that stalls the whole connection: size it to the streams the server allows.
+        limit = int(getattr(self.config, "h2_max_concurrent_streams", 0) or 0)
+        if limit > 500:
+            self.priority = PriorityTree(maximum_streams=2 * limit)
 
     async def stream_send(self, event: StreamEvent) -> None:
         if getattr(self.config, "reset_unfinished_streams", False):
