@@ -96,6 +96,7 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
             peak = {"rss": rss_before, "in_flight": 0, "connections": 0}
             answers: dict[int, tuple[str, str | None]] = {}
             counts = {"chunks": 0, "failed": 0}
+            causes: collections.Counter[str] = collections.Counter()
             in_flight = 0
 
             async def one(i: int) -> None:
@@ -109,8 +110,9 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
                         stream=True,
                     )
                     answers[i] = await _read(stream, counts)
-                except Exception:
+                except Exception as exc:
                     counts["failed"] += 1
+                    causes[type(exc).__name__] += 1
                 finally:
                     in_flight -= 1
 
@@ -141,6 +143,7 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
         "answered": len(answers),
         "wrong": wrong,
         "failed": counts["failed"],
+        "failures_by_type": dict(causes),
         "seconds": round(elapsed, 2),
         "cpu_seconds": round(cpu, 2),
         "chunks": counts["chunks"],
