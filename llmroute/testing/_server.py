@@ -198,7 +198,8 @@ async def _serve(
     """Serve `app` on the listening socket (hypercorn takes it over) until `shutdown`."""
     _install_h2_reset()
     config = _SimConfig(_server_ssl_context(http2) if tls else None)
-    config.sim_app = app
+    profile = getattr(app, "profile", None)  # the SGLang stand-in serves an app of its own
+    config.sim_app = app if isinstance(profile, Profile) else None
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = _LOG
@@ -208,7 +209,9 @@ async def _serve(
     # hypercorn ends a connection after this many requests, and its h2 cannot finish the
     # streams in flight then; long benchmarks must not see that as faults.
     config.keep_alive_max_requests = 10_000_000
-    config.h2_max_concurrent_streams = app.profile.max_streams
+    config.h2_max_concurrent_streams = (
+        profile.max_streams if isinstance(profile, Profile) else Profile.max_streams
+    )
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
 
 
