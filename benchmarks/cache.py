@@ -1,10 +1,13 @@
 """Cache benchmark: a disk-cache hit against a live call, and a Zipf workload with and without.
 
-Part 1, hit vs live. One client with the disk cache (a fresh directory) and one simulator in its
+Part 1, hit vs live, first with the in-memory cache, then the disk cache. One client with the
+cache (the disk one in a fresh directory) and one simulator in its
 own process (``SimulatorProcess``, TLS + HTTP/2, zero latency, 20-token replies). A prompt is asked
 until it is stored; then ``--pairs`` pairs are measured, interleaved: the stored prompt (a hit)
 and the same prompt with ``x-llmroute-cache: off`` (a live call on the same warm connection). Time
-to first chunk is from the ``create()`` call to the first chunk that carries content, streamed.
+to first chunk is from the ``create()`` call to the first chunk that carries content, streamed;
+also its client CPU, and the wall and CPU time openai's own request machinery takes before the
+call reaches llmroute's seam (``AsyncOpenAI.request``, wrapped by this script to note the time).
 
 Part 2, a Zipf workload. ``--requests`` (2,000) requests over ``--prompts`` (500) distinct prompts,
 prompt ranks drawn from a Zipf law (exponent ``--zipf``, 1.0) with a fixed seed, sent
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -50,9 +54,31 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-async def first_chunk(client: AsyncOpenAI, model: str, prompt: str, **extra: Any) -> float:
-    """Seconds from create() to the first chunk with content; the stream is read to its end."""
-    started = time.perf_counter()
+SEAM: list[tuple[float, float]] = []  # (wall, CPU) when a call reached llmroute's seam
+
+
+def _note_seam() -> None:
+    """Record when each call reaches ``AsyncOpenAI.request`` (after openai's own machinery)."""
+    real = AsyncOpenAI.request
+
+    async def request(self: AsyncOpenAI, *args: Any, **kwargs: Any) -> Any:
+        SEAM.append((time.perf_counter(), time.process_time()))
+        return await real(self, *args, **kwargs)
+
+    AsyncOpenAI.request = request  # type: ignore[method-assign]
+
+
+async def first_chunk(
+    client: AsyncOpenAI,
+    model: str,
+    prompt: str,
+    out: dict[str, list[float]] | None = None,
+    **extra: Any,
+) -> float:
+    """Seconds from create() to the first chunk with content; the stream is read to its end.
+    With ``out``: also the CPU to that chunk and the wall and CPU time spent before the seam."""
+    SEAM.clear()
+    started, cpu = time.perf_counter(), time.process_time()
     stream = await client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": prompt}],
@@ -65,6 +91,11 @@ async def first_chunk(client: AsyncOpenAI, model: str, prompt: str, **extra: Any
         async for chunk in stream:
             if math.isnan(ttft) and chunk.choices and chunk.choices[0].delta.content:
                 ttft = time.perf_counter() - started
+                if out is not None:
+                    out["cpu"].append(time.process_time() - cpu)
+                    if SEAM:
+                        out["seam"].append(SEAM[0][0] - started)
+                        out["seam_cpu"].append(SEAM[0][1] - cpu)
     return ttft
 
 
@@ -74,9 +105,15 @@ async def settle(client: AsyncOpenAI) -> None:
         await asyncio.sleep(0.002)
 
 
-async def hit_vs_live(pairs: int, directory: str) -> dict[str, Any]:
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": pct(values, 0.5) * 1e3, "p95": pct(values, 0.95) * 1e3}
+
+
+async def hit_vs_live(pairs: int, directory: str, backend: str = "disk") -> dict[str, Any]:
     with SimulatorProcess(Profile(reply_tokens=20)) as sim:
-        config = {"cache": {"backend": "disk", "path": directory}}
+        config: dict[str, Any] = {"cache": {"backend": backend}}
+        if backend == "disk":
+            config["cache"]["path"] = directory
         async with AsyncOpenAI(
             api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
         ) as client:
@@ -87,23 +124,46 @@ async def hit_vs_live(pairs: int, directory: str) -> dict[str, Any]:
                 await settle(client)
             hits: list[float] = []
             live: list[float] = []
+            hit_parts: dict[str, list[float]] = {"cpu": [], "seam": [], "seam_cpu": []}
+            live_parts: dict[str, list[float]] = {"cpu": [], "seam": [], "seam_cpu": []}
             off = {"extra_headers": {"x-llmroute-cache": "off"}}
             for i in range(pairs):
                 order = (True, False) if i % 2 == 0 else (False, True)
                 for cached in order:
                     if cached:
-                        hits.append(await first_chunk(client, "sim-small", prompt))
+                        hits.append(await first_chunk(client, "sim-small", prompt, hit_parts))
                     else:
-                        live.append(await first_chunk(client, "sim-small", prompt, **off))
+                        live.append(
+                            await first_chunk(client, "sim-small", prompt, live_parts, **off)
+                        )
             assert client._cache is not None
             stats = await client._cache.stats()
             assert stats.hits >= pairs, stats
     return {
+        "backend": backend,
         "pairs": pairs,
-        "hit_ms": {"p50": pct(hits, 0.5) * 1e3, "p95": pct(hits, 0.95) * 1e3},
-        "live_ms": {"p50": pct(live, 0.5) * 1e3, "p95": pct(live, 0.95) * 1e3},
+        "hit_ms": _ms(hits),
+        "hit_cpu_ms": _ms(hit_parts["cpu"]),
+        "hit_before_seam_ms": _ms(hit_parts["seam"]),
+        "hit_before_seam_cpu_ms": _ms(hit_parts["seam_cpu"]),
+        "live_ms": _ms(live),
+        "live_cpu_ms": _ms(live_parts["cpu"]),
         "ratio_p50": pct(hits, 0.5) / pct(live, 0.5),
     }
+
+
+def _report(part: dict[str, Any]) -> str:
+    return (
+        f"{part['backend']}-cache hit vs live ({part['pairs']} interleaved pairs, time to first "
+        "content chunk):\n"
+        f"  hit   p50 {part['hit_ms']['p50']:.3f} ms  p95 {part['hit_ms']['p95']:.3f} ms  "
+        f"(CPU p50 {part['hit_cpu_ms']['p50']:.3f} ms; openai's machinery before llmroute's seam "
+        f"p50 {part['hit_before_seam_ms']['p50']:.3f} ms, CPU "
+        f"{part['hit_before_seam_cpu_ms']['p50']:.3f} ms)\n"
+        f"  live  p50 {part['live_ms']['p50']:.3f} ms  p95 {part['live_ms']['p95']:.3f} ms  "
+        f"(CPU p50 {part['live_cpu_ms']['p50']:.3f} ms)\n"
+        f"  hit / live p50  {part['ratio_p50']:.3f}x"
+    )
 
 
 def zipf_sequence(requests: int, prompts: int, exponent: float, seed: int) -> list[int]:
@@ -151,16 +211,17 @@ async def workload(
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
+        _note_seam()
+        floor = await hit_vs_live(args.pairs, str(Path(tmp) / "memory"), "memory")
+        print(_report(floor), flush=True)
         part1 = await hit_vs_live(args.pairs, str(Path(tmp) / "hit"))
-        print(
-            f"hit vs live ({part1['pairs']} interleaved pairs, time to first content chunk):\n"
-            f"  disk-cache hit  p50 {part1['hit_ms']['p50']:.2f} ms  p95 "
-            f"{part1['hit_ms']['p95']:.2f} ms\n"
-            f"  live call       p50 {part1['live_ms']['p50']:.2f} ms  p95 "
-            f"{part1['live_ms']['p95']:.2f} ms\n"
-            f"  hit / live p50  {part1['ratio_p50']:.2f}x",
-            flush=True,
-        )
+        print(_report(part1), f"\n  load average {os.getloadavg()}", flush=True)
+        if args.hits_only:
+            return {
+                "machine": machine(["llmroute", "diskcache", "httpx", "h2", "openai"]),
+                "memory": floor,
+                "hit_vs_live": part1,
+            }
         profile = Profile(
             reply_tokens=20, inter_token=0.005, ttft_median=0.3, ttft_sigma=0.2, seed=7
         )
@@ -188,7 +249,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"cache hit rate {with_cache['hit_rate']:.1%}"
     )
     return {
-        "machine": machine(["llmroute", "diskcache", "httpx", "h2"]),
+        "machine": machine(["llmroute", "diskcache", "httpx", "h2", "openai"]),
+        "memory": floor,
         "hit_vs_live": part1,
         "zipf": {"distinct": distinct, "without": without, "with": with_cache, "saved": saved},
     }
@@ -202,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--zipf", type=float, default=1.0, help="Zipf exponent (1.0)")
     p.add_argument("--concurrency", type=int, default=32, help="requests at once (32)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 50 pairs, 200 requests")
+    p.add_argument("--hits-only", action="store_true", help="only the hit-vs-live parts")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
     args = p.parse_args(argv)
     if args.quick:

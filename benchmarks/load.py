@@ -13,6 +13,8 @@
           their deadline, outcomes, and the sizes of the live stats and the cache.
 
     .venv/bin/python benchmarks/load.py load                  # ~20 s
+    .venv/bin/python benchmarks/load.py load --streams 10000 --per-connection 1250
+    .venv/bin/python benchmarks/load.py load --streams 1000 --client openai
     .venv/bin/python benchmarks/load.py soak                  # ~2-3 min on 2 cores
     .venv/bin/python benchmarks/load.py soak --requests 2000  # a quick look
 """
@@ -24,6 +26,7 @@ import asyncio
 import collections
 import gc
 import json
+import os
 import random
 import ssl
 import sys
@@ -34,6 +37,7 @@ import _machine  # benchmarks/_machine.py, beside this script
 import anyio
 import anyio.lowlevel
 import httpx
+import openai
 
 from llmroute import AsyncOpenAI, OpenAIError
 from llmroute.testing import Profile, SimulatorProcess
@@ -47,24 +51,40 @@ def _port(base_url: str) -> int:
     return int(base_url.rsplit(":", 1)[1].split("/")[0])
 
 
-async def _read(stream: Any) -> tuple[str, str | None]:
+async def _read(stream: Any, counts: dict[str, int] | None = None) -> tuple[str, str | None]:
     parts: list[str] = []
     finish: str | None = None
     async with stream:
         async for chunk in stream:
+            if counts is not None:
+                counts["chunks"] += 1
             for choice in chunk.choices:
                 parts.append(choice.delta.content or "")
                 finish = choice.finish_reason or finish
     return "".join(parts), finish
 
 
-async def run_load(streams: int) -> dict[str, Any]:
-    profile = Profile(reply_tokens=30, ttft_median=1.0, inter_token=0.01)
+async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, Any]:
+    profile = Profile(
+        reply_tokens=30, ttft_median=1.0, inter_token=0.01, max_streams=per_connection
+    )
     with SimulatorProcess(profile=profile, tls=True) as sim:
         ctx = ssl.create_default_context(cafile=sim.ca_pem_path)
-        async with AsyncOpenAI(
-            api_key="sk-load", base_url=sim.base_url, verify=ctx, max_retries=0
-        ) as client:
+        if kind == "openai":
+            client: Any = openai.AsyncOpenAI(
+                api_key="sk-load",
+                base_url=sim.base_url,
+                max_retries=0,
+                timeout=300,
+                http_client=openai.DefaultAsyncHttpxClient(verify=ctx, timeout=300),
+            )
+        else:
+            client = AsyncOpenAI(
+                api_key="sk-load", base_url=sim.base_url, verify=ctx, max_retries=0
+            )
+            # Streams per HTTP/2 connection at most (the simulator allows as many).
+            client._llmroute.transport.max_streams_per_connection = per_connection
+        async with client:
             expected = {}
             for prompt in PROMPTS[:10]:
                 whole = await client.chat.completions.create(
@@ -75,6 +95,8 @@ async def run_load(streams: int) -> dict[str, Any]:
             rss_before = proc.rss_bytes()
             peak = {"rss": rss_before, "in_flight": 0, "connections": 0}
             answers: dict[int, tuple[str, str | None]] = {}
+            counts = {"chunks": 0, "failed": 0}
+            causes: collections.Counter[str] = collections.Counter()
             in_flight = 0
 
             async def one(i: int) -> None:
@@ -87,7 +109,10 @@ async def run_load(streams: int) -> dict[str, Any]:
                         messages=[{"role": "user", "content": prompt}],
                         stream=True,
                     )
-                    answers[i] = await _read(stream)
+                    answers[i] = await _read(stream, counts)
+                except Exception as exc:
+                    counts["failed"] += 1
+                    causes[type(exc).__name__] += 1
                 finally:
                     in_flight -= 1
 
@@ -101,28 +126,36 @@ async def run_load(streams: int) -> dict[str, Any]:
                     )
                     await anyio.sleep(0.05)
 
-            started = time.monotonic()
-            with anyio.fail_after(300):
+            started, cpu0 = time.monotonic(), time.process_time()
+            with anyio.fail_after(1800):
                 async with anyio.create_task_group() as outer:
                     outer.start_soon(watch)
                     async with anyio.create_task_group() as tg:
                         for i in range(streams):
                             tg.start_soon(one, i)
                     outer.cancel_scope.cancel()
-            elapsed = time.monotonic() - started
+            elapsed, cpu = time.monotonic() - started, time.process_time() - cpu0
     wrong = sum(1 for i, a in answers.items() if a != (expected[PROMPTS[i % 10]], "stop"))
     per_stream = (peak["rss"] - rss_before) / max(1, peak["in_flight"])
     return {
+        "client": kind,
         "streams": streams,
         "answered": len(answers),
         "wrong": wrong,
+        "failed": counts["failed"],
+        "failures_by_type": dict(causes),
         "seconds": round(elapsed, 2),
+        "cpu_seconds": round(cpu, 2),
+        "chunks": counts["chunks"],
+        "cpu_us_per_chunk": round(cpu / max(1, counts["chunks"]) * 1e6, 1),
         "peak_connections": peak["connections"],
-        "pool_limit": 8,
+        "pool_limit": 8 if kind == "llmroute" else 1000,
+        "streams_per_connection": per_connection if kind == "llmroute" else 1,
         "rss_before_mb": round(rss_before / 1e6, 1),
         "rss_peak_mb": round(peak["rss"] / 1e6, 1),
         "in_flight_at_peak": peak["in_flight"],
         "kb_per_stream": round(per_stream / 1e3, 1),
+        "load_average": os.getloadavg(),
     }
 
 
@@ -276,6 +309,13 @@ def main() -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     load = sub.add_parser("load")
     load.add_argument("--streams", type=int, default=2000)
+    load.add_argument(
+        "--per-connection",
+        type=int,
+        default=256,
+        help="HTTP/2 streams per connection, client and simulator (256; 8 connections at most)",
+    )
+    load.add_argument("--client", choices=("llmroute", "openai"), default="llmroute")
     soak = sub.add_parser("soak")
     soak.add_argument("--requests", type=int, default=20_000)
     soak.add_argument("--concurrency", type=int, default=64)
@@ -284,7 +324,7 @@ def main() -> int:
         sys.stderr.write("load.py reads /proc (Linux only)\n")
         return 2
     if args.what == "load":
-        result = anyio.run(run_load, args.streams)
+        result = anyio.run(run_load, args.streams, args.per_connection, args.client)
     else:
         result = anyio.run(run_soak, args.requests, args.concurrency)
     result["machine"] = _machine.machine(["httpx", "h2", "anyio", "hypercorn", "openai"])

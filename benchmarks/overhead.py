@@ -1,9 +1,13 @@
 """Client CPU overhead of streaming: llmroute vs openai vs raw httpx, side by side.
 
-A zero-latency simulator in a *separate process* (so ``time.process_time()`` counts only the
-client) streams ``--tokens``-token replies, one SSE chunk per token, over TLS. Three clients are
-measured, interleaved in one run in rotated order, because absolute CPU times drift on a shared
-machine and only ratios measured side by side mean something:
+Zero-latency simulators in *separate processes* (so ``time.process_time()`` counts only the
+client) stream ``--tokens``-token replies, one SSE chunk per token, over TLS, in two framings:
+``event`` (one SSE event per HTTP/2 DATA frame and per TLS record, as vendors that flush every
+token send it) and ``coalesced`` (hypercorn packs what the app wrote meanwhile, ~8 events, into
+one frame). ``--token-bytes 4096`` makes every event ~4 KB (tool-call arguments). Three clients
+are measured against each framing, all six interleaved in one run in rotated order, because
+absolute CPU times drift on a shared machine and only ratios measured side by side mean
+something:
 
 ``httpx``     the floor: ``httpx.AsyncClient(http2=True)``, ``client.stream(...)`` and
               ``aiter_lines()``, counting ``data:`` lines (no JSON parsing, no objects).
@@ -19,6 +23,7 @@ measurements taken seconds apart).
 
     .venv/bin/python benchmarks/overhead.py                      # defaults: 7 rounds x 5 streams
     .venv/bin/python benchmarks/overhead.py --rounds 9 --json    # machine-readable output
+    .venv/bin/python benchmarks/overhead.py --framing event --token-bytes 4096
     .venv/bin/python benchmarks/overhead.py --profile llmroute.prof --profile-streams 20
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -44,6 +50,7 @@ import llmroute
 from llmroute.testing import Profile, SimulatorProcess
 
 CLIENTS = ("httpx", "openai", "llmroute")
+FRAMINGS = ("event", "coalesced")
 TARGETS = {"httpx": 1.3, "openai": 0.7}  # llmroute CPU per chunk must be <= this x the other
 MODEL = "sim-small"
 MESSAGES = [{"role": "user", "content": "Tell me a long story."}]
@@ -139,34 +146,48 @@ async def measure(once: StreamOnce, streams: int, concurrency: int) -> dict[str,
     return {"cpu": cpu, "wall": wall, "chunks": chunks}
 
 
-async def run_bench(args: argparse.Namespace, sim: SimulatorProcess) -> dict[str, Any]:
-    new_ctx = sim.ssl_context
-    if args.shared_ssl_context:
-        shared = sim.ssl_context()
-        new_ctx = lambda: shared  # noqa: E731
-    bench = Bench(sim.base_url, new_ctx)
-    rounds: list[dict[str, dict[str, float]]] = []
+async def run_bench(
+    args: argparse.Namespace, sims: dict[str, SimulatorProcess]
+) -> dict[str, dict[str, Any]]:
+    benches: dict[str, Bench] = {}
+    for framing, sim in sims.items():
+        new_ctx = sim.ssl_context
+        if args.shared_ssl_context:
+            shared = sim.ssl_context()
+            new_ctx = lambda shared=shared: shared  # noqa: E731
+        benches[framing] = Bench(sim.base_url, new_ctx)
+    cells = [(framing, name) for framing in sims for name in CLIENTS]
+    rounds: dict[str, list[dict[str, dict[str, float]]]] = {f: [] for f in sims}
     try:
-        for name in CLIENTS:  # warm-up: connection, imports, pydantic/jiter caches
-            await run_streams(bench.runner(name), args.warmup, args.concurrency)
+        for framing, name in cells:  # warm-up: connections, imports, pydantic/jiter caches
+            await run_streams(benches[framing].runner(name), args.warmup, args.concurrency)
         for r in range(args.rounds):
-            order = CLIENTS[r % 3 :] + CLIENTS[: r % 3]
-            row: dict[str, dict[str, float]] = {}
-            for name in order:
-                row[name] = await measure(bench.runner(name), args.streams, args.concurrency)
-            rounds.append(row)
-            if not args.json and not args.quiet:
-                cells = "  ".join(
-                    f"{n} {1000 * row[n]['cpu'] / max(row[n]['chunks'], 1) * 1000:6.1f}"
-                    for n in CLIENTS
-                )
-                print(f"  round {r + 1}/{args.rounds}: CPU ms/1000 chunks  {cells}", flush=True)
+            shift = r % len(cells)
+            rows: dict[str, dict[str, dict[str, float]]] = {f: {} for f in sims}
+            for framing, name in cells[shift:] + cells[:shift]:
+                once = benches[framing].runner(name)
+                rows[framing][name] = await measure(once, args.streams, args.concurrency)
+            for framing, row in rows.items():
+                rounds[framing].append(row)
+                if not args.json and not args.quiet:
+                    line = "  ".join(
+                        f"{n} {1000 * row[n]['cpu'] / max(row[n]['chunks'], 1) * 1000:6.1f}"
+                        for n in CLIENTS
+                    )
+                    print(
+                        f"  round {r + 1}/{args.rounds} {framing:<9}: CPU ms/1000 chunks  {line}",
+                        flush=True,
+                    )
     finally:
-        await bench.aclose()
-    result = summarize(rounds)
-    for name in CLIENTS:
-        result["clients"][name]["http_version"] = bench.http_version.get(name)
-    return result
+        for bench in benches.values():
+            await bench.aclose()
+    results: dict[str, dict[str, Any]] = {}
+    for framing, bench in benches.items():
+        result = summarize(rounds[framing])
+        for name in CLIENTS:
+            result["clients"][name]["http_version"] = bench.http_version.get(name)
+        results[framing] = result
+    return results
 
 
 def per_k(m: dict[str, float], key: str) -> float:
@@ -207,12 +228,13 @@ def machine() -> dict[str, Any]:
     )
 
 
-def print_table(result: dict[str, Any], args: argparse.Namespace) -> None:
+def print_table(result: dict[str, Any], args: argparse.Namespace, framing: str) -> None:
     m = result["machine"]
     print()
     print(
-        f"{args.rounds} rounds x {args.streams} streams x {args.tokens} tokens, "
-        f"concurrency {args.concurrency}; {m['nproc']} CPUs, {m['cpu']}, Python {m['python']}"
+        f"framing {framing!r}: {args.rounds} rounds x {args.streams} streams x {args.tokens} "
+        f"tokens of {args.token_bytes or 'word'} bytes, concurrency {args.concurrency}; "
+        f"{m['nproc']} CPUs, {m['cpu']}, Python {m['python']}, load {os.getloadavg()[0]:.1f}"
     )
     print(
         f"{'client':<10} {'protocol':<9} {'CPU s/1000 chunks':>18} {'(min..max)':>17} "
@@ -268,6 +290,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="give all three clients one SSLContext (shows llmroute falling back to HTTP/1.1)",
     )
+    p.add_argument(
+        "--framing",
+        choices=(*FRAMINGS, "both"),
+        default="both",
+        help="event: one SSE event per DATA frame and TLS record; coalesced: as hypercorn packs "
+        "them; both (default): the two side by side, interleaved",
+    )
+    p.add_argument(
+        "--token-bytes", type=int, default=0, help="pad each token to this many bytes (0: words)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document instead")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--profile", metavar="FILE", help="instead: cProfile llmroute, save to FILE")
@@ -276,23 +308,51 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.rounds, args.streams, args.tokens, args.concurrency) < 1:
         p.error("--rounds, --streams, --tokens and --concurrency must be >= 1")
 
-    with SimulatorProcess(profile=Profile(reply_tokens=args.tokens), tls=True) as sim:
+    framings = FRAMINGS if args.framing == "both" else (args.framing,)
+    with contextlib.ExitStack() as stack:
+        sims = {
+            framing: stack.enter_context(
+                SimulatorProcess(
+                    profile=Profile(
+                        reply_tokens=args.tokens,
+                        token_bytes=args.token_bytes,
+                        frame_per_event=framing == "event",
+                    ),
+                    tls=True,
+                )
+            )
+            for framing in framings
+        }
         if args.profile:
-            asyncio.run(profile_llmroute(args, sim))
+            asyncio.run(profile_llmroute(args, sims[framings[0]]))
             return 0
         if not args.json:
-            print(f"simulator pid {sim.pid} at {sim.base_url}; client pid {os.getpid()}")
-        result = asyncio.run(run_bench(args, sim))
-    result["machine"] = machine()
-    result["config"] = {
+            for framing, sim in sims.items():
+                print(f"simulator ({framing}) pid {sim.pid} at {sim.base_url}")
+            print(f"client pid {os.getpid()}; load average {os.getloadavg()}")
+        results = asyncio.run(run_bench(args, sims))
+    config = {
         k: getattr(args, k)
-        for k in ("rounds", "streams", "tokens", "concurrency", "warmup", "shared_ssl_context")
+        for k in (
+            "rounds",
+            "streams",
+            "tokens",
+            "token_bytes",
+            "concurrency",
+            "warmup",
+            "shared_ssl_context",
+        )
     }
+    for result in results.values():
+        result["machine"] = machine()
+        result["config"] = config
+        result["load_average"] = os.getloadavg()
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
+        json.dump(results, sys.stdout, indent=2)
         print()
     else:
-        print_table(result, args)
+        for framing, result in results.items():
+            print_table(result, args, framing)
     return 0
 
 

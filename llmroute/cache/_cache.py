@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ _RETRY_STORE_AFTER = 5.0
 _STATS_FLUSH_EVERY = 1.0
 _MAX_REPORTED = 1024
 _DRAIN_AT_CLOSE = 5.0  # seconds aclose waits for answers being stored
+_DECODED_BYTES = 8 * 1024 * 1024  # stored bytes whose decoded entries are kept for the next hit
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,10 @@ class ResponseCache:
         self._reported: set[str] = set()
         self._storing = 0  # answers whose store call is under way
         self._stored: anyio.Event | None = None  # set when _storing drops to 0 (for aclose)
+        # The last entries decoded, with the bytes they came from: a hit on popular bytes that
+        # have not changed skips parsing and checking the whole answer before its first chunk.
+        self._decoded: OrderedDict[str, tuple[bytes, CacheEntry]] = OrderedDict()
+        self._decoded_bytes = 0
 
     # -- store access that never fails a request -------------------------------------------
 
@@ -121,7 +127,7 @@ class ResponseCache:
         hit = None
         if raw is not None:
             try:
-                hit = _prepare(CacheEntry.decode(raw, request.key), request)
+                hit = _prepare(self._decode(raw, request.key), request)
             except CorruptEntry as exc:
                 self._report_corrupt(request.key, exc)
                 await self._delete(request.key)
@@ -131,6 +137,24 @@ class ResponseCache:
             self._misses += 1
         self._maybe_flush()
         return hit
+
+    def _decode(self, raw: bytes, key: str) -> CacheEntry:
+        decoded = self._decoded
+        memo = decoded.get(key)
+        if memo is not None:
+            if memo[0] is raw or memo[0] == raw:
+                decoded.move_to_end(key)
+                return memo[1]
+            del decoded[key]
+            self._decoded_bytes -= len(memo[0])
+        entry = CacheEntry.decode(raw, key)
+        if len(raw) <= _DECODED_BYTES // 8:
+            decoded[key] = (raw, entry)
+            self._decoded_bytes += len(raw)
+            while self._decoded_bytes > _DECODED_BYTES:
+                _, (old, _) = decoded.popitem(last=False)
+                self._decoded_bytes -= len(old)
+        return entry
 
     def _report_corrupt(self, key: str, exc: CorruptEntry) -> None:
         if key in self._reported:

@@ -218,7 +218,9 @@ class SimApp:
         model: str = req["model"]
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
-        plan = _Plan.build(req, model, messages, self.profile.reply_tokens)
+        plan = _Plan.build(
+            req, model, messages, self.profile.reply_tokens, self.profile.token_bytes
+        )
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -478,6 +480,8 @@ class SimApp:
                     return self._ended_early()
             await emit(wire.piece(pieces[i]))
         closing = wire.closing()
+        if self.profile.frame_per_event:  # each event in a frame of its own, the last ones too
+            closing = [e + b"\n\n" for part in closing for e in part.split(b"\n\n") if e]
         if gone.is_set():
             return self._ended_early()
         self._stats["streams_completed"] += 1  # counted first: the client may look at once
@@ -654,7 +658,12 @@ class _Plan:
 
     @classmethod
     def build(
-        cls, req: dict[str, Any], model: str, messages: list[dict[str, Any]], reply_tokens: int
+        cls,
+        req: dict[str, Any],
+        model: str,
+        messages: list[dict[str, Any]],
+        reply_tokens: int,
+        token_bytes: int = 0,
     ) -> _Plan:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
@@ -676,6 +685,8 @@ class _Plan:
             full = tuple(_reply.split_fragments(structured))
         else:
             full = _reply.full_reply(seed, reply_tokens)
+            if token_bytes > 0:
+                full = tuple(t.ljust(token_bytes, "x") for t in full)
         pieces = list(full)
         if prefill is not None:
             rest = _reply.continue_after(full, prefill)

@@ -39,6 +39,15 @@ class Profile:
     tokens_per_chunk: int = 1
     """Tokens per streamed delta (Anthropic's streams, and others, often carry several); faults
     that count tokens (``drop:K``, ...) then count deltas. Usage still counts tokens."""
+    token_bytes: int = 0
+    """Pad each token of a chat reply to this many characters (0: a word as is); 4096 makes
+    events as long as a vendor's tool-call arguments."""
+    max_streams: int = 1000
+    """The HTTP/2 streams a client may open at once on one connection (SETTINGS)."""
+    frame_per_event: bool = False
+    """Send every SSE event in its own HTTP/2 DATA frame and TLS record, as vendors that flush
+    each token do (False: hypercorn coalesces whatever the app sent meanwhile, often ~8 events
+    per frame)."""
     rate_429: float = 0.0
     rate_500: float = 0.0
     rate_503: float = 0.0

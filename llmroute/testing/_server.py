@@ -29,9 +29,10 @@ import hypercorn.protocol
 import trustme
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
-from hypercorn.protocol.events import EndBody, EndData, StreamClosed, Trailers
+from hypercorn.protocol.events import Body, EndBody, EndData, StreamClosed, Trailers
 from hypercorn.protocol.events import Event as StreamEvent
 from hypercorn.protocol.h2 import H2Protocol
+from priority.priority import PriorityTree
 
 from ._app import SimApp
 from ._profile import Profile
@@ -90,6 +91,14 @@ class _ResettingH2Protocol(_BaseH2Protocol):  # type: ignore[misc,valid-type]
     simulator's and the gateway's; see llmroute/server/_h2.py).
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # hypercorn's priority tree refuses its 1,001st stream (priority's default limit) with an
+        # exception that stalls the whole connection: size it to the streams the server allows.
+        limit = int(getattr(self.config, "h2_max_concurrent_streams", 0) or 0)
+        if limit > 500:
+            self.priority = PriorityTree(maximum_streams=2 * limit)
+
     async def stream_send(self, event: StreamEvent) -> None:
         if getattr(self.config, "reset_unfinished_streams", False):
             ended: set[int] = self.__dict__.setdefault("_sim_ended", set())
@@ -99,7 +108,31 @@ class _ResettingH2Protocol(_BaseH2Protocol):  # type: ignore[misc,valid-type]
                 if event.stream_id not in ended and event.stream_id in self.streams:
                     await self._reset_unfinished(event.stream_id)
                 ended.discard(event.stream_id)
+        app = getattr(self.config, "sim_app", None)
+        if app is not None and app.profile.frame_per_event and isinstance(event, Body):
+            if await self._send_frame(event):
+                return
         await super().stream_send(event)
+
+    async def _send_frame(self, event: Body) -> bool:
+        """Send a body event at once as one DATA frame (one TLS record); False when it must
+        wait in the stream's buffer (earlier bytes queued, or no flow-control window)."""
+        stream_id = event.stream_id
+        buffer = self.stream_buffers.get(stream_id)
+        if buffer is None or buffer.buffer or not event.data:
+            return False
+        try:
+            window = min(
+                self.connection.local_flow_control_window(stream_id),
+                self.connection.max_outbound_frame_size,
+            )
+            if len(event.data) > window:
+                return False
+            self.connection.send_data(stream_id, event.data)
+        except (h2.exceptions.ProtocolError, KeyError):
+            return False
+        await self._flush()
+        return True
 
     async def _reset_unfinished(self, stream_id: int) -> None:
         buffer = self.stream_buffers.get(stream_id)
@@ -133,6 +166,7 @@ def _install_h2_reset() -> None:
 class _SimConfig(Config):
     reset_unfinished_streams = True
     h2_bounded_stream_buffers = True  # hypercorn 0.18's HTTP/2 back-pressure fixed (server/_h2)
+    sim_app: SimApp | None = None  # whose profile's frame_per_event the protocol follows
 
     def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
         super().__init__()
@@ -164,6 +198,8 @@ async def _serve(
     """Serve `app` on the listening socket (hypercorn takes it over) until `shutdown`."""
     _install_h2_reset()
     config = _SimConfig(_server_ssl_context(http2) if tls else None)
+    profile = getattr(app, "profile", None)  # the SGLang stand-in serves an app of its own
+    config.sim_app = app if isinstance(profile, Profile) else None
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None
     config.errorlog = _LOG
@@ -173,7 +209,9 @@ async def _serve(
     # hypercorn ends a connection after this many requests, and its h2 cannot finish the
     # streams in flight then; long benchmarks must not see that as faults.
     config.keep_alive_max_requests = 10_000_000
-    config.h2_max_concurrent_streams = 1000
+    config.h2_max_concurrent_streams = (
+        profile.max_streams if isinstance(profile, Profile) else Profile.max_streams
+    )
     await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
 
 

@@ -33,6 +33,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import httpx
+from anyio.streams.tls import TLSAttribute
 from h2.errors import ErrorCodes
 from hpack import NeverIndexedHeaderTuple
 
@@ -43,6 +44,7 @@ __all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
 _READ_SIZE = 65536
 _CONNECTION_WINDOW = 16 * 1024 * 1024
 _STREAM_WINDOW = 4 * 1024 * 1024
+_ACK_BATCH = 16384  # flow-controlled bytes read before their window is returned (<< windows)
 _CLOSE_GRACE = 1.0
 _WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
 _HOP_BY_HOP = frozenset(
@@ -89,6 +91,7 @@ class _StreamState:
         "id",
         "local_ended",
         "pending_flow",
+        "read_flow",
         "remote_reset",
         "sent_on_idle",
         "status",
@@ -103,7 +106,8 @@ class _StreamState:
         self.ended = False
         self.error: Exception | None = None
         self.wake: anyio.Event | None = None
-        self.pending_flow = 0
+        self.pending_flow = 0  # flow-controlled bytes received and not yet acknowledged
+        self.read_flow = 0  # of which the reader already took (acknowledged in batches)
         self.sent_on_idle = False
         self.local_ended = False
         self.remote_reset = False
@@ -117,6 +121,7 @@ class HTTP2Connection:
         self.connect_time = connect_time
         self.requests_served = 0
         self._sock = stream
+        self._ssl_read = _buffered_reader(stream)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config=config)
         self._streams: dict[int, _StreamState] = {}
@@ -131,6 +136,8 @@ class HTTP2Connection:
         self._error: Exception | None = None
         self._settings_received = False
         self.max_streams = 100
+        self.stream_cap = MAX_STREAMS
+        """Streams in flight here at most, whatever the server allows (set before ``start``)."""
         self.last_used = time.monotonic()
         self.on_stream_closed: Callable[[HTTP2Connection], None] | None = None
 
@@ -245,8 +252,9 @@ class HTTP2Connection:
             with self._h2_errors(state):
                 self._h2.send_headers(stream_id, headers, end_stream=end_stream)
             state.local_ended = end_stream
-            await self._flush(write_timeout)
-            if not end_stream:
+            if end_stream:
+                await self._flush(write_timeout)
+            else:  # the headers leave with the body's first write
                 await self._send_body(state, request, write_timeout)
             await self._wait(state, read_timeout, lambda: state.status is not None)
         except httpx.TransportError as exc:
@@ -302,6 +310,9 @@ class HTTP2Connection:
         self, state: _StreamState, request: httpx.Request, write_timeout: float | None
     ) -> None:
         stream_id = state.id
+        # A body known in full (httpx's JSON and bytes bodies) leaves with its headers and its
+        # end in one write; a streamed one is sent as each chunk comes.
+        whole = isinstance(request.stream, httpx.ByteStream)
         # The body is iterated to its end even when the server answered early (then nothing more
         # is sent): leaving the iterator half-run would leave an unfinished async generator.
         async for chunk in request.stream:  # type: ignore[union-attr]
@@ -314,12 +325,14 @@ class HTTP2Connection:
                         self._h2.max_outbound_frame_size,
                     )
                 if window <= 0:
+                    await self._flush(write_timeout)
                     await self._wait_for_window(state, write_timeout)
                     continue
                 with self._h2_errors(state):
                     self._h2.send_data(stream_id, bytes(view[:window]))
                 view = view[window:]
-                await self._flush(write_timeout)
+                if not whole or len(self._h2._data_to_send) >= _READ_SIZE:
+                    await self._flush(write_timeout)
         if state.ended:
             return  # the server answered before reading it all (RFC 9113 8.1)
         self._raise_if_failed(state)
@@ -358,14 +371,19 @@ class HTTP2Connection:
             data, flow = state.chunks[0]
             if flow:
                 # Return the window first: a cancel during the flush must not lose the chunk.
+                # Read bytes are returned in batches (h2 sends a WINDOW_UPDATE only when half a
+                # window is used anyway); close_stream returns the rest.
                 state.chunks[0] = (data, 0)
-                state.pending_flow -= flow
-                try:  # the hot path: no context manager per frame
-                    self._h2.acknowledge_received_data(flow, state.id)
-                except h2.exceptions.H2Error as exc:
-                    self._refused(state, exc)
-                if self._h2_has_output():
-                    await self._flush()
+                state.read_flow += flow
+                if state.read_flow >= _ACK_BATCH:
+                    flow, state.read_flow = state.read_flow, 0
+                    state.pending_flow -= flow
+                    try:  # the hot path: no context manager per frame
+                        self._h2.acknowledge_received_data(flow, state.id)
+                    except h2.exceptions.H2Error as exc:
+                        self._refused(state, exc)
+                    if self._h2_has_output():
+                        await self._flush()
             state.chunks.popleft()
             return data
         if state.error is not None:
@@ -413,6 +431,17 @@ class HTTP2Connection:
     async def _wait(
         self, state: _StreamState, timeout: float | None, ready: Callable[[], bool]
     ) -> None:
+        if self._ssl_read is not None and not self._reading:
+            # Records already decrypted or buffered need no wait, hence no deadline (a cancel
+            # scope per read was a fifth of the client's CPU with one event per TLS record).
+            while self._read_buffered():
+                if self._h2_has_output():
+                    await self._flush()
+                if ready() or state.ended or state.error is not None or self._reading:
+                    break
+            if ready():
+                self._hand_over_reading()
+                return
         try:
             with _deadline(timeout, httpx.ReadTimeout):
                 while not ready():
@@ -478,6 +507,25 @@ class HTTP2Connection:
         except (OSError, ssl.SSLError) as exc:
             self._connection_lost(httpx.ReadError(f"read failed: {exc}"), exc)
             return
+        self._receive(data)
+        if self._h2_has_output():
+            await self._flush()
+
+    def _read_buffered(self) -> bool:
+        """Take bytes that TLS has at hand without waiting (nobody may be reading); False when
+        there are none or the connection failed (then the awaited read reports it)."""
+        if self._reading or self._error is not None or self._closed or self._ssl_read is None:
+            return False
+        try:
+            data = self._ssl_read(_READ_SIZE)
+        except (ssl.SSLError, OSError, ValueError):
+            return False  # want-read, close_notify or a failure: the TLS stream's receive decides
+        if not data:
+            return False
+        self._receive(data)
+        return True
+
+    def _receive(self, data: bytes) -> None:
         try:
             events = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
@@ -485,8 +533,6 @@ class HTTP2Connection:
             return
         for event in events:
             self._dispatch(event)
-        if self._h2_has_output():
-            await self._flush()
 
     def _dispatch(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -532,7 +578,7 @@ class HTTP2Connection:
                 self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_received = True
-            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, MAX_STREAMS)
+            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, self.stream_cap)
             self._wake_senders()  # the initial window may have grown
         elif isinstance(event, h2.events.ConnectionTerminated):
             self._goaway = True
@@ -696,6 +742,18 @@ class _deadline:
         scope.__exit__(exc_type, exc, tb)
         if scope.cancelled_caught:
             raise self._exc(f"no data within {self._timeout:g} s on this stream")
+
+
+def _buffered_reader(stream: anyio.abc.ByteStream) -> Callable[[int], bytes] | None:
+    """The ``read`` of a TLS stream's ``SSLObject``: it returns what is already buffered or
+    raises ``SSLWantReadError`` without waiting. Reading through it is safe whenever nobody
+    awaits the stream's own ``receive``; anything the read leaves to send (a TLS 1.3 key update's
+    answer) goes out, in order, with the stream's next write."""
+    try:
+        ssl_object = stream.extra(TLSAttribute.ssl_object)
+    except anyio.TypedAttributeLookupError:
+        return None
+    return ssl_object.read if isinstance(ssl_object, ssl.SSLObject) else None
 
 
 def _wake(state: _StreamState) -> None:

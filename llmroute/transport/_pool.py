@@ -21,7 +21,7 @@ import httpx
 from anyio.streams.tls import TLSAttribute, TLSStream
 
 from ._events import EventDeadline
-from ._h2 import ConnectionNotAvailable, HTTP2Connection, _deadline
+from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
 
 __all__ = ["Transport", "body_receiver", "make_ssl_context"]
 
@@ -160,6 +160,7 @@ class _OriginPool:
                 sock, origin=f"{self.host}:{self.port}", connect_time=time.monotonic() - started
             )
             conn.on_stream_closed = self._stream_closed
+            conn.stream_cap = transport.max_streams_per_connection
             try:
                 await conn.start()
             except BaseException:
@@ -176,9 +177,10 @@ class Transport(httpx.AsyncBaseTransport):
     """One target's connections. HTTP/2 streams over TLS, HTTP/1.1 keep-alive for plain HTTP.
 
     ``max_connections`` bounds the HTTP/2 connections per origin (each carries up to the server's
-    stream limit); ``limits`` configures the HTTP/1.1 pool. ``verify`` is the TLS trust of every
-    origin but those in ``verify_by_origin`` (``(host, port)`` -> ``verify``), which have their
-    own: a provider's ``verify`` setting in the config.
+    stream limit, and at most ``max_streams_per_connection``); ``limits`` configures the HTTP/1.1
+    pool. ``verify`` is the TLS trust of every origin but those in ``verify_by_origin``
+    (``(host, port)`` -> ``verify``), which have their own: a provider's ``verify`` setting in
+    the config.
     """
 
     def __init__(
@@ -186,12 +188,14 @@ class Transport(httpx.AsyncBaseTransport):
         *,
         verify: ssl.SSLContext | str | bool = True,
         max_connections: int = 8,
+        max_streams_per_connection: int = MAX_STREAMS,
         keepalive_expiry: float = 60.0,
         limits: httpx.Limits | None = None,
         verify_by_origin: Mapping[tuple[str, int], ssl.SSLContext | str | bool] | None = None,
     ) -> None:
         self.ssl_context = make_ssl_context(verify)
         self.max_connections = max_connections
+        self.max_streams_per_connection = max_streams_per_connection
         self.keepalive_expiry = keepalive_expiry
         self._limits = limits or httpx.Limits(max_connections=100, max_keepalive_connections=20)
         self._http1 = self._http1_transport(verify)

@@ -1,0 +1,373 @@
+"""The hot path with vendor framing: one SSE event per HTTP/2 DATA frame and TLS record, long
+events, buffered TLS reads without a deadline each, batched window updates, compiled chunk
+construction and the cache-hit path. Correctness and counts only, never time."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from openai._models import construct_type
+from openai.types.chat import ChatCompletionChunk
+
+import llmroute
+from llmroute.protocols.openai import build_chunk
+from llmroute.testing import Profile, Simulator
+from llmroute.transport import Transport, _h2
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+TOKENS = 300
+
+
+@pytest.fixture(scope="module")
+def framed() -> Iterator[Simulator]:
+    with Simulator(profile=Profile(reply_tokens=TOKENS, frame_per_event=True)) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def long_events() -> Iterator[Simulator]:
+    profile = Profile(reply_tokens=20, token_bytes=4096, frame_per_event=True)
+    with Simulator(profile=profile) as sim:
+        yield sim
+
+
+def _body() -> dict[str, Any]:
+    return {"model": "sim-small", "messages": MESSAGES, "stream": True}
+
+
+async def test_frame_per_event_sends_each_event_in_its_own_data_frame(framed: Simulator) -> None:
+    url = httpx.URL(framed.base_url)
+    transport = Transport(verify_by_origin={(url.host, url.port or 443): framed.ca_pem_path})
+    headers = {"authorization": f"Bearer {KEY}"}
+    frames: list[bytes] = []
+    async with httpx.AsyncClient(transport=transport) as client:
+        async with client.stream(
+            "POST", framed.base_url + "/chat/completions", json=_body(), headers=headers
+        ) as response:
+            assert response.http_version == "HTTP/2"
+            async for data in response.aiter_raw():  # one item per DATA frame
+                frames.append(data)
+    events = b"".join(frames).count(b"\n\n")
+    assert events == TOKENS + 3  # the role chunk, a chunk per token, the finish chunk, [DONE]
+    assert len(frames) == events
+    assert all(f.startswith(b"data: ") and f.count(b"\n\n") == 1 for f in frames)
+
+
+async def test_one_event_per_record_streams_exactly_without_a_deadline_per_record(
+    framed: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records TLS already holds are read without an awaited receive (and its cancel scope);
+    the answer is the same, every chunk in order."""
+    waits = {"scoped": 0}
+    real = _h2._deadline.__enter__
+
+    def counting(self: Any) -> None:
+        waits["scoped"] += 1
+        real(self)
+
+    monkeypatch.setattr(_h2._deadline, "__enter__", counting)
+    reads = {"buffered": 0}
+    real_buffered = _h2.HTTP2Connection._read_buffered
+
+    def buffered(self: _h2.HTTP2Connection) -> bool:
+        took = real_buffered(self)
+        reads["buffered"] += took
+        return took
+
+    monkeypatch.setattr(_h2.HTTP2Connection, "_read_buffered", buffered)
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=framed.base_url, verify=framed.ssl_context()
+    ) as client:
+        texts = []
+        for _ in range(2):
+            stream = await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True
+            )
+            chunks = [chunk async for chunk in stream]
+            assert len(chunks) == TOKENS + 2
+            assert chunks[-1].choices[0].finish_reason == "stop"
+            texts.append("".join(c.choices[0].delta.content or "" for c in chunks))
+            assert stream.timings.tokens == TOKENS
+    assert texts[0] == texts[1] and len(texts[0].split()) == TOKENS
+    # Each of the ~600 records was read once, either way; a scope only for the awaited reads.
+    assert waits["scoped"] + reads["buffered"] >= 2 * (TOKENS + 3)
+    assert waits["scoped"] <= 2 * (TOKENS + 3) + 20
+
+
+async def test_long_events_of_four_kilobytes(long_events: Simulator) -> None:
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=long_events.base_url, verify=long_events.ssl_context()
+    ) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        contents = [c.choices[0].delta.content async for c in stream if c.choices]
+    tokens = [c for c in contents if c]
+    assert len(tokens) == 20
+    assert all(len(t) == 4096 for t in tokens)
+
+
+async def test_window_updates_are_batched_and_the_rest_returned_at_close(
+    framed: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acks: list[int] = []
+    real = _h2.h2.connection.H2Connection.acknowledge_received_data
+
+    def counting(self: Any, size: int, stream_id: int) -> None:
+        if stream_id != 0:
+            acks.append(size)
+        real(self, size, stream_id)
+
+    monkeypatch.setattr(_h2.h2.connection.H2Connection, "acknowledge_received_data", counting)
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, base_url=framed.base_url, verify=framed.ssl_context()
+    ) as client:
+        stream = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        async for _ in stream:
+            pass
+    body = sum(acks)
+    # Every flow-controlled byte is returned, in a call per batch rather than one per frame.
+    assert body > TOKENS * 100
+    assert len([a for a in acks if a]) <= body // _h2._ACK_BATCH + 3
+
+
+def _chunk_data(content: object, **delta: Any) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": content, **delta},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _chunk_data("hi"),
+        _chunk_data(None),
+        _chunk_data(5),  # not a str: openai's own construction decides
+        _chunk_data("x", role="assistant"),
+        _chunk_data("x", tool_calls=[{"index": 0, "function": {"arguments": "{"}}]),
+        {**_chunk_data("x"), "choices": "not a list"},
+        {**_chunk_data("x"), "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+    ],
+)
+def test_compiled_construction_equals_openai_for_a_repeated_layout(data: dict[str, Any]) -> None:
+    for _ in range(3):  # first, then compiled for the layout, then from the compiled plan
+        copy = json.loads(json.dumps(data))
+        ours = build_chunk(copy)
+        theirs = construct_type(type_=ChatCompletionChunk, value=json.loads(json.dumps(data)))
+        assert ours == theirs
+        assert ours.model_fields_set == theirs.model_fields_set  # type: ignore[union-attr]
+
+
+def _cached_config(sim: Simulator, backend: str, path: str | None = None) -> dict[str, Any]:
+    cache: dict[str, Any] = {"backend": backend, "min_hits": 1}
+    if path is not None:
+        cache["path"] = path
+    return {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
+        "routing": {"explore": 0},
+        "cache": cache,
+    }
+
+
+async def _ask(client: llmroute.AsyncOpenAI) -> tuple[str, bool]:
+    stream = await client.chat.completions.create(
+        model="chat", messages=MESSAGES, temperature=0, stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert stream.route is not None
+    return text, stream.route.cache_hit
+
+
+@pytest.mark.parametrize("backend", ["memory", "disk"])
+async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
+    sim: Simulator, backend: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmroute.cache import _cache
+    from llmroute.routing.engine import Router
+
+    path = str(tmp_path / "cache") if backend == "disk" else None
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, backend, path)
+    ) as client:
+        live, hit = await _ask(client)
+        assert not hit
+        cache = client._cache
+        assert cache is not None
+        with anyio.move_on_after(10):
+            while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
+                await anyio.sleep(0.005)
+        decoded = {"n": 0}
+        real = _cache.CacheEntry.decode
+
+        def counting(raw: bytes, key: str) -> Any:
+            decoded["n"] += 1
+            return real(raw, key)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the routing path ran for a cache hit")
+
+        monkeypatch.setattr(_cache.CacheEntry, "decode", staticmethod(counting))
+        for name in ("stream", "complete", "order", "_begin", "health", "load"):
+            monkeypatch.setattr(Router, name, refuse)
+        dispatch = client._llmroute
+        monkeypatch.setattr(dispatch, "_background", refuse)
+        for _ in range(5):
+            text, hit = await _ask(client)
+            assert hit and text == live
+        assert decoded["n"] == 1
+        # Bytes that changed under the same key (another process stored a new answer) are
+        # decoded again, not served from the decoded copy.
+        key = next(iter(cache._decoded))
+        raw, entry = cache._decoded[key]
+        cache._decoded[key] = (raw + b" ", entry)
+        text, hit = await _ask(client)
+        assert hit and text == live
+        assert decoded["n"] == 2
+
+
+_COMPLETIONS = [
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "hi", "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 1,
+            "completion_tokens": 1,
+            "total_tokens": 2,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        },
+        "system_fingerprint": "fp",
+        "vendor_field": {"x": [1, 2]},
+    },
+    {
+        "id": "chatcmpl-2",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+                "logprobs": {"content": [{"token": "a", "logprob": -0.1, "top_logprobs": []}]},
+                "finish_reason": "tool_calls",
+            }
+        ],
+    },
+    {"id": "x", "choices": "not a list", "created": "yesterday"},
+]
+
+
+@pytest.mark.parametrize("body", _COMPLETIONS)
+def test_whole_completions_are_built_as_openai_builds_them(body: dict[str, Any]) -> None:
+    from openai.types.chat import ChatCompletion
+
+    from llmroute.protocols.openai import parse_chat_completion
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    for _ in range(3):  # the first time, then the compiled layout
+        raw = json.dumps(body).encode()
+        ours = parse_chat_completion(raw, request=request, target="t")
+        theirs = construct_type(type_=ChatCompletion, value=json.loads(raw))
+        assert type(ours) is type(theirs)
+        assert ours == theirs
+        assert ours.model_fields_set == theirs.model_fields_set  # type: ignore[union-attr]
+
+
+class _ScanCounter(bytearray):
+    """An SSE decoder buffer that counts the bytes its searches look at."""
+
+    scanned = 0
+
+    def rfind(self, sub: Any, start: Any = None, end: Any = None) -> int:  # type: ignore[override]
+        _ScanCounter.scanned += len(self) - (start or 0)
+        return super().rfind(sub, start, end)
+
+
+def _event(content: str) -> bytes:
+    chunk = _chunk_data(content)
+    chunk["choices"][0]["finish_reason"] = "stop"
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("size", [32 * 1024, 64 * 1024])
+def test_an_event_split_at_every_byte_is_decoded_with_work_linear_in_its_size(size: int) -> None:
+    from llmroute.protocols.openai import ChatStreamDecoder
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    decoder = ChatStreamDecoder(request=request, target="t")
+    decoder._sse._buf = _ScanCounter()  # type: ignore[attr-defined]
+    _ScanCounter.scanned = 0
+    stream = _event("x" * size)
+    chunks: list[Any] = []
+    for i in range(len(stream)):
+        chunks += decoder.feed(stream[i : i + 1])
+    assert len(chunks) == 1 and chunks[0].choices[0].delta.content == "x" * size
+    assert decoder._sse.buffered == 0  # type: ignore[attr-defined]
+    assert 0 < _ScanCounter.scanned <= 2 * len(stream)  # each byte looked at about once, not n^2
+
+
+def test_a_one_megabyte_event_and_bad_events_give_output_or_typed_errors() -> None:
+    from llmroute._errors import MalformedStreamError
+    from llmroute.protocols.openai import ChatStreamDecoder
+
+    request = httpx.Request("POST", "https://example.test/v1/chat/completions")
+    big = _event("y" * (1024 * 1024))
+    decoder = ChatStreamDecoder(request=request, target="t")
+    chunks: list[Any] = []
+    for i in range(0, len(big), 1000):
+        chunks += decoder.feed(big[i : i + 1000])
+        assert decoder._sse.buffered <= len(big)  # type: ignore[attr-defined]
+    assert len(chunks) == 1 and len(chunks[0].choices[0].delta.content) == 1024 * 1024
+    small = ChatStreamDecoder(request=request, target="t", max_event_bytes=64 * 1024)
+    with pytest.raises(MalformedStreamError, match="max_event_bytes"):
+        for i in range(0, len(big), 1000):
+            small.feed(big[i : i + 1000])
+    assert small._sse.buffered <= 64 * 1024 + 1000  # type: ignore[attr-defined]
+    for bad, what in [(b"data: {\xff}\n\n", "UTF-8"), (b"data: {nope\n\n", "not valid JSON")]:
+        decoder = ChatStreamDecoder(request=request, target="t")
+        with pytest.raises(MalformedStreamError, match=what) as caught:
+            decoder.feed(_event("ok") + bad)  # the good chunk first, the error at the next feed
+            decoder.feed(b"")
+        assert caught.value.target == "t"  # type: ignore[attr-defined]
