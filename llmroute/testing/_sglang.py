@@ -154,6 +154,8 @@ class StandInKnobs:
     listens, each phase logged with SGLang's lines."""
     warmup: float = 0.5
     """Seconds after the port is bound during which ``/health_generate`` answers 503."""
+    warm_file: str | None = None
+    """Instead of ``warmup``: the warm-up ends once this file exists, so a test decides when."""
     ttft: float = 0.02
     """Base time to first token in seconds (after any queue wait)."""
     prefill_ms_per_1k: float = 40.0
@@ -191,6 +193,8 @@ class StandInKnobs:
                 values[field.name] = raw.lower() in ("1", "true", "yes")
             elif field.name in ("reply_tokens", "children", "cache_tokens"):
                 values[field.name] = int(raw)
+            elif field.name == "warm_file":
+                values[field.name] = raw
             else:
                 values[field.name] = float(raw)
         return cls(**values)
@@ -1459,7 +1463,13 @@ async def _serve(
     log.info(f"Uvicorn running on http://{args['host']}:{args['port']} (Press CTRL+C to quit)")
 
     async def warm_up() -> None:
-        await asyncio.sleep(knobs.warmup)
+        if knobs.warm_file is None:
+            await asyncio.sleep(knobs.warmup)
+        else:
+            for _ in range(15_000):  # at most 300 s, as the grandchild's safety net
+                if os.path.exists(knobs.warm_file):  # noqa: ASYNC240 - a stat, in a test server
+                    break
+                await asyncio.sleep(0.02)
         app.set_warm()
         log.info("The server is fired up and ready to roll!")
 
