@@ -1312,12 +1312,13 @@ async def test_a_slow_version_probe_does_not_hold_up_cancellation_or_stop(
 @asyncio_only
 @pytest.mark.anyio
 async def test_watch_a_worker_that_dies_after_it_was_ready(tmp_path: Path, standin: str) -> None:
+    crash = tmp_path / "crash"  # the worker crashes once this file exists: when the test says
     server = SGLangServer(
         "m",
         api_key=KEY,
-        env=standin_env(standin, exit_after=1.2),
+        env=standin_env(standin, exit_file=crash),
         log_dir=tmp_path,
-        startup_timeout=20,
+        startup_timeout=120,
     )
     assert server.log_tail() == []  # not started yet
     with pytest.raises(SGLangError, match="no SGLang worker is running"):
@@ -1327,7 +1328,8 @@ async def test_watch_a_worker_that_dies_after_it_was_ready(tmp_path: Path, stand
         with anyio.move_on_after(0.1) as scope:
             await server.wait_exited()
         assert scope.cancelled_caught  # cancellable while every worker runs
-        with anyio.fail_after(10):
+        crash.touch()
+        with anyio.fail_after(60):  # a hang guard only
             assert await server.wait_exited() == (0, 1)
         assert server.exited() == {0: 1}
         assert await server.wait_exited() == (0, 1)  # at once, once it has ended

@@ -353,14 +353,29 @@ async def test_a_reading_is_dated_when_its_scrape_was_sent_and_an_older_one_neve
 
 
 @pytest.mark.anyio
-async def test_poller_run_loops_until_cancelled(metrics_server: MetricsServer) -> None:
+async def test_poller_run_loops_until_cancelled(
+    metrics_server: MetricsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import anyio
 
     stats = LiveStats()
+    sleeps: list[float] = []
+    real_sleep = anyio.sleep
+    rounds = anyio.CancelScope()
+
+    async def sleep(delay: float) -> None:  # counts the rounds; cancels the loop after three
+        sleeps.append(delay)
+        if len(sleeps) == 3:
+            rounds.cancel()
+        await real_sleep(delay)
+
+    scraped = len(metrics_server.paths)
     async with MetricsPoller({"gpu:m": metrics_server.url}, stats, interval=0.05) as poller:
-        with anyio.move_on_after(0.5):
+        monkeypatch.setattr(anyio, "sleep", sleep)
+        with anyio.fail_after(30), rounds:  # fail_after: a hang guard only
             await poller.run()
-    assert 3 <= len(metrics_server.paths) <= 12
+    assert len(metrics_server.paths) - scraped == 3  # one scrape per round, then a wait
+    assert all(0 <= delay <= 0.05 for delay in sleeps)  # the rest of the interval, no more
     assert stats.target("gpu:m").server is not None
 
 
