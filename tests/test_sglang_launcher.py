@@ -729,6 +729,7 @@ async def test_ready_only_after_warmup_then_serves_chat(tmp_path: Path, standin:
         warming.append((await get(root + "/health_generate", KEY), ready.is_set()))
         warm.touch()
 
+    warmed_before_ready = False
     async with anyio.create_task_group() as group:
         group.start_soon(warm_once_models_answers)
         await server.start()
