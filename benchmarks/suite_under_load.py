@@ -30,13 +30,21 @@ def _burn() -> None:  # pragma: no cover - runs in a child process until termina
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
 
 
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages: how busy the machine was, burners included."""
+    try:
+        return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover - platforms without getloadavg
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     pytest_args: list[str] = []
     if "--" in args:
         cut = args.index("--")
         args, pytest_args = args[:cut], args[cut + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="suite runs (5)")
     parser.add_argument("--burners", type=int, default=2, help="CPU-burning processes (2)")
     parser.add_argument(
@@ -53,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         burner.start()
     print(
         f"{options.burners} CPU burners running (pids "
-        f"{', '.join(str(b.pid) for b in burners) or '-'}) on {os.cpu_count()} CPUs; "
-        f"{options.runs} runs of pytest -q {' '.join(pytest_args)}",
+        f"{', '.join(str(b.pid) for b in burners) or '-'}) on {os.cpu_count()} CPUs, "
+        f"load average {_load()}; {options.runs} runs of pytest -q {' '.join(pytest_args)}",
         flush=True,
     )
     results: list[tuple[int, float, str]] = []
@@ -75,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             lines = done.stdout.strip().splitlines()
             summary = lines[-1] if lines else "(no output)"
             results.append((done.returncode, took, summary))
-            print(f"run {run}: {'PASS' if done.returncode == 0 else 'FAIL'} in {took:.0f} s: "
-                  f"{summary}", flush=True)  # fmt: skip
+            print(f"run {run}: {'PASS' if done.returncode == 0 else 'FAIL'} in {took:.0f} s "
+                  f"(load average after it {_load()}): {summary}", flush=True)  # fmt: skip
             if done.returncode != 0:
                 failed = [line for line in lines if re.match(r"(FAILED|ERROR) ", line)]
                 for line in failed[:20]:

@@ -9,7 +9,6 @@ import os
 import socket
 import stat
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -100,18 +99,15 @@ async def test_overwrite_and_delete(store: CacheStore) -> None:
 
 @pytest.mark.anyio
 async def test_entries_expire_after_their_ttl(store: CacheStore) -> None:
-    started = time.monotonic()
     await store.set(key(1), b"short", ttl=0.3)
     await store.set(key(2), b"long", ttl=60)
-    value = await store.get(key(1))
-    if time.monotonic() - started < 0.3:  # a stalled machine may legitimately miss it
-        assert value == b"short"
-    for _ in range(60):  # up to 3 s
+    for _ in range(60):  # 60 polls 50 ms apart: at least 3 s, however loaded the machine
         if await store.get(key(1)) is None:
             break
         await anyio.sleep(0.05)
     else:
         pytest.fail("the entry outlived its 0.3 s TTL by 3 s")
+    # Still there after the short one expired: a TTL is in seconds, whatever the store.
     assert await store.get(key(2)) == b"long"
     assert (await store.stats()).entries == 1
 
@@ -125,14 +121,12 @@ async def test_ttl_must_be_positive_and_finite(store: CacheStore, ttl: float) ->
 
 @pytest.mark.anyio
 async def test_popularity_counts_within_a_window_then_restarts(store: CacheStore) -> None:
-    started = time.monotonic()
-    counts = [await store.hit(key(1), window=0.5) for _ in range(3)]
-    if time.monotonic() - started < 0.5:
-        assert counts == [1, 2, 3]
-    assert await store.hit(key(2), window=0.5) == 1  # keys count apart
-    await anyio.sleep(0.6)
-    assert await store.hit(key(1), window=0.5) == 1
-    assert await store.hit(key(1), window=30) == 2
+    assert [await store.hit(key(1), window=60) for _ in range(3)] == [1, 2, 3]
+    assert await store.hit(key(2), window=60) == 1  # keys count apart
+    assert await store.hit(key(3), window=0.5) == 1
+    await anyio.sleep(0.6)  # a loaded machine only sleeps longer: the window has passed
+    assert await store.hit(key(3), window=0.5) == 1
+    assert await store.hit(key(3), window=30) == 2
 
 
 @pytest.mark.anyio

@@ -72,12 +72,11 @@ async def test_answer_before_the_whole_upload_is_read() -> None:
     big = "word " * 300_000  # far beyond the server's 64 KiB stream window
     with ScriptedServer(handler, early=True) as server:
         async with client_for(server, timeout=httpx.Timeout(30.0)) as client:
-            started = anyio.current_time()
+            # The answer, not the 30 s write timeout (that would be an APITimeoutError).
             with pytest.raises(openai.AuthenticationError):
                 await client.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": big}]
                 )
-            assert anyio.current_time() - started < 10  # not the 30 s write timeout
 
 
 async def test_pool_limit_holds_under_a_burst() -> None:

@@ -19,7 +19,7 @@ from llmroute.protocols.anthropic import (
     translate_request,
 )
 from llmroute.protocols.openai import MalformedResponseError
-from llmroute.testing import Profile, _reply
+from llmroute.testing import Profile, _anthropic, _reply
 from llmroute.testing._anthropic import AnthropicSimApp, anthropic_app
 
 REQUEST = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
@@ -719,8 +719,11 @@ def test_sim_fault_times_and_drop() -> None:
     assert len(decode(raw)) == 1 + 8 + 1
 
 
-async def _served_stream(profile: Profile, body: dict[str, Any]) -> tuple[list[float], str, Any]:
-    """Serve the app with hypercorn on 127.0.0.1 and decode a stream as its bytes arrive."""
+async def _served_stream(
+    profile: Profile, body: dict[str, Any], arrivals: list[str]
+) -> tuple[str, Any]:
+    """Serve the app with hypercorn on 127.0.0.1 and decode a stream as its bytes arrive, each
+    token's text appended to ``arrivals`` as it is decoded."""
     from llmroute.testing._server import _listen, _serve
 
     app = anthropic_app(profile)
@@ -729,9 +732,7 @@ async def _served_stream(profile: Profile, body: dict[str, Any]) -> tuple[list[f
     shutdown = asyncio.Event()
     server = asyncio.create_task(_serve(app, sock, tls=False, http2=False, shutdown=shutdown))  # type: ignore[arg-type]
     try:
-        loop = asyncio.get_running_loop()
         dec = AnthropicStreamDecoder(request=REQUEST, target=TARGET, include_usage=True)
-        arrivals: list[float] = []
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for _ in range(100):
                 try:
@@ -745,22 +746,40 @@ async def _served_stream(profile: Profile, body: dict[str, Any]) -> tuple[list[f
                 async for data in response.aiter_raw():
                     for chunk in dec.feed(data):
                         if chunk.choices and chunk.choices[0].delta.content:
-                            arrivals.append(loop.time())
+                            arrivals.append(chunk.choices[0].delta.content)
                 dec.close()
         assert dec.done and dec.finished
-        return arrivals, dec.text, dec.usage
+        return dec.text, dec.usage
     finally:
         shutdown.set()
         await server
 
 
-def test_served_by_hypercorn_streams_without_buffering() -> None:
+def test_served_by_hypercorn_streams_without_buffering(monkeypatch: pytest.MonkeyPatch) -> None:
     body = chat(stream=True)
     profile = Profile(reply_tokens=6, inter_token=0.03)
-    arrivals, text, usage = asyncio.run(_served_stream(profile, body))
+    arrivals: list[str] = []
+    decoded_before: list[int] = []  # tokens the client had decoded at each pause between tokens
+    real = _anthropic.pause
+    pauses = 0  # the first is the TTFT; before pause k (k >= 1), k tokens were sent
+
+    async def lockstep(seconds: float, gone: asyncio.Event) -> bool:
+        nonlocal pauses
+        if pauses:  # every token sent so far must reach the client before the next is sent
+            for _ in range(1000):  # a hang guard only (10 s): buffered tokens never arrive
+                if len(arrivals) >= pauses:
+                    break
+                await asyncio.sleep(0.01)
+            decoded_before.append(len(arrivals))
+        pauses += 1
+        return await real(seconds, gone)
+
+    monkeypatch.setattr(_anthropic, "pause", lockstep)
+    text, usage = asyncio.run(_served_stream(profile, body, arrivals))
     assert text == expected_text(body, 6)
     assert len(arrivals) == 6
-    assert arrivals[-1] - arrivals[0] >= 0.1  # tokens arrived one by one, not at the end
+    # Tokens arrived one by one, each before the next was sent, not all at the end.
+    assert decoded_before == [1, 2, 3, 4, 5]
     assert usage["completion_tokens"] == 6
 
 
@@ -781,15 +800,16 @@ def test_handle_mounts_in_another_app() -> None:
     assert response.status_code == 200 and response.json()["type"] == "message"
 
 
-async def _cancel_hang() -> float:
+async def _cancel_hang(hangs: list[bool]) -> bool:
+    """Start a hanging stream and leave it; whether the hang ended (``hangs`` gets how each
+    one did) before the server was told to stop."""
     from llmroute.testing._server import _listen, _serve
 
-    app = anthropic_app(Profile(hang_max=30.0))
+    app = anthropic_app(Profile(hang_max=600.0))
     sock = _listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
     shutdown = asyncio.Event()
     server = asyncio.create_task(_serve(app, sock, tls=False, http2=False, shutdown=shutdown))  # type: ignore[arg-type]
-    loop = asyncio.get_running_loop()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             for _ in range(100):
@@ -805,15 +825,29 @@ async def _cancel_hang() -> float:
                 with pytest.raises(TimeoutError):
                     async with asyncio.timeout(0.2):
                         await response.aread()
+        for _ in range(1000):  # a hang guard only (10 s): the hang itself lasts 600 s
+            if hangs:
+                break
+            await asyncio.sleep(0.01)
+        return bool(hangs)
     finally:
-        started = loop.time()
         shutdown.set()
         await server
-    return loop.time() - started
 
 
-def test_client_going_away_ends_a_hang() -> None:
-    assert asyncio.run(_cancel_hang()) < 2.5
+def test_client_going_away_ends_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
+    hangs: list[bool] = []
+    real = _anthropic.pause
+
+    async def recording(seconds: float, gone: asyncio.Event) -> bool:
+        ended_early = await real(seconds, gone)
+        if seconds == 600.0:
+            hangs.append(ended_early)
+        return ended_early
+
+    monkeypatch.setattr(_anthropic, "pause", recording)
+    assert asyncio.run(_cancel_hang(hangs))
+    assert hangs == [True]  # cut short by the client leaving, not the 600 s hang_max
 
 
 def test_thinking_budget_and_max_tokens_agree() -> None:

@@ -241,10 +241,10 @@ async def test_a_failed_hedge_is_replaced_at_once(sim: Simulator, sim_stall: Sim
     first, hedge, replacement = route.attempts
     assert (first.target, first.outcome) == ("slow:sim-small", "cancelled")
     assert (hedge.target, hedge.reason, hedge.outcome) == ("broken:sim-small", "hedge", "error")
+    # The failed hedge's replacement starts when it fails, as a failover, not one more hedge
+    # delay later: that would be a second hedge, fired by the timer and counted in the budget.
     assert (replacement.reason, replacement.outcome) == ("failover", "won")
-    # The failed hedge's replacement starts when it fails, not one more hedge delay later.
-    assert replacement.started - hedge.started < 0.75
-    assert route.hedges == 1
+    assert route.hedges == 1 and route.hedges_denied == 0
 
 
 async def test_a_retry_round_starts_one_attempt_not_one_per_earlier_hedge() -> None:

@@ -154,6 +154,8 @@ class StandInKnobs:
     listens, each phase logged with SGLang's lines."""
     warmup: float = 0.5
     """Seconds after the port is bound during which ``/health_generate`` answers 503."""
+    warm_file: str | None = None
+    """Instead of ``warmup``: the warm-up ends once this file exists, so a test decides when."""
     ttft: float = 0.02
     """Base time to first token in seconds (after any queue wait)."""
     prefill_ms_per_1k: float = 40.0
@@ -164,6 +166,8 @@ class StandInKnobs:
     """Length of a full reply in tokens."""
     exit_after: float | None = None
     """Log a CUDA out-of-memory traceback and exit 1 this many seconds after start."""
+    exit_file: str | None = None
+    """Instead of ``exit_after``: crash that way once this file exists, so a test decides when."""
     ignore_sigterm: bool = False
     """Ignore SIGTERM (the server and its children), so only SIGKILL ends it."""
     children: int = 1
@@ -191,6 +195,8 @@ class StandInKnobs:
                 values[field.name] = raw.lower() in ("1", "true", "yes")
             elif field.name in ("reply_tokens", "children", "cache_tokens"):
                 values[field.name] = int(raw)
+            elif field.name in ("warm_file", "exit_file"):
+                values[field.name] = raw
             else:
                 values[field.name] = float(raw)
         return cls(**values)
@@ -1458,14 +1464,26 @@ async def _serve(
     )
     log.info(f"Uvicorn running on http://{args['host']}:{args['port']} (Press CTRL+C to quit)")
 
+    async def until_exists(path: str) -> None:
+        for _ in range(15_000):  # at most 300 s, as the grandchild's safety net
+            if os.path.exists(path):  # noqa: ASYNC240 - a stat, in a test server
+                return
+            await asyncio.sleep(0.02)
+
     async def warm_up() -> None:
-        await asyncio.sleep(knobs.warmup)
+        if knobs.warm_file is None:
+            await asyncio.sleep(knobs.warmup)
+        else:
+            await until_exists(knobs.warm_file)
         app.set_warm()
         log.info("The server is fired up and ready to roll!")
 
     async def crash() -> None:
-        assert knobs.exit_after is not None
-        await asyncio.sleep(knobs.exit_after)
+        if knobs.exit_file is not None:
+            await until_exists(knobs.exit_file)
+        else:
+            assert knobs.exit_after is not None
+            await asyncio.sleep(knobs.exit_after)
         log.error(_OOM_TRACEBACK.rstrip())
         log.error("Received sigquit from a child process. It usually means the child failed.")
         _stop_children(children)
@@ -1473,7 +1491,7 @@ async def _serve(
         os._exit(1)
 
     background = [asyncio.ensure_future(warm_up())]
-    if knobs.exit_after is not None:
+    if knobs.exit_after is not None or knobs.exit_file is not None:
         background.append(asyncio.ensure_future(crash()))
     try:
         await _server._serve(asgi, sock, tls=False, http2=False, shutdown=shutdown)
