@@ -51,6 +51,7 @@ __all__ = [
     "TargetStats",
     "class_label",
     "estimate_prompt_tokens",
+    "first_token_deadline",
     "prompt_class",
     "stall_deadline",
 ]
@@ -83,6 +84,28 @@ def stall_deadline(
     if gap_p99 is None:
         return min(prior, cap)
     return min(cap, max(floor, multiple * gap_p99))
+
+
+FIRST_TOKEN_MULTIPLE = 4.0
+"""The live first-token deadline is this many times the target's p99 TTFT for the prompt's
+length class."""
+FIRST_TOKEN_FLOOR = 5.0
+"""Seconds: the live first-token deadline is never shorter."""
+
+
+def first_token_deadline(
+    ttft_p99: float | None,
+    *,
+    cap: float,
+    multiple: float = FIRST_TOKEN_MULTIPLE,
+    floor: float = FIRST_TOKEN_FLOOR,
+) -> float:
+    """Seconds an attempt may wait for its first token: ``multiple`` times the target's live
+    p99 TTFT for the prompt's class, at least ``floor``, at most ``cap`` (the route's
+    ``first_token_timeout``); ``cap`` itself while the class has too few samples."""
+    if ttft_p99 is None:
+        return cap
+    return min(cap, max(floor, multiple * ttft_p99))
 
 
 Outcome = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "interrupted"]
@@ -223,6 +246,45 @@ class LatencyWindow:
         self._expire(self._clock())
         return self._samples[-1][0] if self._samples else None
 
+    def newest(self, k: int) -> list[float]:
+        """The values of the ``k`` newest live samples (fewer if there are fewer), oldest first."""
+        self._expire(self._clock())
+        samples = self._samples
+        start = max(0, len(samples) - k)
+        return [samples[i][1] for i in range(start, len(samples))]
+
+    def quantile_without(self, newest: int, q: float) -> float | None:
+        """The ``q``-quantile of the live samples other than the ``newest`` ones (``None`` if
+        there are no others): what the window said before its latest samples came."""
+        self._expire(self._clock())
+        recent = sorted(self.newest(newest))
+        values, n = self._values, len(self._values) - len(recent)
+        if n <= 0:
+            return None
+
+        def nth(i: int) -> float:
+            # The i-th smallest of values minus recent is values[i + j] for some j <= k.
+            for j in range(len(recent) + 1):
+                x = cast(float, values[i + j])
+                if values.bisect_right(x) - bisect.bisect_right(recent, x) >= i + 1:
+                    return x
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        position = (n - 1) * q
+        index = math.floor(position)
+        low = nth(index)
+        fraction = position - index
+        if fraction == 0.0:
+            return low
+        return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
+
+    def keep_newest(self, k: int) -> None:
+        """Forget every live sample but the ``k`` newest (a change of regime: the older ones
+        describe a target that no longer exists)."""
+        samples = self._samples
+        while len(samples) > k:
+            self._values.remove(samples.popleft()[1])
+
     def __len__(self) -> int:
         self._expire(self._clock())
         return len(self._samples)
@@ -311,6 +373,12 @@ class StatsSettings:
     """How many samples the prior counts for."""
     min_samples: int = 5
     """Samples a prompt-length class needs before its own quantiles are used."""
+    recent: int = 10
+    """The short view beside the long window: when at least half of a window's ``recent``
+    newest samples lie beyond what the older ones say (above their p95, or below their p5),
+    the target changed, and the older samples are forgotten (see :meth:`TargetStats.shifted`)."""
+    shift_waits: int = 3
+    """Attempts waiting past a target's p95 at once that show it changed, before they end."""
 
     def __post_init__(self) -> None:
         if not self.window > 0:
@@ -328,6 +396,10 @@ class StatsSettings:
             raise ValueError(f"prior_weight must not be negative, got {self.prior_weight!r}")
         if self.min_samples < 1:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples!r}")
+        if self.recent < 2:
+            raise ValueError(f"recent must be at least 2, got {self.recent!r}")
+        if self.shift_waits < 1:
+            raise ValueError(f"shift_waits must be at least 1, got {self.shift_waits!r}")
 
 
 def prompt_class(tokens: int, bounds: Sequence[int]) -> int:
@@ -595,6 +667,10 @@ class TargetStats:
         self.server: ServerMetrics | None = None
         """The latest reading of the target's own ``/metrics`` (self-hosted servers only)."""
         self._next_wait = 0
+        self.shifts = 0
+        """Changes of regime seen (see :meth:`shifted`), for tests and reports."""
+        self.explored_at: float | None = None
+        """When a request last went to this target first to re-measure it (the router's)."""
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
@@ -661,8 +737,8 @@ class TargetStats:
         """A first token arrived ``seconds`` after the request for a prompt of that length."""
         if seconds < 0:
             raise ValueError(f"a TTFT cannot be negative, got {seconds!r}")
-        self._class_window(prompt_tokens).add(seconds)
-        self._ttft.add(seconds)
+        self._add(self._class_window(prompt_tokens), seconds)
+        self._add(self._ttft, seconds)
         if self._journal is not None:
             self._journal.add((self.name, "t", seconds, prompt_tokens))
 
@@ -685,9 +761,41 @@ class TargetStats:
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
             if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
-                window.add(elapsed)
+                self._add(window, elapsed)
                 recorded = True
         return recorded
+
+    def _add(self, window: LatencyWindow, seconds: float) -> None:
+        window.add(seconds)
+        shift = self.shifted(window)
+        if shift:
+            window.keep_newest(shift)
+            self.shifts += 1
+
+    def shifted(self, window: LatencyWindow) -> int:
+        """How many of the window's newest samples belong to a new regime: 0 unless at least
+        half of its ``recent`` newest samples are above the p95 of the older samples (it got
+        slower) or below their p5 (it got faster), the older ones being at least
+        ``min_samples``; else the count from the oldest of those beyond-the-older-range samples
+        on, the samples :meth:`_add` keeps. Under a steady target a sample lies beyond each bound
+        5% of the time, so half of ten at once is rare (about one check in 8,000); after a
+        change it happens within ``recent / 2`` samples of the new regime, and censored ones
+        (attempts cancelled past the p95: hedges that beat this target) count too."""
+        settings = self.settings
+        recent = settings.recent
+        if len(window) < recent + settings.min_samples:
+            return 0
+        high = window.quantile_without(recent, 0.95)
+        low = window.quantile_without(recent, 0.05)
+        assert high is not None and low is not None
+        newest = window.newest(recent)
+        for beyond in (
+            [i for i, v in enumerate(newest) if v > high],
+            [i for i, v in enumerate(newest) if v < low],
+        ):
+            if 2 * len(beyond) >= recent:
+                return recent - beyond[0]
+        return 0
 
     def record_stream(self, itl: float | None, tokens_per_s: float | None) -> None:
         """A stream's mean inter-token latency and its tokens per second, where known."""
@@ -731,8 +839,8 @@ class TargetStats:
         if kind == "t":
             seconds, tokens = values
             seconds, tokens = _seconds(seconds), _tokens(tokens)
-            self._class_window(tokens).add(seconds)
-            self._ttft.add(seconds)
+            self._add(self._class_window(tokens), seconds)
+            self._add(self._ttft, seconds)
         elif kind == "c":
             elapsed, tokens = values
             self._censor(_seconds(elapsed), _tokens(tokens))
@@ -784,7 +892,37 @@ class TargetStats:
             overdue = [now - t for t in self._waiting.values() if now - t > predicted]
             if overdue:
                 predicted = cast(float, window.quantile_with(overdue, q))
+            predicted = max(predicted, self._waits_shift(window, now, q))
         return predicted
+
+    def _waits_shift(self, window: LatencyWindow, now: float, q: float) -> float:
+        """The ``q``-quantile of the newest samples together with the attempts now waiting
+        past the window's p95 (each a censored sample of its time so far), when those waits
+        say the target changed: at least ``shift_waits`` of them, or with the newest samples
+        beyond the p95 at least half of the short view. Else 0. This is how a target that
+        got slow shows within about one p95, before any of its slow attempts ends."""
+        settings = self.settings
+        p95 = cast(float, window.quantile(0.95))
+        overdue = [now - t for t in self._waiting.values() if now - t > p95]
+        if not overdue:
+            return 0.0
+        newest = window.newest(settings.recent)
+        beyond = len(overdue) + sum(1 for v in newest if v > p95)
+        if len(overdue) < settings.shift_waits and 2 * beyond < len(newest) + len(overdue):
+            return 0.0
+        values = sorted(newest + overdue)
+        position = (len(values) - 1) * q
+        index = math.floor(position)
+        upper = values[min(index + 1, len(values) - 1)]
+        return values[index] + (upper - values[index]) * (position - index)
+
+    def class_quantile(self, q: float, prompt_tokens: int) -> float | None:
+        """The observed ``q``-quantile TTFT of the prompt's own length class, once it holds
+        ``min_samples`` samples (no prior, no pooling: ``None`` before)."""
+        window = self._class_window(prompt_tokens)
+        if len(window) < self.settings.min_samples:
+            return None
+        return window.quantile(q)
 
     def predict_latency(self, q: float) -> float:
         """The predicted ``q``-quantile whole-response latency of a non-streamed request.
