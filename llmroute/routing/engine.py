@@ -67,11 +67,13 @@ from .stats import (
     StatsReport,
     class_label,
     estimate_prompt_tokens,
+    first_token_deadline,
     prompt_class,
     stall_deadline,
 )
 
 __all__ = [
+    "REMEASURE_AFTER",
     "SERVER_METRICS_MAX_AGE",
     "Route",
     "RouteTarget",
@@ -82,6 +84,11 @@ __all__ = [
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
+"""Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
+REMEASURE_AFTER = 10.0
+"""Seconds: a target of a latency route that has no sample newer than this, and was not
+explored since, may be re-measured (a share ``explore`` of requests goes to it first), so a
+target that was only slow wins its traffic back when it is fast again."""
 _RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
@@ -89,7 +96,6 @@ _MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
-"""Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
 
 
 class Sender(Protocol):
@@ -377,7 +383,10 @@ class _View:
         return self._router.stats.target(target).cold(streamed=self._stream)
 
     def staleness(self, target: str) -> float:
-        newest = self._router.stats.target(target).newest_at(streamed=self._stream)
+        stats = self._router.stats.target(target)
+        newest = stats.newest_at(streamed=self._stream)
+        if stats.explored_at is not None:
+            newest = max(newest or -math.inf, stats.explored_at)
         return math.inf if newest is None else self._router._clock() - newest
 
     def load(self, target: str) -> float:
@@ -451,7 +460,7 @@ class _Run:
         plan = route.policy.plan(names, self.view, router._rng)
         if route.policy.name in ("fastest", "hedge", "race"):
             delay = getattr(route.policy, "delay", None)
-            max_age = router.stats.settings.window / 4
+            max_age = min(router.stats.settings.window / 4, REMEASURE_AFTER)
             plan = explore(
                 plan,
                 self.view,
@@ -461,6 +470,8 @@ class _Run:
                 hedge_delay=(lambda t: delay(t, self.view)) if delay is not None else None,
             )
             self.report.explored = plan.explored
+            if plan.explored is not None:
+                router.stats.target(plan.explored).explored_at = self.clock()
         if self.refused:
             plan = _without(plan, self.refused, names)
             self.report.explored = plan.explored if self.report.explored else None
@@ -713,7 +724,7 @@ class _Run:
         stats.started()
         waiting = stats.waiting() if self.stream else 0
         ready: _Ready | None = None
-        timeout = self.route.first_token_timeout if self.stream else None
+        timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
         try:
             limit = anyio.current_time() + timeout if timeout else math.inf
             with anyio.CancelScope(deadline=limit) as deadline:
@@ -749,6 +760,9 @@ class _Run:
             stats.done_waiting(waiting)
             stats.finished()
             outcome = _outcome(exc)
+            if outcome == "timeout" and self.stream and prefix is None:
+                # A deadline missed is a sample too: the TTFT was at least this long.
+                stats.record_censored(clock() - started, self.prompt_tokens)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
             if classify(exc) == "misconfigured":
@@ -764,6 +778,8 @@ class _Run:
         if state.winner is not None:  # another attempt won while this one finished
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
+            if self.stream and ready.timings.tokens and prefix is None:
+                stats.record_ttft(elapsed, self.prompt_tokens)  # a first token all the same
             stats.finished()
             if probe:
                 health.breaker.release()
@@ -989,6 +1005,17 @@ class _Run:
             itl = span / (self.tokens - 1) if span > 0 else None
             stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
             stats.record_gap(self.longest_gap)
+
+    def first_token_deadline(self, target: str, prefix: str | None) -> float | None:
+        """Seconds an attempt on ``target`` may wait for its first token: from the target's
+        live p99 TTFT for the prompt's length class (:func:`~.stats.first_token_deadline`),
+        the route's ``first_token_timeout`` as the cap (``None``: no deadline); the cap alone
+        for a continuation, whose prompt is longer by the answer so far."""
+        cap = self.route.first_token_timeout
+        if cap is None or prefix is not None:
+            return cap
+        p99 = self.router.stats.target(target).class_quantile(0.99, self.prompt_tokens)
+        return first_token_deadline(p99, cap=cap)
 
     def stall_deadline(self, target: str) -> float | None:
         """Seconds the stream from ``target`` may send nothing before it counts as broken."""
