@@ -67,6 +67,7 @@ from .cache import tenant_namespace as _tenant_namespace
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.engine import Route
+from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
 )
@@ -117,6 +118,9 @@ class Call:
     http: Any = None
     """The application's own async HTTP client (``http_client=``), which routed calls use
     too; ``None``: llmroute's transport."""
+    goal_options: object = None
+    """The call's ``extra_body={"llmroute": {...}}`` options, taken out of the body (never
+    sent upstream); read by :meth:`Dispatch.goal`."""
 
 
 @dataclass
@@ -268,6 +272,11 @@ class Dispatch:
         merged: dict[str, Any] = dict(body)
         if isinstance(options.extra_json, Mapping):
             merged.update(options.extra_json)
+            if "llmroute" in options.extra_json:  # llmroute's own options: never sent
+                options.extra_json = {
+                    k: v for k, v in options.extra_json.items() if k != "llmroute"
+                }
+        goal_options = merged.pop("llmroute", None)
         if route is not None:
             self._check_servable(route, kind, path)
         return Call(
@@ -279,6 +288,7 @@ class Dispatch:
             headers=dict(options.headers) if isinstance(options.headers, Mapping) else {},
             query=dict(options.params) if isinstance(options.params, Mapping) else None,
             timeout=timeout,
+            goal_options=goal_options,
         )
 
     def _check_servable(self, route: Route, kind: str, path: str) -> None:
@@ -293,9 +303,24 @@ class Dispatch:
 
     # -- chat: the cache, then the route or the client's base URL ----------------------------
 
+    def goal(self, call: Call) -> LatencyGoal | None:
+        """The call's latency goal: its ``llmroute`` body options over the
+        ``x-llmroute-ttft-target-ms`` header (the call's over the client's). A wrong name,
+        type or value is a ``BadRequestError`` naming it, raised before anything is sent."""
+        header = None
+        for source in (call.client_headers, call.headers):
+            for name, value in source.items():
+                if name.lower() == TTFT_TARGET_HEADER and value is not None:
+                    header = value
+        try:
+            return read_goal(call.goal_options, header)
+        except GoalError as exc:
+            raise _bad_request(str(exc), param=exc.param) from None
+
     async def chat(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
         """A chat call: the cache if it may answer, else ``live()`` (a direct call, openai's
         machinery) or the route. Metrics count it either way."""
+        self.goal(call)  # a wrong option fails here, before the cache or any request
         route = call.route
         host = None if route is not None else httpx.URL(call.base_url).host
         telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
@@ -329,10 +354,10 @@ class Dispatch:
             headers=call.headers, query=call.query, timeout=call.timeout, http=call.http
         )
         if call.stream:
-            routed = await self.router.stream(route, call.body, send)
+            routed = await self.router.stream(route, call.body, send, goal=self.goal(call))
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
             return Outcome(stream, stream.response, stream.timings.retries)
-        done = await self.router.complete(route, call.body, send)
+        done = await self.router.complete(route, call.body, send, goal=self.goal(call))
         completion = done.completion
         if isinstance(completion, ChatCompletion):
             completion._request_id = done.response.headers.get("x-request-id")

@@ -10,6 +10,7 @@ from ._background import spawn
 from ._config import Resolved, ResolvedProvider, RouteConfig, Target
 from .routing.budget import HedgeBudget
 from .routing.engine import Route, Router, RouteTarget
+from .routing.goal import LatencyGoal
 from .routing.policies import (
     FailoverPolicy,
     FastestPolicy,
@@ -84,6 +85,9 @@ def route_for(
         stall_timeout=None if config.stall_timeout == "off" else config.stall_timeout,
         server_error_retries=config.server_error_retries,
         failover_on=frozenset(config.failover_on),
+        goal=LatencyGoal(config.ttft_target, config.min_tokens_per_s)
+        if config.ttft_target is not None or config.min_tokens_per_s is not None
+        else None,
     )
 
 

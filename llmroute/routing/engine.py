@@ -60,6 +60,7 @@ from ..transport import body_receiver, bound_wait
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .causes import CauseRules, classify, react
+from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import (
@@ -150,6 +151,9 @@ class Route:
     failover_on: frozenset[str] = frozenset()
     """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
     the route fails over on instead of returning them to the caller."""
+    goal: LatencyGoal | None = None
+    """The route's latency goal (``ttft_target``, ``min_tokens_per_s``); a request's own
+    options override it (:mod:`.goal`)."""
 
     def rules(self) -> CauseRules:
         """How the route reacts to each cause of failure (:mod:`.causes`)."""
@@ -283,7 +287,15 @@ class Router:
 
     # -- one request -----------------------------------------------------------------------
 
-    def _begin(self, route: Route, body: dict[str, Any], send: Sender, *, stream: bool) -> _Run:
+    def _begin(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        stream: bool,
+        goal: LatencyGoal | None = None,
+    ) -> _Run:
         messages = body.get("messages")
         tokens = estimate_prompt_tokens(messages if isinstance(messages, list) else [])
         bounds = self.stats.settings.prompt_classes
@@ -293,6 +305,7 @@ class Router:
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
         )
         run = _Run(self, route, body, send, report, tokens, stream)
+        run.goal = goal.over(route.goal) if goal is not None else route.goal
         run.refuse_unservable()
         route.budget.on_request()
         return run
@@ -326,15 +339,30 @@ class Router:
         plan = route.policy.plan([t.name for t in route.targets], view, self._rng)
         return list(plan.order)
 
-    async def stream(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedStream:
-        """Start a streamed request; returns once an attempt produced its first token."""
-        run = self._begin(route, body, send, stream=True)
+    async def stream(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        goal: LatencyGoal | None = None,
+    ) -> RoutedStream:
+        """Start a streamed request; returns once an attempt produced its first token.
+        ``goal``: the request's own latency goal, over the route's."""
+        run = self._begin(route, body, send, stream=True, goal=goal)
         run.ready = await run.race(run.plan(), retries=self.max_retries)
         return RoutedStream(run)
 
-    async def complete(self, route: Route, body: dict[str, Any], send: Sender) -> RoutedCompletion:
+    async def complete(
+        self,
+        route: Route,
+        body: dict[str, Any],
+        send: Sender,
+        *,
+        goal: LatencyGoal | None = None,
+    ) -> RoutedCompletion:
         """A request that is not streamed: the first complete answer wins."""
-        run = self._begin(route, body, send, stream=False)
+        run = self._begin(route, body, send, stream=False, goal=goal)
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
         if run.key is not None:
@@ -438,6 +466,8 @@ class _Run:
         """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.probe: str | None = None
         """The last target whose open circuit this request sent a trial request to."""
+        self.goal: LatencyGoal | None = None
+        """The request's latency goal (its own options over the route's), if any."""
 
     def refuse_unservable(self) -> None:
         """Leave out the targets whose protocol cannot express this request (an Anthropic
@@ -458,6 +488,16 @@ class _Run:
         router, route = self.router, self.route
         names = [t.name for t in route.targets]
         plan = route.policy.plan(names, self.view, router._rng)
+        goal = self.goal
+        if goal is not None and route.policy.name in ("fastest", "hedge", "race"):
+            view = self.view
+            plan = meet_goal(
+                plan,
+                goal,
+                median=lambda t: view.predict(t, 0.5),
+                speed=lambda t: router.stats.target(t).decode_speed(),
+                available=view.available,
+            )
         if route.policy.name in ("fastest", "hedge", "race"):
             delay = getattr(route.policy, "delay", None)
             max_age = min(router.stats.settings.window / 4, REMEASURE_AFTER)

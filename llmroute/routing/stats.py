@@ -924,6 +924,13 @@ class TargetStats:
             return None
         return window.quantile(q)
 
+    def decode_speed(self) -> float | None:
+        """The median tokens per second of the target's streams, once ``min_samples`` streams
+        were measured (``None`` before)."""
+        if len(self._tokens_per_s) < self.settings.min_samples:
+            return None
+        return self._tokens_per_s.quantile(0.5)
+
     def predict_latency(self, q: float) -> float:
         """The predicted ``q``-quantile whole-response latency of a non-streamed request.
 
