@@ -278,6 +278,11 @@ class LatencyWindow:
             return low
         return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
 
+    def nth(self, index: int) -> float:
+        """The ``index``-th smallest live sample (0 is the smallest; clamped to the range)."""
+        values = self._values
+        return cast(float, values[max(0, min(index, len(values) - 1))])
+
     def keep_newest(self, k: int) -> None:
         """Forget every live sample but the ``k`` newest (a change of regime: the older ones
         describe a target that no longer exists)."""
@@ -783,18 +788,24 @@ class TargetStats:
         (attempts cancelled past the p95: hedges that beat this target) count too."""
         settings = self.settings
         recent = settings.recent
-        if len(window) < recent + settings.min_samples:
+        n = len(window)
+        if n < recent + settings.min_samples:
             return 0
-        high = window.quantile_without(recent, 0.95)
-        low = window.quantile_without(recent, 0.05)
-        assert high is not None and low is not None
         newest = window.newest(recent)
-        for beyond in (
-            [i for i, v in enumerate(newest) if v > high],
-            [i for i, v in enumerate(newest) if v < low],
-        ):
-            if 2 * len(beyond) >= recent:
-                return recent - beyond[0]
+        # Cheap bounds first (O(log n)): the older samples' p95 is at least the whole window's
+        # value at the same rank, their p5 at most the value ``recent`` ranks above it.
+        bound = window.nth(math.floor((n - recent - 1) * 0.95))
+        if 2 * sum(1 for v in newest if v > bound) >= recent:
+            high = cast(float, window.quantile_without(recent, 0.95))
+            above = [i for i, v in enumerate(newest) if v > high]
+            if 2 * len(above) >= recent:
+                return recent - above[0]
+        bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent)
+        if 2 * sum(1 for v in newest if v < bound) >= recent:
+            low = cast(float, window.quantile_without(recent, 0.05))
+            below = [i for i, v in enumerate(newest) if v < low]
+            if 2 * len(below) >= recent:
+                return recent - below[0]
         return 0
 
     def record_stream(self, itl: float | None, tokens_per_s: float | None) -> None:
