@@ -122,3 +122,26 @@ def test_the_first_token_deadline_follows_the_live_p99_under_the_cap() -> None:
     assert run.first_token_deadline("c:m", None) == 30.0  # no samples: the cap
     route.first_token_timeout = None
     assert run.first_token_deadline(A, None) is None
+
+
+def test_a_target_known_only_from_a_few_slow_samples_needs_three_fast_ones() -> None:
+    # Known only from its first explorations (it was slow then), re-measured now and then.
+    router, route, clock = hedged_pair()
+    a = router.stats.target(A)
+    a._ttft_by_class[0] = type(a._ttft)(clock=clock)  # forget the fast history: a new target
+    a._ttft = type(a._ttft)(clock=clock)
+    rng = random.Random(3)
+    for _ in range(6):
+        clock.advance(1.0)
+        a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
+    assert plan(router, route).order[0] == B
+    shifts = a.shifts
+    for count in range(1, 4):  # three re-measures: it is fast now
+        clock.advance(REMEASURE_AFTER)
+        a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+        assert (a.shifts > shifts) == (count == 3)
+    assert a.cold()  # three samples: explored at the cold share until it has five
+    for _ in range(2):
+        clock.advance(1.0)
+        a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+    assert plan(router, route).order[0] == A

