@@ -145,3 +145,20 @@ def test_a_target_known_only_from_a_few_slow_samples_needs_three_fast_ones() -> 
         clock.advance(1.0)
         a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
     assert plan(router, route).order[0] == A
+
+
+def test_a_slow_target_re_measured_fast_is_re_measured_again_soon() -> None:
+    router, route, clock = hedged_pair(explore=0.02)
+    a = router.stats.target(A)
+    rng = random.Random(4)
+    for _ in range(30):  # a got slow: a change of regime, then it was left alone
+        clock.advance(0.2)
+        a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
+    clock.advance(REMEASURE_AFTER)
+    a.record_ttft(0.25, 20)  # one re-measure: fast, below everything it did lately
+    assert a.improving
+    explored = sum(plan(router, route).explored == A for _ in range(1000))
+    assert 60 <= explored <= 140  # the cold share (10%), not 2% once per 10 s
+    a.record_ttft(1.7, 20)  # slow again: a fluke
+    assert not a.improving
+    assert sum(plan(router, route).explored == A for _ in range(1000)) <= 25

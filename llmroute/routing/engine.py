@@ -410,6 +410,10 @@ class _View:
     def cold(self, target: str) -> bool:
         return self._router.stats.target(target).cold(streamed=self._stream)
 
+    def improving(self, target: str) -> bool:
+        """Whether the target's newest TTFT sample is below the range of its older ones."""
+        return self._stream and self._router.stats.target(target).improving
+
     def staleness(self, target: str) -> float:
         stats = self._router.stats.target(target)
         newest = stats.newest_at(streamed=self._stream)

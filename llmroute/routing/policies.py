@@ -377,8 +377,10 @@ def explore(
 ) -> Plan:
     """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
-    While some target is *cold* (too few samples to predict from), a request explores it with
-    probability ``cold_share`` (never when ``share`` is 0: exploration is off). A target is cold
+    While some target is *cold* (too few samples to predict from) or *improving* (its newest
+    sample is below the range of its older ones: a slow target re-measured fast, when the view
+    has ``improving``), a request explores it with probability ``cold_share`` (never when
+    ``share`` is 0: exploration is off). A target is cold
     for at most ``min_samples`` explorations per window, so this costs a bounded number of
     requests. Otherwise, with probability ``share``,
     the stalest target goes first when its newest sample (or its last exploration) is older
@@ -392,7 +394,8 @@ def explore(
     if len(plan.order) < 2:
         return plan
     candidates = [t for t in plan.order[1:] if view.available(t)]
-    cold = [t for t in candidates if view.cold(t)]
+    improving = getattr(view, "improving", None)  # optional in a RouteView
+    cold = [t for t in candidates if view.cold(t) or (improving is not None and improving(t))]
     if cold:
         if share <= 0 or rng.random() >= max(share, cold_share):
             return plan

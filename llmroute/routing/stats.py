@@ -88,6 +88,8 @@ def stall_deadline(
 
 SHIFT_MIN = 3
 """Samples beyond the older ones' range that a change of regime needs at least."""
+SMALL_WINDOW_MARGIN = 1.5
+"""While a window holds few older samples, "beyond their range" means beyond by this factor."""
 FIRST_TOKEN_MULTIPLE = 4.0
 """The live first-token deadline is this many times the target's p99 TTFT for the prompt's
 length class."""
@@ -676,6 +678,10 @@ class TargetStats:
         self._next_wait = 0
         self.shifts = 0
         """Changes of regime seen (see :meth:`shifted`), for tests and reports."""
+        self.improving = False
+        """The newest TTFT sample is below the p5 of the ones before it (by the small-window
+        margin while they are few): the target may have
+        got faster (a slow one re-measured), so it is worth re-measuring again soon."""
         self.explored_at: float | None = None
         """When a request last went to this target first to re-measure it (the router's)."""
 
@@ -778,6 +784,18 @@ class TargetStats:
         if shift:
             window.keep_newest(shift)
             self.shifts += 1
+        if window is self._ttft:
+            self.improving = not shift and self._below_range(window, seconds)
+
+    def _below_range(self, window: LatencyWindow, seconds: float) -> bool:
+        """Whether ``seconds``, the newest sample, is below the p5 of the samples before it."""
+        n = len(window)
+        if n <= self.settings.min_samples:
+            return False
+        margin = self._margin(n - 1)
+        if seconds >= window.nth(math.ceil((n - 2) * 0.05) + 1) / margin:  # a bound of that p5
+            return False
+        return seconds < cast(float, window.quantile_without(1, 0.05)) / margin
 
     def shifted(self, window: LatencyWindow) -> int:
         """How many of the window's newest samples belong to a new regime: 0 unless at least
@@ -796,21 +814,28 @@ class TargetStats:
         if recent < SHIFT_MIN:
             return 0
         newest = window.newest(recent)
+        margin = self._margin(n - recent)
         # Cheap bounds first (O(log n)): the older samples' p95 is at least the whole window's
         # value at the same rank, their p5 at most the value ``recent`` ranks above it.
-        bound = window.nth(math.floor((n - recent - 1) * 0.95))
+        bound = window.nth(math.floor((n - recent - 1) * 0.95)) * margin
         if 2 * sum(1 for v in newest if v > bound) >= recent:
-            high = cast(float, window.quantile_without(recent, 0.95))
+            high = cast(float, window.quantile_without(recent, 0.95)) * margin
             above = [i for i, v in enumerate(newest) if v > high]
             if 2 * len(above) >= recent and len(above) >= SHIFT_MIN:
                 return recent - above[0]
-        bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent)
+        bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent) / margin
         if 2 * sum(1 for v in newest if v < bound) >= recent:
-            low = cast(float, window.quantile_without(recent, 0.05))
+            low = cast(float, window.quantile_without(recent, 0.05)) / margin
             below = [i for i, v in enumerate(newest) if v < low]
             if 2 * len(below) >= recent and len(below) >= SHIFT_MIN:
                 return recent - below[0]
         return 0
+
+    def _margin(self, older: int) -> float:
+        """How far beyond the older samples' p95 (or below their p5, divided) a sample must lie
+        to count as beyond their range: 1 once they are ``2 * recent``; before, their range is
+        narrow and noisy (a p95 of 5 samples is about their maximum), so 1.5 times it."""
+        return 1.0 if older >= 2 * self.settings.recent else SMALL_WINDOW_MARGIN
 
     def record_stream(self, itl: float | None, tokens_per_s: float | None) -> None:
         """A stream's mean inter-token latency and its tokens per second, where known."""
