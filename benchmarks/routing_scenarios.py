@@ -23,7 +23,7 @@ And checks of one request each, llmroute only (they are about what reaches which
 ``content-policy`` (A refuses with a content-policy 400), ``stall`` (A stops for 30 s after 5
 tokens; the route continues on B).
 
-    .venv/bin/python benchmarks/routing.py --scenarios          # ~15 minutes (20 on a loaded machine)
+    .venv/bin/python benchmarks/routing.py --scenarios    # ~15 minutes (20 when loaded)
     .venv/bin/python benchmarks/routing_scenarios.py --only degrade
 """
 
