@@ -417,8 +417,9 @@ class _View:
     def staleness(self, target: str) -> float:
         stats = self._router.stats.target(target)
         newest = stats.newest_at(streamed=self._stream)
-        if stats.explored_at is not None:
-            newest = max(newest or -math.inf, stats.explored_at)
+        explored = stats.explored_at
+        if explored is not None:
+            newest = explored if newest is None else max(newest, explored)
         return math.inf if newest is None else self._router._clock() - newest
 
     def load(self, target: str) -> float:
