@@ -162,3 +162,19 @@ def test_a_slow_target_re_measured_fast_is_re_measured_again_soon() -> None:
     a.record_ttft(1.7, 20)  # slow again: a fluke
     assert not a.improving
     assert sum(plan(router, route).explored == A for _ in range(1000)) <= 25
+
+
+def test_lost_races_raise_the_tail_but_are_no_change_of_regime() -> None:
+    router, _, clock = hedged_pair()
+    a = router.stats.target(A)
+    p95 = a.predict(0.95, 20)
+    shifts = a.shifts
+    for _ in range(10):  # a raced b and lost ten times in a row: b was faster each time
+        clock.advance(0.5)
+        assert a.record_censored(p95 + 0.2, 20, raced=True)
+    assert a.shifts == shifts
+    assert a.predict(0.5, 20) < 0.3  # its median is still its own
+    for _ in range(5):  # the same losses as a first choice that hedges beat: a change
+        clock.advance(0.5)
+        a.record_censored(p95 + 0.3, 20)
+    assert a.shifts > shifts

@@ -786,7 +786,8 @@ class _Run:
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
             if self.stream:
-                stats.record_censored(clock() - started, self.prompt_tokens)
+                raced = record.reason == "race"
+                stats.record_censored(clock() - started, self.prompt_tokens, raced=raced)
             stats.finished()
             if probe:
                 health.breaker.release()

@@ -755,32 +755,34 @@ class TargetStats:
         if self._journal is not None:
             self._journal.add((self.name, "t", seconds, prompt_tokens))
 
-    def record_censored(self, elapsed: float, prompt_tokens: int) -> bool:
+    def record_censored(self, elapsed: float, prompt_tokens: int, *, raced: bool = False) -> bool:
         """An attempt was cancelled ``elapsed`` seconds in, before its first token.
 
         Its TTFT is only known to exceed ``elapsed``, so it is recorded (in each window it would
         go to) only where ``elapsed`` is above that window's predicted p95 (the prior's, blended,
         while the window has fewer than ``min_samples``): it can raise the tail estimate, never
-        invent a fast sample. Returns whether it was recorded at all.
+        invent a fast sample. Returns whether it was recorded at all. ``raced``: it lost a race
+        it started in at the same time as the winner; such losses are what a race is for, so
+        they never count towards a change of regime (:meth:`shifted`).
         """
         if elapsed < 0:
             raise ValueError(f"elapsed cannot be negative, got {elapsed!r}")
-        recorded = self._censor(elapsed, prompt_tokens)
+        recorded = self._censor(elapsed, prompt_tokens, check=not raced)
         if recorded and self._journal is not None:
             self._journal.add((self.name, "c", elapsed, prompt_tokens))
         return recorded
 
-    def _censor(self, elapsed: float, prompt_tokens: int) -> bool:
+    def _censor(self, elapsed: float, prompt_tokens: int, *, check: bool = True) -> bool:
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
             if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
-                self._add(window, elapsed)
+                self._add(window, elapsed, check=check)
                 recorded = True
         return recorded
 
-    def _add(self, window: LatencyWindow, seconds: float) -> None:
+    def _add(self, window: LatencyWindow, seconds: float, *, check: bool = True) -> None:
         window.add(seconds)
-        shift = self.shifted(window)
+        shift = self.shifted(window) if check else 0
         if shift:
             window.keep_newest(shift)
             self.shifts += 1
