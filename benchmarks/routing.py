@@ -41,6 +41,7 @@ same prompt fetched without routing afterwards; an exception counts as a wrong a
     .venv/bin/python benchmarks/routing.py --sigma 0.1
     .venv/bin/python benchmarks/routing.py --quick          # smoke run, ~1.5 minutes
     .venv/bin/python benchmarks/routing.py --json /tmp/routing.json   # also save raw samples
+    .venv/bin/python benchmarks/routing.py --scenarios      # routing under change (issue 16)
 """
 
 from __future__ import annotations
@@ -862,6 +863,11 @@ def request_record(o: Outcome) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--scenarios" in argv:  # routing under change: benchmarks/routing_scenarios.py
+        import routing_scenarios
+
+        return routing_scenarios.main([a for a in argv if a != "--scenarios"])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=None, help="measured requests per run (320)")
     p.add_argument("--concurrency", type=int, default=8, help="requests at once (8)")

@@ -347,6 +347,14 @@ class RouteConfig(BaseModel):
     )
     """Request-caused 400s a route fails over on; by default each is returned to the caller
     unchanged (another vendor would refuse it too, or answer something else)."""
+    ttft_target: Annotated[Duration, Field(gt=0)] | None = None
+    """A latency goal for the first token (``"300ms"``): on a latency policy, targets whose
+    predicted median TTFT is above it go behind those predicted to meet it, and the first
+    attempt is hedged once the goal is at risk. A request may set its own
+    (``extra_body={"llmroute": {"ttft_target_ms": 300}}`` or ``x-llmroute-ttft-target-ms``)."""
+    min_tokens_per_s: float | None = Field(default=None, gt=0)
+    """A minimum decode speed: targets whose live median tokens/s is below it go behind the
+    others (``extra_body={"llmroute": {"min_tokens_per_s": 40}}`` per request)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -70,6 +70,7 @@ from .cache import tenant_namespace as _tenant_namespace
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.engine import Route
+from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
 )
@@ -122,6 +123,9 @@ class Call:
     http: Any = None
     """The application's own async HTTP client (``http_client=``), which routed calls use
     too; ``None``: llmroute's transport."""
+    goal_options: object = None
+    """The call's ``extra_body={"llmroute": {...}}`` options, taken out of the body (never
+    sent upstream); read by :meth:`Dispatch.goal`."""
 
 
 @dataclass
@@ -283,6 +287,11 @@ class Dispatch:
         merged: dict[str, Any] = dict(body)
         if isinstance(options.extra_json, Mapping):
             merged.update(options.extra_json)
+            if "llmroute" in options.extra_json:  # llmroute's own options: never sent
+                options.extra_json = {
+                    k: v for k, v in options.extra_json.items() if k != "llmroute"
+                }
+        goal_options = merged.pop("llmroute", None)
         headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
         if route is not None:
             self._check_servable(route, kind, path)
@@ -300,6 +309,7 @@ class Dispatch:
             headers=headers,
             query=dict(options.params) if isinstance(options.params, Mapping) else None,
             timeout=timeout,
+            goal_options=goal_options,
         )
 
     def _check_servable(self, route: Route, kind: str, path: str) -> None:
@@ -314,10 +324,25 @@ class Dispatch:
 
     # -- chat: the cache, then the route or the client's base URL ----------------------------
 
+    def goal(self, call: Call) -> LatencyGoal | None:
+        """The call's latency goal: its ``llmroute`` body options over the
+        ``x-llmroute-ttft-target-ms`` header (the call's over the client's). A wrong name,
+        type or value is a ``BadRequestError`` naming it, raised before anything is sent."""
+        header = None
+        for source in (call.client_headers, call.headers):
+            for name, value in source.items():
+                if name.lower() == TTFT_TARGET_HEADER and value is not None:
+                    header = value
+        try:
+            return read_goal(call.goal_options, header)
+        except GoalError as exc:
+            raise _bad_request(str(exc), param=exc.param) from None
+
     async def answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
         """A chat call, or a Responses call on a route: the cache if it may answer, else
         ``live()`` (a direct chat call, openai's machinery) or the route's engine. Metrics
         count it either way."""
+        self.goal(call)  # a wrong option fails here, before the cache or any request
         route = call.route
         host = None if route is not None else httpx.URL(call.base_url).host
         telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
@@ -360,13 +385,15 @@ class Dispatch:
         unservable = self._unservable(call, route)
         if call.stream:
             routed = await self.router.stream(
-                route, call.body, send, kind=kind, unservable=unservable
+                route, call.body, send, kind=kind, unservable=unservable, goal=self.goal(call)
             )
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
             if kind == "responses":
                 stream._iterator = self._pinning(stream._iterator, routed.report.winner)
             return Outcome(stream, stream.response, stream.timings.retries)
-        done = await self.router.complete(route, call.body, send, kind=kind, unservable=unservable)
+        done = await self.router.complete(
+            route, call.body, send, kind=kind, unservable=unservable, goal=self.goal(call)
+        )
         completion = done.completion
         if isinstance(completion, ChatCompletion | Response):
             won = [a.request_id for a in done.report.attempts if a.outcome == "won"]

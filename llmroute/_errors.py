@@ -129,7 +129,8 @@ class StreamInterrupted(APIError):
 
 
 class FirstTokenTimeout(APITimeoutError):
-    """Raised when a target sends no first token within the route's ``first_token_timeout``."""
+    """Raised when a target sends no first token within its first-token deadline (live, at
+    most the route's ``first_token_timeout``)."""
 
     def __init__(self, request: httpx.Request, *, target: str, seconds: float) -> None:
         super().__init__(request=request)  # type: ignore[arg-type]

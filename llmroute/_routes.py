@@ -10,6 +10,7 @@ from ._background import spawn
 from ._config import Resolved, ResolvedProvider, RouteConfig, Target
 from .routing.budget import HedgeBudget
 from .routing.engine import Route, Router, RouteTarget
+from .routing.goal import LatencyGoal
 from .routing.policies import (
     FailoverPolicy,
     FastestPolicy,
@@ -85,6 +86,9 @@ def route_for(
         server_error_retries=config.server_error_retries,
         failover_on=frozenset(config.failover_on),
         connect_timeout=config.connect_timeout,
+        goal=LatencyGoal(config.ttft_target, config.min_tokens_per_s)
+        if config.ttft_target is not None or config.min_tokens_per_s is not None
+        else None,
     )
 
 

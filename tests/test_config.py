@@ -415,6 +415,9 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             ROUTE + "server_error_retries = -1\n",
             "llmroute.toml: models.chat.server_error_retries:",
         ),
+        (ROUTE + "ttft_target = 0\n", "llmroute.toml: models.chat.ttft_target:"),
+        (ROUTE + 'ttft_target = "-300ms"\n', "llmroute.toml: models.chat.ttft_target:"),
+        (ROUTE + "min_tokens_per_s = 0\n", "llmroute.toml: models.chat.min_tokens_per_s:"),
         (
             ROUTE + 'failover_on = ["context"]\n',
             "llmroute.toml: models.chat.failover_on[0]:",

@@ -696,3 +696,16 @@ def test_ssl_context_is_a_client_context(h2sim: Simulator) -> None:
     ctx = h2sim.ssl_context()
     assert isinstance(ctx, ssl.SSLContext)
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+def test_a_profile_changes_mid_run() -> None:
+    with Simulator(profile=Profile(reply_tokens=3), tls=True) as sim:
+        root = sim.base_url.removesuffix("/v1")
+        with httpx.Client(verify=sim.ssl_context()) as client:
+            answer = client.post(f"{root}/_sim/profile", json={"ttft_median": 0.25})
+            assert answer.status_code == 200
+            assert sim.app.profile.ttft_median == 0.25
+            assert sim.app.profile.reply_tokens == 3  # the other fields are kept
+            answer = client.post(f"{root}/_sim/profile", json={"no_such_field": 1})
+            assert answer.status_code == 400
+            assert sim.app.profile.ttft_median == 0.25

@@ -64,6 +64,7 @@ from ..transport import body_receiver, bound_wait
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .causes import CauseRules, classify, react
+from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import (
@@ -71,11 +72,13 @@ from .stats import (
     StatsReport,
     class_label,
     estimate_prompt_tokens,
+    first_token_deadline,
     prompt_class,
     stall_deadline,
 )
 
 __all__ = [
+    "REMEASURE_AFTER",
     "SERVER_METRICS_MAX_AGE",
     "Route",
     "RouteTarget",
@@ -86,6 +89,11 @@ __all__ = [
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
+"""Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
+REMEASURE_AFTER = 10.0
+"""Seconds: a target of a latency route that has no sample newer than this, and was not
+explored since, may be re-measured (a share ``explore`` of requests goes to it first), so a
+target that was only slow wins its traffic back when it is fast again."""
 _RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
@@ -93,7 +101,6 @@ _MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
-"""Seconds after which a target's ``/metrics`` reading no longer counts for its load."""
 
 
 class Sender(Protocol):
@@ -150,6 +157,9 @@ class Route:
     failover_on: frozenset[str] = frozenset()
     """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
     the route fails over on instead of returning them to the caller."""
+    goal: LatencyGoal | None = None
+    """The route's latency goal (``ttft_target``, ``min_tokens_per_s``); a request's own
+    options override it (:mod:`.goal`)."""
 
     def rules(self) -> CauseRules:
         """How the route reacts to each cause of failure (:mod:`.causes`)."""
@@ -292,6 +302,7 @@ class Router:
         stream: bool,
         kind: str = "chat",
         unservable: Iterable[str] = (),
+        goal: LatencyGoal | None = None,
     ) -> _Run:
         tokens = estimate_prompt_tokens(prompt_messages(body, kind))
         bounds = self.stats.settings.prompt_classes
@@ -301,6 +312,7 @@ class Router:
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
         )
         run = _Run(self, route, body, send, report, tokens, stream, kind)
+        run.goal = goal.over(route.goal) if goal is not None else route.goal
         run.refuse_unservable(unservable)
         route.budget.on_request()
         return run
@@ -341,13 +353,17 @@ class Router:
         *,
         kind: str = "chat",
         unservable: Iterable[str] = (),
+        goal: LatencyGoal | None = None,
     ) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token.
 
         ``kind``: ``"chat"`` (chat completions) or ``"responses"`` (the Responses API, whose
         events the stream yields); ``unservable``: targets of the route that cannot serve this
-        call (never tried, never penalised)."""
-        run = self._begin(route, body, send, stream=True, kind=kind, unservable=unservable)
+        call (never tried, never penalised); ``goal``: the request's own latency goal, over the
+        route's."""
+        run = self._begin(
+            route, body, send, stream=True, kind=kind, unservable=unservable, goal=goal
+        )
         run.ready = await run.race(run.plan(), retries=self.max_retries)
         return RoutedStream(run)
 
@@ -359,9 +375,12 @@ class Router:
         *,
         kind: str = "chat",
         unservable: Iterable[str] = (),
+        goal: LatencyGoal | None = None,
     ) -> RoutedCompletion:
         """A request that is not streamed: the first complete answer wins."""
-        run = self._begin(route, body, send, stream=False, kind=kind, unservable=unservable)
+        run = self._begin(
+            route, body, send, stream=False, kind=kind, unservable=unservable, goal=goal
+        )
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
         if run.key is not None:
@@ -410,8 +429,16 @@ class _View:
     def cold(self, target: str) -> bool:
         return self._router.stats.target(target).cold(streamed=self._stream)
 
+    def improving(self, target: str) -> bool:
+        """Whether the target's newest TTFT sample is below the range of its older ones."""
+        return self._stream and self._router.stats.target(target).improving
+
     def staleness(self, target: str) -> float:
-        newest = self._router.stats.target(target).newest_at(streamed=self._stream)
+        stats = self._router.stats.target(target)
+        newest = stats.newest_at(streamed=self._stream)
+        explored = stats.explored_at
+        if explored is not None:
+            newest = explored if newest is None else max(newest, explored)
         return math.inf if newest is None else self._router._clock() - newest
 
     def load(self, target: str) -> float:
@@ -472,6 +499,8 @@ class _Run:
         """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.probe: str | None = None
         """The last target whose open circuit this request sent a trial request to."""
+        self.goal: LatencyGoal | None = None
+        """The request's latency goal (its own options over the route's), if any."""
 
     def refuse_unservable(self, unservable: Iterable[str] = ()) -> None:
         """Leave out the targets the caller named as unable to serve the call, and those whose
@@ -494,9 +523,19 @@ class _Run:
         router, route = self.router, self.route
         names = [t.name for t in route.targets]
         plan = route.policy.plan(names, self.view, router._rng)
+        goal = self.goal
+        if goal is not None and route.policy.name in ("fastest", "hedge", "race"):
+            view = self.view
+            plan = meet_goal(
+                plan,
+                goal,
+                median=lambda t: view.predict(t, 0.5),
+                speed=lambda t: router.stats.target(t).decode_speed(),
+                available=view.available,
+            )
         if route.policy.name in ("fastest", "hedge", "race"):
             delay = getattr(route.policy, "delay", None)
-            max_age = router.stats.settings.window / 4
+            max_age = min(router.stats.settings.window / 4, REMEASURE_AFTER)
             plan = explore(
                 plan,
                 self.view,
@@ -506,6 +545,8 @@ class _Run:
                 hedge_delay=(lambda t: delay(t, self.view)) if delay is not None else None,
             )
             self.report.explored = plan.explored
+            if plan.explored is not None:
+                router.stats.target(plan.explored).explored_at = self.clock()
         if self.refused:
             plan = _without(plan, self.refused, names)
             self.report.explored = plan.explored if self.report.explored else None
@@ -802,7 +843,7 @@ class _Run:
         stats.started()
         waiting = stats.waiting() if self.stream else 0
         ready: _Ready | None = None
-        timeout = self.route.first_token_timeout if self.stream else None
+        timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
         try:
             limit = anyio.current_time() + timeout if timeout else math.inf
             with anyio.CancelScope(deadline=limit) as deadline:
@@ -819,7 +860,8 @@ class _Run:
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
             if self.stream:
-                stats.record_censored(clock() - started, self.prompt_tokens)
+                raced = record.reason == "race"
+                stats.record_censored(clock() - started, self.prompt_tokens, raced=raced)
             stats.finished()
             if probe:
                 health.breaker.release()
@@ -838,6 +880,9 @@ class _Run:
             stats.done_waiting(waiting)
             stats.finished()
             outcome = _outcome(exc)
+            if outcome == "timeout" and self.stream and prefix is None:
+                # A deadline missed is a sample too: the TTFT was at least this long.
+                stats.record_censored(clock() - started, self.prompt_tokens)
             if outcome == "rate_limited" and isinstance(exc, APIStatusError):
                 health.cool_down(_cooldown(exc.response.headers))
             if classify(exc) == "misconfigured":
@@ -855,6 +900,8 @@ class _Run:
         if state.winner is not None:  # another attempt won while this one finished
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
+            if self.stream and ready.timings.tokens and prefix is None:
+                stats.record_ttft(elapsed, self.prompt_tokens)  # a first token all the same
             stats.finished()
             if probe:
                 health.breaker.release()
@@ -1102,6 +1149,17 @@ class _Run:
             itl = span / (self.tokens - 1) if span > 0 else None
             stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
             stats.record_gap(self.longest_gap)
+
+    def first_token_deadline(self, target: str, prefix: str | None) -> float | None:
+        """Seconds an attempt on ``target`` may wait for its first token: from the target's
+        live p99 TTFT for the prompt's length class (:func:`~.stats.first_token_deadline`),
+        the route's ``first_token_timeout`` as the cap (``None``: no deadline); the cap alone
+        for a continuation, whose prompt is longer by the answer so far."""
+        cap = self.route.first_token_timeout
+        if cap is None or prefix is not None:
+            return cap
+        p99 = self.router.stats.target(target).class_quantile(0.99, self.prompt_tokens)
+        return first_token_deadline(p99, cap=cap)
 
     def stall_deadline(self, target: str) -> float | None:
         """Seconds the stream from ``target`` may send nothing before it counts as broken."""

@@ -62,7 +62,8 @@ class RouteView(Protocol):
         ...
 
     def staleness(self, target: str) -> float:
-        """Seconds since the target's newest TTFT sample (``inf`` if it has none)."""
+        """Seconds since the target's newest TTFT sample or its last exploration, whichever is
+        newer (``inf`` if it has neither)."""
         ...
 
     def cold(self, target: str) -> bool:
@@ -376,18 +377,25 @@ def explore(
 ) -> Plan:
     """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
-    While some target is *cold* (too few samples to predict from), a request explores it with
-    probability ``cold_share`` (never when ``share`` is 0: exploration is off). A target is cold
+    While some target is *cold* (too few samples to predict from) or *improving* (its newest
+    sample is below the range of its older ones: a slow target re-measured fast, when the view
+    has ``improving``), a request explores it with probability ``cold_share`` (never when
+    ``share`` is 0: exploration is off). A target is cold
     for at most ``min_samples`` explorations per window, so this costs a bounded number of
     requests. Otherwise, with probability ``share``,
-    the stalest target goes first when its newest sample is older than ``max_age`` seconds.
-    A hedging plan hedges the explored target after ``hedge_delay(target)`` (its own live
-    quantile, or a prior when it has no samples), so one exploration costs at most about that.
+    the stalest target goes first when its newest sample (or its last exploration) is older
+    than ``max_age`` seconds: a target that was only slow is re-measured now and then, and wins
+    its traffic back when it got fast again. A hedging plan hedges an explored cold target
+    after ``hedge_delay(target)`` (its own live quantile, or a prior when it has no samples),
+    so one exploration costs at most about that; a known one after that or the first choice's
+    own hedge delay, whichever is sooner, so re-measuring a slow target costs the caller no
+    more than the first choice's hedge would.
     """
     if len(plan.order) < 2:
         return plan
     candidates = [t for t in plan.order[1:] if view.available(t)]
-    cold = [t for t in candidates if view.cold(t)]
+    improving = getattr(view, "improving", None)  # optional in a RouteView
+    cold = [t for t in candidates if view.cold(t) or (improving is not None and improving(t))]
     if cold:
         if share <= 0 or rng.random() >= max(share, cold_share):
             return plan
@@ -401,5 +409,9 @@ def explore(
     order = (chosen, *(t for t in plan.order if t != chosen))
     delays = plan.hedge_delays
     if delays and hedge_delay is not None:
-        delays = (hedge_delay(chosen), *delays[1:])
+        own = hedge_delay(chosen)
+        # A known target is re-measured at no more cost than the first choice's own hedge; a
+        # cold one waits out its own delay, so that it yields a sample.
+        first = delays[0]
+        delays = (own if view.cold(chosen) or first is None else min(own, first), *delays[1:])
     return Plan(order, start=plan.start, hedge_delays=delays, explored=chosen, key=plan.key)

@@ -51,6 +51,7 @@ __all__ = [
     "TargetStats",
     "class_label",
     "estimate_prompt_tokens",
+    "first_token_deadline",
     "prompt_class",
     "stall_deadline",
 ]
@@ -83,6 +84,32 @@ def stall_deadline(
     if gap_p99 is None:
         return min(prior, cap)
     return min(cap, max(floor, multiple * gap_p99))
+
+
+SHIFT_MIN = 3
+"""Samples beyond the older ones' range that a change of regime needs at least."""
+SMALL_WINDOW_MARGIN = 1.5
+"""While a window holds few older samples, "beyond their range" means beyond by this factor."""
+FIRST_TOKEN_MULTIPLE = 4.0
+"""The live first-token deadline is this many times the target's p99 TTFT for the prompt's
+length class."""
+FIRST_TOKEN_FLOOR = 5.0
+"""Seconds: the live first-token deadline is never shorter."""
+
+
+def first_token_deadline(
+    ttft_p99: float | None,
+    *,
+    cap: float,
+    multiple: float = FIRST_TOKEN_MULTIPLE,
+    floor: float = FIRST_TOKEN_FLOOR,
+) -> float:
+    """Seconds an attempt may wait for its first token: ``multiple`` times the target's live
+    p99 TTFT for the prompt's class, at least ``floor``, at most ``cap`` (the route's
+    ``first_token_timeout``); ``cap`` itself while the class has too few samples."""
+    if ttft_p99 is None:
+        return cap
+    return min(cap, max(floor, multiple * ttft_p99))
 
 
 Outcome = Literal["ok", "error", "timeout", "rate_limited", "cancelled", "interrupted"]
@@ -223,6 +250,50 @@ class LatencyWindow:
         self._expire(self._clock())
         return self._samples[-1][0] if self._samples else None
 
+    def newest(self, k: int) -> list[float]:
+        """The values of the ``k`` newest live samples (fewer if there are fewer), oldest first."""
+        self._expire(self._clock())
+        samples = self._samples
+        start = max(0, len(samples) - k)
+        return [samples[i][1] for i in range(start, len(samples))]
+
+    def quantile_without(self, newest: int, q: float) -> float | None:
+        """The ``q``-quantile of the live samples other than the ``newest`` ones (``None`` if
+        there are no others): what the window said before its latest samples came."""
+        self._expire(self._clock())
+        recent = sorted(self.newest(newest))
+        values, n = self._values, len(self._values) - len(recent)
+        if n <= 0:
+            return None
+
+        def nth(i: int) -> float:
+            # The i-th smallest of values minus recent is values[i + j] for some j <= k.
+            for j in range(len(recent) + 1):
+                x = cast(float, values[i + j])
+                if values.bisect_right(x) - bisect.bisect_right(recent, x) >= i + 1:
+                    return x
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        position = (n - 1) * q
+        index = math.floor(position)
+        low = nth(index)
+        fraction = position - index
+        if fraction == 0.0:
+            return low
+        return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
+
+    def nth(self, index: int) -> float:
+        """The ``index``-th smallest live sample (0 is the smallest; clamped to the range)."""
+        values = self._values
+        return cast(float, values[max(0, min(index, len(values) - 1))])
+
+    def keep_newest(self, k: int) -> None:
+        """Forget every live sample but the ``k`` newest (a change of regime: the older ones
+        describe a target that no longer exists)."""
+        samples = self._samples
+        while len(samples) > k:
+            self._values.remove(samples.popleft()[1])
+
     def __len__(self) -> int:
         self._expire(self._clock())
         return len(self._samples)
@@ -311,6 +382,12 @@ class StatsSettings:
     """How many samples the prior counts for."""
     min_samples: int = 5
     """Samples a prompt-length class needs before its own quantiles are used."""
+    recent: int = 10
+    """The short view beside the long window: when at least half of a window's ``recent``
+    newest samples lie beyond what the older ones say (above their p95, or below their p5),
+    the target changed, and the older samples are forgotten (see :meth:`TargetStats.shifted`)."""
+    shift_waits: int = 3
+    """Attempts waiting past a target's p95 at once that show it changed, before they end."""
 
     def __post_init__(self) -> None:
         if not self.window > 0:
@@ -328,6 +405,10 @@ class StatsSettings:
             raise ValueError(f"prior_weight must not be negative, got {self.prior_weight!r}")
         if self.min_samples < 1:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples!r}")
+        if self.recent < 2:
+            raise ValueError(f"recent must be at least 2, got {self.recent!r}")
+        if self.shift_waits < 1:
+            raise ValueError(f"shift_waits must be at least 1, got {self.shift_waits!r}")
 
 
 def prompt_class(tokens: int, bounds: Sequence[int]) -> int:
@@ -595,6 +676,14 @@ class TargetStats:
         self.server: ServerMetrics | None = None
         """The latest reading of the target's own ``/metrics`` (self-hosted servers only)."""
         self._next_wait = 0
+        self.shifts = 0
+        """Changes of regime seen (see :meth:`shifted`), for tests and reports."""
+        self.improving = False
+        """The newest TTFT sample is below the p5 of the ones before it (by the small-window
+        margin while they are few): the target may have
+        got faster (a slow one re-measured), so it is worth re-measuring again soon."""
+        self.explored_at: float | None = None
+        """When a request last went to this target first to re-measure it (the router's)."""
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
@@ -661,33 +750,94 @@ class TargetStats:
         """A first token arrived ``seconds`` after the request for a prompt of that length."""
         if seconds < 0:
             raise ValueError(f"a TTFT cannot be negative, got {seconds!r}")
-        self._class_window(prompt_tokens).add(seconds)
-        self._ttft.add(seconds)
+        self._add(self._class_window(prompt_tokens), seconds)
+        self._add(self._ttft, seconds)
         if self._journal is not None:
             self._journal.add((self.name, "t", seconds, prompt_tokens))
 
-    def record_censored(self, elapsed: float, prompt_tokens: int) -> bool:
+    def record_censored(self, elapsed: float, prompt_tokens: int, *, raced: bool = False) -> bool:
         """An attempt was cancelled ``elapsed`` seconds in, before its first token.
 
         Its TTFT is only known to exceed ``elapsed``, so it is recorded (in each window it would
         go to) only where ``elapsed`` is above that window's predicted p95 (the prior's, blended,
         while the window has fewer than ``min_samples``): it can raise the tail estimate, never
-        invent a fast sample. Returns whether it was recorded at all.
+        invent a fast sample. Returns whether it was recorded at all. ``raced``: it lost a race
+        it started in at the same time as the winner; such losses are what a race is for, so
+        they never count towards a change of regime (:meth:`shifted`).
         """
         if elapsed < 0:
             raise ValueError(f"elapsed cannot be negative, got {elapsed!r}")
-        recorded = self._censor(elapsed, prompt_tokens)
+        recorded = self._censor(elapsed, prompt_tokens, check=not raced)
         if recorded and self._journal is not None:
             self._journal.add((self.name, "c", elapsed, prompt_tokens))
         return recorded
 
-    def _censor(self, elapsed: float, prompt_tokens: int) -> bool:
+    def _censor(self, elapsed: float, prompt_tokens: int, *, check: bool = True) -> bool:
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
             if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
-                window.add(elapsed)
+                self._add(window, elapsed, check=check)
                 recorded = True
         return recorded
+
+    def _add(self, window: LatencyWindow, seconds: float, *, check: bool = True) -> None:
+        window.add(seconds)
+        shift = self.shifted(window) if check else 0
+        if shift:
+            window.keep_newest(shift)
+            self.shifts += 1
+        if window is self._ttft:
+            self.improving = not shift and self._below_range(window, seconds)
+
+    def _below_range(self, window: LatencyWindow, seconds: float) -> bool:
+        """Whether ``seconds``, the newest sample, is below the p5 of the samples before it."""
+        n = len(window)
+        if n <= self.settings.min_samples:
+            return False
+        margin = self._margin(n - 1)
+        if seconds >= window.nth(math.ceil((n - 2) * 0.05) + 1) / margin:  # a bound of that p5
+            return False
+        return seconds < cast(float, window.quantile_without(1, 0.05)) / margin
+
+    def shifted(self, window: LatencyWindow) -> int:
+        """How many of the window's newest samples belong to a new regime: 0 unless at least
+        half of its ``recent`` newest samples (fewer while the window holds fewer than
+        ``recent + min_samples``: all but ``min_samples``), and at least three, are above the
+        p95 of the older samples (it got slower) or below their p5 (it got faster); else the
+        count from the oldest of those beyond-the-older-range samples on, the samples
+        :meth:`_add` keeps. Under a steady target a sample lies beyond each bound 5% of the
+        time, so half of ten at once is rare (about one check in 8,000); after a change it
+        happens within ``recent / 2`` samples of the new regime (three for a target with few
+        samples, such as one only re-measured now and then), and censored ones (attempts
+        cancelled past the p95: hedges that beat this target) count too."""
+        settings = self.settings
+        n = len(window)
+        recent = min(settings.recent, n - settings.min_samples)
+        if recent < SHIFT_MIN:
+            return 0
+        newest = window.newest(recent)
+        margin = self._margin(n - recent)
+        # Cheap bounds first (O(log n)): the older samples' p95 is at least the whole window's
+        # value at the same rank, their p5 at most the value ``recent`` ranks above it.
+        bound = window.nth(math.floor((n - recent - 1) * 0.95)) * margin
+        if 2 * sum(1 for v in newest if v > bound) >= recent:
+            high = cast(float, window.quantile_without(recent, 0.95)) * margin
+            above = [i for i, v in enumerate(newest) if v > high]
+            if 2 * len(above) >= recent and len(above) >= SHIFT_MIN:
+                return recent - above[0]
+        bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent) / margin
+        if 2 * sum(1 for v in newest if v < bound) >= recent:
+            low = cast(float, window.quantile_without(recent, 0.05)) / margin
+            below = [i for i, v in enumerate(newest) if v < low]
+            if 2 * len(below) >= recent and len(below) >= SHIFT_MIN:
+                return recent - below[0]
+        return 0
+
+    def _margin(self, older: int) -> float:
+        """How far beyond the older samples' p95 (or below their p5, divided) a sample must lie
+        to count as beyond their range: 1 once they are ``2 * recent``; before, their range is
+        narrow and noisy (a p95 of 5 samples is about their maximum), so 1.5 times it."""
+        return 1.0 if older >= 2 * self.settings.recent else SMALL_WINDOW_MARGIN
 
     def record_stream(self, itl: float | None, tokens_per_s: float | None) -> None:
         """A stream's mean inter-token latency and its tokens per second, where known."""
@@ -731,8 +881,8 @@ class TargetStats:
         if kind == "t":
             seconds, tokens = values
             seconds, tokens = _seconds(seconds), _tokens(tokens)
-            self._class_window(tokens).add(seconds)
-            self._ttft.add(seconds)
+            self._add(self._class_window(tokens), seconds)
+            self._add(self._ttft, seconds)
         elif kind == "c":
             elapsed, tokens = values
             self._censor(_seconds(elapsed), _tokens(tokens))
@@ -784,7 +934,44 @@ class TargetStats:
             overdue = [now - t for t in self._waiting.values() if now - t > predicted]
             if overdue:
                 predicted = cast(float, window.quantile_with(overdue, q))
+            predicted = max(predicted, self._waits_shift(window, now, q))
         return predicted
+
+    def _waits_shift(self, window: LatencyWindow, now: float, q: float) -> float:
+        """The ``q``-quantile of the newest samples together with the attempts now waiting
+        past the window's p95 (each a censored sample of its time so far), when those waits
+        say the target changed: at least ``shift_waits`` of them, or with the newest samples
+        beyond the p95 at least half of the short view. Else 0. This is how a target that
+        got slow shows within about one p95, before any of its slow attempts ends."""
+        settings = self.settings
+        p95 = cast(float, window.quantile(0.95))
+        overdue = [now - t for t in self._waiting.values() if now - t > p95]
+        if not overdue:
+            return 0.0
+        newest = window.newest(settings.recent)
+        beyond = len(overdue) + sum(1 for v in newest if v > p95)
+        if len(overdue) < settings.shift_waits and 2 * beyond < len(newest) + len(overdue):
+            return 0.0
+        values = sorted(newest + overdue)
+        position = (len(values) - 1) * q
+        index = math.floor(position)
+        upper = values[min(index + 1, len(values) - 1)]
+        return values[index] + (upper - values[index]) * (position - index)
+
+    def class_quantile(self, q: float, prompt_tokens: int) -> float | None:
+        """The observed ``q``-quantile TTFT of the prompt's own length class, once it holds
+        ``min_samples`` samples (no prior, no pooling: ``None`` before)."""
+        window = self._class_window(prompt_tokens)
+        if len(window) < self.settings.min_samples:
+            return None
+        return window.quantile(q)
+
+    def decode_speed(self) -> float | None:
+        """The median tokens per second of the target's streams, once ``min_samples`` streams
+        were measured (``None`` before)."""
+        if len(self._tokens_per_s) < self.settings.min_samples:
+            return None
+        return self._tokens_per_s.quantile(0.5)
 
     def predict_latency(self, q: float) -> float:
         """The predicted ``q``-quantile whole-response latency of a non-streamed request.

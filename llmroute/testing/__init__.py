@@ -15,8 +15,9 @@ Routes: ``POST /v1/chat/completions`` (streamed or not, OpenAI's wire format, to
 ``json_schema``/``json_object`` structured outputs), ``POST /v1/responses`` (the Responses API,
 streamed with OpenAI's event sequence; ``previous_response_id`` must be an id this simulator
 issued), ``POST /v1/completions``, ``POST /v1/embeddings``, ``GET /v1/models``,
-``POST /v1/messages`` (Anthropic), ``GET /_sim/stats`` (counters), ``POST /_sim/reset``. ``/v1``
-routes need ``Authorization: Bearer <anything>``; other paths are OpenAI's ``Invalid URL`` 404.
+``POST /v1/messages`` (Anthropic), ``GET /_sim/stats`` (counters), ``POST /_sim/reset``,
+``POST /_sim/profile`` (replace some Profile fields mid-run). ``/v1`` routes need
+``Authorization: Bearer <anything>``; other paths are OpenAI's ``Invalid URL`` 404.
 Every response has an ``x-request-id`` header. docs/simulator.md has the details.
 
 Replies are deterministic: words drawn by an RNG seeded from the model name and the messages

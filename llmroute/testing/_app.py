@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
@@ -121,7 +122,7 @@ class SimApp:
         path, method = scope["path"], scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if path.startswith("/_sim/"):
-            await self._sim_route(path, method, send, rid)
+            await self._sim_route(path, method, send, rid, body)
             return
         try:
             payload = json.loads(body) if body else None
@@ -185,11 +186,26 @@ class SimApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _sim_route(self, path: str, method: str, send: Send, rid: str) -> None:
+    async def _sim_route(
+        self, path: str, method: str, send: Send, rid: str, body: bytes = b""
+    ) -> None:
         if path == "/_sim/stats":
             await respond(send, 200, json.dumps(self.stats()).encode(), rid)
         elif path == "/_sim/reset" and method == "POST":
             self.reset_stats()
+            await respond(send, 200, b"{}", rid)
+        elif path == "/_sim/profile" and method == "POST":
+            # A provider that changes mid-run (benchmarks): the given Profile fields, replaced.
+            try:
+                fields = json.loads(body)
+                for key in ("stall_range",):
+                    if key in fields:
+                        fields[key] = tuple(fields[key])
+                self.profile = dataclasses.replace(self.profile, **fields)
+            except (ValueError, TypeError) as exc:
+                error = error_body(f"bad profile change: {exc}", "invalid_request_error")
+                await respond(send, 400, error, rid)
+                return
             await respond(send, 200, b"{}", rid)
         else:
             await respond(send, 404, error_body("not found", "invalid_request_error"), rid)

@@ -457,6 +457,16 @@ class SimulatorProcess:
         with urllib.request.urlopen(url, context=ctx, timeout=10) as response:
             return json.loads(response.read())
 
+    def change_profile(self, **fields: Any) -> None:
+        """Replace some of the child's :class:`Profile` fields now (``POST /_sim/profile``):
+        a provider that gets slow, fails or recovers in the middle of a run."""
+        url = self.base_url.removesuffix("/v1") + "/_sim/profile"
+        ctx = self.ssl_context() if self.tls else None
+        data = json.dumps(fields).encode()
+        request = urllib.request.Request(url, data=data, method="POST")
+        with urllib.request.urlopen(request, context=ctx, timeout=10) as response:
+            response.read()
+
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None:

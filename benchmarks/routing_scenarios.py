@@ -1,0 +1,665 @@
+"""Routing under change (issue 16): targets that degrade, recover, fail and come back, faults by
+cause, a stream that stops between tokens. Run by ``benchmarks/routing.py --scenarios``, or alone.
+
+Simulated providers as in benchmarks/routing.py (``SimulatorProcess``: TLS + HTTP/2, each its own
+process and seed; 16-token replies, 5 ms apart): **A** median TTFT 250 ms, **B** 400 ms (both
+lognormal, sigma 0.2), **C** 700 ms steady. A scenario changes a provider's profile mid-run
+(``POST /_sim/profile``). Requests go ``--concurrency`` at a time for the scenario's phases,
+each with its own prompt; TTFT is the caller's, from ``create()`` to the first content chunk.
+
+Each timed scenario runs, one after the other with fresh simulators (same seeds): **llmroute**
+(policy ``hedge``, the defaults), the **oracle** (every prompt to all three at once; the per-request
+minimum), **openai** (the plain openai client) on the best single target (B: it never changes),
+and **LiteLLM**'s Router (``latency-based-routing``, its best strategy for TTFT, with
+``num_retries=2``) when a LiteLLM environment is given (``--litellm PYTHON`` or
+``$LLMROUTE_BENCH_LITELLM``; ``make bench-litellm-env``), else it says why it is skipped.
+
+* ``degrade``: A (the fastest) gets 4x slower than B after 20 s (median 1.6 s); 20 s more.
+* ``recover``: A starts that slow; after 15 s it is fast again; 60 s more.
+* ``outage``: A answers 503 to everything for 15 s from 10 s on; 75 s more.
+
+And checks of one request each, llmroute only (they are about what reaches which target):
+``retry-after`` (an ordered pair A -> B, A answers 429 with Retry-After: 1 s once),
+``content-policy`` (A refuses with a content-policy 400), ``stall`` (A stops for 30 s after 5
+tokens; the route continues on B).
+
+    .venv/bin/python benchmarks/routing.py --scenarios    # ~15 minutes (20 when loaded)
+    .venv/bin/python benchmarks/routing_scenarios.py --only degrade
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import math
+import os
+import shlex
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _machine  # benchmarks/_machine.py, beside this script
+import httpx
+import openai
+
+import llmroute
+from llmroute.testing import Profile, SimulatorProcess
+
+MODEL = "sim-small"
+ROUTE = "chat"
+COMMON: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.005}
+SLOW_A: dict[str, Any] = {"ttft_median": 1.6}
+FAST_A: dict[str, Any] = {"ttft_median": 0.25}
+
+
+def profiles() -> dict[str, Profile]:
+    return {
+        "a": Profile(ttft_median=0.25, ttft_sigma=0.2, seed=11, **COMMON),
+        "b": Profile(ttft_median=0.40, ttft_sigma=0.2, seed=12, **COMMON),
+        "c": Profile(ttft_median=0.70, ttft_sigma=0.0, seed=13, **COMMON),
+    }
+
+
+@dataclass
+class Scenario:
+    name: str
+    what: str
+    phases: list[tuple[float, dict[str, dict[str, Any]]]]
+    """(seconds, profile changes applied when the phase starts), in order."""
+    initial: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def change_at(self) -> float:
+        return self.phases[0][0]
+
+    @property
+    def duration(self) -> float:
+        return sum(seconds for seconds, _ in self.phases)
+
+
+SCENARIOS = {
+    "degrade": Scenario(
+        "degrade", "A gets 4x slower than B at 20 s", [(20.0, {}), (20.0, {"a": SLOW_A})]
+    ),
+    "recover": Scenario(
+        "recover",
+        "A slow (1.6 s) until 15 s, then fast again",
+        [(15.0, {}), (60.0, {"a": FAST_A})],
+        initial={"a": SLOW_A},
+    ),
+    "outage": Scenario(
+        "outage",
+        "A answers 503 from 10 s to 25 s",
+        [(10.0, {}), (15.0, {"a": {"rate_503": 1.0}}), (75.0, {"a": {"rate_503": 0.0}})],
+    ),
+}
+
+
+class Sims:
+    def __init__(self, initial: dict[str, dict[str, Any]]) -> None:
+        self.procs: dict[str, SimulatorProcess] = {}
+        self.initial = initial
+
+    def __enter__(self) -> Sims:
+        base = profiles()
+        for name, profile in base.items():
+            changes = self.initial.get(name, {})
+            for key, value in changes.items():
+                profile = _replace(profile, key, value)
+            proc = SimulatorProcess(profile=profile, tls=True)
+            proc.start()
+            self.procs[name] = proc
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs.values():
+            proc.stop()
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context()
+        for proc in self.procs.values():
+            ctx.load_verify_locations(cafile=proc.ca_pem_path)
+        return ctx
+
+    def requests(self) -> dict[str, int]:
+        return {name: proc.stats()["chat_requests"] for name, proc in self.procs.items()}
+
+
+def _replace(profile: Profile, key: str, value: Any) -> Profile:
+    import dataclasses
+
+    return dataclasses.replace(profile, **{key: value})
+
+
+@dataclass
+class Sample:
+    started: float
+    """Seconds after the run began."""
+    ttft: float | None = None
+    first: str | None = None
+    reason: str | None = None
+    winner: str | None = None
+    error: str | None = None
+
+
+def http_client(**kwargs: Any) -> Any:
+    """httpx's client (openai 3 types ``http_client=`` for httpx2; httpx's works the same)."""
+    return httpx.AsyncClient(**kwargs)
+
+
+def prompt(i: int) -> Any:  # openai's message params
+    return [{"role": "user", "content": f"scenario question {i}: what is {i} times {i + 3}?"}]
+
+
+async def read_stream(create: Callable[[], Awaitable[Any]], sample: Sample, began: float) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(60):
+            stream = await create()
+            report = getattr(stream, "route", None)
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content and sample.ttft is None:
+                    sample.ttft = time.perf_counter() - t0
+            if report is not None and report.attempts:
+                sample.first = report.attempts[0].target.split(":")[0]
+                sample.reason = report.attempts[0].reason
+                sample.winner = (report.winner or "").split(":")[0] or None
+    except (openai.APIError, TimeoutError) as exc:
+        sample.error = type(exc).__name__
+
+
+async def drive(
+    scenario: Scenario,
+    sims: Sims,
+    once: Callable[[int, Sample], Awaitable[None]],
+    concurrency: int,
+) -> tuple[list[Sample], dict[str, int], dict[str, int]]:
+    """Requests ``concurrency`` at a time through the phases; the sims' request counts at the
+    first change and at the end."""
+    samples: list[Sample] = []
+    began = time.perf_counter()
+    end = began + scenario.duration
+    counter = 0
+    at_change: dict[str, int] = {}
+
+    async def worker() -> None:
+        nonlocal counter
+        while time.perf_counter() < end:
+            counter += 1
+            sample = Sample(started=time.perf_counter() - began)
+            samples.append(sample)
+            await once(counter, sample)
+
+    async def phases() -> None:
+        nonlocal at_change
+        t = began
+        for index, (seconds, changes) in enumerate(scenario.phases):
+            for name, fields in changes.items():
+                await asyncio.to_thread(sims.procs[name].change_profile, **fields)
+            if index == 1:
+                at_change = await asyncio.to_thread(sims.requests)
+            t += seconds
+            await asyncio.sleep(max(0.0, t - time.perf_counter()))
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(phases())
+        for _ in range(concurrency):
+            tg.create_task(worker())
+    return samples, at_change, await asyncio.to_thread(sims.requests)
+
+
+def llmroute_config(sims: Sims) -> dict[str, Any]:
+    return {
+        "providers": {
+            name: {"base_url": proc.base_url, "api_key": "sk-bench", "continuation": {}}
+            for name, proc in sims.procs.items()
+        },
+        "models": {ROUTE: {"targets": [f"{n}:{MODEL}" for n in sims.procs], "policy": "hedge"}},
+    }
+
+
+async def run_llmroute(scenario: Scenario, concurrency: int) -> dict[str, Any]:
+    with Sims(scenario.initial) as sims:
+        client = llmroute.AsyncOpenAI(
+            api_key="unused", config=llmroute_config(sims), verify=sims.ssl_context()
+        )
+        async with client:
+            await client.warmup()
+            began = time.perf_counter()
+
+            async def once(i: int, sample: Sample) -> None:
+                await read_stream(
+                    lambda: client.chat.completions.create(
+                        model=ROUTE, messages=prompt(i), stream=True
+                    ),
+                    sample,
+                    began,
+                )
+
+            samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
+    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+
+
+async def run_oracle(scenario: Scenario, concurrency: int) -> dict[str, Any]:
+    with Sims(scenario.initial) as sims:
+        ctx = sims.ssl_context()
+        clients = {
+            name: openai.AsyncOpenAI(
+                api_key="sk-bench",
+                base_url=proc.base_url,
+                http_client=http_client(verify=ctx, http2=True),
+                max_retries=0,
+            )
+            for name, proc in sims.procs.items()
+        }
+
+        async def once(i: int, sample: Sample) -> None:
+            parts = [Sample(sample.started) for _ in clients]
+            await asyncio.gather(
+                *(
+                    read_stream(
+                        lambda c=c: c.chat.completions.create(
+                            model=MODEL, messages=prompt(i), stream=True
+                        ),
+                        part,
+                        0.0,
+                    )
+                    for c, part in zip(clients.values(), parts, strict=True)
+                )
+            )
+            got = [(p.ttft, name) for p, name in zip(parts, clients, strict=True) if p.ttft]
+            if got:
+                sample.ttft, sample.winner = min(got)
+            else:
+                sample.error = parts[0].error
+
+        samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
+        for c in clients.values():
+            await c.close()
+    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+
+
+async def run_single(scenario: Scenario, concurrency: int, target: str = "b") -> dict[str, Any]:
+    with Sims(scenario.initial) as sims:
+        proc = sims.procs[target]
+        client = openai.AsyncOpenAI(
+            api_key="sk-bench",
+            base_url=proc.base_url,
+            http_client=http_client(verify=sims.ssl_context(), http2=True),
+        )
+
+        async def once(i: int, sample: Sample) -> None:
+            await read_stream(
+                lambda: client.chat.completions.create(
+                    model=MODEL, messages=prompt(i), stream=True
+                ),
+                sample,
+                0.0,
+            )
+            sample.winner = target if sample.ttft is not None else None
+
+        samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
+        await client.close()
+    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+
+
+LITELLM_DRIVER = r"""
+import asyncio, json, os, sys, time
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+import litellm, ssl
+from litellm import Router
+cfg = json.loads(sys.argv[1])
+litellm.ssl_verify = cfg["ca"]
+router = Router(model_list=[{"model_name": "chat", "litellm_params": {"model": "openai/sim-small",
+    "api_base": t, "api_key": "sk-bench"}} for t in cfg["targets"]],
+    routing_strategy="latency-based-routing", num_retries=2)
+async def main():
+    out, began, end, n = [], time.perf_counter(), time.perf_counter() + cfg["duration"], 0
+    async def worker():
+        nonlocal n
+        while time.perf_counter() < end:
+            n += 1; i = n; s = {"started": time.perf_counter() - began}
+            out.append(s); t0 = time.perf_counter()
+            try:
+                text = f"scenario question {i}: what is {i} times {i + 3}?"
+                r = await asyncio.wait_for(router.acompletion(model="chat", stream=True,
+                    messages=[{"role": "user", "content": text}]), 60)
+                async for c in r:
+                    if c.choices and c.choices[0].delta.content and "ttft" not in s:
+                        s["ttft"] = time.perf_counter() - t0
+                base = (r._hidden_params or {}).get("api_base") or ""
+                s["winner"] = base
+            except Exception as e:
+                s["error"] = type(e).__name__
+    await asyncio.gather(*(worker() for _ in range(cfg["concurrency"])))
+    print(json.dumps(out))
+asyncio.run(main())
+"""
+
+
+def write_bundle(path: Path, pems: list[str]) -> None:
+    path.write_text("".join(Path(p).read_text() for p in pems))
+
+
+async def run_litellm(scenario: Scenario, concurrency: int, python: str) -> dict[str, Any]:
+    with Sims(scenario.initial) as sims:
+        pems = [str(p.ca_pem_path) for p in sims.procs.values()]
+        ca = Path(pems[0]).parent / "bench-all-ca.pem"
+        await asyncio.to_thread(write_bundle, ca, pems)
+        cfg = {
+            "targets": [p.base_url for p in sims.procs.values()],
+            "ca": str(ca),
+            "duration": scenario.duration,
+            "concurrency": concurrency,
+        }
+        bases = {p.base_url: name for name, p in sims.procs.items()}
+        child = await asyncio.create_subprocess_exec(
+            python,
+            "-c",
+            LITELLM_DRIVER,
+            json.dumps(cfg),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "SSL_CERT_FILE": str(ca)},
+        )
+        began = time.perf_counter()
+
+        async def phases() -> dict[str, int]:
+            at_change: dict[str, int] = {}
+            t = began
+            for index, (seconds, changes) in enumerate(scenario.phases):
+                for name, fields in changes.items():
+                    await asyncio.to_thread(sims.procs[name].change_profile, **fields)
+                if index == 1:
+                    at_change = await asyncio.to_thread(sims.requests)
+                t += seconds
+                await asyncio.sleep(max(0.0, t - time.perf_counter()))
+            return at_change
+
+        at_change, (out, err) = await asyncio.gather(
+            phases(), asyncio.wait_for(child.communicate(), scenario.duration + 120)
+        )
+        at_end = await asyncio.to_thread(sims.requests)
+    if child.returncode != 0:
+        raise RuntimeError(f"LiteLLM driver failed: {err.decode()[-2000:]}")
+    samples = []
+    for s in json.loads(out):
+        base = s.get("winner") or ""
+        winner = next((n for b, n in bases.items() if base and base.rstrip("/") in b), None)
+        samples.append(Sample(s["started"], s.get("ttft"), None, None, winner, s.get("error")))
+    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+
+
+# -- figures -----------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def after(samples: list[Sample], t: float) -> list[Sample]:
+    return [s for s in samples if s.started >= t]
+
+
+def moved_at(samples: list[Sample], t: float, target: str = "a") -> float | None:
+    """Seconds after ``t`` of the last request that started on ``target`` first (explorations
+    of it aside): from then on the traffic had moved. ``None``: none did after ``t``."""
+    late = [
+        s.started - t
+        for s in after(samples, t)
+        if (s.first or s.winner) == target and s.reason != "explore"
+    ]
+    return max(late) if late else None
+
+
+def back_at(
+    samples: list[Sample], t: float, target: str = "a", window: float = 3.0
+) -> float | None:
+    """Seconds after ``t`` when ``target`` first won half of the requests of a ``window``."""
+    later = after(samples, t)
+    for s in later:
+        inside = [x for x in later if s.started <= x.started < s.started + window]
+        if len(inside) >= 4 and sum(x.winner == target for x in inside) * 2 >= len(inside):
+            return s.started - t
+    return None
+
+
+def summary(scenario: Scenario, kind: str, result: dict[str, Any]) -> dict[str, Any]:
+    samples: list[Sample] = result["samples"]
+    t = scenario.change_at
+    rest = after(samples, t)
+    ttfts = [s.ttft for s in rest if s.ttft is not None]
+    sent = sum(result["at_end"].values()) - sum(result["at_change"].values())
+    out: dict[str, Any] = {
+        "kind": kind,
+        "requests_after_change": len(rest),
+        "p50": pct(ttfts, 0.5),
+        "p95": pct(ttfts, 0.95),
+        "p99": pct(ttfts, 0.99),
+        "amplification": sent / len(rest) if rest else math.nan,
+        "errors": dict(Counter(s.error for s in rest if s.error)),
+        "winners": dict(Counter(s.winner for s in rest if s.winner)),
+    }
+    if scenario.name == "degrade":
+        out["moved_after_s"] = moved_at(samples, t)
+    if scenario.name in ("recover", "outage"):
+        end = sum(seconds for seconds, _ in scenario.phases[:-1])
+        out["back_after_s"] = back_at(samples, end)
+    return out
+
+
+# -- one-request checks ------------------------------------------------------------------------
+def fault(spec: str) -> dict[str, str]:
+    return {"x-sim-fault": spec, "x-sim-fault-times": "1", "x-sim-fault-key": uuid.uuid4().hex}
+
+
+async def checks() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with Sims({}) as sims:
+        base = llmroute_config(sims)
+        ordered = dict(base)
+        ordered["models"] = {ROUTE: {"targets": [f"a:{MODEL}", f"b:{MODEL}"], "policy": "failover"}}
+        async with llmroute.AsyncOpenAI(
+            api_key="unused", config=ordered, verify=sims.ssl_context()
+        ) as client:
+            before = sims.requests()
+            t0 = time.perf_counter()
+            headers = {**fault("429"), "x-sim-retry-after": "1"}
+            done = await client.chat.completions.create(
+                model=ROUTE, messages=prompt(1), extra_headers=headers
+            )
+            report = getattr(done, "route")  # noqa: B009 - llmroute's attribute on openai's class
+            delta = {n: v - before[n] for n, v in sims.requests().items()}
+            out["retry-after"] = {
+                "winner": report.winner,
+                "seconds": time.perf_counter() - t0,
+                "requests": delta,
+            }
+            before = sims.requests()
+            try:
+                await client.chat.completions.create(
+                    model=ROUTE, messages=prompt(2), extra_headers=fault("content-policy")
+                )
+                raised = None
+            except openai.BadRequestError as exc:
+                raised = f"{type(exc).__name__} {exc.status_code}"
+            delta = {n: v - before[n] for n, v in sims.requests().items()}
+            out["content-policy"] = {"raised": raised, "requests": delta}
+        stall = dict(base)
+        stall["models"] = {ROUTE: {"targets": [f"a:{MODEL}", f"b:{MODEL}"], "policy": "failover"}}
+        async with llmroute.AsyncOpenAI(
+            api_key="unused", config=stall, verify=sims.ssl_context()
+        ) as client:
+            for i in range(8):  # a client that has been serving: its pauses are measured
+                warm = await client.chat.completions.create(
+                    model=ROUTE, messages=prompt(100 + i), stream=True
+                )
+                async for _ in warm:
+                    pass
+            expected = ""
+            async with openai.AsyncOpenAI(
+                api_key="sk-bench",
+                base_url=sims.procs["b"].base_url,
+                http_client=http_client(verify=sims.ssl_context(), http2=True),
+            ) as plain:
+                whole = await plain.chat.completions.create(model=MODEL, messages=prompt(3))
+                expected = whole.choices[0].message.content or ""
+            # Only A stalls: B's one use of the fault key is spent first, on a stream left early.
+            headers = fault("stall-between:5:30")
+            async with openai.AsyncOpenAI(
+                api_key="sk-bench",
+                base_url=sims.procs["b"].base_url,
+                http_client=http_client(verify=sims.ssl_context(), http2=True),
+            ) as plain:
+                spent = await plain.chat.completions.create(
+                    model=MODEL, messages=prompt(99), stream=True, extra_headers=headers
+                )
+                async for _ in spent:
+                    break
+                await spent.close()
+            t0 = time.perf_counter()
+            stream = await client.chat.completions.create(
+                model=ROUTE, messages=prompt(3), stream=True, extra_headers=headers
+            )
+            text = ""
+            stalled_at = None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    text += chunk.choices[0].delta.content
+                    if len(text.split()) == 5 and stalled_at is None:
+                        stalled_at = time.perf_counter() - t0
+            total = time.perf_counter() - t0
+            out["stall"] = {
+                "correct": text == expected,
+                "stall_to_end_s": total - (stalled_at or 0.0),
+                "continued_on": stream.route.continued_on,  # type: ignore[attr-defined]
+            }
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    info = _machine.machine(("llmroute", "openai", "h2", "anyio", "hypercorn"))
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    return {**info, "commit": commit, "loadavg": os.getloadavg()}
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None or math.isnan(seconds) else f"{1000 * seconds:.0f}"
+
+
+def print_table(rows: list[tuple[Scenario, dict[str, Any]]]) -> None:
+    print(
+        "\n| scenario | run | requests | p50 ms | p95 ms | p99 ms | p95 / oracle | amplification "
+        "| moved / back after s | winners | errors |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    oracle95: dict[str, float] = {}
+    for scenario, s in rows:
+        if s["kind"] == "oracle":
+            oracle95[scenario.name] = s["p95"]
+    for scenario, s in rows:
+        o95 = oracle95.get(scenario.name, math.nan)
+        when = s.get("moved_after_s", s.get("back_after_s"))
+        total = sum(s["winners"].values()) or 1
+        winners = " ".join(
+            f"{(k or '?').upper()} {100 * v / total:.0f}%" for k, v in sorted(s["winners"].items())
+        )
+        print(
+            f"| {scenario.name} | {s['kind']} | {s['requests_after_change']} | {ms(s['p50'])} "
+            f"| {ms(s['p95'])} | {ms(s['p99'])} | {s['p95'] / o95:.2f}x "
+            f"| {s['amplification']:.3f} | {'-' if when is None else f'{when:.1f}'} "
+            f"| {winners} | {sum(s['errors'].values())} |"
+        )
+
+
+async def run_all(args: argparse.Namespace) -> dict[str, Any]:
+    litellm = args.litellm or os.environ.get("LLMROUTE_BENCH_LITELLM")
+    if litellm and not os.path.exists(litellm):  # noqa: ASYNC240 - once, at the start
+        print(f"LiteLLM skipped: {litellm} does not exist", flush=True)
+        litellm = None
+    if not litellm:
+        print(
+            "LiteLLM skipped: no LiteLLM environment (make bench-litellm-env, then "
+            "--litellm .venv-litellm/bin/python)",
+            flush=True,
+        )
+    rows: list[tuple[Scenario, dict[str, Any]]] = []
+    names = args.only or list(SCENARIOS)
+    for name in names:
+        if name not in SCENARIOS:
+            continue
+        scenario = SCENARIOS[name]
+        c = args.concurrency
+        kinds: list[tuple[str, Callable[[], Awaitable[dict[str, Any]]]]] = [
+            ("llmroute", functools.partial(run_llmroute, scenario, c)),
+            ("oracle", functools.partial(run_oracle, scenario, c)),
+            ("openai on B", functools.partial(run_single, scenario, c)),
+        ]
+        if litellm:
+            kinds.append(("LiteLLM Router", functools.partial(run_litellm, scenario, c, litellm)))
+        for kind, run in kinds:
+            print(f"{scenario.name}: {kind} ({scenario.duration:.0f} s) ...", flush=True)
+            try:
+                result = await run()
+            except Exception as exc:  # one kind failing must not lose the others
+                print(f"  failed: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            s = summary(scenario, kind, result)
+            rows.append((scenario, s))
+            print(f"  {json.dumps(s, default=str)}", flush=True)
+    out: dict[str, Any] = {"rows": [{"scenario": sc.name, **s} for sc, s in rows]}
+    print_table(rows)
+    if not args.only or "checks" in args.only:
+        out["checks"] = await checks()
+        print("\nchecks:", json.dumps(out["checks"], indent=1, default=str))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--concurrency", type=int, default=4, help="requests at once (4)")
+    p.add_argument("--only", nargs="*", help="scenarios to run: degrade recover outage checks")
+    p.add_argument("--litellm", metavar="PYTHON", help="the Python of a LiteLLM environment")
+    p.add_argument("--json", metavar="FILE", help="also write the results here")
+    args = p.parse_args(argv)
+    info = {
+        "command": " ".join(shlex.quote(a) for a in [".venv/bin/python", *sys.argv]),
+        "machine": machine(),
+    }
+    print(json.dumps(info, default=str), flush=True)
+    began = time.perf_counter()
+    result = asyncio.run(run_all(args))
+    load: dict[str, Any] = info["machine"]
+    load["loadavg_after"] = os.getloadavg()
+    print(
+        f"\nwall {time.perf_counter() - began:.0f} s; load average before {load['loadavg']}, "
+        f"after {load['loadavg_after']}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({**info, **result}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Issue 16, items 1, 2 and 4: the router notices a target that changed, and re-measures one
+that was only slow. Pure logic: recorded samples and an injectable clock, no server, no sleep."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import pytest
+
+from llmroute.routing.engine import REMEASURE_AFTER, Route, Router, RouteTarget
+from llmroute.routing.policies import HedgePolicy, Plan
+from llmroute.routing.stats import first_token_deadline
+
+from .clock import FakeClock
+
+BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
+A, B = "a:m", "b:m"
+
+
+def never_send(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("nothing is sent in these tests")
+
+
+def hedged_pair(explore: float = 0.0) -> tuple[Router, Route, FakeClock]:
+    clock = FakeClock()
+    route = Route("chat", (RouteTarget("a", "m"), RouteTarget("b", "m")), HedgePolicy())
+    router = Router({"chat": route}, explore_share=explore, rng=random.Random(0), clock=clock)
+    rng = random.Random(1)
+    for _ in range(200):  # a: median 250 ms; b: median 400 ms (benchmarks/routing.py's A and B)
+        clock.advance(0.05)
+        router.stats.target(A).record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+        router.stats.target(B).record_ttft(rng.lognormvariate(math.log(0.40), 0.2), 20)
+    return router, route, clock
+
+
+def plan(router: Router, route: Route) -> Plan:
+    return router._begin(route, dict(BODY), never_send, stream=True).plan()
+
+
+def test_attempts_waiting_past_the_p95_move_the_next_requests_within_about_one_p95() -> None:
+    router, route, clock = hedged_pair()
+    a = router.stats.target(A)
+    assert plan(router, route).order[0] == A
+    p95 = a.predict(0.95, 20)
+    waits = [a.waiting() for _ in range(3)]  # a got slow: three requests wait on it
+    clock.advance(p95)
+    assert plan(router, route).order[0] == A  # at one p95 nothing is known yet
+    clock.advance(0.5 * p95)
+    moved = plan(router, route)
+    assert moved.order[0] == B  # by 1.5 x p95 the next request goes to b
+    for handle in waits:
+        a.done_waiting(handle)
+
+
+def test_hedges_that_beat_the_first_choice_move_its_traffic_for_good() -> None:
+    router, route, clock = hedged_pair()
+    a = router.stats.target(A)
+    p95 = a.predict(0.95, 20)
+    for _ in range(5):  # five requests in a row: a's attempt cancelled past its p95 by b's hedge
+        clock.advance(0.5)
+        a.record_censored(p95 + 0.4, 20)
+    assert plan(router, route).order[0] == B
+    clock.advance(60.0)  # nothing waits any more, no new sample: the change is remembered
+    assert plan(router, route).order[0] == B
+
+
+def test_a_first_token_deadline_missed_is_a_sample_of_at_least_its_length() -> None:
+    router, route, clock = hedged_pair()
+    a = router.stats.target(A)
+    for _ in range(5):
+        clock.advance(0.5)
+        assert a.record_censored(5.0, 20)  # what the engine records for a FirstTokenTimeout
+    assert a.predict(0.5, 20) >= 2.0
+    assert plan(router, route).order[0] == B
+
+
+def test_a_target_that_was_only_slow_is_re_measured_and_wins_its_traffic_back() -> None:
+    router, route, clock = hedged_pair(explore=1.0)
+    a = router.stats.target(A)
+    rng = random.Random(2)
+    for _ in range(30):  # a got slow (median 1.6 s) while it still had the traffic
+        clock.advance(0.2)
+        a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
+    assert plan(router, route).order[0] == B
+    b_delay = HedgePolicy().delay(B, router._begin(route, dict(BODY), never_send, stream=True).view)
+    slow_until = clock.now
+    remeasured = 0
+    for _ in range(int(6 * REMEASURE_AFTER)):  # a minute of requests, ten a second
+        for _ in range(10):
+            clock.advance(0.1)
+            chosen = plan(router, route)
+            if chosen.explored == A:
+                remeasured += 1
+                assert chosen.order[0] == A
+                # re-measuring costs no more than b's own hedge would
+                assert chosen.hedge_delays[0] == pytest.approx(b_delay, rel=0.05)
+                a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)  # fast again
+            if chosen.order[0] == A and chosen.explored is None:
+                break
+        else:
+            continue
+        break
+    # At most one re-measure per REMEASURE_AFTER seconds; five fast ones are a change.
+    assert 5 <= remeasured <= 6
+    assert plan(router, route).order[0] == A
+    assert clock.now - slow_until <= 5 * REMEASURE_AFTER + 1.0  # five re-measures, ~50 s
+
+
+def test_the_first_token_deadline_follows_the_live_p99_under_the_cap() -> None:
+    assert first_token_deadline(None, cap=30.0) == 30.0
+    assert first_token_deadline(0.5, cap=30.0) == 5.0  # the floor
+    assert first_token_deadline(2.0, cap=30.0) == 8.0
+    assert first_token_deadline(20.0, cap=30.0) == 30.0  # the cap
+    router, route, _ = hedged_pair()
+    run = router._begin(route, dict(BODY), never_send, stream=True)
+    p99 = router.stats.target(A).class_quantile(0.99, 20)
+    assert p99 is not None
+    assert run.first_token_deadline(A, None) == first_token_deadline(p99, cap=30.0)
+    assert run.first_token_deadline(A, "partial answer") == 30.0  # a continuation: the cap
+    assert run.first_token_deadline("c:m", None) == 30.0  # no samples: the cap
+    route.first_token_timeout = None
+    assert run.first_token_deadline(A, None) is None
+
+
+def test_a_target_known_only_from_a_few_slow_samples_needs_three_fast_ones() -> None:
+    # Known only from its first explorations (it was slow then), re-measured now and then.
+    router, route, clock = hedged_pair()
+    a = router.stats.target(A)
+    a._ttft_by_class[0] = type(a._ttft)(clock=clock)  # forget the fast history: a new target
+    a._ttft = type(a._ttft)(clock=clock)
+    rng = random.Random(3)
+    for _ in range(6):
+        clock.advance(1.0)
+        a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
+    assert plan(router, route).order[0] == B
+    shifts = a.shifts
+    for count in range(1, 4):  # three re-measures: it is fast now
+        clock.advance(REMEASURE_AFTER)
+        a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+        assert (a.shifts > shifts) == (count == 3)
+    assert a.cold()  # three samples: explored at the cold share until it has five
+    for _ in range(2):
+        clock.advance(1.0)
+        a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+    assert plan(router, route).order[0] == A
+
+
+def test_a_slow_target_re_measured_fast_is_re_measured_again_soon() -> None:
+    router, route, clock = hedged_pair(explore=0.02)
+    a = router.stats.target(A)
+    rng = random.Random(4)
+    for _ in range(30):  # a got slow: a change of regime, then it was left alone
+        clock.advance(0.2)
+        a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
+    clock.advance(REMEASURE_AFTER)
+    a.record_ttft(0.25, 20)  # one re-measure: fast, below everything it did lately
+    assert a.improving
+    explored = sum(plan(router, route).explored == A for _ in range(1000))
+    assert 60 <= explored <= 140  # the cold share (10%), not 2% once per 10 s
+    a.record_ttft(1.7, 20)  # slow again: a fluke
+    assert not a.improving
+    assert sum(plan(router, route).explored == A for _ in range(1000)) <= 25
+
+
+def test_lost_races_raise_the_tail_but_are_no_change_of_regime() -> None:
+    router, _, clock = hedged_pair()
+    a = router.stats.target(A)
+    p95 = a.predict(0.95, 20)
+    shifts = a.shifts
+    for _ in range(10):  # a raced b and lost ten times in a row: b was faster each time
+        clock.advance(0.5)
+        assert a.record_censored(p95 + 0.2, 20, raced=True)
+    assert a.shifts == shifts
+    assert a.predict(0.5, 20) < 0.3  # its median is still its own
+    for _ in range(5):  # the same losses as a first choice that hedges beat: a change
+        clock.advance(0.5)
+        a.record_censored(p95 + 0.3, 20)
+    assert a.shifts > shifts
