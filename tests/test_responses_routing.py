@@ -360,3 +360,22 @@ async def test_a_responses_stream_left_early_is_reset_upstream(sim_slow: Simulat
                 await anyio.sleep(0.02)
         assert sim_slow.stats()["streams_cancelled"] == before + 1
         assert client.stats()["a:sim-small"].in_flight == 0
+
+
+async def test_a_latency_goal_applies_to_responses_and_is_checked_first(sim: Simulator) -> None:
+    cfg = config({"a": sim}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        before = sim.stats()["responses_requests"]
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(
+                model="chat", input="hi", extra_body={"llmroute": {"ttft_target_ms": "soon"}}
+            )
+        assert "ttft_target_ms" in (caught.value.param or "")
+        assert sim.stats()["responses_requests"] == before  # nothing was sent
+        done = await client.responses.create(
+            model="chat", input="Say hello", extra_body={"llmroute": {"ttft_target_ms": 5000}}
+        )
+        assert done.status == "completed"
+        sent = [r for r in sim.last_requests if r["path"] == "/v1/responses"][-1]
+        assert sent["json"]["input"] == "Say hello"
+        assert "llmroute" not in sent["json"]  # llmroute's options never go upstream
