@@ -207,7 +207,6 @@ async def test_hedge_fires_and_the_loser_is_reset_server_side(
         slow, fast = route.attempts
         assert (slow.target, slow.outcome) == ("slow:sim-small", "cancelled")
         assert (fast.reason, fast.outcome) == ("hedge", "won")
-        assert fast.started >= 0.1
         await wait_for(lambda: sim_stall.stats()["streams_cancelled"] > cancelled)
         assert sim_stall.stats()["streams_cancelled"] == cancelled + 1
         # Only the stream was reset: the connection to the slow target stays open and warm.
