@@ -252,6 +252,8 @@ class ChatStreamDecoder:
     def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
         chunks: list[ChatCompletionChunk] = []
         for sse in events:
+            if self.done:
+                break  # the stream ended (a subclass's end event): later bytes are ignored
             payload = sse.data
             if payload.startswith("[DONE]"):
                 self.done = True
@@ -268,23 +270,22 @@ class ChatStreamDecoder:
             self._track(chunk)
         return chunks
 
-    def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
+    def _load(self, payload: str) -> Any:
         try:
-            data = _loads(payload)
+            return _loads(payload)
         except (ValueError, RecursionError) as exc:
             message = "Stream event data is not valid JSON"
             target = self.target
             raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+
+    def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
+        data = self._load(payload)
         event = sse.event
         if event is not None and event.startswith("thread."):
             value: object = {"data": data, "event": event}
         else:
             if type(data) is dict and data.get("error"):  # JSON objects are dicts
-                error = data.get("error")
-                message = error.get("message") if isinstance(error, Mapping) else None
-                if not message or not isinstance(message, str):
-                    message = _STREAM_ERROR
-                raise APIError(message=message, request=self.request, body=data["error"])  # type: ignore[arg-type]
+                raise _stream_error(data["error"], self.request)
             if data is None:
                 return cast(ChatCompletionChunk, None)
             value = data
@@ -314,6 +315,16 @@ class ChatStreamDecoder:
             token = is_token_chunk(chunk)
         if token:
             self.tokens += 1
+
+
+def _stream_error(error: object, request: httpx.Request) -> APIError:
+    """The ``openai.APIError`` for an error object a vendor sent in a stream, as openai makes it:
+    the object's ``message`` when it is a non-empty string, else openai's generic one; the object
+    as ``body``."""
+    message = error.get("message") if isinstance(error, Mapping) else None
+    if not isinstance(message, str) or not message:
+        message = _STREAM_ERROR
+    return APIError(message=message, request=request, body=error)  # type: ignore[arg-type]
 
 
 def _loads(payload: str) -> Any:
@@ -721,18 +732,9 @@ class CompletionStreamDecoder(ChatStreamDecoder):
     """
 
     def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
-        try:
-            data = _loads(payload)
-        except (ValueError, RecursionError) as exc:
-            message = "Stream event data is not valid JSON"
-            target = self.target
-            raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+        data = self._load(payload)
         if type(data) is dict and data.get("error"):
-            error = data.get("error")
-            message = error.get("message") if isinstance(error, Mapping) else None
-            if not message or not isinstance(message, str):
-                message = _STREAM_ERROR
-            raise APIError(message=message, request=self.request, body=data["error"])  # type: ignore[arg-type]
+            raise _stream_error(data["error"], self.request)
         if type(data) is dict:
             try:
                 return cast(ChatCompletionChunk, _shape(Completion).construct(data))
@@ -815,57 +817,19 @@ class ResponsesStreamDecoder(ChatStreamDecoder):
     """
 
     def _chunk(self, sse: ServerSentEvent, payload: str) -> ChatCompletionChunk:
-        try:
-            data = _loads(payload)
-        except (ValueError, RecursionError) as exc:
-            message = "Stream event data is not valid JSON"
-            target = self.target
-            raise MalformedStreamError(message, self.request, target=target, line=payload) from exc
+        data = self._load(payload)
         if type(data) is dict:
             kind = data.get("type")
             if data.get("error") and kind != "response.failed" and kind != "error":
-                error = data.get("error")  # openai raises on an ``error`` member too
-                message = error.get("message") if isinstance(error, Mapping) else None
-                raise APIError(
-                    message=message if isinstance(message, str) and message else _STREAM_ERROR,
-                    request=self.request,  # type: ignore[arg-type]
-                    body=error,  # type: ignore[arg-type]
-                )
-            if not self.tokens and kind in ("error", "response.failed"):
-                failed = data.get("response") if kind == "response.failed" else data
-                error = (
-                    failed.get("error")
-                    if kind == "response.failed" and type(failed) is dict
-                    else failed
-                )
-                message = error.get("message") if isinstance(error, Mapping) else None
-                raise APIError(
-                    message=message if isinstance(message, str) and message else _STREAM_ERROR,
-                    request=self.request,  # type: ignore[arg-type]
-                    body=error,  # type: ignore[arg-type]
+                raise _stream_error(data["error"], self.request)  # openai raises on it too
+            if not self.tokens and kind == "error":
+                raise _stream_error(data, self.request)
+            if not self.tokens and kind == "response.failed":
+                failed = data.get("response")
+                raise _stream_error(
+                    failed.get("error") if type(failed) is dict else None, self.request
                 )
         return cast(ChatCompletionChunk, construct_type(type_=ResponseStreamEvent, value=data))
-
-    def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
-        chunks: list[ChatCompletionChunk] = []
-        for sse in events:
-            if self.done or self._error is not None:
-                break  # the response ended: later bytes are ignored
-            payload = sse.data
-            if payload.startswith("[DONE]"):
-                self.done = True
-                break
-            try:
-                chunk = self._chunk(sse, payload)
-            except Exception as exc:
-                if not chunks:
-                    self.done = True
-                    raise
-                self._error = exc
-                break
-            chunks.append(chunk)
-            self._track(chunk)
-        return chunks
 
     def _track(self, chunk: ChatCompletionChunk) -> None:
         kind = getattr(chunk, "type", None)
@@ -881,9 +845,4 @@ class ResponsesStreamDecoder(ChatStreamDecoder):
         elif kind == "error":
             # The caller gets the event, as from openai; then the stream fails (its answer is
             # not whole), so it is never taken for a complete one.
-            message = getattr(chunk, "message", None)
-            self._error = APIError(
-                message=message if isinstance(message, str) and message else _STREAM_ERROR,
-                request=self.request,  # type: ignore[arg-type]
-                body=chunk.model_dump(),  # type: ignore[arg-type]
-            )
+            self._error = _stream_error(chunk.model_dump(), self.request)
