@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +14,17 @@ settings.register_profile("llmroute", deadline=None)
 settings.load_profile("llmroute")
 
 KEY = "sk-test-0123456789abcdef-SECRET"
+
+
+def fault(kind: str, times: int = 1, **headers: str) -> dict[str, str]:
+    """Headers that make the simulator fail the next ``times`` requests of this key with ``kind``
+    (``500``, ``429``, ``drop:5``, ...), plus any other ``headers``."""
+    return {
+        "x-sim-fault": kind,
+        "x-sim-fault-times": str(times),
+        "x-sim-fault-key": uuid.uuid4().hex,
+        **headers,
+    }
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -38,4 +50,11 @@ def sim_h1() -> Iterator[Simulator]:
 def sim_slow() -> Iterator[Simulator]:
     """Tokens every 10 ms: streams stay busy for a while."""
     with Simulator(profile=Profile(reply_tokens=200, inter_token=0.01), tls=True) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def sim_stall() -> Iterator[Simulator]:
+    """Every first token takes 5 s: a target that always needs hedging."""
+    with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
         yield server

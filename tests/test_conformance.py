@@ -21,7 +21,7 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI, RouteReport, StreamInterrupted
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from .conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 
@@ -85,15 +85,6 @@ def client(protocol: str, sim: Simulator, **kwargs: Any) -> AsyncOpenAI:
         config=config(protocol, sim, **provider_extra),
         **kwargs,
     )
-
-
-def fault(kind: str, times: int = 1) -> dict[str, str]:
-    """Headers that make the simulator fail the next ``times`` requests with ``kind``."""
-    return {
-        "x-sim-fault": kind,
-        "x-sim-fault-times": str(times),
-        "x-sim-fault-key": uuid.uuid4().hex,
-    }
 
 
 async def read(stream: Any) -> tuple[str, list[Any]]:

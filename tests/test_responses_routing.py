@@ -4,30 +4,22 @@ that breaks after its first token is never taken for a complete one."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 
 import llmroute
 from llmroute import AsyncOpenAI, StreamInterrupted
-from llmroute.testing import Profile, Simulator
+from llmroute.testing import Simulator
 
-from .conftest import KEY
+from .conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 
 SERVES = {"responses": True, "responses_stored": True}
-
-
-@pytest.fixture(scope="module")
-def sim_stall() -> Iterator[Simulator]:
-    """Every first token takes 5 s: a target that always needs hedging."""
-    with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
-        yield server
 
 
 def config(providers: dict[str, Simulator], targets: list[str], **route: Any) -> dict[str, Any]:
@@ -41,30 +33,15 @@ def config(providers: dict[str, Simulator], targets: list[str], **route: Any) ->
     }
 
 
-def fault(kind: str, times: int = 1) -> dict[str, str]:
-    return {
-        "x-sim-fault": kind,
-        "x-sim-fault-times": str(times),
-        "x-sim-fault-key": uuid.uuid4().hex,
-    }
-
-
 def text_of(events: list[Any]) -> str:
     return "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
 
 async def reference(sim: Simulator, text: str = "Say hello") -> str:
     """The answer the simulator gives without llmroute's routing."""
-    async with openai.AsyncOpenAI(
-        api_key=KEY, base_url=sim.base_url, http_client=_plain(sim)
-    ) as plain:
+    http = httpx.AsyncClient(verify=sim.ssl_context())
+    async with openai.AsyncOpenAI(api_key=KEY, base_url=sim.base_url, http_client=http) as plain:
         return (await plain.responses.create(model="sim-small", input=text)).output_text
-
-
-def _plain(sim: Simulator) -> Any:
-    import httpx
-
-    return httpx.AsyncClient(verify=sim.ssl_context())
 
 
 async def test_a_stalled_responses_stream_is_hedged(sim: Simulator, sim_stall: Simulator) -> None:

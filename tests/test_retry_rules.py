@@ -3,7 +3,6 @@ simulator (docs/errors-and-retries.md has the table these check)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from .conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 
@@ -48,15 +47,6 @@ def cfg(sim: Simulator, policy: str = "failover", **route: Any) -> dict[str, Any
     }
 
 
-def once(kind: str, **extra: str) -> dict[str, str]:
-    return {
-        "x-sim-fault": kind,
-        "x-sim-fault-times": "1",
-        "x-sim-fault-key": uuid.uuid4().hex,
-        **extra,
-    }
-
-
 async def ask(client: AsyncOpenAI, headers: dict[str, str]) -> tuple[str, Any]:
     stream = await client.chat.completions.create(
         model="chat", messages=MESSAGES, stream=True, extra_headers=headers
@@ -72,9 +62,9 @@ def client_for(sim: Simulator, **kwargs: Any) -> AsyncOpenAI:
 @pytest.mark.parametrize(
     "headers",
     [
-        once("429", **{"x-sim-retry-after": "0.3"}),
-        once("500"),
-        once("503", **{"x-sim-retry-after": "0"}),
+        fault("429", **{"x-sim-retry-after": "0.3"}),
+        fault("500"),
+        fault("503", **{"x-sim-retry-after": "0"}),
     ],
     ids=["429-short-retry-after", "500", "503"],
 )
@@ -96,10 +86,10 @@ async def test_a_long_retry_after_or_a_second_5xx_fails_over(
     sim: Simulator,
 ) -> None:
     async with client_for(sim) as client:
-        _, route = await ask(client, once("429", **{"x-sim-retry-after": "30"}))
+        _, route = await ask(client, fault("429", **{"x-sim-retry-after": "30"}))
         assert route.winner == "fallback:sim-small" and len(route.attempts) == 2
     async with client_for(sim) as client:
-        twice = {**once("500"), "x-sim-fault-times": "2"}
+        twice = {**fault("500"), "x-sim-fault-times": "2"}
         _, route = await ask(client, twice)
     assert [(a.target, a.reason) for a in route.attempts] == [
         ("primary:sim-small", "first"),
@@ -112,7 +102,7 @@ async def test_a_long_retry_after_or_a_second_5xx_fails_over(
 @pytest.mark.parametrize("policy", ["hedge", "fastest"])
 async def test_latency_policies_move_on_at_once(sim: Simulator, policy: str) -> None:
     async with client_for(sim, policy=policy) as client:
-        _, route = await ask(client, once("500"))
+        _, route = await ask(client, fault("500"))
     assert len(route.attempts) == 2
     assert route.attempts[1].reason == "failover"
     assert route.attempts[1].target != route.attempts[0].target
@@ -147,7 +137,7 @@ async def test_a_route_may_fail_over_on_a_content_policy_refusal(
     sim: Simulator,
 ) -> None:
     async with client_for(sim, failover_on=["content_policy"]) as client:
-        _, route = await ask(client, once("content-policy") | {"x-sim-fault-times": "1"})
+        _, route = await ask(client, fault("content-policy") | {"x-sim-fault-times": "1"})
     assert route.winner == "fallback:sim-small"
 
 
@@ -163,7 +153,7 @@ async def test_a_misconfigured_target_is_named_and_left_out(
     sim: Simulator, kind: str, error: type[openai.APIStatusError]
 ) -> None:
     async with client_for(sim) as client:
-        _, route = await ask(client, once(kind))
+        _, route = await ask(client, fault(kind))
         assert route.winner == "fallback:sim-small"
         assert route.attempts[0].error is not None
         router = client._router

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -16,18 +15,11 @@ from llmroute import AllTargetsFailed, AsyncOpenAI, RequestBodyError, StreamInte
 from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
-from .conftest import KEY
+from .conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 
 MESSAGES = [{"role": "user", "content": "Tell me about routing."}]
-
-
-@pytest.fixture(scope="module")
-def sim_stall() -> Iterator[Simulator]:
-    """Every first token takes 5 s: a target that always needs hedging."""
-    with Simulator(profile=Profile(reply_tokens=20, ttft_median=5.0), tls=True) as server:
-        yield server
 
 
 def config(providers: dict[str, Simulator], targets: list[str], **route: Any) -> dict[str, Any]:
@@ -38,15 +30,6 @@ def config(providers: dict[str, Simulator], targets: list[str], **route: Any) ->
         },
         "models": {"chat": {"targets": targets, **route}},
         "routing": {"explore": 0},  # no random exploration: these tests check exact attempts
-    }
-
-
-def fault(kind: str, times: int = 1) -> dict[str, str]:
-    """Headers that make the simulator fail the next ``times`` requests with ``kind``."""
-    return {
-        "x-sim-fault": kind,
-        "x-sim-fault-times": str(times),
-        "x-sim-fault-key": uuid.uuid4().hex,
     }
 
 

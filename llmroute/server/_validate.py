@@ -138,9 +138,7 @@ def _stream_options(param: str, value: object) -> None:
         _boolean(f"{param}.include_usage", include)
 
 
-def _messages(param: str, value: object) -> None:
-    if not isinstance(value, list):
-        raise _wrong_type(param, "an array", value)
+def _non_empty(param: str, value: list[Any]) -> None:
     if not value:
         raise InvalidField(
             param,
@@ -148,6 +146,12 @@ def _messages(param: str, value: object) -> None:
             "but got an empty array instead.",
             "empty_array",
         )
+
+
+def _messages(param: str, value: object) -> None:
+    if not isinstance(value, list):
+        raise _wrong_type(param, "an array", value)
+    _non_empty(param, value)
     for i, message in enumerate(value):
         where = f"{param}[{i}]"
         if not isinstance(message, dict):
@@ -219,15 +223,8 @@ def _response_input(param: str, value: object) -> None:
         return
     if not isinstance(value, list):
         raise _wrong_type(param, "a string or an array of input items", value)
-    if not value:
-        raise InvalidField(
-            param,
-            f"Invalid '{param}': empty array. Expected an array with minimum length 1, "
-            "but got an empty array instead.",
-            "empty_array",
-        )
-    for i, item in enumerate(value):
-        _object(f"{param}[{i}]", item)
+    _non_empty(param, value)
+    _list_of_objects(param, value)
 
 
 def _string_list(param: str, value: object) -> None:
