@@ -222,7 +222,7 @@ class Dispatch:
         self.transport = Transport(verify=verify, verify_by_origin=resolved.verify_by_origin())
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
-        self.upstream = Upstream(self.providers, self.http)
+        self.upstream = Upstream(self.providers, self.http, self.transport)
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""

@@ -23,7 +23,7 @@ from .conftest import KEY
 
 pytestmark = pytest.mark.anyio
 
-MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+MESSAGES: Any = [{"role": "user", "content": "Tell me a story."}]
 TOKENS = 300
 
 
@@ -89,7 +89,7 @@ async def test_one_event_per_record_streams_exactly_without_a_deadline_per_recor
     ) as client:
         texts = []
         for _ in range(2):
-            stream = await client.chat.completions.create(
+            stream: Any = await client.chat.completions.create(
                 model="sim-small", messages=MESSAGES, stream=True
             )
             chunks = [chunk async for chunk in stream]
@@ -193,7 +193,7 @@ def _cached_config(sim: Simulator, backend: str, path: str | None = None) -> dic
 
 
 async def _ask(client: llmroute.AsyncOpenAI) -> tuple[str, bool]:
-    stream = await client.chat.completions.create(
+    stream: Any = await client.chat.completions.create(
         model="chat", messages=MESSAGES, temperature=0, stream=True
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -246,6 +246,50 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         text, hit = await _ask(client)
         assert hit and text == live
         assert decoded["n"] == 2
+
+
+async def test_a_routed_call_with_one_attempt_runs_it_in_the_callers_task(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan of one attempt without a hedge starts no task group and no task, and its request
+    goes to llmroute's transport without httpx's client machinery; what the caller gets is
+    the same: the answer, the route report, the raw response's headers and elapsed time."""
+    from llmroute.routing import engine
+
+    counts = {"task groups": 0, "client sends": 0}
+    real_group = engine.anyio.create_task_group
+    real_send = httpx.AsyncClient.send
+
+    def group() -> Any:
+        counts["task groups"] += 1
+        return real_group()
+
+    async def send(self: httpx.AsyncClient, *args: Any, **kwargs: Any) -> Any:
+        counts["client sends"] += 1
+        return await real_send(self, *args, **kwargs)
+
+    config = _cached_config(sim, "off")
+    async with llmroute.AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as client:
+        monkeypatch.setattr(engine.anyio, "create_task_group", group)
+        monkeypatch.setattr(httpx.AsyncClient, "send", send)
+        for _ in range(3):
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert completion.choices[0].finish_reason == "stop"
+            assert completion.route.winner == "sim:sim-small"  # type: ignore[attr-defined]
+            assert [a.reason for a in completion.route.attempts] == ["first"]  # type: ignore[attr-defined]
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert raw.headers["content-type"].startswith("application/json")
+        assert raw.http_request.url == httpx.URL(sim.base_url + "/chat/completions")
+        assert raw.elapsed.total_seconds() > 0
+        assert raw.parse().choices[0].message.content
+        stream: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text and stream.route is not None and stream.route.winner == "sim:sim-small"
+    assert counts == {"task groups": 0, "client sends": 0}
 
 
 _COMPLETIONS = [
