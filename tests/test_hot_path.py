@@ -248,6 +248,44 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         assert decoded["n"] == 2
 
 
+async def test_each_cache_hit_gets_a_response_of_its_own(sim: Simulator) -> None:
+    """The response a hit carries is built from a template: the same status, headers, request
+    and empty body every time, and headers, extensions and history of its own."""
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        await _ask(client)
+        cache = client._cache
+        assert cache is not None
+        with anyio.move_on_after(10):
+            while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
+                await anyio.sleep(0.005)
+        responses: list[httpx.Response] = []
+        for _ in range(2):
+            stream: Any = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, temperature=0, stream=True
+            )
+            async with stream:
+                assert stream.route.cache_hit
+            responses.append(stream.response)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+    first, second = responses
+    assert first is not second and first.headers is not second.headers
+    first.headers["x-mine"] = "1"
+    first.extensions["mine"] = 1
+    assert "x-mine" not in second.headers and "mine" not in second.extensions
+    for response in (second, raw.http_response):
+        assert response.status_code == 200 and response.content == b""
+        assert response.headers["x-llmroute-cache"] == "hit"
+        assert response.request.url == httpx.URL("llmroute://route/chat")
+        assert response.history == [] and response.is_closed
+    assert second.headers["content-type"] == "text/event-stream"
+    assert raw.headers["content-type"] == "application/json"
+    assert raw.parse().choices[0].message.content
+
+
 async def test_a_routed_call_with_one_attempt_runs_it_in_the_callers_task(
     sim: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
