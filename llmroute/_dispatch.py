@@ -174,6 +174,20 @@ def attach(
 
 
 @functools.lru_cache(maxsize=64)
+def _host_of(base_url: str) -> str:
+    return httpx.URL(base_url).host
+
+
+@functools.lru_cache(maxsize=64)
+def _answer_response(where: str, stream: bool) -> httpx.Response:
+    """The response of a cached answer, as a template (see :meth:`Dispatch._cache_response`)."""
+    kind = "text/event-stream" if stream else "application/json"
+    return httpx.Response(
+        200, headers={"content-type": kind, CACHE_HEADER: "hit"}, request=_answer_request(where)
+    )
+
+
+@functools.lru_cache(maxsize=64)
 def _answer_request(where: str) -> httpx.Request:
     """The request a cached answer's response names (no HTTP exchange took place): a route's
     URL, or a base URL's chat endpoint. Built once per URL: parsing it was most of a
@@ -222,7 +236,7 @@ class Dispatch:
         self.transport = Transport(verify=verify, verify_by_origin=resolved.verify_by_origin())
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
-        self.upstream = Upstream(self.providers, self.http)
+        self.upstream = Upstream(self.providers, self.http, self.transport)
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
@@ -344,7 +358,7 @@ class Dispatch:
         count it either way."""
         self.goal(call)  # a wrong option fails here, before the cache or any request
         route = call.route
-        host = None if route is not None else httpx.URL(call.base_url).host
+        host = None if route is not None else _host_of(call.base_url)
         telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
         try:
             result = await self._answer(call, live)
@@ -516,12 +530,16 @@ class Dispatch:
         """The response object of an answer the cache gave (no HTTP exchange took place)."""
         route = call.route
         where = f"llmroute://route/{route.name}" if route is not None else call.base_url
-        kind = "text/event-stream" if call.stream else "application/json"
-        return httpx.Response(
-            200,
-            headers={"content-type": kind, CACHE_HEADER: "hit"},
-            request=_answer_request(where),
-        )
+        # A copy of a template built once (building and reading an empty httpx.Response was
+        # most of a memory hit's remaining time in llmroute): its own headers, extensions and
+        # history, the same (immutable) empty body and request.
+        template = _answer_response(where, call.stream)
+        response = httpx.Response.__new__(httpx.Response)
+        response.__dict__.update(template.__dict__)
+        response.headers = template.headers.copy()
+        response.extensions = {}
+        response.history = []
+        return response
 
     async def _cached(
         self,

@@ -9,12 +9,15 @@ not a route never come here: openai's own machinery builds those.
 from __future__ import annotations
 
 import contextlib
+import datetime
+import functools
 import http.cookiejar
 import json
+import logging
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any, cast
 
 import httpx
 
@@ -46,6 +49,7 @@ _OPENAI_MARKERS = ("x-stainless-raw-response", "____stainless_override_cast_to")
 _CREDENTIALS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
 )
+_httpx_log = logging.getLogger("httpx")
 
 
 def to_timeout(value: object) -> httpx.Timeout:
@@ -148,16 +152,49 @@ def body_errors() -> Iterator[None]:
         raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
 
 
+@functools.lru_cache(maxsize=256)
+def _endpoint(base_url: httpx.URL, path: str) -> httpx.URL:
+    """``path`` joined to a provider's base URL (joined and parsed once, not per request)."""
+    return base_url.join(path)
+
+
+class _TimedBody(httpx.AsyncByteStream):
+    """A response body that sets the response's ``elapsed`` when it is closed, as httpx's
+    client does for the responses it sends."""
+
+    def __init__(self, body: httpx.AsyncByteStream, response: httpx.Response, start: float):
+        self._body = body
+        self._response = response
+        self._start = start
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._body:
+            yield chunk
+
+    async def aclose(self) -> None:
+        self._response.elapsed = datetime.timedelta(seconds=time.perf_counter() - self._start)
+        await self._body.aclose()
+
+
 class Upstream:
     """Builds and sends the requests of routed calls to their targets' providers.
 
     ``providers`` is the client's table (shared with its copies, so providers added at run time
-    are seen); ``http`` is an ``httpx.AsyncClient`` on llmroute's transport.
+    are seen); ``http`` is an ``httpx.AsyncClient`` on llmroute's transport, ``transport``
+    (when given) that transport itself: requests sent with ``http`` go to it directly, without
+    the client's auth, redirect, cookie and hook machinery, which a routed request never uses
+    (``http`` keeps no cookies, follows no redirects and has neither auth nor hooks).
     """
 
-    def __init__(self, providers: Mapping[str, ResolvedProvider], http: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        providers: Mapping[str, ResolvedProvider],
+        http: httpx.AsyncClient,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.providers = providers
         self.http = http
+        self.transport = transport
 
     def provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
         """The headers every request to ``provider`` carries: its key and configured headers."""
@@ -192,9 +229,10 @@ class Upstream:
         if continuation and provider.spec.continuation and provider.spec.continuation.base_url:
             base_url = check_base_url(provider.spec.continuation.base_url)
         sent = merge_headers(self.provider_headers(provider), headers)
+        url = _endpoint(base_url, path)
         return (http or self.http).build_request(
             "POST",
-            str(base_url.join(path)),
+            url if http is None else str(url),  # the caller's client may be an httpx2 one
             content=encode_body(body),
             headers=sent,
             params=dict(query) if query else None,  # type: ignore[arg-type]
@@ -242,7 +280,10 @@ class Upstream:
         started = time.monotonic()
         timings = Timings(started_at=started)
         with map_transport_errors(request):
-            response = await (http or self.http).send(request, stream=True)
+            if http is None and self.transport is not None and not request.url.userinfo:
+                response = await self._send_direct(request, self.transport)
+            else:
+                response = await (http or self.http).send(request, stream=True)
         timings.headers = time.monotonic() - started
         ext = response.extensions
         timings.connection_reused = ext.get("llmroute.connection_reused")
@@ -264,3 +305,29 @@ class Upstream:
                 await response.aclose()
             timings.first_byte = timings.first_token = timings.total = time.monotonic() - started
         return response, timings
+
+    async def _send_direct(
+        self, request: httpx.Request, transport: httpx.AsyncBaseTransport
+    ) -> httpx.Response:
+        """``request`` on llmroute's transport, with what httpx's client would do around it."""
+        if self.http.is_closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        start = time.perf_counter()
+        try:
+            response = await transport.handle_async_request(request)
+        except httpx.RequestError as exc:
+            exc.request = request
+            raise
+        response.request = request
+        response.stream = _TimedBody(cast(httpx.AsyncByteStream, response.stream), response, start)
+        response.default_encoding = self.http._default_encoding  # pyright: ignore[reportPrivateUsage]
+        if _httpx_log.isEnabledFor(logging.INFO):
+            _httpx_log.info(
+                'HTTP Request: %s %s "%s %d %s"',
+                request.method,
+                request.url,
+                response.http_version,
+                response.status_code,
+                response.reason_phrase,
+            )
+        return response

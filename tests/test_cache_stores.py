@@ -472,3 +472,42 @@ async def test_redis_key_layout_and_native_ttls(redis_url: str) -> None:
     finally:
         raw.close()
         await store.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_disk_lookup_is_read_without_a_worker_thread_and_keeps_the_lru_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup is one SELECT on the calling thread (a hit, an absent or an expired entry);
+    the access time of a hit is written by the worker before its next call (the LRU order
+    diskcache evicts by); a connection a worker holds is never waited for."""
+    from llmroute.cache import _stores
+
+    store = DiskStore(tmp_path / "cache", MAX_BYTES)
+    await store.set(key(1), b"answer", ttl=60)
+    await store.set(key(2), b"gone", ttl=60)
+    threads = {"n": 0}
+    real = _stores.anyio.to_thread.run_sync
+
+    async def counting(*args: object, **kwargs: object) -> object:
+        threads["n"] += 1
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_stores.anyio.to_thread, "run_sync", counting)
+    sql = store._cache._sql  # pyright: ignore[reportPrivateUsage]
+    sql("UPDATE Cache SET expire_time = 1 WHERE key = ?", (key(2),))
+    sql("UPDATE Cache SET access_time = 5 WHERE key = ?", (key(1),))
+    for _ in range(3):
+        assert await store.get(key(1)) == b"answer"
+    assert await store.get(key(2)) is None  # expired
+    assert await store.get(key(3)) is None  # absent
+    assert threads["n"] == 0
+    (accessed,) = sql("SELECT access_time FROM Cache WHERE key = ?", (key(1),)).fetchone()
+    assert accessed == 5  # not written on the event loop
+    await store.set(key(4), b"next", ttl=60)  # the worker's next call writes it first
+    assert threads["n"] == 1
+    (accessed,) = sql("SELECT access_time FROM Cache WHERE key = ?", (key(1),)).fetchone()
+    assert accessed > 5
+    with store._lock:  # pyright: ignore[reportPrivateUsage]  # a worker holds the connection
+        assert store._read_now(key(1)) is _stores._UNREAD  # pyright: ignore[reportPrivateUsage]
+    await store.aclose()

@@ -23,7 +23,7 @@ from .conftest import KEY
 
 pytestmark = pytest.mark.anyio
 
-MESSAGES = [{"role": "user", "content": "Tell me a story."}]
+MESSAGES: Any = [{"role": "user", "content": "Tell me a story."}]
 TOKENS = 300
 
 
@@ -89,7 +89,7 @@ async def test_one_event_per_record_streams_exactly_without_a_deadline_per_recor
     ) as client:
         texts = []
         for _ in range(2):
-            stream = await client.chat.completions.create(
+            stream: Any = await client.chat.completions.create(
                 model="sim-small", messages=MESSAGES, stream=True
             )
             chunks = [chunk async for chunk in stream]
@@ -193,7 +193,7 @@ def _cached_config(sim: Simulator, backend: str, path: str | None = None) -> dic
 
 
 async def _ask(client: llmroute.AsyncOpenAI) -> tuple[str, bool]:
-    stream = await client.chat.completions.create(
+    stream: Any = await client.chat.completions.create(
         model="chat", messages=MESSAGES, temperature=0, stream=True
     )
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -246,6 +246,88 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         text, hit = await _ask(client)
         assert hit and text == live
         assert decoded["n"] == 2
+
+
+async def test_each_cache_hit_gets_a_response_of_its_own(sim: Simulator) -> None:
+    """The response a hit carries is built from a template: the same status, headers, request
+    and empty body every time, and headers, extensions and history of its own."""
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        await _ask(client)
+        cache = client._cache
+        assert cache is not None
+        with anyio.move_on_after(10):
+            while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
+                await anyio.sleep(0.005)
+        responses: list[httpx.Response] = []
+        for _ in range(2):
+            stream: Any = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, temperature=0, stream=True
+            )
+            async with stream:
+                assert stream.route.cache_hit
+            responses.append(stream.response)
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+    first, second = responses
+    assert first is not second and first.headers is not second.headers
+    first.headers["x-mine"] = "1"
+    first.extensions["mine"] = 1
+    assert "x-mine" not in second.headers and "mine" not in second.extensions
+    for response in (second, raw.http_response):
+        assert response.status_code == 200 and response.content == b""
+        assert response.headers["x-llmroute-cache"] == "hit"
+        assert response.request.url == httpx.URL("llmroute://route/chat")
+        assert response.history == [] and response.is_closed
+    assert second.headers["content-type"] == "text/event-stream"
+    assert raw.headers["content-type"] == "application/json"
+    assert raw.parse().choices[0].message.content
+
+
+async def test_a_routed_call_with_one_attempt_runs_it_in_the_callers_task(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan of one attempt without a hedge starts no task group and no task, and its request
+    goes to llmroute's transport without httpx's client machinery; what the caller gets is
+    the same: the answer, the route report, the raw response's headers and elapsed time."""
+    from llmroute.routing import engine
+
+    counts = {"task groups": 0, "client sends": 0}
+    real_group = engine.anyio.create_task_group
+    real_send = httpx.AsyncClient.send
+
+    def group() -> Any:
+        counts["task groups"] += 1
+        return real_group()
+
+    async def send(self: httpx.AsyncClient, *args: Any, **kwargs: Any) -> Any:
+        counts["client sends"] += 1
+        return await real_send(self, *args, **kwargs)
+
+    config = _cached_config(sim, "off")
+    async with llmroute.AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as client:
+        monkeypatch.setattr(engine.anyio, "create_task_group", group)
+        monkeypatch.setattr(httpx.AsyncClient, "send", send)
+        for _ in range(3):
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert completion.choices[0].finish_reason == "stop"
+            assert completion.route.winner == "sim:sim-small"  # type: ignore[attr-defined]
+            assert [a.reason for a in completion.route.attempts] == ["first"]  # type: ignore[attr-defined]
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert raw.headers["content-type"].startswith("application/json")
+        assert raw.http_request.url == httpx.URL(sim.base_url + "/chat/completions")
+        assert raw.elapsed.total_seconds() > 0
+        assert raw.parse().choices[0].message.content
+        stream: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text and stream.route is not None and stream.route.winner == "sim:sim-small"
+    assert counts == {"task groups": 0, "client sends": 0}
 
 
 _COMPLETIONS = [

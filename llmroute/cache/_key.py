@@ -43,8 +43,18 @@ _IGNORED = frozenset(
 NAMESPACE_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def _normal(value: Any) -> Any:
     """``value`` with integral floats as ints (``0.0`` and ``0`` are the same temperature)."""
+    kind = type(value)
+    if kind in _PLAIN:  # the exact JSON types first: no abstract-class checks on the hot path
+        return value
+    if kind is dict:
+        return {str(k): _normal(v) for k, v in value.items()}
+    if kind is list:
+        return [_normal(v) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)
     if isinstance(value, Mapping):

@@ -8,6 +8,7 @@ The Redis store is in :mod:`llmroute.cache._redis`, so ``redis`` stays an option
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sqlite3
@@ -192,6 +193,13 @@ _POPULARITY = ("llmroute", "p")  # + the entry's key: its asks in the current wi
 _STATS_KEYS = {"hits": ("llmroute", "stats", "hits"), "misses": ("llmroute", "stats", "misses")}
 _PRAGMAS = "SELECT key, value FROM Settings WHERE substr(key, 1, 7) = 'sqlite_'"
 _RAW_ENTRIES = "SELECT COUNT(*) FROM Cache WHERE raw = 1"
+_READ_ENTRY = (
+    "SELECT mode, filename, value FROM Cache"
+    " WHERE key = ? AND raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
+)
+_TOUCH_ENTRY = "UPDATE Cache SET access_time = ? WHERE key = ? AND raw = 1"
+_MODE_RAW = 1  # diskcache's mode of a value kept as bytes in the database
+_UNREAD: Any = object()
 _ENTRY_TOTALS = (
     "SELECT COUNT(*), COALESCE(SUM(COALESCE(LENGTH(value), size)), 0) FROM Cache"
     " WHERE raw = 1 AND (expire_time IS NULL OR expire_time > ?)"
@@ -208,8 +216,10 @@ class DiskStore:
     that opens the directory: an ask is counted in one SQLite transaction, so four processes
     asking a prompt once each count to four (as the Redis store does). Popularity counts are
     stored under tuple keys, apart from the entries (which have string keys), and expire with
-    their window. Disk work runs in a worker thread, never on the event loop, one call at a time
-    on one SQLite connection per store.
+    their window. Disk work runs in a worker thread, one call at a time on one SQLite connection
+    per store; only a lookup's read (one SELECT, no write) runs on the event loop, and only
+    while no worker holds the connection (the entry's place in the LRU order is written by the
+    worker before its next call).
     """
 
     kind = "disk"
@@ -219,6 +229,7 @@ class DiskStore:
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
         self._pid: int | None = None  # the process whose connection diskcache holds
+        self._touched: dict[str, float] = {}  # entries read on the event loop, and when
         with self._errors():
             _make_private_dir(self.path)
             self._cache = diskcache.Cache(
@@ -234,8 +245,43 @@ class DiskStore:
         return f"disk at {self.path} (up to {self.max_bytes} bytes)"
 
     async def get(self, key: str) -> bytes | None:
-        value = await self._run(self._cache.get, key)
+        value = self._read_now(key)
+        if value is _UNREAD:
+            value = await self._run(self._cache.get, key)
         return value if isinstance(value, bytes) else None
+
+    def _read_now(self, key: str) -> Any:
+        """``key``'s value (``None``: absent or expired) read on the calling thread: one SELECT,
+        no write and no thread hop (a WAL reader does not wait for writers). The LRU order is
+        kept: the read is noted and written by the worker before its next call.
+
+        :data:`_UNREAD` when it must be read in the worker with diskcache's ``get`` instead: a
+        worker holds the connection (it is never waited for), it is not open in this process
+        yet, the value is not stored as bytes in the database, or the read failed."""
+        if self._pid != os.getpid() or not self._lock.acquire(blocking=False):
+            return _UNREAD
+        try:
+            now = time.time()
+            row = self._cache._sql(_READ_ENTRY, (key, now)).fetchone()
+            if row is None:
+                return None
+            mode, filename, value = row
+            if mode != _MODE_RAW or filename is not None or not isinstance(value, bytes):
+                return _UNREAD
+            self._touched[key] = now
+            return value
+        except (OSError, sqlite3.Error, diskcache.Timeout):
+            return _UNREAD
+        finally:
+            self._lock.release()
+
+    def _touch(self) -> None:
+        """Write the access times of the entries read on the event loop (under the lock)."""
+        touched, self._touched = self._touched, {}
+        if touched:
+            with self._cache.transact():
+                for key, at in touched.items():
+                    self._cache._sql(_TOUCH_ENTRY, (at, key))
 
     async def set(self, key: str, value: bytes, *, ttl: float) -> None:
         check_ttl(ttl)
@@ -294,6 +340,9 @@ class DiskStore:
     async def aclose(self) -> None:
         def close() -> None:
             with self._lock:
+                with contextlib.suppress(OSError, sqlite3.Error, diskcache.Timeout):
+                    if self._pid == os.getpid():
+                        self._touch()
                 self._cache.close()
                 self._pid = None
 
@@ -306,6 +355,7 @@ class DiskStore:
         with self._lock, self._errors():
             if self._pid != os.getpid():
                 self._connect()
+            self._touch()
             return func(*args, **kwargs)
 
     def _connect(self) -> None:

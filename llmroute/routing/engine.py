@@ -707,6 +707,20 @@ class _Run:
         budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
         # On the event loop's clock, which the waits below run on (the router's may be a test's).
         give_up_at = anyio.current_time() + budget - (clock() - self.t0)
+        first = "continuation" if prefix is not None else "first"
+        inline = plan.start == 1 and plan.hedge_delay(0) is None and bool(pending)
+        if inline:
+            # One attempt and no hedge to time: it runs in this task (no task group, no task
+            # to schedule); the loop below takes over only if it failed.
+            name = pending.popleft()
+            reason = "explore" if name == plan.explored else first
+            record = AttemptReport(target=name, started=clock() - self.t0, reason=reason)
+            report.attempts.append(record)
+            state.live += 1
+            launched = 1
+            await self._attempt(record, state, prefix)
+            if state.winner is not None or state.final is not None:
+                return
         async with anyio.create_task_group() as tg:
 
             def available_first() -> bool:
@@ -730,10 +744,9 @@ class _Run:
                 launched += 1
                 tg.start_soon(self._attempt, record, state, prefix)
 
-            first = "continuation" if prefix is not None else "first"
-            for _ in range(min(plan.start, len(pending))):
+            for _ in range(0 if inline else min(plan.start, len(pending))):
                 launch(first if plan.start == 1 else "race")
-            for record in report.attempts[-plan.start :]:
+            for record in report.attempts[-plan.start :] if not inline else ():
                 if record.target == plan.explored:
                     record.reason = "explore"
             while state.winner is None and state.final is None:
@@ -845,13 +858,21 @@ class _Run:
         ready: _Ready | None = None
         timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
         try:
-            limit = anyio.current_time() + timeout if timeout else math.inf
-            with anyio.CancelScope(deadline=limit) as deadline:
-                if self.stream:
-                    ready = await self._open_stream(target, prefix)
-                else:
-                    ready = await self._open_complete(target)
-            if ready is None or deadline.cancelled_caught:
+            missed = False
+            if not timeout:  # no first-token deadline: no cancel scope to enter
+                ready = await (
+                    self._open_stream(target, prefix)
+                    if self.stream
+                    else self._open_complete(target)
+                )
+            else:
+                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
+                    if self.stream:
+                        ready = await self._open_stream(target, prefix)
+                    else:
+                        ready = await self._open_complete(target)
+                missed = deadline.cancelled_caught
+            if ready is None or missed:
                 raise FirstTokenTimeout(
                     self.request_stub(), target=target.name, seconds=timeout or 0.0
                 )
