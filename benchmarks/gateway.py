@@ -52,7 +52,7 @@ from llmroute.testing import Profile, SimulatorProcess
 
 UPSTREAM_KEY = "sk-bench-gateway-upstream"
 GATEWAY_KEY = "gw-bench-gateway-key"
-MESSAGES = [{"role": "user", "content": "How much does a gateway add?"}]
+MESSAGES: Any = [{"role": "user", "content": "How much does a gateway add?"}]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -84,11 +84,13 @@ def gateway_process(
     gateway: str = "",
     workers: int = 1,
     server: str = "hypercorn",
+    source: str | None = None,
 ) -> Iterator[tuple[str, ssl.SSLContext, int]]:
     """``llmroute serve`` (``server="hypercorn"``) or granian serving the same ``GatewayApp``
     in a child process, over HTTPS unless ``tls`` is false (then plain HTTP/1.1); yields its
     base URL, a client context trusting its certificate and its pid. ``gateway``: more lines
-    of its ``[gateway]`` table."""
+    of its ``[gateway]`` table. ``source``: another checkout of llmroute to run the gateway
+    from (an A/B in one run), with this environment's packages."""
     folder = tempfile.mkdtemp(dir=folder, prefix=f"{server}-")
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
@@ -107,7 +109,9 @@ def gateway_process(
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
         "BENCH_GATEWAY_KEY": GATEWAY_KEY,
         "SSL_CERT_FILE": sim.ca_pem_path or "",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [source or str(ROOT), os.environ.get("PYTHONPATH")])
+        ),
     }
     ctx = ssl.create_default_context()
     ca.configure_trust(ctx)
@@ -119,7 +123,7 @@ def gateway_process(
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
-    with child(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
+    with child(command, stdout=subprocess.PIPE, text=True, env=env, cwd=source) as proc:
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if readable else ""
@@ -367,7 +371,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=20, help="reply length (SSE chunks)")
     parser.add_argument("--per-batch-1", type=int, default=25, help="requests per batch at c=1")
@@ -390,6 +394,11 @@ def main() -> None:
         default="hypercorn",
         help="HTTP servers the gateway runs on, side by side: hypercorn (llmroute serve), "
         "granian (pip install granian); comma-separated",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="another llmroute checkout (e.g. from git archive) whose llmroute serve runs "
+        "beside this one's as the path gateway-baseline: before and after in one run",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -416,6 +425,12 @@ def main() -> None:
             )
             for name in servers
         }
+        if args.baseline:
+            gateways["gateway-baseline"] = stack.enter_context(
+                gateway_process(
+                    sim, folder, tls=not args.plain, workers=args.workers, source=args.baseline
+                )
+            )
         litellm = None
         if python is not None:
             try:
