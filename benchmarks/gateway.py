@@ -15,7 +15,8 @@ each concurrency (1 and 64) the two paths alternate in batches, in rotated order
 both see the same machine state; percentiles are nearest-rank over all requests of a path. The
 gateway process's CPU time (``/proc``) over its batches, per request, is reported too (on a
 shared machine it moves far less than latencies do), beside the simulator's over the direct
-batches: what one hypercorn server spends to stream the same reply.
+batches: what one hypercorn server spends to stream the same reply, and this process's over
+the direct batches: what llmroute's client spends to read it.
 
     .venv/bin/python benchmarks/gateway.py            # about a minute
     .venv/bin/python benchmarks/gateway.py --plain    # client -> gateway over HTTP/1.1
@@ -318,7 +319,7 @@ async def measure(
             # Each proxy's CPU seconds during its own batches; the simulator's during the
             # direct batches (a hypercorn baseline).
             cpu = {name: 0.0 for name in pids}
-            sim_cpu = 0.0
+            sim_cpu = client_cpu = 0.0
             for round_ in range(rounds):
                 names = list(paths)
                 order = names[round_ % len(names) :] + names[: round_ % len(names)]
@@ -327,15 +328,20 @@ async def measure(
                     pid = pids.get(name)
                     before = cpu_seconds(pid) if pid else 0.0
                     sim_before = cpu_seconds(sim.pid or 0)
+                    client_before = time.process_time()
                     samples[name] += await batch(client, model, per_batch[level], level)
                     if pid:
                         cpu[name] += cpu_seconds(pid) - before
                     else:
                         sim_cpu += cpu_seconds(sim.pid or 0) - sim_before
+                        client_cpu += time.process_time() - client_before
             row: dict[str, Any] = {"n": {k: len(v) for k, v in samples.items()}}
             for name, seconds in cpu.items():
                 row[f"{name}_cpu_per_request"] = seconds / max(1, len(samples[name]))
             row["simulator_cpu_per_request"] = sim_cpu / max(1, len(samples["direct"]))
+            # This process over the direct batches: llmroute's client streaming the same reply
+            # from the simulator, the other half of the work a gateway does per request.
+            row["client_cpu_per_request"] = client_cpu / max(1, len(samples["direct"]))
             for name, values in samples.items():
                 row[name] = {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
             results[str(level)] = row
@@ -347,11 +353,16 @@ async def measure(
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     """One row per concurrency and proxy: its TTFT beside the direct path's, and its CPU per
-    request beside the simulator's (a bare hypercorn server streaming the same reply)."""
+    request beside the simulator's (a bare hypercorn server streaming the same reply). "client's":
+    this process's CPU per direct request (llmroute's client streaming the same reply);
+    "floor ratio": (simulator's + client's) / simulator's, what a proxy made of that server and
+    that client would spend with no work of its own."""
     lines = [
         "| concurrency | path | requests | direct p50 | p50 | added p50 | ratio p50 "
-        "| direct p99 | p99 | added p99 | CPU per request | simulator's | CPU ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| direct p99 | p99 | added p99 | CPU per request | simulator's | CPU ratio "
+        "| client's | floor ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for level, row in results.items():
         d = row["direct"]
@@ -366,6 +377,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             cells += [f"{d['p99'] * 1000:.2f} ms", f"{g['p99'] * 1000:.2f} ms"]
             cells += [f"**{(g['p99'] - d['p99']) * 1000:+.2f} ms**"]
             cells += [f"{cpu * 1000:.2f} ms", f"{sim * 1000:.2f} ms", f"{cpu / sim:.2f}x"]
+            own = row["client_cpu_per_request"]
+            cells += [f"{own * 1000:.2f} ms", f"{(sim + own) / sim:.2f}x"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
