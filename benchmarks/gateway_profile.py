@@ -51,36 +51,43 @@ from llmroute.testing import Profile, SimulatorProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Where a function's self time is counted: the first pattern its file name contains.
+# Where a function's self time is counted: the first pattern its file name contains. A
+# builtin's (C functions: isinstance, len, socket.send, ...) goes to its callers' parts, in
+# proportion to the time each caller spent in it.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/",)),
-    ("HTTP server: hypercorn (+ llmroute/server/_h2)", ("hypercorn/",)),
-    ("HTTP/2 framing: h2, hpack (both sides)", ("/h2/", "/hpack/", "/priority/")),
-    ("TLS and sockets: asyncio transports, ssl", ("asyncio/", "ssl.py", "selectors.py")),
+    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_a",)),
+    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_s",)),
+    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_v",)),
+    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_m",)),
+    ("HTTP server: hypercorn (+ llmroute/server/_h2)", ("hypercorn/", "llmroute/server/_h2")),
+    ("HTTP/2 framing: h2, hpack, hyperframe (both sides)", ("/h2/", "/hpack/", "/hyperframe/")),
+    ("HTTP/2 framing: h2, hpack, hyperframe (both sides)", ("/priority/",)),
+    ("TLS and sockets: asyncio's TLS and socket transports, ssl", ("asyncio/sslproto.py",)),
+    ("TLS and sockets: asyncio's TLS and socket transports, ssl", ("asyncio/selector_events",)),
+    ("TLS and sockets: asyncio's TLS and socket transports, ssl", ("/ssl.py", "/socket.py")),
+    ("event loop: asyncio (tasks, handles, futures, epoll)", ("asyncio/", "/selectors.py")),
     ("upstream client: openai's machinery", ("/openai/",)),
     ("upstream client: llmroute seam (_client, _dispatch, _upstream, ...)", ("llmroute/_",)),
-    ("routing engine and stats", ("llmroute/routing/",)),
+    ("routing engine and stats", ("llmroute/routing/", "sortedcontainers/")),
     ("upstream transport: llmroute/transport + httpx", ("llmroute/transport/", "/httpx/")),
-    ("decoding: protocols (SSE -> chunk objects)", ("llmroute/protocols/",)),
-    ("encoding: pydantic (model_dump_json), json", ("/pydantic/", "/pydantic_core/", "json/")),
+    ("decoding: protocols (SSE -> chunk objects)", ("llmroute/protocols/", "<string>")),
+    ("encoding: pydantic (model_dump_json), json", ("/pydantic/", "/pydantic_core/", "/json/")),
     ("metrics: llmroute/metrics, prometheus_client", ("llmroute/metrics/", "prometheus")),
+    ("metrics: llmroute/metrics, prometheus_client", ("opentelemetry",)),
     ("cache", ("llmroute/cache/",)),
-    ("anyio (task groups, cancel scopes)", ("/anyio/",)),
-    ("logging", ("logging/",)),
+    ("anyio (task groups, cancel scopes), sniffio", ("/anyio/", "/sniffio/")),
+    ("logging (hpack's per-header debug calls, mostly)", ("/logging/",)),
 ]
+BUILTIN = "~"
 
 
 def part_of(filename: str, name: str) -> str:
     for part, patterns in PARTS:
         if any(p in filename for p in patterns):
             return part
-    if filename == "~":  # a builtin: counted by what it is
-        if "ssl" in name.lower() or "socket" in name or "send" in name or "recv" in name:
-            return "TLS and sockets: asyncio transports, ssl"
-        if "json" in name or "model_dump" in name or "to_json" in name:
-            return "encoding: pydantic (model_dump_json), json"
-        return "builtins (other)"
-    return "other: " + filename.rsplit("site-packages/", 1)[-1].split("/")[0]
+    if filename == BUILTIN:
+        return "builtins"
+    return "other (stdlib: copy, enum, weakref, uuid, contextlib, ...)"
 
 
 # Who a py-spy sample's CPU is for: the deepest of these its stack passes through
@@ -273,10 +280,17 @@ def summary(path: str, requests: int, top: int) -> str:
     by_part: dict[str, float] = defaultdict(float)
     total = 0.0
     rows = []
-    for (filename, line, name), (_cc, ncalls, tottime, cumtime, _callers) in raw.items():
-        by_part[part_of(filename, name)] += tottime
+    for (filename, line, name), (_cc, ncalls, tottime, cumtime, callers) in raw.items():
         total += tottime
+        if filename == BUILTIN and callers:
+            spent = sum(c[2] for c in callers.values()) or 1.0
+            for (c_file, _, c_name), c in callers.items():
+                by_part[part_of(c_file, c_name)] += tottime * c[2] / spent
+        else:
+            by_part[part_of(filename, name)] += tottime
         short = filename.rsplit("site-packages/", 1)[-1].replace(str(ROOT) + "/", "")
+        if "/lib/python3." in short:  # the standard library: asyncio/..., ssl.py
+            short = short.rsplit("/lib/python3.", 1)[-1].split("/", 1)[-1]
         rows.append((tottime, ncalls, cumtime, f"{short}:{line}({name})"))
     lines = [f"profiled self time: {total / requests * 1000:.3f} ms per request", ""]
     lines += ["| part | self time per request | share |", "| --- | ---: | ---: |"]
