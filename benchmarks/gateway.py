@@ -121,6 +121,8 @@ def gateway_process(
             yield url, ctx, pid
         return
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
+    if server == "hypercorn-uvloop":  # the same command on uvloop's event loop
+        command[1:3] = [str(Path(__file__).resolve().parent / "_uvloop_gateway.py")]
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
@@ -406,7 +408,8 @@ def main() -> None:
         "--servers",
         default="hypercorn",
         help="HTTP servers the gateway runs on, side by side: hypercorn (llmroute serve), "
-        "granian (pip install granian); comma-separated",
+        "granian (pip install granian), hypercorn-uvloop (llmroute serve on uvloop's event "
+        "loop: pip install uvloop); comma-separated",
     )
     parser.add_argument(
         "--baseline",

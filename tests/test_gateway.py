@@ -238,6 +238,58 @@ async def test_body_fields_named_like_call_options_stay_in_the_body(
 
 
 @pytest.mark.anyio
+async def test_a_latency_goal_in_the_body_is_the_routings_and_never_sent_upstream(
+    gateway: Gateway, sim: Simulator
+) -> None:
+    """The gateway hands a routed body to the client's dispatch itself (not through openai's
+    post()): the ``llmroute`` options are still read there, checked before anything is sent,
+    and never forwarded."""
+    run = os.urandom(4).hex()  # this run's requests only (the module's simulator is shared)
+    good = [{"role": "user", "content": f"A goal the routing reads ({run})."}]
+    bad = [{"role": "user", "content": f"A goal that is not a number ({run})."}]
+    headers = {"authorization": f"Bearer {GW_KEY}"}
+    async with httpx.AsyncClient() as plain:
+        answer = await plain.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": "chat", "messages": good, "llmroute": {"ttft_target_ms": 300}},
+            headers=headers,
+        )
+        refused = await plain.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": "chat", "messages": bad, "llmroute": {"ttft_target_ms": "soon"}},
+            headers=headers,
+        )
+    assert answer.status_code == 200, answer.text
+    sent = [r["json"] for r in sim.last_requests if r["json"].get("messages") == good]
+    assert len(sent) == 1 and "llmroute" not in sent[0]
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "llmroute.ttft_target_ms"
+    assert not [r for r in sim.last_requests if r["json"].get("messages") == bad]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_model_that_is_not_a_route_goes_to_the_default_provider(
+    sim: Simulator, slow: Simulator, stream: bool
+) -> None:
+    """Only calls on a route are handed to the dispatch directly; any other model name (with
+    ``default_provider``) still takes the client's own path, to that provider."""
+    config = {**gateway_config(sim, slow), "default_provider": "sim"}
+    with Gateway(config, environ=ENVIRON, verify=sim.ssl_context(), max_retries=0) as server:
+        async with client_for(server) as client:
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model="sim-small", messages=MESSAGES, stream=True
+                )
+                text = "".join([c.choices[0].delta.content or "" async for c in chunks])
+            else:
+                done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+                text = done.choices[0].message.content or ""
+    assert text == await direct_reply(sim)
+    assert sim.last_requests[-1]["json"]["model"] == "sim-small"
+
+
+@pytest.mark.anyio
 async def test_sse_events_are_the_upstream_events(gateway: Gateway, sim: Simulator) -> None:
     body = {"model": "sim-small", "messages": MESSAGES, "stream": True}
     async with httpx.AsyncClient(verify=sim.ssl_context()) as direct:
