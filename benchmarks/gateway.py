@@ -122,7 +122,7 @@ def gateway_process(
         return
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
     if server == "hypercorn-uvloop":  # the same command on uvloop's event loop
-        command[1:3] = [str(Path(__file__).resolve().parent / "_uvloop_gateway.py")]
+        command += ["--loop", "uvloop"]
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
@@ -408,8 +408,8 @@ def main() -> None:
         "--servers",
         default="hypercorn",
         help="HTTP servers the gateway runs on, side by side: hypercorn (llmroute serve), "
-        "granian (pip install granian), hypercorn-uvloop (llmroute serve on uvloop's event "
-        "loop: pip install uvloop); comma-separated",
+        "granian (pip install granian), hypercorn-uvloop (llmroute serve --loop uvloop: pip "
+        "install uvloop); comma-separated",
     )
     parser.add_argument(
         "--baseline",

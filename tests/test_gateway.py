@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -830,12 +831,18 @@ def test_a_missing_gateway_key_names_its_variable(sim: Simulator, slow: Simulato
     assert GW_KEY not in str(missing.value)
 
 
-def test_cli_serve(tmp_path: Path, sim: Simulator, tls_files: tuple[str, str, trustme.CA]) -> None:
-    """``llmroute serve`` over HTTPS (HTTP/2) with DEBUG logs: it serves the official client,
-    logs no key of either side, and exits 0 on SIGTERM."""
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_cli_serve(
+    tmp_path: Path, sim: Simulator, tls_files: tuple[str, str, trustme.CA], loop: str
+) -> None:
+    """``llmroute serve`` over HTTPS (HTTP/2) with DEBUG logs, on each event loop: it serves
+    the official client, logs no key of either side, and exits 0 on SIGTERM."""
     import select
     import subprocess
     import sys
+
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
 
     config = tmp_path / "llmroute.toml"
     config.write_text(
@@ -860,7 +867,7 @@ port = 0
     }
     cert, key, ca = tls_files
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", str(config)]
-    command += ["--certfile", cert, "--keyfile", key, "--log-level", "debug"]
+    command += ["--certfile", cert, "--keyfile", key, "--log-level", "debug", "--loop", loop]
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
@@ -898,6 +905,29 @@ port = 0
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_an_event_loop_that_is_unknown_or_not_installed_is_refused_by_name(
+    tmp_path: Path,
+    sim_h1: Simulator,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llmroute.cli import main
+    from llmroute.server import loop_factory
+
+    with pytest.raises(ValueError, match="loop: expected one of asyncio, uvloop, got 'trio'"):
+        loop_factory("trio")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="pip install uvloop"):
+        Gateway(gateway_config(sim_h1, sim_h1), environ=ENVIRON, loop="uvloop")
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f'[providers.sim]\nbase_url = "{sim_h1.base_url}"\napi_key = "{UPSTREAM_KEY}"\n\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n\n[gateway]\nkeys = { ci = "GW_KEY_CI" }\n'
+    )
+    assert main(["serve", "--config", str(config), "--port", "0", "--loop", "uvloop"]) == 2
+    assert "pip install uvloop" in capsys.readouterr().err
 
 
 def test_cli_serve_refuses_to_start_without_its_keys(
