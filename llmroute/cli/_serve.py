@@ -44,8 +44,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--loop",
         default="asyncio",
         choices=["asyncio", "uvloop"],
-        help="the event loop (default asyncio); uvloop (pip install uvloop) spends about a "
-        "tenth less CPU per streamed request",
+        help="the event loop (default asyncio); uvloop needs pip install uvloop (see "
+        "docs/benchmarks.md for what it changes)",
     )
     parser.set_defaults(run=_run)
 

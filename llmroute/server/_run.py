@@ -25,9 +25,9 @@ _GRACE = 5.0  # seconds hypercorn waits for connections to finish after shutdown
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
     """What makes the event loop ``name`` (one of :data:`LOOPS`): asyncio's own, or uvloop's
-    (``pip install uvloop``; its sockets and TLS in C cut the gateway's CPU per streamed
-    request by about a tenth, docs/benchmarks.md). ``ValueError`` naming an unknown loop,
-    ``ImportError`` saying what to install."""
+    (``pip install uvloop``: sockets, TLS and scheduling in C; see docs/benchmarks.md for what
+    it changed here). ``ValueError`` naming an unknown loop, ``ImportError`` saying what to
+    install."""
     if name == "asyncio":
         return asyncio.new_event_loop
     if name != "uvloop":
