@@ -76,6 +76,27 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
+def gateway_files(
+    sim: SimulatorProcess, folder: str, gateway: str = ""
+) -> tuple[trustme.CA, str, str, str]:
+    """A gateway's files in ``folder``: its CA, certificate, key and config (one route ``chat``
+    -> the simulator, the key ``bench`` from ``$BENCH_GATEWAY_KEY``, ``gateway``: more lines of
+    its ``[gateway]`` table)."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    leaf.private_key_and_cert_chain_pem.write_to_path(cert)
+    leaf.private_key_pem.write_to_path(key)
+    config = os.path.join(folder, "llmroute.toml")
+    Path(config).write_text(
+        f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
+        '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
+        "max_concurrency_per_key = 1000\n" + gateway
+    )
+    return ca, cert, key, config
+
+
 @contextmanager
 def gateway_process(
     sim: SimulatorProcess,
@@ -93,18 +114,7 @@ def gateway_process(
     of its ``[gateway]`` table. ``source``: another checkout of llmroute to run the gateway
     from (an A/B in one run), with this environment's packages."""
     folder = tempfile.mkdtemp(dir=folder, prefix=f"{server}-")
-    ca = trustme.CA()
-    leaf = ca.issue_cert("127.0.0.1")
-    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-    leaf.private_key_and_cert_chain_pem.write_to_path(cert)
-    leaf.private_key_pem.write_to_path(key)
-    config = os.path.join(folder, "llmroute.toml")
-    Path(config).write_text(
-        f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
-        '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
-        '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
-        "max_concurrency_per_key = 1000\n" + gateway
-    )
+    ca, cert, key, config = gateway_files(sim, folder, gateway)
     env = {
         **os.environ,
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,

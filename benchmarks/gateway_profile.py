@@ -44,7 +44,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway import GATEWAY_KEY, MESSAGES, UPSTREAM_KEY, child, cpu_seconds, wait_ready
+from gateway import (
+    GATEWAY_KEY,
+    MESSAGES,
+    UPSTREAM_KEY,
+    child,
+    cpu_seconds,
+    gateway_files,
+    wait_ready,
+)
 
 from llmroute import AsyncOpenAI
 from llmroute.testing import Profile, SimulatorProcess
@@ -199,20 +207,7 @@ def run_child(config: str, out: str) -> None:
 def profiled_gateway(sim: SimulatorProcess, folder: str) -> Iterator[tuple[str, Any, int, str]]:
     import ssl
 
-    import trustme
-
-    ca = trustme.CA()
-    leaf = ca.issue_cert("127.0.0.1")
-    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
-    leaf.private_key_and_cert_chain_pem.write_to_path(cert)
-    leaf.private_key_pem.write_to_path(key)
-    config = os.path.join(folder, "llmroute.toml")
-    Path(config).write_text(
-        f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "BENCH_UPSTREAM_KEY"\n\n'
-        '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
-        '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
-        "max_concurrency_per_key = 1000\n"
-    )
+    ca, cert, key, config = gateway_files(sim, folder)
     out = os.path.join(folder, "gateway.prof")
     env = {
         **os.environ,
