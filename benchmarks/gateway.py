@@ -15,7 +15,8 @@ each concurrency (1 and 64) the two paths alternate in batches, in rotated order
 both see the same machine state; percentiles are nearest-rank over all requests of a path. The
 gateway process's CPU time (``/proc``) over its batches, per request, is reported too (on a
 shared machine it moves far less than latencies do), beside the simulator's over the direct
-batches: what one hypercorn server spends to stream the same reply.
+batches: what one hypercorn server spends to stream the same reply, and this process's over
+the direct batches: what llmroute's client spends to read it.
 
     .venv/bin/python benchmarks/gateway.py            # about a minute
     .venv/bin/python benchmarks/gateway.py --plain    # client -> gateway over HTTP/1.1
@@ -52,7 +53,7 @@ from llmroute.testing import Profile, SimulatorProcess
 
 UPSTREAM_KEY = "sk-bench-gateway-upstream"
 GATEWAY_KEY = "gw-bench-gateway-key"
-MESSAGES = [{"role": "user", "content": "How much does a gateway add?"}]
+MESSAGES: Any = [{"role": "user", "content": "How much does a gateway add?"}]
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -75,21 +76,12 @@ def pct(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-@contextmanager
-def gateway_process(
-    sim: SimulatorProcess,
-    folder: str,
-    *,
-    tls: bool = True,
-    gateway: str = "",
-    workers: int = 1,
-    server: str = "hypercorn",
-) -> Iterator[tuple[str, ssl.SSLContext, int]]:
-    """``llmroute serve`` (``server="hypercorn"``) or granian serving the same ``GatewayApp``
-    in a child process, over HTTPS unless ``tls`` is false (then plain HTTP/1.1); yields its
-    base URL, a client context trusting its certificate and its pid. ``gateway``: more lines
-    of its ``[gateway]`` table."""
-    folder = tempfile.mkdtemp(dir=folder, prefix=f"{server}-")
+def gateway_files(
+    sim: SimulatorProcess, folder: str, gateway: str = ""
+) -> tuple[trustme.CA, str, str, str]:
+    """A gateway's files in ``folder``: its CA, certificate, key and config (one route ``chat``
+    -> the simulator, the key ``bench`` from ``$BENCH_GATEWAY_KEY``, ``gateway``: more lines of
+    its ``[gateway]`` table)."""
     ca = trustme.CA()
     leaf = ca.issue_cert("127.0.0.1")
     cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
@@ -102,12 +94,35 @@ def gateway_process(
         '[gateway]\nkeys = { bench = "BENCH_GATEWAY_KEY" }\nport = 0\n'
         "max_concurrency_per_key = 1000\n" + gateway
     )
+    return ca, cert, key, config
+
+
+@contextmanager
+def gateway_process(
+    sim: SimulatorProcess,
+    folder: str,
+    *,
+    tls: bool = True,
+    gateway: str = "",
+    workers: int = 1,
+    server: str = "hypercorn",
+    source: str | None = None,
+) -> Iterator[tuple[str, ssl.SSLContext, int]]:
+    """``llmroute serve`` (``server="hypercorn"``) or granian serving the same ``GatewayApp``
+    in a child process, over HTTPS unless ``tls`` is false (then plain HTTP/1.1); yields its
+    base URL, a client context trusting its certificate and its pid. ``gateway``: more lines
+    of its ``[gateway]`` table. ``source``: another checkout of llmroute to run the gateway
+    from (an A/B in one run), with this environment's packages."""
+    folder = tempfile.mkdtemp(dir=folder, prefix=f"{server}-")
+    ca, cert, key, config = gateway_files(sim, folder, gateway)
     env = {
         **os.environ,
         "BENCH_UPSTREAM_KEY": UPSTREAM_KEY,
         "BENCH_GATEWAY_KEY": GATEWAY_KEY,
         "SSL_CERT_FILE": sim.ca_pem_path or "",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [source or str(ROOT), os.environ.get("PYTHONPATH")])
+        ),
     }
     ctx = ssl.create_default_context()
     ca.configure_trust(ctx)
@@ -116,10 +131,12 @@ def gateway_process(
             yield url, ctx, pid
         return
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", config]
+    if server == "hypercorn-uvloop":  # the same command on uvloop's event loop
+        command += ["--loop", "uvloop"]
     command += ["--log-level", "warning", "--workers", str(workers)]
     if tls:
         command += ["--certfile", cert, "--keyfile", key]
-    with child(command, stdout=subprocess.PIPE, text=True, env=env) as proc:
+    with child(command, stdout=subprocess.PIPE, text=True, env=env, cwd=source) as proc:
         assert proc.stdout is not None
         readable, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if readable else ""
@@ -314,7 +331,7 @@ async def measure(
             # Each proxy's CPU seconds during its own batches; the simulator's during the
             # direct batches (a hypercorn baseline).
             cpu = {name: 0.0 for name in pids}
-            sim_cpu = 0.0
+            sim_cpu = client_cpu = 0.0
             for round_ in range(rounds):
                 names = list(paths)
                 order = names[round_ % len(names) :] + names[: round_ % len(names)]
@@ -323,15 +340,20 @@ async def measure(
                     pid = pids.get(name)
                     before = cpu_seconds(pid) if pid else 0.0
                     sim_before = cpu_seconds(sim.pid or 0)
+                    client_before = time.process_time()
                     samples[name] += await batch(client, model, per_batch[level], level)
                     if pid:
                         cpu[name] += cpu_seconds(pid) - before
                     else:
                         sim_cpu += cpu_seconds(sim.pid or 0) - sim_before
+                        client_cpu += time.process_time() - client_before
             row: dict[str, Any] = {"n": {k: len(v) for k, v in samples.items()}}
             for name, seconds in cpu.items():
                 row[f"{name}_cpu_per_request"] = seconds / max(1, len(samples[name]))
             row["simulator_cpu_per_request"] = sim_cpu / max(1, len(samples["direct"]))
+            # This process over the direct batches: llmroute's client streaming the same reply
+            # from the simulator, the other half of the work a gateway does per request.
+            row["client_cpu_per_request"] = client_cpu / max(1, len(samples["direct"]))
             for name, values in samples.items():
                 row[name] = {"p50": pct(values, 0.5), "p99": pct(values, 0.99)}
             results[str(level)] = row
@@ -343,11 +365,16 @@ async def measure(
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> str:
     """One row per concurrency and proxy: its TTFT beside the direct path's, and its CPU per
-    request beside the simulator's (a bare hypercorn server streaming the same reply)."""
+    request beside the simulator's (a bare hypercorn server streaming the same reply). "client's":
+    this process's CPU per direct request (llmroute's client streaming the same reply);
+    "floor ratio": (simulator's + client's) / simulator's, what a proxy made of that server and
+    that client would spend with no work of its own."""
     lines = [
         "| concurrency | path | requests | direct p50 | p50 | added p50 | ratio p50 "
-        "| direct p99 | p99 | added p99 | CPU per request | simulator's | CPU ratio |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| direct p99 | p99 | added p99 | CPU per request | simulator's | CPU ratio "
+        "| client's | floor ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+        "| --- |",
     ]
     for level, row in results.items():
         d = row["direct"]
@@ -362,12 +389,14 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             cells += [f"{d['p99'] * 1000:.2f} ms", f"{g['p99'] * 1000:.2f} ms"]
             cells += [f"**{(g['p99'] - d['p99']) * 1000:+.2f} ms**"]
             cells += [f"{cpu * 1000:.2f} ms", f"{sim * 1000:.2f} ms", f"{cpu / sim:.2f}x"]
+            own = row["client_cpu_per_request"]
+            cells += [f"{own * 1000:.2f} ms", f"{(sim + own) / sim:.2f}x"]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=20, help="reply length (SSE chunks)")
     parser.add_argument("--per-batch-1", type=int, default=25, help="requests per batch at c=1")
@@ -389,7 +418,13 @@ def main() -> None:
         "--servers",
         default="hypercorn",
         help="HTTP servers the gateway runs on, side by side: hypercorn (llmroute serve), "
-        "granian (pip install granian); comma-separated",
+        "granian (pip install granian), hypercorn-uvloop (llmroute serve --loop uvloop: pip "
+        "install uvloop); comma-separated",
+    )
+    parser.add_argument(
+        "--baseline",
+        help="another llmroute checkout (e.g. from git archive) whose llmroute serve runs "
+        "beside this one's as the path gateway-baseline: before and after in one run",
     )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -416,6 +451,12 @@ def main() -> None:
             )
             for name in servers
         }
+        if args.baseline:
+            gateways["gateway-baseline"] = stack.enter_context(
+                gateway_process(
+                    sim, folder, tls=not args.plain, workers=args.workers, source=args.baseline
+                )
+            )
         litellm = None
         if python is not None:
             try:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import ssl
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -235,6 +236,59 @@ async def test_body_fields_named_like_call_options_stay_in_the_body(
     assert "x-sim-fault" not in sent["headers"] and sent["query"] == {}
     assert sent["json"]["extra_headers"] == {"x-sim-fault": "500"}
     assert sent["json"]["timeout"] == 0.000001
+
+
+@pytest.mark.anyio
+async def test_a_latency_goal_in_the_body_is_the_routings_and_never_sent_upstream(
+    gateway: Gateway, sim: Simulator
+) -> None:
+    """The gateway hands a routed body to the client's dispatch itself (not through openai's
+    post()): the ``llmroute`` options are still read there, checked before anything is sent,
+    and never forwarded."""
+    run = os.urandom(4).hex()  # this run's requests only (the module's simulator is shared)
+    good = [{"role": "user", "content": f"A goal the routing reads ({run})."}]
+    bad = [{"role": "user", "content": f"A goal that is not a number ({run})."}]
+    headers = {"authorization": f"Bearer {GW_KEY}"}
+    async with httpx.AsyncClient() as plain:
+        answer = await plain.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": "chat", "messages": good, "llmroute": {"ttft_target_ms": 300}},
+            headers=headers,
+        )
+        refused = await plain.post(
+            f"{gateway.base_url}/chat/completions",
+            json={"model": "chat", "messages": bad, "llmroute": {"ttft_target_ms": "soon"}},
+            headers=headers,
+        )
+    assert answer.status_code == 200, answer.text
+    bodies = [r["json"] or {} for r in sim.last_requests]  # a GET has no JSON body
+    sent = [body for body in bodies if body.get("messages") == good]
+    assert len(sent) == 1 and "llmroute" not in sent[0]
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "llmroute.ttft_target_ms"
+    assert not [body for body in bodies if body.get("messages") == bad]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_model_that_is_not_a_route_goes_to_the_default_provider(
+    sim: Simulator, slow: Simulator, stream: bool
+) -> None:
+    """Only calls on a route are handed to the dispatch directly; any other model name (with
+    ``default_provider``) still takes the client's own path, to that provider."""
+    config = {**gateway_config(sim, slow), "default_provider": "sim"}
+    with Gateway(config, environ=ENVIRON, verify=sim.ssl_context(), max_retries=0) as server:
+        async with client_for(server) as client:
+            if stream:
+                chunks = await client.chat.completions.create(
+                    model="sim-small", messages=MESSAGES, stream=True
+                )
+                text = "".join([c.choices[0].delta.content or "" async for c in chunks])
+            else:
+                done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+                text = done.choices[0].message.content or ""
+    assert text == await direct_reply(sim)
+    assert sim.last_requests[-1]["json"]["model"] == "sim-small"
 
 
 @pytest.mark.anyio
@@ -778,12 +832,18 @@ def test_a_missing_gateway_key_names_its_variable(sim: Simulator, slow: Simulato
     assert GW_KEY not in str(missing.value)
 
 
-def test_cli_serve(tmp_path: Path, sim: Simulator, tls_files: tuple[str, str, trustme.CA]) -> None:
-    """``llmroute serve`` over HTTPS (HTTP/2) with DEBUG logs: it serves the official client,
-    logs no key of either side, and exits 0 on SIGTERM."""
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_cli_serve(
+    tmp_path: Path, sim: Simulator, tls_files: tuple[str, str, trustme.CA], loop: str
+) -> None:
+    """``llmroute serve`` over HTTPS (HTTP/2) with DEBUG logs, on each event loop: it serves
+    the official client, logs no key of either side, and exits 0 on SIGTERM."""
     import select
     import subprocess
     import sys
+
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
 
     config = tmp_path / "llmroute.toml"
     config.write_text(
@@ -808,7 +868,7 @@ port = 0
     }
     cert, key, ca = tls_files
     command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", str(config)]
-    command += ["--certfile", cert, "--keyfile", key, "--log-level", "debug"]
+    command += ["--certfile", cert, "--keyfile", key, "--log-level", "debug", "--loop", loop]
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(
@@ -846,6 +906,29 @@ port = 0
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_an_event_loop_that_is_unknown_or_not_installed_is_refused_by_name(
+    tmp_path: Path,
+    sim_h1: Simulator,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from llmroute.cli import main
+    from llmroute.server import loop_factory
+
+    with pytest.raises(ValueError, match="loop: expected one of asyncio, uvloop, got 'trio'"):
+        loop_factory("trio")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
+    with pytest.raises(ImportError, match="pip install uvloop"):
+        Gateway(gateway_config(sim_h1, sim_h1), environ=ENVIRON, loop="uvloop")
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f'[providers.sim]\nbase_url = "{sim_h1.base_url}"\napi_key = "{UPSTREAM_KEY}"\n\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n\n[gateway]\nkeys = { ci = "GW_KEY_CI" }\n'
+    )
+    assert main(["serve", "--config", str(config), "--port", "0", "--loop", "uvloop"]) == 2
+    assert "pip install uvloop" in capsys.readouterr().err
 
 
 def test_cli_serve_refuses_to_start_without_its_keys(

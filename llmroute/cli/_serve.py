@@ -40,6 +40,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="processes serving one listening socket (default 1); with more than one, share "
         'per-key limits, stats and cache through Redis (limits_backend = "redis", ...)',
     )
+    parser.add_argument(
+        "--loop",
+        default="asyncio",
+        choices=["asyncio", "uvloop"],
+        help="the event loop (default asyncio); uvloop needs pip install uvloop (see "
+        "docs/benchmarks.md for what it changes)",
+    )
     parser.set_defaults(run=_run)
 
 
@@ -65,6 +72,13 @@ def _run(args: argparse.Namespace) -> int:
     if (args.certfile is None) != (args.keyfile is None):
         sys.stderr.write("llmroute serve: --certfile and --keyfile go together\n")
         return 2
+    from ..server import loop_factory
+
+    try:
+        args.loop_factory = loop_factory(args.loop)
+    except ImportError as exc:
+        sys.stderr.write(f"llmroute serve: {exc}\n")
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -75,7 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.workers > 1:
             return _serve_workers(args)
-        return asyncio.run(_serve(args))
+        with asyncio.Runner(loop_factory=args.loop_factory) as runner:
+            return runner.run(_serve(args))
     finally:
         hpack.setLevel(level)  # main() may run inside another program (or a test)
 
@@ -119,7 +134,8 @@ def _serve_workers(args: argparse.Namespace) -> int:
         if pid == 0:  # a worker: serve until SIGTERM
             code = 1
             try:
-                code = asyncio.run(_serve(args, sock, quiet=index > 0))
+                with asyncio.Runner(loop_factory=args.loop_factory) as runner:
+                    code = runner.run(_serve(args, sock, quiet=index > 0))
             finally:
                 os._exit(code)
         children.append(pid)

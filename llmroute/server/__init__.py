@@ -16,9 +16,10 @@ from __future__ import annotations
 from ._app import GatewayApp, dump_json
 from ._auth import KeyRing
 from ._metrics import GatewayMetrics
-from ._run import Gateway, base_url, listen, serve
+from ._run import LOOPS, Gateway, base_url, listen, loop_factory, serve
 
 __all__ = [
+    "LOOPS",
     "Gateway",
     "GatewayApp",
     "GatewayMetrics",
@@ -26,5 +27,6 @@ __all__ = [
     "base_url",
     "dump_json",
     "listen",
+    "loop_factory",
     "serve",
 ]

@@ -21,6 +21,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
+from .._dispatch import Outcome
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._timeouts import (
     BETWEEN_TOKENS_HEADER,
@@ -29,7 +30,7 @@ from .._timeouts import (
     TimeoutHeaderError,
     request_timeouts,
 )
-from .._upstream import no_cookies
+from .._upstream import body_errors, no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..routing.health import failure_party
@@ -75,6 +76,7 @@ _REDACTED = "[redacted]"
 _DRAIN_BYTES = 16 * 2**20  # a refused body up to this size is read to its end before the 413
 _DRAIN_SECONDS = 5.0
 _UPSTREAM_AUTH = (401, 403, 407)
+_ROUTABLE = {_CHAT: "/chat/completions", _RESPONSES: "/responses"}  # handed to the dispatch
 
 
 def dump_json(model: pydantic.BaseModel) -> bytes:
@@ -273,6 +275,7 @@ class GatewayApp:
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
         self.client = AsyncOpenAI(config=loaded, **client_options)
         _refuse_cookies(self.client)
+        self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
         self.routes = list(loaded.models)
         self._created = int(time.time())
@@ -609,6 +612,21 @@ class GatewayApp:
     async def _call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
         """The client's call for ``path``: every field of the body is passed on as it is."""
         client = self.client
+        if path in _ROUTABLE:
+            # A chat or Responses call on a route goes straight to the client's dispatch, as
+            # the client's seam would send it: openai's post() would first build its request
+            # options (FinalRequestOptions, ~70 µs of CPU per request, most of it deep-copying
+            # defaults; benchmarks/gateway_call.py) only for the seam to take the call out of
+            # openai's path. Any other call (a model that is not a route, with a default
+            # provider) takes client.post.
+            dispatch = client._llmroute  # pyright: ignore[reportPrivateUsage]
+            options = _Options(_ROUTABLE[path], body, extra_headers)
+            call = dispatch.classify(options, timeout=self._timeout)
+            if call is not None and call.route is not None:
+                client._describe(call)  # pyright: ignore[reportPrivateUsage]
+                with body_errors():
+                    outcome = await dispatch.answer(call, _no_direct_path)
+                return outcome.result if isinstance(outcome, Outcome) else outcome
         if path == _CHAT:
             # openai's resource method would walk the whole body through its TypedDict
             # transform (8% of the gateway's CPU per streamed request, measured with py-spy);
@@ -876,6 +894,25 @@ async def _watch(
             stalled()
             return
         await renew(exchange)
+
+
+class _Options:
+    """What :meth:`Dispatch.classify` reads of openai's request options, for a call the
+    gateway hands to the dispatch itself (a POST of a checked JSON body, no query)."""
+
+    __slots__ = ("headers", "json_data", "url")
+    method = "post"
+    extra_json = None
+    params = None
+
+    def __init__(self, url: str, json_data: dict[str, Any], headers: dict[str, str]) -> None:
+        self.url = url
+        self.json_data = json_data
+        self.headers = headers
+
+
+async def _no_direct_path() -> Any:  # only calls on a route are handed to the dispatch
+    raise AssertionError("a routed call has no direct path")
 
 
 def _cache_hit(result: object) -> bool:

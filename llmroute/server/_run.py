@@ -14,10 +14,29 @@ from typing import Any
 from .._config import Config
 from ._app import GatewayApp
 
-__all__ = ["Gateway", "listen", "serve"]
+__all__ = ["LOOPS", "Gateway", "listen", "loop_factory", "serve"]
+
+LOOPS = ("asyncio", "uvloop")
+"""The event loops the gateway serves on (``llmroute serve --loop``, ``Gateway(loop=...)``)."""
 
 _LOG = logging.getLogger("llmroute.server")
 _GRACE = 5.0  # seconds hypercorn waits for connections to finish after shutdown begins
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes the event loop ``name`` (one of :data:`LOOPS`): asyncio's own, or uvloop's
+    (``pip install uvloop``: sockets, TLS and scheduling in C; see docs/benchmarks.md for what
+    it changed here). ``ValueError`` naming an unknown loop, ``ImportError`` saying what to
+    install."""
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name != "uvloop":
+        raise ValueError(f"loop: expected one of {', '.join(LOOPS)}, got {name[:40]!r}")
+    try:
+        import uvloop  # pyright: ignore[reportMissingImports]
+    except ImportError:
+        raise ImportError("the uvloop event loop needs uvloop: pip install uvloop") from None
+    return uvloop.new_event_loop
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -92,7 +111,8 @@ class Gateway:
         with Gateway(config, verify=ctx) as gateway:
             client = openai.OpenAI(base_url=gateway.base_url, api_key=key)
 
-    ``config`` and ``client_options`` are :class:`GatewayApp`'s; ``port`` 0 picks a free port.
+    ``config`` and ``client_options`` are :class:`GatewayApp`'s; ``port`` 0 picks a free port;
+    ``loop`` is the event loop of its thread (:data:`LOOPS`).
     ``base_url`` (ending in ``/v1``) is ready on entry; leaving ends the streams in flight and
     closes the client.
     """
@@ -106,8 +126,10 @@ class Gateway:
         certfile: str | None = None,
         keyfile: str | None = None,
         environ: Mapping[str, str] = os.environ,
+        loop: str = "asyncio",
         **client_options: Any,
     ) -> None:
+        self._loop_factory = loop_factory(loop)
         self.app = GatewayApp(config, environ=environ, **client_options)
         self.host, self.port = host, port
         self.certfile, self.keyfile = certfile, keyfile
@@ -144,7 +166,8 @@ class Gateway:
 
     def _run(self, sock: socket.socket) -> None:
         try:
-            asyncio.run(self._main(sock))
+            with asyncio.Runner(loop_factory=self._loop_factory) as runner:
+                runner.run(self._main(sock))
         except BaseException as exc:
             self._error = exc
             _LOG.error("the gateway stopped on an error: %s", type(exc).__name__)
