@@ -131,6 +131,12 @@ class HTTP2Connection:
         self._waiting: dict[int, _StreamState] = {}
         self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
         self._window_waiters: list[anyio.Event] = []
+        # Streams with bytes read and not yet returned to the connection's window, and their sum:
+        # returned together once it reaches a sixteenth of the window, so streams that each stay
+        # below _ACK_BATCH cannot hold the whole connection window between them.
+        self._unacked: dict[int, _StreamState] = {}
+        self._unacked_bytes = 0
+        self._unacked_limit = max(1, _CONNECTION_WINDOW // 16)
         self._closed = False
         self._goaway = False
         self._error: Exception | None = None
@@ -154,7 +160,8 @@ class HTTP2Connection:
             },
         )
         self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        if _CONNECTION_WINDOW > 65535:
+            self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
         await self._flush()
         while not self._settings_received:
             await self._read_once()
@@ -373,13 +380,20 @@ class HTTP2Connection:
                 # Return the window first: a cancel during the flush must not lose the chunk.
                 # Read bytes are returned in batches (h2 sends a WINDOW_UPDATE only when half a
                 # window is used anyway); close_stream returns the rest.
+                # Across the connection they are returned once a sixteenth of its window is
+                # read, whichever streams read it: thousands of short streams, each below its
+                # batch, would otherwise hold the whole window and stall every stream on it.
                 state.chunks[0] = (data, 0)
+                if not state.read_flow:
+                    self._unacked[state.id] = state
                 state.read_flow += flow
-                if state.read_flow >= _ACK_BATCH:
-                    flow, state.read_flow = state.read_flow, 0
-                    state.pending_flow -= flow
+                self._unacked_bytes += flow
+                if state.read_flow >= _ACK_BATCH or self._unacked_bytes >= self._unacked_limit:
                     try:  # the hot path: no context manager per frame
-                        self._h2.acknowledge_received_data(flow, state.id)
+                        if state.read_flow >= _ACK_BATCH:
+                            self._return_window(state)
+                        else:
+                            self._return_windows()
                     except h2.exceptions.H2Error as exc:
                         self._refused(state, exc)
                     if self._h2_has_output():
@@ -389,6 +403,20 @@ class HTTP2Connection:
         if state.error is not None:
             raise _fresh(state.error)
         return None
+
+    def _return_window(self, state: _StreamState) -> None:
+        """Give the server back the window of what ``state``'s reader has taken."""
+        flow, state.read_flow = state.read_flow, 0
+        state.pending_flow -= flow
+        self._unacked_bytes -= flow
+        del self._unacked[state.id]
+        self._h2.acknowledge_received_data(flow, state.id)
+
+    def _return_windows(self) -> None:
+        """Return what every stream's reader has taken: one pass over the streams that read
+        since the last pass, so the work is at most one step per chunk read."""
+        for state in list(self._unacked.values()):
+            self._return_window(state)
 
     def _h2_has_output(self) -> bool:
         # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
@@ -404,6 +432,9 @@ class HTTP2Connection:
         if self._streams.pop(state.id, None) is None:
             return
         self._waiting.pop(state.id, None)
+        if self._unacked.pop(state.id, None) is not None:
+            self._unacked_bytes -= state.read_flow
+            state.read_flow = 0
         if state.pending_flow:
             try:
                 self._h2.acknowledge_received_data(state.pending_flow, state.id)

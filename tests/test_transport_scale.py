@@ -1,0 +1,117 @@
+"""The HTTP/2 transport with many streams on one connection: work counted, never timed.
+
+Thousands of streams share a handful of connections under load (benchmarks/load.py); what each
+new stream or each read costs must not grow with the streams beside it, and streams that each
+read a little must not, between them, hold the connection's whole flow-control window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import httpx
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+import llmroute
+from llmroute.transport import _h2
+
+from .conftest import KEY
+from .h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+
+
+class Barrier:
+    """Every handler waits here until ``count`` of them have arrived (on the server's loop)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.arrived = 0
+        self.event: asyncio.Event | None = None
+
+    async def wait(self) -> bool:
+        """False when the others did not all come within 20 s."""
+        self.event = self.event or asyncio.Event()
+        self.arrived += 1
+        if self.arrived == self.count:
+            self.event.set()
+        try:
+            async with asyncio.timeout(20):
+                await self.event.wait()
+        except TimeoutError:
+            return False
+        return True
+
+
+async def send_when_window(stream: ScriptedStream, data: bytes) -> bool:
+    """Send ``data`` on ``stream`` once the client's windows let it go whole (20 s at most)."""
+    for _ in range(4000):
+        conn = stream.conn
+        if conn.local_flow_control_window(stream.stream_id) >= len(data):
+            stream.send(data)
+            return True
+        await asyncio.sleep(0.005)
+    return False
+
+
+def client_for(server: ScriptedServer) -> llmroute.AsyncOpenAI:
+    return llmroute.AsyncOpenAI(
+        api_key=KEY,
+        base_url=server.base_url,
+        verify=client_context(),
+        max_retries=0,
+        timeout=httpx.Timeout(30.0),
+    )
+
+
+async def read_all(client: llmroute.AsyncOpenAI, streams: int) -> list[str]:
+    texts: list[str] = []
+
+    async def one() -> None:
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
+
+    with anyio.fail_after(60):  # a hang guard: the streams end in well under a second
+        async with anyio.create_task_group() as tg:
+            for _ in range(streams):
+                tg.start_soon(one)
+    return texts
+
+
+async def test_many_short_streams_cannot_hold_the_connection_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 64 streams each read 6 KB (below the 16 KB a stream reads before returning its window)
+    # and then need more: 384 KB against a 256 KB connection window. Returned only per stream
+    # or at a stream's close, the window ran out with every stream open and waiting: the
+    # server could send nothing more, a deadlock (as 2,000 streams of 7.6 KB on one connection
+    # with a 16 MiB window were close to).
+    monkeypatch.setattr(_h2, "_CONNECTION_WINDOW", 256 * 1024)
+    streams = 64
+    first = b"".join(sse_chunk("x" * 100) for _ in range(25))
+    assert len(first) * streams > 256 * 1024 and len(first) < _h2._ACK_BATCH
+    barrier = Barrier(streams)
+    sent: dict[str, int] = {"first": 0}
+
+    async def handler(stream: ScriptedStream) -> None:
+        stream.respond()
+        if not await send_when_window(stream, first):
+            return  # the client kept the window: no end, the client's read times out
+        sent["first"] += 1
+        await barrier.wait()
+        stream.send(sse_chunk("!", finish="stop"))
+        stream.send(b"data: [DONE]\n\n", end=True)
+
+    with ScriptedServer(handler, max_concurrent_streams=1000) as server:
+        async with client_for(server) as client:
+            texts = await read_all(client, streams)
+            conns = client._llmroute.transport.connections()
+            # All on one connection, every byte read given back once the streams closed.
+            assert len(conns) == 1
+            assert conns[0]._unacked_bytes == 0 and not conns[0]._unacked
+    assert sent["first"] == streams
+    assert texts == ["x" * 2500 + "!"] * streams
