@@ -8,8 +8,10 @@ read a little must not, between them, hold the connection's whole flow-control w
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anyio
+import h2.connection
 import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -115,3 +117,38 @@ async def test_many_short_streams_cannot_hold_the_connection_window(
             assert conns[0]._unacked_bytes == 0 and not conns[0]._unacked
     assert sent["first"] == streams
     assert texts == ["x" * 2500 + "!"] * streams
+
+
+async def test_opening_a_stream_does_not_walk_the_streams_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # h2 counts a connection's open streams at every new stream by walking all it holds: with
+    # n streams open at once that is n^2 / 2 steps (20,000 here, 50 million for 10,000).
+    walked = {"streams": 0}
+    real = h2.connection.H2Connection._open_streams
+
+    def counting(self: Any, remainder: int) -> int:
+        if self.config.client_side:  # the scripted server (same process) counts its own
+            walked["streams"] += len(self.streams)
+        return real(self, remainder)
+
+    monkeypatch.setattr(h2.connection.H2Connection, "_open_streams", counting)
+    streams = 200
+    barrier = Barrier(streams)
+
+    async def handler(stream: ScriptedStream) -> None:
+        await barrier.wait()  # every stream is open at once before any answer
+        stream.respond()
+        stream.send(sse_chunk("ok", finish="stop"))
+        stream.send(b"data: [DONE]\n\n", end=True)
+
+    with ScriptedServer(handler, max_concurrent_streams=1000) as server:
+        async with client_for(server) as client:
+            texts = await read_all(client, streams)
+            conns = client._llmroute.transport.connections()
+            assert len(conns) == 1
+            # Closed streams are dropped as they close: h2 holds none of them afterwards.
+            assert len(conns[0]._h2.streams) == 0
+    assert barrier.arrived == streams
+    assert texts == ["ok"] * streams
+    assert walked["streams"] <= streams  # at most a step per stream, not one per pair

@@ -82,6 +82,27 @@ class ConnectionNotAvailable(Exception):
     """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
 
 
+class _H2Connection(h2.connection.H2Connection):
+    """h2's client connection, but counting its open streams without walking them all.
+
+    h2 counts open streams at every new stream by iterating over every stream it holds (and
+    drops the closed ones as it goes): O(n) work per request, O(n^2) to open n concurrent
+    streams. ``HTTP2Connection.close_stream`` removes each stream from ``streams`` as it closes
+    it (``_forget``), so the open ones are the streams held. Server push is off: all outbound.
+    """
+
+    @property
+    def open_outbound_streams(self) -> int:
+        return len(self.streams)
+
+    def _forget(self, stream_id: int) -> None:
+        """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.closed:
+            del self.streams[stream_id]
+            self._closed_streams[stream_id] = stream.closed_by
+
+
 class _StreamState:
     __slots__ = (
         "chunks",
@@ -123,7 +144,7 @@ class HTTP2Connection:
         self._sock = stream
         self._ssl_read = _buffered_reader(stream)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = _H2Connection(config=config)
         self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
         self._write_lock = anyio.Lock()
@@ -442,11 +463,14 @@ class HTTP2Connection:
                 pass
             state.pending_flow = 0
         unfinished = not (state.ended and state.local_ended) and not state.remote_reset
-        if unfinished and state.error is None and not self._closed and self._error is None:
+        reset = unfinished and state.error is None and not self._closed and self._error is None
+        if reset:
             try:
                 self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
             except h2.exceptions.ProtocolError:
                 pass
+        self._h2._forget(state.id)
+        if reset:
             with anyio.CancelScope(shield=True):
                 try:
                     await self._flush(_CLOSE_GRACE)
