@@ -88,12 +88,16 @@ class _H2Connection(h2.connection.H2Connection):
     h2 counts open streams at every new stream by iterating over every stream it holds (and
     drops the closed ones as it goes): O(n) work per request, O(n^2) to open n concurrent
     streams. ``HTTP2Connection.close_stream`` removes each stream from ``streams`` as it closes
-    it (``_forget``), so the open ones are the streams held. Server push is off: all outbound.
+    it (``_forget``), so the streams held bound the open ones (server push is off: all are
+    outbound). Only at the server's limit are they counted h2's way, exactly.
     """
 
     @property
     def open_outbound_streams(self) -> int:
-        return len(self.streams)
+        held = len(self.streams)
+        if held < self.remote_settings.max_concurrent_streams:
+            return held
+        return super().open_outbound_streams
 
     def _forget(self, stream_id: int) -> None:
         """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
