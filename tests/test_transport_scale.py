@@ -30,19 +30,20 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 class Barrier:
     """Every handler waits here until ``count`` of them have arrived (on the server's loop)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, bound: float = 20.0) -> None:
         self.count = count
+        self.bound = bound
         self.arrived = 0
         self.event: asyncio.Event | None = None
 
     async def wait(self) -> bool:
-        """False when the others did not all come within 20 s."""
+        """False when the others did not all come within ``bound`` seconds."""
         self.event = self.event or asyncio.Event()
         self.arrived += 1
         if self.arrived == self.count:
             self.event.set()
         try:
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(self.bound):
                 await self.event.wait()
         except TimeoutError:
             return False
@@ -152,3 +153,36 @@ async def test_opening_a_stream_does_not_walk_the_streams_beside_it(
     assert barrier.arrived == streams
     assert texts == ["ok"] * streams
     assert walked["streams"] <= streams  # at most a step per stream, not one per pair
+
+
+async def test_request_bodies_wait_for_the_servers_window_without_losing_a_wakeup() -> None:
+    # 250 bodies of 1.6 KB against the server's 64 KB connection window: senders wait for its
+    # WINDOW_UPDATEs again and again. An update that came while a sender flushed, before it
+    # waited, was lost: with a server that answers only once it has every body, nothing else
+    # came to wake it (10,000 streams in benchmarks/load.py stalled with 2,611 bodies unsent).
+    streams = 250  # one connection (256 streams at most)
+    # No answer before every body is in (a lost sender then fails on its 30 s write timeout).
+    barrier = Barrier(streams, bound=90)
+
+    async def handler(stream: ScriptedStream) -> None:
+        await barrier.wait()
+        stream.respond()
+        stream.send(sse_chunk("ok", finish="stop"))
+        stream.send(b"data: [DONE]\n\n", end=True)
+
+    long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * 1600}]
+    with ScriptedServer(handler, max_concurrent_streams=1000) as server:
+        async with client_for(server) as client:
+            texts: list[str] = []
+
+            async def one() -> None:
+                stream = await client.chat.completions.create(model="m", messages=long, stream=True)
+                texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
+
+            with anyio.fail_after(120):  # a hang guard: this takes about a second
+                async with anyio.create_task_group() as tg:
+                    for _ in range(streams):
+                        tg.start_soon(one)
+            assert len(client._llmroute.transport.connections()) == 1
+    assert barrier.arrived == streams and barrier.event is not None and barrier.event.is_set()
+    assert texts == ["ok"] * streams

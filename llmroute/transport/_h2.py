@@ -380,6 +380,11 @@ class HTTP2Connection:
             with _deadline(timeout, httpx.WriteTimeout):
                 while not event.is_set() and not state.ended:
                     self._raise_if_failed(state)
+                    # The window may have opened while the caller flushed, before this event
+                    # was there to be woken: then nothing else may ever come to wake it (a
+                    # server that answers once it has the body), a wait lost for good.
+                    if self._window_open(state):
+                        return
                     if self._reading:
                         state.wake = event
                         await event.wait()
@@ -390,6 +395,12 @@ class HTTP2Connection:
             if event in self._window_waiters:
                 self._window_waiters.remove(event)
             self._hand_over_reading()
+
+    def _window_open(self, state: _StreamState) -> bool:
+        try:
+            return self._h2.local_flow_control_window(state.id) > 0
+        except h2.exceptions.H2Error:
+            return True  # the stream closed: the sender's next step reports it
 
     # -- the stream's side -----------------------------------------------------------------
 
