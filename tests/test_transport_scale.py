@@ -91,7 +91,7 @@ async def test_many_short_streams_cannot_hold_the_connection_window(
     # 64 streams each read 6 KB (below the 16 KB a stream reads before returning its window)
     # and then need more: 384 KB against a 256 KB connection window. Returned only per stream
     # or at a stream's close, the window ran out with every stream open and waiting: the
-    # server could send nothing more, a deadlock (as 2,000 streams of 7.6 KB on one connection
+    # server could send nothing more, a deadlock (as 2,000 streams of 8.1 KB on one connection
     # with a 16 MiB window were close to).
     monkeypatch.setattr(_h2, "_CONNECTION_WINDOW", 256 * 1024)
     streams = 64
