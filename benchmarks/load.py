@@ -1,10 +1,14 @@
-"""Load and soak: one llmroute client under many concurrent streams, and under a long faulty run.
+r"""Load and soak: one llmroute client under many concurrent streams, and under a long faulty run.
 
-``load``  ``--streams`` (2,000) concurrent streams from one client to a simulator process (TLS,
-          HTTP/2, 1 s to the first token so they overlap): every answer compared with the
-          expected text, the connections the client opened (counted in ``/proc``) against the
-          pool limit, and the client's memory per stream in flight (RSS at the peak, minus RSS
-          before, over the streams in flight then).
+``load``  ``--streams`` (2,000) concurrent streams from one client to ``--servers`` simulator
+          processes (TLS, HTTP/2; several: one route, round-robin over them). Each simulator
+          holds every stream before its first token until all are open (``--no-hold``: a 1 s
+          TTFT instead), then releases them: 30 tokens 10 ms apart. Reported: every answer
+          compared with the expected text, failures by type with an example of each, the
+          client's memory per open stream (RSS with all open, minus RSS before, over the
+          streams open), its CPU per stream opened and per chunk streamed, the simulators' CPU,
+          and the connections the client used. ``--then-openai N``: openai-python on N streams
+          next, in the same run.
 ``soak``  ``--requests`` (20,000) routed requests at ``--concurrency`` (64) over two simulator
           processes with faults on (5xx, 429 with Retry-After, drops, malformed events, hangs
           cut by the first-token deadline), streamed and not, a quarter of them popular prompts
@@ -12,9 +16,10 @@
           asyncio tasks, file descriptors and sockets before and after, requests that outlived
           their deadline, outcomes, and the sizes of the live stats and the cache.
 
-    .venv/bin/python benchmarks/load.py load                  # ~20 s
-    .venv/bin/python benchmarks/load.py load --streams 10000 --per-connection 1250
-    .venv/bin/python benchmarks/load.py load --streams 1000 --client openai
+    .venv/bin/python benchmarks/load.py load                  # ~1 min
+    .venv/bin/python benchmarks/load.py load --streams 10000 --per-connection 2000 \
+        --then-openai 1000
+    .venv/bin/python benchmarks/load.py load --streams 10000 --per-connection 1250 --servers 4
     .venv/bin/python benchmarks/load.py soak                  # ~2-3 min on 2 cores
     .venv/bin/python benchmarks/load.py soak --requests 2000  # a quick look
 """
@@ -24,11 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import gc
 import json
 import os
 import random
 import ssl
+import subprocess
 import sys
 import time
 from typing import Any
@@ -36,6 +43,7 @@ from typing import Any
 import _machine  # benchmarks/_machine.py, beside this script
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import httpx
 import openai
 
@@ -45,6 +53,9 @@ from llmroute.testing import _resources as proc
 
 PROMPTS = [f"Load question number {i}" for i in range(50)]
 DEADLINE = 30.0  # no request may take longer than this, whatever its faults
+MODEL = "sim-small"
+LOAD_TIMEOUT = 900.0  # seconds a load stream may wait, for its headers or its next chunk
+OPEN_STALL = 30.0  # seconds without one more stream held: release those that are
 
 
 def _port(base_url: str) -> int:
@@ -64,39 +75,93 @@ async def _read(stream: Any, counts: dict[str, int] | None = None) -> tuple[str,
     return "".join(parts), finish
 
 
-async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, Any]:
-    profile = Profile(
-        reply_tokens=30, ttft_median=1.0, inter_token=0.01, max_streams=per_connection
+def _client(kind: str, sims: list[SimulatorProcess], per_connection: int) -> Any:
+    """One client for every stream: openai-python (its default HTTP/1.1 client), llmroute on
+    the one simulator's base_url, or llmroute with a route over several simulator processes."""
+    ctx = ssl.create_default_context(cafile=sims[0].ca_pem_path)
+    for sim in sims[1:]:
+        ctx.load_verify_locations(cafile=sim.ca_pem_path)  # each process has its own CA
+    if kind == "openai":
+        return openai.AsyncOpenAI(
+            api_key="sk-load",
+            base_url=sims[0].base_url,
+            max_retries=0,
+            timeout=LOAD_TIMEOUT,
+            http_client=openai.DefaultAsyncHttpxClient(verify=ctx, timeout=LOAD_TIMEOUT),
+        )
+    config = None
+    if len(sims) > 1:
+        names = [f"sim{i}" for i in range(len(sims))]
+        config = {
+            "providers": {
+                name: {"base_url": sim.base_url, "api_key": "sk-load"}
+                for name, sim in zip(names, sims, strict=True)
+            },
+            "models": {
+                MODEL: {
+                    "targets": [f"{name}:{MODEL}" for name in names],
+                    "policy": "round-robin",
+                    # One attempt per stream, whatever the load: a stream that fails counts as
+                    # failed, never as answered elsewhere.
+                    "first_token_timeout": LOAD_TIMEOUT,
+                    "stall_timeout": "off",
+                    "continue_on_break": False,
+                }
+            },
+        }
+    client = AsyncOpenAI(
+        api_key="sk-load",
+        base_url=sims[0].base_url,
+        verify=ctx,
+        max_retries=0,
+        timeout=LOAD_TIMEOUT,
+        config=config,
     )
-    with SimulatorProcess(profile=profile, tls=True) as sim:
-        ctx = ssl.create_default_context(cafile=sim.ca_pem_path)
-        if kind == "openai":
-            client: Any = openai.AsyncOpenAI(
-                api_key="sk-load",
-                base_url=sim.base_url,
-                max_retries=0,
-                timeout=300,
-                http_client=openai.DefaultAsyncHttpxClient(verify=ctx, timeout=300),
-            )
-        else:
-            client = AsyncOpenAI(
-                api_key="sk-load", base_url=sim.base_url, verify=ctx, max_retries=0
-            )
-            # Streams per HTTP/2 connection at most (the simulator allows as many).
-            client._llmroute.transport.max_streams_per_connection = per_connection
+    # Streams per HTTP/2 connection at most (the simulator allows as many).
+    client._llmroute.transport.max_streams_per_connection = per_connection
+    return client
+
+
+def _connections(client: Any, ports: list[int]) -> int:
+    """The client's connections to the simulators: its HTTP/2 pool's, or (openai) sockets."""
+    llmroute = getattr(client, "_llmroute", None)
+    if llmroute is not None:
+        return len(llmroute.transport.connections())
+    return sum(proc.tcp_connections(p) for p in ports)
+
+
+async def run_load(
+    streams: int, per_connection: int, kind: str, servers: int, hold: bool
+) -> dict[str, Any]:
+    profile = Profile(
+        reply_tokens=30,
+        ttft_median=0.0 if hold else 1.0,
+        inter_token=0.01,
+        max_streams=per_connection,
+        hold_first_token=hold,
+        hang_max=LOAD_TIMEOUT,
+    )
+    with contextlib.ExitStack() as stack:
+        sims = [
+            stack.enter_context(SimulatorProcess(profile=profile, tls=True, seed=i))
+            for i in range(servers)
+        ]
+        client = _client(kind, sims, per_connection)
+        ports = [_port(sim.base_url) for sim in sims]
         async with client:
             expected = {}
-            for prompt in PROMPTS[:10]:
+            for prompt in PROMPTS[:10]:  # whole answers: never held
                 whole = await client.chat.completions.create(
-                    model="sim-small", messages=[{"role": "user", "content": prompt}]
+                    model=MODEL, messages=[{"role": "user", "content": prompt}]
                 )
                 expected[prompt] = whole.choices[0].message.content
             gc.collect()
             rss_before = proc.rss_bytes()
             peak = {"rss": rss_before, "in_flight": 0, "connections": 0}
             answers: dict[int, tuple[str, str | None]] = {}
-            counts = {"chunks": 0, "failed": 0}
+            counts = {"chunks": 0, "failed": 0, "retried": 0}
             causes: collections.Counter[str] = collections.Counter()
+            examples: dict[str, str] = {}
             in_flight = 0
 
             async def one(i: int) -> None:
@@ -105,14 +170,19 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
                 in_flight += 1
                 try:
                     stream = await client.chat.completions.create(
-                        model="sim-small",
+                        model=MODEL,
                         messages=[{"role": "user", "content": prompt}],
                         stream=True,
                     )
                     answers[i] = await _read(stream, counts)
+                    route = getattr(stream, "route", None)
+                    if route is not None and len(route.attempts) > 1:
+                        counts["retried"] += 1
                 except Exception as exc:
                     counts["failed"] += 1
-                    causes[type(exc).__name__] += 1
+                    name = type(exc).__name__
+                    causes[name] += 1
+                    examples.setdefault(name, f"{exc!r}"[:300])
                 finally:
                     in_flight -= 1
 
@@ -122,41 +192,115 @@ async def run_load(streams: int, per_connection: int, kind: str) -> dict[str, An
                     if rss > peak["rss"]:
                         peak["rss"], peak["in_flight"] = rss, in_flight
                     peak["connections"] = max(
-                        peak["connections"], proc.tcp_connections(_port(sim.base_url))
+                        peak["connections"], sum(proc.tcp_connections(p) for p in ports)
                     )
                     await anyio.sleep(0.05)
 
+            opened: dict[str, Any] = {}
+
+            async def release_when_all_held() -> None:
+                # Every stream held by a simulator before its first token (or failed, or no
+                # progress for OPEN_STALL s: a client that cannot open them all at once).
+                last, since = -1, time.monotonic()
+                held = 0
+                while True:
+                    try:
+                        stats = [await anyio.to_thread.run_sync(sim.stats) for sim in sims]
+                    except OSError:  # a busy simulator's answer took too long (timeouts too)
+                        continue
+                    held = sum(st["held"] for st in stats)
+                    if held != last:
+                        last, since = held, time.monotonic()
+                    if held + counts["failed"] >= streams or time.monotonic() - since > OPEN_STALL:
+                        break
+                    await anyio.sleep(0.5)
+                gc.collect()
+                opened.update(
+                    held=held,
+                    rss=proc.rss_bytes(),
+                    in_flight=in_flight,
+                    seconds=time.monotonic() - started,
+                    cpu=time.process_time() - cpu0,
+                    server_cpu=sum(proc.cpu_seconds(sim.pid or 0) for sim in sims),
+                    connections=_connections(client, ports),
+                )
+                for sim in sims:
+                    await anyio.to_thread.run_sync(sim.release)
+                # Streams that reach a simulator after the release are let go as they come.
+                while len(answers) + counts["failed"] < streams:
+                    await anyio.sleep(5)
+                    for sim in sims:
+                        try:
+                            late = await anyio.to_thread.run_sync(sim.release)
+                        except OSError:  # busy streaming: next time
+                            continue
+                        opened["late"] = opened.get("late", 0) + late
+
+            server_cpu0 = sum(proc.cpu_seconds(sim.pid or 0) for sim in sims)
             started, cpu0 = time.monotonic(), time.process_time()
-            with anyio.fail_after(1800):
+            with anyio.fail_after(3 * LOAD_TIMEOUT):
                 async with anyio.create_task_group() as outer:
                     outer.start_soon(watch)
                     async with anyio.create_task_group() as tg:
+                        if hold:
+                            tg.start_soon(release_when_all_held)
                         for i in range(streams):
                             tg.start_soon(one, i)
                     outer.cancel_scope.cancel()
             elapsed, cpu = time.monotonic() - started, time.process_time() - cpu0
+            server_cpu = sum(proc.cpu_seconds(sim.pid or 0) for sim in sims) - server_cpu0
     wrong = sum(1 for i, a in answers.items() if a != (expected[PROMPTS[i % 10]], "stop"))
-    per_stream = (peak["rss"] - rss_before) / max(1, peak["in_flight"])
-    return {
+    chunks = max(1, counts["chunks"])
+    result: dict[str, Any] = {
         "client": kind,
         "streams": streams,
+        "servers": servers,
         "answered": len(answers),
         "wrong": wrong,
         "failed": counts["failed"],
         "failures_by_type": dict(causes),
+        "failure_examples": examples,
+        "answered_after_a_retry": counts["retried"],
         "seconds": round(elapsed, 2),
         "cpu_seconds": round(cpu, 2),
+        "server_cpu_seconds": round(server_cpu, 2),
         "chunks": counts["chunks"],
-        "cpu_us_per_chunk": round(cpu / max(1, counts["chunks"]) * 1e6, 1),
+        "cpu_us_per_chunk": round(cpu / chunks * 1e6, 1),
         "peak_connections": peak["connections"],
-        "pool_limit": 8 if kind == "llmroute" else 1000,
-        "streams_per_connection": per_connection if kind == "llmroute" else 1,
+        "pool_limit": 1000 if kind == "openai" else 8 * servers,
+        "streams_per_connection": 1 if kind == "openai" else per_connection,
         "rss_before_mb": round(rss_before / 1e6, 1),
         "rss_peak_mb": round(peak["rss"] / 1e6, 1),
         "in_flight_at_peak": peak["in_flight"],
-        "kb_per_stream": round(per_stream / 1e3, 1),
+        "kb_per_stream_at_peak": round((peak["rss"] - rss_before) / peak["in_flight"] / 1e3, 1)
+        if peak["in_flight"]
+        else None,  # the peak came after the streams (an allocator's later growth)
         "load_average": os.getloadavg(),
     }
+    if opened:
+        streamed = cpu - opened["cpu"]
+        result["all_open"] = {
+            "held_by_servers": opened["held"],
+            "in_flight": opened["in_flight"],
+            "connections": opened["connections"],
+            "seconds_to_open": round(opened["seconds"], 2),
+            "rss_mb": round(opened["rss"] / 1e6, 1),
+            # RSS with every stream open, minus RSS before, over the streams open then.
+            "kb_per_open_stream": round(
+                (opened["rss"] - rss_before) / max(1, opened["in_flight"]) / 1e3, 1
+            ),
+            "cpu_ms_per_stream_opened": round(opened["cpu"] / streams * 1e3, 2),
+            "server_cpu_seconds_opening": round(opened["server_cpu"] - server_cpu0, 2),
+            "held_after_the_release": opened.get("late", 0),
+        }
+        # After the release: reading the answers (and closing the streams).
+        result["streaming"] = {
+            "seconds": round(elapsed - opened["seconds"], 2),
+            "cpu_seconds": round(streamed, 2),
+            "cpu_us_per_chunk": round(streamed / chunks * 1e6, 1),
+            "server_cpu_seconds": round(server_cpu - (opened["server_cpu"] - server_cpu0), 2),
+        }
+    return result
 
 
 def _faulty(seed: int) -> Profile:
@@ -316,6 +460,25 @@ def main() -> int:
         help="HTTP/2 streams per connection, client and simulator (256; 8 connections at most)",
     )
     load.add_argument("--client", choices=("llmroute", "openai"), default="llmroute")
+    load.add_argument(
+        "--servers",
+        type=int,
+        default=1,
+        help="simulator processes (more than one: llmroute routes round-robin over them)",
+    )
+    load.add_argument(
+        "--no-hold",
+        dest="hold",
+        action="store_false",
+        help="do not hold first tokens until every stream is open (1 s TTFT instead)",
+    )
+    load.add_argument(
+        "--then-openai",
+        type=int,
+        metavar="N",
+        default=0,
+        help="then, in the same run (a fresh process), N streams from openai-python",
+    )
     soak = sub.add_parser("soak")
     soak.add_argument("--requests", type=int, default=20_000)
     soak.add_argument("--concurrency", type=int, default=64)
@@ -324,7 +487,17 @@ def main() -> int:
         sys.stderr.write("load.py reads /proc (Linux only)\n")
         return 2
     if args.what == "load":
-        result = anyio.run(run_load, args.streams, args.per_connection, args.client)
+        if args.client == "openai" and args.servers != 1:
+            parser.error("--client openai takes one simulator (--servers 1)")
+        result = anyio.run(
+            run_load, args.streams, args.per_connection, args.client, args.servers, args.hold
+        )
+        if args.then_openai:
+            # A fresh interpreter: memory freed by the first client would hide the second's RSS.
+            cmd = [sys.executable, __file__, "load", "--client", "openai"]
+            cmd += ["--streams", str(args.then_openai), *([] if args.hold else ["--no-hold"])]
+            child = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            result = {args.client: result, "openai": json.loads(child.stdout)}
     else:
         result = anyio.run(run_soak, args.requests, args.concurrency)
     result["machine"] = _machine.machine(["httpx", "h2", "anyio", "hypercorn", "openai"])

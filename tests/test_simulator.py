@@ -692,6 +692,40 @@ def test_simulator_process() -> None:
         os.kill(pid, 0)
 
 
+def test_held_streams_wait_for_their_first_token_until_released() -> None:
+    profile = Profile(reply_tokens=5, hold_first_token=True, hang_max=60)
+    with (
+        SimulatorProcess(profile=profile) as proc,
+        httpx.Client(
+            base_url=proc.base_url, headers=AUTH, http2=True, verify=proc.ssl_context()
+        ) as c,
+    ):
+        texts: list[str] = []
+
+        def one() -> None:
+            with c.stream("POST", "/chat/completions", json=body(stream=True)) as r:
+                texts.append("".join(r.iter_text()))
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        assert wait_for(lambda: proc.stats()["held"] == 3, timeout=30)
+        assert proc.stats()["streams_completed"] == 0 and not texts
+        assert proc.release() == 3
+        for thread in threads:
+            thread.join(30)
+        stats = proc.stats()
+        assert stats["streams_completed"] == 3 and stats["held"] == 0
+        assert len(texts) == 3 and all(t.rstrip().endswith("data: [DONE]") for t in texts)
+        # Later streams are held again until the next release.
+        thread = threading.Thread(target=one)
+        thread.start()
+        assert wait_for(lambda: proc.stats()["held"] == 1, timeout=30)
+        assert proc.release() == 1
+        thread.join(30)
+        assert len(texts) == 4
+
+
 def test_ssl_context_is_a_client_context(h2sim: Simulator) -> None:
     ctx = h2sim.ssl_context()
     assert isinstance(ctx, ssl.SSLContext)

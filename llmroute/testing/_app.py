@@ -49,6 +49,7 @@ def _zero_stats() -> dict[str, Any]:
         "streams_cancelled": 0,
         "in_flight": 0,
         "peak_in_flight": 0,
+        "held": 0,
         "faults": {},
     }
 
@@ -67,6 +68,7 @@ class SimApp:
         """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
         self._fault_uses: dict[str, int] = {}
         self._gone: set[asyncio.Event] = set()
+        self._release = asyncio.Event()  # set by release(): the streams held now go on
         self._closing = False
         # the same server speaks Anthropic's Messages API
         self.anthropic = AnthropicSimApp(
@@ -85,9 +87,10 @@ class SimApp:
         return snap
 
     def reset_stats(self) -> None:
-        """Zero the counters (in_flight is kept) and forget recorded requests."""
+        """Zero the counters (in_flight and held are kept) and forget recorded requests."""
         fresh = _zero_stats()
         fresh["in_flight"] = fresh["peak_in_flight"] = self._stats["in_flight"]
+        fresh["held"] = self._stats["held"]
         self._stats = fresh
         self.last_requests.clear()
 
@@ -100,6 +103,29 @@ class SimApp:
     def _count_fault(self, kind: str) -> None:
         faults = self._stats["faults"]
         faults[kind] = faults.get(kind, 0) + 1
+
+    def release(self) -> int:
+        """Let every stream held before its first token go on (``Profile.hold_first_token``);
+        streams that come later are held until the next release. Returns how many were held.
+        Call on the server's loop."""
+        held = self._stats["held"]
+        event, self._release = self._release, asyncio.Event()
+        event.set()
+        return held
+
+    async def _hold(self, gone: asyncio.Event) -> bool:
+        """Wait for the next release (``hang_max`` at most); True when the client left first."""
+        self._stats["held"] += 1
+        waits = (asyncio.ensure_future(self._release.wait()), asyncio.ensure_future(gone.wait()))
+        try:
+            await asyncio.wait(
+                waits, timeout=self.profile.hang_max, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            self._stats["held"] -= 1
+            for waiting in waits:
+                waiting.cancel()
+        return gone.is_set()
 
     def close(self) -> None:
         """End hanging and stalled handlers at once (call on the server's loop)."""
@@ -191,6 +217,9 @@ class SimApp:
     ) -> None:
         if path == "/_sim/stats":
             await respond(send, 200, json.dumps(self.stats()).encode(), rid)
+        elif path == "/_sim/release" and method == "POST":
+            held = self.release()
+            await respond(send, 200, json.dumps({"released": held}).encode(), rid)
         elif path == "/_sim/reset" and method == "POST":
             self.reset_stats()
             await respond(send, 200, b"{}", rid)
@@ -454,6 +483,8 @@ class SimApp:
 
         for frame in wire.opening():
             await emit(frame)
+        if self.profile.hold_first_token and await self._hold(gone):
+            return self._ended_early()
         if await pause(ttft, gone):
             return self._ended_early()
         if fault.kind == "hang":

@@ -44,6 +44,11 @@ class Profile:
     events as long as a vendor's tool-call arguments."""
     max_streams: int = 1000
     """The HTTP/2 streams a client may open at once on one connection (SETTINGS)."""
+    hold_first_token: bool = False
+    """Hold every stream before its first token (its headers already sent) until the next
+    ``POST /_sim/release`` (``release()``), at most ``hang_max``; its TTFT starts then. A
+    benchmark holds N streams open at once this way, however slowly a loaded machine opens
+    them, and measures the client with all N open."""
     frame_per_event: bool = False
     """Send every SSE event in its own HTTP/2 DATA frame and TLS record, as vendors that flush
     each token do (False: hypercorn coalesces whatever the app sent meanwhile, often ~8 events

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["available", "open_fds", "rss_bytes", "tcp_connections"]
+__all__ = ["available", "cpu_seconds", "open_fds", "rss_bytes", "tcp_connections"]
 
 _PROC = Path("/proc/self")
 _ESTABLISHED = "01"
@@ -31,6 +31,13 @@ def rss_bytes() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS line in /proc/self/status")
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time (user + system) process ``pid`` has used so far, in seconds."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _socket_inodes() -> set[str]:

@@ -234,6 +234,10 @@ def _abort_connections(loop: asyncio.AbstractEventLoop) -> None:
             transport.abort()
 
 
+async def _call(function: Callable[[], Any]) -> Any:
+    return function()
+
+
 def _base_url(tls: bool, port: int) -> str:
     return f"{'https' if tls else 'http'}://127.0.0.1:{port}/v1"
 
@@ -285,6 +289,14 @@ class Simulator:
 
     def reset_stats(self) -> None:
         self.app.reset_stats()
+
+    def release(self) -> int:
+        """Let the streams held before their first token go on (``Profile.hold_first_token``);
+        returns how many were held."""
+        loop = self._loop
+        if loop is None:
+            return 0
+        return asyncio.run_coroutine_threadsafe(_call(self.app.release), loop).result(10)
 
     @property
     def last_requests(self) -> list[dict[str, Any]]:
@@ -456,6 +468,15 @@ class SimulatorProcess:
         ctx = self.ssl_context() if self.tls else None
         with urllib.request.urlopen(url, context=ctx, timeout=10) as response:
             return json.loads(response.read())
+
+    def release(self) -> int:
+        """Let the streams held before their first token go on (``Profile.hold_first_token``,
+        ``POST /_sim/release``); returns how many were held."""
+        url = self.base_url.removesuffix("/v1") + "/_sim/release"
+        ctx = self.ssl_context() if self.tls else None
+        request = urllib.request.Request(url, data=b"", method="POST")
+        with urllib.request.urlopen(request, context=ctx, timeout=30) as response:
+            return int(json.loads(response.read())["released"])
 
     def change_profile(self, **fields: Any) -> None:
         """Replace some of the child's :class:`Profile` fields now (``POST /_sim/profile``):

@@ -82,6 +82,31 @@ class ConnectionNotAvailable(Exception):
     """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
 
 
+class _H2Connection(h2.connection.H2Connection):
+    """h2's client connection, but counting its open streams without walking them all.
+
+    h2 counts open streams at every new stream by iterating over every stream it holds (and
+    drops the closed ones as it goes): O(n) work per request, O(n^2) to open n concurrent
+    streams. ``HTTP2Connection.close_stream`` removes each stream from ``streams`` as it closes
+    it (``_forget``), so the streams held bound the open ones (server push is off: all are
+    outbound). Only at the server's limit are they counted h2's way, exactly.
+    """
+
+    @property
+    def open_outbound_streams(self) -> int:
+        held = len(self.streams)
+        if held < self.remote_settings.max_concurrent_streams:
+            return held
+        return super().open_outbound_streams
+
+    def _forget(self, stream_id: int) -> None:
+        """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
+        stream = self.streams.get(stream_id)
+        if stream is not None and stream.closed:
+            del self.streams[stream_id]
+            self._closed_streams[stream_id] = stream.closed_by
+
+
 class _StreamState:
     __slots__ = (
         "chunks",
@@ -123,7 +148,7 @@ class HTTP2Connection:
         self._sock = stream
         self._ssl_read = _buffered_reader(stream)
         config = h2.config.H2Configuration(client_side=True, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        self._h2 = _H2Connection(config=config)
         self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
         self._write_lock = anyio.Lock()
@@ -131,6 +156,12 @@ class HTTP2Connection:
         self._waiting: dict[int, _StreamState] = {}
         self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
         self._window_waiters: list[anyio.Event] = []
+        # Streams with bytes read and not yet returned to the connection's window, and their sum:
+        # returned together once it reaches a sixteenth of the window, so streams that each stay
+        # below _ACK_BATCH cannot hold the whole connection window between them.
+        self._unacked: dict[int, _StreamState] = {}
+        self._unacked_bytes = 0
+        self._unacked_limit = max(1, _CONNECTION_WINDOW // 16)
         self._closed = False
         self._goaway = False
         self._error: Exception | None = None
@@ -154,7 +185,8 @@ class HTTP2Connection:
             },
         )
         self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        if _CONNECTION_WINDOW > 65535:
+            self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
         await self._flush()
         while not self._settings_received:
             await self._read_once()
@@ -348,6 +380,11 @@ class HTTP2Connection:
             with _deadline(timeout, httpx.WriteTimeout):
                 while not event.is_set() and not state.ended:
                     self._raise_if_failed(state)
+                    # The window may have opened while the caller flushed, before this event
+                    # was there to be woken: then nothing else may ever come to wake it (a
+                    # server that answers once it has the body), a wait lost for good.
+                    if self._window_open(state):
+                        return
                     if self._reading:
                         state.wake = event
                         await event.wait()
@@ -358,6 +395,12 @@ class HTTP2Connection:
             if event in self._window_waiters:
                 self._window_waiters.remove(event)
             self._hand_over_reading()
+
+    def _window_open(self, state: _StreamState) -> bool:
+        try:
+            return self._h2.local_flow_control_window(state.id) > 0
+        except h2.exceptions.H2Error:
+            return True  # the stream closed: the sender's next step reports it
 
     # -- the stream's side -----------------------------------------------------------------
 
@@ -373,13 +416,20 @@ class HTTP2Connection:
                 # Return the window first: a cancel during the flush must not lose the chunk.
                 # Read bytes are returned in batches (h2 sends a WINDOW_UPDATE only when half a
                 # window is used anyway); close_stream returns the rest.
+                # Across the connection they are returned once a sixteenth of its window is
+                # read, whichever streams read it: thousands of short streams, each below its
+                # batch, would otherwise hold the whole window and stall every stream on it.
                 state.chunks[0] = (data, 0)
+                if not state.read_flow:
+                    self._unacked[state.id] = state
                 state.read_flow += flow
-                if state.read_flow >= _ACK_BATCH:
-                    flow, state.read_flow = state.read_flow, 0
-                    state.pending_flow -= flow
+                self._unacked_bytes += flow
+                if state.read_flow >= _ACK_BATCH or self._unacked_bytes >= self._unacked_limit:
                     try:  # the hot path: no context manager per frame
-                        self._h2.acknowledge_received_data(flow, state.id)
+                        if state.read_flow >= _ACK_BATCH:
+                            self._return_window(state)
+                        else:
+                            self._return_windows()
                     except h2.exceptions.H2Error as exc:
                         self._refused(state, exc)
                     if self._h2_has_output():
@@ -389,6 +439,20 @@ class HTTP2Connection:
         if state.error is not None:
             raise _fresh(state.error)
         return None
+
+    def _return_window(self, state: _StreamState) -> None:
+        """Give the server back the window of what ``state``'s reader has taken."""
+        flow, state.read_flow = state.read_flow, 0
+        state.pending_flow -= flow
+        self._unacked_bytes -= flow
+        del self._unacked[state.id]
+        self._h2.acknowledge_received_data(flow, state.id)
+
+    def _return_windows(self) -> None:
+        """Return what every stream's reader has taken: one pass over the streams that read
+        since the last pass, so the work is at most one step per chunk read."""
+        for state in list(self._unacked.values()):
+            self._return_window(state)
 
     def _h2_has_output(self) -> bool:
         # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
@@ -404,6 +468,9 @@ class HTTP2Connection:
         if self._streams.pop(state.id, None) is None:
             return
         self._waiting.pop(state.id, None)
+        if self._unacked.pop(state.id, None) is not None:
+            self._unacked_bytes -= state.read_flow
+            state.read_flow = 0
         if state.pending_flow:
             try:
                 self._h2.acknowledge_received_data(state.pending_flow, state.id)
@@ -411,11 +478,14 @@ class HTTP2Connection:
                 pass
             state.pending_flow = 0
         unfinished = not (state.ended and state.local_ended) and not state.remote_reset
-        if unfinished and state.error is None and not self._closed and self._error is None:
+        reset = unfinished and state.error is None and not self._closed and self._error is None
+        if reset:
             try:
                 self._h2.reset_stream(state.id, ErrorCodes.CANCEL)
             except h2.exceptions.ProtocolError:
                 pass
+        self._h2._forget(state.id)
+        if reset:
             with anyio.CancelScope(shield=True):
                 try:
                     await self._flush(_CLOSE_GRACE)

@@ -1,12 +1,12 @@
 """Load: one client, more concurrent streams than one HTTP/2 connection carries, all exact.
 
-The full run (2,000 streams, memory per stream) is ``benchmarks/load.py``; this is its smoke
-version, sized past the 1,000 streams at which one connection to hypercorn used to stall.
+The full run (10,000 streams, memory per open stream, CPU per chunk) is ``benchmarks/load.py``;
+this is its smoke version, sized past the 1,000 streams at which one connection to hypercorn used
+to stall: counts and exactness only.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from typing import Any
 
@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from llmroute import AsyncOpenAI
-from llmroute.testing import Profile, Simulator, _app
+from llmroute.testing import Profile, Simulator
 from llmroute.testing import _resources as proc
 from llmroute.transport._h2 import MAX_STREAMS
 
@@ -31,41 +31,21 @@ def anyio_backend() -> str:
     return "asyncio"  # the transport is the same on trio (tests/test_transport.py)
 
 
-async def test_concurrent_streams_are_exact_and_share_few_connections(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Every stream's first token waits until all of them have reached the simulator (a barrier,
-    # not a long TTFT that a loaded machine may outlast while starting them): all STREAMS are
-    # in flight at once, whatever the load, and the simulator counts the exact peak.
-    ttft = 3.0  # marks the simulator's first-token pause; the barrier replaces it
-    profile = Profile(reply_tokens=20, ttft_median=ttft, inter_token=0.005)
-    barrier: dict[str, Any] = {"arrived": 0}
-    pause = _app.pause
-
-    async def first_token_after_everyone(seconds: float, gone: asyncio.Event) -> bool:
-        if seconds != ttft:
-            return await pause(seconds, gone)
-        everyone = barrier.setdefault("event", asyncio.Event())  # on the simulator's loop
-        barrier["arrived"] += 1
-        if barrier["arrived"] == STREAMS:
-            everyone.set()
-        waits = [asyncio.ensure_future(everyone.wait()), asyncio.ensure_future(gone.wait())]
-        await asyncio.wait(waits, timeout=600, return_when=asyncio.FIRST_COMPLETED)
-        for waiting in waits:
-            waiting.cancel()
-        return gone.is_set()
-
+async def test_concurrent_streams_are_exact_and_share_few_connections() -> None:
+    # Every stream's first token is held until all of them have reached the simulator (and
+    # released then), not a long TTFT that a loaded machine may outlast while starting them:
+    # all STREAMS are in flight at once, whatever the load, and the simulator counts the peak.
+    profile = Profile(reply_tokens=20, inter_token=0.005, hold_first_token=True, hang_max=600)
     with Simulator(profile=profile, tls=True) as sim:
         async with AsyncOpenAI(
             api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), max_retries=0
         ) as client:
             expected: dict[str, str] = {}
-            for prompt in PROMPTS:
+            for prompt in PROMPTS:  # whole answers are never held
                 whole = await client.chat.completions.create(
                     model="sim-small", messages=[{"role": "user", "content": prompt}]
                 )
                 expected[prompt] = whole.choices[0].message.content or ""
-            monkeypatch.setattr(_app, "pause", first_token_after_everyone)
             sim.reset_stats()
             answers: dict[int, tuple[str, str | None]] = {}
             peak = {"connections": 0, "pooled": 0}
@@ -94,10 +74,19 @@ async def test_concurrent_streams_are_exact_and_share_few_connections(
                         peak["connections"] = max(peak["connections"], proc.tcp_connections(port))
                     await anyio.sleep(0.05)
 
+            async def release_when_all_held() -> None:
+                for _ in range(12_000):  # 600 s at most, and fail_after below
+                    if sim.stats()["held"] >= STREAMS:
+                        break
+                    await anyio.sleep(0.05)
+                held["at_release"] = sim.release()
+
+            held: dict[str, int] = {}
             with anyio.fail_after(600):  # a hang guard only: a loaded machine is slow here
                 async with anyio.create_task_group() as outer:
                     outer.start_soon(watch)
                     async with anyio.create_task_group() as tg:
+                        tg.start_soon(release_when_all_held)
                         for i in range(STREAMS):
                             tg.start_soon(one, i)
                     outer.cancel_scope.cancel()
@@ -109,6 +98,7 @@ async def test_concurrent_streams_are_exact_and_share_few_connections(
     assert stats["streams_completed"] == STREAMS
     assert stats["streams_cancelled"] == 0
     # Concurrent for real: every stream at once, more than one connection carries.
+    assert held["at_release"] == STREAMS and stats["held"] == 0
     in_flight = stats["peak_in_flight"]
     assert in_flight == STREAMS > MAX_STREAMS
     # Multiplexed: a handful of connections, never one per stream.
