@@ -89,10 +89,11 @@ def _client(kind: str, sims: list[SimulatorProcess], per_connection: int) -> Any
             timeout=LOAD_TIMEOUT,
             http_client=openai.DefaultAsyncHttpxClient(verify=ctx, timeout=LOAD_TIMEOUT),
         )
-    config = None
+    # Streams per HTTP/2 connection at most (the simulator allows as many).
+    config: dict[str, Any] = {"connections": {"max_streams": per_connection}}
     if len(sims) > 1:
         names = [f"sim{i}" for i in range(len(sims))]
-        config = {
+        config |= {
             "providers": {
                 name: {"base_url": sim.base_url, "api_key": "sk-load"}
                 for name, sim in zip(names, sims, strict=True)
@@ -109,7 +110,7 @@ def _client(kind: str, sims: list[SimulatorProcess], per_connection: int) -> Any
                 }
             },
         }
-    client = AsyncOpenAI(
+    return AsyncOpenAI(
         api_key="sk-load",
         base_url=sims[0].base_url,
         verify=ctx,
@@ -117,9 +118,6 @@ def _client(kind: str, sims: list[SimulatorProcess], per_connection: int) -> Any
         timeout=LOAD_TIMEOUT,
         config=config,
     )
-    # Streams per HTTP/2 connection at most (the simulator allows as many).
-    client._llmroute.transport.max_streams_per_connection = per_connection
-    return client
 
 
 def _connections(client: Any, ports: list[int]) -> int:

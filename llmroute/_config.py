@@ -54,6 +54,7 @@ __all__ = [
     "CacheSettings",
     "Config",
     "ConfigError",
+    "ConnectionSettings",
     "GatewaySettings",
     "ProviderConfig",
     "RedisSettings",
@@ -436,6 +437,19 @@ class RoutingSettings(BaseModel):
         return value
 
 
+class ConnectionSettings(BaseModel):
+    """The ``[connections]`` table: the HTTP/2 connections a client keeps to each origin."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_per_origin: int = Field(default=8, ge=1, le=1024)
+    """HTTP/2 connections to one origin (scheme, host, port) at most."""
+    max_streams: int = Field(default=256, ge=1, le=65536)
+    """Streams in flight on one connection at most (the server's own limit applies too). Past
+    ``max_per_origin`` x ``max_streams`` concurrent requests to one origin, requests wait for a
+    free stream."""
+
+
 Size = Annotated[int, BeforeValidator(_size_input)]
 
 
@@ -631,6 +645,7 @@ class Config(BaseModel):
     cache: CacheSettings | None = None
     """The response cache; ``None`` (no ``[cache]`` table): no cache."""
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    connections: ConnectionSettings = Field(default_factory=ConnectionSettings)
     gateway: GatewaySettings | None = None
     """``llmroute serve``'s settings; ``None`` (no ``[gateway]`` table): the defaults."""
 
@@ -733,6 +748,7 @@ class Resolved:
     redis: RedisSettings = field(default_factory=RedisSettings)
     unknown_models: Literal["suggest", "default", "error"] = "suggest"
     """See :attr:`Config.unknown_models`; :func:`llmroute._model_names.check_model_name`."""
+    connections: ConnectionSettings = field(default_factory=ConnectionSettings)
 
     def targets(self) -> list[Target]:
         """Every target of every route, once, in the order the routes name them."""
@@ -798,6 +814,7 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         cache=config.cache,
         redis=config.redis,
         unknown_models=config.unknown_models,
+        connections=config.connections,
     )
 
 

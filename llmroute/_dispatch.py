@@ -233,7 +233,12 @@ class Dispatch:
             except CacheUnavailable as exc:
                 log.warning("cache: %s; the client runs without a cache", exc)
         self.verify = verify
-        self.transport = Transport(verify=verify, verify_by_origin=resolved.verify_by_origin())
+        self.transport = Transport(
+            verify=verify,
+            verify_by_origin=resolved.verify_by_origin(),
+            max_connections=resolved.connections.max_per_origin,
+            max_streams_per_connection=resolved.connections.max_streams,
+        )
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http, self.transport)

@@ -426,3 +426,46 @@ async def test_openais_own_http_client_is_accepted(sim: Simulator) -> None:
         with anyio.fail_after(10), pytest.raises(llmroute.StreamInterrupted):
             await _collect(stream)
     await http_client.aclose()
+
+
+@pytest.mark.anyio
+async def test_the_connections_table_caps_streams_and_connections(sim_slow: Simulator) -> None:
+    """``[connections]``: one stream per connection opens a second connection for a second
+    stream; one connection per origin makes a second stream wait until the first is closed."""
+    config = {"connections": {"max_streams": 1, "max_per_origin": 2}}
+    async with client_for(sim_slow, config=config) as client:
+        first = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        second = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        assert await anext(aiter(first)) is not None
+        assert await anext(aiter(second)) is not None
+        assert len(client._llmroute.transport.connections()) == 2  # type: ignore[attr-defined]
+        await first.close()
+        await second.close()
+
+    events: list[str] = []
+    config = {"connections": {"max_streams": 1, "max_per_origin": 1}}
+    async with client_for(sim_slow, config=config) as client:
+        held = await client.chat.completions.create(
+            model="sim-small", messages=MESSAGES, stream=True
+        )
+        await anext(aiter(held))
+
+        async def another() -> None:
+            stream = await client.chat.completions.create(
+                model="sim-small", messages=MESSAGES, stream=True
+            )
+            events.append("second opened")
+            await stream.close()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(another)
+                await anyio.sleep(0.3)  # the second request is waiting for a free stream
+                events.append("first closed")
+                await held.close()
+        assert len(client._llmroute.transport.connections()) == 1  # type: ignore[attr-defined]
+    assert events == ["first closed", "second opened"]

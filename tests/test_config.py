@@ -426,6 +426,9 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             '[routing]\nbreaker_max_cooldown = "0s"\n',
             "llmroute.toml: routing.breaker_max_cooldown:",
         ),
+        ("[connections]\nmax_streams = 0\n", "llmroute.toml: connections.max_streams:"),
+        ("[connections]\nmax_per_origin = 0\n", "llmroute.toml: connections.max_per_origin:"),
+        ("[connections]\nmax_stream = 9\n", "llmroute.toml: connections.max_stream: unknown key"),
         (
             ROUTE + "race = 4\n",
             "llmroute.toml: models.chat.race: expected at most 3 (the number of targets), got 4",
