@@ -597,18 +597,39 @@ def test_a_steady_heavy_tailed_target_does_not_shift() -> None:
 
 def test_hedges_that_keep_beating_a_target_make_it_slow() -> None:
     # Each hedge that answered first cancels this target's attempt past its p95: a censored
-    # sample of at least that long. Five of them among the ten newest samples are a change.
+    # sample of at least that long. Four of them in a row are a change (five of the ten
+    # newest samples are too, below).
     target, clock = make_target()
     for value in steady_samples(5, 100, 0.25):
         clock.advance(0.05)
         target.record_ttft(value, 100)
     p95 = target.predict(0.95, 100)
     shifts = target.shifts
-    for _ in range(5):
+    for count in range(1, 5):
         clock.advance(0.05)
         assert target.record_censored(p95 * 1.5, 100)
-    assert target.shifts == shifts + 2
+        assert target.shifts == (shifts if count < 4 else shifts + 2)
     assert target.predict(0.95, 100) >= p95 * 1.5 * 0.99
+    assert not target.cold()  # four samples that say it is slow: known, not cold
+
+
+def test_a_real_sample_between_censored_ones_breaks_their_run() -> None:
+    target, clock = make_target()
+    for value in steady_samples(5, 100, 0.25):
+        clock.advance(0.05)
+        target.record_ttft(value, 100)
+    p95 = target.predict(0.95, 100)
+    shifts = target.shifts
+    for value in (1.5, 1.5, 0.25, 1.5, 1.5):  # (x p95) censored, censored, a first token, ...
+        clock.advance(0.05)
+        if value < 1:
+            target.record_ttft(value, 100)
+        else:
+            target.record_censored(p95 * value, 100)
+    assert target.shifts == shifts  # four censored, never four in a row, four of ten newest
+    clock.advance(0.05)
+    target.record_censored(p95 * 1.5, 100)  # five of the ten newest: the slower half-rule
+    assert target.shifts == shifts + 2
 
 
 def test_a_slow_target_that_got_fast_again_is_predicted_fast() -> None:
