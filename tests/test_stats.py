@@ -512,6 +512,17 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
     assert str(StatsReport()).startswith("no targets yet")
 
 
+def test_a_streams_own_stall_deadline_follows_its_longest_pause_floored_and_capped() -> None:
+    from llmroute.routing.stats import STALL_STREAM_FLOOR, stream_stall_deadline
+
+    gaps = [0.012, 0.009, 0.031, 0.011]  # recorded pauses of a vendor streaming every ~10 ms
+    assert stream_stall_deadline(max(gaps), 0.3, prior=10.0) == STALL_STREAM_FLOOR
+    assert stream_stall_deadline(0.75, 0.3, prior=10.0) == 6.0  # 8x its longest pause
+    assert stream_stall_deadline(0.01, 7.5, prior=10.0) == 7.5  # its own first-token time
+    assert stream_stall_deadline(2.0, 0.3, prior=10.0) == 10.0  # never longer than before
+    assert stream_stall_deadline(0.01, None, prior=3.0) == 3.0  # only ever shortens
+
+
 def test_the_stall_deadline_is_a_multiple_of_the_longest_pauses_floored_and_capped() -> None:
     from llmroute.routing.stats import stall_deadline
 

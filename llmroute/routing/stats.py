@@ -36,6 +36,7 @@ __all__ = [
     "PRIOR_SIGMA",
     "RATE_LIMITED",
     "SAMPLE_KINDS",
+    "STALL_STREAM_GAPS",
     "TIMEOUT",
     "ClassSnapshot",
     "LatencyWindow",
@@ -54,6 +55,7 @@ __all__ = [
     "first_token_deadline",
     "prompt_class",
     "stall_deadline",
+    "stream_stall_deadline",
 ]
 
 IN_FLIGHT_HISTORY: Final = 60.0
@@ -68,6 +70,33 @@ STALL_FLOOR = 2.0
 """Seconds: the deadline between chunks is never shorter."""
 STALL_PRIOR = 10.0
 """Seconds: the deadline between chunks of a target with too few streams measured."""
+
+
+STALL_STREAM_GAPS = 4
+"""Pauses between chunks a stream must have shown before its own deadline rule applies (while
+its target has too few streams measured for :func:`stall_deadline`)."""
+STALL_STREAM_MULTIPLE = 8.0
+"""A stream's own deadline between chunks is this many times its longest pause so far."""
+STALL_STREAM_FLOOR = 4.0
+"""Seconds: a stream's own deadline between chunks is never shorter. Above the pauses seen
+mid-answer from vendors under load and from a self-hosted server that prefills other requests
+between decode steps (chunked prefill: well under a second a step), which are 1 to 3 s at worst."""
+
+
+def stream_stall_deadline(
+    longest_gap: float,
+    first_token: float | None,
+    *,
+    prior: float,
+    multiple: float = STALL_STREAM_MULTIPLE,
+    floor: float = STALL_STREAM_FLOOR,
+) -> float:
+    """Seconds a stream whose target has no live pause statistics may send nothing, once it
+    has shown :data:`STALL_STREAM_GAPS` pauses: ``multiple`` times its longest pause so far, at
+    least ``floor`` and at least its own time to first token (a server that prefilled this
+    prompt that long may pause as long to prefill another), at most ``prior`` (the deadline it
+    had: the rule only shortens it)."""
+    return min(prior, max(floor, multiple * longest_gap, first_token or 0.0))
 
 
 def stall_deadline(
