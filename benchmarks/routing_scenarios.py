@@ -9,8 +9,9 @@ each with its own prompt; TTFT is the caller's, from ``create()`` to the first c
 
 Each timed scenario runs, one after the other with fresh simulators (same seeds): **llmroute**
 (policy ``hedge``, the defaults), the **oracle** (every prompt to all three at once, with plain
-httpx so that its three streams per request cost little CPU; the per-request minimum, known at
-the first token of any of the three, when the request ends), **openai** (the plain openai
+httpx over llmroute's transport so that its three streams per request cost little CPU; the
+per-request minimum, known at the first token of any of the three, when the request ends; the
+other two streams are reset), **openai** (the plain openai
 client) on the best single target (B: it never changes),
 and **LiteLLM**'s Router (``latency-based-routing``, its best strategy for TTFT, with
 ``num_retries=2``) when a LiteLLM environment is given (``--litellm PYTHON`` or
@@ -57,6 +58,7 @@ import openai
 
 import llmroute
 from llmroute.testing import Profile, SimulatorProcess
+from llmroute.transport import Transport
 
 MODEL = "sim-small"
 ROUTE = "chat"
@@ -256,10 +258,12 @@ async def run_llmroute(scenario: Scenario, concurrency: int) -> dict[str, Any]:
 async def first_token_plain(
     client: httpx.AsyncClient, i: int, sample: Sample, got: asyncio.Event
 ) -> None:
-    """One streamed request with plain httpx: the oracle's three streams per request must not
-    be slowed by the client's own work (openai's per-chunk parsing, three times over, starved
-    the oracle for CPU on a loaded machine). Only lines up to the first token are decoded as
-    JSON; the rest of the stream is read, not parsed. ``got`` is set at the first token."""
+    """One streamed request with plain httpx over llmroute's own transport: the oracle's three
+    streams per request must not be slowed by the client's own work (openai's per-chunk parsing
+    and httpx's HTTP/2, three times over, starved the oracle for CPU on a loaded machine), and
+    its transport is the one llmroute's requests go over, so the two differ by routing alone.
+    Only lines up to the first token are decoded as JSON; the rest is read, not parsed. ``got``
+    is set at the first token."""
     t0 = time.perf_counter()
     body = {"model": MODEL, "messages": prompt(i), "stream": True}
     try:
@@ -283,9 +287,8 @@ async def run_oracle(scenario: Scenario, concurrency: int) -> dict[str, Any]:
     with Sims(scenario.initial) as sims:
         ctx = sims.ssl_context()
         clients = {
-            name: http_client(
-                verify=ctx,
-                http2=True,
+            name: httpx.AsyncClient(
+                transport=Transport(verify=ctx),
                 base_url=proc.base_url.rstrip("/") + "/",
                 headers={"authorization": "Bearer sk-bench"},
             )
