@@ -26,7 +26,7 @@ and **LiteLLM**'s Router (``latency-based-routing``, its best strategy for TTFT,
 And checks of one request each, llmroute only (they are about what reaches which target):
 ``retry-after`` (an ordered pair A -> B, A answers 429 with Retry-After: 1 s once),
 ``content-policy`` (A refuses with a content-policy 400), ``stall`` (A stops for 30 s after 5
-tokens; the route continues on B).
+tokens; the route continues on B), on a fresh client and on one that has served 8 streams.
 
     .venv/bin/python benchmarks/routing.py --scenarios    # ~20 minutes (25 when loaded)
     .venv/bin/python benchmarks/routing_scenarios.py --only degrade
@@ -533,54 +533,63 @@ async def checks() -> dict[str, Any]:
             out["content-policy"] = {"raised": raised, "requests": delta}
         stall = dict(base)
         stall["models"] = {ROUTE: {"targets": [f"a:{MODEL}", f"b:{MODEL}"], "policy": "failover"}}
-        async with llmroute.AsyncOpenAI(
-            api_key="unused", config=stall, verify=sims.ssl_context()
-        ) as client:
-            for i in range(8):  # a client that has been serving: its pauses are measured
-                warm = await client.chat.completions.create(
-                    model=ROUTE, messages=prompt(100 + i), stream=True
-                )
-                async for _ in warm:
-                    pass
-            expected = ""
-            async with openai.AsyncOpenAI(
-                api_key="sk-bench",
-                base_url=sims.procs["b"].base_url,
-                http_client=http_client(verify=sims.ssl_context(), http2=True),
-            ) as plain:
-                whole = await plain.chat.completions.create(model=MODEL, messages=prompt(3))
-                expected = whole.choices[0].message.content or ""
-            # Only A stalls: B's one use of the fault key is spent first, on a stream left early.
-            headers = fault("stall-between:5:30")
-            async with openai.AsyncOpenAI(
-                api_key="sk-bench",
-                base_url=sims.procs["b"].base_url,
-                http_client=http_client(verify=sims.ssl_context(), http2=True),
-            ) as plain:
-                spent = await plain.chat.completions.create(
-                    model=MODEL, messages=prompt(99), stream=True, extra_headers=headers
-                )
-                async for _ in spent:
-                    break
-                await spent.close()
-            t0 = time.perf_counter()
-            stream = await client.chat.completions.create(
-                model=ROUTE, messages=prompt(3), stream=True, extra_headers=headers
-            )
-            text = ""
-            stalled_at = None
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    text += chunk.choices[0].delta.content
-                    if len(text.split()) == 5 and stalled_at is None:
-                        stalled_at = time.perf_counter() - t0
-            total = time.perf_counter() - t0
-            out["stall"] = {
-                "correct": text == expected,
-                "stall_to_end_s": total - (stalled_at or 0.0),
-                "continued_on": stream.route.continued_on,  # type: ignore[attr-defined]
-            }
+        async with openai.AsyncOpenAI(
+            api_key="sk-bench",
+            base_url=sims.procs["b"].base_url,
+            http_client=http_client(verify=sims.ssl_context(), http2=True),
+        ) as plain:
+            whole = await plain.chat.completions.create(model=MODEL, messages=prompt(3))
+            expected = whole.choices[0].message.content or ""
+        # A fresh client (no pauses of A measured: the stream's own rule), then one that has
+        # served 8 streams (A's live pauses give the deadline).
+        for served, key in ((0, "stall (fresh client)"), (8, "stall (after 8 streams)")):
+            async with llmroute.AsyncOpenAI(
+                api_key="unused", config=stall, verify=sims.ssl_context()
+            ) as client:
+                for i in range(served):
+                    warm = await client.chat.completions.create(
+                        model=ROUTE, messages=prompt(100 + i), stream=True
+                    )
+                    async for _ in warm:
+                        pass
+                out[key] = await stalled_stream(sims, client, expected)
     return out
+
+
+async def stalled_stream(sims: Sims, client: llmroute.AsyncOpenAI, expected: str) -> Any:
+    """A stops for 30 s after 5 tokens; the route continues on B. Only A stalls: B's one use
+    of the fault key is spent first, on a stream left early."""
+    headers = fault("stall-between:5:30")
+    async with openai.AsyncOpenAI(
+        api_key="sk-bench",
+        base_url=sims.procs["b"].base_url,
+        http_client=http_client(verify=sims.ssl_context(), http2=True),
+    ) as plain:
+        spent = await plain.chat.completions.create(
+            model=MODEL, messages=prompt(99), stream=True, extra_headers=headers
+        )
+        async for _ in spent:
+            break
+        await spent.close()
+    t0 = time.perf_counter()
+    stream = await client.chat.completions.create(
+        model=ROUTE, messages=prompt(3), stream=True, extra_headers=headers
+    )
+    text = ""
+    stalled_at = None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+            if len(text.split()) == 5 and stalled_at is None:
+                stalled_at = time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    report = stream.route  # type: ignore[attr-defined]
+    return {
+        "correct": text == expected,
+        "stall_to_end_s": total - (stalled_at or 0.0),
+        "continued_on": report.continued_on,
+        "first_attempt": report.attempts[0].error,
+    }
 
 
 # -- main ----------------------------------------------------------------------------------------
