@@ -512,6 +512,17 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
     assert str(StatsReport()).startswith("no targets yet")
 
 
+def test_a_streams_own_stall_deadline_follows_its_longest_pause_floored_and_capped() -> None:
+    from llmroute.routing.stats import STALL_STREAM_FLOOR, stream_stall_deadline
+
+    gaps = [0.012, 0.009, 0.031, 0.011]  # recorded pauses of a vendor streaming every ~10 ms
+    assert stream_stall_deadline(max(gaps), 0.3, prior=10.0) == STALL_STREAM_FLOOR
+    assert stream_stall_deadline(0.75, 0.3, prior=10.0) == 6.0  # 8x its longest pause
+    assert stream_stall_deadline(0.01, 7.5, prior=10.0) == 7.5  # its own first-token time
+    assert stream_stall_deadline(2.0, 0.3, prior=10.0) == 10.0  # never longer than before
+    assert stream_stall_deadline(0.01, None, prior=3.0) == 3.0  # only ever shortens
+
+
 def test_the_stall_deadline_is_a_multiple_of_the_longest_pauses_floored_and_capped() -> None:
     from llmroute.routing.stats import stall_deadline
 
@@ -597,18 +608,39 @@ def test_a_steady_heavy_tailed_target_does_not_shift() -> None:
 
 def test_hedges_that_keep_beating_a_target_make_it_slow() -> None:
     # Each hedge that answered first cancels this target's attempt past its p95: a censored
-    # sample of at least that long. Five of them among the ten newest samples are a change.
+    # sample of at least that long. Four of them in a row are a change (five of the ten
+    # newest samples are too, below).
     target, clock = make_target()
     for value in steady_samples(5, 100, 0.25):
         clock.advance(0.05)
         target.record_ttft(value, 100)
     p95 = target.predict(0.95, 100)
     shifts = target.shifts
-    for _ in range(5):
+    for count in range(1, 5):
         clock.advance(0.05)
         assert target.record_censored(p95 * 1.5, 100)
-    assert target.shifts == shifts + 2
+        assert target.shifts == (shifts if count < 4 else shifts + 2)
     assert target.predict(0.95, 100) >= p95 * 1.5 * 0.99
+    assert not target.cold()  # four samples that say it is slow: known, not cold
+
+
+def test_a_real_sample_between_censored_ones_breaks_their_run() -> None:
+    target, clock = make_target()
+    for value in steady_samples(5, 100, 0.25):
+        clock.advance(0.05)
+        target.record_ttft(value, 100)
+    p95 = target.predict(0.95, 100)
+    shifts = target.shifts
+    for value in (1.5, 1.5, 0.25, 1.5, 1.5):  # (x p95) censored, censored, a first token, ...
+        clock.advance(0.05)
+        if value < 1:
+            target.record_ttft(value, 100)
+        else:
+            target.record_censored(p95 * value, 100)
+    assert target.shifts == shifts  # four censored, never four in a row, four of ten newest
+    clock.advance(0.05)
+    target.record_censored(p95 * 1.5, 100)  # five of the ten newest: the slower half-rule
+    assert target.shifts == shifts + 2
 
 
 def test_a_slow_target_that_got_fast_again_is_predicted_fast() -> None:

@@ -68,6 +68,7 @@ from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
 from .stats import (
+    STALL_STREAM_GAPS,
     LiveStats,
     StatsReport,
     class_label,
@@ -75,6 +76,7 @@ from .stats import (
     first_token_deadline,
     prompt_class,
     stall_deadline,
+    stream_stall_deadline,
 )
 
 __all__ = [
@@ -1070,6 +1072,8 @@ class _Run:
                 )
                 if read_timeout is not None and stall is not None and read_timeout < stall:
                     stall = None  # the read timeout comes first: it is the deadline
+                own = stall is not None and self.stall_from_stream(ready.target.name)
+                gaps, longest = 0, 0.0
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -1123,6 +1127,14 @@ class _Run:
                             waited = clock() - waited
                             if waited > self.longest_gap and ready is self.ready:
                                 self.longest_gap = waited
+                            if own and stall is not None:
+                                gaps, longest = gaps + 1, max(longest, waited)
+                                if gaps >= STALL_STREAM_GAPS:  # this stream's own pauses
+                                    own = False
+                                    first = ready.timings.first_token
+                                    stall = stream_stall_deadline(longest, first, prior=stall)
+                                    if in_transport:
+                                        bound_wait(ready.response, stall)
                             if data is None:
                                 ready.ended = True
                                 buffered = decoder.close()
@@ -1189,6 +1201,15 @@ class _Run:
             return setting
         cap = self.route.first_token_timeout or 30.0
         return stall_deadline(self.router.stats.target(target).gap_quantile(0.99), cap=cap)
+
+    def stall_from_stream(self, target: str) -> bool:
+        """Whether a stream from ``target`` sets its own deadline between chunks once it has
+        shown a few pauses (:func:`~.stats.stream_stall_deadline`): with ``"auto"`` while the
+        target has too few streams measured for its live statistic."""
+        return (
+            self.route.stall_timeout == "auto"
+            and self.router.stats.target(target).gap_quantile(0.99) is None
+        )
 
     async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready:
         """Continue a broken answer on another target, or raise StreamInterrupted."""

@@ -387,9 +387,9 @@ def explore(
     than ``max_age`` seconds: a target that was only slow is re-measured now and then, and wins
     its traffic back when it got fast again. A hedging plan hedges an explored cold target
     after ``hedge_delay(target)`` (its own live quantile, or a prior when it has no samples),
-    so one exploration costs at most about that; a known one after that or the first choice's
-    own hedge delay, whichever is sooner, so re-measuring a slow target costs the caller no
-    more than the first choice's hedge would.
+    so one exploration costs at most about that; a known one starts together with the first
+    choice (``start`` 2; the first choice's own hedge follows at its delay), so re-measuring a
+    slow target costs the caller nothing but one more request.
     """
     if len(plan.order) < 2:
         return plan
@@ -407,11 +407,16 @@ def explore(
         if view.staleness(chosen) <= max_age:
             return plan
     order = (chosen, *(t for t in plan.order if t != chosen))
-    delays = plan.hedge_delays
+    delays, start = plan.hedge_delays, plan.start
     if delays and hedge_delay is not None:
-        own = hedge_delay(chosen)
-        # A known target is re-measured at no more cost than the first choice's own hedge; a
-        # cold one waits out its own delay, so that it yields a sample.
-        first = delays[0]
-        delays = (own if view.cold(chosen) or first is None else min(own, first), *delays[1:])
-    return Plan(order, start=plan.start, hedge_delays=delays, explored=chosen, key=plan.key)
+        if view.cold(chosen) or delays[0] is None:
+            # A cold target waits out its own delay, so that it yields a sample.
+            delays = (hedge_delay(chosen), *delays[1:])
+        elif start == 1:
+            # A known one starts beside the first choice (a race of two, the first token
+            # wins), whose own hedge follows: re-measuring a target that got slow costs the
+            # caller one request, not a wait.
+            first = plan.order[0]
+            order = (chosen, first, *(t for t in plan.order[1:] if t != chosen))
+            delays, start = (None, *delays), 2
+    return Plan(order, start=start, hedge_delays=delays, explored=chosen, key=plan.key)

@@ -36,6 +36,7 @@ __all__ = [
     "PRIOR_SIGMA",
     "RATE_LIMITED",
     "SAMPLE_KINDS",
+    "STALL_STREAM_GAPS",
     "TIMEOUT",
     "ClassSnapshot",
     "LatencyWindow",
@@ -54,6 +55,7 @@ __all__ = [
     "first_token_deadline",
     "prompt_class",
     "stall_deadline",
+    "stream_stall_deadline",
 ]
 
 IN_FLIGHT_HISTORY: Final = 60.0
@@ -68,6 +70,33 @@ STALL_FLOOR = 2.0
 """Seconds: the deadline between chunks is never shorter."""
 STALL_PRIOR = 10.0
 """Seconds: the deadline between chunks of a target with too few streams measured."""
+
+
+STALL_STREAM_GAPS = 4
+"""Pauses between chunks a stream must have shown before its own deadline rule applies (while
+its target has too few streams measured for :func:`stall_deadline`)."""
+STALL_STREAM_MULTIPLE = 8.0
+"""A stream's own deadline between chunks is this many times its longest pause so far."""
+STALL_STREAM_FLOOR = 4.0
+"""Seconds: a stream's own deadline between chunks is never shorter. Above the pauses seen
+mid-answer from vendors under load and from a self-hosted server that prefills other requests
+between decode steps (chunked prefill: well under a second a step), which are 1 to 3 s at worst."""
+
+
+def stream_stall_deadline(
+    longest_gap: float,
+    first_token: float | None,
+    *,
+    prior: float,
+    multiple: float = STALL_STREAM_MULTIPLE,
+    floor: float = STALL_STREAM_FLOOR,
+) -> float:
+    """Seconds a stream whose target has no live pause statistics may send nothing, once it
+    has shown :data:`STALL_STREAM_GAPS` pauses: ``multiple`` times its longest pause so far, at
+    least ``floor`` and at least its own time to first token (a server that prefilled this
+    prompt that long may pause as long to prefill another), at most ``prior`` (the deadline it
+    had: the rule only shortens it)."""
+    return min(prior, max(floor, multiple * longest_gap, first_token or 0.0))
 
 
 def stall_deadline(
@@ -88,6 +117,9 @@ def stall_deadline(
 
 SHIFT_MIN = 3
 """Samples beyond the older ones' range that a change of regime needs at least."""
+SHIFT_RUN = 4
+"""Censored samples in a row, all beyond the older ones' range, that are a change of regime on
+their own (attempts cancelled past the p95, by hedges that beat them or deadlines missed)."""
 SMALL_WINDOW_MARGIN = 1.5
 """While a window holds few older samples, "beyond their range" means beyond by this factor."""
 FIRST_TOKEN_MULTIPLE = 4.0
@@ -146,7 +178,15 @@ class LatencyWindow:
     dropped lazily, on every add and query.
     """
 
-    __slots__ = ("_clock", "_max_samples", "_samples", "_values", "_window")
+    __slots__ = (
+        "_clock",
+        "_max_samples",
+        "_samples",
+        "_values",
+        "_window",
+        "censored_run",
+        "slowed",
+    )
 
     def __init__(
         self,
@@ -163,6 +203,11 @@ class LatencyWindow:
         self._clock = clock
         self._values = SortedList()
         self._samples: deque[tuple[float, float]] = deque()
+        self.slowed = False
+        """Kept by ``TargetStats``: the newest change of regime it saw in this window was to
+        slower, so the few samples it kept are enough to know the target is slow."""
+        self.censored_run = 0
+        """Kept by ``TargetStats``: the newest samples that were censored ones, in a row."""
 
     def _expire(self, now: float) -> None:
         cutoff = now - self._window
@@ -776,14 +821,19 @@ class TargetStats:
         recorded = False
         for window in (self._class_window(prompt_tokens), self._ttft):
             if elapsed > self._blend(window, 0.95, self.settings.prior_ttft):
-                self._add(window, elapsed, check=check)
+                self._add(window, elapsed, check=check, censored=True)
                 recorded = True
         return recorded
 
-    def _add(self, window: LatencyWindow, seconds: float, *, check: bool = True) -> None:
+    def _add(
+        self, window: LatencyWindow, seconds: float, *, check: bool = True, censored: bool = False
+    ) -> None:
         window.add(seconds)
+        window.censored_run = window.censored_run + 1 if censored and check else 0
         shift = self.shifted(window) if check else 0
         if shift:
+            older, new = window.quantile_without(shift, 0.5), sorted(window.newest(shift))
+            window.slowed = older is not None and new[len(new) // 2] > older
             window.keep_newest(shift)
             self.shifts += 1
         if window is self._ttft:
@@ -792,7 +842,7 @@ class TargetStats:
     def _below_range(self, window: LatencyWindow, seconds: float) -> bool:
         """Whether ``seconds``, the newest sample, is below the p5 of the samples before it."""
         n = len(window)
-        if n <= self.settings.min_samples:
+        if n <= self.known(window):
             return False
         margin = self._margin(n - 1)
         if seconds >= window.nth(math.ceil((n - 2) * 0.05) + 1) / margin:  # a bound of that p5
@@ -802,17 +852,18 @@ class TargetStats:
     def shifted(self, window: LatencyWindow) -> int:
         """How many of the window's newest samples belong to a new regime: 0 unless at least
         half of its ``recent`` newest samples (fewer while the window holds fewer than
-        ``recent + min_samples``: all but ``min_samples``), and at least three, are above the
+        ``recent`` plus :meth:`known`: all but those), and at least three, are above the
         p95 of the older samples (it got slower) or below their p5 (it got faster); else the
         count from the oldest of those beyond-the-older-range samples on, the samples
-        :meth:`_add` keeps. Under a steady target a sample lies beyond each bound 5% of the
-        time, so half of ten at once is rare (about one check in 8,000); after a change it
-        happens within ``recent / 2`` samples of the new regime (three for a target with few
-        samples, such as one only re-measured now and then), and censored ones (attempts
-        cancelled past the p95: hedges that beat this target) count too."""
+        :meth:`_add` keeps; or :data:`SHIFT_RUN` when that many newest samples are censored
+        ones all beyond (:meth:`_run_beyond`). Under a steady target a sample lies beyond each
+        bound 5% of the time, so half of ten at once is rare (about one check in 8,000);
+        after a change it happens within ``recent / 2`` samples of the new regime (three for
+        a target with few samples, such as one only re-measured now and then), and censored
+        ones (attempts cancelled past the p95: hedges that beat this target) count too."""
         settings = self.settings
         n = len(window)
-        recent = min(settings.recent, n - settings.min_samples)
+        recent = min(settings.recent, n - self.known(window))
         if recent < SHIFT_MIN:
             return 0
         newest = window.newest(recent)
@@ -831,6 +882,25 @@ class TargetStats:
             below = [i for i, v in enumerate(newest) if v < low]
             if 2 * len(below) >= recent and len(below) >= SHIFT_MIN:
                 return recent - below[0]
+        return self._run_beyond(window)
+
+    def _run_beyond(self, window: LatencyWindow) -> int:
+        """:data:`SHIFT_RUN` when the window's newest samples are censored ones in a row, all
+        beyond the older ones' range, else 0: the first attempts after a change, all beaten by
+        hedges at once, are enough, so the next requests do not try the target again. (Only
+        censored ones: a run of real slow samples may be long prompts in the pooled window.)"""
+        n, run = len(window), SHIFT_RUN
+        if window.censored_run < run or n - run < self.known(window):
+            return 0
+        newest = window.newest(run)
+        margin = self._margin(n - run)
+        low, high = min(newest), max(newest)
+        if low > window.nth(math.floor((n - run - 1) * 0.95)) * margin:  # cheap bound first
+            if low > cast(float, window.quantile_without(run, 0.95)) * margin:
+                return run
+        if high < window.nth(math.ceil((n - run - 1) * 0.05) + run) / margin:
+            if high < cast(float, window.quantile_without(run, 0.05)) / margin:
+                return run
         return 0
 
     def _margin(self, older: int) -> float:
@@ -984,7 +1054,15 @@ class TargetStats:
         """Whether the TTFT window (the whole-response latency window for requests that are
         not streamed) holds fewer than ``min_samples`` samples, so priors still count."""
         window = self._ttft if streamed else self._latency
-        return len(window) < self.settings.min_samples
+        return len(window) < self.known(window)
+
+    def known(self, window: LatencyWindow) -> int:
+        """Samples that make a window's target known: ``min_samples``; :data:`SHIFT_MIN`
+        after a change of regime to slower (the samples that showed it are few, and new ones
+        come only from re-measuring a target that lost its traffic, at a cost each)."""
+        if window.slowed and len(window) >= SHIFT_MIN:
+            return SHIFT_MIN
+        return self.settings.min_samples
 
     def newest_at(self, *, streamed: bool = True) -> float | None:
         """Clock time of the newest TTFT sample (whole-response latency sample for requests

@@ -427,6 +427,27 @@ async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Sim
     assert route.continued_on == ["good:sim-small"]
 
 
+async def test_a_fresh_client_sets_the_stall_deadline_from_the_streams_own_pauses(
+    target: Simulator,
+) -> None:
+    """No stream of the target measured yet (the 10 s prior): after a few pauses of ~10 ms
+    the stream's own rule gives the floor, 4 s, and the stall is continued on that."""
+    from llmroute.routing.stats import STALL_STREAM_FLOOR, STALL_STREAM_GAPS
+
+    cfg = routed(target.base_url, second=target.base_url)  # stall_timeout = "auto"
+    async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        assert router.stats.target("bad:sim-small").gap_quantile(0.99) is None  # fresh
+        tokens = STALL_STREAM_GAPS + 4  # the stall comes after that many pauses
+        text, route = await stream_text(client, extra_headers=once(f"stall-between:{tokens}:20"))
+    assert text == await expected(target)  # whole and exact: nothing lost, nothing repeated
+    assert route.continued_on == ["good:sim-small"]
+    first = route.attempts[0]
+    assert (first.target, first.outcome) == ("bad:sim-small", "interrupted")
+    assert f"for {STALL_STREAM_FLOOR:.3g} s (a stall)" in (first.error or "")  # not the prior
+
+
 async def test_a_stall_over_http1_is_noticed_by_the_engines_own_deadline() -> None:
     """Plain HTTP/1.1 bodies have no bounded wait of their own: the engine's scope is used."""
     profile = Profile(reply_tokens=20, inter_token=0.01, hang_max=20.0)
