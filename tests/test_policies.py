@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -59,6 +61,12 @@ class View:
         newest = self.stats.target(target).newest_at()
         return math.inf if newest is None else self.clock() - newest
 
+    def load(self, target: str) -> float:
+        return float(self.stats.target(target).in_flight)
+
+    def messages(self) -> Sequence[Mapping[str, Any]]:
+        return ()
+
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -86,7 +94,7 @@ def test_hedge_delay_is_the_primarys_live_p95(clock: FakeClock) -> None:
     # of the time, although A's own tail is the worst.
     assert plan.order == ("B", "A", "C")
     assert plan.hedge_delays == pytest.approx((view.predict("B", 0.95),))
-    assert 0.43 <= plan.hedge_delays[0] <= 0.46  # B's recorded p95
+    assert 0.43 <= (plan.hedge_delays[0] or 0.0) <= 0.46  # B's recorded p95
 
 
 def test_hedge_with_fixed_delay_and_more_hedges(clock: FakeClock) -> None:
@@ -211,3 +219,15 @@ def test_a_cold_target_is_explored_at_the_cold_share_until_it_has_samples(clock:
     for _ in range(5):  # min_samples: B is no longer cold, and its stats are fresh
         view.stats.target("B").record_ttft(0.4, 100)
     assert all(explore(plan, view, share=0.02, max_age=60.0, rng=rng) is plan for _ in range(1000))
+
+
+def test_a_race_explores_beside_its_racers_never_in_place_of_one(clock: FakeClock) -> None:
+    view = View(clock, {"A": B, "B": [0.5] * 100, "C": []})  # C never seen: cold
+    plan = RacePolicy(k=2).plan(["A", "B", "C"], view, random.Random(0))
+    assert plan.order == ("A", "B", "C") and plan.start == 2
+    explored = explore(plan, view, share=1.0, max_age=60.0, rng=random.Random(0))
+    assert explored.explored == "C" and explored.start == 3
+    assert explored.order == ("A", "B", "C")  # A and B still race; C is one more
+    clock.now += 120.0  # every target is stale: only one the race does not start is explored
+    pair = RacePolicy(k=2).plan(["A", "B"], view, random.Random(0))
+    assert explore(pair, view, share=1.0, max_age=60.0, rng=random.Random(0)) is pair

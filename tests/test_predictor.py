@@ -3,6 +3,7 @@ that was only slow. Pure logic: recorded samples and an injectable clock, no ser
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from typing import Any
@@ -10,13 +11,13 @@ from typing import Any
 import pytest
 
 from llmroute.routing.engine import REMEASURE_AFTER, Route, Router, RouteTarget
-from llmroute.routing.policies import HedgePolicy, Plan
+from llmroute.routing.policies import COLD_EXPLORE_UNANSWERED, HedgePolicy, Plan, RacePolicy
 from llmroute.routing.stats import first_token_deadline
 
 from .clock import FakeClock
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
-A, B = "a:m", "b:m"
+A, B, C = "a:m", "b:m", "c:m"
 
 
 def never_send(*args: Any, **kwargs: Any) -> Any:
@@ -211,3 +212,47 @@ def test_a_target_that_got_slow_is_not_explored_as_cold_and_comes_back_when_fast
         a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
     assert a.shifts == shifts + 4 and not a._ttft.slowed
     assert plan(router, route).order[0] == A
+
+
+def test_a_cold_target_that_keeps_losing_races_is_explored_a_bounded_number_of_times() -> None:
+    # benchmarks/routing.py's race (k=2) over a, b and c: c (700 ms) was explored on 10% of the
+    # requests for the whole run, in place of b. Explored beside a, it lost every race a did not
+    # stall in, and a lost race below its p95 leaves no sample, so c stayed cold: 33 of 320
+    # measured requests raced c instead of b, and 4 of them (a stalled) waited for c's 0.72 s.
+    clock = FakeClock()
+    targets = (RouteTarget("a", "m"), RouteTarget("b", "m"), RouteTarget("c", "m"))
+    route = Route("chat", targets, RacePolicy(k=2))
+    router = Router({"chat": route}, explore_share=0.02, rng=random.Random(0), clock=clock)
+    rng = random.Random(6)
+    for _ in range(200):
+        clock.advance(0.05)
+        router.stats.target(A).record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+        router.stats.target(B).record_ttft(rng.lognormvariate(math.log(0.40), 0.2), 20)
+    c = router.stats.target(C)
+
+    def explorations(requests: int) -> list[float]:
+        """Plan ``requests`` requests, 20 a second; when c is explored it loses to a."""
+        at: list[float] = []
+        for _ in range(requests):
+            clock.advance(0.05)
+            chosen = plan(router, route)
+            if chosen.explored == C:
+                at.append(clock.now)
+                # It joins the race of a and b instead of taking b's place.
+                assert chosen.start == 3 and chosen.order == (A, B, C)
+                assert not c.record_censored(0.25, 20)  # lost to a: no sample
+            else:
+                assert chosen.start == 2 and chosen.order[:2] == (A, B)
+        return at
+
+    start = clock.now
+    at = explorations(1000)  # 50 s
+    cold = [t for t in at if t - start < 10.0]
+    assert len(cold) == COLD_EXPLORE_UNANSWERED  # at the cold share, then no more
+    assert c.cold()
+    # Then only re-measured as a stale target: at most once per REMEASURE_AFTER.
+    assert all(later - earlier >= REMEASURE_AFTER for earlier, later in itertools.pairwise(at[4:]))
+    assert len(at) <= COLD_EXPLORE_UNANSWERED + 50 / REMEASURE_AFTER
+    # A sample (a stalled and c won) answers them: c is explored at the cold share again.
+    c.record_ttft(0.7, 20)
+    assert len(explorations(200)) == COLD_EXPLORE_UNANSWERED

@@ -435,6 +435,10 @@ class _View:
         """Whether the target's newest TTFT sample is below the range of its older ones."""
         return self._stream and self._router.stats.target(target).improving
 
+    def unanswered(self, target: str) -> int:
+        """Explorations of the target since its newest sample."""
+        return self._router.stats.target(target).unanswered_explorations(streamed=self._stream)
+
     def staleness(self, target: str) -> float:
         stats = self._router.stats.target(target)
         newest = stats.newest_at(streamed=self._stream)
@@ -548,7 +552,7 @@ class _Run:
             )
             self.report.explored = plan.explored
             if plan.explored is not None:
-                router.stats.target(plan.explored).explored_at = self.clock()
+                router.stats.target(plan.explored).explored(self.clock())
         if self.refused:
             plan = _without(plan, self.refused, names)
             self.report.explored = plan.explored if self.report.explored else None

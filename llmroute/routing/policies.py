@@ -22,6 +22,7 @@ from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, Prompt
 
 __all__ = [
     "COLD_EXPLORE_SHARE",
+    "COLD_EXPLORE_UNANSWERED",
     "FailoverPolicy",
     "FastestPolicy",
     "HedgePolicy",
@@ -41,6 +42,9 @@ _RANKS = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
 COLD_EXPLORE_SHARE = 0.1
 """The share of requests that explore a cold target (one without enough samples yet)."""
+COLD_EXPLORE_UNANSWERED = 5
+"""Explorations in a row without a sample after which a cold (or improving) target is no longer
+explored at the cold share, only re-measured when stale (a race it keeps losing, say)."""
 
 
 def rank_quantile(name: str) -> float | None:
@@ -382,20 +386,29 @@ def explore(
     has ``improving``), a request explores it with probability ``cold_share`` (never when
     ``share`` is 0: exploration is off). A target is cold
     for at most ``min_samples`` explorations per window, so this costs a bounded number of
-    requests. Otherwise, with probability ``share``,
+    requests; and never after :data:`COLD_EXPLORE_UNANSWERED` explorations in a row that gave
+    no sample (when the view has ``unanswered``). Otherwise, with probability ``share``,
     the stalest target goes first when its newest sample (or its last exploration) is older
     than ``max_age`` seconds: a target that was only slow is re-measured now and then, and wins
     its traffic back when it got fast again. A hedging plan hedges an explored cold target
     after ``hedge_delay(target)`` (its own live quantile, or a prior when it has no samples),
     so one exploration costs at most about that; a known one starts together with the first
     choice (``start`` 2; the first choice's own hedge follows at its delay), so re-measuring a
-    slow target costs the caller nothing but one more request.
+    slow target costs the caller nothing but one more request. A plan that starts several at
+    once (a race) explores only a target it does not start, which joins the racers (``start``
+    one more) instead of taking the place of one.
     """
     if len(plan.order) < 2:
         return plan
-    candidates = [t for t in plan.order[1:] if view.available(t)]
+    candidates = [t for t in plan.order[max(1, plan.start) :] if view.available(t)]
     improving = getattr(view, "improving", None)  # optional in a RouteView
-    cold = [t for t in candidates if view.cold(t) or (improving is not None and improving(t))]
+    unanswered = getattr(view, "unanswered", None)  # optional too
+    cold = [
+        t
+        for t in candidates
+        if (view.cold(t) or (improving is not None and improving(t)))
+        and (unanswered is None or unanswered(t) < COLD_EXPLORE_UNANSWERED)
+    ]
     if cold:
         if share <= 0 or rng.random() >= max(share, cold_share):
             return plan
@@ -406,8 +419,15 @@ def explore(
         chosen = max(candidates, key=view.staleness)
         if view.staleness(chosen) <= max_age:
             return plan
-    order = (chosen, *(t for t in plan.order if t != chosen))
     delays, start = plan.hedge_delays, plan.start
+    if start > 1:
+        # A race keeps its racers (losing a racer to an exploration would cost the caller
+        # whenever the target left out would have won); the explored target is one more.
+        order = (*plan.order[:start], chosen, *(t for t in plan.order[start:] if t != chosen))
+        if len(delays) > start:
+            delays = (*delays[:start], None, *delays[start:])
+        return Plan(order, start=start + 1, hedge_delays=delays, explored=chosen, key=plan.key)
+    order = (chosen, *(t for t in plan.order if t != chosen))
     if delays and hedge_delay is not None:
         if view.cold(chosen) or delays[0] is None:
             # A cold target waits out its own delay, so that it yields a sample.

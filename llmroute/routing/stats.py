@@ -115,6 +115,8 @@ def stall_deadline(
     return min(cap, max(floor, multiple * gap_p99))
 
 
+EXPLORATIONS_KEPT = 16
+"""The newest explorations of a target kept, for :meth:`TargetStats.unanswered_explorations`."""
 SHIFT_MIN = 3
 """Samples beyond the older ones' range that a change of regime needs at least."""
 SHIFT_RUN = 4
@@ -729,6 +731,7 @@ class TargetStats:
         got faster (a slow one re-measured), so it is worth re-measuring again soon."""
         self.explored_at: float | None = None
         """When a request last went to this target first to re-measure it (the router's)."""
+        self._explorations: deque[float] = deque(maxlen=EXPLORATIONS_KEPT)
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
@@ -1063,6 +1066,20 @@ class TargetStats:
         if window.slowed and len(window) >= SHIFT_MIN:
             return SHIFT_MIN
         return self.settings.min_samples
+
+    def explored(self, now: float) -> None:
+        """A request went to this target to re-measure it, at ``now`` (the router's clock)."""
+        self.explored_at = now
+        self._explorations.append(now)
+
+    def unanswered_explorations(self, *, streamed: bool = True) -> int:
+        """Explorations of this target since its newest sample (all those kept when it has
+        none): those that taught nothing, such as a race it was explored in and lost, which
+        leaves no sample below its p95."""
+        newest = self.newest_at(streamed=streamed)
+        if newest is None:
+            return len(self._explorations)
+        return sum(1 for when in self._explorations if when > newest)
 
     def newest_at(self, *, streamed: bool = True) -> float | None:
         """Clock time of the newest TTFT sample (whole-response latency sample for requests
