@@ -163,6 +163,7 @@ class SimApp:
                 "query": dict(parse_qsl(scope["query_string"].decode("latin-1"))),
                 "json": payload,
                 "request_id": rid,
+                "received": time.monotonic(),  # orders records across simulators
             }
         )
         auth = headers.get("authorization", "")

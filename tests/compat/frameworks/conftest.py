@@ -21,6 +21,7 @@ import importlib.metadata
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import httpx
@@ -116,8 +117,10 @@ class Served:
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         """The requests the answering simulators recorded since the test began (optionally
-        one path)."""
-        seen = [r for sim in self.sims for r in sim.last_requests]
+        one path), in the order they arrived: a route may send one call to either target."""
+        seen = sorted(
+            (r for sim in self.sims for r in sim.last_requests), key=itemgetter("received")
+        )
         return [r for r in seen if path is None or r["path"] == path]
 
     def assert_served(self, path: str, at_least: int = 1) -> list[dict[str, Any]]:
