@@ -6,9 +6,10 @@ own process (``SimulatorProcess``, TLS + HTTP/2, zero latency, 20-token replies)
 until it is stored; then ``--pairs`` pairs are measured, interleaved: the stored prompt (a hit)
 and the same prompt with ``x-llmroute-cache: off`` (a live call on the same warm connection). Time
 to first chunk is from the ``create()`` call to the first chunk that carries content, streamed;
-also its client CPU, the wall and CPU time openai's own request machinery takes before the
-call reaches llmroute's seam (``AsyncOpenAI.request``, wrapped by this script to note the time),
-and the CPU from the seam to that chunk (llmroute's part, the median of each hit's own).
+also its client CPU, the wall and CPU time before the call first reaches llmroute (its early
+cache check for plain JSON arguments, ``AsyncOpenAI._cache_first``, else the seam
+``AsyncOpenAI.request`` after openai's own request machinery; both wrapped by this script to note
+the time), and the CPU from there to that chunk (llmroute's part, the median of each hit's own).
 
 Part 2, a Zipf workload. ``--requests`` (2,000) requests over ``--prompts`` (500) distinct prompts,
 prompt ranks drawn from a Zipf law (exponent ``--zipf``, 1.0) with a fixed seed, sent
@@ -59,14 +60,21 @@ SEAM: list[tuple[float, float]] = []  # (wall, CPU) when a call reached llmroute
 
 
 def _note_seam() -> None:
-    """Record when each call reaches ``AsyncOpenAI.request`` (after openai's own machinery)."""
-    real = AsyncOpenAI.request
+    """Record when each call first reaches llmroute: its early cache check
+    (``AsyncOpenAI._cache_first``, before openai's ``create()`` builds the request, for plain
+    JSON arguments) or ``AsyncOpenAI.request`` (after openai's own machinery)."""
+    real_request, real_first = AsyncOpenAI.request, AsyncOpenAI._cache_first
 
     async def request(self: AsyncOpenAI, *args: Any, **kwargs: Any) -> Any:
         SEAM.append((time.perf_counter(), time.process_time()))
-        return await real(self, *args, **kwargs)
+        return await real_request(self, *args, **kwargs)
+
+    async def cache_first(self: AsyncOpenAI, *args: Any, **kwargs: Any) -> Any:
+        SEAM.append((time.perf_counter(), time.process_time()))
+        return await real_first(self, *args, **kwargs)
 
     AsyncOpenAI.request = request  # type: ignore[method-assign]
+    AsyncOpenAI._cache_first = cache_first  # type: ignore[method-assign]
 
 
 async def first_chunk(
@@ -170,9 +178,9 @@ def _report(part: dict[str, Any]) -> str:
         f"{part['backend']}-cache hit vs live ({part['pairs']} interleaved pairs, time to first "
         "content chunk):\n"
         f"  hit   p50 {part['hit_ms']['p50']:.3f} ms  p95 {part['hit_ms']['p95']:.3f} ms  "
-        f"(CPU p50 {part['hit_cpu_ms']['p50']:.3f} ms; openai's machinery before llmroute's seam "
+        f"(CPU p50 {part['hit_cpu_ms']['p50']:.3f} ms; before llmroute sees the call "
         f"p50 {part['hit_before_seam_ms']['p50']:.3f} ms, CPU "
-        f"{part['hit_before_seam_cpu_ms']['p50']:.3f} ms; llmroute's seam to the chunk, CPU "
+        f"{part['hit_before_seam_cpu_ms']['p50']:.3f} ms; llmroute's part to the chunk, CPU "
         f"p50 {part['hit_after_seam_cpu_ms']['p50']:.3f} ms)\n"
         f"  live  p50 {part['live_ms']['p50']:.3f} ms  p95 {part['live_ms']['p95']:.3f} ms  "
         f"(CPU p50 {part['live_cpu_ms']['p50']:.3f} ms)\n"

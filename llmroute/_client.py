@@ -11,6 +11,7 @@ chat call gets llmroute's fast stream decoding, timings, metrics and cache. Ever
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import logging
 import os
@@ -22,12 +23,14 @@ from typing import Any, cast, get_origin
 import anyio
 import httpx
 import openai
+from openai._compat import cached_property
 from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
 from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, extract_response_type
+from openai.resources.chat import AsyncChat, AsyncCompletions
 
 from ._config import Config, load_config
-from ._dispatch import Call, Dispatch, Outcome, attach, missing_key_error
+from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream, response_timings
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
@@ -162,6 +165,108 @@ def records(result: Any, response: httpx.Response) -> None:
                 pass
 
 
+# -- a cache hit before openai's machinery ------------------------------------------------------
+
+_EXTRAS = ("extra_headers", "extra_query", "extra_body", "timeout")
+_CHAT_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) - {
+    "self",
+    *_EXTRAS,
+}
+"""The body parameters of the installed openai's ``chat.completions.create``."""
+_ABSENT = (openai.NotGiven, openai.Omit)
+_JSON_SCALARS = (str, int, float, bool, type(None))
+_MAX_DEPTH = 32
+_MISS: Any = object()
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON as it is: dicts with string keys, lists and scalars (the
+    exact types; openai's params transform leaves such a value unchanged)."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if depth >= _MAX_DEPTH:
+        return False
+    if kind is list:
+        return all(_plain(v, depth + 1) for v in value)
+    if kind is dict:
+        return all(type(k) is str and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The request body openai's ``chat.completions.create(**kwargs)`` would send, when it can
+    be known without openai's machinery: every argument a body parameter of the installed
+    openai (no ``extra_*`` or ``timeout``), every value plain JSON, ``model`` and ``messages``
+    given. ``None``: only openai's machinery knows (or raises)."""
+    body: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if isinstance(value, _ABSENT):
+            continue
+        if name not in _CHAT_PARAMS:
+            if name in _EXTRAS and value is None:
+                continue
+            return None
+        if not _plain(value):
+            return None
+        body[name] = value
+    if "model" not in body or "messages" not in body:
+        return None
+    return body
+
+
+class _Posted:
+    """The request options the seam reads, for a call that has not reached openai's
+    machinery: a POST of ``json_data`` to ``url``, nothing else given."""
+
+    __slots__ = ("json_data", "url")
+    method = "post"
+    extra_json = None
+    headers = _NOT_GIVEN
+    params: Mapping[str, Any] = {}
+    timeout = _NOT_GIVEN
+    post_parser = _NOT_GIVEN
+
+    def __init__(self, url: str, json_data: dict[str, Any]) -> None:
+        self.url = url
+        self.json_data = json_data
+
+
+class _AsyncCompletions(AsyncCompletions):
+    """openai's ``chat.completions``, whose ``create`` asks the cache first.
+
+    openai's ``create`` transforms its arguments into the request body before the seam sees
+    the call: for a one-message call that is most of a cache hit's time. When the body is
+    known without it (:func:`plain_body`), the cache answers here; otherwise, and on a miss,
+    openai's ``create`` runs as it is."""
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        client = cast(AsyncOpenAI, self._client)
+        body = plain_body(kwargs) if not args and client._llmroute.cache is not None else None
+        if body is None:
+            return await super().create(*args, **kwargs)
+        found, key = await client._cache_first("/chat/completions", body)
+        if found is not _MISS:
+            return found
+        token = LOOKED_UP.set(key)
+        try:
+            return await super().create(**kwargs)
+        finally:
+            LOOKED_UP.reset(token)
+
+
+# Introspection (signature, type hints, docs) sees openai's own create().
+functools.update_wrapper(
+    _AsyncCompletions.create, AsyncCompletions.create, assigned=("__doc__", "__annotations__")
+)
+
+
+class _AsyncChat(AsyncChat):
+    @cached_property
+    def completions(self) -> AsyncCompletions:
+        return _AsyncCompletions(self._client)
+
+
 class AsyncOpenAI(openai.AsyncOpenAI):
     """openai's ``AsyncOpenAI`` with llmroute's transport and routing.
 
@@ -205,6 +310,10 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
     with_options = copy  # type: ignore[assignment]
+
+    @cached_property
+    def chat(self) -> AsyncChat:
+        return _AsyncChat(self)
 
     # -- the seam ------------------------------------------------------------------------------
 
@@ -253,9 +362,31 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         records(result, outcome.response)
         return result
 
+    async def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, str | None]:
+        """A call's cached answer, as :meth:`request` would return it, before openai's
+        machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
+        call must go the usual way."""
+        options = _Posted(path, body)
+        with body_errors():
+            dispatch = self._llmroute
+            call = dispatch.classify(options, timeout=self._timeout_of(options))
+            if call is None or (call.route is None and self._missing_key):
+                return _MISS, None
+            self._describe(call)
+            outcome, key = await dispatch.from_cache(call)
+        if outcome is None:
+            return _MISS, key
+        return post_parse(outcome.result, options), key
+
     def _timeout_of(self, options: Any) -> httpx.Timeout:
         timeout = options.timeout
-        return to_timeout(self.timeout if isinstance(timeout, type(_NOT_GIVEN)) else timeout)
+        if not isinstance(timeout, type(_NOT_GIVEN)):
+            return to_timeout(timeout)
+        own = self.timeout  # converted once (openai 3's is an httpx2 Timeout)
+        memo = self.__dict__.get("_llmroute_timeout")
+        if memo is None or memo[0] is not own:
+            memo = self.__dict__["_llmroute_timeout"] = (own, to_timeout(own))
+        return memo[1]
 
     def _describe(self, call: Call) -> None:
         call.client_headers = {k: v for k, v in self._custom_headers.items() if isinstance(v, str)}

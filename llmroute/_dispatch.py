@@ -10,6 +10,7 @@ upstream requests, protocols, transport.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -61,6 +62,7 @@ from .cache import (
     NAMESPACE_PATTERN,
     CacheRequest,
     CacheUnavailable,
+    Hit,
     ResponseCache,
     is_deterministic,
     open_cache,
@@ -90,6 +92,12 @@ _CACHE_MODES = ("auto", "on", "read-only", "off")
 _REPLAY_MODES = ("immediate", "paced")
 _STATEFUL = ("previous_response_id", "conversation", "background")
 """Responses API fields whose answer depends on what the vendor keeps (never cached)."""
+
+LOOKED_UP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "llmroute_looked_up", default=None
+)
+"""The cache key a call was already looked up under, and missed, before openai's machinery
+built its request (:meth:`Dispatch.from_cache`): the seam does not look it up twice."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -362,20 +370,38 @@ class Dispatch:
         ``live()`` (a direct chat call, openai's machinery) or the route's engine. Metrics
         count it either way."""
         self.goal(call)  # a wrong option fails here, before the cache or any request
-        route = call.route
-        host = None if route is not None else _host_of(call.base_url)
-        telemetry = self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
+        telemetry = self._telemetry(call)
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
             telemetry.failed(exc)
             raise
-        value = result.result if isinstance(result, Outcome) else result
-        if isinstance(value, AsyncStream):
-            value._on_end = telemetry.stream_ended
-        else:
-            telemetry.completed(value)
+        _observe(telemetry, result)
         return result
+
+    async def from_cache(self, call: Call) -> tuple[Outcome | None, str | None]:
+        """A chat call's stored answer, looked up before openai's machinery builds its
+        request (the client's ``chat.completions.create`` asks, for a body that is plain
+        JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
+        usual way, and the seam does not look ``key`` up again while :data:`LOOKED_UP` holds
+        it), ``(None, None)`` when the cache may not answer this call."""
+        self.goal(call)
+        cache = self.cache
+        request = self._cache_request(call) if cache is not None else None
+        if cache is None or request is None or not request.read:
+            return None, None
+        started = time.monotonic()
+        hit = await cache.lookup(request)
+        if hit is None:
+            return None, request.key
+        telemetry = self._telemetry(call)
+        outcome = self._hit(cache, hit, request, call, started)
+        _observe(telemetry, outcome)
+        return outcome, request.key
+
+    def _telemetry(self, call: Call) -> Any:
+        host = None if call.route is not None else _host_of(call.base_url)
+        return self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
 
     async def _answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
         async def answer() -> Outcome | Any:
@@ -558,19 +584,10 @@ class Dispatch:
         route = call.route
         model = call.body["model"]
         policy = route.policy.name if route is not None else "direct"
-        hit = await cache.lookup(request) if request.read else None
+        fresh = request.read and LOOKED_UP.get() != request.key  # not just missed
+        hit = await cache.lookup(request) if fresh else None
         if hit is not None:
-            report = RouteReport(route=model, policy=policy, cache_hit=True, winner="cache")
-            timings = Timings(started_at=started)
-            response = self._cache_response(call)
-            if hit.completion is None:
-                stream: AsyncStream[Any] = AsyncStream._from_chunks(
-                    cache.replay(hit, request), response=response, timings=timings, route=report
-                )
-                return Outcome(stream, response)
-            attach(hit.completion, timings, report, started)
-            report.ttft = timings.first_token
-            return Outcome(hit.completion, response)
+            return self._hit(cache, hit, request, call, started)
         if not request.share and not request.write:
             return await live()
 
@@ -603,6 +620,26 @@ class Dispatch:
         completion = result.model_copy(deep=True)  # each caller may change its own
         attach(completion, Timings(started_at=started), shared, started)
         return Outcome(completion, response)
+
+    def _hit(
+        self, cache: ResponseCache, hit: Hit, request: CacheRequest, call: Call, started: float
+    ) -> Outcome:
+        """The outcome of a call the cache answers: the stored answer, or its replay."""
+        route = call.route
+        policy = route.policy.name if route is not None else "direct"
+        report = RouteReport(
+            route=call.body["model"], policy=policy, cache_hit=True, winner="cache"
+        )
+        timings = Timings(started_at=started)
+        response = self._cache_response(call)
+        if hit.completion is None:
+            stream: AsyncStream[Any] = AsyncStream._from_chunks(
+                cache.replay(hit, request), response=response, timings=timings, route=report
+            )
+            return Outcome(stream, response)
+        attach(hit.completion, timings, report, started)
+        report.ttft = timings.first_token
+        return Outcome(hit.completion, response)
 
     # -- the other routable endpoints: failover across the route's targets -------------------
 
@@ -768,6 +805,15 @@ class Dispatch:
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
+
+
+def _observe(telemetry: Any, result: Outcome | Any) -> None:
+    """Count a call that returned: a stream when it ends, a whole answer now."""
+    value = result.result if isinstance(result, Outcome) else result
+    if isinstance(value, AsyncStream):
+        value._on_end = telemetry.stream_ended
+    else:
+        telemetry.completed(value)
 
 
 def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:

@@ -10,6 +10,7 @@ from typing import Any
 
 import anyio
 import httpx
+import openai
 import pytest
 from openai._models import construct_type
 from openai.types.chat import ChatCompletionChunk
@@ -246,6 +247,122 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         text, hit = await _ask(client)
         assert hit and text == live
         assert decoded["n"] == 2
+
+
+async def _settled(client: llmroute.AsyncOpenAI) -> None:
+    cache = client._cache
+    assert cache is not None
+    with anyio.move_on_after(10):
+        while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
+            await anyio.sleep(0.005)
+
+
+async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat call whose arguments are plain JSON is answered from the cache before openai's
+    ``create()`` transforms them (most of a hit's time); the answer was stored by the usual
+    path, so both paths agree on its key. Any other call goes through openai's ``create()``
+    and the seam, and still hits."""
+    from openai.resources.chat import AsyncCompletions
+
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        live, hit = await _ask(client)
+        assert not hit
+        await _settled(client)
+        cache = client._cache
+        assert cache is not None
+        through_openai = {"n": 0}
+        real_create = AsyncCompletions.create
+
+        async def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+            through_openai["n"] += 1
+            return await real_create(self, *args, **kwargs)
+
+        whole_prompt = [{"role": "user", "content": "Answer in one piece."}]
+        first: Any = await client.chat.completions.create(
+            model="chat", messages=whole_prompt, temperature=0
+        )
+        await _settled(client)
+        monkeypatch.setattr(AsyncCompletions, "create", counting)
+        upstream = sim.stats()["chat_requests"]
+        text, hit = await _ask(client)
+        whole: Any = await client.chat.completions.create(
+            model="chat", messages=whole_prompt, temperature=0, stream=False, n=openai.omit
+        )
+        assert hit and text == live and whole.route.cache_hit
+        assert whole.choices[0].message.content == first.choices[0].message.content
+        assert through_openai["n"] == 0
+        # Arguments openai's machinery must see first: each goes through create(), and hits.
+        stream: Any = await client.chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            temperature=0,
+            stream=True,
+            extra_headers={"x-trace": "1"},
+        )
+        assert [c async for c in stream] and stream.route.cache_hit
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=whole_prompt, temperature=0
+        )
+        assert raw.parse().route.cache_hit
+        tupled: Any = await client.chat.completions.create(
+            model="chat", messages=tuple(whole_prompt), temperature=0
+        )
+        assert tupled.route.cache_hit
+        assert through_openai["n"] == 3
+        assert sim.stats()["chat_requests"] == upstream
+        # A miss is looked up once, not again at the seam, and goes to the target.
+        misses = cache._misses
+        fresh: Any = await client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "A new prompt."}], temperature=0
+        )
+        assert not fresh.route.cache_hit and through_openai["n"] == 4
+        assert cache._misses == misses + 1
+        assert sim.stats()["chat_requests"] == upstream + 1
+
+
+def test_only_a_body_known_without_openais_machinery_is_looked_up_early() -> None:
+    from llmroute._client import plain_body
+
+    base = {"model": "chat", "messages": MESSAGES}
+    assert plain_body(base) == base
+    assert plain_body({**base, "n": openai.omit, "top_p": openai.NOT_GIVEN}) == base
+    assert plain_body({**base, "extra_headers": None, "extra_body": None}) == base
+    assert plain_body({**base, "temperature": 0.5, "stop": ["x"]}) == {
+        **base,
+        "temperature": 0.5,
+        "stop": ["x"],
+    }
+    for other in (
+        {"messages": tuple(MESSAGES)},  # openai's transform makes lists of iterables
+        {"extra_headers": {"x": "1"}},
+        {"extra_body": {"x": 1}},
+        {"timeout": 5.0},
+        {"temprature": 0},  # a typo: openai's create() raises its TypeError
+        {"response_format": ChatCompletionChunk},  # a class: openai's create() checks it
+        {"metadata": {1: "x"}},
+    ):
+        assert plain_body({**base, **other}) is None, other
+    assert plain_body({"model": "chat"}) is None  # openai's create() names what is missing
+    deep: Any = "x"
+    for _ in range(40):
+        deep = [deep]
+    assert plain_body({**base, "stop": deep}) is None
+
+
+async def test_a_typo_in_an_argument_is_still_openais_type_error(sim: Simulator) -> None:
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        with pytest.raises(TypeError, match="temprature"):
+            await client.chat.completions.create(  # type: ignore[call-overload]
+                model="chat", messages=MESSAGES, temprature=0
+            )
+        assert isinstance(client.chat, openai.resources.chat.AsyncChat)
+        assert isinstance(client.chat.completions, openai.resources.chat.AsyncCompletions)
 
 
 async def test_each_cache_hit_gets_a_response_of_its_own(sim: Simulator) -> None:
