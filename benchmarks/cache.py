@@ -63,7 +63,8 @@ def _note_seam() -> None:
     """Record when each call first reaches llmroute: its early cache check
     (``AsyncOpenAI._cache_first``, before openai's ``create()`` builds the request, for plain
     JSON arguments) or ``AsyncOpenAI.request`` (after openai's own machinery)."""
-    real_request, real_first = AsyncOpenAI.request, AsyncOpenAI._cache_first
+    real_request = AsyncOpenAI.request
+    real_first = getattr(AsyncOpenAI, "_cache_first", None)  # absent before issue 18's pass 3
 
     async def request(self: AsyncOpenAI, *args: Any, **kwargs: Any) -> Any:
         SEAM.append((time.perf_counter(), time.process_time()))
@@ -71,10 +72,11 @@ def _note_seam() -> None:
 
     async def cache_first(self: AsyncOpenAI, *args: Any, **kwargs: Any) -> Any:
         SEAM.append((time.perf_counter(), time.process_time()))
-        return await real_first(self, *args, **kwargs)
+        return await real_first(self, *args, **kwargs)  # type: ignore[misc]
 
     AsyncOpenAI.request = request  # type: ignore[method-assign]
-    AsyncOpenAI._cache_first = cache_first  # type: ignore[method-assign]
+    if real_first is not None:
+        AsyncOpenAI._cache_first = cache_first  # type: ignore[method-assign]
 
 
 async def first_chunk(

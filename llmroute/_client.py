@@ -30,7 +30,7 @@ from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, ext
 from openai.resources.chat import AsyncChat, AsyncCompletions
 
 from ._config import Config, load_config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
+from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream, response_timings
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
@@ -177,6 +177,8 @@ _ABSENT = (openai.NotGiven, openai.Omit)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 _MAX_DEPTH = 32
 _MISS: Any = object()
+NOT_ROUTED: Any = object()
+"""What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route."""
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -213,23 +215,6 @@ def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     if "model" not in body or "messages" not in body:
         return None
     return body
-
-
-class _Posted:
-    """The request options the seam reads, for a call that has not reached openai's
-    machinery: a POST of ``json_data`` to ``url``, nothing else given."""
-
-    __slots__ = ("json_data", "url")
-    method = "post"
-    extra_json = None
-    headers = _NOT_GIVEN
-    params: Mapping[str, Any] = {}
-    timeout = _NOT_GIVEN
-    post_parser = _NOT_GIVEN
-
-    def __init__(self, url: str, json_data: dict[str, Any]) -> None:
-        self.url = url
-        self.json_data = json_data
 
 
 class _AsyncCompletions(AsyncCompletions):
@@ -366,7 +351,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         """A call's cached answer, as :meth:`request` would return it, before openai's
         machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
         call must go the usual way."""
-        options = _Posted(path, body)
+        options = Posted(path, body)
         with body_errors():
             dispatch = self._llmroute
             call = dispatch.classify(options, timeout=self._timeout_of(options))
@@ -377,6 +362,22 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         if outcome is None:
             return _MISS, key
         return post_parse(outcome.result, options), key
+
+    async def _routed_call(
+        self, url: str, body: dict[str, Any], headers: Mapping[str, str], timeout: httpx.Timeout
+    ) -> Any:
+        """llmroute's gateway hands a chat or Responses call with its checked JSON body here,
+        straight to the dispatch as the seam would send it (openai's ``post()`` would build
+        request options only for the seam to take the call out of openai's path again).
+        ``NOT_ROUTED``: the model is not a route; the gateway posts it the usual way."""
+        dispatch = self._llmroute
+        call = dispatch.classify(Posted(url, body, headers), timeout=timeout)
+        if call is None or call.route is None:
+            return NOT_ROUTED
+        self._describe(call)
+        with body_errors():
+            outcome = await dispatch.answer(call, _unreachable)
+        return outcome.result if isinstance(outcome, Outcome) else outcome
 
     def _timeout_of(self, options: Any) -> httpx.Timeout:
         timeout = options.timeout

@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import httpx
+from openai import NOT_GIVEN
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
@@ -79,7 +80,7 @@ from .routing.policies import (
 from .routing.stats import TargetSnapshot
 from .transport import Transport
 
-__all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome"]
+__all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome", "Posted"]
 
 log = logging.getLogger("llmroute")
 
@@ -134,6 +135,26 @@ class Call:
     goal_options: object = None
     """The call's ``extra_body={"llmroute": {...}}`` options, taken out of the body (never
     sent upstream); read by :meth:`Dispatch.goal`."""
+
+
+class Posted:
+    """openai's request options as the seam reads them, for a call that has not been through
+    openai's machinery (the client's early cache check, the gateway's hand-off): a POST of a
+    JSON body, with the call's own headers, no query, the client's timeout."""
+
+    __slots__ = ("headers", "json_data", "url")
+    method = "post"
+    extra_json = None
+    params = None
+    timeout: Any = NOT_GIVEN
+    post_parser: Any = NOT_GIVEN
+
+    def __init__(
+        self, url: str, json_data: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> None:
+        self.url = url
+        self.json_data = json_data
+        self.headers = headers
 
 
 @dataclass

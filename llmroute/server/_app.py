@@ -19,9 +19,8 @@ import pydantic
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
-from .._client import AsyncOpenAI
+from .._client import NOT_ROUTED, AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
-from .._dispatch import Outcome
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._timeouts import (
     BETWEEN_TOKENS_HEADER,
@@ -30,7 +29,7 @@ from .._timeouts import (
     TimeoutHeaderError,
     request_timeouts,
 )
-from .._upstream import body_errors, no_cookies, to_timeout
+from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..routing.health import failure_party
@@ -624,14 +623,11 @@ class GatewayApp:
             # defaults; benchmarks/gateway_call.py) only for the seam to take the call out of
             # openai's path. Any other call (a model that is not a route, with a default
             # provider) takes client.post.
-            dispatch = client._llmroute  # pyright: ignore[reportPrivateUsage]
-            options = _Options(_ROUTABLE[path], body, extra_headers)
-            call = dispatch.classify(options, timeout=self._timeout)
-            if call is not None and call.route is not None:
-                client._describe(call)  # pyright: ignore[reportPrivateUsage]
-                with body_errors():
-                    outcome = await dispatch.answer(call, _no_direct_path)
-                return outcome.result if isinstance(outcome, Outcome) else outcome
+            result = await client._routed_call(  # pyright: ignore[reportPrivateUsage]
+                _ROUTABLE[path], body, extra_headers, self._timeout
+            )
+            if result is not NOT_ROUTED:
+                return result
         posted = _POSTED.get(path)
         if posted is not None:
             # openai's resource method would walk the whole body through its TypedDict
@@ -892,25 +888,6 @@ async def _watch(
             stalled()
             return
         await renew(exchange)
-
-
-class _Options:
-    """What :meth:`Dispatch.classify` reads of openai's request options, for a call the
-    gateway hands to the dispatch itself (a POST of a checked JSON body, no query)."""
-
-    __slots__ = ("headers", "json_data", "url")
-    method = "post"
-    extra_json = None
-    params = None
-
-    def __init__(self, url: str, json_data: dict[str, Any], headers: dict[str, str]) -> None:
-        self.url = url
-        self.json_data = json_data
-        self.headers = headers
-
-
-async def _no_direct_path() -> Any:  # only calls on a route are handed to the dispatch
-    raise AssertionError("a routed call has no direct path")
 
 
 def _cache_hit(result: object) -> bool:
