@@ -19,6 +19,7 @@ from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
 from .conftest import KEY
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -286,6 +287,7 @@ async def test_when_every_reader_leaves_the_upstream_stream_is_cancelled(
     async with AsyncOpenAI(
         api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
     ) as c:
+        await settled(sim_paced)  # an earlier test's reset lands first
         cancelled = sim_paced.stats()["streams_cancelled"]
         streams = [await ask(c, msgs, stream=True) for _ in range(3)]
         for stream in streams:

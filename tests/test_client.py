@@ -18,6 +18,7 @@ import llmroute
 from llmroute.testing import Simulator
 
 from .conftest import KEY
+from .settle import settled
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
@@ -356,6 +357,7 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
     """No close(), no async with: dropping the stream after a break resets it (asyncio's
     async-generator finalizer runs our cleanup)."""
     async with client_for(sim) as client:
+        await settled(sim)  # an earlier test's reset lands first
         before = sim.stats()["streams_cancelled"]
         await _break_after_first_chunk(client)
         gc.collect()
@@ -368,6 +370,7 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
 async def test_a_stream_dropped_unread_is_reset_at_the_next_request(sim: Simulator) -> None:
     """Never iterated, never closed: the reset goes out with the connection's next request."""
     async with client_for(sim) as client:
+        await settled(sim)  # an earlier test's reset lands first
         before = sim.stats()["streams_cancelled"]
         stream = await client.chat.completions.create(
             model="sim-large",

@@ -16,6 +16,7 @@ from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Simulator
 
 from .conftest import KEY, fault
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -325,6 +326,7 @@ def test_a_failed_whole_response_is_an_error() -> None:
 
 async def test_a_responses_stream_left_early_is_reset_upstream(sim_slow: Simulator) -> None:
     cfg = config({"a": sim_slow}, ["a:sim-small"])
+    await settled(sim_slow)  # an earlier test's reset lands first
     before = sim_slow.stats()["streams_cancelled"]
     async with AsyncOpenAI(config=cfg, verify=sim_slow.ssl_context()) as client:
         stream = await client.responses.create(model="chat", input="Say hello", stream=True)

@@ -16,6 +16,7 @@ from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
 from .conftest import KEY, fault
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -50,12 +51,6 @@ async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
     with anyio.move_on_after(seconds):
         while not predicate():  # noqa: ASYNC110 - the simulator's counters have no event
             await anyio.sleep(0.02)
-
-
-async def settled(sim: Simulator) -> None:
-    """Wait until the simulator has seen every earlier cancel (it notices them asynchronously)."""
-    await wait_for(lambda: sim.stats()["in_flight"] == 0)
-    assert sim.stats()["in_flight"] == 0
 
 
 @pytest.fixture

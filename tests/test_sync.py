@@ -25,6 +25,7 @@ from llmroute._sync import ClientClosedError, Stream
 from llmroute.testing import Simulator
 
 from .conftest import KEY
+from .settle import settled_sync
 
 MESSAGES = [{"role": "user", "content": "Hello from a thread"}]
 
@@ -85,6 +86,7 @@ def test_attributes_and_repr(sim: Simulator, client: llmroute.OpenAI) -> None:
 
 def test_with_blocks_and_close_reset_the_stream(sim: Simulator, sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         with client.chat.completions.create(
             model="sim-small", messages=MESSAGES, stream=True
@@ -281,6 +283,7 @@ def test_every_endpoint_of_the_async_client(client: llmroute.OpenAI) -> None:
 
 def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
     threads = len(loop_threads())
+    settled_sync(sim_slow)  # an earlier test's reset lands before we count
     before = sim_slow.stats()["streams_cancelled"]
     client = sync_client(sim_slow)
     client.max_retries = 1
@@ -325,6 +328,7 @@ def test_unclosed_client_exits_cleanly(sim: Simulator) -> None:
 
 def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
         read: list[Any] = []
@@ -354,6 +358,7 @@ def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulato
 
 def test_a_stream_left_by_a_break_is_reset_without_a_collection(sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
         for _ in stream:
