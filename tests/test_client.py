@@ -464,11 +464,18 @@ async def test_the_connections_table_caps_streams_and_connections(sim_slow: Simu
             events.append("second opened")
             await stream.close()
 
-        with anyio.fail_after(30):
+        transport = client._llmroute.transport  # type: ignore[attr-defined]
+        with anyio.fail_after(30):  # a hang guard only
             async with anyio.create_task_group() as tg:
                 tg.start_soon(another)
-                await anyio.sleep(0.3)  # the second request is waiting for a free stream
+                for _ in range(3000):  # bounded: the transport's counter has no event
+                    if transport.stream_waits or events:
+                        break
+                    await anyio.sleep(0.01)
+                # The second request is waiting for a free stream, not on a second connection.
+                assert transport.stream_waits == 1 and events == []
                 events.append("first closed")
                 await held.close()
-        assert len(client._llmroute.transport.connections()) == 1  # type: ignore[attr-defined]
+        assert len(transport.connections()) == 1
+        assert transport.stream_waits == 1  # woken once, by the close
     assert events == ["first closed", "second opened"]
