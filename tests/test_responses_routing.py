@@ -123,7 +123,9 @@ async def test_a_break_after_the_first_token_is_never_a_complete_answer(sim: Sim
 
 
 async def test_a_stall_between_events_ends_within_the_stall_deadline(sim: Simulator) -> None:
-    cfg = config({"a": sim}, ["a:sim-small"], stall_timeout=0.3)
+    # 2 s: far below the 30 s stall, far above a pause of a loaded machine between events
+    # (with 0.3 s, such a pause could end the stream before its 4th token).
+    cfg = config({"a": sim}, ["a:sim-small"], stall_timeout=2.0)
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         stream = await client.responses.create(
             model="chat", input="Say hello", stream=True, extra_headers=fault("stall-between:4:30")
