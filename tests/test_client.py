@@ -361,7 +361,7 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
         before = sim.stats()["streams_cancelled"]
         await _break_after_first_chunk(client)
         gc.collect()
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):  # a hang guard only
             while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
                 await anyio.sleep(0.01)
 
@@ -382,7 +382,7 @@ async def test_a_stream_dropped_unread_is_reset_at_the_next_request(sim: Simulat
         for _ in range(3):
             gc.collect()
         await client.chat.completions.create(model="sim-large", messages=MESSAGES)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):  # a hang guard only
             while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
                 await anyio.sleep(0.01)
         assert sim.stats()["streams_cancelled"] == before + 1

@@ -99,7 +99,7 @@ def test_with_blocks_and_close_reset_the_stream(sim: Simulator, sim_slow: Simula
         stream.close()
         stream.close()  # idempotent
         assert list(stream) == []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] < before + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 2
@@ -292,7 +292,7 @@ def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
         break
     del stream
     gc.collect()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a hang guard only
     while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sim_slow.stats()["streams_cancelled"] == before + 1
@@ -343,14 +343,14 @@ def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulato
 
         thread = threading.Thread(target=reader)
         thread.start()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while len(read) < 3 and time.monotonic() < deadline:
             time.sleep(0.005)
         stream.close()  # a "stop generating" button, on another thread
         thread.join(5)
         assert not thread.is_alive() and not errors
         assert len(read) < 150  # it stopped early (the reply has 200 tokens)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 1
@@ -364,7 +364,7 @@ def test_a_stream_left_by_a_break_is_reset_without_a_collection(sim_slow: Simula
         for _ in stream:
             break
         del stream  # no gc.collect(): the drop itself schedules the reset
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 1

@@ -27,7 +27,7 @@ def client_for(sim: Simulator, **kwargs: object) -> llmroute.AsyncOpenAI:
     )
 
 
-async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 5.0) -> None:
+async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 30.0) -> None:
     with anyio.move_on_after(timeout):
         while sim.stats()[name] < value:  # noqa: ASYNC110 - the counter lives in another thread
             await anyio.sleep(0.01)
