@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from llmroute import AsyncOpenAI, ConfigError, StreamInterrupted
@@ -19,6 +20,7 @@ from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
 from .conftest import KEY
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -286,6 +288,7 @@ async def test_when_every_reader_leaves_the_upstream_stream_is_cancelled(
     async with AsyncOpenAI(
         api_key=KEY, verify=sim_paced.ssl_context(), config=cache_config(sim_paced)
     ) as c:
+        await settled(sim_paced)  # an earlier test's reset lands first
         cancelled = sim_paced.stats()["streams_cancelled"]
         streams = [await ask(c, msgs, stream=True) for _ in range(3)]
         for stream in streams:
@@ -638,6 +641,45 @@ async def test_the_cache_and_the_shared_stats_share_a_redis_prefix(
         assert stats.entries == 1 and stats.hits == 2 and stats.misses == 2
         assert c._stats_sync.available
         await c._cache.clear()
+
+
+async def test_stats_wait_for_a_flush_under_way() -> None:
+    """A background flush that took the lookup counters but has not added them to the store
+    yet (a slow Redis) is waited for: stats() counts every lookup made before it."""
+    from llmroute.cache._stores import MemoryStore
+
+    class SlowStatsStore(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__(2**20)
+            self.adding = anyio.Event()
+            self.release = anyio.Event()
+
+        async def add_stats(self, *, hits: int, misses: int) -> None:
+            self.adding.set()
+            await self.release.wait()
+            await super().add_stats(hits=hits, misses=misses)
+
+    store = SlowStatsStore()
+    cache = ResponseCache(store, ttl=60, min_hits=1, window=60, max_entry_bytes=2**20)
+    request = CacheRequest(
+        key="ns/k", stream=False, include_usage=False, read=True, write=True, share=True
+    )
+    assert await cache.lookup(request) is None  # one miss, counted here
+    seen: list[Any] = []
+
+    async def read_stats() -> None:
+        seen.append(await cache.stats())
+
+    with anyio.fail_after(30):  # a hang guard only
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cache.flush_stats)  # as _maybe_flush spawns it
+            await store.adding.wait()  # it holds the miss, the store has not counted it
+            tg.start_soon(read_stats)
+            for _ in range(20):  # turns of the loop: enough for stats() to finish if it could
+                await anyio.lowlevel.checkpoint()
+            assert seen == []  # waiting for the flush under way
+            store.release.set()
+    assert [(s.hits, s.misses) for s in seen] == [(0, 1)]
 
 
 async def test_closing_the_cache_waits_for_an_answer_being_stored() -> None:

@@ -18,6 +18,7 @@ import llmroute
 from llmroute.testing import Simulator
 
 from .conftest import KEY
+from .settle import settled
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 
@@ -356,10 +357,11 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
     """No close(), no async with: dropping the stream after a break resets it (asyncio's
     async-generator finalizer runs our cleanup)."""
     async with client_for(sim) as client:
+        await settled(sim)  # an earlier test's reset lands first
         before = sim.stats()["streams_cancelled"]
         await _break_after_first_chunk(client)
         gc.collect()
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):  # a hang guard only
             while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
                 await anyio.sleep(0.01)
 
@@ -368,6 +370,7 @@ async def test_plain_break_releases_the_stream_when_dropped(sim: Simulator) -> N
 async def test_a_stream_dropped_unread_is_reset_at_the_next_request(sim: Simulator) -> None:
     """Never iterated, never closed: the reset goes out with the connection's next request."""
     async with client_for(sim) as client:
+        await settled(sim)  # an earlier test's reset lands first
         before = sim.stats()["streams_cancelled"]
         stream = await client.chat.completions.create(
             model="sim-large",
@@ -379,7 +382,7 @@ async def test_a_stream_dropped_unread_is_reset_at_the_next_request(sim: Simulat
         for _ in range(3):
             gc.collect()
         await client.chat.completions.create(model="sim-large", messages=MESSAGES)
-        with anyio.fail_after(5):
+        with anyio.fail_after(30):  # a hang guard only
             while sim.stats()["streams_cancelled"] == before:  # noqa: ASYNC110 - other thread
                 await anyio.sleep(0.01)
         assert sim.stats()["streams_cancelled"] == before + 1
@@ -461,11 +464,18 @@ async def test_the_connections_table_caps_streams_and_connections(sim_slow: Simu
             events.append("second opened")
             await stream.close()
 
-        with anyio.fail_after(30):
+        transport = client._llmroute.transport  # type: ignore[attr-defined]
+        with anyio.fail_after(30):  # a hang guard only
             async with anyio.create_task_group() as tg:
                 tg.start_soon(another)
-                await anyio.sleep(0.3)  # the second request is waiting for a free stream
+                for _ in range(3000):  # bounded: the transport's counter has no event
+                    if transport.stream_waits or events:
+                        break
+                    await anyio.sleep(0.01)
+                # The second request is waiting for a free stream, not on a second connection.
+                assert transport.stream_waits == 1 and events == []
                 events.append("first closed")
                 await held.close()
-        assert len(client._llmroute.transport.connections()) == 1  # type: ignore[attr-defined]
+        assert len(transport.connections()) == 1
+        assert transport.stream_waits == 1  # woken once, by the close
     assert events == ["first closed", "second opened"]

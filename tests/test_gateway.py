@@ -30,6 +30,8 @@ from llmroute.server._app import key_namespace
 from llmroute.testing import Profile, Simulator
 from llmroute.testing._wire import masked_key
 
+from .settle import settled
+
 # Under trio, openai's own AsyncStream leaves its SSE generators to the garbage collector when it
 # stops at [DONE] or is closed (as for httpx's in pyproject.toml); llmroute's streams do not.
 pytestmark = pytest.mark.filterwarnings("ignore:Async generator 'openai:ResourceWarning")
@@ -133,13 +135,6 @@ async def direct_reply(sim: Simulator, messages: list[dict[str, str]] = MESSAGES
     ) as client:
         done = await client.chat.completions.create(model="sim-small", messages=messages)
     return done.choices[0].message.content or ""
-
-
-async def settled(sim: Simulator) -> None:
-    """Wait until the simulator has counted every earlier cancel (it notices them on its own
-    thread); ``in_flight`` drops only after a cancel was counted."""
-    await wait_for(lambda: sim.stats()["in_flight"] == 0)
-    assert sim.stats()["in_flight"] == 0
 
 
 async def wait_for(predicate: Callable[[], bool], seconds: float = DEADLINE) -> None:

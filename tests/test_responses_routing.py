@@ -16,6 +16,7 @@ from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Simulator
 
 from .conftest import KEY, fault
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +123,9 @@ async def test_a_break_after_the_first_token_is_never_a_complete_answer(sim: Sim
 
 
 async def test_a_stall_between_events_ends_within_the_stall_deadline(sim: Simulator) -> None:
-    cfg = config({"a": sim}, ["a:sim-small"], stall_timeout=0.3)
+    # 2 s: far below the 30 s stall, far above a pause of a loaded machine between events
+    # (with 0.3 s, such a pause could end the stream before its 4th token).
+    cfg = config({"a": sim}, ["a:sim-small"], stall_timeout=2.0)
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         stream = await client.responses.create(
             model="chat", input="Say hello", stream=True, extra_headers=fault("stall-between:4:30")
@@ -325,6 +328,7 @@ def test_a_failed_whole_response_is_an_error() -> None:
 
 async def test_a_responses_stream_left_early_is_reset_upstream(sim_slow: Simulator) -> None:
     cfg = config({"a": sim_slow}, ["a:sim-small"])
+    await settled(sim_slow)  # an earlier test's reset lands first
     before = sim_slow.stats()["streams_cancelled"]
     async with AsyncOpenAI(config=cfg, verify=sim_slow.ssl_context()) as client:
         stream = await client.responses.create(model="chat", input="Say hello", stream=True)

@@ -16,6 +16,7 @@ from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
 from .conftest import KEY, fault
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -50,12 +51,6 @@ async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
     with anyio.move_on_after(seconds):
         while not predicate():  # noqa: ASYNC110 - the simulator's counters have no event
             await anyio.sleep(0.02)
-
-
-async def settled(sim: Simulator) -> None:
-    """Wait until the simulator has seen every earlier cancel (it notices them asynchronously)."""
-    await wait_for(lambda: sim.stats()["in_flight"] == 0)
-    assert sim.stats()["in_flight"] == 0
 
 
 @pytest.fixture
@@ -240,8 +235,10 @@ async def test_a_retry_round_starts_one_attempt_not_one_per_earlier_hedge() -> N
             {"a": a, "b": b, "c": c},
             ["a:sim-small", "b:sim-small", "c:sim-small"],
             policy="hedge",
-            hedge_after="100ms",
-            first_token_timeout="400ms",
+            # The retry round's answer (no TTFT) must come before its hedge delay, or a hedge
+            # fires: 500 ms leaves a loaded machine room, 100 ms left little.
+            hedge_after="500ms",
+            first_token_timeout="2s",
         )
         # Every simulator hangs on its first request with this key, then answers.
         async with AsyncOpenAI(config=cfg, verify=a.ssl_context(), max_retries=2) as client:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -553,6 +554,20 @@ def steady_samples(seed: int, n: int, median: float, sigma: float = 0.2) -> list
     return [rng.lognormvariate(math.log(median), sigma) for _ in range(n)]
 
 
+def record_every_50ms(target: TargetStats, clock: FakeClock, values: Iterable[float]) -> None:
+    """Record ``values`` as first tokens of 100-token prompts, 50 ms apart."""
+    for value in values:
+        clock.advance(0.05)
+        target.record_ttft(value, 100)
+
+
+def steady_target(seed: int, n: int, median: float) -> tuple[TargetStats, FakeClock]:
+    """A target that has seen ``n`` steady samples around ``median``, 50 ms apart."""
+    target, clock = make_target()
+    record_every_50ms(target, clock, steady_samples(seed, n, median))
+    return target, clock
+
+
 def test_quantile_without_the_newest_matches_a_window_of_the_older_ones() -> None:
     values = steady_samples(1, 60, 0.3)
     window = LatencyWindow(clock=lambda: 0.0)
@@ -571,10 +586,7 @@ def test_quantile_without_the_newest_matches_a_window_of_the_older_ones() -> Non
 
 
 def test_a_target_that_got_slow_is_predicted_slow_after_half_the_short_view() -> None:
-    target, clock = make_target()
-    for value in steady_samples(2, 200, 0.25):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(2, 200, 0.25)
     before = target.predict(0.95, 100)
     assert before < 0.4
     shifts = target.shifts  # a few while the windows were small: their range was narrow
@@ -610,10 +622,7 @@ def test_hedges_that_keep_beating_a_target_make_it_slow() -> None:
     # Each hedge that answered first cancels this target's attempt past its p95: a censored
     # sample of at least that long. Four of them in a row are a change (five of the ten
     # newest samples are too, below).
-    target, clock = make_target()
-    for value in steady_samples(5, 100, 0.25):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(5, 100, 0.25)
     p95 = target.predict(0.95, 100)
     shifts = target.shifts
     for count in range(1, 5):
@@ -625,10 +634,7 @@ def test_hedges_that_keep_beating_a_target_make_it_slow() -> None:
 
 
 def test_a_real_sample_between_censored_ones_breaks_their_run() -> None:
-    target, clock = make_target()
-    for value in steady_samples(5, 100, 0.25):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(5, 100, 0.25)
     p95 = target.predict(0.95, 100)
     shifts = target.shifts
     for value in (1.5, 1.5, 0.25, 1.5, 1.5):  # (x p95) censored, censored, a first token, ...
@@ -644,24 +650,16 @@ def test_a_real_sample_between_censored_ones_breaks_their_run() -> None:
 
 
 def test_a_slow_target_that_got_fast_again_is_predicted_fast() -> None:
-    target, clock = make_target()
-    for value in steady_samples(6, 100, 1.0):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(6, 100, 1.0)
     assert target.predict(0.95, 100) > 1.0
     shifts = target.shifts
-    for value in steady_samples(7, 5, 0.25):  # re-measured: it is fast again
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    record_every_50ms(target, clock, steady_samples(7, 5, 0.25))  # re-measured: fast again
     assert target.shifts == shifts + 2
     assert target.predict(0.95, 100) < 0.4
 
 
 def test_attempts_waiting_past_the_p95_show_a_change_before_they_end() -> None:
-    target, clock = make_target()
-    for value in steady_samples(8, 200, 0.25):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(8, 200, 0.25)
     p95 = target.predict(0.95, 100)
     handles = [target.waiting() for _ in range(3)]  # three attempts now wait
     clock.advance(p95 * 0.9)
@@ -676,10 +674,7 @@ def test_attempts_waiting_past_the_p95_show_a_change_before_they_end() -> None:
 
 
 def test_one_attempt_past_the_p95_is_not_a_change() -> None:
-    target, clock = make_target()
-    for value in steady_samples(9, 200, 0.25):
-        clock.advance(0.05)
-        target.record_ttft(value, 100)
+    target, clock = steady_target(9, 200, 0.25)
     p95 = target.predict(0.95, 100)
     handle = target.waiting()
     clock.advance(p95 * 3)

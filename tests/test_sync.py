@@ -25,6 +25,7 @@ from llmroute._sync import ClientClosedError, Stream
 from llmroute.testing import Simulator
 
 from .conftest import KEY
+from .settle import settled_sync
 
 MESSAGES = [{"role": "user", "content": "Hello from a thread"}]
 
@@ -85,6 +86,7 @@ def test_attributes_and_repr(sim: Simulator, client: llmroute.OpenAI) -> None:
 
 def test_with_blocks_and_close_reset_the_stream(sim: Simulator, sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         with client.chat.completions.create(
             model="sim-small", messages=MESSAGES, stream=True
@@ -97,7 +99,7 @@ def test_with_blocks_and_close_reset_the_stream(sim: Simulator, sim_slow: Simula
         stream.close()
         stream.close()  # idempotent
         assert list(stream) == []
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] < before + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 2
@@ -281,6 +283,7 @@ def test_every_endpoint_of_the_async_client(client: llmroute.OpenAI) -> None:
 
 def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
     threads = len(loop_threads())
+    settled_sync(sim_slow)  # an earlier test's reset lands before we count
     before = sim_slow.stats()["streams_cancelled"]
     client = sync_client(sim_slow)
     client.max_retries = 1
@@ -289,7 +292,7 @@ def test_a_dropped_client_and_stream_are_closed(sim_slow: Simulator) -> None:
         break
     del stream
     gc.collect()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a hang guard only
     while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sim_slow.stats()["streams_cancelled"] == before + 1
@@ -325,6 +328,7 @@ def test_unclosed_client_exits_cleanly(sim: Simulator) -> None:
 
 def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
         read: list[Any] = []
@@ -339,14 +343,14 @@ def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulato
 
         thread = threading.Thread(target=reader)
         thread.start()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while len(read) < 3 and time.monotonic() < deadline:
             time.sleep(0.005)
         stream.close()  # a "stop generating" button, on another thread
         thread.join(5)
         assert not thread.is_alive() and not errors
         assert len(read) < 150  # it stopped early (the reply has 200 tokens)
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 1
@@ -354,12 +358,13 @@ def test_a_stream_closed_from_another_thread_stops_its_reader(sim_slow: Simulato
 
 def test_a_stream_left_by_a_break_is_reset_without_a_collection(sim_slow: Simulator) -> None:
     with sync_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
         before = sim_slow.stats()["streams_cancelled"]
         stream = client.chat.completions.create(model="sim-small", messages=MESSAGES, stream=True)
         for _ in stream:
             break
         del stream  # no gc.collect(): the drop itself schedules the reset
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a hang guard only
         while sim_slow.stats()["streams_cancelled"] == before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 1

@@ -14,6 +14,7 @@ import llmroute
 from llmroute.testing import Simulator
 
 from .conftest import KEY
+from .settle import settled
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +27,7 @@ def client_for(sim: Simulator, **kwargs: object) -> llmroute.AsyncOpenAI:
     )
 
 
-async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 5.0) -> None:
+async def wait_for_stat(sim: Simulator, name: str, value: int, timeout: float = 30.0) -> None:
     with anyio.move_on_after(timeout):
         while sim.stats()[name] < value:  # noqa: ASYNC110 - the counter lives in another thread
             await anyio.sleep(0.01)
@@ -70,6 +71,7 @@ async def test_fifty_concurrent_streams_share_one_connection(sim: Simulator) -> 
 
 async def _first_chunk_then(sim: Simulator, how: str) -> None:
     async with client_for(sim) as client:
+        await settled(sim)  # an earlier test's reset lands first
         before = sim.stats()
         stream = await client.chat.completions.create(
             model="sim-large", messages=MESSAGES, stream=True
@@ -141,6 +143,7 @@ async def test_plain_http_target_uses_http11_keepalive(sim_h1: Simulator) -> Non
         assert first.timings.http_version == "HTTP/1.1"
         assert first.timings.connection_reused is False
         assert second.timings.connection_reused is True
+        await settled(sim_h1)  # an earlier test's reset lands first
         before = sim_h1.stats()["streams_cancelled"]
         stream = await client.chat.completions.create(
             model="sim-small",

@@ -71,14 +71,29 @@ def client_for(server: ScriptedServer) -> llmroute.AsyncOpenAI:
     )
 
 
-async def read_all(client: llmroute.AsyncOpenAI, streams: int) -> list[str]:
+def answer(stream: ScriptedStream, text: str) -> None:
+    """The whole answer ``text`` in one chunk, then [DONE]."""
+    stream.respond()
+    stream.send(sse_chunk(text, finish="stop"))
+    stream.send(b"data: [DONE]\n\n", end=True)
+
+
+async def read_all(
+    client: llmroute.AsyncOpenAI,
+    streams: int,
+    messages: list[ChatCompletionMessageParam] = MESSAGES,
+    guard: float = 60,
+) -> list[str]:
+    """``streams`` streamed asks at once, each read to its end: their texts.
+
+    ``guard`` is a hang guard only, far above the seconds the streams take."""
     texts: list[str] = []
 
     async def one() -> None:
-        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
         texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
 
-    with anyio.fail_after(60):  # a hang guard: the streams end in well under a second
+    with anyio.fail_after(guard):
         async with anyio.create_task_group() as tg:
             for _ in range(streams):
                 tg.start_soon(one)
@@ -139,9 +154,7 @@ async def test_opening_a_stream_does_not_walk_the_streams_beside_it(
 
     async def handler(stream: ScriptedStream) -> None:
         await barrier.wait()  # every stream is open at once before any answer
-        stream.respond()
-        stream.send(sse_chunk("ok", finish="stop"))
-        stream.send(b"data: [DONE]\n\n", end=True)
+        answer(stream, "ok")
 
     with ScriptedServer(handler, max_concurrent_streams=1000) as server:
         async with client_for(server) as client:
@@ -166,23 +179,12 @@ async def test_request_bodies_wait_for_the_servers_window_without_losing_a_wakeu
 
     async def handler(stream: ScriptedStream) -> None:
         await barrier.wait()
-        stream.respond()
-        stream.send(sse_chunk("ok", finish="stop"))
-        stream.send(b"data: [DONE]\n\n", end=True)
+        answer(stream, "ok")
 
     long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "x" * 1600}]
     with ScriptedServer(handler, max_concurrent_streams=1000) as server:
         async with client_for(server) as client:
-            texts: list[str] = []
-
-            async def one() -> None:
-                stream = await client.chat.completions.create(model="m", messages=long, stream=True)
-                texts.append("".join([c.choices[0].delta.content or "" async for c in stream]))
-
-            with anyio.fail_after(120):  # a hang guard: this takes about a second
-                async with anyio.create_task_group() as tg:
-                    for _ in range(streams):
-                        tg.start_soon(one)
+            texts = await read_all(client, streams, long, guard=120)  # about a second
             assert len(client._llmroute.transport.connections()) == 1
     assert barrier.arrived == streams and barrier.event is not None and barrier.event.is_set()
     assert texts == ["ok"] * streams

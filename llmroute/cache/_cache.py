@@ -78,6 +78,9 @@ class ResponseCache:
         self._down_until: float | None = None
         self._hits = self._misses = 0
         self._flushed_at = clock()
+        # One flush at a time: stats() waits for a background flush that holds the counters
+        # taken from _hits/_misses but has not added them to the store yet.
+        self._flushing = anyio.Lock()
         self._reported: set[str] = set()
         self._storing = 0  # answers whose store call is under way
         self._stored: anyio.Event | None = None  # set when _storing drops to 0 (for aclose)
@@ -180,15 +183,17 @@ class ResponseCache:
             spawn(self.flush_stats, name="cache stats")
 
     async def flush_stats(self) -> None:
-        """Add the lookups counted since the last flush to the store's hit and miss counters."""
-        hits, misses = self._hits, self._misses
-        if not (hits or misses) or not self._usable():
-            return
-        self._hits = self._misses = 0
-        try:
-            await self.store.add_stats(hits=hits, misses=misses)
-        except CacheUnavailable as exc:
-            self._unavailable(exc)
+        """Add the lookups counted since the last flush to the store's hit and miss counters
+        (after any flush under way has added its own)."""
+        async with self._flushing:
+            hits, misses = self._hits, self._misses
+            if not (hits or misses) or not self._usable():
+                return
+            self._hits = self._misses = 0
+            try:
+                await self.store.add_stats(hits=hits, misses=misses)
+            except CacheUnavailable as exc:
+                self._unavailable(exc)
 
     # -- single-flight ---------------------------------------------------------------------
 

@@ -719,10 +719,7 @@ class _Run:
             # One attempt and no hedge to time: it runs in this task (no task group, no task
             # to schedule); the loop below takes over only if it failed.
             name = pending.popleft()
-            reason = "explore" if name == plan.explored else first
-            record = AttemptReport(target=name, started=clock() - self.t0, reason=reason)
-            report.attempts.append(record)
-            state.live += 1
+            record = self._begin_attempt(name, "explore" if name == plan.explored else first, state)
             launched = 1
             await self._attempt(record, state, prefix)
             if state.winner is not None or state.final is not None:
@@ -741,10 +738,7 @@ class _Run:
 
             def launch(reason: str) -> None:
                 nonlocal launched, hedge_at
-                name = pending.popleft()
-                record = AttemptReport(target=name, started=clock() - self.t0, reason=reason)
-                report.attempts.append(record)
-                state.live += 1
+                record = self._begin_attempt(pending.popleft(), reason, state)
                 delay = plan.hedge_delay(launched)
                 hedge_at = anyio.current_time() + delay if delay is not None else None
                 launched += 1
@@ -817,6 +811,14 @@ class _Run:
                         continue
                 await state.wait(wait)
             tg.cancel_scope.cancel()
+
+    def _begin_attempt(self, name: str, reason: str, state: _Race) -> AttemptReport:
+        """An attempt on ``name`` starting now: in the route report, and in flight in ``state``
+        (the caller runs it, in its own task or in the race's task group)."""
+        record = AttemptReport(target=name, started=self.clock() - self.t0, reason=reason)
+        self.report.attempts.append(record)
+        state.live += 1
+        return record
 
     def _soonest_available(self, targets: Sequence[str]) -> float | None:
         """Seconds until the first of ``targets`` that is cooling down or has its circuit open

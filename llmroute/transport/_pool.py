@@ -124,6 +124,7 @@ class _OriginPool:
                     continue
                 if self.slot_freed.is_set():
                     self.slot_freed = anyio.Event()
+                self.transport.stream_waits += 1
                 await self.slot_freed.wait()
 
     async def _connect(self, timeout: float | None) -> HTTP2Connection | None:
@@ -208,6 +209,9 @@ class Transport(httpx.AsyncBaseTransport):
         self._pools: dict[tuple[str, int], _OriginPool] = {}
         self._to_close: list[HTTP2Connection] = []
         self._closed = False
+        self.stream_waits = 0
+        """How many times a request waited for a free stream: every connection to its origin
+        was full and no other could be opened (``max_connections``)."""
 
     def _http1_transport(self, verify: ssl.SSLContext | str | bool) -> httpx.AsyncHTTPTransport:
         h1_verify = (

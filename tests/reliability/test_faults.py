@@ -396,7 +396,8 @@ async def test_a_cancelled_reader_releases_the_upstream_stream_at_once() -> None
 async def test_a_stall_between_chunks_is_continued_on_another_target(target: Simulator) -> None:
     """The stream stops after 5 tokens with its socket open; the route's deadline between
     chunks notices it (not the 600 s read timeout) and the answer ends on the other target."""
-    cfg = routed(target.base_url, second=target.base_url, stall_timeout="300ms")
+    # 2 s: far below the 20 s stall, far above a pause of a loaded machine between chunks.
+    cfg = routed(target.base_url, second=target.base_url, stall_timeout="2s")
     async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
     assert text == await expected(target)
@@ -452,7 +453,7 @@ async def test_a_stall_over_http1_is_noticed_by_the_engines_own_deadline() -> No
     """Plain HTTP/1.1 bodies have no bounded wait of their own: the engine's scope is used."""
     profile = Profile(reply_tokens=20, inter_token=0.01, hang_max=20.0)
     with Simulator(profile=profile, tls=False) as plain:
-        cfg = routed(plain.base_url, second=plain.base_url, stall_timeout="300ms")
+        cfg = routed(plain.base_url, second=plain.base_url, stall_timeout="2s")
         async with AsyncOpenAI(config=cfg, max_retries=0) as client:
             text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
         assert text == await expected(plain)
