@@ -240,10 +240,9 @@ class _AsyncCompletions(AsyncCompletions):
             LOOKED_UP.reset(token)
 
 
-# Introspection (signature, type hints, docs) sees openai's own create().
-functools.update_wrapper(
-    _AsyncCompletions.create, AsyncCompletions.create, assigned=("__doc__", "__annotations__")
-)
+# Introspection (signature, type hints, overloads, docs) sees openai's own create():
+# typing.get_overloads finds a function's overloads by its module and qualified name.
+functools.update_wrapper(_AsyncCompletions.create, AsyncCompletions.create)
 
 
 class _AsyncChat(AsyncChat):
