@@ -49,6 +49,10 @@ _NOT_GIVEN: Any = openai.NOT_GIVEN
 NO_KEY = "llmroute-routes-only"
 """The API key of a routed client that has none: openai wants one; it is never sent (a call
 for a model name that is not a route raises before anything is sent)."""
+_SIGNERS = ("_api_key_provider", "workload_identity", "_provider_runtime")
+"""openai's ways of authenticating a request as it is sent (an API key provider called per
+request, a workload identity, a cloud provider's signing): until then ``api_key`` is empty or
+a placeholder that every tenant shares."""
 _EXCHANGE: contextvars.ContextVar[list[Timings] | None] = contextvars.ContextVar(
     "llmroute_exchange", default=None
 )
@@ -403,6 +407,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 sent["OpenAI-Project"] = self.project
             sent.update(call.client_headers)
             call.sent_headers = sent
+            call.signed_late = any(getattr(self, name, None) is not None for name in _SIGNERS)
 
     async def _direct(self, cast_to: Any, options: Any, stream: bool) -> Any:
         """A chat call for a model name that is not a route: openai's machinery sends it to

@@ -128,6 +128,10 @@ class Call:
     """The client's ``default_headers`` as given (llmroute reads its ``x-llmroute-*`` ones)."""
     sent_headers: Mapping[str, str] = field(default_factory=dict)
     """What a direct call is sent with (the client's default and auth headers)."""
+    signed_late: bool = False
+    """A direct call whose credentials only openai's machinery knows, as it sends the request
+    (an API key provider, a workload identity, a cloud provider's signing): ``sent_headers``
+    do not say who asks, so the cache answers it only in a namespace the call names."""
     base_url: str = ""
     http: Any = None
     """The application's own async HTTP client (``http_client=``), which routed calls use
@@ -543,6 +547,8 @@ class Dispatch:
         if namespace is None:
             # Whoever the request would be sent as: the keys and organization each target
             # gets, after the call's own headers.
+            if call.signed_late and route is None:
+                return None  # who asks is unknown here: tenants would share one namespace
             if route is not None:
                 sent = [
                     self.upstream.provider_headers(self.providers[t.provider])
