@@ -17,6 +17,7 @@ import logging
 import os
 import ssl
 import time
+import types
 from collections.abc import Mapping
 from typing import Any, cast, get_origin
 
@@ -221,17 +222,43 @@ def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     return body
 
 
+_OPENAI_CODE = os.path.dirname(openai.__file__) + os.sep
+
+
+def _openais_own(create: object) -> bool:
+    """Whether ``create`` is openai's own code, not a wrapper an instrumentation (a tracer, an
+    error reporter) put on openai's class: such a wrapper must see every call, hits too."""
+    code = getattr(create, "__code__", None)
+    return (
+        type(create) is types.FunctionType
+        and code is not None
+        and (code.co_filename.startswith(_OPENAI_CODE))
+    )
+
+
+_OPENAI_CREATE = AsyncCompletions.__dict__["create"]
+_EARLY = _openais_own(_OPENAI_CREATE)
+
+
 class _AsyncCompletions(AsyncCompletions):
     """openai's ``chat.completions``, whose ``create`` asks the cache first.
 
     openai's ``create`` transforms its arguments into the request body before the seam sees
     the call: for a one-message call that is most of a cache hit's time. When the body is
     known without it (:func:`plain_body`), the cache answers here; otherwise, and on a miss,
-    openai's ``create`` runs as it is."""
+    openai's ``create`` runs as it is. So does every call while something (a tracer, an error
+    reporter) has wrapped openai's ``create``: the wrapper sees hits as it did before."""
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         client = cast(AsyncOpenAI, self._client)
-        body = plain_body(kwargs) if not args and client._llmroute.cache is not None else None
+        body = (
+            plain_body(kwargs)
+            if not args
+            and client._llmroute.cache is not None
+            and AsyncCompletions.__dict__.get("create") is _OPENAI_CREATE
+            and _EARLY
+            else None
+        )
         if body is None:
             return await super().create(*args, **kwargs)
         found, key = await client._cache_first("/chat/completions", body)
