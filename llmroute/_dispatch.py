@@ -410,9 +410,13 @@ class Dispatch:
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
         usual way, and the seam does not look ``key`` up again while :data:`LOOKED_UP` holds
         it), ``(None, None)`` when the cache may not answer this call."""
-        self.goal(call)
+        self.goal(call)  # raised before metrics count the call, as in answer()
         cache = self.cache
-        request = self._cache_request(call) if cache is not None else None
+        try:
+            request = self._cache_request(call) if cache is not None else None
+        except Exception as exc:  # counted as answer() counts it (it raises the same there)
+            self._telemetry(call).failed(exc)
+            raise
         if cache is None or request is None or not request.read:
             return None, None
         started = time.monotonic()
@@ -665,6 +669,7 @@ class Dispatch:
             )
             return Outcome(stream, response)
         attach(hit.completion, timings, report, started)
+        hit.completion._request_id = None  # openai's attribute: no vendor answered this call
         report.ttft = timings.first_token
         return Outcome(hit.completion, response)
 

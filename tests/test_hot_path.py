@@ -353,6 +353,52 @@ async def test_a_wrapper_on_openais_create_sees_cache_hits_too(
             assert len(seen) == 2 and seen[0]["model"] == "chat"
 
 
+async def test_the_early_check_answers_as_the_seam_does(sim: Simulator) -> None:
+    """A hit answered before openai's create() and one answered at the seam (``extra_headers``
+    send a call there) are the same to the caller: the answer, openai's ``_request_id``
+    (``None``: no vendor answered; it raised AttributeError on a hit), the response, and a
+    refused call is counted in the metrics either way (the early check did not count it)."""
+    seam: Any = {"extra_headers": {"x-trace": "1"}}
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        live: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+        assert live._request_id
+        await _settled(client)
+        early: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+        late: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0, **seam
+        )
+        for hit in (early, late):
+            assert hit.route.cache_hit and hit._request_id is None
+            assert hit.model_dump() == live.model_dump()
+        streams: list[Any] = [
+            await client.chat.completions.create(
+                model="chat", messages=MESSAGES, temperature=0, stream=True, **extra
+            )
+            for extra in ({}, seam)
+        ]
+        chunks = [[c.model_dump() async for c in s] for s in streams]
+        assert chunks[0] == chunks[1] and chunks[0]
+        assert dict(streams[0].response.headers) == dict(streams[1].response.headers)
+        bad = client.with_options(default_headers={"x-llmroute-cache-namespace": "a/b"})
+        for extra in ({}, seam):
+            with pytest.raises(llmroute.ConfigError, match="x-llmroute-cache-namespace"):
+                await bad.chat.completions.create(
+                    model="chat", messages=MESSAGES, temperature=0, **extra
+                )
+        errors = [
+            line
+            for line in client.metrics.exposition().decode().splitlines()
+            if line.startswith("llmroute_requests_total{") and 'outcome="error"' in line
+        ]
+        assert errors == ['llmroute_requests_total{outcome="error",route="chat",source="live"} 2.0']
+
+
 def test_only_a_body_known_without_openais_machinery_is_looked_up_early() -> None:
     from llmroute._client import plain_body
 
