@@ -50,7 +50,7 @@ _NOT_GIVEN: Any = openai.NOT_GIVEN
 NO_KEY = "llmroute-routes-only"
 """The API key of a routed client that has none: openai wants one; it is never sent (a call
 for a model name that is not a route raises before anything is sent)."""
-_SIGNERS = ("_api_key_provider", "workload_identity", "_provider_runtime")
+SIGNERS = ("_api_key_provider", "workload_identity", "_provider_runtime")
 """openai's ways of authenticating a request as it is sent (an API key provider called per
 request, a workload identity, a cloud provider's signing): until then ``api_key`` is empty or
 a placeholder that every tenant shares."""
@@ -84,13 +84,20 @@ def prepare(
             max_retries=retries if isinstance(retries, int) and retries >= 0 else 2,
         )
     default = shared.default_provider
+    # openai refuses an api_key beside these (they authenticate each request themselves).
+    signed = any(kwargs.get(name) is not None for name in ("workload_identity", "provider"))
     if default is not None:
         if kwargs.get("base_url") is None:
             kwargs["base_url"] = str(default.base_url)
-        if kwargs.get("api_key") is None:
+        if kwargs.get("api_key") is None and not signed:
             kwargs["api_key"] = default.api_key or NO_KEY
     missing = False
-    if kwargs.get("api_key") is None and shared.configured and not os.environ.get("OPENAI_API_KEY"):
+    if (
+        kwargs.get("api_key") is None
+        and not signed
+        and shared.configured
+        and not os.environ.get("OPENAI_API_KEY")
+    ):
         kwargs["api_key"] = NO_KEY  # only routes are usable; a call for any other model says why
         missing = True
     return shared, missing
@@ -434,7 +441,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 sent["OpenAI-Project"] = self.project
             sent.update(call.client_headers)
             call.sent_headers = sent
-            call.signed_late = any(getattr(self, name, None) is not None for name in _SIGNERS)
+            call.signed_late = any(getattr(self, name, None) is not None for name in SIGNERS)
 
     async def _direct(self, cast_to: Any, options: Any, stream: bool) -> Any:
         """A chat call for a model name that is not a route: openai's machinery sends it to

@@ -29,6 +29,7 @@ from openai.types.chat import ChatCompletionChunk
 from ._client import (
     DEFAULT_TIMEOUT,
     NO_KEY,
+    SIGNERS,
     AsyncOpenAI,
     base_url_of,
     is_raw,
@@ -568,11 +569,12 @@ class OpenAI(openai.OpenAI):
     def _inner(self) -> AsyncOpenAI | None:
         """The async twin on the loop that serves this client's chat calls for model names
         that are not routes (so they get the cache and the metrics as the async client's do);
-        ``None`` when this client's own ``http_client`` or a key callable must carry them."""
+        ``None`` when this client's own ``http_client`` must carry them, or openai's
+        per-request authentication (a key callable, a workload identity, a cloud provider)."""
         if not getattr(self._client, "_llmroute_owned", False):
             return None
-        if getattr(self, "_api_key_provider", None) is not None:
-            return None
+        if any(getattr(self, name, None) is not None for name in SIGNERS):
+            return None  # openai authenticates each request (the twin would not carry it)
         inner = self.__dict__.get("_llmroute_inner")
         if inner is None:
             inner = self._llmroute.call(_twin, self, self._llmroute.dispatch)
