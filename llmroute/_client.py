@@ -54,6 +54,13 @@ SIGNERS = ("_api_key_provider", "workload_identity", "_provider_runtime")
 """openai's ways of authenticating a request as it is sent (an API key provider called per
 request, a workload identity, a cloud provider's signing): until then ``api_key`` is empty or
 a placeholder that every tenant shares."""
+
+
+def signs_late(client: object) -> bool:
+    """Whether openai authenticates ``client``'s requests as it sends each (see ``SIGNERS``)."""
+    return any(getattr(client, name, None) is not None for name in SIGNERS)
+
+
 _EXCHANGE: contextvars.ContextVar[list[Timings] | None] = contextvars.ContextVar(
     "llmroute_exchange", default=None
 )
@@ -441,7 +448,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 sent["OpenAI-Project"] = self.project
             sent.update(call.client_headers)
             call.sent_headers = sent
-            call.signed_late = any(getattr(self, name, None) is not None for name in SIGNERS)
+            call.signed_late = signs_late(self)
 
     async def _direct(self, cast_to: Any, options: Any, stream: bool) -> Any:
         """A chat call for a model name that is not a route: openai's machinery sends it to

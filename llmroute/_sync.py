@@ -29,13 +29,13 @@ from openai.types.chat import ChatCompletionChunk
 from ._client import (
     DEFAULT_TIMEOUT,
     NO_KEY,
-    SIGNERS,
     AsyncOpenAI,
     base_url_of,
     is_raw,
     post_parse,
     prepare,
     records,
+    signs_late,
     wrap_raw,
 )
 from ._config import Config
@@ -573,7 +573,7 @@ class OpenAI(openai.OpenAI):
         per-request authentication (a key callable, a workload identity, a cloud provider)."""
         if not getattr(self._client, "_llmroute_owned", False):
             return None
-        if any(getattr(self, name, None) is not None for name in SIGNERS):
+        if signs_late(self):
             return None  # openai authenticates each request (the twin would not carry it)
         inner = self.__dict__.get("_llmroute_inner")
         if inner is None:
