@@ -17,6 +17,7 @@ import logging
 import os
 import ssl
 import time
+import types
 from collections.abc import Mapping
 from typing import Any, cast, get_origin
 
@@ -49,6 +50,17 @@ _NOT_GIVEN: Any = openai.NOT_GIVEN
 NO_KEY = "llmroute-routes-only"
 """The API key of a routed client that has none: openai wants one; it is never sent (a call
 for a model name that is not a route raises before anything is sent)."""
+SIGNERS = ("_api_key_provider", "workload_identity", "_provider_runtime")
+"""openai's ways of authenticating a request as it is sent (an API key provider called per
+request, a workload identity, a cloud provider's signing): until then ``api_key`` is empty or
+a placeholder that every tenant shares."""
+
+
+def signs_late(client: object) -> bool:
+    """Whether openai authenticates ``client``'s requests as it sends each (see ``SIGNERS``)."""
+    return any(getattr(client, name, None) is not None for name in SIGNERS)
+
+
 _EXCHANGE: contextvars.ContextVar[list[Timings] | None] = contextvars.ContextVar(
     "llmroute_exchange", default=None
 )
@@ -79,13 +91,20 @@ def prepare(
             max_retries=retries if isinstance(retries, int) and retries >= 0 else 2,
         )
     default = shared.default_provider
+    # openai refuses an api_key beside these (they authenticate each request themselves).
+    signed = any(kwargs.get(name) is not None for name in ("workload_identity", "provider"))
     if default is not None:
         if kwargs.get("base_url") is None:
             kwargs["base_url"] = str(default.base_url)
-        if kwargs.get("api_key") is None:
+        if kwargs.get("api_key") is None and not signed:
             kwargs["api_key"] = default.api_key or NO_KEY
     missing = False
-    if kwargs.get("api_key") is None and shared.configured and not os.environ.get("OPENAI_API_KEY"):
+    if (
+        kwargs.get("api_key") is None
+        and not signed
+        and shared.configured
+        and not os.environ.get("OPENAI_API_KEY")
+    ):
         kwargs["api_key"] = NO_KEY  # only routes are usable; a call for any other model says why
         missing = True
     return shared, missing
@@ -217,17 +236,43 @@ def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     return body
 
 
+_OPENAI_CODE = os.path.dirname(openai.__file__) + os.sep
+
+
+def _openais_own(create: object) -> bool:
+    """Whether ``create`` is openai's own code, not a wrapper an instrumentation (a tracer, an
+    error reporter) put on openai's class: such a wrapper must see every call, hits too."""
+    code = getattr(create, "__code__", None)
+    return (
+        type(create) is types.FunctionType
+        and code is not None
+        and (code.co_filename.startswith(_OPENAI_CODE))
+    )
+
+
+_OPENAI_CREATE = AsyncCompletions.__dict__["create"]
+_EARLY = _openais_own(_OPENAI_CREATE)
+
+
 class _AsyncCompletions(AsyncCompletions):
     """openai's ``chat.completions``, whose ``create`` asks the cache first.
 
     openai's ``create`` transforms its arguments into the request body before the seam sees
     the call: for a one-message call that is most of a cache hit's time. When the body is
     known without it (:func:`plain_body`), the cache answers here; otherwise, and on a miss,
-    openai's ``create`` runs as it is."""
+    openai's ``create`` runs as it is. So does every call while something (a tracer, an error
+    reporter) has wrapped openai's ``create``: the wrapper sees hits as it did before."""
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         client = cast(AsyncOpenAI, self._client)
-        body = plain_body(kwargs) if not args and client._llmroute.cache is not None else None
+        body = (
+            plain_body(kwargs)
+            if not args
+            and client._llmroute.cache is not None
+            and AsyncCompletions.__dict__.get("create") is _OPENAI_CREATE
+            and _EARLY
+            else None
+        )
         if body is None:
             return await super().create(*args, **kwargs)
         found, key = await client._cache_first("/chat/completions", body)
@@ -240,10 +285,9 @@ class _AsyncCompletions(AsyncCompletions):
             LOOKED_UP.reset(token)
 
 
-# Introspection (signature, type hints, docs) sees openai's own create().
-functools.update_wrapper(
-    _AsyncCompletions.create, AsyncCompletions.create, assigned=("__doc__", "__annotations__")
-)
+# Introspection (signature, type hints, overloads, docs) sees openai's own create():
+# typing.get_overloads finds a function's overloads by its module and qualified name.
+functools.update_wrapper(_AsyncCompletions.create, AsyncCompletions.create)
 
 
 class _AsyncChat(AsyncChat):
@@ -404,6 +448,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 sent["OpenAI-Project"] = self.project
             sent.update(call.client_headers)
             call.sent_headers = sent
+            call.signed_late = signs_late(self)
 
     async def _direct(self, cast_to: Any, options: Any, stream: bool) -> Any:
         """A chat call for a model name that is not a route: openai's machinery sends it to

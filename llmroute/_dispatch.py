@@ -128,6 +128,10 @@ class Call:
     """The client's ``default_headers`` as given (llmroute reads its ``x-llmroute-*`` ones)."""
     sent_headers: Mapping[str, str] = field(default_factory=dict)
     """What a direct call is sent with (the client's default and auth headers)."""
+    signed_late: bool = False
+    """A direct call whose credentials only openai's machinery knows, as it sends the request
+    (an API key provider, a workload identity, a cloud provider's signing): ``sent_headers``
+    do not say who asks, so the cache answers it only in a namespace the call names."""
     base_url: str = ""
     http: Any = None
     """The application's own async HTTP client (``http_client=``), which routed calls use
@@ -406,9 +410,13 @@ class Dispatch:
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
         usual way, and the seam does not look ``key`` up again while :data:`LOOKED_UP` holds
         it), ``(None, None)`` when the cache may not answer this call."""
-        self.goal(call)
+        self.goal(call)  # raised before metrics count the call, as in answer()
         cache = self.cache
-        request = self._cache_request(call) if cache is not None else None
+        try:
+            request = self._cache_request(call) if cache is not None else None
+        except Exception as exc:  # counted as answer() counts it (it raises the same there)
+            self._telemetry(call).failed(exc)
+            raise
         if cache is None or request is None or not request.read:
             return None, None
         started = time.monotonic()
@@ -543,6 +551,8 @@ class Dispatch:
         if namespace is None:
             # Whoever the request would be sent as: the keys and organization each target
             # gets, after the call's own headers.
+            if call.signed_late and route is None:
+                return None  # who asks is unknown here: tenants would share one namespace
             if route is not None:
                 sent = [
                     self.upstream.provider_headers(self.providers[t.provider])
@@ -659,6 +669,7 @@ class Dispatch:
             )
             return Outcome(stream, response)
         attach(hit.completion, timings, report, started)
+        hit.completion._request_id = None  # openai's attribute: no vendor answered this call
         report.ttft = timings.first_token
         return Outcome(hit.completion, response)
 

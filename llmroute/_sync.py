@@ -35,6 +35,7 @@ from ._client import (
     post_parse,
     prepare,
     records,
+    signs_late,
     wrap_raw,
 )
 from ._config import Config
@@ -568,11 +569,12 @@ class OpenAI(openai.OpenAI):
     def _inner(self) -> AsyncOpenAI | None:
         """The async twin on the loop that serves this client's chat calls for model names
         that are not routes (so they get the cache and the metrics as the async client's do);
-        ``None`` when this client's own ``http_client`` or a key callable must carry them."""
+        ``None`` when this client's own ``http_client`` must carry them, or openai's
+        per-request authentication (a key callable, a workload identity, a cloud provider)."""
         if not getattr(self._client, "_llmroute_owned", False):
             return None
-        if getattr(self, "_api_key_provider", None) is not None:
-            return None
+        if signs_late(self):
+            return None  # openai authenticates each request (the twin would not carry it)
         inner = self.__dict__.get("_llmroute_inner")
         if inner is None:
             inner = self._llmroute.call(_twin, self, self._llmroute.dispatch)

@@ -223,6 +223,48 @@ async def test_tenants_never_see_each_others_answers(sim: Simulator, tmp_path: P
     assert not files_containing(tmp_path, KEY.encode())
 
 
+async def test_a_key_known_only_when_openai_sends_the_call_never_shares_answers(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    """openai's API key provider (a callable, called as each request is sent) leaves
+    ``api_key`` empty until then: two tenants with providers looked the same to the cache, and
+    one got the other's answers. Their direct calls are cached only in a namespace they name."""
+    keys = {"a": KEY, "b": KEY + "-other"}
+
+    def make(tenant: str) -> AsyncOpenAI:
+        async def provide() -> str:
+            return keys[tenant]
+
+        config = {"cache": {"backend": "disk", "path": str(tmp_path), "min_hits": 1}}
+        return AsyncOpenAI(
+            api_key=provide, base_url=sim.base_url, config=config, verify=sim.ssl_context()
+        )
+
+    msgs: Any = messages()
+    async with make("a") as a, make("b") as b:
+        for extra in (None, {"x-trace": "1"}):  # the early check, and the seam
+            for c in (a, b, a, b):
+                answer: Any = await c.chat.completions.create(
+                    model="sim-small", messages=msgs, temperature=0, extra_headers=extra
+                )
+                await stored(c)
+                assert not getattr(answer.route, "cache_hit", False), (extra, c is a)
+        sent = [r["headers"].get("authorization") for r in sim.last_requests[-8:]]
+        assert sent == [f"Bearer {keys[t]}" for t in "abab" * 2]
+        # A namespace the calls name is shared, as any client's is.
+        named = {"x-llmroute-cache-namespace": "team"}
+        for c in (a, b):
+            await c.chat.completions.create(
+                model="sim-small", messages=msgs, temperature=0, extra_headers=named
+            )
+            await stored(c)
+        again: Any = await b.chat.completions.create(
+            model="sim-small", messages=msgs, temperature=0, extra_headers=named
+        )
+        assert again.route.cache_hit
+    assert not files_containing(tmp_path, KEY.encode())
+
+
 def files_containing(root: Path, secret: bytes) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and secret in p.read_bytes()]
 

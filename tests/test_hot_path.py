@@ -264,7 +264,7 @@ async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
     ``create()`` transforms them (most of a hit's time); the answer was stored by the usual
     path, so both paths agree on its key. Any other call goes through openai's ``create()``
     and the seam, and still hits."""
-    from openai.resources.chat import AsyncCompletions
+    from openai.resources.chat.completions import completions
 
     async with llmroute.AsyncOpenAI(
         api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
@@ -275,18 +275,18 @@ async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
         cache = client._cache
         assert cache is not None
         through_openai = {"n": 0}
-        real_create = AsyncCompletions.create
+        real_transform = completions.async_maybe_transform
 
-        async def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        async def counting(*args: Any, **kwargs: Any) -> Any:
             through_openai["n"] += 1
-            return await real_create(self, *args, **kwargs)
+            return await real_transform(*args, **kwargs)
 
         whole_prompt = [{"role": "user", "content": "Answer in one piece."}]
         first: Any = await client.chat.completions.create(
             model="chat", messages=whole_prompt, temperature=0
         )
         await _settled(client)
-        monkeypatch.setattr(AsyncCompletions, "create", counting)
+        monkeypatch.setattr(completions, "async_maybe_transform", counting)
         upstream = sim.stats()["chat_requests"]
         text, hit = await _ask(client)
         whole: Any = await client.chat.completions.create(
@@ -322,6 +322,81 @@ async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
         assert not fresh.route.cache_hit and through_openai["n"] == 4
         assert cache._misses == misses + 1
         assert sim.stats()["chat_requests"] == upstream + 1
+
+
+async def test_a_wrapper_on_openais_create_sees_cache_hits_too(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tracers and error reporters (OpenTelemetry's, Langfuse's, Sentry's openai integrations)
+    wrap openai's ``AsyncCompletions.create``; with openai's client they see every call. The
+    early cache check must not answer around them: while openai's ``create`` is wrapped, every
+    call goes through it, and a hit is still a hit."""
+    from openai.resources.chat import AsyncCompletions
+
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        live, _ = await _ask(client)
+        await _settled(client)
+        seen: list[dict[str, Any]] = []
+        real_create = AsyncCompletions.create
+
+        async def traced(self: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(kwargs)
+            return await real_create(self, *args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(AsyncCompletions, "create", traced)
+            for _ in range(2):
+                text, hit = await _ask(client)
+                assert hit and text == live
+            assert len(seen) == 2 and seen[0]["model"] == "chat"
+
+
+async def test_the_early_check_answers_as_the_seam_does(sim: Simulator) -> None:
+    """A hit answered before openai's create() and one answered at the seam (``extra_headers``
+    send a call there) are the same to the caller: the answer, openai's ``_request_id``
+    (``None``: no vendor answered; it raised AttributeError on a hit), the response, and a
+    refused call is counted in the metrics either way (the early check did not count it)."""
+    seam: Any = {"extra_headers": {"x-trace": "1"}}
+    async with llmroute.AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
+    ) as client:
+        live: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+        assert live._request_id
+        await _settled(client)
+        early: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0
+        )
+        late: Any = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, temperature=0, **seam
+        )
+        for hit in (early, late):
+            assert hit.route.cache_hit and hit._request_id is None
+            assert hit.model_dump() == live.model_dump()
+        streams: list[Any] = [
+            await client.chat.completions.create(
+                model="chat", messages=MESSAGES, temperature=0, stream=True, **extra
+            )
+            for extra in ({}, seam)
+        ]
+        chunks = [[c.model_dump() async for c in s] for s in streams]
+        assert chunks[0] == chunks[1] and chunks[0]
+        assert dict(streams[0].response.headers) == dict(streams[1].response.headers)
+        bad = client.with_options(default_headers={"x-llmroute-cache-namespace": "a/b"})
+        for extra in ({}, seam):
+            with pytest.raises(llmroute.ConfigError, match="x-llmroute-cache-namespace"):
+                await bad.chat.completions.create(
+                    model="chat", messages=MESSAGES, temperature=0, **extra
+                )
+        errors = [
+            line
+            for line in client.metrics.exposition().decode().splitlines()
+            if line.startswith("llmroute_requests_total{") and 'outcome="error"' in line
+        ]
+        assert errors == ['llmroute_requests_total{outcome="error",route="chat",source="live"} 2.0']
 
 
 def test_only_a_body_known_without_openais_machinery_is_looked_up_early() -> None:

@@ -411,3 +411,25 @@ def test_a_direct_chat_call_is_cached_and_counted(sim: Simulator, tmp_path: Any)
         assert isinstance(streamed, llmroute.Stream) and [c for c in streamed]
         samples = client.metrics.exposition().decode()
         assert 'source="cache"' in samples
+
+
+def test_openais_per_request_authentication_is_kept(sim: Simulator) -> None:
+    """A workload identity (or a cloud provider) authenticates each request inside openai's
+    machinery. A client with a config refused it (llmroute set an ``api_key``, which openai
+    will not take beside it), and the sync client's async twin, built from ``api_key`` alone,
+    would have sent openai's placeholder ``Bearer workload-identity-auth``: such calls stay on
+    openai's path."""
+    identity: Any = {
+        "identity_provider_id": "idp-test",
+        "service_account_id": "sa-test",
+        "provider": {"token_type": "jwt", "get_token": lambda: "subject-token"},
+    }
+    with llmroute.OpenAI(workload_identity=identity, base_url=sim.base_url) as plain:
+        assert plain.workload_identity is not None
+        assert plain._inner() is None
+    config = {"cache": {"backend": "memory"}}
+    with llmroute.OpenAI(workload_identity=identity, base_url=sim.base_url, config=config) as c:
+        assert c.workload_identity is not None and c._inner() is None
+    routed = llmroute.AsyncOpenAI(workload_identity=identity, base_url=sim.base_url, config=config)
+    assert routed.workload_identity is not None
+    anyio.run(routed.close)

@@ -7,7 +7,7 @@ later is checked without a change here.
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, get_overloads, get_type_hints
 
 import openai
 import pytest
@@ -54,6 +54,14 @@ def walk(theirs: Any, ours: Any, path: str, seen: set[int], found: list[str]) ->
             if where.endswith(("copy", "with_options")):
                 continue  # overridden to share llmroute's state; arguments passed through
             assert shape(inspect.signature(mine)) == shape(theirs_sig), f"{where}: arguments differ"
+            if not isinstance(theirs, SyncAPIResource | AsyncAPIResource):
+                continue
+            # Type checkers and frameworks read the overloads (``stream`` picks the return
+            # type) and the hints of a resource method they are given.
+            overloads = [shape(inspect.signature(f)) for f in get_overloads(value.__func__)]
+            mine_overloads = [shape(inspect.signature(f)) for f in get_overloads(mine)]
+            assert mine_overloads == overloads, f"{where}: overloads differ"
+            assert get_type_hints(mine) == get_type_hints(value), f"{where}: hints differ"
         elif name in ("with_raw_response", "with_streaming_response"):
             walk(value, mine, where, seen, found)
 
