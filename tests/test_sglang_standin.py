@@ -48,6 +48,10 @@ def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=30, check=False)
 
 
+BOUND = "Uvicorn running on"
+BIND_FAILED = "Failed to bind"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -86,21 +90,34 @@ class StandIn:
         flags: tuple[str, ...] = (),
         **knobs: Any,
     ) -> None:
-        self.port = free_port()
+        # A free port can be taken (by any process's outgoing connection) before the server
+        # binds it: the server then logs "Failed to bind" and exits, and it is started again
+        # on another port. Waiting for its own "Uvicorn running" line also means that what
+        # answers on the port is this server, not whoever took it.
+        for _ in range(5):
+            self.port = free_port()
+            self.log_path = log_dir / f"sglang-{self.port}.log"
+            command = [*COMMANDS[entry], "--model-path", MODEL_PATH, "--port", str(self.port)]
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    [*command, *flags],
+                    env=standin_env(version, **knobs),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.pgid = self.proc.pid
+            wait_for(self._started, 30, "the server to bind its port, fail to, or exit")
+            if BIND_FAILED not in self.log():
+                break
+            self.proc.wait(10)
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_dir / f"sglang-{self.port}.log"
-        command = [*COMMANDS[entry], "--model-path", MODEL_PATH, "--port", str(self.port), *flags]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                command,
-                env=standin_env(version, **knobs),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.pgid = self.proc.pid
         self.http = httpx.Client(base_url=self.base_url, timeout=10)
+
+    def _started(self) -> bool:
+        log = self.log()
+        return BOUND in log or BIND_FAILED in log or self.proc.poll() is not None
 
     def log(self) -> str:
         return self.log_path.read_text()
