@@ -265,14 +265,13 @@ class _AsyncCompletions(AsyncCompletions):
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         client = cast(AsyncOpenAI, self._client)
-        body = (
-            plain_body(kwargs)
-            if not args
+        early = (
+            _EARLY
+            and not args
             and client._llmroute.cache is not None
-            and AsyncCompletions.__dict__.get("create") is _OPENAI_CREATE
-            and _EARLY
-            else None
+            and AsyncCompletions.__dict__.get("create") is _OPENAI_CREATE  # not wrapped since
         )
+        body = plain_body(kwargs) if early else None
         if body is None:
             return await super().create(*args, **kwargs)
         found, key = await client._cache_first("/chat/completions", body)

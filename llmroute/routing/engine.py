@@ -714,12 +714,15 @@ class _Run:
         # On the event loop's clock, which the waits below run on (the router's may be a test's).
         give_up_at = anyio.current_time() + budget - (clock() - self.t0)
         first = "continuation" if prefix is not None else "first"
+        opening = first if plan.start == 1 else "race"
         inline = plan.start == 1 and plan.hedge_delay(0) is None and bool(pending)
         if inline:
             # One attempt and no hedge to time: it runs in this task (no task group, no task
             # to schedule); the loop below takes over only if it failed.
             name = pending.popleft()
-            record = self._begin_attempt(name, "explore" if name == plan.explored else first, state)
+            record = self._begin_attempt(
+                name, "explore" if name == plan.explored else opening, state
+            )
             launched = 1
             await self._attempt(record, state, prefix)
             if state.winner is not None or state.final is not None:
@@ -745,10 +748,7 @@ class _Run:
                 tg.start_soon(self._attempt, record, state, prefix)
 
             for _ in range(0 if inline else min(plan.start, len(pending))):
-                launch(first if plan.start == 1 else "race")
-            for record in report.attempts[-plan.start :] if not inline else ():
-                if record.target == plan.explored:
-                    record.reason = "explore"
+                launch("explore" if pending[0] == plan.explored else opening)
             while state.winner is None and state.final is None:
                 if state.again is not None and state.live < plan.start + hedged:
                     name, due = state.again
@@ -867,18 +867,14 @@ class _Run:
         timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
         try:
             missed = False
+            opening = (
+                self._open_stream(target, prefix) if self.stream else self._open_complete(target)
+            )
             if not timeout:  # no first-token deadline: no cancel scope to enter
-                ready = await (
-                    self._open_stream(target, prefix)
-                    if self.stream
-                    else self._open_complete(target)
-                )
+                ready = await opening
             else:
                 with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
-                    if self.stream:
-                        ready = await self._open_stream(target, prefix)
-                    else:
-                        ready = await self._open_complete(target)
+                    ready = await opening
                 missed = deadline.cancelled_caught
             if ready is None or missed:
                 raise FirstTokenTimeout(

@@ -729,8 +729,6 @@ class TargetStats:
         """The newest TTFT sample is below the p5 of the ones before it (by the small-window
         margin while they are few): the target may have
         got faster (a slow one re-measured), so it is worth re-measuring again soon."""
-        self.explored_at: float | None = None
-        """When a request last went to this target first to re-measure it (the router's)."""
         self._explorations: deque[float] = deque(maxlen=EXPLORATIONS_KEPT)
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
@@ -1069,8 +1067,12 @@ class TargetStats:
 
     def explored(self, now: float) -> None:
         """A request went to this target to re-measure it, at ``now`` (the router's clock)."""
-        self.explored_at = now
         self._explorations.append(now)
+
+    @property
+    def explored_at(self) -> float | None:
+        """When a request last went to this target to re-measure it (the router's clock)."""
+        return self._explorations[-1] if self._explorations else None
 
     def unanswered_explorations(self, *, streamed: bool = True) -> int:
         """Explorations of this target since its newest sample (all those kept when it has
