@@ -20,7 +20,7 @@ from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
 from .conftest import KEY
-from .settle import settled
+from .settle import settled, stored
 
 pytestmark = pytest.mark.anyio
 
@@ -54,15 +54,6 @@ async def client(sim: Simulator) -> AsyncIterator[AsyncOpenAI]:
         api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=cache_config(sim)
     ) as c:
         yield c
-
-
-async def stored(client: AsyncOpenAI) -> None:
-    """Wait until the answers in flight are stored (that happens after the callers have them)."""
-    cache = client._cache
-    assert cache is not None
-    with anyio.move_on_after(10):
-        while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
-            await anyio.sleep(0.005)
 
 
 async def together(n: int, call: Callable[[], Awaitable[Any]]) -> list[Any]:

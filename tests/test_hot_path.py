@@ -8,7 +8,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import httpx
 import openai
 import pytest
@@ -21,6 +20,7 @@ from llmroute.testing import Profile, Simulator
 from llmroute.transport import Transport, _h2
 
 from .conftest import KEY
+from .settle import stored
 
 pytestmark = pytest.mark.anyio
 
@@ -217,9 +217,7 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         assert not hit
         cache = client._cache
         assert cache is not None
-        with anyio.move_on_after(10):
-            while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
-                await anyio.sleep(0.005)
+        await stored(client)
         decoded = {"n": 0}
         real = _cache.CacheEntry.decode
 
@@ -249,14 +247,6 @@ async def test_a_cache_hit_runs_nothing_of_routing_and_decodes_its_entry_once(
         assert decoded["n"] == 2
 
 
-async def _settled(client: llmroute.AsyncOpenAI) -> None:
-    cache = client._cache
-    assert cache is not None
-    with anyio.move_on_after(10):
-        while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
-            await anyio.sleep(0.005)
-
-
 async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
     sim: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,7 +261,7 @@ async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
     ) as client:
         live, hit = await _ask(client)
         assert not hit
-        await _settled(client)
+        await stored(client)
         cache = client._cache
         assert cache is not None
         through_openai = {"n": 0}
@@ -285,7 +275,7 @@ async def test_a_cache_hit_is_answered_before_openais_create_builds_the_request(
         first: Any = await client.chat.completions.create(
             model="chat", messages=whole_prompt, temperature=0
         )
-        await _settled(client)
+        await stored(client)
         monkeypatch.setattr(completions, "async_maybe_transform", counting)
         upstream = sim.stats()["chat_requests"]
         text, hit = await _ask(client)
@@ -337,7 +327,7 @@ async def test_a_wrapper_on_openais_create_sees_cache_hits_too(
         api_key=KEY, verify=sim.ssl_context(), config=_cached_config(sim, "memory")
     ) as client:
         live, _ = await _ask(client)
-        await _settled(client)
+        await stored(client)
         seen: list[dict[str, Any]] = []
         real_create = AsyncCompletions.create
 
@@ -366,7 +356,7 @@ async def test_the_early_check_answers_as_the_seam_does(sim: Simulator) -> None:
             model="chat", messages=MESSAGES, temperature=0
         )
         assert live._request_id
-        await _settled(client)
+        await stored(client)
         early: Any = await client.chat.completions.create(
             model="chat", messages=MESSAGES, temperature=0
         )
@@ -449,9 +439,7 @@ async def test_each_cache_hit_gets_a_response_of_its_own(sim: Simulator) -> None
         await _ask(client)
         cache = client._cache
         assert cache is not None
-        with anyio.move_on_after(10):
-            while cache._flights:  # noqa: ASYNC110 - bounded poll of the cache's own state
-                await anyio.sleep(0.005)
+        await stored(client)
         responses: list[httpx.Response] = []
         for _ in range(2):
             stream: Any = await client.chat.completions.create(

@@ -112,6 +112,8 @@ class StandIn:
             if BIND_FAILED not in self.log():
                 break
             self.proc.wait(10)
+        else:
+            raise RuntimeError(f"the stand-in found no free port in 5 tries: {self.log()}")
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.http = httpx.Client(base_url=self.base_url, timeout=10)
 

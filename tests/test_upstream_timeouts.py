@@ -29,6 +29,8 @@ from llmroute.routing.engine import Route, RouteTarget
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
 
+from .settle import settled
+
 UPSTREAM_KEY = "sk-upstream-timeouts-0123456789"
 GW_KEY = "gw-timeouts-key-0123456789abcdef"
 ENVIRON = {"GW_KEY_CI": GW_KEY}
@@ -238,11 +240,7 @@ async def test_gateway_total_timeout_cuts_a_stream_and_cancels_its_upstream(
     stall, then an upstream_timeout event, no [DONE], and the upstream stream cancelled. (The
     stall, not a race between the total and the first tokens, decides where the cut falls: a
     3 s answer cut at 500 ms had no chunk at all on a machine slow to start it.)"""
-    for _ in range(200):  # earlier tests' resets are noticed asynchronously: let them land
-        if slow.stats()["in_flight"] == 0:
-            break
-        await anyio.sleep(0.05)
-    assert slow.stats()["in_flight"] == 0
+    await settled(slow)  # earlier tests' resets are noticed asynchronously: let them land
     before = slow.stats()["streams_cancelled"]
     body = {"model": "stalling", "messages": MESSAGES, "stream": True}
     answer = await post(gateway, body, {TOTAL_HEADER: "2s"})
