@@ -136,18 +136,9 @@ async def hit_vs_live(pairs: int, directory: str, backend: str = "disk") -> dict
                 await settle(client)
             hits: list[float] = []
             live: list[float] = []
-            hit_parts: dict[str, list[float]] = {
-                "cpu": [],
-                "seam": [],
-                "seam_cpu": [],
-                "ours_cpu": [],
-            }
-            live_parts: dict[str, list[float]] = {
-                "cpu": [],
-                "seam": [],
-                "seam_cpu": [],
-                "ours_cpu": [],
-            }
+            parts = ("cpu", "seam", "seam_cpu", "ours_cpu")
+            hit_parts: dict[str, list[float]] = {part: [] for part in parts}
+            live_parts: dict[str, list[float]] = {part: [] for part in parts}
             off = {"extra_headers": {"x-llmroute-cache": "off"}}
             for i in range(pairs):
                 order = (True, False) if i % 2 == 0 else (False, True)

@@ -205,6 +205,7 @@ async def run_load(
                     try:
                         stats = [await anyio.to_thread.run_sync(sim.stats) for sim in sims]
                     except OSError:  # a busy simulator's answer took too long (timeouts too)
+                        await anyio.sleep(0.5)  # not asked again at once: it is busy
                         continue
                     held = sum(st["held"] for st in stats)
                     if held != last:

@@ -305,12 +305,13 @@ async def run_oracle(scenario: Scenario, concurrency: int) -> dict[str, Any]:
                 for c, part in zip(clients.values(), parts, strict=True)
             ]
             waiter = asyncio.create_task(first.wait())
-            await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
-            while not first.is_set() and not all(t.done() for t in tasks):
-                await asyncio.wait([*tasks, waiter], return_when=asyncio.FIRST_COMPLETED)
+            # Until a first token, or until all three ended without one (a stream that ended
+            # early must not be waited on again: that returned at once, a busy loop).
+            everyone = asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.wait([waiter, everyone], return_when=asyncio.FIRST_COMPLETED)
             for t in [*tasks, waiter]:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await everyone
             await asyncio.gather(waiter, return_exceptions=True)
             got = [(p.ttft, name) for p, name in zip(parts, clients, strict=True) if p.ttft]
             if got:
