@@ -356,6 +356,7 @@ async def measure(args: argparse.Namespace, url: str, ctx: Any, pid: int, out: s
             if args.save:
                 import shutil
 
+                os.makedirs(args.save, exist_ok=True)
                 shutil.copy(f"{out}.{written}", os.path.join(args.save, f"gateway-{kind}.prof"))
     finally:
         await client.close()

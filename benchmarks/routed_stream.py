@@ -9,7 +9,7 @@ one target), streams ``--warmup`` replies, then measures its own CPU time (``pro
 median of the per-round ratios this/baseline (measurements seconds apart, since absolute times
 drift on a shared machine).
 
-    git archive <commit> llmroute | tar -x -C /tmp/base     # the baseline tree
+    git archive <commit> llmroute providers | tar -x -C /tmp/base   # the baseline tree
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --usage   # with usage
 """
