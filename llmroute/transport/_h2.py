@@ -180,7 +180,14 @@ class HTTP2Connection:
         self.requests_served = 0
         self._sock = stream
         self._ssl_read = _buffered_reader(stream)
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        # h2's outbound header checks and normalisation (a chain of generators over every
+        # header of every request) are done once, in _request_headers, with the same outcome.
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self._h2 = _H2Connection(config=config)
         self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
@@ -359,13 +366,25 @@ class HTTP2Connection:
             (b":scheme", url.raw_scheme),
             (b":path", url.raw_path),
         ]
+        if not url.raw_path:
+            raise httpx.LocalProtocolError("an empty :path")
+        # What h2's outbound checks would refuse or change, done here once (they are off): a
+        # name that is empty, not lower case or not a token (a ":" is not: no pseudo-header
+        # comes from the caller), CR, LF or NUL in a value, or white space around it (refused,
+        # where h2 strips it), TE other than "trailers"; connection-specific headers dropped;
+        # credentials and short cookies never indexed.
         for name, value in request.headers.raw:
             lname = name.lower()
-            if _INVALID_HEADER.search(lname) or _INVALID_VALUE.search(value):
+            if (
+                not lname
+                or _INVALID_HEADER.search(lname)
+                or _INVALID_VALUE.search(value)
+                or (lname == b"te" and value.lower() != b"trailers")
+            ):
                 # Sent as is, it would make the server end the whole connection (all its streams).
                 shown = name.decode(errors="replace")
                 raise httpx.LocalProtocolError(f"invalid HTTP header {shown!r}")
-            if lname in _SECRET_HEADERS:
+            if lname in _SECRET_HEADERS or (lname == b"cookie" and len(value) < 20):
                 # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
                 headers.append(NeverIndexedHeaderTuple(lname, value))
             elif lname not in _HOP_BY_HOP:
