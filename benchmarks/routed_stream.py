@@ -12,6 +12,7 @@ drift on a shared machine).
     git archive <commit> llmroute providers | tar -x -C /tmp/base   # the baseline tree
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --usage   # with usage
+    .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --frame-per-event
 """
 
 from __future__ import annotations
@@ -92,10 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=1000)
     p.add_argument("--chunk-tokens", type=int, default=1)
     p.add_argument("--usage", action="store_true", help="ask for stream_options.include_usage")
+    p.add_argument(
+        "--frame-per-event",
+        action="store_true",
+        help="one SSE event per HTTP/2 DATA frame and TLS record, as vendors flush",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
-    profile = Profile(reply_tokens=args.tokens, tokens_per_chunk=args.chunk_tokens)
+    profile = Profile(
+        reply_tokens=args.tokens,
+        tokens_per_chunk=args.chunk_tokens,
+        frame_per_event=args.frame_per_event,
+    )
     rounds: list[dict[str, float]] = []
     with SimulatorProcess(profile=profile, tls=True) as sim:
         for r in range(args.rounds):

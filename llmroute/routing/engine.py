@@ -220,7 +220,8 @@ class _Race:
 
 async def _close_quietly(response: httpx.Response) -> None:
     """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
-    with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+    # One scope: shielded from outside, bounded by its own deadline.
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 5):
         with contextlib.suppress(Exception):
             await response.aclose()
 

@@ -35,7 +35,9 @@ import h2.settings
 import httpx
 from anyio.streams.tls import TLSAttribute
 from h2.errors import ErrorCodes
+from h2.exceptions import StreamClosedError, StreamIDTooLowError
 from hpack import NeverIndexedHeaderTuple
+from hyperframe.frame import Frame, RstStreamFrame
 
 from ._events import EventDeadline
 
@@ -99,6 +101,37 @@ class _H2Connection(h2.connection.H2Connection):
             return held
         return super().open_outbound_streams
 
+    def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
+        """h2's own, minus ``logger.trace("Received frame: %s", repr(frame))``: the argument is
+        built even for h2's no-op logger, and a DATA frame's repr copies and hex-encodes its
+        payload (a tenth of the client's CPU with one event per frame). The rest is h2 4.4's
+        code as is (``tests/test_h2_transport.py`` checks that it still is)."""
+        events: list[h2.events.Event]
+        try:
+            frames, events = self._frame_dispatch_table[frame.__class__](frame)
+        except StreamClosedError as e:
+            if self._stream_is_closed_by_reset(e.stream_id):
+                f = RstStreamFrame(e.stream_id)
+                f.error_code = e.error_code
+                self._prepare_for_sending([f])
+                events = e._events
+            else:
+                raise
+        except StreamIDTooLowError as e:
+            if self._stream_is_closed_by_reset(e.stream_id):
+                f = RstStreamFrame(e.stream_id)
+                f.error_code = ErrorCodes.STREAM_CLOSED
+                self._prepare_for_sending([f])
+                events = []
+            elif self._stream_is_closed_by_end(e.stream_id):
+                raise StreamClosedError(e.stream_id) from e
+            else:
+                raise
+        else:
+            self._prepare_for_sending(frames)
+
+        return events
+
     def _forget(self, stream_id: int) -> None:
         """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
         stream = self.streams.get(stream_id)
@@ -147,11 +180,19 @@ class HTTP2Connection:
         self.requests_served = 0
         self._sock = stream
         self._ssl_read = _buffered_reader(stream)
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        # h2's outbound header checks and normalisation (a chain of generators over every
+        # header of every request) are done once, in _request_headers, with the same outcome.
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self._h2 = _H2Connection(config=config)
         self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
-        self._write_lock = anyio.Lock()
+        # Uncontended, it takes no turn of the event loop (the write itself is a checkpoint).
+        self._write_lock = anyio.Lock(fast_acquire=True)
         self._reading = False
         self._waiting: dict[int, _StreamState] = {}
         self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
@@ -325,13 +366,25 @@ class HTTP2Connection:
             (b":scheme", url.raw_scheme),
             (b":path", url.raw_path),
         ]
+        if not url.raw_path:
+            raise httpx.LocalProtocolError("an empty :path")
+        # What h2's outbound checks would refuse or change, done here once (they are off): a
+        # name that is empty, not lower case or not a token (a ":" is not: no pseudo-header
+        # comes from the caller), CR, LF or NUL in a value, or white space around it (refused,
+        # where h2 strips it), TE other than "trailers"; connection-specific headers dropped;
+        # credentials and short cookies never indexed.
         for name, value in request.headers.raw:
             lname = name.lower()
-            if _INVALID_HEADER.search(lname) or _INVALID_VALUE.search(value):
+            if (
+                not lname
+                or _INVALID_HEADER.search(lname)
+                or _INVALID_VALUE.search(value)
+                or (lname == b"te" and value.lower() != b"trailers")
+            ):
                 # Sent as is, it would make the server end the whole connection (all its streams).
                 shown = name.decode(errors="replace")
                 raise httpx.LocalProtocolError(f"invalid HTTP header {shown!r}")
-            if lname in _SECRET_HEADERS:
+            if lname in _SECRET_HEADERS or (lname == b"cookie" and len(value) < 20):
                 # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
                 headers.append(NeverIndexedHeaderTuple(lname, value))
             elif lname not in _HOP_BY_HOP:
@@ -465,8 +518,16 @@ class HTTP2Connection:
 
     async def close_stream(self, state: _StreamState) -> None:
         """Forget a stream; if it has not ended, reset it so the server stops sending."""
-        if self._streams.pop(state.id, None) is None:
+        if state.id not in self._streams:
             return
+        took = False
+        if not state.ended and state.error is None and state.local_ended:
+            # A stream's end often comes just behind its last event (the [DONE] line): take what
+            # TLS already holds, so that a stream which has in fact ended is not reset (the
+            # reset was a write, a wake-up and two cancel scopes per request).
+            while not state.ended and state.error is None and self._read_buffered():
+                took = True
+        del self._streams[state.id]
         self._waiting.pop(state.id, None)
         if self._unacked.pop(state.id, None) is not None:
             self._unacked_bytes -= state.read_flow
@@ -485,7 +546,7 @@ class HTTP2Connection:
             except h2.exceptions.ProtocolError:
                 pass
         self._h2._forget(state.id)
-        if reset:
+        if reset or (took and self._h2_has_output()):
             with anyio.CancelScope(shield=True):
                 try:
                     await self._flush(_CLOSE_GRACE)
@@ -704,17 +765,19 @@ class HTTP2Connection:
             return
         if self._error is not None:
             raise _fresh(self._error)
-        # A half-written frame would corrupt every stream of the connection: never cancel a write.
-        with anyio.CancelScope(shield=True):
-            try:
-                with _deadline(_WRITE_LIMIT if timeout is None else timeout, httpx.WriteTimeout):
-                    await self._sock.send(data)
-            except httpx.WriteTimeout as exc:
-                self._connection_lost(exc, None)
-                raise
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-                self._connection_lost(httpx.WriteError(f"write failed: {exc}"), exc)
-                raise httpx.WriteError(f"write failed: {exc}") from exc
+        # A half-written frame would corrupt every stream of the connection: never cancel a write
+        # (shielded from outer scopes), but bound it (the scope's own deadline still applies).
+        limit = _WRITE_LIMIT if timeout is None else timeout
+        try:
+            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + limit) as scope:
+                await self._sock.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            self._connection_lost(httpx.WriteError(f"write failed: {exc}"), exc)
+            raise httpx.WriteError(f"write failed: {exc}") from exc
+        if scope.cancelled_caught:
+            error = httpx.WriteTimeout(f"no data within {limit:g} s on this stream")
+            self._connection_lost(error, None)
+            raise error
 
 
 class _Chunks:

@@ -97,6 +97,11 @@ class _OriginPool:
 
         ``None`` means the server does not speak HTTP/2: use HTTP/1.1.
         """
+        self._prune()
+        conn = self._available()
+        if conn is not None:  # the common case: no wait, so no deadline (a cancel scope)
+            conn.reserve()
+            return conn, True
         with _deadline(timeouts.get("pool"), httpx.PoolTimeout):
             while True:
                 self._prune()
