@@ -13,6 +13,12 @@ drift on a shared machine).
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --usage   # with usage
     .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --frame-per-event
+    .venv/bin/python benchmarks/routed_stream.py --baseline /tmp/base --inter-token 0.005
+
+``--inter-token`` paces the reply as a real vendor does (one token every that many seconds;
+replies then default to 200 tokens, 1 s each), so every chunk is a read that waits: what each
+such read costs (its deadline, the wake-up) is measured, not just the decoding of buffered
+frames. The CPU is still the client's own (``process_time``; idle waiting costs none).
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--streams", type=int, default=5, help="measured streams per child (5)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--tokens", type=int, default=1000)
+    p.add_argument("--tokens", type=int, help="reply length (1000; 200 with --inter-token)")
     p.add_argument("--chunk-tokens", type=int, default=1)
     p.add_argument("--usage", action="store_true", help="ask for stream_options.include_usage")
     p.add_argument(
@@ -98,13 +104,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one SSE event per HTTP/2 DATA frame and TLS record, as vendors flush",
     )
+    p.add_argument(
+        "--inter-token",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="pace the reply: this long between tokens, so every read waits (0: unpaced)",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    if args.tokens is None:
+        args.tokens = 200 if args.inter_token > 0 else 1000
     trees = {"this": HERE, "baseline": args.baseline.resolve()}
     profile = Profile(
         reply_tokens=args.tokens,
         tokens_per_chunk=args.chunk_tokens,
         frame_per_event=args.frame_per_event,
+        inter_token=args.inter_token,
     )
     rounds: list[dict[str, float]] = []
     with SimulatorProcess(profile=profile, tls=True) as sim:
