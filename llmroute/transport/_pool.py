@@ -92,29 +92,31 @@ class _OriginPool:
                 best = conn
         return best
 
+    def _take(self) -> HTTP2Connection | None:
+        """The least busy live connection with a free stream slot, reserved; ``None``: none."""
+        self._prune()
+        conn = self._available()
+        if conn is not None:
+            conn.reserve()
+        return conn
+
     async def acquire(self, timeouts: dict[str, Any]) -> tuple[HTTP2Connection | None, bool]:
         """A connection with a free stream slot (reserved for the caller), and whether reused.
 
         ``None`` means the server does not speak HTTP/2: use HTTP/1.1.
         """
-        self._prune()
-        conn = self._available()
+        conn = self._take()
         if conn is not None:  # the common case: no wait, so no deadline (a cancel scope)
-            conn.reserve()
             return conn, True
         with _deadline(timeouts.get("pool"), httpx.PoolTimeout):
             while True:
-                self._prune()
-                conn = self._available()
+                conn = self._take()
                 if conn is not None:
-                    conn.reserve()
                     return conn, True
                 if len(self.connections) < self.transport.max_connections:
                     async with self.connect_lock:
-                        self._prune()
-                        conn = self._available()
+                        conn = self._take()
                         if conn is not None:
-                            conn.reserve()
                             return conn, True
                         if self.http1_only:
                             return None, False
