@@ -15,13 +15,14 @@ import types
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 __all__ = [
     "CatalogError",
+    "ContextWindow",
     "Continuation",
     "ProviderSpec",
     "catalog_dir",
@@ -34,6 +35,10 @@ __all__ = [
 
 class CatalogError(ValueError):
     """Raised when a catalog file is missing, not TOML, or not a valid provider description."""
+
+
+ContextWindow = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
+"""A context window in tokens: the prompt and the answer together, as the vendor counts them."""
 
 
 class Continuation(BaseModel):
@@ -85,6 +90,15 @@ class ProviderSpec(BaseModel):
     """Extra headers every request to this vendor carries (never secrets)."""
     docs: str = ""
     """The vendor's documentation page the values come from."""
+    context_window: ContextWindow | None = None
+    """Tokens (prompt plus answer) every model of this provider takes at most, unless
+    ``context_windows`` names the model; ``None``: unknown (never a reason to skip a target)."""
+    context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
+    """Context windows by model name, as the vendor's docs state them."""
+
+    def window_for(self, model: str) -> int | None:
+        """The context window of ``model`` on this provider, in tokens; ``None`` if unknown."""
+        return self.context_windows.get(model, self.context_window)
 
     @pydantic.model_validator(mode="after")
     def _stored_needs_responses(self) -> ProviderSpec:

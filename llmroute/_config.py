@@ -48,7 +48,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ._catalog import Continuation, ProviderSpec, format_validation_error, load_catalog
+from ._catalog import (
+    ContextWindow,
+    Continuation,
+    ProviderSpec,
+    format_validation_error,
+    load_catalog,
+)
 
 __all__ = [
     "CacheSettings",
@@ -260,6 +266,12 @@ class ProviderConfig(BaseModel):
     """TLS trust of this provider's ``https://`` base URL: ``true`` (the system's roots or
     ``SSL_CERT_FILE``), ``false`` (no verification: for a test server only), or the path of a CA
     file (PEM) or directory; unset, the client's own ``verify``."""
+    context_window: ContextWindow | None = None
+    """Tokens (prompt plus answer) every model of this provider takes at most, e.g. 32768 for a
+    self-hosted server started with that context length; it replaces the catalog's windows."""
+    context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
+    """Context windows by model name (``{ "qwen2.5-7b-instruct" = 32768 }``), added to the
+    catalog's; a model named here takes its window from here, before ``context_window``."""
 
     @field_validator("continuation", mode="before")
     @classmethod
@@ -356,6 +368,11 @@ class RouteConfig(BaseModel):
     min_tokens_per_s: float | None = Field(default=None, gt=0)
     """A minimum decode speed: targets whose live median tokens/s is below it go behind the
     others (``extra_body={"llmroute": {"min_tokens_per_s": 40}}`` per request)."""
+    context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
+    """Context windows of this route's targets, by ``"provider:model"``
+    (``{ "gpu1:qwen2.5-7b-instruct" = 32768 }``), over the provider's and the catalog's. A
+    request estimated not to fit a target's window is not sent there; a context-length error
+    fails over to a target with a larger one (docs/routing.md)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -387,6 +404,13 @@ class RouteConfig(BaseModel):
                 "required by policy = 'weighted': one positive number per target",
                 "weights",
             )
+        for target in self.context_windows:
+            if target not in seen:
+                raise _invalid(
+                    f"{target!r} is not one of this route's targets{_suggest(target, seen)}",
+                    "context_windows",
+                    target,
+                )
         return self
 
     def target_list(self) -> list[Target]:
@@ -850,10 +874,13 @@ def _resolve_provider(
     data: dict[str, Any] = base.model_dump() if base is not None else {}
     data["name"] = kind if base is not None else name
     if settings is not None:
-        for field_name in settings.model_fields_set & _OVERRIDES:
+        given = settings.model_fields_set
+        if "context_window" in given:  # one window for every model: the catalog's give way
+            data["context_windows"] = {}
+        for field_name in given & _OVERRIDES:
             value = getattr(settings, field_name)
-            if field_name == "headers":
-                value = {**data.get("headers", {}), **value}
+            if field_name in ("headers", "context_windows"):
+                value = {**data.get(field_name, {}), **value}
             data[field_name] = value
     try:
         spec = ProviderSpec.model_validate(data)

@@ -74,6 +74,9 @@ def route_for(
                 continuation=providers[t.provider].spec.continuation,
                 stream_usage=providers[t.provider].spec.stream_usage,
                 protocol=providers[t.provider].spec.protocol,
+                context_window=config.context_windows.get(
+                    t.name, providers[t.provider].spec.window_for(t.model)
+                ),
             )
             for t in targets
         ),

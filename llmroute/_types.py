@@ -94,3 +94,6 @@ class RouteReport:
     shared: bool = False
     """The answer came from an identical request's call in flight at the same time
     (single-flight); ``attempts`` are that call's."""
+    left_out: dict[str, str] = field(default_factory=dict)
+    """Targets of the route this request was not sent to, each with the reason (its declared
+    context window is smaller than the request's estimated size)."""

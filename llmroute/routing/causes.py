@@ -49,7 +49,7 @@ REQUEST_CAUSES: Final = frozenset({"invalid_request", "content_policy", "context
 something else. Returned to the caller unless a route opts in to failing over on them."""
 
 _CONTEXT_LENGTH = re.compile(
-    r"context[ _-]?(length|window)|prompt is too long|maximum context|too many tokens"
+    r"context[ _-]?(length|window|limit)|prompt is too long|maximum context|too many tokens"
     r"|reduce the length|input is too long",
     re.IGNORECASE,
 )

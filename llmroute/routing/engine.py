@@ -78,6 +78,7 @@ from .stats import (
     stall_deadline,
     stream_stall_deadline,
 )
+from .windows import answer_room, larger_windows, needed_tokens, too_long
 
 __all__ = [
     "REMEASURE_AFTER",
@@ -128,6 +129,8 @@ class RouteTarget:
     stream_usage: bool = True
     protocol: str = "openai"
     """The wire protocol: ``"openai"`` (chat completions) or ``"anthropic"`` (Messages)."""
+    context_window: int | None = None
+    """Tokens (prompt plus answer) the model takes at most, if declared (:mod:`.windows`)."""
 
     @property
     def name(self) -> str:
@@ -207,6 +210,9 @@ class _Race:
         self.again: tuple[str, float] | None = None
         """A target to try again, and when (the event loop's clock): an ordered route's
         primary after a short Retry-After or a 5xx."""
+        self.refused_at: int | None = None
+        """The largest declared context window that answered a context-length error: only
+        targets with a larger one are tried after it."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -554,12 +560,48 @@ class _Run:
             self.report.explored = plan.explored
             if plan.explored is not None:
                 router.stats.target(plan.explored).explored(self.clock())
-        if self.refused:
-            plan = _without(plan, self.refused, names)
+        left_out = self.refused | self._too_long()
+        if left_out:
+            plan = _without(plan, left_out, names)
             self.report.explored = plan.explored if self.report.explored else None
         if route.policy.name != "failover":
             self._probe_open_circuits()
         return plan
+
+    def _too_long(self) -> set[str]:
+        """The targets whose declared context window this request is estimated not to fit
+        (:mod:`.windows`), each named in the route report with its reason."""
+        windows = {
+            t.name: t.context_window for t in self.route.targets if t.name not in self.refused
+        }
+        if not any(windows.values()):
+            return set()
+        needed = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
+        over = too_long(windows, needed)
+        for name, window in over.items():
+            self.report.left_out[name] = (
+                f"context window {window} < ~{needed} tokens (prompt estimate + answer room)"
+            )
+        return set(over)
+
+    def _larger_window_follows(self, target: str, state: _Race) -> bool:
+        """After ``target`` answered a context-length error: whether a target of the route
+        with a larger declared window may still take the request (then only such targets
+        are tried next, see ``_Race.refused_at``)."""
+        window = self.route.target(target).context_window
+        if window is None:
+            return False
+        state.refused_at = max(window, state.refused_at or 0)
+        windows = {
+            t.name: t.context_window
+            for t in self.route.targets
+            if t.name not in self.refused and t.name not in self.report.left_out
+        }
+        return bool(larger_windows(windows, state.refused_at))
+
+    def _window_above(self, target: str, tokens: int) -> bool:
+        window = self.route.target(target).context_window
+        return window is not None and window > tokens
 
     def _probe_open_circuits(self) -> None:
         """Send a cheap trial request (one token, not streamed) in the background to each
@@ -748,9 +790,19 @@ class _Run:
                 launched += 1
                 tg.start_soon(self._attempt, record, state, prefix)
 
+            def prune() -> bool:
+                """Leave out the pending targets a context-length error ruled out (a window
+                no larger than the one that refused); whether any are left."""
+                floor = state.refused_at
+                if floor is not None:
+                    for name in [n for n in pending if not self._window_above(n, floor)]:
+                        pending.remove(name)
+                return bool(pending)
+
             for _ in range(0 if inline else min(plan.start, len(pending))):
                 launch("explore" if pending[0] == plan.explored else opening)
             while state.winner is None and state.final is None:
+                prune()
                 if state.again is not None and state.live < plan.start + hedged:
                     name, due = state.again
                     left = due - anyio.current_time()
@@ -781,6 +833,8 @@ class _Run:
                             break
                         await anyio.sleep(soon)
                         pending.extend(plan.order)
+                        if not prune():
+                            break
                         hedged = 0  # a new round: its hedges go through the delay and budget
                         available_first()
                         launch("retry")
@@ -792,6 +846,8 @@ class _Run:
                     # The same plan again: planning anew would advance round-robin a second
                     # time and leave a prefix policy an insert under a key nobody observes.
                     pending.extend(plan.order)
+                    if not prune():
+                        break
                     hedged = 0
                     available_first()  # a circuit the last round opened: its target later
                     launch("retry")
@@ -968,7 +1024,10 @@ class _Run:
                 now=time.time(),
             )
             if reaction.action == "raise" and state.winner is None:
-                state.final = exc
+                if reaction.cause != "context_length" or not self._larger_window_follows(
+                    record.target, state
+                ):
+                    state.final = exc
             elif reaction.action == "retry" and state.again is None:
                 self.retried[record.target] = self.retried.get(record.target, 0) + 1
                 state.again = (record.target, anyio.current_time() + reaction.delay)

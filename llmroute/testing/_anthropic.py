@@ -47,6 +47,7 @@ from ._wire import (
     Receive,
     Scope,
     Send,
+    over_window,
     pause,
     read_body,
     respond,
@@ -170,8 +171,29 @@ class AnthropicSimApp:
                 retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
             except ValueError as exc:
                 problem = str(exc)
+        over = None
+        if problem is None:
+            try:
+                over = over_window(
+                    self.profile.context_window, headers, _prompt_tokens(req), req["max_tokens"]
+                )
+            except ValueError as exc:
+                problem = str(exc)
         if problem is not None:
             await _respond(send, 400, error_body("invalid_request_error", problem), rid)
+            return
+        if over is not None:
+            window, asked = over
+            prompt = _prompt_tokens(req)
+            if prompt > window:
+                msg = f"prompt is too long: {prompt} tokens > {window} maximum (simulated)"
+            else:
+                msg = (
+                    f"input length and `max_tokens` exceed context limit: {prompt} + "
+                    f"{asked - prompt} > {window}, decrease input length or `max_tokens` and "
+                    "try again (simulated)"
+                )
+            await _respond(send, 400, error_body("invalid_request_error", msg), rid)
             return
         if fault.kind in STATUS_FAULTS:
             await _status_fault(send, fault.kind, retry_after, rid)
@@ -290,6 +312,17 @@ class AnthropicSimApp:
             await send({"type": "http.response.body", "body": half, "more_body": True})
             return
         await send({"type": "http.response.body", "body": body})
+
+
+def _prompt_tokens(req: dict[str, Any]) -> int:
+    """The simulator's count of a Messages request's prompt (its system text included)."""
+    system = _text(req.get("system"))
+    messages = [
+        {"role": m.get("role"), "content": _text(m.get("content"))} for m in req["messages"]
+    ]
+    return _reply.prompt_tokens(
+        ([{"role": "system", "content": system}] if system else []) + messages
+    )
 
 
 def _text(content: Any) -> str:

@@ -29,6 +29,7 @@ from ._wire import (
     Scope,
     Send,
     error_body,
+    over_window,
     pause,
     read_body,
     respond,
@@ -258,6 +259,9 @@ class SimApp:
         if problem is not None:
             await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
+        room = req.get("max_completion_tokens", req.get("max_tokens"))
+        if await self._too_long(headers, _reply.prompt_tokens(req["messages"]), room, send, rid):
+            return
         fault = await self._fault(headers, send, rid)
         if fault is None:
             return
@@ -274,6 +278,44 @@ class SimApp:
         await self._serve(
             plan.pieces, plan.prompt_tokens, wire, plan.completion, fault, receive, send, rid
         )
+
+    async def _too_long(
+        self,
+        headers: dict[str, str],
+        prompt: int,
+        room: Any,
+        send: Send,
+        rid: str,
+        *,
+        responses: bool = False,
+    ) -> bool:
+        """Answer OpenAI's 400 ``context_length_exceeded`` when the request does not fit the
+        context window; whether it was answered so."""
+        try:
+            over = over_window(self.profile.context_window, headers, prompt, room)
+        except ValueError as exc:
+            await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
+            return True
+        if over is None:
+            return False
+        window, asked = over
+        self._count_fault("context-window")
+        if responses:
+            message = (
+                f"Your input exceeds the context window of this model ({window} tokens, "
+                f"{asked} asked for). Please adjust your input and try again. (simulated)"
+            )
+            param = "input"
+        else:
+            message = (
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {asked} tokens ({prompt} in the messages, {asked - prompt} in the "
+                "completion). Please reduce the length of the messages or completion. (simulated)"
+            )
+            param = "messages"
+        body = error_body(message, "invalid_request_error", "context_length_exceeded", param)
+        await respond(send, 400, body, rid)
+        return True
 
     async def _fault(self, headers: dict[str, str], send: Send, rid: str) -> Fault | None:
         """The request's fault (``x-sim-fault`` or drawn from the profile), counted; None when
@@ -358,11 +400,14 @@ class SimApp:
             body = error_body(msg, "invalid_request_error", code, "previous_response_id")
             await respond(send, 404, body, rid)
             return
+        plan = _responses.ResponsePlan.build(req, self.profile.reply_tokens)
+        room = req.get("max_output_tokens")
+        if await self._too_long(headers, plan.input_tokens, room, send, rid, responses=True):
+            return
         fault = await self._fault(headers, send, rid)
         if fault is None:
             return
         self.models.setdefault(req["model"])
-        plan = _responses.ResponsePlan.build(req, self.profile.reply_tokens)
         if req.get("store", True) is not False:
             self.issued.add(plan.id)
         wire = _ResponsesStream(plan) if req.get("stream") else None

@@ -66,6 +66,10 @@ class Profile:
     """Tokens sent before a random drop, malformed line or in-stream error."""
     hang_max: float = 300.0
     """Upper bound of a hang (the handler also ends when the client goes away)."""
+    context_window: int = 0
+    """Tokens (the simulator's count of the prompt, plus the answer's ``max_tokens``) a model
+    takes at most; past it a request is answered with the vendor's 400 context-length error
+    (0: no window). Header ``x-sim-context-window`` sets it per request."""
     seed: int | None = 0
     """Seed of the instance's random.Random (None: not repeatable)."""
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)

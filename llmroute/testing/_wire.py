@@ -103,6 +103,19 @@ def error_body(
     ).encode()
 
 
+def over_window(
+    window: int, headers: dict[str, str], prompt_tokens: int, room: Any
+) -> tuple[int, int] | None:
+    """``(window, tokens asked for)`` when a request does not fit the context window (the
+    profile's, or header ``x-sim-context-window``), else ``None``; ``room`` is the answer's
+    ``max_tokens`` (anything not a positive integer counts 0). A bad header: ValueError."""
+    raw = headers.get("x-sim-context-window")
+    if raw is not None:
+        window = int(raw)
+    asked = prompt_tokens + (room if isinstance(room, int) and room > 0 else 0)
+    return (window, asked) if 0 < window < asked else None
+
+
 async def read_body(receive: Receive) -> bytes | None:
     """The whole request body, or None when the client went away first."""
     chunks: list[bytes] = []

@@ -1,0 +1,71 @@
+"""Context windows: which targets a request is sent to, by its size, and where a context-length
+error may go next. Pure functions of the targets' declared windows and the request.
+
+A request needs room for its prompt and for the answer it asks for (``max_tokens``,
+``max_completion_tokens``, Responses' ``max_output_tokens``; with none of them, the prompt
+alone). The prompt is not tokenized: :func:`~.stats.estimate_prompt_tokens` counts four
+characters a token (plus 4 a message), and a target is left out only when three quarters of
+that estimate (one token per 5⅓ characters: more than English prose takes, at 3-5 characters a
+token, or code, at fewer, or Chinese, at one or two) plus the answer's room exceed its window.
+
+The count thus errs low. A request that would fit is left out only for text that packs more
+than 5⅓ characters into a token (long runs of one character or of spaces); a request that
+does not fit may be sent (images, tool definitions and non-text parts count nothing), and the
+vendor's context-length error then fails over to a target with a larger window. Targets
+without a declared window are never left out, and when every target would be left out the
+request still goes to those with the largest window: an estimate never refuses a request, the
+vendor decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "FIT_SHARE",
+    "answer_room",
+    "larger_windows",
+    "needed_tokens",
+    "too_long",
+]
+
+FIT_SHARE = 0.75
+"""The share of :func:`~.stats.estimate_prompt_tokens` counted against a window."""
+
+_ROOM_KEYS = {
+    "chat": ("max_completion_tokens", "max_tokens"),
+    "responses": ("max_output_tokens",),
+}
+
+
+def answer_room(body: Mapping[str, Any], kind: str = "chat") -> int:
+    """The tokens a request asks room for in its answer (0 when it names no limit)."""
+    for key in _ROOM_KEYS.get(kind, _ROOM_KEYS["chat"]):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def needed_tokens(prompt_estimate: int, room: int) -> int:
+    """The tokens a request is counted as needing: :data:`FIT_SHARE` of the prompt's estimate,
+    plus the answer's room."""
+    return int(prompt_estimate * FIT_SHARE) + room
+
+
+def too_long(windows: Mapping[str, int | None], needed: int) -> dict[str, int]:
+    """The targets (of those the request could go to) to leave out, with their windows: those
+    whose declared window is below ``needed``, unless that is all of them; then only those
+    below the largest window, so the request still goes somewhere."""
+    over = {name: w for name, w in windows.items() if w is not None and w < needed}
+    if over and len(over) == len(windows):
+        largest = max(over.values())
+        over = {name: w for name, w in over.items() if w < largest}
+    return over
+
+
+def larger_windows(windows: Mapping[str, int | None], than: int) -> list[str]:
+    """The targets whose declared window is larger than ``than`` (where a request that one
+    window refused may still fit), in the order given."""
+    return [name for name, w in windows.items() if w is not None and w > than]

@@ -1,0 +1,273 @@
+"""Context windows: the plan leaves out targets a request is estimated not to fit, and a
+context-length error fails over to a target with a larger declared window, on chat (OpenAI's
+and Anthropic's wire formats, streamed and not), Responses, the sync client and the gateway.
+
+The simulator counts a prompt as its words plus 3 a message and refuses, past the window in
+header ``x-sim-context-window``, as the vendors do; llmroute's estimate counts characters. So
+``"word " * 300`` is estimated far past a 50-token window (left out), while ``"a " * 100`` is
+estimated inside it (sent) and refused by the simulator (103 tokens).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+import llmroute
+from llmroute import AsyncOpenAI
+from llmroute.routing.windows import answer_room, larger_windows, needed_tokens, too_long
+from llmroute.server import Gateway
+from llmroute.testing import Simulator
+
+from .conftest import KEY
+
+pytestmark = pytest.mark.anyio
+
+LONG: Any = [{"role": "user", "content": "word " * 300}]  # ~284 needed (x 3/4), 303 counted
+DENSE: Any = [{"role": "user", "content": "a " * 100}]  # ~40 needed (x 3/4), 103 counted
+SHORT: Any = [{"role": "user", "content": "Say hello."}]
+
+
+def config(
+    sim: Simulator,
+    *,
+    small: int | None = 50,
+    big: int | None = 1000,
+    protocol: str = "openai",
+    **route: Any,
+) -> dict[str, Any]:
+    """Two providers on one simulator: ``small`` refuses past 50 tokens (and declares
+    ``small``), ``big`` declares ``big`` and refuses nothing."""
+    kind = {"kind": "anthropic"} if protocol == "anthropic" else {}
+    serves = {"responses": True} if protocol == "openai" else {}
+    providers: dict[str, Any] = {
+        "small": {
+            **kind,
+            **serves,
+            "base_url": sim.base_url,
+            "api_key": KEY,
+            "headers": {"x-sim-context-window": "50"},
+        },
+        "big": {**kind, **serves, "base_url": sim.base_url, "api_key": KEY},
+    }
+    if small is not None:
+        providers["small"]["context_window"] = small
+    if big is not None:
+        providers["big"]["context_window"] = big
+    return {
+        "providers": providers,
+        "models": {
+            "chat": {"targets": ["small:sim-small", "big:sim-small"], "policy": "failover", **route}
+        },
+        "routing": {"explore": 0},
+    }
+
+
+def refusals(sim: Simulator) -> int:
+    return int(sim.stats()["faults"].get("context-window", 0))
+
+
+async def read(stream: Any) -> str:
+    return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+
+def steps(route: Any) -> list[tuple[str, str]]:
+    return [(a.target, a.outcome) for a in route.attempts]
+
+
+# -- the plan filter, pure ----------------------------------------------------------------------
+
+
+def test_answer_room_reads_the_limit_of_each_api() -> None:
+    assert answer_room({"max_tokens": 100}) == 100
+    assert answer_room({"max_completion_tokens": 70, "max_tokens": 100}) == 70
+    assert answer_room({"max_output_tokens": 64}, "responses") == 64
+    assert answer_room({"max_tokens": 100}, "responses") == 0  # not a Responses field
+    assert answer_room({}) == 0
+    assert answer_room({"max_tokens": True}) == 0  # not a count
+    assert answer_room({"max_tokens": -5}) == 0
+
+
+def test_needed_tokens_count_three_quarters_of_the_estimate() -> None:
+    assert needed_tokens(400, 0) == 300
+    assert needed_tokens(400, 100) == 400
+    assert needed_tokens(0, 0) == 0
+
+
+def test_too_long_leaves_out_only_declared_windows_below_the_need() -> None:
+    windows = {"a": 8000, "b": None, "c": 128000}
+    assert too_long(windows, 9000) == {"a": 8000}
+    assert too_long(windows, 8000) == {}  # exactly fits
+    assert too_long(windows, 500_000) == {"a": 8000, "c": 128000}  # b (unknown) still goes
+    assert too_long({}, 10) == {}
+
+
+def test_when_every_target_is_too_small_the_largest_windows_stay() -> None:
+    windows = {"a": 8000, "b": 32000, "c": 32000}
+    assert too_long(windows, 100_000) == {"a": 8000}
+    assert too_long({"a": 8000}, 100_000) == {}  # one target: the vendor decides
+
+
+def test_larger_windows_are_those_strictly_above() -> None:
+    windows = {"a": 8000, "b": None, "c": 128000, "d": 32000}
+    assert larger_windows(windows, 8000) == ["c", "d"]
+    assert larger_windows(windows, 128000) == []
+
+
+# -- the simulator's window -----------------------------------------------------------------------
+
+
+async def test_the_simulator_refuses_past_its_window_as_openai_does(sim: Simulator) -> None:
+    async with AsyncOpenAI(
+        api_key=KEY,
+        base_url=sim.base_url,
+        verify=sim.ssl_context(),
+        max_retries=0,
+        default_headers={"x-sim-context-window": "50"},
+    ) as plain:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await plain.chat.completions.create(model="sim-small", messages=DENSE)
+        done = await plain.chat.completions.create(model="sim-small", messages=SHORT)
+    body: Any = caught.value.body
+    assert body["code"] == "context_length_exceeded"
+    assert "maximum context length is 50 tokens" in body["message"]
+    assert done.choices[0].message.content
+
+
+# -- routed: chat ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_prompt_estimated_too_long_is_not_sent_to_the_small_window(
+    sim: Simulator, stream: bool
+) -> None:
+    before = refusals(sim)
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context(), max_retries=0) as c:
+        result: Any = await c.chat.completions.create(model="chat", messages=LONG, stream=stream)
+        text = await read(result) if stream else result.choices[0].message.content
+    route = result.route
+    assert text
+    assert steps(route) == [("big:sim-small", "won")]
+    assert list(route.left_out) == ["small:sim-small"]
+    assert "context window 50" in route.left_out["small:sim-small"]
+    assert refusals(sim) == before  # the small target was never asked
+
+
+async def test_max_tokens_counts_against_the_window(sim: Simulator) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context(), max_retries=0) as c:
+        done: Any = await c.chat.completions.create(model="chat", messages=SHORT, max_tokens=60)
+        fits: Any = await c.chat.completions.create(model="chat", messages=SHORT, max_tokens=20)
+    assert steps(done.route) == [("big:sim-small", "won")] and done.route.left_out
+    assert steps(fits.route) == [("small:sim-small", "won")] and not fits.route.left_out
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_context_length_error_fails_over_to_a_larger_window(
+    sim: Simulator, stream: bool
+) -> None:
+    before = refusals(sim)
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context(), max_retries=0) as c:
+        result: Any = await c.chat.completions.create(model="chat", messages=DENSE, stream=stream)
+        text = await read(result) if stream else result.choices[0].message.content
+    assert text
+    assert steps(result.route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
+    assert "maximum context length is 50" in (result.route.attempts[0].error or "")
+    assert refusals(sim) == before + 1
+
+
+@pytest.mark.parametrize("big", [None, 50])
+async def test_without_a_larger_declared_window_the_error_is_the_callers(
+    sim: Simulator, big: int | None
+) -> None:
+    async with AsyncOpenAI(
+        config=config(sim, big=big), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await c.chat.completions.create(model="chat", messages=DENSE, stream=True)
+    body: Any = caught.value.body
+    assert body["code"] == "context_length_exceeded"
+
+
+async def test_when_every_window_is_too_small_the_largest_is_asked(sim: Simulator) -> None:
+    async with AsyncOpenAI(
+        config=config(sim, big=60), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        stream: Any = await c.chat.completions.create(model="chat", messages=LONG, stream=True)
+        text = await read(stream)
+    assert text  # the big target has no window in the simulator: it answers
+    assert steps(stream.route) == [("big:sim-small", "won")]
+    assert list(stream.route.left_out) == ["small:sim-small"]
+
+
+async def test_a_hedge_policy_fails_over_on_context_length_too(sim: Simulator) -> None:
+    cfg = config(sim, policy="hedge")
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as c:
+        for _ in range(3):  # whichever target the stats rank first
+            stream: Any = await c.chat.completions.create(model="chat", messages=DENSE, stream=True)
+            assert await read(stream)
+            assert stream.route.winner == "big:sim-small"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_anthropic_targets_fail_over_and_are_left_out_alike(
+    sim: Simulator, stream: bool
+) -> None:
+    cfg = config(sim, protocol="anthropic")
+    mid: Any = [{"role": "user", "content": "a " * 30}]  # 33 counted: with 20 to answer, past 50
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as c:
+        calls: list[Any] = [
+            await c.chat.completions.create(
+                model="chat", messages=messages, max_tokens=room, stream=stream
+            )
+            for messages, room in ((DENSE, 5), (mid, 20), (LONG, 5))
+        ]
+        if stream:
+            for call in calls:
+                assert await read(call)
+    dense, both, long = (call.route for call in calls)
+    for route, said in ((dense, "prompt is too long"), (both, "exceed context limit")):
+        assert steps(route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
+        assert said in (route.attempts[0].error or "")
+    assert steps(long) == [("big:sim-small", "won")] and long.left_out
+
+
+# -- routed: Responses, the sync client, the gateway ---------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_responses_fail_over_and_are_left_out_alike(sim: Simulator, stream: bool) -> None:
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context(), max_retries=0) as c:
+        dense: Any = await c.responses.create(model="chat", input="a " * 100, stream=stream)
+        long: Any = await c.responses.create(model="chat", input="word " * 300, stream=stream)
+        if stream:
+            async for _ in dense:
+                pass
+            async for _ in long:
+                pass
+    assert steps(dense.route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
+    assert steps(long.route) == [("big:sim-small", "won")] and long.route.left_out
+
+
+def test_the_sync_client_fails_over_on_context_length(sim: Simulator) -> None:
+    with llmroute.OpenAI(config=config(sim), verify=sim.ssl_context(), max_retries=0) as c:
+        done: Any = c.chat.completions.create(model="chat", messages=DENSE)
+    assert done.choices[0].message.content
+    assert steps(done.route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
+
+
+async def test_the_gateway_fails_over_on_context_length(sim: Simulator) -> None:
+    cfg = {**config(sim), "gateway": {"keys": {"ci": "GW_KEY_CI"}}}
+    before = refusals(sim)
+    with Gateway(
+        cfg, environ={"GW_KEY_CI": "gw-key-0123456789"}, verify=sim.ssl_context(), max_retries=0
+    ) as server:
+        async with openai.AsyncOpenAI(
+            base_url=server.base_url, api_key="gw-key-0123456789", max_retries=0
+        ) as client:
+            done = await client.chat.completions.create(model="chat", messages=DENSE)
+            stream = await client.chat.completions.create(model="chat", messages=DENSE, stream=True)
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert done.choices[0].message.content and text
+    assert refusals(sim) == before + 2  # each asked the small target first, then the big one
