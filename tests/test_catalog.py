@@ -350,3 +350,20 @@ def test_a_config_overrides_the_responses_capability() -> None:
         environ={"DASHSCOPE_API_KEY": "sk-test"},
     )
     assert qwen.spec.responses and qwen.spec.responses_stored
+
+
+def test_context_windows_are_cited_and_whole_token_counts(tmp_path: Path) -> None:
+    for name, spec in CATALOG.items():
+        if not spec.context_windows and spec.context_window is None:
+            continue
+        text = (PROVIDERS / f"{name}.toml").read_text(encoding="utf-8")
+        comment = text[text.index("# Context windows") :].split("\n[context_windows]")[0]
+        assert "https://" in comment, f"{name}: cite the page that states the windows"
+        assert all(isinstance(w, int) and w >= 1 for w in spec.context_windows.values())
+    assert CATALOG["anthropic"].window_for("claude-haiku-4-5-20251001") == 200_000
+    assert CATALOG["openai"].window_for("gpt-4o-mini") is None  # no figure from OpenAI's pages
+    base = 'base_url = "https://api.acme.test/v1"\n'
+    path = _write(tmp_path, base + "[context_windows]\nm = 0\n")
+    assert _error(path).startswith(f"{path}: context_windows.m: ")
+    path = _write(tmp_path, base + 'context_window = "8k"\n')
+    assert _error(path).startswith(f"{path}: context_window: ")

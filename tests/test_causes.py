@@ -43,6 +43,17 @@ def status(code: int, error: dict[str, Any] | None = None, **headers: str) -> op
             status(400, {"message": "prompt is too long: 210000 tokens > 200000 maximum"}),
             "context_length",
         ),
+        (  # Anthropic, when the prompt fits but not with max_tokens
+            status(
+                400,
+                {
+                    "type": "invalid_request_error",
+                    "message": "input length and `max_tokens` exceed context limit: 199759 + "
+                    "8192 > 200000, decrease input length or `max_tokens` and try again",
+                },
+            ),
+            "context_length",
+        ),
         (status(400, {"message": "m", "code": "content_policy_violation"}), "content_policy"),
         (status(400, {"message": "Output blocked by content filtering policy"}), "content_policy"),
         (openai.APIConnectionError(request=REQUEST), "connection"),

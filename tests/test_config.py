@@ -20,6 +20,7 @@ from llmroute._config import (
     resolve,
 )
 from llmroute._errors import OpenAIError
+from llmroute._routes import route_for
 
 SECRET = "sk-llmroute-test-7f3a9c-DO-NOT-SHOW"
 ENV = {"DEEPSEEK_API_KEY": "sk-deepseek", "OPENAI_API_KEY": "sk-openai", "MINE_KEY": "sk-mine"}
@@ -482,6 +483,31 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             "the catalog (did you mean 'openai'?)",
         ),
         ("providers = 3\n", "llmroute.toml: providers: expected a table, got 3"),
+        (
+            "[providers.openai]\ncontext_window = 0\n",
+            "llmroute.toml: providers.openai.context_window: expected a number at least 1, got 0",
+        ),
+        (
+            '[providers.openai]\ncontext_window = "128k"\n',
+            "llmroute.toml: providers.openai.context_window: expected an integer, got '128k'",
+        ),
+        (
+            "[providers.openai]\ncontext_window = true\n",
+            "llmroute.toml: providers.openai.context_window: expected an integer, got true",
+        ),
+        (
+            '[providers.openai]\ncontext_windows = { "gpt-x" = 1.5 }\n',
+            "llmroute.toml: providers.openai.context_windows.gpt-x: expected an integer, got 1.5",
+        ),
+        (
+            ROUTE + 'context_windows = { "openai:gpt-4o" = 8192 }\n',
+            "llmroute.toml: models.chat.context_windows.\"openai:gpt-4o\": 'openai:gpt-4o' is "
+            "not one of this route's targets (did you mean 'openai:gpt-4o-mini'?)",
+        ),
+        (
+            ROUTE + 'context_windows = { "ollama:q" = -1 }\n',
+            'llmroute.toml: models.chat.context_windows."ollama:q": expected a number at least 1',
+        ),
     ],
 )
 def test_error_messages(tmp_path: Path, text: str, expected: str) -> None:
@@ -676,3 +702,55 @@ def test_providers_on_one_origin_must_trust_it_alike() -> None:
     assert config is not None
     with pytest.raises(ConfigError, match=r"providers\.b\.verify: True differs from providers\.a"):
         resolve(config, environ={})
+
+
+def test_context_windows_route_over_provider_model_over_provider_over_catalog() -> None:
+    catalog = load_catalog()["anthropic"]
+    assert catalog.window_for("claude-opus-5") == 1_000_000
+    assert catalog.window_for("claude-unknown") is None
+    config = load_config(
+        {
+            "providers": {
+                "gpu1": {"base_url": "http://127.0.0.1:30000/v1", "context_window": 32768},
+                "gpu2": {
+                    "kind": "sglang",
+                    "base_url": "http://127.0.0.1:30001/v1",
+                    "context_window": 32768,
+                    "context_windows": {"big": 131072},
+                },
+                "anthropic": {"context_windows": {"claude-new": 400_000}},
+                "claude200": {"kind": "anthropic", "context_window": 200_000},
+            },
+            "models": {
+                "chat": {
+                    "targets": [
+                        "gpu1:qwen",
+                        "gpu2:qwen",
+                        "gpu2:big",
+                        "anthropic:claude-opus-5",
+                        "anthropic:claude-new",
+                        "claude200:claude-opus-5",
+                    ],
+                    "context_windows": {"gpu1:qwen": 16384},
+                }
+            },
+        }
+    )
+    assert config is not None
+    resolved = resolve(config, {"ANTHROPIC_API_KEY": "sk-ant-test"})
+    providers = resolved.providers
+    assert providers["gpu2"].spec.window_for("qwen") == 32768
+    assert providers["gpu2"].spec.window_for("big") == 131072
+    # a provider's own table adds to the catalog's; its one context_window replaces them
+    assert providers["anthropic"].spec.window_for("claude-new") == 400_000
+    assert providers["anthropic"].spec.window_for("claude-opus-5") == 1_000_000
+    assert providers["claude200"].spec.window_for("claude-opus-5") == 200_000
+    route = route_for("chat", resolved.route_configs["chat"], resolved.routes["chat"], providers)
+    assert {t.name: t.context_window for t in route.targets} == {
+        "gpu1:qwen": 16384,  # the route's own, over the provider's
+        "gpu2:qwen": 32768,
+        "gpu2:big": 131072,
+        "anthropic:claude-opus-5": 1_000_000,
+        "anthropic:claude-new": 400_000,
+        "claude200:claude-opus-5": 200_000,
+    }

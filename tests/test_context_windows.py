@@ -19,7 +19,7 @@ import llmroute
 from llmroute import AsyncOpenAI
 from llmroute.routing.windows import answer_room, larger_windows, needed_tokens, too_long
 from llmroute.server import Gateway
-from llmroute.testing import Simulator
+from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
 
@@ -134,6 +134,24 @@ async def test_the_simulator_refuses_past_its_window_as_openai_does(sim: Simulat
     assert body["code"] == "context_length_exceeded"
     assert "maximum context length is 50 tokens" in body["message"]
     assert done.choices[0].message.content
+
+
+async def test_a_profile_window_counts_the_answers_room_too() -> None:
+    with Simulator(profile=Profile(reply_tokens=5, context_window=20)) as small:
+        async with AsyncOpenAI(
+            api_key=KEY, base_url=small.base_url, verify=small.ssl_context(), max_retries=0
+        ) as plain:
+            fits = await plain.chat.completions.create(
+                model="sim-small", messages=SHORT, max_completion_tokens=15
+            )
+            with pytest.raises(openai.BadRequestError) as caught:
+                await plain.chat.completions.create(
+                    model="sim-small", messages=SHORT, max_completion_tokens=16
+                )
+        assert small.stats()["faults"] == {"context-window": 1}
+    assert fits.choices[0].message.content
+    body: Any = caught.value.body
+    assert "requested 21 tokens (5 in the messages, 16 in the completion)" in body["message"]
 
 
 # -- routed: chat ---------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``s
 ``slow:SECONDS``          TTFT override
 ``stall-between:K:SECS``  a pause of SECS before token K (K >= 1)
 
+Header ``x-sim-context-window: N`` (or ``Profile.context_window``) refuses a request whose
+prompt plus ``max_tokens`` exceeds N tokens with the vendor's 400 context-length error.
 Header ``x-sim-retry-after: SECONDS`` sets the Retry-After value of a 429/503. With
 ``x-sim-fault-times: N`` the fault hits only the first N requests that carry the same
 ``x-sim-fault-key`` (default: the same fault spec); later ones are served normally, which is how
