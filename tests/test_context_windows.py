@@ -16,7 +16,8 @@ import openai
 import pytest
 
 import llmroute
-from llmroute import AsyncOpenAI
+from llmroute import AsyncOpenAI, RouteReport
+from llmroute.cli._chat import route_lines
 from llmroute.routing.windows import answer_room, larger_windows, needed_tokens, too_long
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
@@ -114,6 +115,12 @@ def test_larger_windows_are_those_strictly_above() -> None:
     windows = {"a": 8000, "b": None, "c": 128000, "d": 32000}
     assert larger_windows(windows, 8000) == ["c", "d"]
     assert larger_windows(windows, 128000) == []
+
+
+def test_show_route_names_the_targets_left_out() -> None:
+    why = "context window 50 < ~284 tokens (prompt estimate + answer room)"
+    report = RouteReport(route="chat", policy="hedge", winner="big:m", left_out={"small:m": why})
+    assert f"  left out: small:m ({why})" in route_lines(report, None, "chat")
 
 
 # -- the simulator's window -----------------------------------------------------------------------

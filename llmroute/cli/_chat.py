@@ -205,6 +205,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             lines.append(f"  explored: {route.explored}")
         if route.continued_on:
             lines.append(f"  continued on: {', '.join(route.continued_on)}")
+        for target, why in route.left_out.items():
+            lines.append(f"  left out: {target} ({why})")
         width = max((len(a.target) for a in route.attempts), default=0)
         for index, attempt in enumerate(route.attempts, 1):
             line = (

@@ -532,6 +532,41 @@ class _Run:
         if first is not None and len(self.refused) == len(self.route.targets):
             raise first
 
+    def _too_long(self) -> set[str]:
+        """The targets whose declared context window this request is estimated not to fit
+        (:mod:`.windows`), each named in the route report with its reason."""
+        windows = {
+            t.name: t.context_window for t in self.route.targets if t.name not in self.refused
+        }
+        if not any(windows.values()):
+            return set()
+        needed = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
+        over = too_long(windows, needed)
+        for name, window in over.items():
+            self.report.left_out[name] = (
+                f"context window {window} < ~{needed} tokens (prompt estimate + answer room)"
+            )
+        return set(over)
+
+    def _larger_window_follows(self, target: str, state: _Race) -> bool:
+        """After ``target`` answered a context-length error: whether a target of the route
+        with a larger declared window may still take the request (then only such targets
+        are tried next, see ``_Race.refused_at``)."""
+        window = self.route.target(target).context_window
+        if window is None:
+            return False
+        state.refused_at = max(window, state.refused_at or 0)
+        windows = {
+            t.name: t.context_window
+            for t in self.route.targets
+            if t.name not in self.refused and t.name not in self.report.left_out
+        }
+        return bool(larger_windows(windows, state.refused_at))
+
+    def _window_above(self, target: str, tokens: int) -> bool:
+        window = self.route.target(target).context_window
+        return window is not None and window > tokens
+
     def plan(self) -> Plan:
         router, route = self.router, self.route
         names = [t.name for t in route.targets]
@@ -567,41 +602,6 @@ class _Run:
         if route.policy.name != "failover":
             self._probe_open_circuits()
         return plan
-
-    def _too_long(self) -> set[str]:
-        """The targets whose declared context window this request is estimated not to fit
-        (:mod:`.windows`), each named in the route report with its reason."""
-        windows = {
-            t.name: t.context_window for t in self.route.targets if t.name not in self.refused
-        }
-        if not any(windows.values()):
-            return set()
-        needed = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
-        over = too_long(windows, needed)
-        for name, window in over.items():
-            self.report.left_out[name] = (
-                f"context window {window} < ~{needed} tokens (prompt estimate + answer room)"
-            )
-        return set(over)
-
-    def _larger_window_follows(self, target: str, state: _Race) -> bool:
-        """After ``target`` answered a context-length error: whether a target of the route
-        with a larger declared window may still take the request (then only such targets
-        are tried next, see ``_Race.refused_at``)."""
-        window = self.route.target(target).context_window
-        if window is None:
-            return False
-        state.refused_at = max(window, state.refused_at or 0)
-        windows = {
-            t.name: t.context_window
-            for t in self.route.targets
-            if t.name not in self.refused and t.name not in self.report.left_out
-        }
-        return bool(larger_windows(windows, state.refused_at))
-
-    def _window_above(self, target: str, tokens: int) -> bool:
-        window = self.route.target(target).context_window
-        return window is not None and window > tokens
 
     def _probe_open_circuits(self) -> None:
         """Send a cheap trial request (one token, not streamed) in the background to each
