@@ -175,6 +175,12 @@ class Route:
             failover_on=self.failover_on,
         )
 
+    @functools.cached_property
+    def windows(self) -> dict[str, int | None]:
+        """Each target's declared context window, by name; empty when none declares one."""
+        windows = {t.name: t.context_window for t in self.targets}
+        return windows if any(windows.values()) else {}
+
     def target(self, name: str) -> RouteTarget:
         for target in self.targets:
             if target.name == name:
@@ -535,11 +541,11 @@ class _Run:
     def _too_long(self) -> set[str]:
         """The targets whose declared context window this request is estimated not to fit
         (:mod:`.windows`), each named in the route report with its reason."""
-        windows = {
-            t.name: t.context_window for t in self.route.targets if t.name not in self.refused
-        }
-        if not any(windows.values()):
+        windows = self.route.windows
+        if not windows:
             return set()
+        if self.refused:
+            windows = {name: w for name, w in windows.items() if name not in self.refused}
         needed = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
         over = too_long(windows, needed)
         for name, window in over.items():
@@ -557,14 +563,14 @@ class _Run:
             return False
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
-            t.name: t.context_window
-            for t in self.route.targets
-            if t.name not in self.refused and t.name not in self.report.left_out
+            name: w
+            for name, w in self.route.windows.items()
+            if name not in self.refused and name not in self.report.left_out
         }
         return bool(larger_windows(windows, state.refused_at))
 
     def _window_above(self, target: str, tokens: int) -> bool:
-        window = self.route.target(target).context_window
+        window = self.route.windows.get(target)
         return window is not None and window > tokens
 
     def plan(self) -> Plan:
