@@ -282,3 +282,13 @@ def test_the_sync_client_has_the_same_metrics(sim: Simulator) -> None:
             "llmroute_requests_total", {"route": "chat", "outcome": "ok", "source": "live"}
         )
         assert sample == 1
+
+
+def test_targets_left_out_for_their_context_window_are_counted() -> None:
+    metrics = ClientMetrics()
+    report = RouteReport(route="chat", policy="failover", winner="b:m", ttft=0.1)
+    report.attempts = [AttemptReport("b:m", 0.0, "first", "won", ttft=0.1)]
+    report.left_out = {"a:m": "context window 8192 < ~9000 tokens (prompt estimate + answer room)"}
+    timings = Timings(started_at=0.0, first_token=0.1, total=0.2, tokens=3)
+    metrics.observe(RequestRecord("chat", "ok", stream=True, report=report, timings=timings))
+    assert value(metrics, "llmroute_left_out_total", target="a:m") == 1

@@ -96,6 +96,8 @@ class Tracer:
             attributes["llmroute.hedges"] = report.hedges
             if report.continued_on:
                 attributes["llmroute.continued_on"] = list(report.continued_on)
+            if report.left_out:
+                attributes["llmroute.left_out"] = list(report.left_out)
             if report.winner is not None:
                 provider, _, model = report.winner.partition(":")
                 attributes["llmroute.winner"] = report.winner

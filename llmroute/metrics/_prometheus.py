@@ -158,6 +158,13 @@ class ClientMetrics:
             ["route"],
             registry=registry,
         )
+        self._left_out = Counter(
+            "llmroute_left_out",
+            "Requests not sent to a target because their estimated size exceeds its declared "
+            "context window",
+            ["target"],
+            registry=registry,
+        )
         self._cache = Counter(
             "llmroute_cache_hits",
             "Requests answered without asking a target: from the cache (cache) or from an "
@@ -224,6 +231,8 @@ class ClientMetrics:
             self._hedges_denied.labels(route).inc(report.hedges_denied)
         if report.continued_on:
             self._continuations.labels(route).inc(len(report.continued_on))
+        for target in report.left_out:
+            self._left_out.labels(target).inc()
         if record.stream and record.outcome == "ok" and report.winner is not None:
             itl = _mean_gap(timings)
             if itl is not None and not report.continued_on:
