@@ -10,7 +10,7 @@ estimated inside it (sent) and refused by the simulator (103 tokens).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -18,6 +18,8 @@ import pytest
 import llmroute
 from llmroute import AsyncOpenAI, RouteReport
 from llmroute.cli._chat import route_lines
+from llmroute.routing.engine import Route, Router, RouteTarget
+from llmroute.routing.policies import FailoverPolicy
 from llmroute.routing.windows import answer_room, larger_windows, needed_tokens, too_long
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
@@ -115,6 +117,30 @@ def test_larger_windows_are_those_strictly_above() -> None:
     windows = {"a": 8000, "b": None, "c": 128000, "d": 32000}
     assert larger_windows(windows, 8000) == ["c", "d"]
     assert larger_windows(windows, 128000) == []
+
+
+def plan_of(windows: list[int | None], body: dict[str, Any], kind: str = "chat") -> Any:
+    """The engine's plan for ``body`` on a failover route of targets with these windows."""
+    targets = tuple(RouteTarget(f"p{i}", "m", context_window=w) for i, w in enumerate(windows))
+    route = Route("chat", targets, FailoverPolicy())
+    router = Router({"chat": route}, explore_share=0)
+    run = router._begin(route, body, cast(Any, None), stream=True, kind=kind)
+    return run.plan(), run.report
+
+
+def test_the_engines_plan_leaves_out_windows_below_the_request() -> None:
+    body = {"messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 10}
+    # needed: (2000 / 4 + 4) * 3/4 + 10 = 388
+    plan, report = plan_of([300, None, 388, 100_000], body)
+    assert plan.order == ("p1:m", "p2:m", "p3:m")
+    assert list(report.left_out) == ["p0:m"] and "~388 tokens" in report.left_out["p0:m"]
+    plan, report = plan_of([300, 200], body)  # none fits: the largest still gets it
+    assert plan.order == ("p0:m",) and list(report.left_out) == ["p1:m"]
+    responses = {"input": "x" * 2000, "max_output_tokens": 100}
+    plan, report = plan_of([400, 500], responses, kind="responses")
+    assert plan.order == ("p1:m",) and list(report.left_out) == ["p0:m"]
+    plan, report = plan_of([None, None], body)
+    assert plan.order == ("p0:m", "p1:m") and not report.left_out
 
 
 def test_show_route_names_the_targets_left_out() -> None:
