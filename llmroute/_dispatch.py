@@ -78,6 +78,7 @@ from .routing.policies import (
     WeightedPolicy,
 )
 from .routing.stats import TargetSnapshot
+from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
 from .transport import Transport
 
 __all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome", "Posted"]
@@ -275,6 +276,10 @@ class Dispatch:
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http, self.transport)
+        self.trials = CircuitTrials(
+            self.router,
+            self.upstream.sender(headers=None, query=None, timeout=httpx.Timeout(TRIAL_TIMEOUT)),
+        )
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
@@ -831,6 +836,7 @@ class Dispatch:
         if self.closed:
             return
         self.closed = True
+        await self.trials.aclose()
         await self.servers.aclose()
         if self.stats_sync is not None:
             await self.stats_sync.aclose()

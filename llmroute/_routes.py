@@ -74,6 +74,7 @@ def route_for(
                 continuation=providers[t.provider].spec.continuation,
                 stream_usage=providers[t.provider].spec.stream_usage,
                 protocol=providers[t.provider].spec.protocol,
+                trial=providers[t.provider].spec.trial.body,
             )
             for t in targets
         ),
