@@ -255,7 +255,7 @@ class Dispatch:
             dict(resolved.providers) if config is not None else {}
         )
         self.router = build_router(resolved, max_retries=max_retries)
-        self.metrics = ClientMetrics(self.router.snapshot)
+        self.metrics = ClientMetrics(self.router.snapshot, trials=lambda: self.trials.verdicts)
         self.servers = ServerPolling()
         self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
         self.cache: ResponseCache | None = None

@@ -409,7 +409,8 @@ async def test_breaker_opens_and_recovers_with_one_background_trial(sim: Simulat
     clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         router = client._router
-        assert router is not None and router.trials is not None
+        assert router is not None and router.trials is client._llmroute.trials
+        trials = client._llmroute.trials
         router._clock = clock
         for _ in range(2):
             completion = await client.chat.completions.create(
@@ -420,16 +421,16 @@ async def test_breaker_opens_and_recovers_with_one_background_trial(sim: Simulat
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
         attempts = completion.route.attempts  # type: ignore[attr-defined]
         assert [a.target for a in attempts] == ["b:sim-small"]  # the open circuit is skipped
-        assert router.trials.sent["a:sim-small"] == 0  # its cooldown is not over
+        assert trials.sent["a:sim-small"] == 0  # its cooldown is not over
         clock.now += 31.0  # the cooldown passed: one trial may go to a
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
         assert completion.route.winner == "b:sim-small"  # type: ignore[attr-defined]
         breaker = router.health("a:sim-small").breaker
         await wait_for(lambda: breaker.state == "closed")
-        assert router.trials.sent["a:sim-small"] == 1 and breaker.state == "closed"
+        assert trials.sent["a:sim-small"] == 1 and breaker.state == "closed"
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
         assert completion.route.winner == "a:sim-small"  # type: ignore[attr-defined]
-        assert not router.trials.running
+        assert not trials.running
 
 
 @pytest.mark.parametrize("policy", ["fastest", "hedge"])
@@ -611,7 +612,8 @@ async def test_a_trial_answered_429_waits_and_the_next_trial_closes(sim: Simulat
         clock = FakeClock()
         async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
             router = client._router
-            assert router is not None and router.trials is not None
+            assert router is not None and router.trials is client._llmroute.trials
+            trials = client._llmroute.trials
             router._clock = clock
             await client.chat.completions.create(model="chat", messages=MESSAGES)
             assert client.stats()["a:sim-small"].breaker == "open"
@@ -619,19 +621,19 @@ async def test_a_trial_answered_429_waits_and_the_next_trial_closes(sim: Simulat
             clock.now += 31.0  # the trial goes, and is answered 429 with Retry-After: 45
             await client.chat.completions.create(model="chat", messages=MESSAGES)
             a = "a:sim-small"
-            await wait_for(lambda: router.trials.verdicts[a, "none"] == 1)  # type: ignore[union-attr]
-            assert router.trials.verdicts[a, "none"] == 1
+            await wait_for(lambda: trials.verdicts[a, "none"] == 1)
+            assert trials.verdicts[a, "none"] == 1
             health = router.health(a)
             assert health.breaker.state == "open" and health.trial_due_in() == 45.0
             primary.app.profile = Profile(reply_tokens=5)
             clock.now += 31.0  # still within the Retry-After: no trial
             await client.chat.completions.create(model="chat", messages=MESSAGES)
-            assert router.trials.sent[a] == 1
+            assert trials.sent[a] == 1
             clock.now += 15.0  # the Retry-After passed: the next trial closes the circuit
             completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
             assert completion.route.winner == "b:sim-small"  # type: ignore[attr-defined]
             await wait_for(lambda: health.breaker.state == "closed")
-            assert health.breaker.state == "closed" and router.trials.sent[a] == 2
+            assert health.breaker.state == "closed" and trials.sent[a] == 2
             completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
             assert completion.route.winner == a  # type: ignore[attr-defined]
 

@@ -20,7 +20,7 @@ from llmroute.testing import Profile, Simulator
 from .clock import FakeClock
 from .conftest import KEY
 
-MESSAGES = [{"role": "user", "content": "Tell me about routing."}]
+MESSAGES: Any = [{"role": "user", "content": "Tell me about routing."}]
 PRIMARY, FALLBACK = "primary:sim-small", "fallback:sim-small"
 
 
@@ -39,7 +39,7 @@ def background_breaker(
 def status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
     request = httpx.Request("POST", "https://vendor.test/v1/chat/completions")
     response = httpx.Response(status, headers=headers, request=request)
-    return openai.APIStatusError(f"Error code: {status}", response=response, body=None)
+    return openai.APIStatusError(f"Error code: {status}", response=response, body=None)  # type: ignore[arg-type]
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -224,8 +224,8 @@ async def test_a_flapping_primary_answers_again_after_the_first_trial_since_its_
     cfg = flapping_config(primary, fallback)
     async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
         router = client._router
-        assert router is not None and router.trials is not None
-        trials, health = router.trials, router.health(PRIMARY)
+        assert router is not None and router.trials is client._llmroute.trials
+        trials, health = client._llmroute.trials, router.health(PRIMARY)
         reports: list[Any] = []
 
         async def ask() -> Any:
@@ -263,6 +263,14 @@ async def test_a_flapping_primary_answers_again_after_the_first_trial_since_its_
     assert all([a.target for a in r.attempts] == [FALLBACK] for r in reports[opened:-1])
     assert [(a.target, a.outcome) for a in reports[-1].attempts] == [(PRIMARY, "won")]
     assert not trials.running  # the circuit closed: its task ended
+    registry = client.metrics.registry
+    trial_counts = {
+        verdict: registry.get_sample_value(
+            "llmroute_circuit_trials_total", {"target": PRIMARY, "verdict": verdict}
+        )
+        for verdict in ("closed", "failed")
+    }
+    assert trial_counts == {"closed": 1.0, "failed": float(trials.verdicts[PRIMARY, "failed"])}
 
 
 @pytest.mark.anyio
@@ -272,8 +280,8 @@ async def test_closing_the_client_ends_a_trial_in_flight(
     cfg = flapping_config(primary, fallback)
     async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
         router = client._router
-        assert router is not None and router.trials is not None
-        trials = router.trials
+        assert router is not None and router.trials is client._llmroute.trials
+        trials = client._llmroute.trials
         with anyio.fail_after(60):  # a hang guard only
             for _ in range(10):
                 await client.chat.completions.create(model="chat", messages=MESSAGES)

@@ -25,7 +25,7 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import anyio
 import httpx
@@ -78,9 +78,6 @@ from .stats import (
     stream_stall_deadline,
 )
 
-if TYPE_CHECKING:
-    from .trials import CircuitTrials
-
 __all__ = [
     "REMEASURE_AFTER",
     "SERVER_METRICS_MAX_AGE",
@@ -118,6 +115,18 @@ class Sender(Protocol):
     def __call__(
         self, target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
     ) -> Awaitable[tuple[httpx.Response, Timings]]: ...
+
+
+class Trials(Protocol):
+    """The background trials of a router's open circuits (``routing.trials.CircuitTrials``)."""
+
+    def start(self, target: RouteTarget) -> None:
+        """Make sure ``target``'s trials are going."""
+        ...
+
+    def nudge(self) -> None:
+        """Let the waiting trials read the clock again."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +265,7 @@ class Router:
         self._breaker_cooldown = breaker_cooldown
         self._breaker_max_cooldown = breaker_max_cooldown
         self._health: dict[str, TargetHealth] = {}
-        self.trials: CircuitTrials | None = None
+        self.trials: Trials | None = None
         """The background trials of open circuits (the client attaches them)."""
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
@@ -279,7 +288,7 @@ class Router:
                 breaker.trials_in_background(functools.partial(self._opened, target))
         return health
 
-    def attach_trials(self, trials: CircuitTrials) -> None:
+    def attach_trials(self, trials: Trials) -> None:
         """Let ``trials`` probe open circuits in the background: from now on no request is
         sent to a target whose circuit is not closed (see :mod:`.trials`)."""
         self.trials = trials
@@ -608,9 +617,8 @@ class _Run:
 
     def _probe_open_circuits(self) -> None:
         """Make sure every target of the route whose circuit is open has its background trials
-        going (the router's :class:`~.trials.CircuitTrials`, on every policy), and let them
-        read the clock again. The request itself is planned without those targets and never
-        waits on a trial."""
+        going (the router's :class:`Trials`, on every policy), and let them read the clock
+        again. The request itself is planned without those targets and never waits on a trial."""
         trials = self.router.trials
         if trials is None:
             return
