@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from llmroute import AsyncOpenAI
+from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute.routing.engine import Router
 from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
 from llmroute.testing import Profile, Simulator
@@ -297,3 +297,32 @@ async def test_closing_the_client_ends_a_trial_in_flight(
     sent = trials.sent[PRIMARY]
     trials.start(router.routes["chat"].targets[0])  # a closed client starts nothing
     assert not trials.running and trials.sent[PRIMARY] == sent
+
+
+@pytest.mark.anyio
+async def test_a_request_whose_every_target_awaits_a_trial_fails_at_once_saying_so(
+    primary: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No request waits on a trial: with the only target's circuit open, a request does not
+    sleep until the trial is due (it could not go even then), it fails now and says why."""
+    cfg = flapping_config(primary, primary)
+    cfg["models"]["chat"] = {"targets": [PRIMARY], "policy": "fastest"}
+    cfg["routing"].update(breaker_failures=1, breaker_cooldown="1s", breaker_max_cooldown="1s")
+    slept: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
+        slept.append(delay)
+        await real_sleep(delay, *args, **kwargs)
+
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = FakeClock()  # the trial is due in 1 s of a clock that does not move
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert router.health(PRIMARY).breaker.state == "open"
+        monkeypatch.setattr(anyio, "sleep", recording)
+        with pytest.raises(AllTargetsFailed, match=r"circuit open after 1 failure, next trial in"):
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert [s for s in slept if s > 0] == []

@@ -617,17 +617,18 @@ class _Run:
 
     def _probe_open_circuits(self) -> None:
         """Make sure every target of the route whose circuit is open has its background trials
-        going (the router's :class:`Trials`, on every policy), and let them read the clock
-        again. The request itself is planned without those targets and never waits on a trial."""
+        going (the router's :class:`Trials`, on every policy), and wake those that are due.
+        The request itself is planned without those targets and never waits on a trial."""
         trials = self.router.trials
         if trials is None:
             return
-        opened = False
+        due = False
         for target in self.route.targets:
-            if self.router.health(target.name).breaker.shared_state != "closed":
+            health = self.router.health(target.name)
+            if health.breaker.shared_state != "closed":
                 trials.start(target)
-                opened = True
-        if opened:
+                due = due or health.trial_due_in() == 0.0
+        if due:  # on time, the trial's task wakes by itself; this is for a clock set ahead
             trials.nudge()
 
     def request_stub(self) -> httpx.Request:
@@ -804,7 +805,7 @@ class _Run:
                     if not _any_retryable(state.failures.values()):
                         # Nobody could be asked (cooling down, circuits open): wait for the
                         # first target to be free again if that fits the first-token deadline.
-                        soon = self._soonest_available(plan.order)
+                        soon = self._soonest_available(plan.order, trials=False)
                         if soon is None or anyio.current_time() + soon > give_up_at:
                             break
                         await anyio.sleep(soon)
@@ -849,14 +850,17 @@ class _Run:
         state.live += 1
         return record
 
-    def _soonest_available(self, targets: Sequence[str]) -> float | None:
+    def _soonest_available(self, targets: Sequence[str], *, trials: bool = True) -> float | None:
         """Seconds until the first of ``targets`` that is cooling down or has its circuit open
-        may be tried again; ``None`` if none of them will be (or all are unknown)."""
+        may be tried again; ``None`` if none of them will be (or all are unknown).
+        ``trials=False`` leaves out the circuits that wait for a background trial: only the
+        trial's answer opens them to requests, and no request waits on a trial."""
         now = self.clock()
         times = [
             retry_at
             for name in targets
             if name not in self.refused
+            and (trials or not _awaits_trial(self.router.health(name)))
             and (retry_at := self.router.health(name).retry_at()) is not None
         ]
         return max(0.0, min(times) - now) if times else None
@@ -1382,6 +1386,11 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, APITimeoutError):  # FirstTokenTimeout is one too
         return "timeout"
     return "error"
+
+
+def _awaits_trial(health: TargetHealth) -> bool:
+    """Whether the target's circuit is open until a background trial closes it."""
+    return health.breaker.in_background and health.breaker.shared_state != "closed"
 
 
 def _is_health_failure(exc: BaseException) -> bool:
