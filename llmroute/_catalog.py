@@ -61,7 +61,7 @@ class Trial(BaseModel):
 
     A chat completion of the target's model with one short user message, not streamed, and
     ``body`` added at the top level: by default ``{"max_tokens": 1}`` (one output token). A
-    models list would cost nothing but answers while inference is down, so it is not used.
+    models list would cost nothing, but a vendor may answer it while its inference is down.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

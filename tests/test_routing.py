@@ -438,8 +438,8 @@ async def test_a_latency_route_probes_an_open_circuit_in_the_background(
     sim: Simulator, policy: str
 ) -> None:
     """A latency policy ranks a target with an open circuit last, so no request would try it
-    again: once the cooldown is over, a request sends it a one-token trial in the background
-    (the caller does not wait on it), and its answer closes the circuit."""
+    again: once the cooldown is over, the client's trials send it a one-token request in the
+    background (the caller does not wait on it), and its answer closes the circuit."""
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy=policy)
     cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
     clock = FakeClock()

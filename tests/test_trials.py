@@ -160,10 +160,15 @@ def test_the_router_gives_each_trial_its_verdict() -> None:
     assert router.record_trial("a:m", TimeoutError()) == "failed"  # a hang is no recovery
     clock.advance(10.0)
     assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(401)) == "failed"  # a wrong key
+    assert health.misconfiguration is not None
+    assert health.trial_due_in() == router.misconfigured_cooldown  # not every 10 s
+    clock.advance(router.misconfigured_cooldown)
+    assert breaker.acquire_trial()
     assert router.record_trial("a:m", None) == "closed"
     assert breaker.state == "closed" and health.available()
     snap = router.stats.target("a:m").snapshot()
-    assert sum(snap.outcomes.values()) == 5  # counted as outcomes, never as TTFT samples
+    assert sum(snap.outcomes.values()) == 6  # counted as outcomes, never as TTFT samples
     assert snap.ttft_p50 is None and snap.latency_p50 is None
 
 

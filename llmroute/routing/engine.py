@@ -318,6 +318,8 @@ class Router:
             stats.record_outcome("ok")
             return "closed"
         stats.record_outcome(_outcome(exc))
+        if classify(exc) == "misconfigured":  # a wrong key or model: trials wait for it too
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
         if _is_health_failure(exc):
             health.breaker.record_failure()
             return "failed"
