@@ -25,6 +25,7 @@ __all__ = [
     "ContextWindow",
     "Continuation",
     "ProviderSpec",
+    "Trial",
     "catalog_dir",
     "format_validation_error",
     "load_catalog",
@@ -59,6 +60,21 @@ class Continuation(BaseModel):
     """Where continuation requests go, if not the provider's ``base_url``."""
 
 
+class Trial(BaseModel):
+    """The vendor's cheapest request that says truthfully whether it serves chat now: what
+    llmroute sends, in the background, to a target whose circuit is open.
+
+    A chat completion of the target's model with one short user message, not streamed, and
+    ``body`` added at the top level: by default ``{"max_tokens": 1}`` (one output token). A
+    models list would cost nothing, but a vendor may answer it while its inference is down.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    body: dict[str, Any] = Field(default_factory=lambda: {"max_tokens": 1})
+    """Top-level fields of the trial request, e.g. ``{"max_completion_tokens": 1}``."""
+
+
 class ProviderSpec(BaseModel):
     """One vendor (or self-hosted server kind) as the catalog or a config describes it."""
 
@@ -88,6 +104,8 @@ class ProviderSpec(BaseModel):
     (only on the target that answered: a stateless Responses API needs the whole input)."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers every request to this vendor carries (never secrets)."""
+    trial: Trial = Field(default_factory=Trial)
+    """The request that tries a target whose circuit is open (one output token by default)."""
     docs: str = ""
     """The vendor's documentation page the values come from."""
     context_window: ContextWindow | None = None

@@ -437,12 +437,13 @@ class RoutingSettings(BaseModel):
     """The assumed median TTFT, in seconds, of a target with no data."""
     breaker_failures: int = Field(default=5, ge=1)
     """Consecutive failures that open a target's circuit."""
-    breaker_cooldown: Annotated[Duration, Field(gt=0)] = 30.0
-    """Seconds an open circuit waits before a trial request."""
-    breaker_max_cooldown: Annotated[Duration, Field(gt=0)] = 60.0
+    breaker_cooldown: Annotated[Duration, Field(gt=0)] = 5.0
+    """Seconds an open circuit waits before its first trial (a one-token request sent in the
+    background; no caller's request goes to the target until a trial closes the circuit)."""
+    breaker_max_cooldown: Annotated[Duration, Field(gt=0)] = 5.0
     """Each failed trial doubles the wait before the next, up to this many seconds (or
     ``breaker_cooldown`` if that is longer), so a recovered target is found within about
-    one of them."""
+    one of them. By default the same as ``breaker_cooldown``: a trial every 5 s."""
     stats_backend: Literal["memory", "redis"] = "memory"
     """``redis``: app instances share their TTFT samples through ``[redis]``."""
     stats_sync: Annotated[Duration, Field(gt=0)] = 1.0

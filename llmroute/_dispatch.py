@@ -78,6 +78,7 @@ from .routing.policies import (
     WeightedPolicy,
 )
 from .routing.stats import TargetSnapshot
+from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
 from .transport import Transport
 
 __all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome", "Posted"]
@@ -254,7 +255,7 @@ class Dispatch:
             dict(resolved.providers) if config is not None else {}
         )
         self.router = build_router(resolved, max_retries=max_retries)
-        self.metrics = ClientMetrics(self.router.snapshot)
+        self.metrics = ClientMetrics(self.router.snapshot, trials=lambda: self.trials.verdicts)
         self.servers = ServerPolling()
         self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
         self.cache: ResponseCache | None = None
@@ -275,6 +276,10 @@ class Dispatch:
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http, self.transport)
+        self.trials = CircuitTrials(
+            self.router,
+            self.upstream.sender(headers=None, query=None, timeout=httpx.Timeout(TRIAL_TIMEOUT)),
+        )
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
@@ -831,6 +836,7 @@ class Dispatch:
         if self.closed:
             return
         self.closed = True
+        await self.trials.aclose()
         await self.servers.aclose()
         if self.stats_sync is not None:
             await self.stats_sync.aclose()

@@ -77,6 +77,7 @@ def route_for(
                 context_window=config.context_windows.get(
                     t.name, providers[t.provider].spec.window_for(t.model)
                 ),
+                trial=providers[t.provider].spec.trial.body,
             )
             for t in targets
         ),

@@ -168,7 +168,8 @@ def test_defaults() -> None:
     assert settings.window == 300.0
     assert settings.prompt_classes == [1024, 8192, 32768]
     assert settings.ttft_prior == 1.0
-    assert (settings.breaker_failures, settings.breaker_cooldown) == (5, 30.0)
+    assert (settings.breaker_failures, settings.breaker_cooldown) == (5, 5.0)
+    assert settings.breaker_max_cooldown == 5.0
     assert Config().default_provider is None
 
 

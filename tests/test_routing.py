@@ -395,7 +395,10 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
             await read(stream)
 
 
-async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None:
+async def test_breaker_opens_and_recovers_with_one_background_trial(sim: Simulator) -> None:
+    """An ordered route: the open circuit is skipped; once its cooldown is over a trial goes in
+    the background (the request that notices it goes to b and does not wait), and its answer
+    closes the circuit, so the next request is a's again."""
     cfg = config(
         {"a": sim, "b": sim},
         ["a:sim-small", "b:sim-small"],
@@ -406,7 +409,8 @@ async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None
     clock = FakeClock()
     async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
         router = client._router
-        assert router is not None
+        assert router is not None and router.trials is client._llmroute.trials
+        trials = client._llmroute.trials
         router._clock = clock
         for _ in range(2):
             completion = await client.chat.completions.create(
@@ -417,10 +421,16 @@ async def test_breaker_opens_and_recovers_with_one_probe(sim: Simulator) -> None
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
         attempts = completion.route.attempts  # type: ignore[attr-defined]
         assert [a.target for a in attempts] == ["b:sim-small"]  # the open circuit is skipped
-        clock.now += 31.0  # the cooldown passed: one probe may go to a
+        assert trials.sent["a:sim-small"] == 0  # its cooldown is not over
+        clock.now += 31.0  # the cooldown passed: one trial may go to a
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert completion.route.winner == "b:sim-small"  # type: ignore[attr-defined]
+        breaker = router.health("a:sim-small").breaker
+        await wait_for(lambda: breaker.state == "closed")
+        assert trials.sent["a:sim-small"] == 1 and breaker.state == "closed"
         completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
         assert completion.route.winner == "a:sim-small"  # type: ignore[attr-defined]
-        assert client.stats()["a:sim-small"].breaker == "closed"
+        assert not trials.running
 
 
 @pytest.mark.parametrize("policy", ["fastest", "hedge"])
@@ -428,8 +438,8 @@ async def test_a_latency_route_probes_an_open_circuit_in_the_background(
     sim: Simulator, policy: str
 ) -> None:
     """A latency policy ranks a target with an open circuit last, so no request would try it
-    again: once the cooldown is over, a request sends it a one-token trial in the background
-    (the caller does not wait on it), and its answer closes the circuit."""
+    again: once the cooldown is over, the client's trials send it a one-token request in the
+    background (the caller does not wait on it), and its answer closes the circuit."""
     cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy=policy)
     cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
     clock = FakeClock()
@@ -593,30 +603,39 @@ async def test_no_hedge_to_an_unavailable_target(sim: Simulator) -> None:
     assert tokens == pytest.approx(5.0)  # nothing was charged to the budget
 
 
-async def test_a_probe_answered_429_lets_the_next_probe_go(sim: Simulator) -> None:
-    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
-    cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
-    clock = FakeClock()
-    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
-        router = client._router
-        assert router is not None
-        router._clock = clock
-        await client.chat.completions.create(
-            model="chat", messages=MESSAGES, extra_headers=fault("500")
-        )
-        assert client.stats()["a:sim-small"].breaker == "open"
-        clock.now += 31.0  # the probe goes, and is answered 429 with Retry-After: 2
-        completion = await client.chat.completions.create(
-            model="chat",
-            messages=MESSAGES,
-            extra_headers={**fault("429"), "x-sim-retry-after": "2"},
-        )
-        attempts = completion.route.attempts  # type: ignore[attr-defined]
-        assert (attempts[0].target, attempts[0].outcome) == ("a:sim-small", "rate_limited")
-        clock.now += 3.0  # the cooldown passed: a new probe may go, and it closes the circuit
-        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
-        assert completion.route.winner == "a:sim-small"  # type: ignore[attr-defined]
-        assert client.stats()["a:sim-small"].breaker == "closed"
+async def test_a_trial_answered_429_waits_and_the_next_trial_closes(sim: Simulator) -> None:
+    """A 429 says nothing of the target's health: the circuit stays open, the next trial waits
+    for the cooldown and the Retry-After, and its answer closes the circuit."""
+    with Simulator(profile=Profile(reply_tokens=5, rate_500=1.0), tls=True) as primary:
+        cfg = config({"a": primary, "b": sim}, ["a:sim-small", "b:sim-small"], policy="failover")
+        cfg["routing"] = {"breaker_failures": 1, "breaker_cooldown": "30s", "explore": 0}
+        clock = FakeClock()
+        async with AsyncOpenAI(config=cfg, verify=sim.ssl_context(), max_retries=0) as client:
+            router = client._router
+            assert router is not None and router.trials is client._llmroute.trials
+            trials = client._llmroute.trials
+            router._clock = clock
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert client.stats()["a:sim-small"].breaker == "open"
+            primary.app.profile = Profile(reply_tokens=5, rate_429=1.0, retry_after=45.0)
+            clock.now += 31.0  # the trial goes, and is answered 429 with Retry-After: 45
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+            a = "a:sim-small"
+            await wait_for(lambda: trials.verdicts[a, "none"] == 1)
+            assert trials.verdicts[a, "none"] == 1
+            health = router.health(a)
+            assert health.breaker.state == "open" and health.trial_due_in() == 45.0
+            primary.app.profile = Profile(reply_tokens=5)
+            clock.now += 31.0  # still within the Retry-After: no trial
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert trials.sent[a] == 1
+            clock.now += 15.0  # the Retry-After passed: the next trial closes the circuit
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert completion.route.winner == "b:sim-small"  # type: ignore[attr-defined]
+            await wait_for(lambda: health.breaker.state == "closed")
+            assert health.breaker.state == "closed" and trials.sent[a] == 2
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert completion.route.winner == a  # type: ignore[attr-defined]
 
 
 async def test_a_not_streamed_race_records_no_ttft(sim: Simulator, sim_stall: Simulator) -> None:

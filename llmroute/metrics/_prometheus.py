@@ -3,7 +3,8 @@
 Counters and histograms are updated once per request, when it ends (a stream when it is read to
 its end, breaks or is closed), from the request's :class:`~llmroute.RouteReport` and
 :class:`~llmroute.Timings`: nothing runs per chunk. Gauges (requests in flight, breaker state,
-the live P95 the router predicts with) are read from the router's stats when scraped.
+the live P95 the router predicts with) and the trials of open circuits are read from the router
+when scraped.
 
 Labels are route names (the model names an application asks for) and targets
 (``"provider:model"``, or ``"host:model"`` for a model name that is not a route): never a key,
@@ -17,7 +18,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric, StateSetMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from .._types import Timings
@@ -50,8 +56,13 @@ _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0,
 class _ScrapeTime(Collector):
     """The gauges read from the router's live stats when scraped."""
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, TargetSnapshot]]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, TargetSnapshot]],
+        trials: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+    ) -> None:
         self._snapshot = snapshot
+        self._trials = trials
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -78,6 +89,16 @@ class _ScrapeTime(Collector):
         yield in_flight
         yield breaker
         yield p95
+        if self._trials is not None:
+            trials = CounterMetricFamily(
+                "llmroute_circuit_trials",
+                "Background trials of open circuits by target and verdict (closed: the target "
+                "answered; failed; none: a 429 or a refused trial said nothing of its health)",
+                labels=["target", "verdict"],
+            )
+            for (target, verdict), count in sorted(self._trials().items()):
+                trials.add_metric([target, verdict], count)
+            yield trials
 
 
 class ClientMetrics:
@@ -88,12 +109,16 @@ class ClientMetrics:
     text of this client alone.
     """
 
-    def __init__(self, snapshot: Callable[[], Mapping[str, TargetSnapshot]] | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], Mapping[str, TargetSnapshot]] | None = None,
+        trials: Callable[[], Mapping[tuple[str, str], int]] | None = None,
+    ) -> None:
         self.tracer = Tracer()
         self._models: set[str] = set()
         self.registry = registry = CollectorRegistry(auto_describe=True)
         if snapshot is not None:
-            registry.register(_ScrapeTime(snapshot))
+            registry.register(_ScrapeTime(snapshot, trials))
         self._requests = Counter(
             "llmroute_requests",
             "Chat and Responses API requests by route, outcome (ok, error, interrupted, "

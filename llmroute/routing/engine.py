@@ -32,7 +32,6 @@ import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletionChunk
 
-from .._background import spawn
 from .._catalog import Continuation
 from .._errors import (
     AllTargetsFailed,
@@ -119,6 +118,18 @@ class Sender(Protocol):
     ) -> Awaitable[tuple[httpx.Response, Timings]]: ...
 
 
+class Trials(Protocol):
+    """The background trials of a router's open circuits (``routing.trials.CircuitTrials``)."""
+
+    def start(self, target: RouteTarget) -> None:
+        """Make sure ``target``'s trials are going."""
+        ...
+
+    def nudge(self) -> None:
+        """Let the waiting trials read the clock again."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class RouteTarget:
     """A provider and the model name it serves a route with."""
@@ -131,6 +142,10 @@ class RouteTarget:
     """The wire protocol: ``"openai"`` (chat completions) or ``"anthropic"`` (Messages)."""
     context_window: int | None = None
     """Tokens (prompt plus answer) the model takes at most, if declared (:mod:`.windows`)."""
+    trial: Mapping[str, Any] = field(
+        default_factory=lambda: {"max_tokens": 1}, compare=False, hash=False
+    )
+    """Top-level fields of the trial request sent while its circuit is open (the catalog's)."""
 
     @property
     def name(self) -> str:
@@ -262,6 +277,8 @@ class Router:
         self._breaker_cooldown = breaker_cooldown
         self._breaker_max_cooldown = breaker_max_cooldown
         self._health: dict[str, TargetHealth] = {}
+        self.trials: Trials | None = None
+        """The background trials of open circuits (the client attaches them)."""
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self.misconfigured_cooldown = max(60.0, breaker_cooldown)
@@ -279,7 +296,49 @@ class Router:
                 clock=self._clock,
             )
             health = self._health[target] = TargetHealth(breaker, clock=self._clock)
+            if self.trials is not None:
+                breaker.trials_in_background(functools.partial(self._opened, target))
         return health
+
+    def attach_trials(self, trials: Trials) -> None:
+        """Let ``trials`` probe open circuits in the background: from now on no request is
+        sent to a target whose circuit is not closed (see :mod:`.trials`)."""
+        self.trials = trials
+        for name, health in self._health.items():
+            health.breaker.trials_in_background(functools.partial(self._opened, name))
+
+    def _opened(self, name: str) -> None:
+        """A circuit opened: its trials start."""
+        trials = self.trials
+        if trials is None:
+            return
+        for route in self.routes.values():
+            for target in route.targets:
+                if target.name == name:
+                    trials.start(target)
+                    return
+
+    def record_trial(self, target: str, exc: BaseException | None) -> str:
+        """The verdict of a background trial of ``target``'s open circuit (``exc`` ``None``:
+        it answered): ``"closed"``; ``"failed"`` (re-opened, the next trial later, see
+        :meth:`CircuitBreaker.record_failure`); or ``"none"`` when the answer says nothing of
+        its health (a 429, or a 400 refusing the trial's shape: the next trial waits one
+        cooldown). Counted in the target's outcomes, as a request's would be."""
+        health, stats = self.health(target), self.stats.target(target)
+        if exc is None:
+            health.breaker.record_success()
+            stats.record_outcome("ok")
+            return "closed"
+        stats.record_outcome(_outcome(exc))
+        if classify(exc) == "misconfigured":  # a wrong key or model: trials wait for it too
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
+        if _is_health_failure(exc):
+            health.breaker.record_failure()
+            return "failed"
+        if isinstance(exc, APIStatusError) and exc.status_code == 429:
+            health.cool_down(_cooldown(exc.response.headers))
+        health.breaker.postpone()
+        return "none"
 
     def load(self, target: str) -> float:
         """The requests ``target`` is working on, per data-parallel rank.
@@ -516,8 +575,6 @@ class _Run:
         """Retries of the same target in this request (an ordered route's primary)."""
         self.longest_gap = 0.0
         """The longest pause between chunks of the first stream (a sample when it completes)."""
-        self.probe: str | None = None
-        """The last target whose open circuit this request sent a trial request to."""
         self.goal: LatencyGoal | None = None
         """The request's latency goal (its own options over the route's), if any."""
 
@@ -605,50 +662,24 @@ class _Run:
         if left_out:
             plan = _without(plan, left_out, names)
             self.report.explored = plan.explored if self.report.explored else None
-        if route.policy.name != "failover":
-            self._probe_open_circuits()
+        self._probe_open_circuits()
         return plan
 
     def _probe_open_circuits(self) -> None:
-        """Send a cheap trial request (one token, not streamed) in the background to each
-        target of the route whose circuit waits for one (open, its cooldown over). A latency
-        policy ranks such a target last, so no request of the caller's would try it again;
-        this one's answer closes the circuit, its failure re-opens it for the next, bounded
-        wait. The caller never waits on it."""
+        """Make sure every target of the route whose circuit is open has its background trials
+        going (the router's :class:`Trials`, on every policy), and wake those that are due.
+        The request itself is planned without those targets and never waits on a trial."""
+        trials = self.router.trials
+        if trials is None:
+            return
+        due = False
         for target in self.route.targets:
             health = self.router.health(target.name)
-            if target.name in self.refused or health.breaker.state == "closed":
-                continue
-            if not health.available() or not health.acquire():
-                continue
-            self.probe = target.name
-            spawn(functools.partial(self._probe, target, health), name=f"probe {target.name}")
-
-    async def _probe(self, target: RouteTarget, health: TargetHealth) -> None:
-        body: dict[str, Any] = (
-            {"model": target.model, "input": "Say OK.", "max_output_tokens": 16}
-            if self.kind == "responses"
-            else {
-                "model": target.model,
-                "messages": [{"role": "user", "content": "Say OK."}],
-                "max_tokens": 1,
-            }
-        )
-        try:
-            with anyio.fail_after(self.route.first_token_timeout or 30.0):
-                response, _ = await self.send(target, body, stream=False, continuation=False)
-            await _close_quietly(response)
-        except Exception as exc:
-            if _is_health_failure(exc):
-                health.breaker.record_failure()
-            else:
-                health.breaker.release()
-            self.router.stats.target(target.name).record_outcome(_outcome(exc))
-            return
-        except BaseException:
-            health.breaker.release()
-            raise
-        health.breaker.record_success()
+            if health.breaker.shared_state != "closed":
+                trials.start(target)
+                due = due or health.trial_due_in() == 0.0
+        if due:  # on time, the trial's task wakes by itself; this is for a clock set ahead
+            trials.nudge()
 
     def request_stub(self) -> httpx.Request:
         return httpx.Request("POST", f"llmroute://route/{self.route.name}")
@@ -834,7 +865,7 @@ class _Run:
                     if not _any_retryable(state.failures.values()):
                         # Nobody could be asked (cooling down, circuits open): wait for the
                         # first target to be free again if that fits the first-token deadline.
-                        soon = self._soonest_available(plan.order)
+                        soon = self._soonest_available(plan.order, trials=False)
                         if soon is None or anyio.current_time() + soon > give_up_at:
                             break
                         await anyio.sleep(soon)
@@ -883,14 +914,17 @@ class _Run:
         state.live += 1
         return record
 
-    def _soonest_available(self, targets: Sequence[str]) -> float | None:
+    def _soonest_available(self, targets: Sequence[str], *, trials: bool = True) -> float | None:
         """Seconds until the first of ``targets`` that is cooling down or has its circuit open
-        may be tried again; ``None`` if none of them will be (or all are unknown)."""
+        may be tried again; ``None`` if none of them will be (or all are unknown).
+        ``trials=False`` leaves out the circuits that wait for a background trial: only the
+        trial's answer opens them to requests, and no request waits on a trial."""
         now = self.clock()
         times = [
             retry_at
             for name in targets
             if name not in self.refused
+            and (trials or not _awaits_trial(self.router.health(name)))
             and (retry_at := self.router.health(name).retry_at()) is not None
         ]
         return max(0.0, min(times) - now) if times else None
@@ -1419,6 +1453,11 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, APITimeoutError):  # FirstTokenTimeout is one too
         return "timeout"
     return "error"
+
+
+def _awaits_trial(health: TargetHealth) -> bool:
+    """Whether the target's circuit is open until a background trial closes it."""
+    return health.breaker.in_background and health.breaker.shared_state != "closed"
 
 
 def _is_health_failure(exc: BaseException) -> bool:

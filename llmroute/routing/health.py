@@ -44,6 +44,11 @@ class CircuitBreaker:
     successful probe closes it; a failed one re-opens it with the cooldown doubled, up to
     ``max_cooldown``.
 
+    With :meth:`trials_in_background` the probe is never a request's: while the shared breaker
+    is not closed, :meth:`acquire` refuses every attempt and only :meth:`acquire_trial` takes
+    the probe (a background trial, see :mod:`llmroute.routing.trials`); :meth:`trial_due_in`
+    says when the next one is due. The cooldown is then the interval between trials.
+
     With :data:`failure_party` set, it keeps a breaker per party too: a run of failures from a
     single party opens that party's breaker only; the shared one opens when the run holds
     failures of two parties or more (or unattributed ones). Every method then answers for the
@@ -52,12 +57,14 @@ class CircuitBreaker:
 
     __slots__ = (
         "_attributed",
+        "_background",
         "_base_cooldown",
         "_clock",
         "_consecutive",
         "_cooldown",
         "_failures",
         "_max_cooldown",
+        "_on_open",
         "_parties",
         "_probe_out",
         "_retry_at",
@@ -92,6 +99,44 @@ class CircuitBreaker:
         self._attributed = True  # a party's own breaker is not
         self._parties: dict[str, CircuitBreaker] = {}
         self._run: set[str | None] = set()  # parties of the failures since the last success
+        self._background = False
+        self._on_open: Callable[[], None] | None = None
+
+    def trials_in_background(self, on_open: Callable[[], None] | None = None) -> None:
+        """Leave the probes of the shared circuit to background trials: no request is sent
+        to the target while it is not closed. ``on_open`` is called each time it opens (to
+        start the trials). A party's own breaker keeps request probes: a trial is no one's."""
+        self._background = True
+        self._on_open = on_open
+
+    def acquire_trial(self) -> bool:
+        """Permission to send the background trial: the shared circuit is open with its
+        cooldown over, or half-open with no probe out. Takes the probe (half-open)."""
+        if self._state == CLOSED or self._probe_out:
+            return False
+        if self._state == OPEN and self._clock() < self._retry_at:
+            return False
+        self._state = HALF_OPEN
+        self._probe_out = True
+        return True
+
+    def trial_due_in(self) -> float | None:
+        """Seconds until the shared circuit's next trial may go (0.0: now); ``None`` when it
+        is closed or a trial is out."""
+        if self._state == CLOSED or self._probe_out:
+            return None
+        if self._state == HALF_OPEN:
+            return 0.0
+        return max(0.0, self._retry_at - self._clock())
+
+    def postpone(self) -> None:
+        """The trial ended without a verdict (the target refused its shape, or rate-limited
+        it): open again for the current cooldown, not doubled, so the next trial waits too."""
+        if self._state != HALF_OPEN:
+            return
+        self._state = OPEN
+        self._probe_out = False
+        self._retry_at = self._clock() + self._cooldown
 
     def _current(self) -> CircuitBreaker:
         """The breaker answering for the current party."""
@@ -113,6 +158,11 @@ class CircuitBreaker:
         return self._state
 
     @property
+    def in_background(self) -> bool:
+        """Whether the shared circuit's probes are background trials (no request's)."""
+        return self._background
+
+    @property
     def consecutive_failures(self) -> int:
         """Failures recorded since the last success."""
         return self._current()._consecutive
@@ -129,6 +179,8 @@ class CircuitBreaker:
             return current.available()
         if self._state == CLOSED:
             return True
+        if self._background:
+            return False
         if self._state == OPEN:
             return self._clock() >= self._retry_at
         return not self._probe_out
@@ -137,13 +189,16 @@ class CircuitBreaker:
         """Permission to send one attempt.
 
         Closed: yes. Open with the cooldown over: it turns half-open and grants the one probe.
-        Half-open with the probe out, or open and cooling: no.
+        Half-open with the probe out, or open and cooling: no. With trials in the background:
+        no while not closed.
         """
         current = self._current()
         if current is not self:
             return current.acquire()
         if self._state == CLOSED:
             return True
+        if self._background:
+            return False
         if self._state == OPEN:
             if self._clock() < self._retry_at:
                 return False
@@ -201,6 +256,8 @@ class CircuitBreaker:
         self._state = OPEN
         self._probe_out = False
         self._retry_at = self._clock() + self._cooldown
+        if self._on_open is not None:
+            self._on_open()
 
     def retry_at(self) -> float | None:
         """Clock time an open breaker lets a probe through; ``None`` unless open."""
@@ -265,6 +322,13 @@ class TargetHealth:
         """Permission to send one attempt, taking the breaker's probe when it is half-open."""
         return self.cooling() == 0.0 and self.breaker.acquire()
 
+    def trial_due_in(self) -> float | None:
+        """Seconds until the background trial of the open circuit may go: the breaker's
+        schedule, and a running cooldown (a 429's Retry-After) on top; ``None`` when the
+        circuit is closed or a trial is out."""
+        due = self.breaker.trial_due_in()
+        return None if due is None else max(due, self.cooling())
+
     def retry_at(self) -> float | None:
         """Clock time the target may be tried again, or ``None`` if now or unknown."""
         now = self._clock()
@@ -278,7 +342,12 @@ class TargetHealth:
         breaker = self.breaker
         failures = breaker.consecutive_failures
         after = f"after {failures} failure{'' if failures == 1 else 's'}"
-        if breaker.state == OPEN:
+        background = breaker.in_background and breaker.shared_state != CLOSED
+        if background:
+            due = breaker.trial_due_in()
+            when = "a trial is out" if due is None else f"next trial in {due:.1f} s"
+            reasons.append(f"circuit {breaker.state} {after}, {when}")
+        elif breaker.state == OPEN:
             retry_at = breaker.retry_at()
             left = 0.0 if retry_at is None else retry_at - self._clock()
             if left > 0:

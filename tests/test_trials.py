@@ -1,0 +1,333 @@
+"""Background trials of open circuits: the schedule (an injectable clock), and a flapping primary
+against real simulators over TLS + HTTP/2 on a compressed time scale."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from llmroute import AllTargetsFailed, AsyncOpenAI
+from llmroute.routing.engine import Router
+from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
+from llmroute.testing import Profile, Simulator
+
+from .clock import FakeClock
+from .conftest import KEY
+
+MESSAGES: Any = [{"role": "user", "content": "Tell me about routing."}]
+PRIMARY, FALLBACK = "primary:sim-small", "fallback:sim-small"
+
+
+def background_breaker(
+    cooldown: float = 5.0, max_cooldown: float = 10.0
+) -> tuple[CircuitBreaker, FakeClock, list[float]]:
+    """A breaker whose probes are background trials, open; and the clock times it opened at."""
+    clock = FakeClock()
+    opened: list[float] = []
+    breaker = CircuitBreaker(1, cooldown, max_cooldown, clock)
+    breaker.trials_in_background(on_open=lambda: opened.append(clock.now))
+    breaker.record_failure()
+    return breaker, clock, opened
+
+
+def status_error(status: int, headers: dict[str, str] | None = None) -> openai.APIStatusError:
+    request = httpx.Request("POST", "https://vendor.test/v1/chat/completions")
+    response = httpx.Response(status, headers=headers, request=request)
+    return openai.APIStatusError(f"Error code: {status}", response=response, body=None)  # type: ignore[arg-type]
+
+
+# -- the schedule ----------------------------------------------------------------------------
+def test_trials_are_due_one_cooldown_after_opening_then_every_doubled_cooldown_up_to_the_cap() -> (
+    None
+):
+    breaker, clock, opened = background_breaker(cooldown=5.0, max_cooldown=10.0)
+    assert opened == [clock.now] and breaker.trial_due_in() == 5.0
+    clock.advance(4.0)
+    assert breaker.trial_due_in() == 1.0 and not breaker.acquire_trial()
+    waits: list[float] = []
+    for _ in range(6):  # a long outage: every trial fails
+        due = breaker.trial_due_in()
+        assert due is not None
+        waits.append(due)
+        clock.advance(due)
+        assert breaker.acquire_trial()
+        breaker.record_failure()
+    assert waits == [1.0, 10.0, 10.0, 10.0, 10.0, 10.0]  # never more than 10 s apart
+    assert len(opened) == 7  # each re-opening says so (the trials' task is already running)
+
+
+def test_one_trial_is_in_flight_at_most_and_its_success_closes_the_circuit() -> None:
+    breaker, clock, _ = background_breaker()
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    assert breaker.state == "half-open" and breaker.trial_due_in() is None
+    assert [breaker.acquire_trial() for _ in range(3)] == [False] * 3
+    breaker.record_success()
+    assert breaker.state == "closed" and breaker.trial_due_in() is None
+    assert not breaker.acquire_trial()  # nothing to try
+    assert breaker.available() and breaker.acquire()
+
+
+def test_no_request_goes_to_a_target_while_its_circuit_waits_for_a_trial() -> None:
+    breaker, clock, _ = background_breaker()
+    assert not breaker.available() and not breaker.acquire()
+    clock.advance(60.0)  # long past the cooldown: still only the trial may go
+    assert not breaker.available() and not breaker.acquire()
+    assert breaker.acquire_trial()
+    assert not breaker.available() and not breaker.acquire()
+
+
+def test_a_trial_without_a_verdict_waits_one_cooldown_and_a_cancelled_one_goes_again() -> None:
+    breaker, clock, _ = background_breaker(cooldown=5.0, max_cooldown=10.0)
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    breaker.postpone()  # a 400 or a 429: no verdict on the target's health
+    assert breaker.state == "open" and breaker.trial_due_in() == 5.0  # not doubled
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    breaker.release()  # cancelled (the client closing): another may go at once
+    assert breaker.trial_due_in() == 0.0 and breaker.acquire_trial()
+
+
+def test_a_retry_after_holds_the_next_trial_back() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(1, 5.0, 10.0, clock)
+    breaker.trials_in_background()
+    health = TargetHealth(breaker, clock)
+    assert health.trial_due_in() is None  # closed: no trial
+    breaker.record_failure()
+    health.cool_down(20.0)
+    assert health.trial_due_in() == 20.0
+    assert health.describe() == (
+        "circuit open after 1 failure, next trial in 5.0 s; cooling down for 20.0 s after a 429"
+    )
+    clock.advance(20.0)
+    assert health.trial_due_in() == 0.0 and breaker.acquire_trial()
+    assert health.describe() == "circuit half-open after 1 failure, a trial is out"
+
+
+def test_a_partys_own_breaker_keeps_request_probes() -> None:
+    """A single tenant's failures open its own breaker only; a trial (nobody's request) cannot
+    tell whether that tenant's requests work again, so its next request is the probe."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(2, 5.0, 10.0, clock)
+    breaker.trials_in_background()
+
+    def as_party(action: Any) -> Any:
+        def run() -> Any:
+            failure_party.set("tenant-a")
+            return action()
+
+        return contextvars.copy_context().run(run)
+
+    as_party(breaker.record_failure)
+    as_party(breaker.record_failure)
+    assert breaker.shared_state == "closed" and as_party(lambda: breaker.state) == "open"
+    assert breaker.trial_due_in() is None  # no background trial for it
+    clock.advance(5.0)
+    assert as_party(breaker.acquire)  # the party's next request probes its own breaker
+    assert breaker.acquire()  # everyone else was never stopped
+
+
+def test_the_router_gives_each_trial_its_verdict() -> None:
+    clock = FakeClock()
+    router = Router(
+        {}, breaker_failures=1, breaker_cooldown=5.0, breaker_max_cooldown=10.0, clock=clock
+    )
+    health = router.health("a:m")
+    breaker = health.breaker
+    breaker.record_failure()
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(503)) == "failed"
+    assert breaker.state == "open" and breaker.trial_due_in() == 10.0
+    clock.advance(10.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(429, {"retry-after": "30"})) == "none"
+    assert breaker.state == "open" and health.trial_due_in() == pytest.approx(30.0, abs=1.0)
+    clock.advance(30.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(400)) == "none"  # the trial's shape refused
+    assert health.trial_due_in() == 10.0
+    clock.advance(10.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", TimeoutError()) == "failed"  # a hang is no recovery
+    clock.advance(10.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(401)) == "failed"  # a wrong key
+    assert health.misconfiguration is not None
+    assert health.trial_due_in() == router.misconfigured_cooldown  # not every 10 s
+    clock.advance(router.misconfigured_cooldown)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", None) == "closed"
+    assert breaker.state == "closed" and health.available()
+    snap = router.stats.target("a:m").snapshot()
+    assert sum(snap.outcomes.values()) == 6  # counted as outcomes, never as TTFT samples
+    assert snap.ttft_p50 is None and snap.latency_p50 is None
+
+
+# -- against real servers ------------------------------------------------------------------------
+@pytest.fixture
+def primary() -> Iterator[Simulator]:
+    """A primary that answers 503 to everything until its profile is changed."""
+    with Simulator(profile=Profile(reply_tokens=5, rate_503=1.0), tls=True) as server:
+        yield server
+
+
+@pytest.fixture
+def fallback() -> Iterator[Simulator]:
+    with Simulator(profile=Profile(reply_tokens=5), tls=True) as server:
+        yield server
+
+
+def flapping_config(primary: Simulator, fallback: Simulator) -> dict[str, Any]:
+    """An ordered primary -> fallback route on a compressed time scale: trials 0.2 s after the
+    circuit opens, then at most 0.4 s apart (5 s and 10 s by default)."""
+    return {
+        "providers": {
+            "primary": {"base_url": primary.base_url, "api_key": KEY},
+            "fallback": {"base_url": fallback.base_url, "api_key": KEY},
+        },
+        "models": {
+            "chat": {
+                "targets": [PRIMARY, FALLBACK],
+                "policy": "failover",
+                "server_error_retries": 0,
+            }
+        },
+        "routing": {
+            "explore": 0,
+            "breaker_failures": 2,
+            "breaker_cooldown": "200ms",
+            "breaker_max_cooldown": "400ms",
+        },
+    }
+
+
+async def change_profile(sim: Simulator, **fields: Any) -> None:
+    """``POST /_sim/profile``: the simulator's provider recovers (or fails) now."""
+    url = sim.base_url.removesuffix("/v1") + "/_sim/profile"
+    async with httpx.AsyncClient(verify=sim.ssl_context()) as http:
+        response = await http.post(url, json=fields)
+    assert response.status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_flapping_primary_answers_again_after_the_first_trial_since_its_recovery(
+    primary: Simulator, fallback: Simulator
+) -> None:
+    """failoverbench's flapping primary, 20x faster: 503s until the circuit opens and trials
+    fail, then healthy. The first trial sent after the recovery closes the circuit (so the
+    primary is back within one trial interval of it), the next request is the primary's, and
+    no caller's request went to the primary while its circuit was open or saw a trial fail."""
+    cfg = flapping_config(primary, fallback)
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None and router.trials is client._llmroute.trials
+        trials, health = client._llmroute.trials, router.health(PRIMARY)
+        reports: list[Any] = []
+
+        async def ask() -> Any:
+            completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+            report = completion.route  # type: ignore[attr-defined]
+            reports.append(report)
+            return report
+
+        with anyio.fail_after(120):  # a hang guard only
+            for _ in range(10):  # 2 failures open the circuit
+                await ask()
+                if health.breaker.shared_state != "closed":
+                    break
+            opened = len(reports)
+            assert health.breaker.shared_state == "open" and PRIMARY in trials.running
+            for _ in range(400):  # the outage goes on: trials fail, requests go to the fallback
+                if trials.verdicts[PRIMARY, "failed"] >= 2:
+                    break
+                await ask()
+                await anyio.sleep(0.05)
+            await change_profile(primary, rate_503=0.0)  # the primary recovered
+            sent_at_recovery = trials.sent[PRIMARY]
+            for _ in range(400):  # a request every 50 ms until the primary answers one
+                if (await ask()).winner == PRIMARY:
+                    break
+                await anyio.sleep(0.05)
+    assert trials.verdicts[PRIMARY, "closed"] == 1
+    # At most one trial after the recovery (a trial in flight then may already have closed it).
+    assert trials.sent[PRIMARY] - sent_at_recovery <= 1
+    # While the circuit was open, the primary received the trials and nothing else.
+    before = sum(a.target == PRIMARY for r in reports[:opened] for a in r.attempts)
+    assert primary.stats()["chat_requests"] == before + trials.sent[PRIMARY] + 1
+    # Every caller's request was answered, by the fallback alone while the circuit was open.
+    assert all(r.winner == FALLBACK for r in reports[:-1])
+    assert all([a.target for a in r.attempts] == [FALLBACK] for r in reports[opened:-1])
+    assert [(a.target, a.outcome) for a in reports[-1].attempts] == [(PRIMARY, "won")]
+    assert not trials.running  # the circuit closed: its task ended
+    registry = client.metrics.registry
+    trial_counts = {
+        verdict: registry.get_sample_value(
+            "llmroute_circuit_trials_total", {"target": PRIMARY, "verdict": verdict}
+        )
+        for verdict in ("closed", "failed")
+    }
+    assert trial_counts == {"closed": 1.0, "failed": float(trials.verdicts[PRIMARY, "failed"])}
+
+
+@pytest.mark.anyio
+async def test_closing_the_client_ends_a_trial_in_flight(
+    primary: Simulator, fallback: Simulator
+) -> None:
+    cfg = flapping_config(primary, fallback)
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None and router.trials is client._llmroute.trials
+        trials = client._llmroute.trials
+        with anyio.fail_after(60):  # a hang guard only
+            for _ in range(10):
+                await client.chat.completions.create(model="chat", messages=MESSAGES)
+                if router.health(PRIMARY).breaker.shared_state != "closed":
+                    break
+            await change_profile(primary, rate_503=0.0, rate_hang=1.0)  # trials now hang
+            for _ in range(3000):  # until the next trial hangs at the primary
+                if primary.stats()["in_flight"]:
+                    break
+                await anyio.sleep(0.02)
+        assert trials.running == {PRIMARY} and router.health(PRIMARY).breaker.state == "half-open"
+    assert not trials.running  # closing cancelled the trial and ended its task
+    sent = trials.sent[PRIMARY]
+    trials.start(router.routes["chat"].targets[0])  # a closed client starts nothing
+    assert not trials.running and trials.sent[PRIMARY] == sent
+
+
+@pytest.mark.anyio
+async def test_a_request_whose_every_target_awaits_a_trial_fails_at_once_saying_so(
+    primary: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No request waits on a trial: with the only target's circuit open, a request does not
+    sleep until the trial is due (it could not go even then), it fails now and says why."""
+    cfg = flapping_config(primary, primary)
+    cfg["models"]["chat"] = {"targets": [PRIMARY], "policy": "fastest"}
+    cfg["routing"].update(breaker_failures=1, breaker_cooldown="1s", breaker_max_cooldown="1s")
+    slept: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
+        slept.append(delay)
+        await real_sleep(delay, *args, **kwargs)
+
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = FakeClock()  # the trial is due in 1 s of a clock that does not move
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert router.health(PRIMARY).breaker.state == "open"
+        monkeypatch.setattr(anyio, "sleep", recording)
+        with pytest.raises(AllTargetsFailed, match=r"circuit open after 1 failure, next trial in"):
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert [s for s in slept if s > 0] == []
