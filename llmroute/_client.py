@@ -35,6 +35,7 @@ from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missi
 from ._streaming import CALL_STARTED, AsyncStream, response_timings
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
+from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot
@@ -390,7 +391,9 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         records(result, outcome.response)
         return result
 
-    async def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, str | None]:
+    async def _cache_first(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[Any, tuple[str, Flight | None] | None]:
         """A call's cached answer, as :meth:`request` would return it, before openai's
         machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
         call must go the usual way."""

@@ -70,6 +70,7 @@ from .cache import (
     request_key,
 )
 from .cache import tenant_namespace as _tenant_namespace
+from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.engine import Route
@@ -94,11 +95,13 @@ _REPLAY_MODES = ("immediate", "paced")
 _STATEFUL = ("previous_response_id", "conversation", "background")
 """Responses API fields whose answer depends on what the vendor keeps (never cached)."""
 
-LOOKED_UP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+LOOKED_UP: contextvars.ContextVar[tuple[str, Flight | None] | None] = contextvars.ContextVar(
     "llmroute_looked_up", default=None
 )
 """The cache key a call was already looked up under, and missed, before openai's machinery
-built its request (:meth:`Dispatch.from_cache`): the seam does not look it up twice."""
+built its request (:meth:`Dispatch.from_cache`), with the identical call that was pending then
+(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless that call's
+answer was stored in between."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -404,7 +407,9 @@ class Dispatch:
         _observe(telemetry, result)
         return result
 
-    async def from_cache(self, call: Call) -> tuple[Outcome | None, str | None]:
+    async def from_cache(
+        self, call: Call
+    ) -> tuple[Outcome | None, tuple[str, Flight | None] | None]:
         """A chat call's stored answer, looked up before openai's machinery builds its
         request (the client's ``chat.completions.create`` asks, for a body that is plain
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
@@ -420,13 +425,14 @@ class Dispatch:
         if cache is None or request is None or not request.read:
             return None, None
         started = time.monotonic()
+        pending = cache.pending(request)
         hit = await cache.lookup(request)
         if hit is None:
-            return None, request.key
+            return None, (request.key, pending)
         telemetry = self._telemetry(call)
         outcome = self._hit(cache, hit, request, call, started)
         _observe(telemetry, outcome)
-        return outcome, request.key
+        return outcome, (request.key, pending)
 
     def _telemetry(self, call: Call) -> Any:
         host = None if call.route is not None else _host_of(call.base_url)
@@ -615,8 +621,15 @@ class Dispatch:
         route = call.route
         model = call.body["model"]
         policy = route.policy.name if route is not None else "direct"
-        fresh = request.read and LOOKED_UP.get() != request.key  # not just missed
-        hit = await cache.lookup(request) if fresh else None
+        looked = LOOKED_UP.get()
+        if looked is not None and looked[0] == request.key:
+            hit, pending = None, looked[1]  # just missed, before openai's machinery
+        else:
+            pending = cache.pending(request)
+            hit = await cache.lookup(request) if request.read else None
+        if hit is None and request.read and pending is not None and pending.finished:
+            # The identical answer being stored as the lookup missed is in the store now.
+            hit = await cache.lookup(request)
         if hit is not None:
             return self._hit(cache, hit, request, call, started)
         if not request.share and not request.write:
