@@ -111,6 +111,19 @@ def prepare(
     return shared, missing
 
 
+def own_state(shared: Any, config: Any, verify: Any) -> dict[str, Any]:
+    """The constructor arguments that give a copy its routing state: ``shared`` (its
+    original's) unless a ``config`` or ``verify`` is given, else a new state's ``config`` and
+    ``verify``, each the given one or the original's."""
+    if isinstance(config, openai.NotGiven) and isinstance(verify, openai.NotGiven):
+        return {"_llmroute": shared}
+    dispatch: Dispatch = getattr(shared, "dispatch", shared)  # the sync client's runtime holds it
+    return {
+        "config": dispatch.config if isinstance(config, openai.NotGiven) else config,
+        "verify": dispatch.verify if isinstance(verify, openai.NotGiven) else verify,
+    }
+
+
 def base_url_of(kwargs: Mapping[str, Any]) -> httpx.URL:
     base = kwargs.get("base_url") or os.environ.get("OPENAI_BASE_URL") or _DEFAULT_BASE_URL
     return check_base_url(base)
@@ -313,13 +326,15 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         *args: Any,
         config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         verify: ssl.SSLContext | str | bool = True,
-        _llmroute: Dispatch | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = _llmroute is None
-        dispatch, missing = prepare(kwargs, config, verify, _llmroute)
+        shared: Dispatch | None = kwargs.pop("_llmroute", None)  # a copy's: its original's state
+        owner = shared is None
+        dispatch, missing = prepare(kwargs, config, verify, shared)
         given_base_url = kwargs.get("base_url") is not None
-        if kwargs.get("http_client") is None:
+        http = kwargs.get("http_client")
+        if http is None or getattr(http, "_llmroute_of", dispatch) is not dispatch:
+            # (another routing state's client: a copy given its own config builds its own)
             kwargs["http_client"] = dispatch.http_client(base_url_of(kwargs), DEFAULT_TIMEOUT)
         super().__init__(*args, **kwargs)
         self._llmroute = dispatch
@@ -332,10 +347,25 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     # -- copies share the routing state --------------------------------------------------------
 
-    def copy(self, *args: Any, _extra_kwargs: Mapping[str, Any] = {}, **kwargs: Any) -> Any:
-        """openai's ``copy``/``with_options``: the copy shares routes, stats, cache and
-        connections with this client."""
-        extra = {**_extra_kwargs, "_llmroute": self._llmroute}
+    def copy(
+        self,
+        *args: Any,
+        config: Config
+        | Mapping[str, Any]
+        | str
+        | os.PathLike[str]
+        | openai.NotGiven
+        | None = _NOT_GIVEN,
+        verify: ssl.SSLContext | str | bool | openai.NotGiven = _NOT_GIVEN,
+        _extra_kwargs: Mapping[str, Any] = {},
+        **kwargs: Any,
+    ) -> Any:
+        """openai's ``copy``/``with_options``, which also take llmroute's ``config`` and
+        ``verify``. Without them the copy shares routes, stats, cache and connections with
+        this client (closing it leaves them open); with either, it gets a routing state of its
+        own, built from the given ``config`` (or this client's) and ``verify`` (or this
+        client's), and closing it closes that state."""
+        extra = {**_extra_kwargs, **own_state(self._llmroute, config, verify)}
         return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
     with_options = copy  # type: ignore[assignment]

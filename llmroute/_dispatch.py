@@ -251,6 +251,8 @@ class Dispatch:
         max_retries: int = 2,
     ) -> None:
         resolved = resolve(config if config is not None else Config())
+        self.config = config
+        """The config this state was built from (a copy given a new ``verify`` reuses it)."""
         self.configured = config is not None
         self.resolved = resolved
         self.providers: dict[str, ResolvedProvider] = (
@@ -308,6 +310,7 @@ class Dispatch:
                 transport=self.transport, timeout=timeout, follow_redirects=True
             )
         client._llmroute_owned = True  # type: ignore[attr-defined]
+        client._llmroute_of = self  # type: ignore[attr-defined]  # (a copy of its own builds its own)
         return client
 
     # -- which calls are llmroute's ----------------------------------------------------------
