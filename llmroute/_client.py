@@ -35,6 +35,7 @@ from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missi
 from ._streaming import CALL_STARTED, AsyncStream, response_timings
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
+from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot
@@ -108,6 +109,19 @@ def prepare(
         kwargs["api_key"] = NO_KEY  # only routes are usable; a call for any other model says why
         missing = True
     return shared, missing
+
+
+def own_state(shared: Any, config: Any, verify: Any) -> dict[str, Any]:
+    """The constructor arguments that give a copy its routing state: ``shared`` (its
+    original's) unless a ``config`` or ``verify`` is given, else a new state's ``config`` and
+    ``verify``, each the given one or the original's."""
+    if isinstance(config, openai.NotGiven) and isinstance(verify, openai.NotGiven):
+        return {"_llmroute": shared}
+    dispatch: Dispatch = getattr(shared, "dispatch", shared)  # the sync client's runtime holds it
+    return {
+        "config": dispatch.config if isinstance(config, openai.NotGiven) else config,
+        "verify": dispatch.verify if isinstance(verify, openai.NotGiven) else verify,
+    }
 
 
 def base_url_of(kwargs: Mapping[str, Any]) -> httpx.URL:
@@ -312,13 +326,15 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         *args: Any,
         config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         verify: ssl.SSLContext | str | bool = True,
-        _llmroute: Dispatch | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = _llmroute is None
-        dispatch, missing = prepare(kwargs, config, verify, _llmroute)
+        shared: Dispatch | None = kwargs.pop("_llmroute", None)  # a copy's: its original's state
+        owner = shared is None
+        dispatch, missing = prepare(kwargs, config, verify, shared)
         given_base_url = kwargs.get("base_url") is not None
-        if kwargs.get("http_client") is None:
+        http = kwargs.get("http_client")
+        if http is None or getattr(http, "_llmroute_of", dispatch) is not dispatch:
+            # (another routing state's client: a copy given its own config builds its own)
             kwargs["http_client"] = dispatch.http_client(base_url_of(kwargs), DEFAULT_TIMEOUT)
         super().__init__(*args, **kwargs)
         self._llmroute = dispatch
@@ -331,10 +347,25 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     # -- copies share the routing state --------------------------------------------------------
 
-    def copy(self, *args: Any, _extra_kwargs: Mapping[str, Any] = {}, **kwargs: Any) -> Any:
-        """openai's ``copy``/``with_options``: the copy shares routes, stats, cache and
-        connections with this client."""
-        extra = {**_extra_kwargs, "_llmroute": self._llmroute}
+    def copy(
+        self,
+        *args: Any,
+        config: Config
+        | Mapping[str, Any]
+        | str
+        | os.PathLike[str]
+        | openai.NotGiven
+        | None = _NOT_GIVEN,
+        verify: ssl.SSLContext | str | bool | openai.NotGiven = _NOT_GIVEN,
+        _extra_kwargs: Mapping[str, Any] = {},
+        **kwargs: Any,
+    ) -> Any:
+        """openai's ``copy``/``with_options``, which also take llmroute's ``config`` and
+        ``verify``. Without them the copy shares routes, stats, cache and connections with
+        this client (closing it leaves them open); with either, it gets a routing state of its
+        own, built from the given ``config`` (or this client's) and ``verify`` (or this
+        client's), and closing it closes that state."""
+        extra = {**_extra_kwargs, **own_state(self._llmroute, config, verify)}
         return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
     with_options = copy  # type: ignore[assignment]
@@ -390,7 +421,9 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         records(result, outcome.response)
         return result
 
-    async def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, str | None]:
+    async def _cache_first(
+        self, path: str, body: dict[str, Any]
+    ) -> tuple[Any, tuple[str, Flight | None] | None]:
         """A call's cached answer, as :meth:`request` would return it, before openai's
         machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
         call must go the usual way."""

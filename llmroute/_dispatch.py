@@ -70,6 +70,7 @@ from .cache import (
     request_key,
 )
 from .cache import tenant_namespace as _tenant_namespace
+from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
 from .routing.engine import Route
@@ -95,11 +96,13 @@ _REPLAY_MODES = ("immediate", "paced")
 _STATEFUL = ("previous_response_id", "conversation", "background")
 """Responses API fields whose answer depends on what the vendor keeps (never cached)."""
 
-LOOKED_UP: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+LOOKED_UP: contextvars.ContextVar[tuple[str, Flight | None] | None] = contextvars.ContextVar(
     "llmroute_looked_up", default=None
 )
 """The cache key a call was already looked up under, and missed, before openai's machinery
-built its request (:meth:`Dispatch.from_cache`): the seam does not look it up twice."""
+built its request (:meth:`Dispatch.from_cache`), with the identical call that was pending then
+(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless that call's
+answer was stored in between."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -249,6 +252,8 @@ class Dispatch:
         max_retries: int = 2,
     ) -> None:
         resolved = resolve(config if config is not None else Config())
+        self.config = config
+        """The config this state was built from (a copy given a new ``verify`` reuses it)."""
         self.configured = config is not None
         self.resolved = resolved
         self.providers: dict[str, ResolvedProvider] = (
@@ -310,6 +315,7 @@ class Dispatch:
                 transport=self.transport, timeout=timeout, follow_redirects=True
             )
         client._llmroute_owned = True  # type: ignore[attr-defined]
+        client._llmroute_of = self  # type: ignore[attr-defined]  # (a copy of its own builds its own)
         return client
 
     # -- which calls are llmroute's ----------------------------------------------------------
@@ -409,7 +415,9 @@ class Dispatch:
         _observe(telemetry, result)
         return result
 
-    async def from_cache(self, call: Call) -> tuple[Outcome | None, str | None]:
+    async def from_cache(
+        self, call: Call
+    ) -> tuple[Outcome | None, tuple[str, Flight | None] | None]:
         """A chat call's stored answer, looked up before openai's machinery builds its
         request (the client's ``chat.completions.create`` asks, for a body that is plain
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
@@ -425,13 +433,14 @@ class Dispatch:
         if cache is None or request is None or not request.read:
             return None, None
         started = time.monotonic()
+        pending = cache.pending(request)
         hit = await cache.lookup(request)
         if hit is None:
-            return None, request.key
+            return None, (request.key, pending)
         telemetry = self._telemetry(call)
         outcome = self._hit(cache, hit, request, call, started)
         _observe(telemetry, outcome)
-        return outcome, request.key
+        return outcome, (request.key, pending)
 
     def _telemetry(self, call: Call) -> Any:
         host = None if call.route is not None else _host_of(call.base_url)
@@ -620,8 +629,15 @@ class Dispatch:
         route = call.route
         model = call.body["model"]
         policy = route.policy.name if route is not None else "direct"
-        fresh = request.read and LOOKED_UP.get() != request.key  # not just missed
-        hit = await cache.lookup(request) if fresh else None
+        looked = LOOKED_UP.get()
+        if looked is not None and looked[0] == request.key:
+            hit, pending = None, looked[1]  # just missed, before openai's machinery
+        else:
+            pending = cache.pending(request)
+            hit = await cache.lookup(request) if request.read else None
+        if hit is None and request.read and pending is not None and pending.finished:
+            # The identical answer being stored as the lookup missed is in the store now.
+            hit = await cache.lookup(request)
         if hit is not None:
             return self._hit(cache, hit, request, call, started)
         if not request.share and not request.write:

@@ -32,6 +32,7 @@ from ._client import (
     AsyncOpenAI,
     base_url_of,
     is_raw,
+    own_state,
     post_parse,
     prepare,
     records,
@@ -464,23 +465,26 @@ class OpenAI(openai.OpenAI):
         *args: Any,
         config: Config | Mapping[str, Any] | str | os.PathLike[str] | None = None,
         verify: Any = True,
-        _llmroute: _Runtime | None = None,
         **kwargs: Any,
     ) -> None:
-        owner = _llmroute is None
-        if _llmroute is None:
+        shared: _Runtime | None = kwargs.pop("_llmroute", None)  # a copy's: its original's
+        owner = shared is None
+        if shared is None:
             runtime = _Runtime(kwargs, config, verify)
             missing = runtime.missing_key
         else:
-            runtime = _llmroute
+            runtime = shared
             _, missing = prepare(kwargs, config, verify, runtime.dispatch)
-        if kwargs.get("http_client") is None:
+        given = kwargs.get("http_client")
+        if given is None or getattr(given, "_llmroute_of", runtime) is not runtime:
+            # (another routing state's bridge: a copy given its own config builds its own)
             http = httpx.Client(
                 transport=_BridgeTransport(runtime),
                 timeout=DEFAULT_TIMEOUT,
                 follow_redirects=True,
             )
             http._llmroute_owned = True  # type: ignore[attr-defined]
+            http._llmroute_of = runtime  # type: ignore[attr-defined]
             kwargs["http_client"] = http
         base_url_of(kwargs)  # a bad base URL fails here, before any request
         try:
@@ -494,10 +498,21 @@ class OpenAI(openai.OpenAI):
         self._llmroute_closed = False
         self._missing_key = missing or self.api_key == NO_KEY
 
-    def copy(self, *args: Any, _extra_kwargs: Mapping[str, Any] = {}, **kwargs: Any) -> Any:
-        """openai's ``copy``/``with_options``: the copy shares the loop thread, routes, stats,
-        cache and connections. Closing the copy leaves this client open."""
-        extra = {**_extra_kwargs, "_llmroute": self._llmroute}
+    def copy(
+        self,
+        *args: Any,
+        config: Config | Mapping[str, Any] | str | os.PathLike[str] | openai.NotGiven | None = (
+            openai.NOT_GIVEN
+        ),
+        verify: Any = openai.NOT_GIVEN,
+        _extra_kwargs: Mapping[str, Any] = {},
+        **kwargs: Any,
+    ) -> Any:
+        """openai's ``copy``/``with_options``, which also take llmroute's ``config`` and
+        ``verify``. Without them the copy shares the loop thread, routes, stats, cache and
+        connections (closing the copy leaves this client open); with either, it gets a routing
+        state and loop thread of its own (see :meth:`AsyncOpenAI.copy`)."""
+        extra = {**_extra_kwargs, **own_state(self._llmroute, config, verify)}
         return super().copy(*args, _extra_kwargs=extra, **kwargs)
 
     with_options = copy  # type: ignore[assignment]

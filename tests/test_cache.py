@@ -296,6 +296,143 @@ async def test_identical_non_streamed_requests_share_one_call(sim_paced: Simulat
         assert sum(1 for r in results if r.route.shared) == 9
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["completion", "stream"])
+@pytest.mark.parametrize("backend", ["disk", "redis"])
+async def test_the_ask_right_after_the_popular_one_goes_no_further_than_the_store(
+    sim: Simulator, tmp_path: Path, request: pytest.FixtureRequest, backend: str, stream: bool
+) -> None:
+    """Three asks back to back, no pause: the third finds the second's answer, stored or
+    still being stored (a real store writes in a worker, after the caller has its answer)."""
+    config = cache_config(sim, backend=backend, path=str(tmp_path))
+    if backend == "redis":
+        prefix = f"test-{uuid.uuid4().hex[:8]}"
+        config["redis"] = {"url": request.getfixturevalue("redis_url"), "prefix": prefix}
+    msgs = messages()
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as c:
+        before = upstream(sim)
+        answers = []
+        for _ in range(2):
+            answers.append(await ask_stream(c, msgs) if stream else await ask(c, msgs))
+        second = upstream(sim)
+        answers.append(await ask_stream(c, msgs) if stream else await ask(c, msgs))
+        assert upstream(sim) == second <= before + 2  # the third ask sent nothing
+        third = answers[-1][0] if stream else answers[-1]
+        assert third.route.cache_hit or third.route.shared
+        if stream:
+            assert dumps(answers[-1][1]) == dumps(answers[1][1])
+        else:
+            assert third.to_dict() == answers[1].to_dict()
+        await stored(c)
+        assert c._cache is not None
+        await c._cache.clear()
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early-check", "seam"])
+async def test_a_lookup_that_missed_an_answer_then_stored_looks_again(
+    sim: Simulator, early: bool
+) -> None:
+    """The third ask's lookup misses while the second's answer is being stored, and that
+    store ends (its call forgotten) before the third could join it: the third looks again and
+    hits, where it would have called upstream (before openai's machinery, or at the seam)."""
+    async with AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=cache_config(sim)) as c:
+        cache = c._cache
+        assert cache is not None
+        store: Any = cache.store
+        writing, release = anyio.Event(), anyio.Event()
+        store_set, store_get = store.set, store.get
+
+        async def held_set(key: str, value: bytes, *, ttl: float) -> None:
+            writing.set()
+            await release.wait()
+            await store_set(key, value, ttl=ttl)
+
+        async def racing_get(key: str) -> bytes | None:
+            value = await store_get(key)
+            if value is None and writing.is_set() and not release.is_set():
+                release.set()  # the store ends now, after this lookup missed
+                for _ in range(1000):  # turns of the loop until the call is forgotten
+                    if not cache._flights:
+                        break
+                    await anyio.lowlevel.checkpoint()
+                assert not cache._flights
+            return value
+
+        store.set, store.get = held_set, racing_get
+        headers = {} if early else {"extra_headers": {HEADER: "auto"}}
+        msgs = messages()
+        before = upstream(sim)
+        with anyio.fail_after(30):  # a hang guard only
+            await ask(c, msgs, **headers)
+            live = await ask(c, msgs, **headers)
+            await writing.wait()
+            third = await ask(c, msgs, **headers)
+        assert release.is_set()  # the third ask's lookup did miss during the store
+        assert upstream(sim) == before + 2
+        assert third.route.cache_hit and third.to_dict() == live.to_dict()
+
+
+async def test_an_answer_being_stored_is_shared_with_the_next_ask() -> None:
+    """Between an answer's end and its entry's arrival in the store, an identical ask joins
+    the finished call rather than calling again; once stored, it is a hit."""
+    from openai.types.chat import ChatCompletion
+
+    from llmroute.cache._stores import MemoryStore
+
+    class HeldStore(MemoryStore):
+        """A store whose writes wait until the test lets them through."""
+
+        def __init__(self) -> None:
+            super().__init__(2**20)
+            self.writing = anyio.Event()
+            self.release = anyio.Event()
+
+        async def set(self, key: str, value: bytes, *, ttl: float) -> None:
+            self.writing.set()
+            await self.release.wait()
+            await super().set(key, value, ttl=ttl)
+
+    store = HeldStore()
+    cache = ResponseCache(store, ttl=60, min_hits=1, window=60, max_entry_bytes=2**20)
+    request = CacheRequest(
+        key="ns/k", stream=False, include_usage=False, read=True, write=True, share=True
+    )
+    answer = ChatCompletion.model_validate(
+        {
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "hi"},
+                    "finish_reason": "stop",
+                }
+            ],
+        }
+    )
+    calls: list[int] = []
+
+    async def call() -> ChatCompletion:
+        calls.append(1)
+        return answer
+
+    with anyio.fail_after(30):  # a hang guard only
+        seat, leader = cache.join(request, call)
+        assert leader and (await seat.opened()) is answer
+        seat.leave()
+        await store.writing.wait()  # the answer is complete, its entry not in the store yet
+        assert await cache.lookup(request) is None
+        seat, leader = cache.join(request, call)
+        assert not leader and (await seat.opened()) is answer
+        seat.leave()
+        store.release.set()
+        await cache.aclose()
+    assert calls == [1]
+    assert await store.get("ns/k") is not None
+    assert not cache._flights  # forgotten once stored: later asks are hits
+
+
 async def test_a_reader_that_leaves_early_does_not_disturb_the_others(
     sim_paced: Simulator,
 ) -> None:

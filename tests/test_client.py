@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 import socket
 import threading
@@ -131,6 +132,57 @@ async def test_with_options_changes_a_copy_and_shares_connections(sim: Simulator
         await other.close()  # a copy does not close the shared connections
         done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
         assert done.timings.connection_reused is True
+
+
+@pytest.mark.parametrize("cls", [llmroute.AsyncOpenAI, llmroute.OpenAI])
+def test_copy_takes_every_constructor_argument(cls: type[Any]) -> None:
+    """openai's own client tests check this of its clients (test_copy_signature): every
+    ``__init__`` parameter, llmroute's ``config`` and ``verify`` included, can be given to
+    ``copy()`` (and so to ``with_options()``)."""
+    client = cls(api_key=KEY)
+    try:
+        init = inspect.signature(client.__init__)
+        for method in (client.copy, client.with_options):
+            copy = inspect.signature(method)
+            exclude = {"transport", "proxies", "_strict_response_validation"}
+            missing = [n for n in init.parameters if n not in exclude and n not in copy.parameters]
+            assert missing == [], f"copy() signature is missing {missing}"
+        assert {"config", "verify"} <= set(init.parameters)
+    finally:
+        if isinstance(client, llmroute.OpenAI):
+            client.close()
+
+
+def routes_to(sim: Simulator) -> dict[str, Any]:
+    return {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
+    }
+
+
+@pytest.mark.anyio
+async def test_a_copy_given_a_config_has_its_own_routing_state(sim: Simulator) -> None:
+    async with client_for(sim) as client:
+        routed = client.with_options(config=routes_to(sim), max_retries=0)
+        assert routed._llmroute is not client._llmroute and routed._client is not client._client
+        assert routed.max_retries == 0 and routed.base_url == client.base_url
+        done = await routed.chat.completions.create(model="chat", messages=MESSAGES)
+        assert done.route is not None and done.route.winner == "sim:sim-small"
+        plain = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert plain.route is None or plain.route.policy == "direct"  # no route of the original
+        assert set(routed.stats()) == {"sim:sim-small"} and client.stats() == {}
+        # A copy of it shares its state; a verify alone builds another from its config.
+        again = routed.copy(timeout=5)
+        assert again._llmroute is routed._llmroute
+        trusting = routed.copy(verify=sim.ssl_context())
+        assert trusting._llmroute is not routed._llmroute
+        assert trusting._llmroute.config is routed._llmroute.config
+        assert (await trusting.chat.completions.create(model="chat", messages=MESSAGES)).route
+        await trusting.close()
+        await routed.close()  # closes its own state, not the original's
+        assert routed._llmroute.closed and not client._llmroute.closed
+        done = await client.chat.completions.create(model="sim-small", messages=MESSAGES)
+        assert done.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.anyio

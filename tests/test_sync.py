@@ -161,6 +161,27 @@ def test_routed_config(sim: Simulator) -> None:
         assert set(client.stats()) == {"a:sim-small", "b:sim-small"}
 
 
+def test_a_copy_given_a_config_has_its_own_loop_and_routing_state(sim: Simulator) -> None:
+    threads = len(loop_threads())
+    client = sync_client(sim)
+    config = {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
+    }
+    routed = client.copy(config=config)
+    assert routed._llmroute is not client._llmroute and routed._client is not client._client
+    assert len(loop_threads()) == threads + 2
+    done = routed.chat.completions.create(model="chat", messages=MESSAGES)
+    assert done.route is not None and done.route.winner == "sim:sim-small"
+    assert routed.with_options(max_retries=0)._llmroute is routed._llmroute
+    routed.close()  # its own loop and state; the original's stay open
+    assert routed.is_closed() and not client.is_closed()
+    assert len(loop_threads()) == threads + 1
+    assert client.chat.completions.create(model="sim-small", messages=MESSAGES).choices
+    client.close()
+    assert len(loop_threads()) == threads
+
+
 def test_copies_share_the_loop_and_close_alone(sim: Simulator) -> None:
     threads = len(loop_threads())
     client = sync_client(sim)

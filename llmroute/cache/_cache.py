@@ -197,6 +197,14 @@ class ResponseCache:
 
     # -- single-flight ---------------------------------------------------------------------
 
+    def pending(self, request: CacheRequest) -> Flight | None:
+        """The flight an identical request would join now: a call under way, or an answer
+        being stored. A lookup that missed while it was pending must look again if the flight
+        has :attr:`~Flight.finished` since (its answer may be in the store now)."""
+        if not request.share:
+            return None
+        return self._flights.get((request.key, request.stream, request.include_usage))
+
     def join(
         self, request: CacheRequest, call: Callable[[], Awaitable[object]]
     ) -> tuple[Seat, bool]:
@@ -223,6 +231,7 @@ class ResponseCache:
                     self._stored.set()
                 if self._flights.get(ident) is done:
                     del self._flights[ident]
+                done.finished = True
 
         flight = Flight(request.key, stream=request.stream, on_end=ended, clock=self._clock)
         if request.share:

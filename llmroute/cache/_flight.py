@@ -53,9 +53,14 @@ class Flight:
         """The answer ended normally (a stream read to its end, a completion returned)."""
         self.ended = False
         self.joinable = True
+        """Another identical request may take a seat: while the call runs, and once it has
+        completed, until the cache has stored its answer and forgets the flight."""
         self.asks = 0
         """Requests that took a seat."""
         self.seats = 0
+        self.finished = False
+        """The cache is done with the flight: its answer is in the store now, or never will be
+        (set by the cache as it forgets the flight)."""
         self._opened = anyio.Event()
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
@@ -96,7 +101,10 @@ class Flight:
                             await upstream.close()
         finally:
             self.ended = True
-            self.joinable = False
+            # A complete answer stays joinable while the cache stores it (until the cache
+            # forgets the flight): an ask that comes between the answer's end and its entry's
+            # arrival in the store shares it instead of calling upstream again.
+            self.joinable = self.complete
             self._opened.set()
             self._notify()
         await self._on_end(self)

@@ -180,14 +180,21 @@ def test_a_client_that_stops_reading_is_cut_and_its_upstream_cancelled(
         # Never read: the gateway's writes block, and write_timeout cuts the response.
         assert _wait(lambda: big.stats()["streams_cancelled"] == cancelled + 1)
         assert big.stats()["streams_completed"] == 0
-        stalled = gateway.app.metrics.registry.get_sample_value(
-            "llmroute_gateway_rejections_total", {"key": "beta", "reason": "write_timeout"}
-        )
-        assert stalled == 1
-        in_flight = gateway.app.metrics.registry.get_sample_value(
-            "llmroute_gateway_in_flight", {"key": "beta"}
-        )
-        assert in_flight == 0
+        registry = gateway.app.metrics.registry
+
+        def stalled() -> float | None:
+            return registry.get_sample_value(
+                "llmroute_gateway_rejections_total", {"key": "beta", "reason": "write_timeout"}
+            )
+
+        def in_flight() -> float | None:
+            return registry.get_sample_value("llmroute_gateway_in_flight", {"key": "beta"})
+
+        # The gateway counts the cut, closes the upstream stream (the simulator counts that
+        # cancel on its own thread) and only then leaves the key's slot: wait for each event.
+        assert _wait(lambda: stalled() == 1), stalled()
+        assert _wait(lambda: in_flight() == 0), in_flight()
+        assert stalled() == 1  # counted once
         assert _closed_by_server(sock)
     finally:
         sock.close()
