@@ -270,3 +270,34 @@ async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulato
     assert usage.total_tokens == usage.prompt_tokens + 4
     assert stream.route.attempts[0].outcome == "interrupted"
     assert stream.route.continued_on == []
+
+
+async def test_a_continuation_that_sends_more_than_asked_is_cut_at_the_limit(
+    sim: Simulator,
+) -> None:
+    # The continuing target takes no max_tokens (its continuation fields drop it): the caller's
+    # limit still holds on the whole answer, counted here by the vendors' usage on every chunk,
+    # which ends with "length" at exactly 12 words. (Without such usage the count is low: one
+    # token a delta.)
+    cfg = vllm_config(sim)
+    fields = {"continue_final_message": True, "add_generation_prompt": False, "max_tokens": None}
+    cfg["providers"]["b"] = {**cfg["providers"]["b"], "continuation": {"body": fields}}
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=12,
+                stream_options={"include_usage": True},
+                extra_headers=drop_first(2),
+            )
+            chunks = [c async for c in stream]
+    _, second = sent(sim, 2)
+    assert second["json"]["max_tokens"] is None  # the target was free to answer all the rest
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.split() == (await whole_reply(sim)).split()[:12]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices and usage.completion_tokens == 12
+    assert len({c.id for c in chunks}) == 1

@@ -697,20 +697,19 @@ class _Run:
             counts = self.router.stats.target(target).token_counts
             counts.record(counted[0], "".join(rest), len(rest))
 
-    def _beyond_limit(self) -> bool:
-        """Whether a continued answer now holds more than the caller's limit (counted low:
-        the delivered tokens, plus the continuing attempt's usage or one token per delta)."""
-        limit = self.limit
-        if limit is None or not self.delivered:
-            return False
+    def _combined(self) -> int:
+        """The tokens of a continued answer so far, counted low: what the broken attempts
+        delivered, plus the continuing attempt's usage or one token per delta."""
         counted, since = self._counted, self._since
         if counted is not None and counted[1] >= since:
             own = counted[0] + len(self.text) - counted[1]
         else:
             own = len(self.text) - since
-        return self.delivered + own > limit
+        return self.delivered + own
 
-    def _ending(self, template: ChatCompletionChunk | None, chunk_id: str | None) -> list[Any]:
+    def _ending(
+        self, template: ChatCompletionChunk | None, chunk_id: str | None, tokens: int
+    ) -> list[Any]:
         """The chunks that end an answer llmroute ended at the caller's limit: the
         ``finish_reason="length"`` chunk, and the usage chunk when the caller asked for it."""
         base: dict[str, Any] = {
@@ -725,8 +724,8 @@ class _Run:
             prompt = self.prompt_usage if self.prompt_usage is not None else self.prompt_tokens
             usage = {
                 "prompt_tokens": prompt,
-                "completion_tokens": self.delivered,
-                "total_tokens": prompt + self.delivered,
+                "completion_tokens": tokens,
+                "total_tokens": prompt + tokens,
             }
             out.append(build_chunk({**base, "choices": [], "usage": usage}))
         return out
@@ -1170,6 +1169,7 @@ class _Run:
                 # Usage llmroute asked for, not the caller: it is counted, and not shown.
                 hide_usage = not self.usage_asked and self._asks_usage(ready.target)
                 gaps, longest = 0, 0.0
+                kept = self.delivered  # the tokens of the answer so far, counted low
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -1208,13 +1208,18 @@ class _Run:
                                             chunk.usage = None
                                     if hide_usage:  # not even the vendor's "usage": null
                                         chunk.model_fields_set.discard("usage")
-                                    if self.delivered and self._beyond_limit():
-                                        # A continuation past the caller's limit: it ends here.
-                                        del text[before:]
-                                        for end in self._ending(template, first_id):
-                                            yield end
-                                        self._completed(ready)
-                                        return
+                                    if self.delivered and self.limit is not None:
+                                        count = self._combined()
+                                        if count > self.limit:
+                                            # Past the caller's limit: the answer ends here.
+                                            del text[before:]
+                                            if (self._counted or (0, 0))[1] > len(text):
+                                                self._counted = None  # it counted the chunk
+                                            for end in self._ending(template, first_id, kept):
+                                                yield end
+                                            self._completed(ready)
+                                            return
+                                        kept = count
                                 else:
                                     continuable = False  # another API's events (Responses)
                                     kind = getattr(chunk, "type", None)
@@ -1280,7 +1285,7 @@ class _Run:
                     )
                 new = await self._continue(ready, failure, continuable)
                 if new is None:  # the answer already holds the tokens the caller asked for
-                    for end in self._ending(template, first_id):
+                    for end in self._ending(template, first_id, self.delivered):
                         yield end
                     self.complete = True
                     timings.total = clock() - timings.started_at
