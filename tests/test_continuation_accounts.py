@@ -13,6 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from llmroute import AsyncOpenAI
+from llmroute._config import Config, resolve
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -301,3 +302,20 @@ async def test_a_continuation_that_sends_more_than_asked_is_cut_at_the_limit(
     usage = chunks[-1].usage
     assert usage is not None and not chunks[-1].choices and usage.completion_tokens == 12
     assert len({c.id for c in chunks}) == 1
+
+
+def test_the_catalog_says_which_targets_stream_their_usage_on_every_chunk() -> None:
+    config = Config.model_validate(
+        {
+            "providers": {
+                "v": {"kind": "vllm"},
+                "s": {"kind": "sglang"},
+                "quiet": {"kind": "sglang", "stream_usage_continuous": False},
+                "o": {"kind": "openai", "api_key": KEY},
+            },
+            "models": {"m": {"targets": ["v:x", "s:x", "quiet:x", "o:x"]}},
+        }
+    )
+    providers = resolve(config, {}).providers
+    flags = {name: p.spec.stream_usage_continuous for name, p in providers.items()}
+    assert flags == {"v": True, "s": True, "quiet": False, "o": False}
