@@ -667,7 +667,7 @@ class _Run:
             and self.kind == "chat"
             and target.stream_usage
             and target.protocol == "openai"
-            and isinstance(self.body.get("stream_options", {}), Mapping)
+            and isinstance(self.body.get("stream_options") or {}, Mapping)
         )
 
     def _delivered_by(self, decoder: ChatStreamDecoder | None, target: str) -> tuple[int, str]:
