@@ -97,6 +97,9 @@ class ProviderSpec(BaseModel):
     """Whether the vendor caches prompt prefixes: by itself, only when asked, or not at all."""
     stream_usage: bool = Field(True, strict=True)
     """Whether ``stream_options.include_usage`` is accepted."""
+    stream_usage_continuous: bool = Field(False, strict=True)
+    """Whether ``stream_options.continuous_usage_stats`` is accepted (vLLM, SGLang): the usage
+    so far on every chunk, so a stream that breaks mid-answer is counted exactly."""
     responses: bool = Field(False, strict=True)
     """Whether ``base_url`` serves OpenAI's Responses API (``POST {base_url}/responses``)."""
     responses_stored: bool = Field(False, strict=True)

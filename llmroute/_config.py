@@ -257,6 +257,7 @@ class ProviderConfig(BaseModel):
     protocol: Literal["openai", "anthropic"] | None = None
     prompt_caching: Literal["none", "automatic", "explicit"] | None = None
     stream_usage: bool | None = None
+    stream_usage_continuous: bool | None = None
     responses: bool | None = None
     responses_stored: bool | None = None
     self_hosted: bool | None = None

@@ -73,6 +73,7 @@ def route_for(
                 model=t.model,
                 continuation=providers[t.provider].spec.continuation,
                 stream_usage=providers[t.provider].spec.stream_usage,
+                stream_usage_continuous=providers[t.provider].spec.stream_usage_continuous,
                 protocol=providers[t.provider].spec.protocol,
                 context_window=config.context_windows.get(
                     t.name, providers[t.provider].spec.window_for(t.model)

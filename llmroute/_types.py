@@ -60,10 +60,12 @@ class AttemptReport:
     its response carried one: what a vendor's support asks for."""
     tokens: int | None = None
     """Completion tokens this attempt delivered to the caller (a streamed attempt that won):
-    the vendor's own usage count when it sent one, else an upper bound (``tokens_counted``)."""
+    the vendor's own usage count when it sent one, else an estimate that errs low
+    (``tokens_counted``; see :mod:`llmroute.routing.tokens`)."""
     tokens_counted: str | None = None
-    """How ``tokens`` was counted: ``"usage"`` (the vendor's usage) or ``"estimate"`` (an
-    upper bound from the UTF-8 bytes of the text: a token is at least one byte)."""
+    """How ``tokens`` was counted: ``"usage"`` (the vendor's usage), ``"deltas"`` (by the
+    target's tokens per streamed delta, from its completed answers) or ``"estimate"`` (by its
+    bytes per token, or before calibration one per delta or 8 bytes each): both err low."""
 
 
 @dataclass(slots=True)

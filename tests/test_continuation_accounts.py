@@ -12,7 +12,8 @@ import anyio
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from llmroute import AsyncOpenAI, StreamInterrupted
+from llmroute import AsyncOpenAI
+from llmroute._config import Config, resolve
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -72,7 +73,7 @@ def sent(sim: Simulator, n: int) -> list[dict[str, Any]]:
     return [r for r in sim.last_requests if r["path"] in paths][-n:]
 
 
-async def test_an_estimate_that_never_undercounts_sets_the_continuations_max_tokens(
+async def test_before_calibration_the_count_errs_low_and_the_answer_is_whole(
     sim: Simulator,
 ) -> None:
     full = await whole_reply(sim)
@@ -86,12 +87,14 @@ async def test_an_estimate_that_never_undercounts_sets_the_continuations_max_tok
     prefix = second["json"]["messages"][-1]["content"]
     # Three deltas of two words each were delivered before the break.
     assert full.startswith(prefix) and prefix.split() == full.split()[: 3 * WORDS_PER_CHUNK]
-    estimate = len(prefix.encode())
-    assert estimate >= 3 * WORDS_PER_CHUNK  # an upper bound: a token is at least one byte
+    # Nothing calibrated the target yet: one token per delta, or 8 bytes per token, whichever
+    # is more (routing/tokens.py): low, so the continuation is asked for more than the rest.
+    estimate = max(3, len(prefix.encode()) // 8)
+    assert estimate <= 3 * WORDS_PER_CHUNK
     assert second["json"]["max_tokens"] == 60 - estimate
-    rest = min(30 - 3 * WORDS_PER_CHUNK, 60 - estimate)
-    assert len(text.split()) == 3 * WORDS_PER_CHUNK + rest <= 60
-    assert full.startswith(text)
+    assert text == full  # the 30-word answer ends with the model's own stop
+    assert chunks[-2].choices[0].finish_reason == "stop"
+    rest = 30 - 3 * WORDS_PER_CHUNK
     route = stream.route
     assert [(a.outcome, a.tokens, a.tokens_counted) for a in route.attempts] == [
         ("interrupted", estimate, "estimate"),
@@ -101,8 +104,40 @@ async def test_an_estimate_that_never_undercounts_sets_the_continuations_max_tok
     usage = chunks[-1].usage
     assert usage is not None and not chunks[-1].choices
     assert usage.completion_tokens == estimate + rest  # what both attempts delivered, summed
-    assert usage.completion_tokens >= len(text.split())  # never fewer than were delivered
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+
+
+async def test_a_calibrated_target_is_counted_by_its_tokens_per_delta(sim: Simulator) -> None:
+    # One answer that completed on the primary tells its tokens per delta (2: the simulator
+    # here sends two words a delta); then a break after 2 deltas is counted as 4 tokens, and
+    # max_tokens=10 is exactly what the caller gets, ending with "length".
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            warm = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            assert not [c async for c in warm if c.usage is not None]  # usage not asked
+            counts = client._router.stats.target("a:sim-small").token_counts
+            assert counts.per_delta() == (2.0, 2.0)
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=10,
+                extra_headers=drop_first(2),
+            )
+            chunks = [c async for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    _, second = sent(sim, 2)
+    assert second["json"]["max_tokens"] == 6
+    assert second["json"]["stream_options"] == {"include_usage": True}  # llmroute's own ask
+    assert len(text.split()) == 10
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert all(c.usage is None for c in chunks)  # the caller did not ask for usage
+    assert [(a.tokens, a.tokens_counted) for a in stream.route.attempts] == [
+        (4, "deltas"),
+        (6, "usage"),
+    ]
 
 
 async def test_the_vendors_own_count_is_exact_and_the_caller_gets_what_it_asked(
@@ -143,7 +178,7 @@ async def test_anthropic_chunks_of_several_words_and_its_request_id(sim: Simulat
         prefill["content"] if isinstance(prefill["content"], str) else prefill["content"][0]["text"]
     )
     assert len(prefix.split()) == 2 * WORDS_PER_CHUNK
-    estimate = len(prefix.encode())
+    estimate = max(2, len(prefix.encode()) // 8)  # uncalibrated: errs low
     assert second["json"]["max_tokens"] == 50 - estimate  # Anthropic's own max_tokens
     route = stream.route
     assert [a.request_id for a in route.attempts] == [first["request_id"], second["request_id"]]
@@ -170,24 +205,117 @@ async def test_a_whole_answer_carries_its_vendors_request_id(sim: Simulator, kin
     assert route.attempts[0].tokens is None  # counted for streams only
 
 
-async def test_no_continuation_when_the_estimate_may_have_used_up_max_tokens(
+def vllm_config(sim: Simulator) -> dict[str, Any]:
+    """Two vLLM targets: the catalog says they stream their usage on every chunk."""
+    provider = {"kind": "vllm", "base_url": sim.base_url, "api_key": KEY}
+    return {
+        "providers": {"a": provider, "b": provider},
+        "models": {"chat": {"targets": ["a:sim-small", "b:sim-small"], "policy": "failover"}},
+        "routing": {"explore": 0},
+    }
+
+
+async def test_continuous_usage_counts_exactly_and_stays_out_of_the_callers_chunks(
     sim: Simulator,
 ) -> None:
-    before = sim.stats()["chat_requests"]
-    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
-        with anyio.fail_after(20):
+    async with AsyncOpenAI(config=vllm_config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
             stream = await client.chat.completions.create(
                 model="chat",
                 messages=MESSAGES,
                 stream=True,
-                max_tokens=8,
+                max_tokens=13,
+                stream_options={"include_usage": True},
+                extra_headers=drop_first(3),
+            )
+            chunks = [c async for c in stream]
+    first, second = sent(sim, 2)
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    assert first["json"]["stream_options"] == second["json"]["stream_options"] == options
+    assert second["json"]["max_tokens"] == 13 - 6
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(text.split()) == 13
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    # The caller asked for the usage at the end only: the chunks with choices carry none.
+    assert [c.usage is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 13
+    assert [(a.tokens, a.tokens_counted) for a in stream.route.attempts] == [
+        (6, "usage"),
+        (7, "usage"),
+    ]
+
+
+async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulator) -> None:
+    # The vendor's own count says the 4 words delivered are the 4 tokens asked: nobody is
+    # asked to continue, and the answer ends as the model's would have, with "length".
+    before = sim.stats()["chat_requests"]
+    async with AsyncOpenAI(config=vllm_config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=4,
+                stream_options={"include_usage": True},
                 extra_headers=drop_first(2),
             )
-            parts: list[str] = []
-            with pytest.raises(StreamInterrupted, match="max_tokens=8") as info:
-                async for chunk in stream:
-                    if chunk.choices:
-                        parts.append(chunk.choices[0].delta.content or "")
-    assert info.value.partial_text == "".join(parts)
-    assert len(info.value.partial_text.split()) == 2 * WORDS_PER_CHUNK
+            chunks = [c async for c in stream]
     assert sim.stats()["chat_requests"] == before + 1  # nobody was asked to continue
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " ".join((await whole_reply(sim)).split()[:4])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 4
+    assert usage.total_tokens == usage.prompt_tokens + 4
+    assert stream.route.attempts[0].outcome == "interrupted"
+    assert stream.route.continued_on == []
+
+
+async def test_a_continuation_that_sends_more_than_asked_is_cut_at_the_limit(
+    sim: Simulator,
+) -> None:
+    # The continuing target takes no max_tokens (its continuation fields drop it): the caller's
+    # limit still holds on the whole answer, counted here by the vendors' usage on every chunk,
+    # which ends with "length" at exactly 12 words. (Without such usage the count is low: one
+    # token a delta.)
+    cfg = vllm_config(sim)
+    fields = {"continue_final_message": True, "add_generation_prompt": False, "max_tokens": None}
+    cfg["providers"]["b"] = {**cfg["providers"]["b"], "continuation": {"body": fields}}
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                max_tokens=12,
+                stream_options={"include_usage": True},
+                extra_headers=drop_first(2),
+            )
+            chunks = [c async for c in stream]
+    _, second = sent(sim, 2)
+    assert second["json"]["max_tokens"] is None  # the target was free to answer all the rest
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.split() == (await whole_reply(sim)).split()[:12]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices and usage.completion_tokens == 12
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_the_catalog_says_which_targets_stream_their_usage_on_every_chunk() -> None:
+    config = Config.model_validate(
+        {
+            "providers": {
+                "v": {"kind": "vllm"},
+                "s": {"kind": "sglang"},
+                "quiet": {"kind": "sglang", "stream_usage_continuous": False},
+                "o": {"kind": "openai", "api_key": KEY},
+            },
+            "models": {"m": {"targets": ["v:x", "s:x", "quiet:x", "o:x"]}},
+        }
+    )
+    providers = resolve(config, {}).providers
+    flags = {name: p.spec.stream_usage_continuous for name, p in providers.items()}
+    assert flags == {"v": True, "s": True, "quiet": False, "o": False}

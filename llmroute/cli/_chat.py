@@ -214,7 +214,7 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
                 f"at +{ms(attempt.started):>7}  {attempt.outcome:12} TTFT {ms(attempt.ttft)}"
             )
             if attempt.tokens is not None:
-                bound = "<= " if attempt.tokens_counted == "estimate" else ""
+                bound = ">= " if attempt.tokens_counted in ("estimate", "deltas") else ""
                 line += f"  {bound}{attempt.tokens} tokens"
             if attempt.request_id:
                 line += f"  request id {attempt.request_id}"

@@ -53,6 +53,7 @@ from ..protocols.openai import (
     REQUEST_ID_HEADER,
     ChatStreamDecoder,
     ResponsesStreamDecoder,
+    build_chunk,
     is_preamble_chunk,
     is_token_chunk,
     parse_chat_completion,
@@ -77,6 +78,7 @@ from .stats import (
     stall_deadline,
     stream_stall_deadline,
 )
+from .tokens import estimate_tokens
 from .windows import answer_room, larger_windows, needed_tokens, too_long
 
 __all__ = [
@@ -138,6 +140,8 @@ class RouteTarget:
     model: str
     continuation: Continuation | None = None
     stream_usage: bool = True
+    stream_usage_continuous: bool = False
+    """Whether the target takes ``stream_options.continuous_usage_stats`` (vLLM, SGLang)."""
     protocol: str = "openai"
     """The wire protocol: ``"openai"`` (chat completions) or ``"anthropic"`` (Messages)."""
     context_window: int | None = None
@@ -457,9 +461,12 @@ class Router:
         )
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
-        if run.key is not None:
-            text = _plain_answer(ready.completion)
-            if text is not None:
+        text = _plain_answer(ready.completion)
+        if text is not None:
+            tokens = getattr(getattr(ready.completion, "usage", None), "completion_tokens", None)
+            if isinstance(tokens, int):
+                self.stats.target(ready.target.name).token_counts.record(tokens, text)
+            if run.key is not None:
                 run.answered(ready.target.name, text)
         return RoutedCompletion(ready.completion, ready.response, ready.timings, run.report)
 
@@ -560,6 +567,18 @@ class _Run:
         self.delivered = 0
         """Completion tokens the attempts that broke mid-answer delivered (each counted by
         :meth:`_delivered_by`): what a continuation's ``max_tokens`` and ``usage`` account for."""
+        self.limit = _token_limit(body)
+        """The caller's ``max_tokens`` / ``max_completion_tokens`` (the smaller): held on the
+        whole answer, however many attempts it took."""
+        asked = body.get("stream_options")
+        self.usage_asked = isinstance(asked, Mapping) and bool(asked.get("include_usage"))
+        """Whether the caller asked for usage in the stream (llmroute asks targets for it
+        anyway, to count their tokens, and leaves out what the caller did not ask for)."""
+        self.continuous_asked = self.usage_asked and bool(
+            cast(Mapping[str, Any], asked).get("continuous_usage_stats")
+        )
+        self.prompt_usage: int | None = None
+        """The prompt tokens of the vendors' latest usage (for an answer llmroute ends)."""
         self._since = 0
         """Where the current attempt's text starts in ``text``."""
         self._counted: tuple[int, int] | None = None
@@ -691,6 +710,14 @@ class _Run:
             return body
         if not target.stream_usage:
             body.pop("stream_options", None)
+        elif self._asks_usage(target):
+            # The vendor's count of its tokens: at the end of a completed answer (it calibrates
+            # the target's estimate, :mod:`.tokens`), or on every chunk where it can.
+            options = dict(cast(Mapping[str, Any], body.get("stream_options") or {}))
+            options["include_usage"] = True
+            if target.stream_usage_continuous:
+                options["continuous_usage_stats"] = True
+            body["stream_options"] = options
         if prefix is not None and target.continuation is not None:
             message = {"role": "assistant", "content": prefix, **target.continuation.message}
             body["messages"] = [*body["messages"], message]
@@ -700,27 +727,87 @@ class _Run:
                     body[key] = max(1, body[key] - self.delivered)
         return body
 
-    def _delivered_by(self, decoder: ChatStreamDecoder | None) -> tuple[int, str]:
-        """The completion tokens the current attempt delivered, and how they were counted:
-        the vendor's usage where it covers the text (``"usage"``), plus, for text after it or
-        without it, the UTF-8 bytes of the text (``"estimate"``): every token of a byte-level
-        tokenizer decodes to at least one byte, so the bound never undercounts."""
-        text = self.text
+    def _counted_now(self, decoder: ChatStreamDecoder | None) -> tuple[int, int] | None:
+        """The current attempt's own usage count and the length of ``text`` it covers: from
+        its chunks, or Anthropic's ``message_delta`` once its answer finished."""
         counted = self._counted
         if counted is None and decoder is not None and decoder.finished:
             usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
             if isinstance(usage, dict):
                 count = cast(dict[str, Any], usage).get("completion_tokens")
                 if isinstance(count, int):
-                    counted = (count, len(text))
+                    counted = (count, len(self.text))
+        return counted if counted is not None and counted[1] >= self._since else None
+
+    def _asks_usage(self, target: RouteTarget) -> bool:
+        """Whether :meth:`body_for` asks ``target`` for usage in the stream."""
+        return (
+            self.stream
+            and self.kind == "chat"
+            and target.stream_usage
+            and target.protocol == "openai"
+            and isinstance(self.body.get("stream_options") or {}, Mapping)
+        )
+
+    def _delivered_by(self, decoder: ChatStreamDecoder | None, target: str) -> tuple[int, str]:
+        """The completion tokens the current attempt delivered, and how they were counted: the
+        vendor's usage where it covers the text (``"usage"``), plus, for text after it or
+        without it, an estimate from the target's completed answers (:mod:`.tokens`: by its
+        tokens per delta, ``"deltas"``, or bytes per token, ``"estimate"``) that errs low."""
+        text = self.text
+        counted = self._counted_now(decoder)
         start, tokens, how = self._since, 0, "estimate"
-        if counted is not None and counted[1] >= start:
+        if counted is not None:
             tokens, start = counted[0], counted[1]
             how = "usage"
         if start < len(text):
-            tokens += len("".join(text[start:]).encode())
-            how = "estimate"
+            rest = text[start:]
+            counts = self.router.stats.target(target).token_counts
+            more, how = estimate_tokens("".join(rest), len(rest), counts)
+            tokens += more
         return tokens, how
+
+    def _calibrate(self, decoder: ChatStreamDecoder | None, target: str) -> None:
+        """A completed answer of plain text: its vendor's count against its text and deltas."""
+        counted = self._counted_now(decoder)
+        text = self.text
+        if counted is not None and counted[1] == len(text) and len(text) > self._since:
+            rest = text[self._since :]
+            counts = self.router.stats.target(target).token_counts
+            counts.record(counted[0], "".join(rest), len(rest))
+
+    def _combined(self) -> int:
+        """The tokens of a continued answer so far, counted low: what the broken attempts
+        delivered, plus the continuing attempt's usage or one token per delta."""
+        counted, since = self._counted, self._since
+        if counted is not None and counted[1] >= since:
+            own = counted[0] + len(self.text) - counted[1]
+        else:
+            own = len(self.text) - since
+        return self.delivered + own
+
+    def _ending(
+        self, template: ChatCompletionChunk | None, chunk_id: str | None, tokens: int
+    ) -> list[Any]:
+        """The chunks that end an answer llmroute ended at the caller's limit: the
+        ``finish_reason="length"`` chunk, and the usage chunk when the caller asked for it."""
+        base: dict[str, Any] = {
+            "id": chunk_id or "chatcmpl-llmroute",
+            "object": "chat.completion.chunk",
+            "created": template.created if template is not None else int(time.time()),
+            "model": template.model if template is not None else self.body.get("model", ""),
+        }
+        finish = {"index": 0, "delta": {}, "finish_reason": "length", "logprobs": None}
+        out: list[Any] = [build_chunk({**base, "choices": [finish]})]
+        if self.usage_asked:
+            prompt = self.prompt_usage if self.prompt_usage is not None else self.prompt_tokens
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": tokens,
+                "total_tokens": prompt + tokens,
+            }
+            out.append(build_chunk({**base, "choices": [], "usage": usage}))
+        return out
 
     def _usage_seen(self, chunk: ChatCompletionChunk, usage: Any) -> None:
         """A chunk with the vendor's usage: remember its count (covering the text so far),
@@ -729,10 +816,12 @@ class _Run:
         if not isinstance(completion, int):
             return
         self._counted = (completion, len(self.text))
+        prompt = getattr(usage, "prompt_tokens", None)
+        if isinstance(prompt, int) and not self.delivered:
+            self.prompt_usage = prompt
         if not self.delivered:
             return
         total = completion + self.delivered
-        prompt = getattr(usage, "prompt_tokens", None)
         update: dict[str, Any] = {"completion_tokens": total}
         if isinstance(prompt, int):
             update["total_tokens"] = prompt + total
@@ -1154,6 +1243,7 @@ class _Run:
         assert ready is not None
         timings = ready.timings
         first_id: str | None = None
+        template: ChatCompletionChunk | None = None
         skipping = False
         continuable = True
         text = self.text
@@ -1175,7 +1265,10 @@ class _Run:
                 if read_timeout is not None and stall is not None and read_timeout < stall:
                     stall = None  # the read timeout comes first: it is the deadline
                 own = stall is not None and self.stall_from_stream(ready.target.name)
+                # Usage llmroute asked for, not the caller: it is counted, and not shown.
+                hide_usage = not self.usage_asked and self._asks_usage(ready.target)
                 gaps, longest = 0, 0.0
+                kept = self.delivered  # the tokens of the answer so far, counted low
                 try:
                     with map_transport_errors(request):
                         while True:
@@ -1189,6 +1282,7 @@ class _Run:
                                         first_id = chunk.id
                                     elif chunk.id != first_id:
                                         chunk.id = first_id
+                                    template, before = chunk, len(text)
                                     for choice in chunk.choices:
                                         delta = choice.delta
                                         if choice.index != 0 or not _plain_content(delta):
@@ -1201,6 +1295,30 @@ class _Run:
                                     usage = chunk.usage
                                     if usage is not None:
                                         self._usage_seen(chunk, usage)
+                                        if hide_usage:
+                                            if not chunk.choices:
+                                                continue
+                                            chunk.usage = None
+                                        elif (
+                                            chunk.choices
+                                            and ready.target.stream_usage_continuous
+                                            and not self.continuous_asked
+                                        ):
+                                            chunk.usage = None
+                                    if hide_usage:  # not even the vendor's "usage": null
+                                        chunk.model_fields_set.discard("usage")
+                                    if self.delivered and self.limit is not None:
+                                        count = self._combined()
+                                        if count > self.limit:
+                                            # Past the caller's limit: the answer ends here.
+                                            del text[before:]
+                                            if (self._counted or (0, 0))[1] > len(text):
+                                                self._counted = None  # it counted the chunk
+                                            for end in self._ending(template, first_id, kept):
+                                                yield end
+                                            self._completed(ready)
+                                            return
+                                        kept = count
                                 else:
                                     continuable = False  # another API's events (Responses)
                                     kind = getattr(chunk, "type", None)
@@ -1253,6 +1371,8 @@ class _Run:
                     # connection broke before the usage chunk or [DONE]. (A decoder that
                     # raised is done too, but its answer is not whole.)
                     self._completed(ready)
+                    if continuable:
+                        self._calibrate(decoder, ready.target.name)
                     if continuable and self.key is not None:  # one choice of plain text
                         self.answered(ready.target.name, "".join(text))
                     return
@@ -1262,7 +1382,14 @@ class _Run:
                         "and no finish_reason)",
                         request=request,  # type: ignore[arg-type]
                     )
-                ready = await self._continue(ready, failure, continuable)
+                new = await self._continue(ready, failure, continuable)
+                if new is None:  # the answer already holds the tokens the caller asked for
+                    for end in self._ending(template, first_id, self.delivered):
+                        yield end
+                    self.complete = True
+                    timings.total = clock() - timings.started_at
+                    return
+                ready = new
                 on_switch(ready.response)
                 skipping = True
         finally:
@@ -1275,7 +1402,9 @@ class _Run:
         self.complete = True
         record = self._won(ready.target.name)
         if record is not None:
-            record.tokens, record.tokens_counted = self._delivered_by(ready.decoder)
+            record.tokens, record.tokens_counted = self._delivered_by(
+                ready.decoder, ready.target.name
+            )
         timings = self.ready.timings if self.ready is not None else ready.timings
         timings.total = self.clock() - timings.started_at
         if ready is self.ready and self.tokens > 1:
@@ -1313,8 +1442,10 @@ class _Run:
             and self.router.stats.target(target).gap_quantile(0.99) is None
         )
 
-    async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready:
-        """Continue a broken answer on another target, or raise StreamInterrupted."""
+    async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready | None:
+        """Continue a broken answer on another target, or raise StreamInterrupted; ``None``
+        when the answer already holds the caller's ``max_tokens`` (counted low): it ends there
+        with ``finish_reason="length"``."""
         router, route = self.router, self.route
         name = ready.target.name
         await _close_quietly(ready.response)
@@ -1323,7 +1454,7 @@ class _Run:
         stats.record_outcome("interrupted")
         router.health(name).breaker.record_failure()
         self.broken.append(name)
-        tokens, counted = self._delivered_by(ready.decoder)
+        tokens, counted = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
         record = self._won(name)
         if record is not None:
@@ -1348,18 +1479,8 @@ class _Run:
                 partial_text=partial,
                 cause=cause,
             ) from failure
-        for key in ("max_tokens", "max_completion_tokens"):
-            asked = self.body.get(key)
-            if isinstance(asked, int) and asked - self.delivered < 1:
-                raise StreamInterrupted(
-                    f"{broke}; it was not continued: the answer so far may already hold the "
-                    f"{key}={asked} tokens asked (counted as at most {self.delivered}, from "
-                    "the vendors' usage or the bytes of the text). The text so far is in "
-                    ".partial_text.",
-                    request,
-                    partial_text=partial,
-                    cause=cause,
-                ) from failure
+        if self.limit is not None and self.delivered >= self.limit:
+            return None  # the count errs low: the answer holds at least the tokens asked
         candidates = [
             t.name
             for t in route.targets
@@ -1418,6 +1539,17 @@ def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
         hedge_delays=tuple(plan.hedge_delay(i) for i in kept),
         explored=plan.explored if plan.explored not in refused else None,
     )
+
+
+def _token_limit(body: Mapping[str, Any]) -> int | None:
+    """The caller's limit on the answer's tokens: the smaller of ``max_tokens`` and
+    ``max_completion_tokens`` (``None``: no limit asked)."""
+    limits = [
+        value
+        for key in ("max_tokens", "max_completion_tokens")
+        if isinstance(value := body.get(key), int) and not isinstance(value, bool)
+    ]
+    return min(limits) if limits else None
 
 
 def _plain_answer(completion: Any) -> str | None:

@@ -24,6 +24,8 @@ from typing import Any, Final, Literal, TypeAlias, cast
 
 from sortedcontainers import SortedList
 
+from .tokens import TokenCounts
+
 __all__ = [
     "CANCELLED",
     "ERROR",
@@ -730,6 +732,8 @@ class TargetStats:
         margin while they are few): the target may have
         got faster (a slow one re-measured), so it is worth re-measuring again soon."""
         self._explorations: deque[float] = deque(maxlen=EXPLORATIONS_KEPT)
+        self.token_counts = TokenCounts()
+        """Tokens per delta and bytes per token of its completed answers (:mod:`.tokens`)."""
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]

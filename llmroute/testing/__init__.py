@@ -37,7 +37,9 @@ Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``s
 ``401`` / ``403`` / ``404``  a wrong key, no permission, an unknown model
 ``drop:K``                stream ends abruptly after K tokens: RST_STREAM (INTERNAL_ERROR) over
                           HTTP/2, connection closed without the last chunk over HTTP/1.1
-                          (non-streamed: half the body, then the same break)
+                          (non-streamed: half the body, then the same break); ``drop:A-B``
+                          draws K per request from A..B with the simulator's seeded RNG (so
+                          do ``malformed`` and ``stream-error``)
 ``hang``                  headers (streamed) but never a first token, until the client goes
                           away or ``Profile.hang_max`` passes
 ``malformed:K``           a ``data: {not json`` line after K tokens (the stream then goes on)

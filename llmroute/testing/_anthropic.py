@@ -161,7 +161,7 @@ class AnthropicSimApp:
         if problem is None:
             try:
                 spec = headers.get("x-sim-fault")
-                fault = Fault.parse(spec) if spec else Fault()
+                fault = Fault.parse(spec, self.rng) if spec else Fault()
                 if spec and "x-sim-fault-times" in headers:
                     key = headers.get("x-sim-fault-key", spec)
                     used = self._fault_uses.get(key, 0)

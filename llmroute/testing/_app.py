@@ -322,7 +322,7 @@ class SimApp:
         the request is already answered (a status fault, or a malformed fault header)."""
         try:
             spec = headers.get("x-sim-fault")
-            fault = Fault.parse(spec) if spec else self._random_fault()
+            fault = Fault.parse(spec, self.rng) if spec else self._random_fault()
             if spec and "x-sim-fault-times" in headers:
                 key = headers.get("x-sim-fault-key", spec)
                 used = self._fault_uses.get(key, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,15 +72,20 @@ class Fault:
     """``loris``: seconds between bytes; ``oversized``: the event's size in bytes."""
 
     @classmethod
-    def parse(cls, spec: str) -> Fault:
-        """Parse a comma-separated `x-sim-fault` value; ValueError when malformed."""
+    def parse(cls, spec: str, rng: random.Random | None = None) -> Fault:
+        """Parse a comma-separated `x-sim-fault` value; ValueError when malformed. A stream
+        fault's count may be a range, ``drop:1-39``: drawn per request with ``rng`` (the
+        simulator's seeded one)."""
         fault = cls()
         for item in filter(None, (s.strip() for s in spec.split(","))):
             name, _, arg = item.partition(":")
             if name in STATUS_FAULTS or name == "hang":
                 fault.kind = name
             elif name in STREAM_FAULTS:
-                fault.kind, fault.after = name, int(arg or 0)
+                low, dash, high = (arg or "0").partition("-")
+                fault.kind, fault.after = name, int(low)
+                if dash:
+                    fault.after = (rng or random.Random()).randint(int(low), int(high))
             elif name in TAIL_FAULTS:
                 k, _, amount = arg.partition(":")
                 fault.kind, fault.after = name, int(k or 0)
