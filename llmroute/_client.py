@@ -19,7 +19,7 @@ import ssl
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, cast, get_origin
+from typing import Any, Literal, TypeVar, cast, get_origin, overload
 
 import anyio
 import httpx
@@ -27,6 +27,7 @@ import openai
 from openai._compat import cached_property
 from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
+from openai._models import FinalRequestOptions
 from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, extract_response_type
 from openai.resources.chat import AsyncChat, AsyncCompletions
 
@@ -250,6 +251,9 @@ def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
     return body
 
 
+_ResponseT = TypeVar("_ResponseT")
+_AsyncStreamT = TypeVar("_AsyncStreamT", bound=openai.AsyncStream[Any])
+
 _OPENAI_CODE = os.path.dirname(openai.__file__) + os.sep
 
 
@@ -376,7 +380,38 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     # -- the seam ------------------------------------------------------------------------------
 
-    async def request(  # type: ignore[override]
+    # openai's overloads of request(), declared again so that type checkers and
+    # typing.get_overloads see them on the seam too.
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[False] = False,
+    ) -> _ResponseT: ...
+
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[True],
+        stream_cls: type[_AsyncStreamT],
+    ) -> _AsyncStreamT: ...
+
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: bool,
+        stream_cls: type[_AsyncStreamT] | None = None,
+    ) -> _ResponseT | _AsyncStreamT: ...
+
+    async def request(
         self,
         cast_to: Any,
         options: Any,

@@ -19,11 +19,12 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from openai._models import FinalRequestOptions
 from openai.types.chat import ChatCompletionChunk
 
 from ._client import (
@@ -54,6 +55,8 @@ __all__ = ["ClientClosedError", "OpenAI", "Stream"]
 log = logging.getLogger("llmroute")
 
 _T = TypeVar("_T")
+_ResponseT = TypeVar("_ResponseT")
+_StreamT = TypeVar("_StreamT", bound=openai.Stream[Any])
 _NOT_GIVEN: Any = openai.NOT_GIVEN
 _CLOSE_TIMEOUT = 5.0  # seconds: closing the routing state, then stopping the loop
 
@@ -517,7 +520,38 @@ class OpenAI(openai.OpenAI):
 
     with_options = copy  # type: ignore[assignment]
 
-    def request(  # type: ignore[override]
+    # openai's overloads of request(), declared again so that type checkers and
+    # typing.get_overloads see them on the seam too.
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[True],
+        stream_cls: type[_StreamT],
+    ) -> _StreamT: ...
+
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[False] = False,
+    ) -> _ResponseT: ...
+
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: bool = False,
+        stream_cls: type[_StreamT] | None = None,
+    ) -> _ResponseT | _StreamT: ...
+
+    def request(
         self,
         cast_to: Any,
         options: Any,
