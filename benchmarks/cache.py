@@ -19,8 +19,16 @@ against the same simulator: without the cache, then with the disk cache (default
 ``min_hits`` 2, single-flight on). Reported: the requests that reached the simulator (its own
 counter), and the caller's p50/p95 TTFT (nearest rank).
 
+Or, with ``--fresh N``, only a fresh process's first disk-cache hit: one process stores a
+prompt's answer in a new disk cache directory, then each of ``N`` new Python processes builds a
+client on that directory and asks the prompt ``--later`` + 1 times (streamed, plain JSON
+arguments, no warmup); the first ask's time to first content chunk (and its CPU) is set against
+the median of the later ones. A child run with ``--profile`` writes a cProfile of its first hit
+(on ``time.process_time``) instead of timing it.
+
     .venv/bin/python benchmarks/cache.py            # about a minute
     .venv/bin/python benchmarks/cache.py --quick    # smoke run
+    .venv/bin/python benchmarks/cache.py --fresh 10 # a fresh process's first hit, 10 processes
 """
 
 from __future__ import annotations
@@ -271,6 +279,83 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+_PROMPT = "What is a cache hit?"
+
+
+async def fresh_child(
+    directory: str, base_url: str, ca: str, later: int, profile: str | None
+) -> dict[str, Any]:
+    """In a new process: the first hit on a stored prompt, then ``later`` more."""
+    import ssl
+
+    config = {"cache": {"backend": "disk", "path": directory}}
+    verify = ssl.create_default_context(cafile=ca)
+    async with AsyncOpenAI(api_key=KEY, base_url=base_url, verify=verify, config=config) as c:
+        cpu: dict[str, list[float]] = {"cpu": [], "seam": [], "seam_cpu": [], "ours_cpu": []}
+        if profile is not None:
+            import cProfile
+
+            profiler = cProfile.Profile(time.process_time)
+            profiler.enable()
+            await first_chunk(c, "sim-small", _PROMPT, cpu)
+            profiler.disable()
+            profiler.dump_stats(profile)
+            return {}
+        first = await first_chunk(c, "sim-small", _PROMPT, cpu)
+        hits = [await first_chunk(c, "sim-small", _PROMPT, cpu) for _ in range(later)]
+        assert c._cache is not None
+        stats = await c._cache.stats()
+    return {
+        "first_ms": first * 1e3,
+        "first_cpu_ms": cpu["cpu"][0] * 1e3,
+        "later_ms": pct(hits, 0.5) * 1e3,
+        "later_cpu_ms": pct(cpu["cpu"][1:], 0.5) * 1e3,
+        "hits": stats.hits,
+    }
+
+
+async def store_answer(sim: SimulatorProcess, directory: str) -> int:
+    """Ask until the prompt's answer is stored in ``directory``; the store's hits so far."""
+    config = {"cache": {"backend": "disk", "path": directory}}
+    async with AsyncOpenAI(
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
+    ) as client:
+        for _ in range(3):
+            await first_chunk(client, "sim-small", _PROMPT)
+            await settle(client)
+        assert (await first_chunk(client, "sim-small", _PROMPT)) > 0
+        assert client._cache is not None
+        return (await client._cache.stats()).hits
+
+
+def fresh(processes: int, later: int) -> dict[str, Any]:
+    """``processes`` fresh processes' first hits on one stored prompt (see the docstring)."""
+    import subprocess
+
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, SimulatorProcess(Profile(reply_tokens=20)) as sim:
+        hits = asyncio.run(store_answer(sim, tmp))
+        child = [sys.executable, __file__, "--fresh-child", tmp, sim.base_url, sim.ca_pem_path]
+        for _ in range(processes):
+            done = subprocess.run(
+                [*child, str(later)], capture_output=True, text=True, timeout=120, check=True
+            )
+            runs.append(json.loads(done.stdout.splitlines()[-1]))
+            assert runs[-1]["hits"] == hits + later + 1, runs  # every ask was a hit
+            hits = runs[-1]["hits"]
+    firsts = [r["first_ms"] for r in runs]
+    laters = [r["later_ms"] for r in runs]
+    return {
+        "processes": processes,
+        "later": later,
+        "runs": runs,
+        "first_ms": {"p50": pct(firsts, 0.5), "max": max(firsts)},
+        "first_cpu_ms": {"p50": pct([r["first_cpu_ms"] for r in runs], 0.5)},
+        "later_ms": {"p50": pct(laters, 0.5)},
+        "ratio_p50": pct(firsts, 0.5) / pct(laters, 0.5),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=500, help="hit/live pairs (500)")
@@ -281,7 +366,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a smoke run: 50 pairs, 200 requests")
     p.add_argument("--hits-only", action="store_true", help="only the hit-vs-live parts")
     p.add_argument("--json", metavar="FILE", help="also write the results here")
+    p.add_argument("--fresh", type=int, metavar="N", help="only a fresh process's first hit")
+    p.add_argument("--later", type=int, default=20, help="hits after the first (--fresh; 20)")
+    p.add_argument("--profile", metavar="FILE", help="(--fresh-child) cProfile the first hit")
+    p.add_argument("--fresh-child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.fresh_child:
+        directory, base_url, ca, later = args.fresh_child
+        child = fresh_child(directory, base_url, ca, int(later), args.profile)
+        print(json.dumps(asyncio.run(child)))
+        return 0
+    if args.fresh:
+        found = fresh(args.fresh, args.later)
+        for i, one in enumerate(found["runs"], 1):
+            print(
+                f"process {i}: first hit {one['first_ms']:.3f} ms (CPU {one['first_cpu_ms']:.3f}"
+                f" ms), later hits p50 {one['later_ms']:.3f} ms (CPU {one['later_cpu_ms']:.3f} ms)"
+            )
+        print(
+            f"a fresh process's first disk hit, {found['processes']} processes: p50 "
+            f"{found['first_ms']['p50']:.3f} ms (max {found['first_ms']['max']:.3f} ms, CPU p50 "
+            f"{found['first_cpu_ms']['p50']:.3f} ms); later hits p50 "
+            f"{found['later_ms']['p50']:.3f} ms; first / later {found['ratio_p50']:.1f}x"
+        )
+        found["machine"] = machine(["llmroute", "diskcache", "httpx", "h2", "openai"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(found, indent=2))
+        return 0
     if args.quick:
         args.pairs, args.requests, args.prompts = 50, 200, 50
     results = asyncio.run(run(args))

@@ -19,7 +19,7 @@ import ssl
 import time
 import types
 from collections.abc import Mapping
-from typing import Any, cast, get_origin
+from typing import Any, Literal, TypeVar, cast, get_origin, overload
 
 import anyio
 import httpx
@@ -27,8 +27,10 @@ import openai
 from openai._compat import cached_property
 from openai._constants import RAW_RESPONSE_HEADER
 from openai._legacy_response import LegacyAPIResponse
+from openai._models import FinalRequestOptions
 from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, extract_response_type
 from openai.resources.chat import AsyncChat, AsyncCompletions
+from openai.resources.responses import AsyncResponses
 
 from ._config import Config, load_config
 from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missing_key_error
@@ -229,26 +231,34 @@ def _plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def plain_body(kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The request body openai's ``chat.completions.create(**kwargs)`` would send, when it can
-    be known without openai's machinery: every argument a body parameter of the installed
-    openai (no ``extra_*`` or ``timeout``), every value plain JSON, ``model`` and ``messages``
-    given. ``None``: only openai's machinery knows (or raises)."""
+def plain_body(
+    kwargs: Mapping[str, Any],
+    params: frozenset[str] = _CHAT_PARAMS,
+    required: tuple[str, ...] = ("model", "messages"),
+) -> dict[str, Any] | None:
+    """The request body openai's ``chat.completions.create(**kwargs)`` (or another ``create``
+    whose body ``params`` are given) would send, when it can be known without openai's
+    machinery: every argument a body parameter of the installed openai (no ``extra_*`` or
+    ``timeout``), every value plain JSON, the ``required`` ones given. ``None``: only
+    openai's machinery knows (or raises)."""
     body: dict[str, Any] = {}
     for name, value in kwargs.items():
         if isinstance(value, _ABSENT):
             continue
-        if name not in _CHAT_PARAMS:
+        if name not in params:
             if name in _EXTRAS and value is None:
                 continue
             return None
         if not _plain(value):
             return None
         body[name] = value
-    if "model" not in body or "messages" not in body:
+    if any(name not in body for name in required):
         return None
     return body
 
+
+_ResponseT = TypeVar("_ResponseT")
+_AsyncStreamT = TypeVar("_AsyncStreamT", bound=openai.AsyncStream[Any])
 
 _OPENAI_CODE = os.path.dirname(openai.__file__) + os.sep
 
@@ -264,8 +274,51 @@ def _openais_own(create: object) -> bool:
     )
 
 
-_OPENAI_CREATE = AsyncCompletions.__dict__["create"]
-_EARLY = _openais_own(_OPENAI_CREATE)
+class EarlyCheck:
+    """openai's ``create`` of one resource, for the early cache check: its endpoint, its body
+    parameters, and whether it is openai's own code now (not wrapped by an instrumentation)."""
+
+    def __init__(self, owner: type, path: str, required: tuple[str, ...]) -> None:
+        self.owner = owner
+        self.original = owner.__dict__["create"]
+        self.own = _openais_own(self.original)
+        self.path = path
+        self.params = frozenset(inspect.signature(self.original).parameters) - {"self", *_EXTRAS}
+        self.required = required
+
+    def body(self, cache: object, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Any:
+        """The body to look up (:func:`plain_body`), or ``None``: openai's ``create`` runs."""
+        if (
+            self.own
+            and not args
+            and cache is not None
+            and self.owner.__dict__.get("create") is self.original  # not wrapped since
+        ):
+            return plain_body(kwargs, self.params, self.required)
+        return None
+
+
+_CHAT_EARLY = EarlyCheck(AsyncCompletions, "/chat/completions", ("model", "messages"))
+_RESPONSES_EARLY = EarlyCheck(AsyncResponses, "/responses", ("model",))
+
+
+async def _create_early(
+    resource: Any, early: EarlyCheck, create: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``create(*args, **kwargs)``, asking the client's cache first when the body is known
+    without openai's machinery (see :class:`_AsyncCompletions`)."""
+    client = cast(AsyncOpenAI, resource._client)
+    body = early.body(client._llmroute.cache, args, kwargs)
+    if body is None:
+        return await create(*args, **kwargs)
+    found, key = await client._cache_first(early.path, body)
+    if found is not _MISS:
+        return found
+    token = LOOKED_UP.set(key)
+    try:
+        return await create(**kwargs)
+    finally:
+        LOOKED_UP.reset(token)
 
 
 class _AsyncCompletions(AsyncCompletions):
@@ -278,29 +331,20 @@ class _AsyncCompletions(AsyncCompletions):
     reporter) has wrapped openai's ``create``: the wrapper sees hits as it did before."""
 
     async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        client = cast(AsyncOpenAI, self._client)
-        early = (
-            _EARLY
-            and not args
-            and client._llmroute.cache is not None
-            and AsyncCompletions.__dict__.get("create") is _OPENAI_CREATE  # not wrapped since
-        )
-        body = plain_body(kwargs) if early else None
-        if body is None:
-            return await super().create(*args, **kwargs)
-        found, key = await client._cache_first("/chat/completions", body)
-        if found is not _MISS:
-            return found
-        token = LOOKED_UP.set(key)
-        try:
-            return await super().create(**kwargs)
-        finally:
-            LOOKED_UP.reset(token)
+        return await _create_early(self, _CHAT_EARLY, super().create, args, kwargs)
+
+
+class _AsyncResponses(AsyncResponses):
+    """openai's ``responses``, whose ``create`` asks the cache first, as chat's does."""
+
+    async def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return await _create_early(self, _RESPONSES_EARLY, super().create, args, kwargs)
 
 
 # Introspection (signature, type hints, overloads, docs) sees openai's own create():
 # typing.get_overloads finds a function's overloads by its module and qualified name.
 functools.update_wrapper(_AsyncCompletions.create, AsyncCompletions.create)
+functools.update_wrapper(_AsyncResponses.create, AsyncResponses.create)
 
 
 class _AsyncChat(AsyncChat):
@@ -374,9 +418,44 @@ class AsyncOpenAI(openai.AsyncOpenAI):
     def chat(self) -> AsyncChat:
         return _AsyncChat(self)
 
+    @cached_property
+    def responses(self) -> AsyncResponses:
+        return _AsyncResponses(self)
+
     # -- the seam ------------------------------------------------------------------------------
 
-    async def request(  # type: ignore[override]
+    # openai's overloads of request(), declared again so that type checkers and
+    # typing.get_overloads see them on the seam too.
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[False] = False,
+    ) -> _ResponseT: ...
+
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[True],
+        stream_cls: type[_AsyncStreamT],
+    ) -> _AsyncStreamT: ...
+
+    @overload
+    async def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: bool,
+        stream_cls: type[_AsyncStreamT] | None = None,
+    ) -> _ResponseT | _AsyncStreamT: ...
+
+    async def request(
         self,
         cast_to: Any,
         options: Any,

@@ -19,17 +19,23 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 import httpx
 import openai
 from anyio.from_thread import BlockingPortal, start_blocking_portal
+from openai._compat import cached_property
+from openai._models import FinalRequestOptions
+from openai.resources.chat import Chat, Completions
+from openai.resources.responses import Responses
 from openai.types.chat import ChatCompletionChunk
 
 from ._client import (
+    _MISS,  # pyright: ignore[reportPrivateUsage]
     DEFAULT_TIMEOUT,
     NO_KEY,
     AsyncOpenAI,
+    EarlyCheck,
     base_url_of,
     is_raw,
     own_state,
@@ -40,7 +46,7 @@ from ._client import (
     wrap_raw,
 )
 from ._config import Config
-from ._dispatch import Call, Dispatch, attach, missing_key_error
+from ._dispatch import LOOKED_UP, Call, Dispatch, attach, missing_key_error
 from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
 from ._streaming import AsyncStream, broke, response_timings
 from ._types import RouteReport, Timings
@@ -54,6 +60,8 @@ __all__ = ["ClientClosedError", "OpenAI", "Stream"]
 log = logging.getLogger("llmroute")
 
 _T = TypeVar("_T")
+_ResponseT = TypeVar("_ResponseT")
+_StreamT = TypeVar("_StreamT", bound=openai.Stream[Any])
 _NOT_GIVEN: Any = openai.NOT_GIVEN
 _CLOSE_TIMEOUT = 5.0  # seconds: closing the routing state, then stopping the loop
 
@@ -449,6 +457,53 @@ def _close_soon(runtime: _Runtime, stream: AsyncStream[Any]) -> None:
         pass  # the loop is stopping: it closes everything itself
 
 
+_CHAT_EARLY = EarlyCheck(Completions, "/chat/completions", ("model", "messages"))
+_RESPONSES_EARLY = EarlyCheck(Responses, "/responses", ("model",))
+
+
+def _create_early(
+    resource: Any, early: EarlyCheck, create: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """``create(*args, **kwargs)``, asking the client's cache first (on its loop) when the
+    body is known without openai's machinery, as the async client does."""
+    client = cast(OpenAI, resource._client)
+    body = early.body(client._llmroute.dispatch.cache, args, kwargs)
+    if body is None:
+        return create(*args, **kwargs)
+    found, key = client._cache_first(early.path, body)
+    if found is not _MISS:
+        return found
+    token = LOOKED_UP.set(key)  # the loop's task runs in a copy of this context
+    try:
+        return create(**kwargs)
+    finally:
+        LOOKED_UP.reset(token)
+
+
+class _Completions(Completions):
+    """openai's sync ``chat.completions``, whose ``create`` asks the cache first."""
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return _create_early(self, _CHAT_EARLY, super().create, args, kwargs)
+
+
+class _Responses(Responses):
+    """openai's sync ``responses``, whose ``create`` asks the cache first."""
+
+    def create(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return _create_early(self, _RESPONSES_EARLY, super().create, args, kwargs)
+
+
+functools.update_wrapper(_Completions.create, Completions.create)
+functools.update_wrapper(_Responses.create, Responses.create)
+
+
+class _Chat(Chat):
+    @cached_property
+    def completions(self) -> Completions:
+        return _Completions(self._client)
+
+
 class OpenAI(openai.OpenAI):
     """openai's ``OpenAI`` with llmroute's transport and routing (see :class:`AsyncOpenAI`).
 
@@ -517,7 +572,38 @@ class OpenAI(openai.OpenAI):
 
     with_options = copy  # type: ignore[assignment]
 
-    def request(  # type: ignore[override]
+    # openai's overloads of request(), declared again so that type checkers and
+    # typing.get_overloads see them on the seam too.
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[True],
+        stream_cls: type[_StreamT],
+    ) -> _StreamT: ...
+
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: Literal[False] = False,
+    ) -> _ResponseT: ...
+
+    @overload
+    def request(
+        self,
+        cast_to: type[_ResponseT],
+        options: FinalRequestOptions,
+        *,
+        stream: bool = False,
+        stream_cls: type[_StreamT] | None = None,
+    ) -> _ResponseT | _StreamT: ...
+
+    def request(
         self,
         cast_to: Any,
         options: Any,
@@ -580,6 +666,30 @@ class OpenAI(openai.OpenAI):
         )
         records(result, outcome.response)
         return result
+
+    @cached_property
+    def chat(self) -> Chat:
+        return _Chat(self)
+
+    @cached_property
+    def responses(self) -> Responses:
+        return _Responses(self)
+
+    def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
+        """A call's cached answer before openai's machinery builds its request (see
+        :meth:`AsyncOpenAI._cache_first`), looked up on the loop by the async twin;
+        ``_MISS`` when the call must go the usual way (as every call does when the twin
+        cannot carry this client's calls)."""
+        runtime = self._llmroute
+        if self._llmroute_closed or runtime.closed or runtime.pid != os.getpid():
+            return _MISS, None  # the seam raises ClientClosedError
+        inner = self._inner()
+        if inner is None:
+            return _MISS, None
+        found, key = runtime.call(inner._cache_first, path, body)
+        if isinstance(found, AsyncStream):
+            found = Stream._over(runtime, found)
+        return found, key
 
     def _inner(self) -> AsyncOpenAI | None:
         """The async twin on the loop that serves this client's chat calls for model names

@@ -48,6 +48,53 @@ anyio.run(main)
 """
 
 
+FIRST_HIT = """
+import json, sys, anyio, anyio.to_thread
+from openai.types.chat import ChatCompletionChunk
+from llmroute import AsyncOpenAI
+
+async def main() -> None:
+    base_url, ca, path = sys.argv[1:4]
+    config = {
+        "providers": {"sim": {"base_url": base_url, "api_key": sys.argv[4]}},
+        "models": {"chat": {"targets": ["sim:sim-small"]}},
+        "cache": {"backend": "disk", "path": path, "min_hits": 2},
+    }
+    async with AsyncOpenAI(config=config, verify=ca) as client:
+        cache = client._cache
+        cache._flushed_at = float("inf")  # no lookup-counter flush during the counted hit
+        statements = []
+        cache.store._cache._local.con.set_trace_callback(statements.append)
+        threads = []
+        run_sync = anyio.to_thread.run_sync
+
+        async def counted(*args, **kwargs):
+            threads.append(1)
+            return await run_sync(*args, **kwargs)
+
+        anyio.to_thread.run_sync = counted
+        built = ChatCompletionChunk.__pydantic_complete__
+        stream = await client.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "Asked by every process."}],
+            temperature=0, stream=True,
+        )
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
+        found = {
+            "hit": stream.route.cache_hit,
+            "statements": list(statements),
+            "threads": len(threads),
+            "schema_built": ChatCompletionChunk.__pydantic_complete__ and not built,
+        }
+        anyio.to_thread.run_sync = run_sync
+        await stream.close()
+    print(json.dumps(found))
+
+anyio.run(main)
+"""
+
+
 def child(script: str, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "LLMROUTE_CONFIG"}
     return subprocess.Popen(
@@ -83,3 +130,19 @@ def test_a_prompt_asked_once_by_each_process_is_served_from_the_cache(
     assert [a["hit"] for a in answers] == [False, False, True, True]
     assert len({a["text"] for a in answers}) == 1
     assert sim.stats()["chat_requests"] - before == 2
+
+
+def test_a_fresh_processs_first_hit_is_one_read_on_the_event_loop(
+    sim: Simulator, tmp_path: Path
+) -> None:
+    """The work of a new process's first disk-cache hit, to its first content chunk: one
+    SQLite SELECT (the connection was opened with the store; no write, such as diskcache's
+    LRU access time), no worker thread, and no pydantic schema built for openai's chunk class
+    (openai defers it; building it was most of that hit's time)."""
+    args = (sim.base_url, sim.ca_pem_path, str(tmp_path / "cache"), KEY)
+    assert [json.loads(output(child(ASKER, *args)))["hit"] for _ in range(2)] == [False, False]
+    found = json.loads(output(child(FIRST_HIT, *args)))
+    assert found["hit"] is True
+    assert len(found["statements"]) == 1 and found["statements"][0].startswith("SELECT")
+    assert found["threads"] == 0
+    assert found["schema_built"] is False

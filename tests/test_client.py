@@ -7,6 +7,7 @@ import inspect
 import logging
 import socket
 import threading
+import typing
 import uuid
 from typing import Any
 
@@ -151,6 +152,24 @@ def test_copy_takes_every_constructor_argument(cls: type[Any]) -> None:
     finally:
         if isinstance(client, llmroute.OpenAI):
             client.close()
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [(llmroute.AsyncOpenAI, openai.AsyncOpenAI), (llmroute.OpenAI, openai.OpenAI)],
+)
+def test_the_seam_shows_openais_overloads_of_request(ours: type[Any], theirs: type[Any]) -> None:
+    """The seam overrides ``request()``; its overloads are openai's, in openai's order (the
+    parameters, their kinds and defaults of each; the type variables are llmroute's own)."""
+
+    def shape(cls: type[Any]) -> list[list[tuple[str, Any, Any]]]:
+        return [
+            [(p.name, p.kind, p.default) for p in inspect.signature(o).parameters.values()]
+            for o in typing.get_overloads(cls.request)
+        ]
+
+    assert len(typing.get_overloads(theirs.request)) == 3
+    assert shape(ours) == shape(theirs)
 
 
 def routes_to(sim: Simulator) -> dict[str, Any]:

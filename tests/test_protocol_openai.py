@@ -546,3 +546,22 @@ def test_preamble_chunks_are_only_openers() -> None:
         False,
         False,
     ]
+
+
+def test_a_model_with_typed_extras_is_left_to_openais_construction() -> None:
+    """Typed extras are converted by validation, so such a model (or a subclass of one) is
+    not built by llmroute's shapes; openai's models, whose extras are untyped, are, and are
+    recognised without building their deferred schema."""
+    from openai._models import BaseModel
+
+    from llmroute.protocols.openai import _supported
+
+    class Typed(BaseModel):
+        __pydantic_extra__: dict[str, int]  # pyright: ignore[reportIncompatibleVariableOverride]
+        a: int | None = None
+
+    class Below(Typed):
+        b: str | None = None
+
+    assert not _supported(Typed) and not _supported(Below)
+    assert _supported(ChatCompletionChunk) and _supported(Choice) and _supported(ChoiceDelta)

@@ -16,7 +16,7 @@ from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Simulator
 
 from .conftest import KEY, fault
-from .settle import settled
+from .settle import settled, stored
 
 pytestmark = pytest.mark.anyio
 
@@ -166,6 +166,49 @@ async def test_responses_are_cached_and_replayed(sim: Simulator) -> None:
         for _ in range(2):
             follow = await client.responses.create(**ask, previous_response_id=whole.id)
             assert not follow.route.cache_hit
+
+
+async def test_a_responses_hit_is_answered_before_openais_create_transforms(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The early cache check (docs/architecture.md, step 0) for ``responses.create``: a call
+    with plain JSON arguments is looked up before openai's create() transforms them, a hit
+    costs none of openai's request machinery and sends nothing upstream, and a miss is looked
+    up once; a call with ``extra_headers`` is looked up at the seam, under the same key."""
+    from openai.resources.responses import responses
+
+    cfg = config({"a": sim}, ["a:sim-small"])
+    cfg["cache"] = {"backend": "memory", "min_hits": 1}
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        ask: dict[str, Any] = {"model": "chat", "input": "Cache me early", "temperature": 0}
+        live = await client.responses.create(**ask, stream=True)
+        live_events = [event async for event in live]
+        cache = client._cache
+        assert cache is not None and not live.route.cache_hit
+        await stored(client)
+        through_openai = {"n": 0}
+        real_transform = responses.async_maybe_transform
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            through_openai["n"] += 1
+            return await real_transform(*args, **kwargs)
+
+        monkeypatch.setattr(responses, "async_maybe_transform", counting)
+        before = sim.stats()["responses_requests"]
+        early = await client.responses.create(**ask)
+        stream = await client.responses.create(**ask, stream=True)
+        events = [event async for event in stream]
+        assert early.route.cache_hit and stream.route.cache_hit
+        assert early.output_text == text_of(live_events) == text_of(events)
+        assert through_openai["n"] == 0
+        seam = await client.responses.create(**ask, extra_headers={"x-trace": "1"})
+        assert seam.route.cache_hit and through_openai["n"] == 1
+        assert sim.stats()["responses_requests"] == before  # nothing went upstream
+        misses = cache._misses
+        fresh = await client.responses.create(**{**ask, "input": "A new one"})
+        assert not fresh.route.cache_hit and through_openai["n"] == 2
+        assert cache._misses == misses + 1  # looked up once, not again at the seam
+        assert sim.stats()["responses_requests"] == before + 1
 
 
 async def test_the_stream_helper_and_parse_work_over_the_engine(

@@ -454,3 +454,74 @@ def test_openais_per_request_authentication_is_kept(sim: Simulator) -> None:
     routed = llmroute.AsyncOpenAI(workload_identity=identity, base_url=sim.base_url, config=config)
     assert routed.workload_identity is not None
     anyio.run(routed.close)
+
+
+@pytest.mark.parametrize("routed", [True, False], ids=["route", "plain-model"])
+def test_the_sync_client_answers_a_hit_before_openais_create_transforms(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch, routed: bool
+) -> None:
+    """The early cache check on the sync client (chat and Responses): a call with plain JSON
+    arguments is looked up on the loop before openai's create() transforms them; a hit sends
+    nothing upstream, and a miss is looked up once (not again at the seam)."""
+    from openai.resources.chat.completions import completions
+    from openai.resources.responses import responses
+
+    serves = {"responses": True, "responses_stored": True}
+    config: dict[str, Any] = {"cache": {"backend": "memory", "min_hits": 1}}
+    if routed:
+        config["providers"] = {"sim": {"base_url": sim.base_url, "api_key": KEY, **serves}}
+        config["models"] = {"chat": {"targets": ["sim:sim-small"]}}
+        config["routing"] = {"explore": 0}
+    model = "chat" if routed else "sim-small"
+    with sync_client(sim, config=config) as client:
+        cache = client._llmroute.dispatch.cache
+        assert cache is not None
+
+        def stored() -> None:
+            for _ in range(2000):  # a hang guard only: the store ends on the loop
+                if not cache._flights:
+                    return
+                time.sleep(0.005)
+            raise AssertionError("the answer was never stored")
+
+        ask: dict[str, Any] = {"model": model, "messages": MESSAGES, "temperature": 0}
+        live = client.chat.completions.create(**ask)
+        asked: dict[str, Any] = {"model": model, "input": "Cache me, sync", "temperature": 0}
+        if routed:  # Responses for a model that is not a route are openai's alone
+            live_events = list(client.responses.create(**asked, stream=True))
+        stored()
+        through_openai = {"n": 0}
+
+        def counting(real: Any) -> Any:
+            def transform(*args: Any, **kwargs: Any) -> Any:
+                through_openai["n"] += 1
+                return real(*args, **kwargs)
+
+            return transform
+
+        monkeypatch.setattr(completions, "maybe_transform", counting(completions.maybe_transform))
+        monkeypatch.setattr(responses, "maybe_transform", counting(responses.maybe_transform))
+        before = sim.stats()["requests"]
+        hit: Any = client.chat.completions.create(**ask)
+        stream: Any = client.chat.completions.create(**ask, stream=True)
+        chunks = list(stream)
+        assert hit.route.cache_hit and stream.route.cache_hit
+        assert hit.choices[0].message.content == live.choices[0].message.content
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+            live.choices[0].message.content
+        )
+        if routed:
+            whole: Any = client.responses.create(**asked)
+            assert whole.route.cache_hit and whole.output_text == "".join(
+                e.delta for e in live_events if e.type == "response.output_text.delta"
+            )
+        assert through_openai["n"] == 0
+        assert sim.stats()["requests"] == before  # nothing went upstream
+        misses = cache._misses
+        fresh: Any = client.chat.completions.create(
+            **{**ask, "messages": [{"role": "user", "content": "A new one, sync"}]}
+        )
+        assert fresh.route is None or not fresh.route.cache_hit  # a plain live answer: None
+        assert through_openai["n"] == 1
+        assert cache._misses == misses + 1  # looked up once, not again at the seam
+        assert sim.stats()["requests"] == before + 1

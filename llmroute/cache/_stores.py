@@ -219,7 +219,8 @@ class DiskStore:
     their window. Disk work runs in a worker thread, one call at a time on one SQLite connection
     per store; only a lookup's read (one SELECT, no write) runs on the event loop, and only
     while no worker holds the connection (the entry's place in the LRU order is written by the
-    worker before its next call).
+    worker before its next call). The connection is opened by the constructor (and again by a
+    worker after ``aclose`` or in a forked child).
     """
 
     kind = "disk"
@@ -240,6 +241,11 @@ class DiskStore:
                 disk_min_file_size=2**62,
             )
             self._cache.close()
+            # Connected now, not on the first lookup: the connection's first statement reads
+            # the schema (most of a fresh process's first hit otherwise), and a lookup on a
+            # connected store reads on the calling thread, with no worker and no write.
+            with self._lock:
+                self._connect()
 
     def describe(self) -> str:
         return f"disk at {self.path} (up to {self.max_bytes} bytes)"

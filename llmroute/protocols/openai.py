@@ -9,6 +9,7 @@ else to openai's own ``construct_type``. This module knows nothing of routing or
 
 from __future__ import annotations
 
+import inspect
 import json
 import types
 import typing
@@ -396,8 +397,10 @@ class _Shape:
         self.defaults: dict[str, Any] = {}
         self.fix: dict[str, tuple[int, Any, _Field, Any]] = {}
         self.checks: dict[str, _Convert] = {}
-        # A compiled construct for each key layout seen (a stream repeats the same layout).
-        self.plans: dict[tuple[str, ...], Callable[[dict[str, Any]], Any]] = {}
+        # A compiled construct for each key layout seen twice (a stream repeats the same
+        # layouts; compiling one seen once, such as a stream's role chunk's, would cost a
+        # process's first answer more than it saves). None: seen once.
+        self.plans: dict[tuple[str, ...], Callable[[dict[str, Any]], Any] | None] = {}
         for name, field in fields.items():
             default = field.get_default()
             default = None if default is pydantic_core.PydanticUndefined else default
@@ -426,9 +429,11 @@ class _Shape:
         values = self.defaults.copy()
         extra: dict[str, Any] = {}
         if data.keys() <= self.names:
-            if len(self.plans) < _MAX_PLANS:
+            if layout in self.plans:
                 build = self.plans[layout] = self._compile(layout)
                 return build(data)
+            if len(self.plans) < _MAX_PLANS:
+                self.plans[layout] = None
             values.update(data)
             fields_set = set(data)
         else:
@@ -591,9 +596,29 @@ def _supported(cls: type[pydantic.BaseModel]) -> bool:
             return False
         if field.default_factory is not None:
             return False
+    if not _annotates_extras(cls):
+        return True  # extras are kept as given: no need to build a deferred model's schema
     core = cls.__pydantic_core_schema__
     fields = core.get("schema", {}) if core.get("type") == "model" else {}
     return not (fields.get("type") == "model-fields" and fields.get("extras_schema"))
+
+
+def _annotates_extras(cls: type[pydantic.BaseModel]) -> bool:
+    """Whether ``cls`` or a base of it below pydantic's ``BaseModel`` annotates
+    ``__pydantic_extra__`` (only then may its extras have a type that validation checks).
+    Read from the classes' annotations: asking for ``__pydantic_core_schema__`` builds the
+    schema of a model that openai defers (``defer_build``), most of a process's first cache
+    hit."""
+    for base in cls.__mro__:
+        if base is pydantic.BaseModel:
+            return False
+        try:
+            annotations = inspect.get_annotations(base)
+        except Exception:  # annotations that cannot be evaluated: ask pydantic
+            return True
+        if "__pydantic_extra__" in annotations:
+            return True
+    return False
 
 
 def _general(value: object, field: _Field) -> Any:
