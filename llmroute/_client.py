@@ -136,6 +136,12 @@ def is_raw(options: Any) -> bool:
     return isinstance(headers, Mapping) and bool(headers.get(RAW_RESPONSE_HEADER))
 
 
+def is_legacy_raw(options: Any) -> bool:
+    """The call came through ``with_raw_response`` (openai's ``LegacyAPIResponse``)."""
+    headers = options.headers
+    return isinstance(headers, Mapping) and headers.get(RAW_RESPONSE_HEADER) == "true"
+
+
 def post_parse(result: Any, options: Any) -> Any:
     """``result`` through the call's ``post_parser`` (``parse()``), keeping llmroute's records."""
     parser = options.post_parser
@@ -498,6 +504,8 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             retries_taken=outcome.retries,
         )
         records(result, outcome.response)
+        if is_legacy_raw(options):  # openai decides that by the upstream request's headers
+            return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         return result
 
     async def _cache_first(

@@ -37,6 +37,7 @@ from ._client import (
     AsyncOpenAI,
     EarlyCheck,
     base_url_of,
+    is_legacy_raw,
     is_raw,
     own_state,
     post_parse,
@@ -665,6 +666,8 @@ class OpenAI(openai.OpenAI):
             retries_taken=outcome.retries,
         )
         records(result, outcome.response)
+        if is_legacy_raw(options):  # openai decides that by the upstream request's headers
+            return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         return result
 
     @cached_property

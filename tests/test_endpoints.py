@@ -199,6 +199,30 @@ async def test_raw_response_other_resources(client: llmroute.AsyncOpenAI) -> Non
     assert model.parse(to=dict[str, Any])["id"] == "sim-small"  # type: ignore[type-abstract]
 
 
+async def test_raw_response_on_a_route_is_openais_raw_response(
+    client: llmroute.AsyncOpenAI, sim: Simulator
+) -> None:
+    """Embeddings and completions on a route, through ``with_raw_response``, are openai's
+    ``LegacyAPIResponse`` as for a plain model (they were the parsed result), async and sync."""
+    client.add_provider("gpu", {"kind": "sglang", "base_url": sim.base_url, "api_key": KEY})
+    client.add_targets("routed", ["gpu:sim-small"])
+    embeddings = await client.embeddings.with_raw_response.create(model="routed", input="x")
+    assert isinstance(embeddings, LegacyAPIResponse)
+    assert isinstance(embeddings.parse(), CreateEmbeddingResponse)
+    assert embeddings.status_code == 200 and embeddings.parse().model == "sim-small"
+    completion = await client.completions.with_raw_response.create(model="routed", prompt="x")
+    assert isinstance(completion, LegacyAPIResponse)
+    assert isinstance(completion.parse(), Completion)
+    config = {
+        "providers": {"gpu": {"kind": "sglang", "base_url": sim.base_url, "api_key": KEY}},
+        "models": {"routed": {"targets": ["gpu:sim-small"]}},
+    }
+    with llmroute.OpenAI(config=config, verify=sim.ssl_context()) as sync:
+        raw = sync.embeddings.with_raw_response.create(model="routed", input="x")
+        assert isinstance(raw, LegacyAPIResponse)
+        assert isinstance(raw.parse(), CreateEmbeddingResponse)
+
+
 async def test_streaming_response_chat(client: llmroute.AsyncOpenAI) -> None:
     async with client.chat.completions.with_streaming_response.create(
         model="sim-small", messages=MESSAGES, stream=True
