@@ -274,6 +274,8 @@ def test_cli_mistakes_are_sentences(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "not a tiers classifier file" in capsys.readouterr().err
     assert main(["tiers", "eval", str(DATA), "--folds", "1"]) == 2
     assert "--folds must be at least 2" in capsys.readouterr().err
+    assert main(["tiers", "fit", str(DATA), "--out", str(tmp_path / "no" / "x.npz")]) == 2
+    assert "llmroute tiers: cannot write" in capsys.readouterr().err
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
@@ -288,7 +290,7 @@ def test_without_wordllama_the_cli_names_the_extra() -> None:
         "from llmroute.cli import main\n"
         f"raise SystemExit(main(['tiers', 'eval', {str(DATA)!r}]))\n"
     )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 2, done.stderr
     assert done.stderr == (
         "llmroute tiers: the request classifier (tiers) needs wordllama, which is not "
         f"installed: pip install -e '{ROOT}[tiers]'\n"

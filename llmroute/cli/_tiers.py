@@ -48,16 +48,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     eval_.set_defaults(run=_eval)
 
 
-def _fail(message: str, status: int = 2) -> int:
+def _fail(message: str) -> int:
+    """A mistake (a bad file, a missing extra) as a sentence on stderr: exit status 2."""
     sys.stderr.write(f"llmroute tiers: {message}\n")
-    return status
+    return 2
 
 
 def _fit(args: argparse.Namespace) -> int:
     try:
         from ..tiers import FeatureSpec, TiersError, TiersUnavailable, fit, read_examples
     except ImportError as exc:
-        return _fail(str(exc), 1)
+        return _fail(str(exc))
     try:
         examples = read_examples(args.file)
         spec = FeatureSpec(embedding=not args.no_embedding)
@@ -70,12 +71,10 @@ def _fit(args: argparse.Namespace) -> int:
         )
         seconds = time.perf_counter() - start
         classifier.save(args.out)
-    except TiersUnavailable as exc:
-        return _fail(str(exc), 1)
-    except TiersError as exc:
+    except (TiersError, TiersUnavailable) as exc:
         return _fail(str(exc))
     except OSError as exc:
-        return _fail(f"cannot write {args.out}: {exc.strerror or exc}", 1)
+        return _fail(f"cannot write {args.out}: {exc.strerror or exc}")
     counts = ", ".join(f"{label} {n}" for label, n in classifier.counts.items())
     calibration = (
         f"temperature {classifier.temperature:.3g} fitted on held-out folds"
@@ -94,7 +93,7 @@ def _eval(args: argparse.Namespace) -> int:
         from ..tiers import Classifier, FeatureSpec, TiersError, TiersUnavailable, read_examples
         from ..tiers._eval import cross_validate, evaluate
     except ImportError as exc:
-        return _fail(str(exc), 1)
+        return _fail(str(exc))
     if args.folds < 2:
         return _fail(f"--folds must be at least 2, got {args.folds}")
     try:
@@ -122,9 +121,7 @@ def _eval(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 uncertain_below=args.uncertain_below,
             )
-    except TiersUnavailable as exc:
-        return _fail(str(exc), 1)
-    except TiersError as exc:
+    except (TiersError, TiersUnavailable) as exc:
         return _fail(str(exc))
     figures = _figures(result)
     if args.json:
