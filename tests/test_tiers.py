@@ -74,6 +74,33 @@ def test_the_embedding_is_wordllamas_unit_vector() -> None:
     assert spec.vector(chat("你好，世界")).shape == (spec.dim,)
 
 
+def test_the_embedding_matches_wordllamas_own_loader() -> None:
+    from wordllama import WordLlama
+
+    folder = Path(__import__("wordllama").__file__).parent
+    theirs = WordLlama.load(cache_dir=folder, disable_download=True)
+    for text in ("What is the capital of France?", "法国的首都是哪里？", "fix this `bug`"):
+        expected = theirs.embed(text, norm=True)[0]
+        assert np.allclose(embed(text), expected, atol=1e-5)
+
+
+def test_a_long_prompt_is_embedded_and_hashed_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmroute.tiers import _features
+
+    seen: list[int] = []
+    real_embed, real_codes = _features.embed, _features._code_points
+    monkeypatch.setattr(_features, "embed", lambda text: seen.append(len(text)) or real_embed(text))
+    monkeypatch.setattr(
+        _features, "_code_points", lambda text: seen.append(len(text)) or real_codes(text)
+    )
+    spec = FeatureSpec()
+    spec.vector(chat("word " * 20_000))
+    assert seen == [spec.embed_chars, spec.ngram_chars]
+    seen.clear()
+    spec.vector(chat("short"))
+    assert seen == [5, 5]
+
+
 def test_a_long_prompt_is_capped_head_and_tail() -> None:
     text = "head " + "x" * 100_000 + " the latest words"
     cut = capped(text, 1000)
@@ -163,6 +190,20 @@ def test_a_classifier_error_is_a_decision_not_an_exception(classifier: Classifie
     decision = classifier.decide(42)  # type: ignore[arg-type]
     assert (decision.label, decision.reason, decision.uncertain) == (None, "error", True)
     assert decision.error is not None and decision.error.startswith("AttributeError")
+
+
+def test_without_wordllama_load_names_the_extra_and_decide_says_error(
+    classifier: Classifier, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llmroute.tiers import TiersUnavailable, _features, load_embedding
+
+    monkeypatch.setitem(sys.modules, "wordllama", None)  # as if it were not installed
+    monkeypatch.setattr(_features, "_embedding", None)
+    with pytest.raises(TiersUnavailable, match=r"needs wordllama.*pip install -e '.*\[tiers\]'"):
+        load_embedding()
+    decision = classifier.decide(chat("hello"))
+    assert (decision.reason, decision.label) == ("error", None)
+    assert decision.error is not None and decision.error.startswith("TiersUnavailable")
 
 
 def test_few_shot_without_calibration_and_one_class_refused() -> None:
