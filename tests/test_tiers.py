@@ -214,6 +214,20 @@ def test_few_shot_without_calibration_and_one_class_refused() -> None:
         fit(examples_from([{"text": "hi", "label": "a"}]))
 
 
+def test_three_classes_from_bodies_with_structure() -> None:
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+    rows = []
+    for i in range(4):
+        rows.append({"text": f"hello number {i}", "label": "chat"})
+        rows.append({"body": {**chat(f"find order {i}"), "tools": [tool]}, "label": "tools"})
+        rows.append({"text": f"```python\nprint({i})\n```\nwhy does this fail?", "label": "code"})
+    model = fit(examples_from(rows), spec=FeatureSpec(embedding=False))
+    assert model.labels == ("chat", "code", "tools") and model.calibrated
+    decision = model.decide({**chat("find order 99"), "tools": [tool]})
+    assert decision.label == "tools"
+    assert sum(decision.probabilities.values()) == pytest.approx(1.0, abs=1e-5)
+
+
 def test_cross_validation_beats_the_baselines() -> None:
     result = cross_validate(read_examples(DATA), folds=4)
     assert len(result.truth) == 48 and result.errors == 0
@@ -313,6 +327,13 @@ def test_cli_mistakes_are_sentences(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert err == f"llmroute tiers: {bad} line 2: 'text' must be a string\n"
     assert main(["tiers", "eval", str(DATA), "--model", str(bad)]) == 2
     assert "not a tiers classifier file" in capsys.readouterr().err
+    model = tmp_path / "three.npz"
+    fit(
+        examples_from([{"text": t, "label": t} for t in ("a", "b", "c")]),
+        spec=FeatureSpec(embedding=False),
+    ).save(model)
+    assert main(["tiers", "eval", str(DATA), "--model", str(model)]) == 2
+    assert "classes the classifier does not know: hard, simple" in capsys.readouterr().err
     assert main(["tiers", "eval", str(DATA), "--folds", "1"]) == 2
     assert "--folds must be at least 2" in capsys.readouterr().err
     assert main(["tiers", "fit", str(DATA), "--out", str(tmp_path / "no" / "x.npz")]) == 2
