@@ -333,8 +333,8 @@ def _read_wordllama() -> tuple[Any, np.ndarray]:
     try:
         if weights.is_file() and vocabulary.is_file():
             tokenizer = Tokenizer.from_file(str(vocabulary))
-            with safe_open(str(weights), framework="np") as f:  # pyright: ignore[reportUnknownVariableType]
-                matrix = f.get_tensor("embedding.weight")  # pyright: ignore[reportUnknownMemberType]
+            with safe_open(str(weights), framework="np") as f:
+                matrix = f.get_tensor("embedding.weight")
         else:
             from wordllama import WordLlama
 
