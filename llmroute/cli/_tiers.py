@@ -1,0 +1,185 @@
+"""``llmroute tiers fit|eval``: fit the request classifier from labelled JSONL, or measure it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tiers = commands.add_parser(
+        "tiers", help="the offline request classifier: fit it from labelled examples, or eval it"
+    )
+    actions = tiers.add_subparsers(dest="action", required=True)
+    fit = actions.add_parser("fit", help="fit and calibrate a classifier, write its artefact")
+    fit.add_argument(
+        "file", help='labelled examples, JSONL: {"text"|"messages": ..., "label": ...}'
+    )
+    fit.add_argument("--out", required=True, help="the artefact to write (.npz)")
+    eval_ = actions.add_parser(
+        "eval", help="accuracy, recall, confusion and latency beside baselines"
+    )
+    eval_.add_argument("file", help="labelled examples, JSONL")
+    eval_.add_argument(
+        "--model",
+        help="a fitted artefact to evaluate on FILE (default: cross-validate fitting on FILE)",
+    )
+    eval_.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
+    eval_.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    for parser in (fit, eval_):
+        parser.add_argument(
+            "--uncertain-below",
+            type=float,
+            default=None,
+            help="a decision less probable than this is uncertain (default 0.6)",
+        )
+        parser.add_argument(
+            "--no-embedding",
+            action="store_true",
+            help="character n-grams and structure only (no wordllama embedding)",
+        )
+        parser.add_argument("--seed", type=int, default=0, help="the folds' shuffle (default 0)")
+    fit.set_defaults(run=_fit)
+    eval_.set_defaults(run=_eval)
+
+
+def _fail(message: str) -> int:
+    """A mistake (a bad file, a missing extra) as a sentence on stderr: exit status 2."""
+    sys.stderr.write(f"llmroute tiers: {message}\n")
+    return 2
+
+
+def _fit(args: argparse.Namespace) -> int:
+    try:
+        from ..tiers import FeatureSpec, TiersError, TiersUnavailable, fit, read_examples
+    except ImportError as exc:
+        return _fail(str(exc))
+    try:
+        examples = read_examples(args.file)
+        spec = FeatureSpec(embedding=not args.no_embedding)
+        start = time.perf_counter()
+        classifier = fit(
+            examples,
+            spec=spec,
+            uncertain_below=0.6 if args.uncertain_below is None else args.uncertain_below,
+            seed=args.seed,
+        )
+        seconds = time.perf_counter() - start
+        classifier.save(args.out)
+    except (TiersError, TiersUnavailable) as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot write {args.out}: {exc.strerror or exc}")
+    counts = ", ".join(f"{label} {n}" for label, n in classifier.counts.items())
+    calibration = (
+        f"temperature {classifier.temperature:.3g} fitted on held-out folds"
+        if classifier.calibrated
+        else "uncalibrated (fewer than two examples of some class)"
+    )
+    sys.stdout.write(
+        f"Fitted {len(examples)} examples ({counts}) in {seconds:.1f} s: penalty "
+        f"{classifier.reg:g}, {calibration}; wrote {args.out}.\n"
+    )
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    try:
+        from ..tiers import Classifier, FeatureSpec, TiersError, TiersUnavailable, read_examples
+        from ..tiers._eval import cross_validate, evaluate
+    except ImportError as exc:
+        return _fail(str(exc))
+    if args.folds < 2:
+        return _fail(f"--folds must be at least 2, got {args.folds}")
+    try:
+        examples = read_examples(args.file)
+        if args.model:
+            classifier = Classifier.open(args.model)
+            classifier.load()
+            result = evaluate(
+                classifier,
+                examples,
+                folds=args.folds,
+                seed=args.seed,
+                uncertain_below=args.uncertain_below,
+            )
+        else:
+            spec = FeatureSpec(embedding=not args.no_embedding)
+            if spec.embedding:
+                from ..tiers import load_embedding
+
+                load_embedding()
+            result = cross_validate(
+                examples,
+                spec=spec,
+                folds=args.folds,
+                seed=args.seed,
+                uncertain_below=args.uncertain_below,
+            )
+    except (TiersError, TiersUnavailable) as exc:
+        return _fail(str(exc))
+    figures = _figures(result)
+    if args.json:
+        sys.stdout.write(json.dumps(figures) + "\n")
+    else:
+        sys.stdout.write(_table(figures))
+    return 0
+
+
+def _figures(result: Any) -> dict[str, Any]:
+    labels = list(result.labels)
+    return {
+        "examples": len(result.truth),
+        "method": result.method,
+        "labels": labels,
+        "accuracy": result.accuracy(),
+        "recall": result.recall(),
+        "share": result.share(),
+        "confusion": result.confusion().tolist(),
+        "uncertain_share": sum(result.uncertain) / max(len(result.uncertain), 1),
+        "calibration_gap": result.calibration_gap(),
+        "errors": result.errors,
+        "latency_us": {"p50": result.latency(0.5), "p99": result.latency(0.99)},
+        "baselines": {
+            name: {"accuracy": result.accuracy(guesses), "recall": result.recall(guesses)}
+            for name, guesses in result.baselines.items()
+        },
+    }
+
+
+def _table(f: dict[str, Any]) -> str:
+    labels: list[str] = f["labels"]
+    width = max(12, *(len(label) + 2 for label in labels))
+    lines = [f"{f['examples']} labelled requests, {f['method']}", ""]
+    header = f"{'':<14}{'accuracy':>10}" + "".join(
+        f"{'recall ' + label:>{width + 7}}" for label in labels
+    )
+    lines.append(header)
+
+    def row(name: str, accuracy: float, recall: dict[str, float]) -> str:
+        return f"{name:<14}{accuracy:>10.1%}" + "".join(
+            f"{recall[label]:>{width + 7}.1%}" for label in labels
+        )
+
+    lines.append(row("classifier", f["accuracy"], f["recall"]))
+    for name, values in f["baselines"].items():
+        lines.append(row(name, values["accuracy"], values["recall"]))
+    lines += ["", "confusion (rows: true class, columns: decided)"]
+    lines.append(f"{'':<{width}}" + "".join(f"{label:>{width}}" for label in labels))
+    for label, counts in zip(labels, f["confusion"], strict=True):
+        lines.append(f"{label:<{width}}" + "".join(f"{n:>{width}}" for n in counts))
+    shares = ", ".join(f"{label} {f['share'][label]:.1%}" for label in labels)
+    lines += [
+        "",
+        f"share decided: {shares}",
+        f"uncertain: {f['uncertain_share']:.1%}   mean probability - accuracy: "
+        f"{f['calibration_gap']:+.3f}   errors: {f['errors']}",
+        f"decision latency: p50 {f['latency_us']['p50']:.0f} us, "
+        f"p99 {f['latency_us']['p99']:.0f} us (features included, one request at a time)",
+    ]
+    return "\n".join(lines) + "\n"
