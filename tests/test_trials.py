@@ -15,8 +15,9 @@ import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute._types import Timings
-from llmroute.routing.engine import Router, RouteTarget
+from llmroute.routing.engine import Route, Router, RouteTarget
 from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
+from llmroute.routing.policies import FailoverPolicy
 from llmroute.routing.trials import CircuitTrials
 from llmroute.testing import Profile, Simulator
 
@@ -551,6 +552,40 @@ async def test_trials_stop_when_nobody_asks_for_the_target_and_a_request_restart
             assert client._llmroute.router.health(PRIMARY).breaker.shared_state != "closed"
             await client.chat.completions.create(model="chat", messages=MESSAGES)
             assert trials.running == {PRIMARY}
+
+
+@pytest.mark.anyio
+async def test_trials_stop_after_a_while_without_requests_however_long_the_outage() -> None:
+    """A failed trial re-opens the circuit: that is no request, and does not keep the trials
+    of a target nobody asks for going (nor those of a dropped client)."""
+    target = RouteTarget("a", "m")
+    route = Route("chat", (target,), FailoverPolicy())
+    router = Router(
+        {"chat": route}, breaker_failures=1, breaker_cooldown=0.01, breaker_max_cooldown=0.01
+    )
+    clock = FakeClock()
+    trials = CircuitTrials(router, failing_senders, idle=10.0, clock=clock)
+    router.record_call("a:m", elapsed=None, exc=status_error(503))
+    trials.start(target)  # a request planned over it, at 1000 s
+    await eventually(lambda: trials.verdicts["a:m", "failed"] >= 1)
+    clock.advance(6.0)
+    failed = trials.verdicts["a:m", "failed"]
+    await eventually(lambda: trials.verdicts["a:m", "failed"] > failed)  # re-opened at 1006 s
+    clock.advance(6.0)  # 12 s after the last request planned: the task ends at its next turn
+    await eventually(lambda: not trials.running)
+    assert router.health("a:m").breaker.shared_state == "open"
+    trials.start(target)  # the next request planned over it starts them again
+    assert trials.running == {"a:m"}
+    await trials.aclose()
+
+
+def failing_senders(endpoint: str) -> Any:
+    async def send(
+        target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+    ) -> tuple[httpx.Response, Timings]:
+        raise status_error(503)
+
+    return send
 
 
 def test_trials_go_on_in_a_second_event_loop() -> None:

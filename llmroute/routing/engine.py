@@ -123,8 +123,9 @@ class Sender(Protocol):
 class Trials(Protocol):
     """The background trials of a router's open circuits (``routing.trials.CircuitTrials``)."""
 
-    def start(self, target: RouteTarget) -> None:
-        """Make sure ``target``'s trials are going."""
+    def start(self, target: RouteTarget, *, planned: bool = True) -> None:
+        """Make sure ``target``'s trials are going (``planned``: a request was planned over
+        it; else its circuit (re-)opened)."""
         ...
 
     def nudge(self) -> None:
@@ -319,7 +320,7 @@ class Router:
         for route in self.routes.values():
             for target in route.targets:
                 if target.name == name:
-                    trials.start(target)
+                    trials.start(target, planned=False)
                     return
 
     def record_trial(self, target: str, exc: BaseException | None, *, keyed: bool = True) -> str:

@@ -109,10 +109,13 @@ class CircuitTrials:
         """The targets whose trials are going (their circuit is open)."""
         return frozenset(self._tasks)
 
-    def start(self, target: RouteTarget) -> None:
-        """Make sure ``target``'s trials are going (a no-op if they are, or once closed)."""
+    def start(self, target: RouteTarget, *, planned: bool = True) -> None:
+        """Make sure ``target``'s trials are going (a no-op if they are, or once closed).
+        ``planned``: a request was planned over the target (the task's idle time restarts);
+        else its circuit (re-)opened, which a failed trial does too."""
         name = target.name
-        self._planned[name] = self._clock()
+        if planned or name not in self._tasks:
+            self._planned[name] = self._clock()
         if self._closed or name in self._tasks:
             return
         scope = self._tasks[name] = anyio.CancelScope()
