@@ -66,7 +66,9 @@ class Trial(BaseModel):
 
     A chat completion of the target's model with one short user message, not streamed, and
     ``body`` added at the top level: by default ``{"max_tokens": 1}`` (one output token). A
-    models list would cost nothing, but a vendor may answer it while its inference is down.
+    target used for another endpoint (Responses, embeddings) is tried with a call of that
+    endpoint instead (``llmroute.routing.trials.trial_body``). A models list would cost
+    nothing, but a vendor may answer it while its inference is down.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -18,6 +18,7 @@ import os
 import ssl
 import time
 import types
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, cast, get_origin, overload
 
@@ -387,8 +388,12 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             # (another routing state's client: a copy given its own config builds its own)
             kwargs["http_client"] = dispatch.http_client(base_url_of(kwargs), DEFAULT_TIMEOUT)
         super().__init__(*args, **kwargs)
+        if dispatch.trial_http is None and not getattr(self._client, "_llmroute_owned", False):
+            dispatch.trial_http = self._client  # the application's client carries trials too
         self._llmroute = dispatch
         self._llmroute_owner = owner
+        if owner:  # dropped without close(): its background trials end (none holds the client)
+            weakref.finalize(self, dispatch.trials.abandon)
         self._missing_key = missing or self.api_key == NO_KEY
         # A routed client warms its base URL only when it is meant to be used.
         self._warm_default = (

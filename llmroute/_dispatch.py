@@ -73,7 +73,7 @@ from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
-from .routing.engine import Route
+from .routing.engine import Route, Sender
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
@@ -281,14 +281,26 @@ class Dispatch:
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http, self.transport)
+        self.trial_http: Any = None
+        """The application's own ``http_client`` (the first one given), which trials use too."""
         self.trials = CircuitTrials(
             self.router,
-            self.upstream.sender(headers=None, query=None, timeout=httpx.Timeout(TRIAL_TIMEOUT)),
+            self._trial_sender,
+            keyed=lambda target: bool(self.providers[target.provider].api_key),
         )
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
         self.closed = False
+
+    def _trial_sender(self, kind: str) -> Sender:
+        """What a trial of a call of ``kind`` is sent with: that kind's endpoint, the
+        provider's key and headers (no caller's), the application's client if it gave one."""
+        path = next((path for path, k in ROUTABLE.items() if k == kind), "chat/completions")
+        timeout = httpx.Timeout(TRIAL_TIMEOUT)
+        return self.upstream.sender(
+            headers=None, query=None, timeout=timeout, path=path, http=self.trial_http
+        )
 
     @property
     def default_provider(self) -> ResolvedProvider | None:
@@ -739,7 +751,7 @@ class Dispatch:
                 except (APIStatusError, APIConnectionError) as exc:
                     record.outcome, record.error = "error", describe_error(exc)
                     failures[target.name] = exc
-                    self.router.record_call(target.name, elapsed=None, exc=exc)
+                    self.router.record_call(target.name, elapsed=None, exc=exc, kind=call.kind)
                     if isinstance(exc, APIStatusError) and not should_retry_status(
                         exc.status_code, exc.response.headers, now=time.time()
                     ):

@@ -4,7 +4,8 @@ against real simulators over TLS + HTTP/2 on a compressed time scale."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
+import gc
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -13,8 +14,11 @@ import openai
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
-from llmroute.routing.engine import Router
+from llmroute._types import Timings
+from llmroute.routing.engine import Route, Router, RouteTarget
 from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
+from llmroute.routing.policies import FailoverPolicy
+from llmroute.routing.trials import CircuitTrials
 from llmroute.testing import Profile, Simulator
 
 from .clock import FakeClock
@@ -40,6 +44,16 @@ def status_error(status: int, headers: dict[str, str] | None = None) -> openai.A
     request = httpx.Request("POST", "https://vendor.test/v1/chat/completions")
     response = httpx.Response(status, headers=headers, request=request)
     return openai.APIStatusError(f"Error code: {status}", response=response, body=None)  # type: ignore[arg-type]
+
+
+async def eventually(done: Callable[[], bool], seconds: float = 30.0) -> None:
+    """Wait until ``done()``, looking every 10 ms, for ``seconds`` at most (a hang guard)."""
+    with anyio.fail_after(seconds):
+        for _ in range(int(seconds / 0.01)):
+            if done():
+                return
+            await anyio.sleep(0.01)
+    raise AssertionError("not done in time")
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -153,10 +167,6 @@ def test_the_router_gives_each_trial_its_verdict() -> None:
     assert breaker.state == "open" and health.trial_due_in() == pytest.approx(30.0, abs=1.0)
     clock.advance(30.0)
     assert breaker.acquire_trial()
-    assert router.record_trial("a:m", status_error(400)) == "none"  # the trial's shape refused
-    assert health.trial_due_in() == 10.0
-    clock.advance(10.0)
-    assert breaker.acquire_trial()
     assert router.record_trial("a:m", TimeoutError()) == "failed"  # a hang is no recovery
     clock.advance(10.0)
     assert breaker.acquire_trial()
@@ -168,8 +178,92 @@ def test_the_router_gives_each_trial_its_verdict() -> None:
     assert router.record_trial("a:m", None) == "closed"
     assert breaker.state == "closed" and health.available()
     snap = router.stats.target("a:m").snapshot()
-    assert sum(snap.outcomes.values()) == 6  # counted as outcomes, never as TTFT samples
+    assert sum(snap.outcomes.values()) == 5  # counted as outcomes, never as TTFT samples
     assert snap.ttft_p50 is None and snap.latency_p50 is None
+
+
+def trial_router(cooldown: float = 5.0) -> tuple[Router, FakeClock]:
+    clock = FakeClock()
+    router = Router(
+        {}, breaker_failures=1, breaker_cooldown=cooldown, breaker_max_cooldown=10.0, clock=clock
+    )
+    return router, clock
+
+
+@pytest.mark.parametrize("status", [400, 413, 422, 408])
+def test_any_answer_but_a_server_error_or_a_429_proves_the_server_up(status: int) -> None:
+    """A trial the server refuses (a 400: it will not take ``max_tokens``) still says the server
+    answers: the circuit closes (else it stayed open for good, every request refused)."""
+    router, clock = trial_router()
+    breaker = router.health("a:m").breaker
+    breaker.record_failure()
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    verdict = router.record_trial("a:m", status_error(status))
+    if status == 408:  # a request timeout is the server's trouble: no recovery
+        assert verdict == "failed" and breaker.state == "open"
+    else:
+        assert verdict == "closed" and breaker.state == "closed" and breaker.acquire()
+
+
+def test_a_401_closes_the_circuit_of_a_target_whose_callers_bring_the_key() -> None:
+    """A provider without a key of its own (callers send theirs in ``extra_headers``): the
+    trial, sent with no caller's headers, gets 401, which proves the server up. With a key of
+    its own a 401 says the key is wrong; a 404 says the model is unknown either way."""
+    router, clock = trial_router()
+    health = router.health("a:m")
+    breaker = health.breaker
+    for status in (401, 403):
+        breaker.record_failure()
+        clock.advance(5.0)
+        assert breaker.acquire_trial()
+        assert router.record_trial("a:m", status_error(status), keyed=False) == "closed"
+        assert breaker.state == "closed" and health.misconfiguration is None
+    breaker.record_failure()
+    clock.advance(5.0)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(404), keyed=False) == "failed"
+    assert health.misconfiguration is not None and breaker.state == "open"
+    clock.advance(router.misconfigured_cooldown)
+    assert breaker.acquire_trial()
+    assert router.record_trial("a:m", status_error(401), keyed=True) == "failed"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("embeddings", {"model": "m", "input": "Hi"}),
+        ("responses", {"model": "m", "input": "Hi", "max_output_tokens": 16}),
+        ("completions", {"model": "m", "prompt": "Hi", "max_tokens": 1}),
+        ("chat", {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    ],
+)
+async def test_a_trial_is_a_call_of_the_kind_whose_failure_opened_the_circuit(
+    kind: str, body: dict[str, Any]
+) -> None:
+    """An embeddings model answers a chat completion 404: its trial must be an embeddings call
+    (else it is found misconfigured and its circuit never closes)."""
+    router = Router({}, breaker_failures=1, breaker_cooldown=0.01, breaker_max_cooldown=0.01)
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def senders(endpoint: str) -> Any:
+        async def send(
+            target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+        ) -> tuple[httpx.Response, Timings]:
+            sent.append((endpoint, body))
+            request = httpx.Request("POST", "https://vendor.test/v1/x")
+            return httpx.Response(200, json={}, request=request), Timings(started_at=0.0)
+
+        return send
+
+    trials = CircuitTrials(router, senders)
+    router.record_call("a:m", elapsed=None, exc=status_error(503), kind=kind)
+    assert router.health("a:m").breaker.state == "open"
+    trials.start(RouteTarget("a", "m"))
+    await eventually(lambda: not trials.running)
+    await trials.aclose()
+    assert sent == [(kind, body)] and router.health("a:m").breaker.state == "closed"
 
 
 # -- against real servers ------------------------------------------------------------------------
@@ -328,6 +422,204 @@ async def test_a_request_whose_every_target_awaits_a_trial_fails_at_once_saying_
             await client.chat.completions.create(model="chat", messages=MESSAGES)
         assert router.health(PRIMARY).breaker.state == "open"
         monkeypatch.setattr(anyio, "sleep", recording)
-        with pytest.raises(AllTargetsFailed, match=r"circuit open after 1 failure, next trial in"):
+        with pytest.raises(
+            AllTargetsFailed, match=r"circuit open after 1 failure, next trial in"
+        ) as raised:
             await client.chat.completions.create(model="chat", messages=MESSAGES)
     assert [s for s in slept if s > 0] == []
+    # It means what opened the circuit (a 503), for openai-style retry code to see.
+    assert isinstance(raised.value, openai.InternalServerError)
+    assert raised.value.status_code == 503 and isinstance(raised.value.last, openai.APIStatusError)
+
+
+def single_target_config(server: Simulator, **provider: Any) -> dict[str, Any]:
+    """One route, ``pro``, on the primary alone; its circuit opens at the first failure."""
+    cfg = flapping_config(server, server)
+    cfg["providers"]["primary"].update(provider)
+    cfg["models"] = {"pro": {"targets": [PRIMARY], "policy": "fastest", "server_error_retries": 0}}
+    cfg["routing"]["breaker_failures"] = 1
+    return cfg
+
+
+async def until_closed(breaker: CircuitBreaker) -> None:
+    await eventually(lambda: breaker.shared_state == "closed")
+
+
+@pytest.mark.anyio
+async def test_a_target_used_for_responses_is_tried_with_a_responses_call(
+    primary: Simulator,
+) -> None:
+    """A Responses-only model (chat/completions 404) had chat trials: never closed."""
+    cfg = single_target_config(primary, responses=True)
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        trials, breaker = client._llmroute.trials, client._llmroute.router.health(PRIMARY).breaker
+        with pytest.raises(openai.InternalServerError):
+            await client.responses.create(model="pro", input="Hi")
+        assert breaker.shared_state == "open"
+        await change_profile(primary, rate_503=0.0)
+        await until_closed(breaker)
+        await client.responses.create(model="pro", input="Hi")
+    stats = primary.stats()
+    assert trials.verdicts[PRIMARY, "closed"] == 1
+    assert stats["chat_requests"] == 0
+    assert stats["responses_requests"] == 2 + trials.sent[PRIMARY]
+    trial = [r["json"] for r in primary.last_requests if r["json"].get("max_output_tokens")]
+    assert trial[-1] == {"model": "sim-small", "input": "Hi", "max_output_tokens": 16}
+
+
+class Forwarding(httpx.AsyncBaseTransport):
+    """The application's only way out (a proxy, say): every request goes to ``server``."""
+
+    def __init__(self, server: Simulator) -> None:
+        self.port = httpx.URL(server.base_url).port
+        self.inner = httpx.AsyncHTTPTransport(verify=server.ssl_context())
+        self.paths: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        request.url = request.url.copy_with(host="127.0.0.1", port=self.port)
+        request.headers["host"] = f"127.0.0.1:{self.port}"
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.anyio
+async def test_trials_go_through_the_applications_own_http_client(primary: Simulator) -> None:
+    cfg = single_target_config(primary)
+    cfg["providers"]["primary"]["base_url"] = "https://vendor.invalid/v1"  # only via the app
+    via = Forwarding(primary)
+    async with (
+        httpx.AsyncClient(transport=via) as http,
+        AsyncOpenAI(config=cfg, http_client=http, max_retries=0) as client,
+    ):
+        trials, breaker = client._llmroute.trials, client._llmroute.router.health(PRIMARY).breaker
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="pro", messages=MESSAGES)
+        await change_profile(primary, rate_503=0.0)
+        await until_closed(breaker)
+        await client.chat.completions.create(model="pro", messages=MESSAGES)
+    assert trials.verdicts[PRIMARY, "closed"] == 1
+    assert via.paths == ["/v1/chat/completions"] * (2 + trials.sent[PRIMARY])
+    assert primary.stats()["chat_requests"] == len(via.paths)
+
+
+async def open_the_primarys_circuit(client: AsyncOpenAI) -> None:
+    router = client._llmroute.router
+    for _ in range(10):
+        await client.chat.completions.create(model="chat", messages=MESSAGES)
+        if router.health(PRIMARY).breaker.shared_state != "closed":
+            return
+    raise AssertionError("the primary's circuit did not open")
+
+
+@pytest.mark.anyio
+async def test_a_client_dropped_without_close_sends_no_more_trials(
+    primary: Simulator, fallback: Simulator
+) -> None:
+    """openai's client starts no background work, so code never needed ``close()``: a dropped
+    client's trials must not go on for ever (holding its state and connections)."""
+    cfg = flapping_config(primary, fallback)
+    client = AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0)
+    dispatch = client._llmroute
+    trials = dispatch.trials
+    try:
+        with anyio.fail_after(60):  # a hang guard only
+            await open_the_primarys_circuit(client)
+            assert PRIMARY in trials.running
+            del client
+            gc.collect()
+            await eventually(lambda: not trials.running)  # at its next turn (0.4 s at most)
+        sent, seen = trials.sent[PRIMARY], primary.stats()["chat_requests"]
+        await anyio.sleep(0.5)  # past the next trials' due times
+        assert trials.sent[PRIMARY] == sent and primary.stats()["chat_requests"] == seen
+    finally:
+        await dispatch.aclose()
+
+
+@pytest.mark.anyio
+async def test_trials_stop_when_nobody_asks_for_the_target_and_a_request_restarts_them(
+    primary: Simulator, fallback: Simulator
+) -> None:
+    cfg = flapping_config(primary, fallback)
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        trials = client._llmroute.trials
+        trials.idle = 0.3
+        with anyio.fail_after(60):  # a hang guard only
+            await open_the_primarys_circuit(client)
+            await eventually(lambda: not trials.running)
+            assert client._llmroute.router.health(PRIMARY).breaker.shared_state != "closed"
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert trials.running == {PRIMARY}
+
+
+@pytest.mark.anyio
+async def test_trials_stop_after_a_while_without_requests_however_long_the_outage() -> None:
+    """A failed trial re-opens the circuit: that is no request, and does not keep the trials
+    of a target nobody asks for going (nor those of a dropped client)."""
+    target = RouteTarget("a", "m")
+    route = Route("chat", (target,), FailoverPolicy())
+    router = Router(
+        {"chat": route}, breaker_failures=1, breaker_cooldown=0.01, breaker_max_cooldown=0.01
+    )
+    clock = FakeClock()
+    trials = CircuitTrials(router, failing_senders, idle=10.0, clock=clock)
+    router.record_call("a:m", elapsed=None, exc=status_error(503))
+    trials.start(target)  # a request planned over it, at 1000 s
+    await eventually(lambda: trials.verdicts["a:m", "failed"] >= 1)
+    clock.advance(6.0)
+    failed = trials.verdicts["a:m", "failed"]
+    await eventually(lambda: trials.verdicts["a:m", "failed"] > failed)  # re-opened at 1006 s
+    clock.advance(6.0)  # 12 s after the last request planned: the task ends at its next turn
+    await eventually(lambda: not trials.running)
+    assert router.health("a:m").breaker.shared_state == "open"
+    trials.start(target)  # the next request planned over it starts them again
+    assert trials.running == {"a:m"}
+    await trials.aclose()
+
+
+def failing_senders(endpoint: str) -> Any:
+    async def send(
+        target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+    ) -> tuple[httpx.Response, Timings]:
+        raise status_error(503)
+
+    return send
+
+
+def test_trials_go_on_in_a_second_event_loop() -> None:
+    """A client used across two ``asyncio.run()`` calls: the first loop ends while a trial's
+    task waits for its next turn; in the second, the task that a planned request starts again
+    must not wait on an event of the first loop (``bound to a different event loop``). (The
+    trials' own machinery, with a stand-in sender: llmroute's transport keeps its connections
+    to one loop.)"""
+    router = Router({}, breaker_failures=1, breaker_cooldown=0.05, breaker_max_cooldown=0.05)
+    answers = [503, 503, 200]
+    sent: list[int] = []
+
+    def senders(endpoint: str) -> Any:
+        async def send(
+            target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+        ) -> tuple[httpx.Response, Timings]:
+            status = answers[min(len(sent), len(answers) - 1)]
+            sent.append(status)
+            if status >= 400:
+                raise status_error(status)
+            request = httpx.Request("POST", "https://vendor.test/v1/chat/completions")
+            return httpx.Response(200, json={}, request=request), Timings(started_at=0.0)
+
+        return send
+
+    trials = CircuitTrials(router, senders)
+    target = RouteTarget("a", "m")
+
+    async def until(done: Callable[[], bool]) -> None:
+        trials.start(target)  # as each planned request does
+        await eventually(done)
+
+    router.record_call("a:m", elapsed=None, exc=status_error(503))
+    anyio.run(until, lambda: trials.verdicts["a:m", "failed"] >= 1, backend="asyncio")
+    # The first loop ended while the task waited for its next trial (the task ended with it).
+    anyio.run(until, lambda: trials.verdicts["a:m", "closed"] == 1, backend="asyncio")
+    assert router.health("a:m").breaker.state == "closed" and sent == [503, 503, 200]

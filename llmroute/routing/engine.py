@@ -123,8 +123,9 @@ class Sender(Protocol):
 class Trials(Protocol):
     """The background trials of a router's open circuits (``routing.trials.CircuitTrials``)."""
 
-    def start(self, target: RouteTarget) -> None:
-        """Make sure ``target``'s trials are going."""
+    def start(self, target: RouteTarget, *, planned: bool = True) -> None:
+        """Make sure ``target``'s trials are going (``planned``: a request was planned over
+        it; else its circuit (re-)opened)."""
         ...
 
     def nudge(self) -> None:
@@ -319,30 +320,38 @@ class Router:
         for route in self.routes.values():
             for target in route.targets:
                 if target.name == name:
-                    trials.start(target)
+                    trials.start(target, planned=False)
                     return
 
-    def record_trial(self, target: str, exc: BaseException | None) -> str:
+    def record_trial(self, target: str, exc: BaseException | None, *, keyed: bool = True) -> str:
         """The verdict of a background trial of ``target``'s open circuit (``exc`` ``None``:
-        it answered): ``"closed"``; ``"failed"`` (re-opened, the next trial later, see
-        :meth:`CircuitBreaker.record_failure`); or ``"none"`` when the answer says nothing of
-        its health (a 429, or a 400 refusing the trial's shape: the next trial waits one
-        cooldown). Counted in the target's outcomes, as a request's would be."""
+        it answered): ``"closed"`` when the server answered, whatever it said but a 5xx or a
+        wrong key or model (a 400 refusing the trial's shape proves it up; a 401 or 403 too
+        when the target has no key of its own, ``keyed`` false: callers bring theirs);
+        ``"failed"`` for a 5xx, a timeout, a connection error or a 401, 403 or 404 saying the
+        key or model is wrong (re-opened, the next trial later, see
+        :meth:`CircuitBreaker.record_failure`); ``"none"`` for a 429 (the next trial waits one
+        cooldown and its Retry-After). Counted in the target's outcomes, as a request's is."""
         health, stats = self.health(target), self.stats.target(target)
-        if exc is None:
-            health.breaker.record_success()
-            stats.record_outcome("ok")
-            return "closed"
-        stats.record_outcome(_outcome(exc))
-        if classify(exc) == "misconfigured":  # a wrong key or model: trials wait for it too
-            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
-        if _is_health_failure(exc):
-            health.breaker.record_failure()
-            return "failed"
-        if isinstance(exc, APIStatusError) and exc.status_code == 429:
+        if exc is not None:
+            stats.record_outcome(_outcome(exc))
+        status = exc.status_code if isinstance(exc, APIStatusError) else None
+        cause = classify(exc) if exc is not None else None
+        if status == 429 and isinstance(exc, APIStatusError):
             health.cool_down(_cooldown(exc.response.headers))
-        health.breaker.postpone()
-        return "none"
+            health.breaker.postpone()
+            return "none"
+        wrong = cause == "misconfigured" and (keyed or status not in (401, 403))
+        if exc is None or (status is not None and cause != "server_error" and not wrong):
+            health.breaker.record_success()
+            if exc is None:
+                stats.record_outcome("ok")
+            return "closed"
+        if wrong:  # a wrong key or model: trials wait for it too
+            health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
+        health.failed(exc)
+        health.breaker.record_failure()
+        return "failed"
 
     def load(self, target: str) -> float:
         """The requests ``target`` is working on, per data-parallel rank.
@@ -395,9 +404,16 @@ class Router:
         route.budget.on_request()
         return run
 
-    def record_call(self, target: str, *, elapsed: float | None, exc: BaseException | None) -> None:
-        """Count one attempt the engine did not run itself (a Responses, completions or
-        embeddings call failing over across a route) in the target's stats and health, as the
+    def record_call(
+        self,
+        target: str,
+        *,
+        elapsed: float | None,
+        exc: BaseException | None,
+        kind: str = "chat",
+    ) -> None:
+        """Count one attempt the engine did not run itself (a completions or embeddings call,
+        ``kind``, failing over across a route) in the target's stats and health, as the
         engine counts its own: ``exc`` ``None`` for a success taking ``elapsed`` seconds."""
         stats, health = self.stats.target(target), self.health(target)
         if exc is None:
@@ -412,6 +428,7 @@ class Router:
         if classify(exc) == "misconfigured":
             health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
         if _is_health_failure(exc):
+            health.failed(exc, kind)
             health.breaker.record_failure()
         stats.record_outcome(outcome)
 
@@ -421,7 +438,25 @@ class Router:
         messages = prompt_messages(body, kind)
         view = _View(self, estimate_prompt_tokens(messages), False, messages)
         plan = route.policy.plan([t.name for t in route.targets], view, self._rng)
+        self.probe_open_circuits(route)
         return list(plan.order)
+
+    def probe_open_circuits(self, route: Route) -> None:
+        """Make sure every target of ``route`` whose circuit is open has its background trials
+        going (the router's :class:`Trials`, on every policy), and wake those that are due.
+        Called for each request planned over the route (the trials of a target nobody asks
+        for stop after a while, see :mod:`.trials`)."""
+        trials = self.trials
+        if trials is None:
+            return
+        due = False
+        for target in route.targets:
+            health = self.health(target.name)
+            if health.breaker.shared_state != "closed":
+                trials.start(target)
+                due = due or health.trial_due_in() == 0.0
+        if due:  # on time, the trial's task wakes by itself; this is for a clock set ahead
+            trials.nudge()
 
     async def stream(
         self,
@@ -685,20 +720,9 @@ class _Run:
         return plan
 
     def _probe_open_circuits(self) -> None:
-        """Make sure every target of the route whose circuit is open has its background trials
-        going (the router's :class:`Trials`, on every policy), and wake those that are due.
-        The request itself is planned without those targets and never waits on a trial."""
-        trials = self.router.trials
-        if trials is None:
-            return
-        due = False
-        for target in self.route.targets:
-            health = self.router.health(target.name)
-            if health.breaker.shared_state != "closed":
-                trials.start(target)
-                due = due or health.trial_due_in() == 0.0
-        if due:  # on time, the trial's task wakes by itself; this is for a clock set ahead
-            trials.nudge()
+        """The request itself is planned without the targets whose circuit is open and never
+        waits on a trial: see :meth:`Router.probe_open_circuits`."""
+        self.router.probe_open_circuits(self.route)
 
     def request_stub(self) -> httpx.Request:
         return httpx.Request("POST", f"llmroute://route/{self.route.name}")
@@ -1041,7 +1065,11 @@ class _Run:
                 f"target {target.name!r} is unavailable: {health.describe()}",
                 self.request_stub(),
                 target=target.name,
-                cause=health.cause if health.misconfiguration is not None else None,
+                cause=health.cause
+                if health.misconfiguration is not None
+                else health.failure  # what opened the circuit (or failed its last trial)
+                if _awaits_trial(health)
+                else None,
             )
             self._failed(record, state, exc, "error", count=False)
             return
@@ -1099,6 +1127,7 @@ class _Run:
             if classify(exc) == "misconfigured":
                 health.misconfigured(describe_error(exc), router.misconfigured_cooldown, exc)
             if _is_health_failure(exc):
+                health.failed(exc, self.kind)
                 health.breaker.record_failure()
             elif probe:
                 health.breaker.release()  # no verdict on its health (a 429, a bad request)

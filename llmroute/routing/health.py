@@ -275,7 +275,16 @@ class CircuitBreaker:
 class TargetHealth:
     """A target's circuit breaker plus a cooldown the target asked for (Retry-After)."""
 
-    __slots__ = ("_clock", "_cooling_until", "_misconfigured", "_reason", "breaker", "cause")
+    __slots__ = (
+        "_clock",
+        "_cooling_until",
+        "_misconfigured",
+        "_reason",
+        "breaker",
+        "cause",
+        "failure",
+        "kind",
+    )
 
     def __init__(
         self,
@@ -289,6 +298,19 @@ class TargetHealth:
         self._misconfigured = ""
         self.cause: BaseException | None = None
         """The answer that found the target misconfigured (a 401, 403 or 404), while it is."""
+        self.failure: BaseException | None = None
+        """The last failure counted against the target's health (a request's or a trial's):
+        what a request refused while the circuit waits for a trial is refused for."""
+        self.kind = "chat"
+        """The kind of call (``chat``, ``responses``, ``completions``, ``embeddings``) whose
+        failure last counted against the target: the endpoint its trials go to."""
+
+    def failed(self, exc: BaseException, kind: str | None = None) -> None:
+        """Remember a failure that counts against the target's health, of a call of ``kind``
+        (``None``: a trial's, which keeps the kind). The breaker is the caller's to tell."""
+        self.failure = exc
+        if kind is not None:
+            self.kind = kind
 
     def misconfigured(self, why: str, seconds: float, cause: BaseException | None = None) -> None:
         """The target refused this client (401, 403) or does not know the model (404): its
