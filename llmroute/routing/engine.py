@@ -78,7 +78,7 @@ from .stats import (
     stall_deadline,
     stream_stall_deadline,
 )
-from .tokens import estimate_tokens
+from .tokens import estimate_tokens, visible_tokens
 from .windows import answer_room, larger_windows, needed_tokens, too_long
 
 __all__ = [
@@ -463,8 +463,8 @@ class Router:
         run.finish()
         text = _plain_answer(ready.completion)
         if text is not None:
-            tokens = getattr(getattr(ready.completion, "usage", None), "completion_tokens", None)
-            if isinstance(tokens, int):
+            tokens = visible_tokens(getattr(ready.completion, "usage", None))
+            if tokens is not None:
                 self.stats.target(ready.target.name).token_counts.record(tokens, text)
             if run.key is not None:
                 run.answered(ready.target.name, text)
@@ -734,8 +734,8 @@ class _Run:
         if counted is None and decoder is not None and decoder.finished:
             usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
             if isinstance(usage, dict):
-                count = cast(dict[str, Any], usage).get("completion_tokens")
-                if isinstance(count, int):
+                count = visible_tokens(usage)
+                if count is not None:
                     counted = (count, len(self.text))
         return counted if counted is not None and counted[1] >= self._since else None
 
@@ -749,23 +749,33 @@ class _Run:
             and isinstance(self.body.get("stream_options") or {}, Mapping)
         )
 
-    def _delivered_by(self, decoder: ChatStreamDecoder | None, target: str) -> tuple[int, str]:
-        """The completion tokens the current attempt delivered, and how they were counted: the
-        vendor's usage where it covers the text (``"usage"``), plus, for text after it or
-        without it, an estimate from the target's completed answers (:mod:`.tokens`: by its
-        tokens per delta, ``"deltas"``, or bytes per token, ``"estimate"``) that errs low."""
+    def _delivered_by(
+        self, decoder: ChatStreamDecoder | None, target: str
+    ) -> tuple[int, str, int | None]:
+        """The completion tokens the current attempt delivered, counted so as never to be
+        more than the vendor's count, how they were counted, and the calibrated estimate.
+
+        The count: the vendor's usage where it covers the text (``"usage"``, its visible
+        tokens: reasoning tokens left out), plus one token per delta with text after it or
+        without it (``"deltas"``): a delta with text holds at least one token. Only this lower
+        bound sizes a continuation and ends an answer at the caller's limit (a high count
+        would cut the answer short). The estimate from the target's completed answers
+        (:mod:`.tokens`, ``None`` where the usage covers all) is for the route report only."""
         text = self.text
         counted = self._counted_now(decoder)
-        start, tokens, how = self._since, 0, "estimate"
+        start, tokens, how = self._since, 0, "deltas"
         if counted is not None:
             tokens, start = counted[0], counted[1]
             how = "usage"
+        estimate: int | None = None
         if start < len(text):
             rest = text[start:]
             counts = self.router.stats.target(target).token_counts
-            more, how = estimate_tokens("".join(rest), len(rest), counts)
-            tokens += more
-        return tokens, how
+            more, _ = estimate_tokens("".join(rest), len(rest), counts)
+            estimate = tokens + max(more, len(rest))
+            tokens += len(rest)
+            how = "deltas"
+        return tokens, how, estimate
 
     def _calibrate(self, decoder: ChatStreamDecoder | None, target: str) -> None:
         """A completed answer of plain text: its vendor's count against its text and deltas."""
@@ -801,6 +811,8 @@ class _Run:
         out: list[Any] = [build_chunk({**base, "choices": [finish]})]
         if self.usage_asked:
             prompt = self.prompt_usage if self.prompt_usage is not None else self.prompt_tokens
+            if self.prompt_usage is None:
+                self._estimated("prompt_tokens")
             usage = {
                 "prompt_tokens": prompt,
                 "completion_tokens": tokens,
@@ -809,13 +821,20 @@ class _Run:
             out.append(build_chunk({**base, "choices": [], "usage": usage}))
         return out
 
+    def _estimated(self, field: str) -> None:
+        """``usage.<field>`` of the caller's answer is llmroute's count, not a vendor's."""
+        if field not in self.report.usage_estimated:
+            self.report.usage_estimated.append(field)
+
     def _usage_seen(self, chunk: ChatCompletionChunk, usage: Any) -> None:
-        """A chunk with the vendor's usage: remember its count (covering the text so far),
-        and add what earlier attempts delivered when the answer was continued."""
+        """A chunk with the vendor's usage: remember its count of the visible text so far,
+        and add what earlier attempts delivered when the answer was continued (the prompt
+        tokens then are the first attempt's, where its vendor streamed them)."""
         completion = getattr(usage, "completion_tokens", None)
-        if not isinstance(completion, int):
+        visible = visible_tokens(usage)
+        if not isinstance(completion, int) or visible is None:
             return
-        self._counted = (completion, len(self.text))
+        self._counted = (visible, len(self.text))
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
             self.prompt_usage = prompt
@@ -823,6 +842,8 @@ class _Run:
             return
         total = completion + self.delivered
         update: dict[str, Any] = {"completion_tokens": total}
+        if self.prompt_usage is not None:
+            prompt = update["prompt_tokens"] = self.prompt_usage
         if isinstance(prompt, int):
             update["total_tokens"] = prompt + total
         chunk.usage = usage.model_copy(update=update)
@@ -1402,7 +1423,7 @@ class _Run:
         self.complete = True
         record = self._won(ready.target.name)
         if record is not None:
-            record.tokens, record.tokens_counted = self._delivered_by(
+            record.tokens, record.tokens_counted, record.tokens_estimate = self._delivered_by(
                 ready.decoder, ready.target.name
             )
         timings = self.ready.timings if self.ready is not None else ready.timings
@@ -1454,13 +1475,16 @@ class _Run:
         stats.record_outcome("interrupted")
         router.health(name).breaker.record_failure()
         self.broken.append(name)
-        tokens, counted = self._delivered_by(ready.decoder, name)
+        tokens, counted, estimate = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
+        if counted != "usage":  # the caller's completion_tokens are at least what it says
+            self._estimated("completion_tokens")
         record = self._won(name)
         if record is not None:
             record.outcome = "interrupted"
             record.error = describe_error(failure)
             record.tokens, record.tokens_counted = tokens, counted
+            record.tokens_estimate = estimate
         partial = "".join(self.text)
         cause = failure.__cause__ or failure
         request = ready.response.request
