@@ -360,3 +360,28 @@ def test_the_catalog_says_which_targets_stream_their_usage_on_every_chunk() -> N
     providers = resolve(config, {}).providers
     flags = {name: p.spec.stream_usage_continuous for name, p in providers.items()}
     assert flags == {"v": True, "s": True, "quiet": False, "o": False}
+
+
+async def test_a_raw_read_gets_no_usage_it_did_not_ask_for(sim: Simulator) -> None:
+    # with_streaming_response / with_raw_response hand the caller the vendor's own body: the
+    # usage llmroute would ask for its counts would be a line the caller never asked for.
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            async with client.chat.completions.with_streaming_response.create(
+                model="chat", messages=MESSAGES, stream=True
+            ) as response:
+                lines = [line async for line in response.iter_lines()]
+            raw = await client.chat.completions.with_raw_response.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            chunks = [chunk async for chunk in raw.parse()]
+            plain = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            [chunk async for chunk in plain]
+    streamed, raw_sent, plain_sent = sent(sim, 3)
+    assert "stream_options" not in streamed["json"] and "stream_options" not in raw_sent["json"]
+    assert [line for line in lines if '"usage":{' in line.replace(" ", "")] == []
+    assert len(lines) > 10 and chunks and all(c.usage is None for c in chunks)
+    # A parsed stream still asks (its count calibrates the target) and hides it.
+    assert plain_sent["json"]["stream_options"] == {"include_usage": True}

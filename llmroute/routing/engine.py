@@ -432,16 +432,19 @@ class Router:
         kind: str = "chat",
         unservable: Iterable[str] = (),
         goal: LatencyGoal | None = None,
+        raw: bool = False,
     ) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token.
 
         ``kind``: ``"chat"`` (chat completions) or ``"responses"`` (the Responses API, whose
         events the stream yields); ``unservable``: targets of the route that cannot serve this
         call (never tried, never penalised); ``goal``: the request's own latency goal, over the
-        route's."""
+        route's; ``raw``: the caller reads the vendor's body itself (``with_raw_response``,
+        ``with_streaming_response``), so nothing it did not ask for is asked of the vendor."""
         run = self._begin(
             route, body, send, stream=True, kind=kind, unservable=unservable, goal=goal
         )
+        run.raw = raw
         run.ready = await run.race(run.plan(), retries=self.max_retries)
         return RoutedStream(run)
 
@@ -596,6 +599,9 @@ class _Run:
         """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.goal: LatencyGoal | None = None
         """The request's latency goal (its own options over the route's), if any."""
+        self.raw = False
+        """The caller reads the vendor's body itself: usage it did not ask for is not asked
+        (it would be in that body; the count falls back on one token per delta)."""
 
     def refuse_unservable(self, unservable: Iterable[str] = ()) -> None:
         """Leave out the targets the caller named as unable to serve the call, and those whose
@@ -743,6 +749,7 @@ class _Run:
         """Whether :meth:`body_for` asks ``target`` for usage in the stream."""
         return (
             self.stream
+            and not self.raw
             and self.kind == "chat"
             and target.stream_usage
             and target.protocol == "openai"
