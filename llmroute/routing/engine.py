@@ -79,7 +79,7 @@ from .stats import (
     stream_stall_deadline,
 )
 from .tokens import estimate_tokens, visible_tokens
-from .windows import answer_room, larger_windows, needed_tokens, too_long
+from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
 
 __all__ = [
     "REMEASURE_AFTER",
@@ -636,13 +636,20 @@ class _Run:
             )
         return set(over)
 
-    def _larger_window_follows(self, target: str, state: _Race) -> bool:
+    def _larger_window_follows(self, target: str, state: _Race, exc: Exception) -> bool:
         """After ``target`` answered a context-length error: whether a target of the route
         with a larger declared window may still take the request (then only such targets
-        are tried next, see ``_Race.refused_at``)."""
+        are tried next, see ``_Race.refused_at``). The refusing target's window is its
+        declared one, else the one its error names (:func:`.windows.refused_sizes`), else
+        the request's own estimate (which errs low); a need the error names raises it."""
         window = self.route.target(target).context_window
+        said, needed = refused_sizes(_error_message(exc))
         if window is None:
-            return False
+            window = said
+        if window is None:
+            window = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
+        if needed is not None:
+            window = max(window, needed - 1)  # a window must hold ``needed`` at least
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
             name: w
@@ -1182,7 +1189,7 @@ class _Run:
             )
             if reaction.action == "raise" and state.winner is None:
                 if reaction.cause != "context_length" or not self._larger_window_follows(
-                    record.target, state
+                    record.target, state, exc
                 ):
                     state.final = exc
             elif reaction.action == "retry" and state.again is None:
@@ -1581,6 +1588,19 @@ def _token_limit(body: Mapping[str, Any]) -> int | None:
         if isinstance(value := body.get(key), int) and not isinstance(value, bool)
     ]
     return min(limits) if limits else None
+
+
+def _error_message(exc: BaseException) -> str:
+    """The text of an upstream error: its message and, where the body is JSON, the
+    vendor's own ``message`` (openai's exceptions keep both)."""
+    parts = [str(getattr(exc, "message", "") or exc)]
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        inner = cast(Mapping[str, Any], body).get("error", body)
+        text = inner.get("message") if isinstance(inner, Mapping) else None
+        if isinstance(text, str):
+            parts.append(text)
+    return " ".join(parts)
 
 
 def _plain_answer(completion: Any) -> str | None:
