@@ -285,6 +285,13 @@ async def test_continuous_usage_counts_exactly_and_stays_out_of_the_callers_chun
         (6, "usage"),
         (7, "usage"),
     ]
+    # The prompt tokens are the first attempt's, as its vendor streamed them (the
+    # continuation's prompt holds the answer so far again), and every figure is a vendor's.
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()) as c:
+        whole = await c.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert whole.usage is not None and usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.total_tokens == usage.prompt_tokens + 13
+    assert stream.route.usage_estimated == []
 
 
 async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulator) -> None:
@@ -312,6 +319,26 @@ async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulato
     assert usage.total_tokens == usage.prompt_tokens + 4
     assert stream.route.attempts[0].outcome == "interrupted"
     assert stream.route.continued_on == []
+    assert stream.route.usage_estimated == []  # the vendor counted the prompt and the answer
+
+
+async def test_an_answer_ended_at_the_limit_without_the_vendors_count_says_so() -> None:
+    # One token a delta, no usage streamed: a break after the 3 deltas of max_tokens=3 ends
+    # the answer there (at least 3 tokens delivered). No vendor counted the prompt nor the
+    # answer: prompt_tokens are llmroute's estimate, completion_tokens its count of deltas
+    # (a lower bound), and the route report says so.
+    with Simulator(profile=Profile(reply_tokens=30), tls=True) as server:
+        stream, text, chunks = await routed(
+            server,
+            max_tokens=3,
+            stream_options={"include_usage": True},
+            extra_headers=drop_first(3),
+        )
+    assert len(text.split()) == 3 and stream.route.continued_on == []
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 3
+    assert stream.route.usage_estimated == ["completion_tokens", "prompt_tokens"]
 
 
 async def test_a_continuation_that_sends_more_than_asked_is_cut_at_the_limit(
