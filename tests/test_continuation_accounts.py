@@ -13,8 +13,9 @@ import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from llmroute import AsyncOpenAI
+from llmroute import AsyncOpenAI, AttemptReport, RouteReport
 from llmroute._config import Config, resolve
+from llmroute.cli._chat import route_lines
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -412,3 +413,21 @@ async def test_a_raw_read_gets_no_usage_it_did_not_ask_for(sim: Simulator) -> No
     assert len(lines) > 10 and chunks and all(c.usage is None for c in chunks)
     # A parsed stream still asks (its count calibrates the target) and hides it.
     assert plain_sent["json"]["stream_options"] == {"include_usage": True}
+
+
+def test_show_route_marks_the_counts_that_are_llmroutes_own() -> None:
+    attempt = AttemptReport(
+        target="a:m", started=0.0, reason="first", outcome="interrupted", tokens=2
+    )
+    attempt.tokens_counted, attempt.tokens_estimate = "deltas", 4
+    report = RouteReport(
+        route="chat",
+        policy="failover",
+        winner="a:m",
+        attempts=[attempt],
+        continued_on=["b:m"],
+        usage_estimated=["completion_tokens"],
+    )
+    lines = route_lines(report, None, "chat")
+    assert "  usage counted by llmroute: completion_tokens" in lines
+    assert any(">= 2 tokens (~4 estimated)" in line for line in lines)
