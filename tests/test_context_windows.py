@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import httpx
 import openai
 import pytest
 
 import llmroute
 from llmroute import AsyncOpenAI, RouteReport
 from llmroute.cli._chat import route_lines
-from llmroute.routing.engine import Route, Router, RouteTarget
+from llmroute.routing.engine import Route, Router, RouteTarget, _Race
 from llmroute.routing.policies import FailoverPolicy
 from llmroute.routing.windows import (
     answer_room,
@@ -147,6 +148,31 @@ def test_the_engines_plan_leaves_out_windows_below_the_request() -> None:
     assert plan.order == ("p1:m",) and list(report.left_out) == ["p0:m"]
     plan, report = plan_of([None, None], body)
     assert plan.order == ("p0:m", "p1:m") and not report.left_out
+
+
+def refused(windows: list[int | None], message: str) -> tuple[bool, int | None]:
+    """After the first target (p0) refused with ``message``: whether a larger window follows,
+    and the bar the next targets' declared windows must pass."""
+    body = {"messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 10}  # ~388
+    targets = tuple(RouteTarget(f"p{i}", "m", context_window=w) for i, w in enumerate(windows))
+    route = Route("chat", targets, FailoverPolicy())
+    run = Router({"chat": route}, explore_share=0)._begin(route, body, cast(Any, None), stream=True)
+    request = httpx.Request("POST", "https://example.invalid/v1/chat/completions")
+    exc = openai.BadRequestError(
+        message, response=httpx.Response(400, request=request), body={"message": message}
+    )
+    state = _Race()
+    return run._larger_window_follows("p0:m", state, exc), state.refused_at
+
+
+def test_an_undeclared_window_is_read_from_the_error_else_estimated() -> None:
+    said = "This model's maximum context length is 300 tokens. However, you requested 420 tokens"
+    assert refused([None, 400, 1000], said) == (True, 419)  # 400 < the 420 needed: not tried
+    assert refused([None, 400], said) == (False, 419)
+    # A message that says nothing: the request's own estimate (388, low) is the bar.
+    assert refused([None, 400], "Input is too long for this model.") == (True, 388)
+    assert refused([None, 300], "Input is too long for this model.") == (False, 388)
+    assert refused([500, 600], "Input is too long for this model.") == (True, 500)  # declared
 
 
 def test_show_route_names_the_targets_left_out() -> None:
