@@ -14,6 +14,12 @@ without error), *longer* when it runs past it, *raised* when iteration raised
     .venv/bin/python benchmarks/cut_streams.py --max-tokens 200 --cut drop:1-199
     .venv/bin/python benchmarks/cut_streams.py --kind anthropic         # Anthropic's wire
     .venv/bin/python benchmarks/cut_streams.py --kind vllm              # usage on every chunk
+    .venv/bin/python benchmarks/cut_streams.py --repack 2 --repack-cut 15   # see below
+
+``--repack N``: F first answers ``--warm`` whole requests with N tokens a delta (its completed
+answers calibrate llmroute's estimate at N a delta), then switches to ``--chunk-tokens`` a delta
+and cuts every stream after ``--repack-cut`` tokens (the simulator's ``rate_drop``): a target
+whose packing changed (another language; hidden reasoning tokens in its usage).
 
 Issue 26's case (max_tokens 40, cut after 1-39 tokens, 300 requests, concurrency 8) gave 23 of
 300 exact, 47 shortened and 230 raised when a broken attempt's tokens were counted as its bytes.
@@ -28,6 +34,7 @@ import sys
 from typing import Any
 
 import anyio
+import httpx
 
 from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Profile, Simulator
@@ -44,17 +51,21 @@ async def read(stream: Any) -> tuple[str, str | None]:
 
 
 async def run(args: argparse.Namespace) -> collections.Counter[str]:
-    def profile(ttft: float) -> Profile:
+    def profile(ttft: float, chunk_tokens: int) -> Profile:
         return Profile(
             reply_tokens=args.reply_tokens,
             ttft_median=ttft,
             ttft_sigma=0.2,
             inter_token=args.inter_token,
-            tokens_per_chunk=args.chunk_tokens,
+            tokens_per_chunk=chunk_tokens,
         )
 
     counts: collections.Counter[str] = collections.Counter()
-    with Simulator(profile=profile(0.05)) as fast, Simulator(profile=profile(0.1)) as slow:
+    first = args.repack or args.chunk_tokens
+    with (
+        Simulator(profile=profile(0.05, first)) as fast,
+        Simulator(profile=profile(0.1, args.chunk_tokens)) as slow,
+    ):
 
         def provider(sim: Simulator, **extra: Any) -> dict[str, Any]:
             out: dict[str, Any] = {"kind": args.kind, "base_url": sim.base_url, "api_key": "sk"}
@@ -64,7 +75,7 @@ async def run(args: argparse.Namespace) -> collections.Counter[str]:
 
         config = {
             "providers": {
-                "f": provider(fast, headers={"x-sim-fault": args.cut}),
+                "f": provider(fast, headers={} if args.repack else {"x-sim-fault": args.cut}),
                 "g": provider(slow),
             },
             "models": {
@@ -101,6 +112,22 @@ async def run(args: argparse.Namespace) -> collections.Counter[str]:
                 else:
                     counts["wrong"] += 1
 
+            if args.repack:
+                for i in range(args.warm):  # F answers whole, N tokens a delta: calibrated
+                    messages: Any = [{"role": "user", "content": f"Warm up, prompt {i}."}]
+                    await read(
+                        await client.chat.completions.create(
+                            model="chat", messages=messages, stream=True
+                        )
+                    )
+                change = {
+                    "tokens_per_chunk": args.chunk_tokens,
+                    "rate_drop": 1.0,
+                    "fault_after": args.repack_cut,
+                }
+                url = fast.base_url.removesuffix("/v1") + "/_sim/profile"
+                async with httpx.AsyncClient(verify=fast.ssl_context()) as http:
+                    (await http.post(url, json=change)).raise_for_status()
             with anyio.fail_after(args.timeout):
                 async with anyio.create_task_group() as tg:
                     for i in range(args.requests):
@@ -118,14 +145,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reply-tokens", type=int, default=250)
     p.add_argument("--chunk-tokens", type=int, default=1, help="tokens per delta (1)")
     p.add_argument("--inter-token", type=float, default=0.002)
+    p.add_argument("--repack", type=int, default=0, help="F's tokens a delta while warming")
+    p.add_argument("--repack-cut", type=int, default=15, help="--repack: tokens before a cut")
+    p.add_argument("--warm", type=int, default=16, help="--repack: whole answers first")
     p.add_argument("--timeout", type=float, default=600.0, help="bound of the run, seconds")
     args = p.parse_args(argv)
     if min(args.requests, args.concurrency, args.max_tokens) < 1:
         p.error("--requests, --concurrency and --max-tokens must be >= 1")
     counts = asyncio.run(run(args))
     kinds = ("exact", "shortened", "longer", "wrong", "raised", "cut")
+    cut = f"repacked {args.repack}->{args.chunk_tokens}, cut after {args.repack_cut}"
     print(
-        f"hedge, {args.kind}, max_tokens={args.max_tokens}, {args.cut}, {args.requests} requests "
+        f"hedge, {args.kind}, max_tokens={args.max_tokens}, "
+        f"{cut if args.repack else args.cut}, {args.requests} requests "
         f"at concurrency {args.concurrency}: " + ", ".join(f"{k} {counts[k]}" for k in kinds)
     )
     return 0 if counts["shortened"] == counts["wrong"] == counts["raised"] == 0 else 1

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import httpx
 from openai import NOT_GIVEN
+from openai._constants import RAW_RESPONSE_HEADER
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
@@ -485,7 +486,13 @@ class Dispatch:
         unservable = self._unservable(call, route)
         if call.stream:
             routed = await self.router.stream(
-                route, call.body, send, kind=kind, unservable=unservable, goal=self.goal(call)
+                route,
+                call.body,
+                send,
+                kind=kind,
+                unservable=unservable,
+                goal=self.goal(call),
+                raw=bool(call.headers.get(RAW_RESPONSE_HEADER)),  # the caller reads the body
             )
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
             if kind == "responses":

@@ -60,12 +60,16 @@ class AttemptReport:
     its response carried one: what a vendor's support asks for."""
     tokens: int | None = None
     """Completion tokens this attempt delivered to the caller (a streamed attempt that won):
-    the vendor's own usage count when it sent one, else an estimate that errs low
-    (``tokens_counted``; see :mod:`llmroute.routing.tokens`)."""
+    the vendor's own usage count of the text when it sent one, else a count that is never
+    more than the vendor's (``tokens_counted``; see :mod:`llmroute.routing.tokens`)."""
     tokens_counted: str | None = None
-    """How ``tokens`` was counted: ``"usage"`` (the vendor's usage), ``"deltas"`` (by the
-    target's tokens per streamed delta, from its completed answers) or ``"estimate"`` (by its
-    bytes per token, or before calibration one per delta or 8 bytes each): both err low."""
+    """How ``tokens`` was counted: ``"usage"`` (the vendor's usage, exact) or ``"deltas"``
+    (one token per streamed delta with text, after the vendor's usage where some covered
+    the text: a lower bound, exact where the vendor streams one token a delta)."""
+    tokens_estimate: int | None = None
+    """Where ``tokens`` is a lower bound (``"deltas"``): an estimate of the vendor's count
+    from the target's completed answers (:mod:`llmroute.routing.tokens`), for reading only;
+    llmroute's accounts use ``tokens``."""
 
 
 @dataclass(slots=True)
@@ -97,5 +101,10 @@ class RouteReport:
     """The answer came from an identical request's call in flight at the same time
     (single-flight); ``attempts`` are that call's."""
     left_out: dict[str, str] = field(default_factory=dict)
+    usage_estimated: list[str] = field(default_factory=list)
+    """The fields of the answer's ``usage`` that are llmroute's counts, not a vendor's: a
+    continued answer's ``"completion_tokens"`` where a broken attempt was counted one token
+    per delta (a lower bound), ``"prompt_tokens"`` where llmroute ended the answer and no
+    vendor had counted the prompt (its estimate, four characters a token)."""
     """Targets of the route this request was not sent to, each with the reason (its declared
     context window is smaller than the request's estimated size)."""

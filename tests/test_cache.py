@@ -894,3 +894,34 @@ async def test_closing_the_cache_waits_for_an_answer_being_stored() -> None:
     seat.leave()
     await cache.aclose()  # at once: the store is still counting
     assert await store.get("ns/k") is not None
+
+
+@pytest.mark.parametrize(("kind", "kept"), [("openai", False), ("vllm", True)])
+async def test_a_continued_answer_is_stored_only_when_vendors_counted_every_break(
+    sim: Simulator, kind: str, kept: bool
+) -> None:
+    # A break counted one token a delta (no usage on the cut stream) is continued on a low
+    # count: the answer may run past max_tokens, and is not kept to be replayed as whole.
+    # Counted by the vendor's usage on every chunk (vLLM), it is exact, and kept.
+    whole: dict[str, Any] = {"kind": kind, "base_url": sim.base_url, "api_key": KEY}
+    if kind != "vllm":  # the catalog's vllm entry has its own continuation fields
+        whole["continuation"] = {}
+    cfg = {
+        "providers": {"cut": {**whole, "headers": {"x-sim-fault": "drop:5"}}, "whole": whole},
+        "models": {"chat": {"targets": ["cut:sim-small", "whole:sim-small"], "policy": "failover"}},
+        "routing": {"explore": 0, "breaker_failures": 1_000_000},
+        "cache": {"backend": "memory", "min_hits": 1},
+    }
+    msgs = messages()
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        routes = []
+        for _ in range(2):
+            stream = await client.chat.completions.create(
+                model="chat", messages=msgs, stream=True, temperature=0, max_tokens=12
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            assert len(text.split()) == 12
+            routes.append(stream.route)
+            await stored(client)
+    assert routes[0].continued_on == ["whole:sim-small"] and not routes[0].cache_hit
+    assert routes[1].cache_hit is kept

@@ -12,15 +12,22 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import httpx
 import openai
 import pytest
 
 import llmroute
 from llmroute import AsyncOpenAI, RouteReport
 from llmroute.cli._chat import route_lines
-from llmroute.routing.engine import Route, Router, RouteTarget
+from llmroute.routing.engine import Route, Router, RouteTarget, _Race
 from llmroute.routing.policies import FailoverPolicy
-from llmroute.routing.windows import answer_room, larger_windows, needed_tokens, too_long
+from llmroute.routing.windows import (
+    answer_room,
+    larger_windows,
+    needed_tokens,
+    refused_sizes,
+    too_long,
+)
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
 
@@ -143,6 +150,31 @@ def test_the_engines_plan_leaves_out_windows_below_the_request() -> None:
     assert plan.order == ("p0:m", "p1:m") and not report.left_out
 
 
+def refused(windows: list[int | None], message: str) -> tuple[bool, int | None]:
+    """After the first target (p0) refused with ``message``: whether a larger window follows,
+    and the bar the next targets' declared windows must pass."""
+    body = {"messages": [{"role": "user", "content": "x" * 2000}], "max_tokens": 10}  # ~388
+    targets = tuple(RouteTarget(f"p{i}", "m", context_window=w) for i, w in enumerate(windows))
+    route = Route("chat", targets, FailoverPolicy())
+    run = Router({"chat": route}, explore_share=0)._begin(route, body, cast(Any, None), stream=True)
+    request = httpx.Request("POST", "https://example.invalid/v1/chat/completions")
+    exc = openai.BadRequestError(
+        message, response=httpx.Response(400, request=request), body={"message": message}
+    )
+    state = _Race()
+    return run._larger_window_follows("p0:m", state, exc), state.refused_at
+
+
+def test_an_undeclared_window_is_read_from_the_error_else_estimated() -> None:
+    said = "This model's maximum context length is 300 tokens. However, you requested 420 tokens"
+    assert refused([None, 400, 1000], said) == (True, 419)  # 400 < the 420 needed: not tried
+    assert refused([None, 400], said) == (False, 419)
+    # A message that says nothing: the request's own estimate (388, low) is the bar.
+    assert refused([None, 400], "Input is too long for this model.") == (True, 388)
+    assert refused([None, 300], "Input is too long for this model.") == (False, 388)
+    assert refused([500, 600], "Input is too long for this model.") == (True, 500)  # declared
+
+
 def test_show_route_names_the_targets_left_out() -> None:
     why = "context window 50 < ~284 tokens (prompt estimate + answer room)"
     report = RouteReport(route="chat", policy="hedge", winner="big:m", left_out={"small:m": why})
@@ -226,6 +258,63 @@ async def test_a_context_length_error_fails_over_to_a_larger_window(
     assert steps(result.route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
     assert "maximum context length is 50" in (result.route.attempts[0].error or "")
     assert refusals(sim) == before + 1
+
+
+def test_a_refusal_says_the_window_and_the_need_in_the_vendors_words() -> None:
+    openai_ = (
+        "This model's maximum context length is 8192 tokens. However, your messages resulted "
+        "in 9000 tokens. Please reduce the length of the messages."
+    )
+    vllm = (
+        "This model's maximum context length is 4096 tokens. However, you requested 5000 "
+        "tokens (4000 in the messages, 1000 in the completion). Please reduce the length."
+    )
+    vllm_new = (
+        "'max_tokens' or 'max_completion_tokens' is too large: 1000. This model's maximum "
+        "context length is 4096 tokens and your request has 3500 input tokens (1000 > 4096 - "
+        "3500)."
+    )
+    sglang = "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
+    anthropic = "prompt is too long: 210000 tokens > 200000 maximum"
+    assert refused_sizes(openai_) == (8192, 9000)
+    assert refused_sizes(vllm) == (4096, 5000)
+    assert refused_sizes(vllm_new) == (4096, None)
+    assert refused_sizes(sglang) == (4096, 5000)
+    assert refused_sizes(anthropic) == (200000, 210000)
+    # Anything else says nothing: another phrasing, or numbers that contradict each other.
+    assert refused_sizes("Input is too long for the context window") == (None, None)
+    assert refused_sizes("maximum context length is 8192 tokens, you requested 100 tokens") == (
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_refusal_from_an_undeclared_window_fails_over_by_what_it_says(
+    sim: Simulator, stream: bool
+) -> None:
+    # The small target declares no window; its error says 50 tokens, and the request needs
+    # 103: the big target's declared 1000 takes it (the reviewer's case: BadRequestError).
+    async with AsyncOpenAI(
+        config=config(sim, small=None), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        result: Any = await c.chat.completions.create(model="chat", messages=DENSE, stream=stream)
+        text = await read(result) if stream else result.choices[0].message.content
+    assert text
+    assert steps(result.route) == [("small:sim-small", "error"), ("big:sim-small", "won")]
+    assert result.route.left_out == {}
+
+
+async def test_a_refusal_says_its_need_and_a_window_below_it_is_not_tried(
+    sim: Simulator,
+) -> None:
+    # The need the error names (103) is above the next target's declared 60: not tried.
+    async with AsyncOpenAI(
+        config=config(sim, small=None, big=60), verify=sim.ssl_context(), max_retries=0
+    ) as c:
+        with pytest.raises(openai.BadRequestError):
+            await c.chat.completions.create(model="chat", messages=DENSE)
+    assert sim.last_requests[-1]["headers"].get("x-sim-context-window") == "50"
 
 
 @pytest.mark.parametrize("big", [None, 50])

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from llmroute import AsyncOpenAI
+from llmroute import AsyncOpenAI, AttemptReport, RouteReport
 from llmroute._config import Config, resolve
+from llmroute.cli._chat import route_lines
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -73,7 +75,7 @@ def sent(sim: Simulator, n: int) -> list[dict[str, Any]]:
     return [r for r in sim.last_requests if r["path"] in paths][-n:]
 
 
-async def test_before_calibration_the_count_errs_low_and_the_answer_is_whole(
+async def test_without_the_vendors_count_one_token_a_delta_and_the_answer_is_whole(
     sim: Simulator,
 ) -> None:
     full = await whole_reply(sim)
@@ -87,30 +89,33 @@ async def test_before_calibration_the_count_errs_low_and_the_answer_is_whole(
     prefix = second["json"]["messages"][-1]["content"]
     # Three deltas of two words each were delivered before the break.
     assert full.startswith(prefix) and prefix.split() == full.split()[: 3 * WORDS_PER_CHUNK]
-    # Nothing calibrated the target yet: one token per delta, or 8 bytes per token, whichever
-    # is more (routing/tokens.py): low, so the continuation is asked for more than the rest.
-    estimate = max(3, len(prefix.encode()) // 8)
-    assert estimate <= 3 * WORDS_PER_CHUNK
-    assert second["json"]["max_tokens"] == 60 - estimate
+    # No usage covered the break: one token per delta (routing/tokens.py), a lower bound, so
+    # the continuation is asked for at least the rest.
+    assert second["json"]["max_tokens"] == 60 - 3
     assert text == full  # the 30-word answer ends with the model's own stop
     assert chunks[-2].choices[0].finish_reason == "stop"
     rest = 30 - 3 * WORDS_PER_CHUNK
     route = stream.route
-    assert [(a.outcome, a.tokens, a.tokens_counted) for a in route.attempts] == [
-        ("interrupted", estimate, "estimate"),
-        ("won", rest, "usage"),
+    estimate = max(3, len(prefix.encode()) // 8)  # uncalibrated: for the report only
+    assert [(a.outcome, a.tokens, a.tokens_counted, a.tokens_estimate) for a in route.attempts] == [
+        ("interrupted", 3, "deltas", estimate),
+        ("won", rest, "usage", None),
     ]
     assert [a.request_id for a in route.attempts] == [first["request_id"], second["request_id"]]
     usage = chunks[-1].usage
     assert usage is not None and not chunks[-1].choices
-    assert usage.completion_tokens == estimate + rest  # what both attempts delivered, summed
+    assert usage.completion_tokens == 3 + rest  # what both attempts delivered, at least
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert route.usage_estimated == ["completion_tokens"]  # said so in the route report
 
 
-async def test_a_calibrated_target_is_counted_by_its_tokens_per_delta(sim: Simulator) -> None:
+async def test_a_calibrated_estimate_is_reported_but_never_sizes_the_continuation(
+    sim: Simulator,
+) -> None:
     # One answer that completed on the primary tells its tokens per delta (2: the simulator
-    # here sends two words a delta); then a break after 2 deltas is counted as 4 tokens, and
-    # max_tokens=10 is exactly what the caller gets, ending with "length".
+    # here sends two words a delta); a break after 2 deltas is estimated at 4 tokens for the
+    # route report, but counted as 2 (one a delta, a lower bound): the continuation is asked
+    # for 8, and the answer runs past max_tokens=10 (longer, never shorter).
     async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
         with anyio.fail_after(20):  # a hang guard only
             warm = await client.chat.completions.create(
@@ -129,14 +134,52 @@ async def test_a_calibrated_target_is_counted_by_its_tokens_per_delta(sim: Simul
             chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     _, second = sent(sim, 2)
-    assert second["json"]["max_tokens"] == 6
+    assert second["json"]["max_tokens"] == 8
     assert second["json"]["stream_options"] == {"include_usage": True}  # llmroute's own ask
-    assert len(text.split()) == 10
+    assert len(text.split()) == 12
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert all(c.usage is None for c in chunks)  # the caller did not ask for usage
+    assert [(a.tokens, a.tokens_counted, a.tokens_estimate) for a in stream.route.attempts] == [
+        (2, "deltas", 4),
+        (8, "usage", None),
+    ]
+
+
+async def test_a_target_that_packs_fewer_tokens_a_delta_than_calibrated_is_not_cut_short() -> None:
+    # The reviewer's case: calibrated at 2 tokens a delta, the target then serves 1 a delta
+    # (another language, hidden reasoning tokens in its usage) and breaks after 15 deltas.
+    # Counted at 2 a delta the continuation was asked for 10 and the caller got 25 words of
+    # 40 ending with "length"; one a delta it gets all 40.
+    with Simulator(profile=Profile(reply_tokens=60, tokens_per_chunk=2), tls=True) as server:
+        async with AsyncOpenAI(config=config(server), verify=server.ssl_context()) as client:
+            with anyio.fail_after(20):  # a hang guard only
+                for _ in range(2):
+                    warm = await client.chat.completions.create(
+                        model="chat", messages=MESSAGES, stream=True
+                    )
+                    [c async for c in warm]
+                counts = client._router.stats.target("a:sim-small").token_counts
+                assert counts.per_delta() == (2.0, 2.0)
+                url = server.base_url.removesuffix("/v1") + "/_sim/profile"
+                async with httpx.AsyncClient(verify=server.ssl_context()) as http:
+                    changed = await http.post(url, json={"tokens_per_chunk": 1})
+                    assert changed.status_code == 200
+                stream = await client.chat.completions.create(
+                    model="chat",
+                    messages=MESSAGES,
+                    stream=True,
+                    max_tokens=40,
+                    extra_headers=drop_first(15),
+                )
+                chunks = [c async for c in stream]
+        _, second = sent(server, 2)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert second["json"]["max_tokens"] == 25
+    assert len(text.split()) == 40
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert [(a.tokens, a.tokens_counted) for a in stream.route.attempts] == [
-        (4, "deltas"),
-        (6, "usage"),
+        (15, "deltas"),
+        (25, "usage"),
     ]
 
 
@@ -178,8 +221,7 @@ async def test_anthropic_chunks_of_several_words_and_its_request_id(sim: Simulat
         prefill["content"] if isinstance(prefill["content"], str) else prefill["content"][0]["text"]
     )
     assert len(prefix.split()) == 2 * WORDS_PER_CHUNK
-    estimate = max(2, len(prefix.encode()) // 8)  # uncalibrated: errs low
-    assert second["json"]["max_tokens"] == 50 - estimate  # Anthropic's own max_tokens
+    assert second["json"]["max_tokens"] == 50 - 2  # Anthropic's own: one token a delta
     route = stream.route
     assert [a.request_id for a in route.attempts] == [first["request_id"], second["request_id"]]
     assert all(
@@ -187,11 +229,11 @@ async def test_anthropic_chunks_of_several_words_and_its_request_id(sim: Simulat
     )
     rest = len(text.split()) - 2 * WORDS_PER_CHUNK
     assert [(a.tokens, a.tokens_counted) for a in route.attempts] == [
-        (estimate, "estimate"),
+        (2, "deltas"),
         (rest, "usage"),
     ]
     usage = chunks[-1].usage
-    assert usage is not None and usage.completion_tokens == estimate + rest
+    assert usage is not None and usage.completion_tokens == 2 + rest
 
 
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
@@ -244,6 +286,13 @@ async def test_continuous_usage_counts_exactly_and_stays_out_of_the_callers_chun
         (6, "usage"),
         (7, "usage"),
     ]
+    # The prompt tokens are the first attempt's, as its vendor streamed them (the
+    # continuation's prompt holds the answer so far again), and every figure is a vendor's.
+    async with AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context()) as c:
+        whole = await c.chat.completions.create(model="sim-small", messages=MESSAGES)
+    assert whole.usage is not None and usage.prompt_tokens == whole.usage.prompt_tokens
+    assert usage.total_tokens == usage.prompt_tokens + 13
+    assert stream.route.usage_estimated == []
 
 
 async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulator) -> None:
@@ -271,6 +320,26 @@ async def test_a_break_after_the_limit_ends_the_answer_with_length(sim: Simulato
     assert usage.total_tokens == usage.prompt_tokens + 4
     assert stream.route.attempts[0].outcome == "interrupted"
     assert stream.route.continued_on == []
+    assert stream.route.usage_estimated == []  # the vendor counted the prompt and the answer
+
+
+async def test_an_answer_ended_at_the_limit_without_the_vendors_count_says_so() -> None:
+    # One token a delta, no usage streamed: a break after the 3 deltas of max_tokens=3 ends
+    # the answer there (at least 3 tokens delivered). No vendor counted the prompt nor the
+    # answer: prompt_tokens are llmroute's estimate, completion_tokens its count of deltas
+    # (a lower bound), and the route report says so.
+    with Simulator(profile=Profile(reply_tokens=30), tls=True) as server:
+        stream, text, chunks = await routed(
+            server,
+            max_tokens=3,
+            stream_options={"include_usage": True},
+            extra_headers=drop_first(3),
+        )
+    assert len(text.split()) == 3 and stream.route.continued_on == []
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens == 3
+    assert stream.route.usage_estimated == ["completion_tokens", "prompt_tokens"]
 
 
 async def test_a_continuation_that_sends_more_than_asked_is_cut_at_the_limit(
@@ -319,3 +388,46 @@ def test_the_catalog_says_which_targets_stream_their_usage_on_every_chunk() -> N
     providers = resolve(config, {}).providers
     flags = {name: p.spec.stream_usage_continuous for name, p in providers.items()}
     assert flags == {"v": True, "s": True, "quiet": False, "o": False}
+
+
+async def test_a_raw_read_gets_no_usage_it_did_not_ask_for(sim: Simulator) -> None:
+    # with_streaming_response / with_raw_response hand the caller the vendor's own body: the
+    # usage llmroute would ask for its counts would be a line the caller never asked for.
+    async with AsyncOpenAI(config=config(sim), verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):  # a hang guard only
+            async with client.chat.completions.with_streaming_response.create(
+                model="chat", messages=MESSAGES, stream=True
+            ) as response:
+                lines = [line async for line in response.iter_lines()]
+            raw = await client.chat.completions.with_raw_response.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            chunks = [chunk async for chunk in raw.parse()]
+            plain = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            [chunk async for chunk in plain]
+    streamed, raw_sent, plain_sent = sent(sim, 3)
+    assert "stream_options" not in streamed["json"] and "stream_options" not in raw_sent["json"]
+    assert [line for line in lines if '"usage":{' in line.replace(" ", "")] == []
+    assert len(lines) > 10 and chunks and all(c.usage is None for c in chunks)
+    # A parsed stream still asks (its count calibrates the target) and hides it.
+    assert plain_sent["json"]["stream_options"] == {"include_usage": True}
+
+
+def test_show_route_marks_the_counts_that_are_llmroutes_own() -> None:
+    attempt = AttemptReport(
+        target="a:m", started=0.0, reason="first", outcome="interrupted", tokens=2
+    )
+    attempt.tokens_counted, attempt.tokens_estimate = "deltas", 4
+    report = RouteReport(
+        route="chat",
+        policy="failover",
+        winner="a:m",
+        attempts=[attempt],
+        continued_on=["b:m"],
+        usage_estimated=["completion_tokens"],
+    )
+    lines = route_lines(report, None, "chat")
+    assert "  usage counted by llmroute: completion_tokens" in lines
+    assert any(">= 2 tokens (~4 estimated)" in line for line in lines)

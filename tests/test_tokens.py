@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from openai.types import CompletionUsage
+from openai.types.completion_usage import CompletionTokensDetails
+
 from llmroute.routing.tokens import (
     ANSWERS_KEPT,
     DEFAULT_BYTES_PER_TOKEN,
     TokenCounts,
     estimate_tokens,
+    visible_tokens,
 )
 
 
@@ -55,3 +59,18 @@ def test_short_answers_teach_nothing_and_the_newest_are_kept() -> None:
     counts.record(20, "w " * 20, 10)
     assert len(counts) == ANSWERS_KEPT
     assert counts.per_delta() == (1.0, 2.0)
+
+
+def test_the_vendors_count_of_the_text_leaves_out_its_hidden_reasoning_tokens() -> None:
+    # o-series and gpt-5 models count their hidden reasoning in completion_tokens: counted as
+    # the text's tokens, it would size a continuation too small and cut the answer short.
+    usage = CompletionUsage(
+        prompt_tokens=10,
+        completion_tokens=300,
+        total_tokens=310,
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=256),
+    )
+    assert visible_tokens(usage) == 44
+    assert visible_tokens({"completion_tokens": 30}) == 30  # Anthropic's, as a dict
+    assert visible_tokens({"completion_tokens": 30, "completion_tokens_details": None}) == 30
+    assert visible_tokens(None) is None and visible_tokens({"completion_tokens": "30"}) is None

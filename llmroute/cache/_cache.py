@@ -346,6 +346,8 @@ def _entry_of(key: str, flight: Flight, kind: str = "chat") -> CacheEntry | None
     if flight.stream:
         if not flight.chunks or not _finished(flight.chunks):
             return None
+        if not _counted_by_vendors(flight.result):
+            return None  # continued on llmroute's own count: its length may be off
         return CacheEntry.from_chunks(key, flight.chunks, flight.offsets, origin)
     completion = flight.result
     if not isinstance(completion, ChatCompletion) or not completion.choices:
@@ -365,6 +367,19 @@ def _finished(chunks: list[ChatCompletionChunk]) -> bool:
             if choice.finish_reason is not None:
                 done.add(choice.index)
     return bool(open_choices) and open_choices == done
+
+
+def _counted_by_vendors(result: object) -> bool:
+    """Whether every attempt that broke mid-answer was counted by its vendor's usage: an
+    answer continued (or ended at the caller's limit) on llmroute's own count, one token per
+    delta, may be longer than ``max_tokens`` asked, and is not stored to be replayed."""
+    route = getattr(result, "route", None)
+    attempts = getattr(route, "attempts", None) or ()
+    return all(
+        getattr(a, "tokens_counted", "usage") == "usage"
+        for a in attempts
+        if getattr(a, "outcome", None) == "interrupted"
+    )
 
 
 def _origin(result: object) -> str | None:

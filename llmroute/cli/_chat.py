@@ -207,6 +207,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             lines.append(f"  continued on: {', '.join(route.continued_on)}")
         for target, why in route.left_out.items():
             lines.append(f"  left out: {target} ({why})")
+        if route.usage_estimated:
+            lines.append(f"  usage counted by llmroute: {', '.join(route.usage_estimated)}")
         width = max((len(a.target) for a in route.attempts), default=0)
         for index, attempt in enumerate(route.attempts, 1):
             line = (
@@ -216,6 +218,9 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             if attempt.tokens is not None:
                 bound = ">= " if attempt.tokens_counted in ("estimate", "deltas") else ""
                 line += f"  {bound}{attempt.tokens} tokens"
+                estimate = attempt.tokens_estimate
+                if estimate is not None and estimate != attempt.tokens:
+                    line += f" (~{estimate} estimated)"
             if attempt.request_id:
                 line += f"  request id {attempt.request_id}"
             if attempt.error:

@@ -78,8 +78,8 @@ from .stats import (
     stall_deadline,
     stream_stall_deadline,
 )
-from .tokens import estimate_tokens
-from .windows import answer_room, larger_windows, needed_tokens, too_long
+from .tokens import estimate_tokens, visible_tokens
+from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
 
 __all__ = [
     "REMEASURE_AFTER",
@@ -467,16 +467,19 @@ class Router:
         kind: str = "chat",
         unservable: Iterable[str] = (),
         goal: LatencyGoal | None = None,
+        raw: bool = False,
     ) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token.
 
         ``kind``: ``"chat"`` (chat completions) or ``"responses"`` (the Responses API, whose
         events the stream yields); ``unservable``: targets of the route that cannot serve this
         call (never tried, never penalised); ``goal``: the request's own latency goal, over the
-        route's."""
+        route's; ``raw``: the caller reads the vendor's body itself (``with_raw_response``,
+        ``with_streaming_response``), so nothing it did not ask for is asked of the vendor."""
         run = self._begin(
             route, body, send, stream=True, kind=kind, unservable=unservable, goal=goal
         )
+        run.raw = raw
         run.ready = await run.race(run.plan(), retries=self.max_retries)
         return RoutedStream(run)
 
@@ -498,8 +501,8 @@ class Router:
         run.finish()
         text = _plain_answer(ready.completion)
         if text is not None:
-            tokens = getattr(getattr(ready.completion, "usage", None), "completion_tokens", None)
-            if isinstance(tokens, int):
+            tokens = visible_tokens(getattr(ready.completion, "usage", None))
+            if tokens is not None:
                 self.stats.target(ready.target.name).token_counts.record(tokens, text)
             if run.key is not None:
                 run.answered(ready.target.name, text)
@@ -631,6 +634,9 @@ class _Run:
         """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.goal: LatencyGoal | None = None
         """The request's latency goal (its own options over the route's), if any."""
+        self.raw = False
+        """The caller reads the vendor's body itself: usage it did not ask for is not asked
+        (it would be in that body; the count falls back on one token per delta)."""
 
     def refuse_unservable(self, unservable: Iterable[str] = ()) -> None:
         """Leave out the targets the caller named as unable to serve the call, and those whose
@@ -665,13 +671,20 @@ class _Run:
             )
         return set(over)
 
-    def _larger_window_follows(self, target: str, state: _Race) -> bool:
+    def _larger_window_follows(self, target: str, state: _Race, exc: Exception) -> bool:
         """After ``target`` answered a context-length error: whether a target of the route
         with a larger declared window may still take the request (then only such targets
-        are tried next, see ``_Race.refused_at``)."""
+        are tried next, see ``_Race.refused_at``). The refusing target's window is its
+        declared one, else the one its error names (:func:`.windows.refused_sizes`), else
+        the request's own estimate (which errs low); a need the error names raises it."""
         window = self.route.target(target).context_window
+        said, needed = refused_sizes(_error_message(exc))
         if window is None:
-            return False
+            window = said
+        if window is None:
+            window = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
+        if needed is not None:
+            window = max(window, needed - 1)  # a window must hold ``needed`` at least
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
             name: w
@@ -758,8 +771,8 @@ class _Run:
         if counted is None and decoder is not None and decoder.finished:
             usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
             if isinstance(usage, dict):
-                count = cast(dict[str, Any], usage).get("completion_tokens")
-                if isinstance(count, int):
+                count = visible_tokens(usage)
+                if count is not None:
                     counted = (count, len(self.text))
         return counted if counted is not None and counted[1] >= self._since else None
 
@@ -767,29 +780,40 @@ class _Run:
         """Whether :meth:`body_for` asks ``target`` for usage in the stream."""
         return (
             self.stream
+            and not self.raw
             and self.kind == "chat"
             and target.stream_usage
             and target.protocol == "openai"
             and isinstance(self.body.get("stream_options") or {}, Mapping)
         )
 
-    def _delivered_by(self, decoder: ChatStreamDecoder | None, target: str) -> tuple[int, str]:
-        """The completion tokens the current attempt delivered, and how they were counted: the
-        vendor's usage where it covers the text (``"usage"``), plus, for text after it or
-        without it, an estimate from the target's completed answers (:mod:`.tokens`: by its
-        tokens per delta, ``"deltas"``, or bytes per token, ``"estimate"``) that errs low."""
+    def _delivered_by(
+        self, decoder: ChatStreamDecoder | None, target: str
+    ) -> tuple[int, str, int | None]:
+        """The completion tokens the current attempt delivered, counted so as never to be
+        more than the vendor's count, how they were counted, and the calibrated estimate.
+
+        The count: the vendor's usage where it covers the text (``"usage"``, its visible
+        tokens: reasoning tokens left out), plus one token per delta with text after it or
+        without it (``"deltas"``): a delta with text holds at least one token. Only this lower
+        bound sizes a continuation and ends an answer at the caller's limit (a high count
+        would cut the answer short). The estimate from the target's completed answers
+        (:mod:`.tokens`, ``None`` where the usage covers all) is for the route report only."""
         text = self.text
         counted = self._counted_now(decoder)
-        start, tokens, how = self._since, 0, "estimate"
+        start, tokens, how = self._since, 0, "deltas"
         if counted is not None:
             tokens, start = counted[0], counted[1]
             how = "usage"
+        estimate: int | None = None
         if start < len(text):
             rest = text[start:]
             counts = self.router.stats.target(target).token_counts
-            more, how = estimate_tokens("".join(rest), len(rest), counts)
-            tokens += more
-        return tokens, how
+            more, _ = estimate_tokens("".join(rest), len(rest), counts)
+            estimate = tokens + max(more, len(rest))
+            tokens += len(rest)
+            how = "deltas"
+        return tokens, how, estimate
 
     def _calibrate(self, decoder: ChatStreamDecoder | None, target: str) -> None:
         """A completed answer of plain text: its vendor's count against its text and deltas."""
@@ -825,6 +849,8 @@ class _Run:
         out: list[Any] = [build_chunk({**base, "choices": [finish]})]
         if self.usage_asked:
             prompt = self.prompt_usage if self.prompt_usage is not None else self.prompt_tokens
+            if self.prompt_usage is None:
+                self._estimated("prompt_tokens")
             usage = {
                 "prompt_tokens": prompt,
                 "completion_tokens": tokens,
@@ -833,13 +859,20 @@ class _Run:
             out.append(build_chunk({**base, "choices": [], "usage": usage}))
         return out
 
+    def _estimated(self, field: str) -> None:
+        """``usage.<field>`` of the caller's answer is llmroute's count, not a vendor's."""
+        if field not in self.report.usage_estimated:
+            self.report.usage_estimated.append(field)
+
     def _usage_seen(self, chunk: ChatCompletionChunk, usage: Any) -> None:
-        """A chunk with the vendor's usage: remember its count (covering the text so far),
-        and add what earlier attempts delivered when the answer was continued."""
+        """A chunk with the vendor's usage: remember its count of the visible text so far,
+        and add what earlier attempts delivered when the answer was continued (the prompt
+        tokens then are the first attempt's, where its vendor streamed them)."""
         completion = getattr(usage, "completion_tokens", None)
-        if not isinstance(completion, int):
+        visible = visible_tokens(usage)
+        if not isinstance(completion, int) or visible is None:
             return
-        self._counted = (completion, len(self.text))
+        self._counted = (visible, len(self.text))
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
             self.prompt_usage = prompt
@@ -847,6 +880,8 @@ class _Run:
             return
         total = completion + self.delivered
         update: dict[str, Any] = {"completion_tokens": total}
+        if self.prompt_usage is not None:
+            prompt = update["prompt_tokens"] = self.prompt_usage
         if isinstance(prompt, int):
             update["total_tokens"] = prompt + total
         chunk.usage = usage.model_copy(update=update)
@@ -1183,7 +1218,7 @@ class _Run:
             )
             if reaction.action == "raise" and state.winner is None:
                 if reaction.cause != "context_length" or not self._larger_window_follows(
-                    record.target, state
+                    record.target, state, exc
                 ):
                     state.final = exc
             elif reaction.action == "retry" and state.again is None:
@@ -1431,7 +1466,7 @@ class _Run:
         self.complete = True
         record = self._won(ready.target.name)
         if record is not None:
-            record.tokens, record.tokens_counted = self._delivered_by(
+            record.tokens, record.tokens_counted, record.tokens_estimate = self._delivered_by(
                 ready.decoder, ready.target.name
             )
         timings = self.ready.timings if self.ready is not None else ready.timings
@@ -1483,13 +1518,16 @@ class _Run:
         stats.record_outcome("interrupted")
         router.health(name).breaker.record_failure()
         self.broken.append(name)
-        tokens, counted = self._delivered_by(ready.decoder, name)
+        tokens, counted, estimate = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
+        if counted != "usage":  # the caller's completion_tokens are at least what it says
+            self._estimated("completion_tokens")
         record = self._won(name)
         if record is not None:
             record.outcome = "interrupted"
             record.error = describe_error(failure)
             record.tokens, record.tokens_counted = tokens, counted
+            record.tokens_estimate = estimate
         partial = "".join(self.text)
         cause = failure.__cause__ or failure
         request = ready.response.request
@@ -1579,6 +1617,19 @@ def _token_limit(body: Mapping[str, Any]) -> int | None:
         if isinstance(value := body.get(key), int) and not isinstance(value, bool)
     ]
     return min(limits) if limits else None
+
+
+def _error_message(exc: BaseException) -> str:
+    """The text of an upstream error: its message and, where the body is JSON, the
+    vendor's own ``message`` (openai's exceptions keep both)."""
+    parts = [str(getattr(exc, "message", "") or exc)]
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        inner = cast(Mapping[str, Any], body).get("error", body)
+        text = inner.get("message") if isinstance(inner, Mapping) else None
+        if isinstance(text, str):
+            parts.append(text)
+    return " ".join(parts)
 
 
 def _plain_answer(completion: Any) -> str | None:

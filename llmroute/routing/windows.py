@@ -19,6 +19,7 @@ vendor decides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "answer_room",
     "larger_windows",
     "needed_tokens",
+    "refused_sizes",
     "too_long",
 ]
 
@@ -69,3 +71,43 @@ def larger_windows(windows: Mapping[str, int | None], than: int) -> list[str]:
     """The targets whose declared window is larger than ``than`` (where a request that one
     window refused may still fit), in the order given."""
     return [name for name, w in windows.items() if w is not None and w > than]
+
+
+_WINDOW = (
+    # OpenAI, vLLM: "This model's maximum context length is 8192 tokens."
+    re.compile(r"maximum context length is (\d{1,9}) tokens"),
+    # SGLang: "... longer than the model's context length (4096 tokens)."
+    re.compile(r"context length \((\d{1,9}) tokens\)"),
+    # Anthropic: "prompt is too long: 210000 tokens > 200000 maximum"
+    re.compile(r"\d{1,9} tokens > (\d{1,9}) maximum"),
+)
+_NEEDED = (
+    # OpenAI: "However, your messages resulted in 8245 tokens"; OpenAI, vLLM: "However, you
+    # requested 5000 tokens (4000 in the messages, 1000 in the completion)"
+    re.compile(r"(?:resulted in|you requested) (\d{1,9}) tokens"),
+    re.compile(r"The input \((\d{1,9}) tokens\)"),  # SGLang: the prompt alone
+    re.compile(r"too long: (\d{1,9}) tokens > \d{1,9} maximum"),  # Anthropic
+)
+
+
+def refused_sizes(message: str) -> tuple[int | None, int | None]:
+    """What a context-length error's ``message`` says of the refusing target's window and of
+    the tokens the request needs (at least), each ``None`` when it says nothing recognised.
+
+    Read conservatively: only the vendors' own phrasings (OpenAI's, vLLM's, SGLang's,
+    Anthropic's), whole numbers of tokens, and a window only when it is below the need it
+    names (a message that contradicts itself says nothing)."""
+    window = needed = None
+    for pattern in _WINDOW:
+        found = pattern.search(message)
+        if found:
+            window = int(found.group(1))
+            break
+    for pattern in _NEEDED:
+        found = pattern.search(message)
+        if found:
+            needed = int(found.group(1))
+            break
+    if window is not None and (window < 1 or (needed is not None and needed <= window)):
+        return None, None
+    return window, needed if needed is not None and needed > 0 else None

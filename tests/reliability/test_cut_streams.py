@@ -175,10 +175,10 @@ async def test_streams_cut_at_random_points_continue_to_the_exact_answer(
 async def test_several_tokens_a_delta_are_never_shortened(
     batching: Simulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Three words a delta, the cutter never calibrated: its deltas count as at least one token
-    # each, or 8 bytes a token (about 1.8 of these words a delta): low, so the continuation is
-    # asked for more than the rest and an answer cut at max_tokens=40 runs past it. Not
-    # shortened, and nothing raised.
+    # Three words a delta and no usage from the cutter: its deltas count one token each (the
+    # only count that is never more than the vendor's), so the continuation is asked for more
+    # than the rest and an answer cut at max_tokens=40 runs past it. Not shortened, and
+    # nothing raised.
     groups = {40: "drop:1-12", 200: "drop:1-39"}
     counts = {limit: collections.Counter[str]() for limit in groups}
     async with anyio.create_task_group() as tg:
