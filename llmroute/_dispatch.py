@@ -380,6 +380,8 @@ class Dispatch:
                 }
         goal_options = merged.pop("llmroute", None)
         goal_options, forced = _tier_option(goal_options, tiered, model)
+        if forced is not None:
+            route = self.router.routes[forced]  # (completions and embeddings too)
         headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
         tier_call = None
         if route is not None:

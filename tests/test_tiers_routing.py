@@ -232,6 +232,21 @@ async def test_responses_calls_route_by_tier(sim: Simulator, artefact: Path, str
         assert report.winner == LARGE and report.tier.reason == "classifier"
 
 
+@pytest.mark.anyio
+async def test_legacy_completions_on_a_tiered_name_go_to_the_default(
+    sim: Simulator, artefact: Path
+) -> None:
+    async with client_for(sim, config_for(sim, classifier=str(artefact))) as client:
+        done = await client.completions.create(model="auto", prompt="hi")
+        assert done.choices[0].text
+        assert client._llmroute.tiered["auto"].classifier is None  # no decision was made
+        assert done.model == "large-model"  # the default tier's target
+        forced = await client.completions.create(
+            model="auto", prompt="hi", extra_body={"llmroute": {"tier": "simple"}}
+        )
+        assert forced.model == "small-model"
+
+
 def test_the_sync_client_routes_by_tier(sim: Simulator, artefact: Path) -> None:
     config = config_for(sim, classifier=str(artefact))
     with llmroute.OpenAI(
