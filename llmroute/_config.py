@@ -979,9 +979,19 @@ def _resolve_tiered(name: str, tiered: TieredConfig, source: str) -> TieredSetti
     paths: dict[str, Path | None] = {}
     for field_name in ("examples", "classifier"):
         value = getattr(tiered, field_name)
-        path = None if value is None else (base / Path(value).expanduser()).resolve()
-        if path is not None and not path.is_file():
-            raise ConfigError(f"{source}: {key}.{field_name}: {value}: no such file")
+        path = None
+        if value is not None:
+            shown = _show(value)
+            try:
+                path = (base / Path(value).expanduser()).resolve()
+                found = path.is_file()
+            except (OSError, ValueError, RuntimeError) as exc:  # NUL, too long, no home
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ConfigError(
+                    f"{source}: {key}.{field_name}: {shown}: not a usable path ({why})"
+                ) from None
+            if not found:
+                raise ConfigError(f"{source}: {key}.{field_name}: {shown}: no such file")
         paths[field_name] = path
     return TieredSettings(name, tiered, paths["examples"], paths["classifier"])
 

@@ -462,7 +462,15 @@ class Dispatch:
                 await choice.model.prepare()
             decision = choice.model.decide(call.body, choice.forced)
             route = self.router.routes[decision.tier]
-            self._check_servable(route, call.kind, call.path)
+            providers = self.providers
+            if not any(_serves(providers[t.provider], call.kind) for t in route.targets):
+                decision = dataclasses.replace(  # the default tier serves it (classify() checked)
+                    decision,
+                    tier=choice.model.default,
+                    reason="default",
+                    error=f"route {route.name!r} cannot serve the {call.kind} API",
+                )
+                route = self.router.routes[decision.tier]
             call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
             choice.decision = decision
         return choice.decision

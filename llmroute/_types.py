@@ -82,15 +82,16 @@ class TierDecision:
     """The classifier's calibrated probability of ``label`` (1.0 when forced, 0.0 on an
     error)."""
     reason: str
-    """"classifier" (its class's tier), "default" (the classifier was unsure: the default
-    tier), "override" (the request named its tier), "shadow" (shadow mode: classified, sent to
-    the default tier) or "error" (the classifier failed: the default tier)."""
+    """"classifier" (its class's tier), "default" (the classifier was unsure, or its class's
+    tier cannot serve the call's API: the default tier), "override" (the request named its
+    tier), "shadow" (shadow mode: classified, sent to the default tier) or "error" (the
+    classifier failed: the default tier)."""
     micros: float
     """The classifier's own time for this decision, in microseconds."""
     chosen: str | None = None
     """The tier of the classifier's class (where a shadow or unsure decision would go)."""
     error: str | None = None
-    """Why the classifier failed, one line."""
+    """Why the classifier failed, or why its class's tier could not be used, one line."""
 
 
 @dataclass(slots=True)

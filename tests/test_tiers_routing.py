@@ -233,6 +233,22 @@ async def test_responses_calls_route_by_tier(sim: Simulator, artefact: Path, str
 
 
 @pytest.mark.anyio
+async def test_a_tier_that_cannot_serve_the_api_gives_way_to_the_default(
+    sim: Simulator, artefact: Path
+) -> None:
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"] |= {"responses": True}
+    config["providers"]["chatonly"] = {"base_url": sim.base_url, "api_key": KEY}
+    config["models"]["chat-small"] = {"targets": ["chatonly:small-model"]}
+    async with client_for(sim, config) as client:
+        done = await client.responses.create(model="auto", input=SIMPLE[0]["content"])
+        tier = done.route.tier
+        assert done.route.winner == LARGE and (tier.reason, tier.label) == ("default", "simple")
+        assert tier.error == "route 'chat-small' cannot serve the responses API"
+        assert (await ask(client, SIMPLE, False)).winner == "chatonly:small-model"  # chat: it can
+
+
+@pytest.mark.anyio
 async def test_legacy_completions_on_a_tiered_name_go_to_the_default(
     sim: Simulator, artefact: Path
 ) -> None:
@@ -313,8 +329,10 @@ def _load(auto: dict[str, Any]) -> None:
             {"default": "auto", "examples": str(DATA)},
             "models.auto.default: 'auto' is not a route",
         ),
-        ({"examples": "missing.jsonl"}, "models.auto.examples: missing.jsonl: no such file"),
-        ({"classifier": "missing.npz"}, "models.auto.classifier: missing.npz: no such file"),
+        ({"examples": "missing.jsonl"}, "models.auto.examples: 'missing.jsonl': no such file"),
+        ({"classifier": "missing.npz"}, "models.auto.classifier: 'missing.npz': no such file"),
+        ({"examples": "a\x00b"}, "models.auto.examples: 'a\\x00b': not a usable path"),
+        ({"examples": "x" * 5000}, "not a usable path (File name too long)"),
         (
             {"classes": {"simple": {"examples": ["hi"]}}},
             "models.auto.tiers.hard: class 'hard' has no examples",
