@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("wordllama")
 
@@ -368,6 +370,40 @@ def test_config_mistakes_are_sentences_naming_the_field(auto: dict[str, Any], me
     with pytest.raises(ConfigError) as info:
         _load(auto)
     assert message in str(info.value)
+
+
+_odd = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(["chat-small", "chat-large", "auto", "simple", "hard", str(DATA), "\x00"]),
+    st.lists(st.text(max_size=4), max_size=3),
+    st.dictionaries(st.sampled_from(["simple", "hard", "x", ""]), st.text(max_size=6), max_size=3),
+)
+_tiered_tables = st.dictionaries(
+    st.sampled_from(
+        ["tiers", "default", "examples", "classifier", "classes", "uncertain_below", "shadow", "x"]
+    ),
+    _odd
+    | st.dictionaries(
+        st.sampled_from(["simple", "hard", "other"]),
+        st.dictionaries(st.sampled_from(["examples", "description", "y"]), _odd, max_size=2) | _odd,
+        max_size=3,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_tiered_tables)
+def test_hostile_tiered_tables_raise_only_config_errors(table: dict[str, Any]) -> None:
+    try:
+        _load(table)
+    except ConfigError as exc:
+        assert str(exc).startswith("config: models.auto"), str(exc)
+        assert "validation error" not in str(exc).lower()
 
 
 def test_a_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
