@@ -438,14 +438,17 @@ class Dispatch:
         count it either way."""
         self.goal(call)  # a wrong option fails here, before the cache or any request
         decision = await self.tier(call)
+        if decision is not None:
+            self.metrics.tier_decided(decision)
         telemetry = self._telemetry(call)
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
+            if decision is not None:
+                _stamp_tier(exc, decision)  # AllTargetsFailed's report
             telemetry.failed(exc)
             raise
         if decision is not None:
-            self.metrics.tier_decided(decision)
             _stamp_tier(result, decision)
         _observe(telemetry, result)
         return result
@@ -958,9 +961,11 @@ def _tier_option(
 
 
 def _stamp_tier(result: Outcome | Any, decision: TierDecision) -> None:
-    """Put a tiered call's decision on its route report."""
+    """Put a tiered call's decision on its route report (an answer's, or an error's)."""
     value = result.result if isinstance(result, Outcome) else result
     report = getattr(value, "route", None)
+    if not isinstance(report, RouteReport):
+        report = getattr(value, "report", None)
     if isinstance(report, RouteReport):
         report.tier = decision
 

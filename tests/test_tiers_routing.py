@@ -60,9 +60,9 @@ def config_for(sim: Simulator, **auto: Any) -> dict[str, Any]:
     }
 
 
-def client_for(sim: Simulator, config: dict[str, Any]) -> llmroute.AsyncOpenAI:
+def client_for(sim: Simulator, config: dict[str, Any], **kw: Any) -> llmroute.AsyncOpenAI:
     return llmroute.AsyncOpenAI(
-        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config
+        api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context(), config=config, **kw
     )
 
 
@@ -248,6 +248,23 @@ async def test_a_tier_that_cannot_serve_the_api_gives_way_to_the_default(
         assert done.route.winner == LARGE and (tier.reason, tier.label) == ("default", "simple")
         assert tier.error == "route 'chat-small' cannot serve the responses API"
         assert (await ask(client, SIMPLE, False)).winner == "chatonly:small-model"  # chat: it can
+
+
+@pytest.mark.anyio
+async def test_a_failed_request_keeps_and_counts_its_decision(
+    sim: Simulator, artefact: Path
+) -> None:
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"]["headers"] = {"x-sim-fault": "500"}
+    config["models"]["chat-large"]["policy"] = "failover"
+    config["models"]["chat-large"]["server_error_retries"] = 0
+    async with client_for(sim, config, max_retries=0) as client:
+        with pytest.raises(llmroute.AllTargetsFailed) as info:
+            await ask(client, HARD, False, extra_body={"llmroute": {"tier": "hard"}})
+        tier = info.value.report.tier
+        assert tier is not None and (tier.reason, tier.tier) == ("override", "chat-large")
+        text = client.metrics.exposition().decode()
+        assert 'class="hard",model="auto",reason="override",tier="chat-large"} 1.0' in text
 
 
 @pytest.mark.anyio
