@@ -28,7 +28,7 @@ from ._errors import (
 )
 from ._streaming import AsyncStream
 from ._sync import OpenAI, Stream
-from ._types import AttemptReport, RouteReport, Timings
+from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._version import __version__
 from .routing.policies import (
     FailoverPolicy,
@@ -79,6 +79,7 @@ __all__ = [
     "StreamInterrupted",
     "TargetSnapshot",
     "TargetUnavailable",
+    "TierDecision",
     "Timings",
     "UnknownModelError",
     "UnprocessableEntityError",

@@ -69,6 +69,9 @@ __all__ = [
     "RouteConfig",
     "RoutingSettings",
     "Target",
+    "TierClass",
+    "TieredConfig",
+    "TieredSettings",
     "load_config",
     "parse_duration",
     "resolve",
@@ -419,6 +422,82 @@ class RouteConfig(BaseModel):
         return [Target.parse(text) for text in self.targets]
 
 
+class TierClass(BaseModel):
+    """One ``[models.<tiered>.classes.<class>]`` table: example requests of a class (inline)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    examples: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    """Example user messages of the class (each one a request of one user turn)."""
+    description: str | None = Field(default=None, min_length=1)
+    """A short description of the class, used as one more example."""
+
+
+class TieredConfig(BaseModel):
+    """A ``[models.<name>]`` table with ``tiers``: a model name whose requests a classifier
+    sends to one of several routes (tiers) by their class (docs/tiers.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tiers: dict[str, str] = Field(min_length=2)
+    """Class name -> the route (a ``[models]`` table) its requests go to."""
+    default: str
+    """The route of a request the classifier is unsure of or fails on."""
+    examples: str | None = Field(default=None, min_length=1)
+    """A JSONL file of labelled examples (relative to the config file)."""
+    classifier: str | None = Field(default=None, min_length=1)
+    """An artefact of ``llmroute tiers fit`` (relative to the config file)."""
+    classes: dict[str, TierClass] = Field(default_factory=dict)
+    """Inline examples (and descriptions) by class."""
+    uncertain_below: float | None = Field(default=None, gt=0, le=1)
+    """A decision less probable than this goes to ``default``; ``None``: the classifier's
+    own band (0.6 unless the artefact says otherwise)."""
+    shadow: bool = False
+    """Classify and record, but send every request to ``default``."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TieredConfig:
+        for label in self.tiers:
+            if not label.strip():
+                raise _invalid("a class name must be a non-empty string", "tiers")
+        for label in self.classes:
+            if label not in self.tiers:
+                raise _invalid(
+                    f"{label!r} is not a class of tiers{_suggest(label, self.tiers)}",
+                    "classes",
+                    label,
+                )
+        if self.classifier is not None:
+            if self.examples is not None or self.classes:
+                raise _invalid(
+                    "give either a fitted classifier or examples (a file or classes), not both",
+                    "classifier",
+                )
+            return self
+        for label in self.tiers:
+            given = self.classes.get(label)
+            if given is not None and given.examples is None and given.description is None:
+                raise _invalid("an empty class: give examples or a description", "classes", label)
+            if self.examples is None and given is None:
+                raise _invalid(
+                    f"class {label!r} has no examples: give classes.{_key([label])}.examples, "
+                    "an examples file or a classifier",
+                    "tiers",
+                    label,
+                )
+        return self
+
+
+@dataclass(frozen=True)
+class TieredSettings:
+    """A tiered model name ready to use: its settings, file paths made absolute."""
+
+    name: str
+    config: TieredConfig
+    examples: Path | None
+    classifier: Path | None
+
+
 class RoutingSettings(BaseModel):
     """The ``[routing]`` table: how live statistics are kept, for every route."""
 
@@ -667,6 +746,8 @@ class Config(BaseModel):
     providers: dict[str, ProviderConfig] = Field(default_factory=dict)
     models: dict[str, RouteConfig] = Field(default_factory=dict)
     """Routes, by the model name the application asks for."""
+    tiered: dict[str, TieredConfig] = Field(default_factory=dict)
+    """Tiered model names: the ``[models.<name>]`` tables with ``tiers`` (docs/tiers.md)."""
     routing: RoutingSettings = Field(default_factory=RoutingSettings)
     cache: CacheSettings | None = None
     """The response cache; ``None`` (no ``[cache]`` table): no cache."""
@@ -688,6 +769,38 @@ class Config(BaseModel):
         return self.__dict__ == other.__dict__
 
     __hash__ = None  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_tiered(cls, data: Any) -> Any:
+        """``[models.<name>]`` tables with ``tiers`` are tiered names, not routes."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("models"), Mapping):
+            return data
+        models = data["models"]
+        tiered = {k: v for k, v in models.items() if isinstance(v, Mapping) and "tiers" in v}
+        if not tiered:
+            return data
+        given = data.get("tiered")
+        if isinstance(given, Mapping):
+            tiered = {**given, **tiered}
+        routes = {k: v for k, v in models.items() if k not in tiered}
+        return {**data, "models": routes, "tiered": tiered}
+
+    @model_validator(mode="after")
+    def _check_tiered(self) -> Config:
+        for name, tiered in self.tiered.items():
+            if name in self.models:
+                raise _invalid("is both a route and a tiered model name", "models", name)
+            for label, route in tiered.tiers.items():
+                if route not in self.models:
+                    raise _invalid(
+                        _unknown_route(route, self.models), "models", name, "tiers", label
+                    )
+            if tiered.default not in self.models:
+                raise _invalid(
+                    _unknown_route(tiered.default, self.models), "models", name, "default"
+                )
+        return self
 
     @model_validator(mode="after")
     def _check_references(self) -> Config:
@@ -775,6 +888,8 @@ class Resolved:
     unknown_models: Literal["suggest", "default", "error"] = "suggest"
     """See :attr:`Config.unknown_models`; :func:`llmroute._model_names.check_model_name`."""
     connections: ConnectionSettings = field(default_factory=ConnectionSettings)
+    tiered: dict[str, TieredSettings] = field(default_factory=dict)
+    """Tiered model names (``[models.<name>]`` tables with ``tiers``)."""
 
     def targets(self) -> list[Target]:
         """Every target of every route, once, in the order the routes name them."""
@@ -830,6 +945,7 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         used.setdefault(config.default_provider)
     providers = {name: _resolve_provider(name, config, catalog, environ) for name in used}
     _check_shared_origins(providers, config.source)
+    tiered = {name: _resolve_tiered(name, t, config.source) for name, t in config.tiered.items()}
     return Resolved(
         providers=providers,
         routes=routes,
@@ -841,7 +957,43 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         redis=config.redis,
         unknown_models=config.unknown_models,
         connections=config.connections,
+        tiered=tiered,
     )
+
+
+def _resolve_tiered(name: str, tiered: TieredConfig, source: str) -> TieredSettings:
+    """A tiered name's files, relative to the config file (or the working directory), checked
+    to exist, and the ``tiers`` extra checked to be installed (without importing it)."""
+    import importlib.util
+
+    key = f"models.{_key([name])}"
+    for module in ("numpy", "wordllama"):
+        if importlib.util.find_spec(module) is None:
+            from ._install import install_hint
+
+            raise ConfigError(
+                f"{source}: {key}: a tiered model needs the request classifier, whose "
+                f"dependency {module} is not installed: {install_hint('tiers')}"
+            )
+    base = Path(source).parent if source != _DEFAULT_SOURCE else Path.cwd()
+    paths: dict[str, Path | None] = {}
+    for field_name in ("examples", "classifier"):
+        value = getattr(tiered, field_name)
+        path = None
+        if value is not None:
+            shown = _show(value)
+            try:
+                path = (base / Path(value).expanduser()).resolve()
+                found = path.is_file()
+            except (OSError, ValueError, RuntimeError) as exc:  # NUL, too long, no home
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                raise ConfigError(
+                    f"{source}: {key}.{field_name}: {shown}: not a usable path ({why})"
+                ) from None
+            if not found:
+                raise ConfigError(f"{source}: {key}.{field_name}: {shown}: no such file")
+        paths[field_name] = path
+    return TieredSettings(name, tiered, paths["examples"], paths["classifier"])
 
 
 _OVERRIDES = frozenset(ProviderSpec.model_fields) - {"name"}
@@ -1002,6 +1154,10 @@ def _suggest(word: object, choices: Iterable[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _unknown_route(name: str, routes: Iterable[str]) -> str:
+    return f"{name!r} is not a route (a [models] table with targets){_suggest(name, routes)}"
+
+
 def _unknown_provider(name: str, known: Sequence[str]) -> str:
     return f"unknown provider {name!r}: not in [providers] nor the catalog{_suggest(name, known)}"
 
@@ -1017,6 +1173,10 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
             model = Continuation
         case ("models", str()):
             model = RouteConfig
+        case ("tiered", str()):
+            model = TieredConfig
+        case ("tiered", str(), "classes", str()):
+            model = TierClass
         case ("routing",):
             model = RoutingSettings
         case ("gateway",):
@@ -1061,7 +1221,8 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
     base = format_validation_error(exc, source=source).split("\n")
     lines = []
     for index, err in enumerate(errors):
-        loc = err["loc"]
+        given = err["loc"]
+        loc = ("models", *given[1:]) if given[:1] == ("tiered",) else given  # as written
         kind = err["type"]
         ctx: dict[str, Any] = err.get("ctx") or {}
         key = _key(loc)
@@ -1085,7 +1246,7 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
         elif kind == "missing":
             what = "required key is missing"
         elif kind == "extra_forbidden":
-            what = "unknown key" + _suggest(loc[-1], _fields_at(loc[:-1]))
+            what = "unknown key" + _suggest(loc[-1], _fields_at(given[:-1]))
         elif kind in _EXPECTED:
             what = _EXPECTED[kind] + got
         elif kind in _BOUNDS:

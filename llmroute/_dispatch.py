@@ -51,8 +51,9 @@ from ._errors import (
 from ._model_names import check_model_name
 from ._routes import ServerPolling, build_router, route_for, stats_sync_for
 from ._streaming import AsyncStream
-from ._timeouts import TimeoutHeaderError, request_timeouts, with_timeouts
-from ._types import AttemptReport, RouteReport, Timings
+from ._tiers import TieredModel, TierError
+from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, with_timeouts
+from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._upstream import (
     Upstream,
     credentials,
@@ -144,6 +145,21 @@ class Call:
     goal_options: object = None
     """The call's ``extra_body={"llmroute": {...}}`` options, taken out of the body (never
     sent upstream); read by :meth:`Dispatch.goal`."""
+    tiered: TierCall | None = None
+    """A call for a tiered model name: ``route`` is its default tier until the decision."""
+
+
+@dataclass
+class TierCall:
+    """What a call for a tiered model name needs to choose its tier (:meth:`Dispatch.tier`)."""
+
+    model: TieredModel
+    forced: str | None
+    """The route the call's ``llmroute.tier`` option named, if any."""
+    own: RequestTimeouts
+    timeout: httpx.Timeout
+    """The call's HTTP timeout before its route's were applied."""
+    decision: TierDecision | None = None
 
 
 class Posted:
@@ -289,6 +305,8 @@ class Dispatch:
             self._trial_sender,
             keyed=lambda target: bool(self.providers[target.provider].api_key),
         )
+        self.tiered = {name: TieredModel(s) for name, s in resolved.tiered.items()}
+        """Tiered model names (docs/tiers.md), each with its classifier, built on first use."""
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
@@ -346,6 +364,11 @@ class Dispatch:
         path = str(options.url).lstrip("/")
         kind = ROUTABLE.get(path)
         route = self.router.routes.get(model) if isinstance(model, str) else None
+        tiered = None
+        if route is None and self.tiered and isinstance(model, str):
+            tiered = self.tiered.get(model)
+        if tiered is not None:
+            route = self.router.routes[tiered.default]  # until the decision (tier())
         if kind is None:
             if route is not None:
                 raise _bad_request(
@@ -357,7 +380,8 @@ class Dispatch:
             return None
         if route is None and isinstance(model, str) and self.configured:
             # A typo of a route ("caht") must not leave the machine for the default provider.
-            check_model_name(model, self.router.routes, self.resolved.unknown_models)
+            names = [*self.router.routes, *self.tiered] if self.tiered else self.router.routes
+            check_model_name(model, names, self.resolved.unknown_models)
         if route is None and kind != "chat":
             return None
         merged: dict[str, Any] = dict(body)
@@ -368,13 +392,19 @@ class Dispatch:
                     k: v for k, v in options.extra_json.items() if k != "llmroute"
                 }
         goal_options = merged.pop("llmroute", None)
+        goal_options, forced = _tier_option(goal_options, tiered, model)
+        if forced is not None:
+            route = self.router.routes[forced]  # (completions and embeddings too)
         headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
+        tier_call = None
         if route is not None:
             self._check_servable(route, kind, path)
             try:
                 own = request_timeouts(headers)
             except TimeoutHeaderError as exc:
                 raise _bad_request(str(exc), param=exc.header) from None
+            if tiered is not None:
+                tier_call = TierCall(tiered, forced, own, timeout)
             route, timeout = with_timeouts(route, timeout, own)
         return Call(
             kind=kind,
@@ -386,6 +416,7 @@ class Dispatch:
             query=dict(options.params) if isinstance(options.params, Mapping) else None,
             timeout=timeout,
             goal_options=goal_options,
+            tiered=tier_call,
         )
 
     def _check_servable(self, route: Route, kind: str, path: str) -> None:
@@ -419,14 +450,46 @@ class Dispatch:
         ``live()`` (a direct chat call, openai's machinery) or the route's engine. Metrics
         count it either way."""
         self.goal(call)  # a wrong option fails here, before the cache or any request
+        decision = await self.tier(call)
+        if decision is not None:
+            self.metrics.tier_decided(decision)
         telemetry = self._telemetry(call)
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
+            if decision is not None:
+                _stamp_tier(exc, decision)  # AllTargetsFailed's report
             telemetry.failed(exc)
             raise
+        if decision is not None:
+            _stamp_tier(result, decision)
         _observe(telemetry, result)
         return result
+
+    async def tier(self, call: Call) -> TierDecision | None:
+        """For a call of a tiered model name: classify its body (the classifier built on first
+        use, in a worker thread) and put its tier's route on the call, as a call for that
+        route would have it. Never raises for the classifier's sake (docs/tiers.md)."""
+        choice = call.tiered
+        if choice is None:
+            return None
+        if choice.decision is None:
+            if choice.forced is None and not choice.model.ready:
+                await choice.model.prepare()
+            decision = choice.model.decide(call.body, choice.forced)
+            route = self.router.routes[decision.tier]
+            providers = self.providers
+            if not any(_serves(providers[t.provider], call.kind) for t in route.targets):
+                decision = dataclasses.replace(  # the default tier serves it (classify() checked)
+                    decision,
+                    tier=choice.model.default,
+                    reason="default",
+                    error=f"route {route.name!r} cannot serve the {call.kind} API",
+                )
+                route = self.router.routes[decision.tier]
+            call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
+            choice.decision = decision
+        return choice.decision
 
     async def from_cache(
         self, call: Call
@@ -437,6 +500,7 @@ class Dispatch:
         usual way, and the seam does not look ``key`` up again while :data:`LOOKED_UP` holds
         it), ``(None, None)`` when the cache may not answer this call."""
         self.goal(call)  # raised before metrics count the call, as in answer()
+        decision = await self.tier(call)
         cache = self.cache
         try:
             request = self._cache_request(call) if cache is not None else None
@@ -452,6 +516,9 @@ class Dispatch:
             return None, (request.key, pending)
         telemetry = self._telemetry(call)
         outcome = self._hit(cache, hit, request, call, started)
+        if decision is not None:  # a miss is counted by answer(), which decides again
+            self.metrics.tier_decided(decision)
+            _stamp_tier(outcome, decision)
         _observe(telemetry, outcome)
         return outcome, (request.key, pending)
 
@@ -826,6 +893,8 @@ class Dispatch:
         async with anyio.create_task_group() as tg:
             if self.stats_sync is not None:  # the fleet's statistics, beside the connections
                 tg.start_soon(self.stats_sync.refresh, None)
+            for tiered in self.tiered.values():  # the classifiers, beside the connections
+                tg.start_soon(tiered.prepare)
             for url in urls.values():
                 tg.start_soon(warm, url)
         if errors and (not self.providers or len(errors) == len(urls)):
@@ -846,6 +915,8 @@ class Dispatch:
                     f"models.{model}: unknown provider {target.provider!r} "
                     "(add it with add_provider() first)"
                 )
+        if model in self.tiered:
+            raise ConfigError(f"models.{model}: a tiered model name, not a route")
         routes = self.router.routes
         existing = routes.get(model)
         if existing is None:
@@ -887,6 +958,35 @@ def _observe(telemetry: Any, result: Outcome | Any) -> None:
         value._on_end = telemetry.stream_ended
     else:
         telemetry.completed(value)
+
+
+def _tier_option(
+    options: object, tiered: TieredModel | None, model: object
+) -> tuple[object, str | None]:
+    """The call's ``llmroute`` options without ``tier``, and the route ``tier`` names."""
+    if not isinstance(options, Mapping) or "tier" not in options:
+        return options, None
+    rest = {k: v for k, v in options.items() if k != "tier"}
+    if tiered is None:
+        raise _bad_request(
+            f"llmroute.tier: model {str(model)[:80]!r} is not a tiered model name",
+            param="llmroute.tier",
+        )
+    try:
+        forced = tiered.forced(options["tier"])
+    except TierError as exc:
+        raise _bad_request(str(exc), param="llmroute.tier") from None
+    return (rest or None), forced
+
+
+def _stamp_tier(result: Outcome | Any, decision: TierDecision) -> None:
+    """Put a tiered call's decision on its route report (an answer's, or an error's)."""
+    value = result.result if isinstance(result, Outcome) else result
+    report = getattr(value, "route", None)
+    if not isinstance(report, RouteReport):
+        report = getattr(value, "report", None)
+    if isinstance(report, RouteReport):
+        report.tier = decision
 
 
 def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["AttemptReport", "RouteReport", "Timings"]
+__all__ = ["AttemptReport", "RouteReport", "TierDecision", "Timings"]
 
 
 @dataclass(slots=True)
@@ -72,6 +72,32 @@ class AttemptReport:
     llmroute's accounts use ``tokens``."""
 
 
+@dataclass(frozen=True, slots=True)
+class TierDecision:
+    """Which tier (route) a request for a tiered model name was sent to, and why."""
+
+    model: str
+    """The tiered model name the application asked for."""
+    tier: str
+    """The route the request was sent to."""
+    label: str | None
+    """The class: the classifier's (``None`` on an error), or the one a request forced."""
+    probability: float
+    """The classifier's calibrated probability of ``label`` (1.0 when forced, 0.0 on an
+    error)."""
+    reason: str
+    """"classifier" (its class's tier), "default" (the classifier was unsure, or its class's
+    tier cannot serve the call's API: the default tier), "override" (the request named its
+    tier), "shadow" (shadow mode: classified, sent to the default tier) or "error" (the
+    classifier failed: the default tier)."""
+    micros: float
+    """The classifier's own time for this decision, in microseconds."""
+    chosen: str | None = None
+    """The tier of the classifier's class (where a shadow or unsure decision would go)."""
+    error: str | None = None
+    """Why the classifier failed, or why its class's tier could not be used, one line."""
+
+
 @dataclass(slots=True)
 class RouteReport:
     """How a routed request was served: ``stream.route`` / ``completion.route``."""
@@ -108,3 +134,5 @@ class RouteReport:
     vendor had counted the prompt (its estimate, four characters a token)."""
     """Targets of the route this request was not sent to, each with the reason (its declared
     context window is smaller than the request's estimated size)."""
+    tier: TierDecision | None = None
+    """For a tiered model name: the classifier's decision (``route`` is then the tier's)."""

@@ -26,7 +26,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .._types import Timings
+from .._types import TierDecision, Timings
 from ..routing.stats import TargetSnapshot
 from ._otel import Tracer
 from ._request import RequestRecord, RequestTelemetry
@@ -49,6 +49,8 @@ MAX_MODEL_LABELS = 64
 """Distinct model names that are not routes kept as label values; the rest count as ``other``
 (a gateway's clients choose model names: they must not grow the registry without bound)."""
 OTHER = "other"
+
+_DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01)
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -197,6 +199,29 @@ class ClientMetrics:
             ["route", "kind"],
             registry=registry,
         )
+
+        self._tier_decisions = Counter(
+            "llmroute_tier_decisions",
+            "Requests for a tiered model name by model, class (the classifier's, or none on "
+            "an error), tier (the route they went to) and reason (classifier, default, "
+            "override, shadow, error)",
+            ["model", "class", "tier", "reason"],
+            registry=registry,
+        )
+        self._tier_seconds = Histogram(
+            "llmroute_tier_decision_seconds",
+            "The request classifier's time per decision, by tiered model name",
+            ["model"],
+            buckets=_DECISION_BUCKETS,
+            registry=registry,
+        )
+
+    def tier_decided(self, decision: TierDecision) -> None:
+        """Count one decision of a tiered model name (labels come from the config only)."""
+        label = decision.label or "none"
+        self._tier_decisions.labels(decision.model, label, decision.tier, decision.reason).inc()
+        if decision.reason not in ("override", "error") or decision.micros:
+            self._tier_seconds.labels(decision.model).observe(decision.micros / 1e6)
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""

@@ -70,6 +70,8 @@ _FORWARDED = (
     BETWEEN_TOKENS_HEADER,
 )
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
+TIER_HEADER = "x-llmroute-tier"
+"""The answer's header naming the tier (route) a tiered model name's request went to."""
 _CLOSE_TIMEOUT = 5.0  # seconds a cancelled upstream stream may take to close
 _REDACTED = "[redacted]"
 _DRAIN_BYTES = 16 * 2**20  # a refused body up to this size is read to its end before the 413
@@ -281,7 +283,7 @@ class GatewayApp:
         _refuse_cookies(self.client)
         self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
-        self.routes = list(loaded.models)
+        self.routes = [*loaded.models, *loaded.tiered]
         self._created = int(time.time())
         self._slots: Slots = LocalSlots()
         if self.settings.limits_backend == "redis":
@@ -481,7 +483,8 @@ class GatewayApp:
             ) from None
         total = own.total
         if total is None and model in self.routes:
-            total = self.config.models[model].total_timeout
+            tiered = self.config.tiered.get(model)  # a tiered name: its default tier's
+            total = self.config.models[tiered.default if tiered else model].total_timeout
         extra_headers = self._upstream_headers(headers, exchange)
 
         async def work() -> None:
@@ -547,7 +550,8 @@ class GatewayApp:
                         await exchange.start(
                             200,
                             "text/event-stream; charset=utf-8",
-                            {"cache-control": "no-cache", "x-llmroute-cache": cache},
+                            {"cache-control": "no-cache", "x-llmroute-cache": cache}
+                            | _tier_header(stream),
                         )
                         if path == _RESPONSES:  # named events, as OpenAI sends them
                             async for event in stream:
@@ -611,7 +615,9 @@ class GatewayApp:
             raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
         assert isinstance(result, pydantic.BaseModel)
         cache = "hit" if _cache_hit(result) else "miss"
-        await exchange.whole(200, dump_json(result), headers={"x-llmroute-cache": cache})
+        await exchange.whole(
+            200, dump_json(result), headers={"x-llmroute-cache": cache} | _tier_header(result)
+        )
 
     async def _call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
         """The client's call for ``path``: every field of the body is passed on as it is."""
@@ -888,6 +894,12 @@ async def _watch(
             stalled()
             return
         await renew(exchange)
+
+
+def _tier_header(result: object) -> dict[str, str]:
+    """``x-llmroute-tier``: the route a tiered model name's request went to."""
+    tier = getattr(getattr(result, "route", None), "tier", None)
+    return {TIER_HEADER: tier.tier} if tier is not None else {}
 
 
 def _cache_hit(result: object) -> bool:
