@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from llmroute import AllTargetsFailed, AsyncOpenAI
+from llmroute import AllTargetsFailed, AsyncOpenAI, StreamInterrupted
 from llmroute._types import Timings
 from llmroute.routing.engine import Route, Router, RouteTarget
 from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
@@ -623,3 +623,26 @@ def test_trials_go_on_in_a_second_event_loop() -> None:
     # The first loop ended while the task waited for its next trial (the task ended with it).
     anyio.run(until, lambda: trials.verdicts["a:m", "closed"] == 1, backend="asyncio")
     assert router.health("a:m").breaker.state == "closed" and sent == [503, 503, 200]
+
+
+@pytest.mark.anyio
+async def test_a_circuit_opened_by_broken_streams_names_the_break(primary: Simulator) -> None:
+    """A circuit opened by streams that broke mid-answer (no continuation possible on a route of
+    one target) keeps that failure: a request refused while it is open means what broke the
+    stream (a connection error: the server reset it), not a bare AllTargetsFailed."""
+    cfg = single_target_config(primary, headers={"x-sim-fault": "drop:3"})
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        router = client._router
+        assert router is not None
+        router._clock = FakeClock()  # no trial comes due while the test runs
+        with pytest.raises(StreamInterrupted):
+            stream = await client.chat.completions.create(
+                model="pro", messages=MESSAGES, stream=True
+            )
+            async for _ in stream:
+                pass
+        assert router.health(PRIMARY).breaker.state == "open"
+        with pytest.raises(AllTargetsFailed) as raised:
+            await client.chat.completions.create(model="pro", messages=MESSAGES)
+    assert isinstance(raised.value, openai.APIConnectionError)
+    assert isinstance(raised.value.last, openai.APIConnectionError)

@@ -1516,7 +1516,9 @@ class _Run:
         self.finish()
         stats = router.stats.target(name)
         stats.record_outcome("interrupted")
-        router.health(name).breaker.record_failure()
+        health = router.health(name)
+        health.failed(failure, self.kind)  # the cause a request refused while open names
+        health.breaker.record_failure()
         self.broken.append(name)
         tokens, counted, estimate = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
