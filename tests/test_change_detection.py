@@ -148,6 +148,19 @@ def test_steady_targets_are_rarely_declared_changed(name: str) -> None:
     assert not fed.target._ttft.slowed
 
 
+def test_a_fresh_heavy_tailed_target_is_not_written_off_by_its_first_stalls() -> None:
+    # The issue's regression: early stalls on A read as "changed to slower" (before, in 500
+    # fresh targets' first 200 samples: 55 changes to slower, 30 still "slowed" at the end; 76
+    # and 45 when hedges cancelled the stalls). Here over 100 fresh targets.
+    slower = written_off = 0
+    for seed in range(100):
+        fed = feed(A_HEAVY, 200, seed, hedge=0.4)
+        slower += fed.slower
+        written_off += fed.target._ttft.slowed
+    assert slower <= 2  # measured: 0 here, 3 in 500 (benchmarks.md)
+    assert written_off == 0
+
+
 def samples_to_detect(
     before: Sampler, after: Sampler, seed: int, *, history: int = 200, slowed_first: bool = False
 ) -> int | None:
