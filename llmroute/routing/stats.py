@@ -29,6 +29,7 @@ from .tokens import TokenCounts
 __all__ = [
     "CANCELLED",
     "ERROR",
+    "FALSE_ALARM_RATE",
     "INTERRUPTED",
     "IN_FLIGHT_HISTORY",
     "IN_FLIGHT_HISTORY_MAX",
@@ -37,6 +38,7 @@ __all__ = [
     "OUTCOMES",
     "PRIOR_SIGMA",
     "RATE_LIMITED",
+    "RETURN_ALPHA",
     "SAMPLE_KINDS",
     "STALL_STREAM_GAPS",
     "TIMEOUT",
@@ -52,9 +54,11 @@ __all__ = [
     "StatsSettings",
     "TargetSnapshot",
     "TargetStats",
+    "change_alpha",
     "class_label",
     "estimate_prompt_tokens",
     "first_token_deadline",
+    "placement_p",
     "prompt_class",
     "stall_deadline",
     "stream_stall_deadline",
@@ -120,12 +124,60 @@ def stall_deadline(
 EXPLORATIONS_KEPT = 16
 """The newest explorations of a target kept, for :meth:`TargetStats.unanswered_explorations`."""
 SHIFT_MIN = 3
-"""Samples beyond the older ones' range that a change of regime needs at least."""
-SHIFT_RUN = 4
-"""Censored samples in a row, all beyond the older ones' range, that are a change of regime on
-their own (attempts cancelled past the p95, by hedges that beat them or deadlines missed)."""
+"""The fewest newest samples a change of regime is tested on (and a target that changed to
+slower is known from: see :meth:`TargetStats.known`)."""
+FALSE_ALARM_RATE: Final = 1e-4
+"""Change detection's bound on false alarms: on a steady target (its samples exchangeable: any
+distribution, heavy stall tails included), a window is declared changed after a sample with
+probability at most this, so at most about once per 10,000 samples. It is split evenly over the
+tests made after each sample (:func:`change_alpha`); the bound is a union bound, so the rate
+measured is lower (``tests/test_change_detection.py``)."""
+RETURN_ALPHA: Final = 0.02
+"""The level of each test for a change to faster in a thin window: one whose newest change was
+to slower (it holds only the few samples of the slow regime), or that holds fewer than
+``2 * recent`` samples (a target measured only a few times, such as one that was slow when it
+was first explored). Such a window holds too few samples for a test at
+:data:`FALSE_ALARM_RATE` (no test of k new samples against m older ones can reach a level below
+1 / C(m + k, k)), and a change to faster declared wrongly costs little: it forgets a few slow
+samples of a target that then gets traffic, whose next samples say what it is. A change to
+slower, which takes a target's traffic away, is always tested at :func:`change_alpha`. With 3
+to 6 slow samples kept, 3 to 5 fast ones below all of them are a change back, when they are
+also nearer (in log) the median of the regime the window left than the slow one's: within a
+slow regime, its own faster samples are not a change back."""
 SMALL_WINDOW_MARGIN = 1.5
-"""While a window holds few older samples, "beyond their range" means beyond by this factor."""
+"""While a window holds few older samples, "below their range" (:attr:`TargetStats.improving`)
+means below by this factor."""
+
+
+def change_alpha(recent: int) -> float:
+    """The level of each change test: :data:`FALSE_ALARM_RATE` split over the tests made after
+    a sample: for each size ``k`` of the newest samples from :data:`SHIFT_MIN` to ``recent``,
+    all ``k`` beyond, and all but one (from ``SHIFT_MIN + 1`` on), each in two directions."""
+    sizes = max(1, recent - SHIFT_MIN + 1)
+    return FALSE_ALARM_RATE / (2 * (2 * sizes - 1))
+
+
+def placement_p(n: int, beyond: int, k: int, r: int | None = None) -> float:
+    """The exact probability, for ``n`` exchangeable samples (a steady target, whatever its
+    distribution), that at least ``r`` (default: all; at least ``k - 1``) of the ``k`` newest
+    lie among the ``beyond`` samples at one end of the window: a hypergeometric tail,
+    C(beyond, k) / C(n, k) for all of them. A rank test, so the window's own tail is in the
+    null: a target that stalls 10% of the time puts its newest k among its top 10% about
+    0.1^k of the time, and that is what the test expects of it."""
+    r = k if r is None else r
+    if not 0 < r <= k <= n or r < k - 1:
+        raise ValueError(f"need k - 1 <= r <= k <= n, r > 0; got r={r!r}, k={k!r}, n={n!r}")
+    b = max(0, min(beyond, n))
+    # C(b, k - 1) / C(n, k) as a product, then C(b, k) = C(b, k - 1) (b - k + 1) / k.
+    part = k / (n - k + 1)
+    for i in range(k - 1):
+        part *= (b - i) / (n - i)
+    if part <= 0.0:
+        return 0.0
+    every = part * max(0, b - k + 1) / k
+    return every if r == k else every + part * (n - b)
+
+
 FIRST_TOKEN_MULTIPLE = 4.0
 """The live first-token deadline is this many times the target's p99 TTFT for the prompt's
 length class."""
@@ -183,12 +235,13 @@ class LatencyWindow:
     """
 
     __slots__ = (
+        "_censored",
         "_clock",
         "_max_samples",
         "_samples",
         "_values",
         "_window",
-        "censored_run",
+        "left_median",
         "slowed",
     )
 
@@ -206,30 +259,41 @@ class LatencyWindow:
         self._max_samples = max_samples
         self._clock = clock
         self._values = SortedList()
-        self._samples: deque[tuple[float, float]] = deque()
+        self._censored = SortedList()
+        self._samples: deque[tuple[float, float, bool]] = deque()
         self.slowed = False
         """Kept by ``TargetStats``: the newest change of regime it saw in this window was to
         slower, so the few samples it kept are enough to know the target is slow."""
-        self.censored_run = 0
-        """Kept by ``TargetStats``: the newest samples that were censored ones, in a row."""
+        self.left_median: float | None = None
+        """Kept by ``TargetStats``: after a change to slower, the median of the regime the
+        window left; a change back is to samples nearer that than the slow regime's median."""
 
     def _expire(self, now: float) -> None:
         cutoff = now - self._window
         samples = self._samples
         while samples and samples[0][0] <= cutoff:
-            self._values.remove(samples.popleft()[1])
+            self._drop_oldest()
 
-    def add(self, value: float) -> None:
-        """Record one sample, taken now. It must be a finite number."""
+    def _drop_oldest(self) -> None:
+        _, value, censored = self._samples.popleft()
+        self._values.remove(value)
+        if censored:
+            self._censored.remove(value)
+
+    def add(self, value: float, *, censored: bool = False) -> None:
+        """Record one sample, taken now. It must be a finite number. ``censored``: only known
+        to be at least ``value`` (an attempt cancelled before its first token)."""
         if not math.isfinite(value):
             raise ValueError(f"a latency sample must be finite, got {value!r}")
         value = float(value)
         now = self._clock()
         self._expire(now)
         if len(self._samples) >= self._max_samples:
-            self._values.remove(self._samples.popleft()[1])
-        self._samples.append((now, value))
+            self._drop_oldest()
+        self._samples.append((now, value, censored))
         self._values.add(value)
+        if censored:
+            self._censored.add(value)
 
     def _quantile_and_count(self, q: float) -> tuple[float | None, int]:
         if not 0.0 <= q <= 1.0:
@@ -331,6 +395,19 @@ class LatencyWindow:
             return low
         return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
 
+    def count_at_least(self, value: float, *, censored_too: bool = False) -> int:
+        """How many live samples are ``value`` or more (O(log n); expired ones must be gone:
+        call after an add or a query). ``censored_too``: also the censored samples below
+        ``value``, whose TTFT, only known to be above what they recorded, may be more."""
+        count = len(self._values) - self._values.bisect_left(value)
+        if censored_too:
+            count += self._censored.bisect_left(value)
+        return count
+
+    def count_at_most(self, value: float) -> int:
+        """How many live samples are ``value`` or less (as :meth:`count_at_least`)."""
+        return self._values.bisect_right(value)
+
     def nth(self, index: int) -> float:
         """The ``index``-th smallest live sample (0 is the smallest; clamped to the range)."""
         values = self._values
@@ -339,9 +416,8 @@ class LatencyWindow:
     def keep_newest(self, k: int) -> None:
         """Forget every live sample but the ``k`` newest (a change of regime: the older ones
         describe a target that no longer exists)."""
-        samples = self._samples
-        while len(samples) > k:
-            self._values.remove(samples.popleft()[1])
+        while len(self._samples) > k:
+            self._drop_oldest()
 
     def __len__(self) -> int:
         self._expire(self._clock())
@@ -432,11 +508,11 @@ class StatsSettings:
     min_samples: int = 5
     """Samples a prompt-length class needs before its own quantiles are used."""
     recent: int = 10
-    """The short view beside the long window: when at least half of a window's ``recent``
-    newest samples lie beyond what the older ones say (above their p95, or below their p5),
-    the target changed, and the older samples are forgotten (see :meth:`TargetStats.shifted`)."""
+    """The most newest samples a change of regime is tested on: the newest 3 to ``recent``
+    against the whole window (see :meth:`TargetStats.shifted`)."""
     shift_waits: int = 3
-    """Attempts waiting past a target's p95 at once that show it changed, before they end."""
+    """No longer used: attempts waiting past a target's p95 show a change by the same test as
+    samples (:meth:`TargetStats.shifted`). Kept so that configurations naming it still load."""
 
     def __post_init__(self) -> None:
         if not self.window > 0:
@@ -833,12 +909,11 @@ class TargetStats:
     def _add(
         self, window: LatencyWindow, seconds: float, *, check: bool = True, censored: bool = False
     ) -> None:
-        window.add(seconds)
-        window.censored_run = window.censored_run + 1 if censored and check else 0
-        shift = self.shifted(window) if check else 0
+        window.add(seconds, censored=censored)
+        shift, slower = self._change(window) if check else (0, False)
         if shift:
-            older, new = window.quantile_without(shift, 0.5), sorted(window.newest(shift))
-            window.slowed = older is not None and new[len(new) // 2] > older
+            window.left_median = window.quantile_without(shift, 0.5) if slower else None
+            window.slowed = slower
             window.keep_newest(shift)
             self.shifts += 1
         if window is self._ttft:
@@ -855,58 +930,79 @@ class TargetStats:
         return seconds < cast(float, window.quantile_without(1, 0.05)) / margin
 
     def shifted(self, window: LatencyWindow) -> int:
-        """How many of the window's newest samples belong to a new regime: 0 unless at least
-        half of its ``recent`` newest samples (fewer while the window holds fewer than
-        ``recent`` plus :meth:`known`: all but those), and at least three, are above the
-        p95 of the older samples (it got slower) or below their p5 (it got faster); else the
-        count from the oldest of those beyond-the-older-range samples on, the samples
-        :meth:`_add` keeps; or :data:`SHIFT_RUN` when that many newest samples are censored
-        ones all beyond (:meth:`_run_beyond`). Under a steady target a sample lies beyond each
-        bound 5% of the time, so half of ten at once is rare (about one check in 8,000);
-        after a change it happens within ``recent / 2`` samples of the new regime (three for
-        a target with few samples, such as one only re-measured now and then), and censored
-        ones (attempts cancelled past the p95: hedges that beat this target) count too."""
-        settings = self.settings
-        n = len(window)
-        recent = min(settings.recent, n - self.known(window))
-        if recent < SHIFT_MIN:
-            return 0
-        newest = window.newest(recent)
-        margin = self._margin(n - recent)
-        # Cheap bounds first (O(log n)): the older samples' p95 is at least the whole window's
-        # value at the same rank, their p5 at most the value ``recent`` ranks above it.
-        bound = window.nth(math.floor((n - recent - 1) * 0.95)) * margin
-        if 2 * sum(1 for v in newest if v > bound) >= recent:
-            high = cast(float, window.quantile_without(recent, 0.95)) * margin
-            above = [i for i, v in enumerate(newest) if v > high]
-            if 2 * len(above) >= recent and len(above) >= SHIFT_MIN:
-                return recent - above[0]
-        bound = window.nth(math.ceil((n - recent - 1) * 0.05) + recent) / margin
-        if 2 * sum(1 for v in newest if v < bound) >= recent:
-            low = cast(float, window.quantile_without(recent, 0.05)) / margin
-            below = [i for i, v in enumerate(newest) if v < low]
-            if 2 * len(below) >= recent and len(below) >= SHIFT_MIN:
-                return recent - below[0]
-        return self._run_beyond(window)
+        """How many of the window's newest samples belong to a new regime (0: none).
 
-    def _run_beyond(self, window: LatencyWindow) -> int:
-        """:data:`SHIFT_RUN` when the window's newest samples are censored ones in a row, all
-        beyond the older ones' range, else 0: the first attempts after a change, all beaten by
-        hedges at once, are enough, so the next requests do not try the target again. (Only
-        censored ones: a run of real slow samples may be long prompts in the pooled window.)"""
-        n, run = len(window), SHIFT_RUN
-        if window.censored_run < run or n - run < self.known(window):
-            return 0
-        newest = window.newest(run)
-        margin = self._margin(n - run)
-        low, high = min(newest), max(newest)
-        if low > window.nth(math.floor((n - run - 1) * 0.95)) * margin:  # cheap bound first
-            if low > cast(float, window.quantile_without(run, 0.95)) * margin:
-                return run
-        if high < window.nth(math.ceil((n - run - 1) * 0.05) + run) / margin:
-            if high < cast(float, window.quantile_without(run, 0.05)) / margin:
-                return run
-        return 0
+        A rank test of the ``k`` newest samples against the whole window, for each ``k`` from
+        :data:`SHIFT_MIN` to ``recent`` (fewer while the window holds fewer samples): they are
+        a new regime when they all lie so far at one end of it (above the others: slower; below
+        them: faster) that a steady target would put them there with probability at most
+        :func:`change_alpha` (:func:`placement_p`: exact for any distribution of a steady
+        target's samples, heavy tails included). After a change to slower, a change back to
+        faster is tested at :data:`RETURN_ALPHA`. Returns the largest such ``k``: the samples
+        :meth:`_add` keeps. Censored samples (attempts cancelled past the p95 by hedges that
+        beat them, first-token deadlines missed) count as samples of their time so far, a
+        lower bound of their TTFT: that can only make a change to slower harder to show, never
+        easier. So a steady target is declared changed after at most :data:`FALSE_ALARM_RATE`
+        of its samples (a union bound; measured lower), and a target four times slower within
+        its first 3 slow samples when it had no stalls (all above all the older ones), about 6
+        when 10% of the older ones were stalls above the new regime."""
+        return self._change(window)[0]
+
+    def _change(self, window: LatencyWindow) -> tuple[int, bool]:
+        """(the samples of the new regime, whether it is slower) by :meth:`shifted`'s test."""
+        n = len(window)
+        top = min(self.settings.recent, n - 1)
+        if top < SHIFT_MIN:
+            return 0, False
+        alpha = change_alpha(self.settings.recent)
+        thin = window.slowed or n < 2 * self.settings.recent
+        back = RETURN_ALPHA if thin else alpha
+        newest = window.newest(top)
+        left_median = window.left_median if window.slowed else None
+
+        def left(k: int) -> float:
+            """Below this, the k newest are nearer the median of the regime the window left
+            than that of the older samples, in log: the bound of a likelihood ratio between
+            two lognormal regimes of the same spread."""
+            if left_median is None:
+                return math.inf
+            return math.sqrt(left_median * cast(float, window.quantile_without(k, 0.5)))
+
+        # A cheap bound first: every test's bound lies at or beyond the median of the three
+        # newest samples (they are among its k, and at most one is left out), and the test of
+        # all of the most samples at a given bound has the lowest probability.
+        middle = sorted(newest[-3:])[1]
+        maybe_slower = (
+            placement_p(n, window.count_at_least(middle, censored_too=True), top) <= alpha
+        )
+        maybe_faster = placement_p(n, window.count_at_most(middle), top) <= back
+        if not (maybe_slower or maybe_faster):
+            return 0, False
+        ordered: list[float] = [newest[-1]]
+        found, slower = 0, False
+        for k in range(2, top + 1):
+            bisect.insort(ordered, newest[-k])
+            if k < SHIFT_MIN:
+                continue
+            # All k beyond, or all but one (a fast answer among slow ones, say): the lowest
+            # (the second lowest) of the k newest bounds the end of the window they lie in.
+            # Older censored samples below that bound may be above it: counted as beyond.
+            for r, low, high in ((k, ordered[0], ordered[-1]), (k - 1, ordered[1], ordered[-2])):
+                if r < SHIFT_MIN:
+                    continue
+                if maybe_slower:
+                    beyond = window.count_at_least(low, censored_too=True)
+                    if placement_p(n, beyond, k, r) <= alpha:
+                        # From the oldest of them that is beyond on: the one that is not may
+                        # be the old regime's.
+                        found = next(i for i in range(k, 0, -1) if newest[-i] >= low)
+                        slower = True
+                        continue
+                if maybe_faster and high <= left(k):
+                    if placement_p(n, window.count_at_most(high), k, r) <= back:
+                        found = next(i for i in range(k, 0, -1) if newest[-i] <= high)
+                        slower = False
+        return found, slower
 
     def _margin(self, older: int) -> float:
         """How far beyond the older samples' p95 (or below their p5, divided) a sample must lie
@@ -1013,21 +1109,33 @@ class TargetStats:
         return predicted
 
     def _waits_shift(self, window: LatencyWindow, now: float, q: float) -> float:
-        """The ``q``-quantile of the newest samples together with the attempts now waiting
-        past the window's p95 (each a censored sample of its time so far), when those waits
-        say the target changed: at least ``shift_waits`` of them, or with the newest samples
-        beyond the p95 at least half of the short view. Else 0. This is how a target that
-        got slow shows within about one p95, before any of its slow attempts ends."""
-        settings = self.settings
+        """The ``q``-quantile of the attempts now waiting past the window's p95 (each a
+        censored sample of its time so far), when the longest ``k`` of them show a change to
+        slower by :meth:`shifted`'s test, else 0. The test is made as if they were the ``k``
+        newest samples, and its level divided by the C(w, k) ways to pick ``k`` of the ``w``
+        attempts waiting (a union bound: the longest waits are picked, not the newest), so a
+        steady target shows such a change at most :func:`change_alpha` of the time. This is
+        how a target that got slow shows within about one p95, before any of its slow attempts
+        ends: three of three attempts waiting (four of eight) past every sample of a window of
+        200 steady ones are a change, and become so while they wait; a stalled attempt of a
+        target that stalls now and then is not, unless its stalls outlast what its window says
+        they take."""
         p95 = cast(float, window.quantile(0.95))
-        overdue = [now - t for t in self._waiting.values() if now - t > p95]
-        if not overdue:
+        overdue = sorted((now - t for t in self._waiting.values() if now - t > p95), reverse=True)
+        if len(overdue) < SHIFT_MIN:
             return 0.0
-        newest = window.newest(settings.recent)
-        beyond = len(overdue) + sum(1 for v in newest if v > p95)
-        if len(overdue) < settings.shift_waits and 2 * beyond < len(newest) + len(overdue):
+        alpha = change_alpha(self.settings.recent)
+        waiting, n = len(self._waiting), len(window) + len(overdue)
+        found = 0
+        for k in range(SHIFT_MIN, len(overdue) + 1):
+            low = overdue[k - 1]
+            beyond = window.count_at_least(low, censored_too=True)
+            beyond += sum(1 for w in overdue if w >= low)
+            if placement_p(n, beyond, k) * math.comb(waiting, k) <= alpha:
+                found = k
+        if not found:
             return 0.0
-        values = sorted(newest + overdue)
+        values = sorted(overdue[:found])
         position = (len(values) - 1) * q
         index = math.floor(position)
         upper = values[min(index + 1, len(values) - 1)]
