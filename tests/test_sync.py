@@ -530,7 +530,7 @@ def test_the_sync_client_answers_a_hit_before_openais_create_transforms(
 def routed_client(sim: Simulator) -> llmroute.OpenAI:
     """A client with the route ``chat`` on ``sim`` and plain model names going to it too."""
     config = {
-        "providers": {"a": {"base_url": sim.base_url, "api_key": KEY}},
+        "providers": {"a": {"base_url": sim.base_url, "api_key": KEY, "responses": True}},
         "models": {"chat": {"targets": ["a:sim-small"], "policy": "failover"}},
     }
     return sync_client(sim, config=config)
@@ -631,3 +631,18 @@ def test_a_routed_streaming_response_left_early_resets_its_stream(sim_slow: Simu
         while sim_slow.stats()["streams_cancelled"] < before + 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert sim_slow.stats()["streams_cancelled"] == before + 2
+
+
+def test_streaming_response_of_a_routed_responses_call_reads_synchronously(
+    sim: Simulator,
+) -> None:
+    with routed_client(sim) as client:
+        with client.responses.with_streaming_response.create(
+            model="chat", input="Hello", stream=True
+        ) as response:
+            assert isinstance(response, openai.APIResponse)
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1].startswith('data: {"type":"response.completed"')
+        with client.responses.with_streaming_response.create(model="chat", input="Hi") as response:
+            assert response.parse().output_text
+            assert response.json()["object"] == "response"  # type: ignore[index]
