@@ -47,7 +47,7 @@ from ._client import (
     wrap_raw,
 )
 from ._config import Config
-from ._dispatch import LOOKED_UP, Call, Dispatch, attach, missing_key_error
+from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
 from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
 from ._streaming import AsyncStream, broke, response_timings
 from ._types import RouteReport, Timings
@@ -654,6 +654,9 @@ class OpenAI(openai.OpenAI):
                 result = Stream._over(runtime, result)
             else:
                 result = post_parse(result, options)
+            if is_raw(options):  # openai's sync response classes read the body: bridge it
+                response = bridged(runtime, outcome.response)
+                outcome = Outcome(outcome.result, response, outcome.retries)
             return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         outcome = runtime.call(dispatch.other, call)
         response = bridged(runtime, outcome.response)

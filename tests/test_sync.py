@@ -525,3 +525,124 @@ def test_the_sync_client_answers_a_hit_before_openais_create_transforms(
         assert through_openai["n"] == 1
         assert cache._misses == misses + 1  # looked up once, not again at the seam
         assert sim.stats()["requests"] == before + 1
+
+
+def routed_client(sim: Simulator) -> llmroute.OpenAI:
+    """A client with the route ``chat`` on ``sim`` and plain model names going to it too."""
+    config = {
+        "providers": {"a": {"base_url": sim.base_url, "api_key": KEY, "responses": True}},
+        "models": {"chat": {"targets": ["a:sim-small"], "policy": "failover"}},
+    }
+    return sync_client(sim, config=config)
+
+
+def sent_json(sim: Simulator, marker: str) -> dict[str, Any]:
+    """The JSON body of the simulator's recorded request carrying ``marker``."""
+    for request in reversed(sim.last_requests):
+        body = request["json"]
+        if isinstance(body, dict) and body.get("marker") == marker:
+            return body
+    raise AssertionError(f"no request with marker {marker}")
+
+
+def test_streaming_response_of_a_routed_chat_reads_synchronously(sim: Simulator) -> None:
+    """``with_streaming_response`` on a route is openai's sync ``APIResponse``, its body read
+    from the client's loop, as for a plain model; a routed stream read raw is not asked for
+    the usage chunk the engine would otherwise add."""
+    with routed_client(sim) as client:
+        lines: dict[str, list[str]] = {}
+        for model in ("chat", "sim-small"):
+            marker = f"lines-{model}-{os.getpid()}-{time.monotonic_ns()}"
+            with client.chat.completions.with_streaming_response.create(
+                model=model, messages=MESSAGES, stream=True, extra_body={"marker": marker}
+            ) as response:
+                assert isinstance(response, openai.APIResponse)
+                assert response.status_code == 200
+                lines[model] = [line for line in response.iter_lines() if line]
+            assert response.is_closed
+            assert "stream_options" not in sent_json(sim, marker)
+            with client.chat.completions.with_streaming_response.create(
+                model=model, messages=MESSAGES, stream=True
+            ) as response:
+                body = b"".join(response.iter_bytes())
+            assert body.endswith(b"data: [DONE]\n\n")
+            with client.chat.completions.with_streaming_response.create(
+                model=model, messages=MESSAGES, stream=True
+            ) as response:
+                stream = response.parse()
+                assert isinstance(stream, Stream)
+                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert len(text.split()) == 20
+            with client.chat.completions.with_streaming_response.create(
+                model=model, messages=MESSAGES
+            ) as response:
+                assert isinstance(response, openai.APIResponse)
+                assert response.parse().choices[0].message.content == text
+                assert response.json()["object"] == "chat.completion"  # type: ignore[index]
+        assert lines["chat"][-1] == lines["sim-small"][-1] == "data: [DONE]"
+        assert all(line.startswith("data: {") for line in lines["chat"][:-1])
+        marker = f"parsed-{os.getpid()}-{time.monotonic_ns()}"
+        with client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_body={"marker": marker}
+        ) as parsed:
+            list(parsed)
+        assert sent_json(sim, marker)["stream_options"] == {"include_usage": True}  # read parsed
+
+
+def test_raw_response_of_a_routed_chat_reads_synchronously(sim: Simulator) -> None:
+    """``with_raw_response`` on a route: openai's ``LegacyAPIResponse`` over a sync response,
+    whose body reads as a plain model's does, streamed or not."""
+    with routed_client(sim) as client:
+        for model in ("chat", "sim-small"):
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=MESSAGES, stream=True
+            )
+            assert isinstance(raw, openai._legacy_response.LegacyAPIResponse)
+            assert raw.http_response.read().rstrip().endswith(b"data: [DONE]")
+            assert raw.http_response.is_closed
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=MESSAGES, stream=True
+            )
+            with raw.parse() as stream:
+                assert isinstance(stream, Stream)
+                text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            assert len(text.split()) == 20
+            raw = client.chat.completions.with_raw_response.create(model=model, messages=MESSAGES)
+            assert raw.status_code == 200
+            assert raw.parse().choices[0].message.content == text
+            assert b'"object": "chat.completion"' in raw.content
+            raw.http_response.close()
+
+
+def test_a_routed_streaming_response_left_early_resets_its_stream(sim_slow: Simulator) -> None:
+    with routed_client(sim_slow) as client:
+        settled_sync(sim_slow)  # an earlier test's reset lands before we count
+        before = sim_slow.stats()["streams_cancelled"]
+        with client.chat.completions.with_streaming_response.create(
+            model="chat", messages=MESSAGES, stream=True
+        ) as response:
+            for _ in zip(range(3), response.iter_lines(), strict=False):
+                pass
+        with client.chat.completions.with_streaming_response.create(
+            model="chat", messages=MESSAGES, stream=True
+        ) as response:
+            next(iter(response.parse()))
+        deadline = time.monotonic() + 30  # a hang guard only
+        while sim_slow.stats()["streams_cancelled"] < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sim_slow.stats()["streams_cancelled"] == before + 2
+
+
+def test_streaming_response_of_a_routed_responses_call_reads_synchronously(
+    sim: Simulator,
+) -> None:
+    with routed_client(sim) as client:
+        with client.responses.with_streaming_response.create(
+            model="chat", input="Hello", stream=True
+        ) as response:
+            assert isinstance(response, openai.APIResponse)
+            lines = [line for line in response.iter_lines() if line]
+        assert lines[-1].startswith('data: {"type":"response.completed"')
+        with client.responses.with_streaming_response.create(model="chat", input="Hi") as response:
+            assert response.parse().output_text
+            assert response.json()["object"] == "response"  # type: ignore[index]
