@@ -45,7 +45,7 @@ OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,tiers]'
 	touch $(STAMP)
 
 $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
