@@ -247,6 +247,28 @@ async def test_streaming_response_chat(client: llmroute.AsyncOpenAI) -> None:
         assert (await response.json())["object"] == "chat.completion"  # type: ignore[index]
 
 
+async def test_streaming_response_of_a_route_reads_the_whole_body(
+    client: llmroute.AsyncOpenAI, sim: Simulator
+) -> None:
+    """A routed stream read raw has every event the vendor sent, from the role chunk on: the
+    routing reads up to the first token before the caller gets the response, and gives those
+    chunks back (they were missing: the role and first content events)."""
+    client.add_provider("gpu", {"kind": "sglang", "base_url": sim.base_url, "api_key": KEY})
+    client.add_targets("routed", ["gpu:sim-small"])
+    async with client.chat.completions.with_streaming_response.create(
+        model="routed", messages=MESSAGES, stream=True
+    ) as response:
+        routed = [line async for line in response.iter_lines() if line]
+    assert '"role":"assistant"' in routed[0].replace(" ", "")
+    assert routed[-1] == "data: [DONE]"
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in routed[:-1]
+        if json.loads(line[6:])["choices"]
+    )
+    assert len(text.split()) == 20
+
+
 async def test_streaming_response_other_resources(client: llmroute.AsyncOpenAI) -> None:
     async with client.completions.with_streaming_response.create(
         model="sim-small", prompt="x", stream=True

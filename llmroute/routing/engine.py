@@ -60,7 +60,7 @@ from ..protocols.openai import (
     parse_response,
     response_text_delta,
 )
-from ..transport import body_receiver, bound_wait
+from ..transport import body_receiver, bound_wait, replay_head
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
 from .causes import CauseRules, classify, react
@@ -1251,6 +1251,7 @@ class _Run:
                 decoder = ChatStreamDecoder(request=request, target=target.name)
             receive = body_receiver(response)
             buffered: list[ChatCompletionChunk] = []
+            head: list[bytes] | None = [] if self.raw else None  # the caller reads the body
             started = timings.started_at
             with map_transport_errors(request):
                 while True:
@@ -1260,11 +1261,15 @@ class _Run:
                     else:
                         if timings.first_byte is None:
                             timings.first_byte = clock() - started
+                        if head is not None:
+                            head.append(data)
                         chunks = decoder.feed(data)
                     buffered.extend(chunks)
                     if decoder.tokens or decoder.done or decoder.finished:
                         timings.first_token = clock() - started
                         timings.tokens = decoder.tokens
+                        if head is not None:
+                            replay_head(response, head)
                         return _Ready(
                             target, response, timings, decoder, receive, buffered, data is None
                         )

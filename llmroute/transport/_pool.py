@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -23,7 +23,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 from ._events import EventDeadline
 from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
 
-__all__ = ["Transport", "body_receiver", "make_ssl_context"]
+__all__ = ["Transport", "body_receiver", "bound_wait", "make_ssl_context", "replay_head"]
 
 _ATTEMPTS = 3
 
@@ -372,3 +372,38 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
         return data
 
     return receive
+
+
+class _Replayed(httpx.AsyncByteStream):
+    """A body whose first chunks were already read (by the routing, up to the first token),
+    given back whole: those chunks, then the rest of the original body."""
+
+    def __init__(self, head: list[bytes], body: httpx.AsyncByteStream) -> None:
+        self._head = head
+        self._body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        head, self._head = self._head, []
+        for chunk in head:
+            yield chunk
+        async for chunk in self._body:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._body.aclose()
+
+
+def replay_head(response: httpx.Response, head: list[bytes]) -> bool:
+    """Make ``response``'s body, whose first chunks ``head`` were read through
+    :func:`body_receiver`, read whole again from its start by httpx's own readers
+    (``aiter_raw``, ``aiter_lines``): for a caller who reads the vendor's body itself. Only
+    for llmroute's own bodies (an HTTP/2 stream, read through ``receive()``, which leaves
+    httpx's state alone: the response's stream, or a wrapper of it, goes on where ``receive``
+    stopped); returns whether it could."""
+    stream = response.stream
+    if response.extensions.get("llmroute.body") is None or response.is_stream_consumed:
+        return False
+    if not isinstance(stream, httpx.AsyncByteStream):
+        return False
+    response.stream = _Replayed(head, stream)
+    return True
