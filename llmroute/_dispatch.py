@@ -476,20 +476,43 @@ class Dispatch:
         if choice.decision is None:
             if choice.forced is None and not choice.model.ready:
                 await choice.model.prepare()
-            decision = choice.model.decide(call.body, choice.forced)
+            held = self._conversation_tier(call, choice.model) if choice.forced is None else None
+            if held is not None:  # a follow-up goes where its conversation is kept
+                decision = choice.model.conversation(held)
+            else:
+                decision = choice.model.decide(call.body, choice.forced)
             route = self.router.routes[decision.tier]
-            providers = self.providers
-            if not any(_serves(providers[t.provider], call.kind) for t in route.targets):
+            why = self._cannot_serve(call, route)
+            if why is not None and decision.tier != choice.model.default:
                 decision = dataclasses.replace(  # the default tier serves it (classify() checked)
-                    decision,
-                    tier=choice.model.default,
-                    reason="default",
-                    error=f"route {route.name!r} cannot serve the {call.kind} API",
+                    decision, tier=choice.model.default, reason="default", error=why
                 )
                 route = self.router.routes[decision.tier]
             call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
             choice.decision = decision
         return choice.decision
+
+    def _conversation_tier(self, call: Call, model: TieredModel) -> str | None:
+        """The tier whose route holds the response a Responses call continues (its
+        ``previous_response_id`` pinned to one of that route's targets), if any."""
+        previous = call.body.get("previous_response_id") if call.kind == "responses" else None
+        pinned = self.pins.get(previous) if isinstance(previous, str) else None
+        if pinned is None:
+            return None
+        routes = self.router.routes
+        order = [model.default, *model.tiers.values()]
+        return next((r for r in order if any(t.name == pinned for t in routes[r].targets)), None)
+
+    def _cannot_serve(self, call: Call, route: Route) -> str | None:
+        """Why ``route`` cannot serve ``call`` (its API, or the response it continues), or
+        ``None`` when it can: a tier that cannot gives way to the default tier."""
+        if not any(_serves(self.providers[t.provider], call.kind) for t in route.targets):
+            return f"route {route.name!r} cannot serve the {call.kind} API"
+        try:
+            self._unservable(call, route)
+        except BadRequestError as exc:
+            return exc.message[:300]
+        return None
 
     async def from_cache(
         self, call: Call

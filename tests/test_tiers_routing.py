@@ -251,6 +251,52 @@ async def test_a_tier_that_cannot_serve_the_api_gives_way_to_the_default(
 
 
 @pytest.mark.anyio
+async def test_a_responses_follow_up_stays_with_its_conversation(
+    sim: Simulator, artefact: Path
+) -> None:
+    """A follow-up ("thanks") of a hard turn is simple, but only the large tier's target holds
+    the response it continues: it goes there, never refused for its classifier's sake."""
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"] |= {"responses": True, "responses_stored": True}
+    async with client_for(sim, config) as client:
+        first = await client.responses.create(model="auto", input=HARD[0]["content"])
+        assert first.route.winner == LARGE
+        then = await client.responses.create(
+            model="auto", input=SIMPLE[0]["content"], previous_response_id=first.id
+        )
+        assert then.route.winner == LARGE
+        assert (then.route.tier.tier, then.route.tier.reason) == ("chat-large", "conversation")
+        fresh = await client.responses.create(model="auto", input=SIMPLE[0]["content"])
+        assert fresh.route.tier.reason == "classifier" and fresh.route.winner == SMALL
+
+
+@pytest.mark.anyio
+async def test_a_tier_that_cannot_continue_a_response_gives_way_to_the_default(
+    sim: Simulator, artefact: Path
+) -> None:
+    """A response id another client made: only targets that keep responses may continue it;
+    the simple tier's do not, so the default tier (whose do) serves the call."""
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"] |= {"responses": True, "responses_stored": True}
+    config["providers"]["volatile"] = {
+        "base_url": sim.base_url,
+        "api_key": KEY,
+        "responses": True,
+        "responses_stored": False,
+    }
+    config["models"]["chat-small"] = {"targets": ["volatile:small-model"]}
+    async with client_for(sim, config) as elsewhere:  # another client: no pin here
+        first = await elsewhere.responses.create(model="chat-large", input=HARD[0]["content"])
+    async with client_for(sim, config) as client:
+        done = await client.responses.create(
+            model="auto", input=SIMPLE[0]["content"], previous_response_id=first.id
+        )
+        tier = done.route.tier
+        assert done.route.winner == LARGE and (tier.reason, tier.label) == ("default", "simple")
+        assert tier.error is not None and "no target keeps responses" in tier.error
+
+
+@pytest.mark.anyio
 async def test_a_failed_request_keeps_and_counts_its_decision(
     sim: Simulator, artefact: Path
 ) -> None:
