@@ -5,10 +5,12 @@ labelled-examples files, the ``llmroute tiers`` command, and no socket ever open
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -192,6 +194,30 @@ def test_a_classifier_error_is_a_decision_not_an_exception(classifier: Classifie
     assert decision.error is not None and decision.error.startswith("AttributeError")
 
 
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "max_output_tokens"])
+@pytest.mark.parametrize("value", [-1, -5, 10**400])
+def test_an_absurd_max_tokens_is_clamped_not_nan(
+    classifier: Classifier, key: str, value: int
+) -> None:
+    body = chat("hi there", **{key: value})
+    assert request_text(body).max_tokens == (0 if value < 0 else 1 << 40)
+    assert np.all(np.isfinite(classifier.spec.vector(body)))
+    decision = classifier.decide(body)
+    assert decision.reason == "classifier" and 0.0 < decision.probability <= 1.0
+
+
+def test_non_finite_probabilities_are_an_error_not_a_confident_class(
+    classifier: Classifier,
+) -> None:
+    weights = classifier.weights.copy()
+    weights[0, 0] = np.nan
+    broken = dataclasses.replace(classifier, weights=weights)
+    with np.errstate(invalid="ignore"):
+        decision = broken.decide(chat("hi there"))
+    assert (decision.label, decision.reason, decision.uncertain) == (None, "error", True)
+    assert decision.error is not None and "not finite" in decision.error
+
+
 def test_without_wordllama_load_names_the_extra_and_decide_says_error(
     classifier: Classifier, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,6 +288,39 @@ def test_a_damaged_artefact_is_a_sentence_naming_the_file(tmp_path: Path) -> Non
     np.savez(other, meta=np.frombuffer(b'{"format": "x"}', dtype=np.uint8))
     with pytest.raises(ArtefactError, match=r"other\.npz: format 'x'"):
         Classifier.open(other)
+
+
+@pytest.mark.parametrize(
+    ("array", "change", "message"),
+    [
+        (
+            "weights",
+            lambda a: np.where(a == a.flat[0], np.nan, a),
+            "its weights are not all finite",
+        ),
+        ("bias", lambda a: a + np.inf, "its bias are not all finite"),
+        (
+            "structure_mean",
+            lambda a: a[:5],
+            "its structure_mean and structure_scale must each hold 19",
+        ),
+        ("structure_scale", lambda a: np.zeros_like(a), "its structure_scale must be positive"),
+        ("structure_scale", lambda a: a * np.nan, "its structure_scale are not all finite"),
+    ],
+    ids=["nan-weights", "inf-bias", "short-mean", "zero-scale", "nan-scale"],
+)
+def test_a_non_finite_or_misshapen_artefact_is_refused(
+    classifier: Classifier, tmp_path: Path, array: str, change: Any, message: str
+) -> None:
+    good = tmp_path / "good.npz"
+    classifier.save(good)
+    with np.load(good, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    arrays[array] = change(arrays[array])
+    bad = tmp_path / "crafted.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(ArtefactError, match=rf"crafted\.npz: {message}"):
+        Classifier.open(bad)
 
 
 # -- labelled-examples files ------------------------------------------------------------------

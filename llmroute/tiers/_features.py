@@ -65,6 +65,9 @@ STRUCTURE_NAMES: tuple[str, ...] = (
     "log_max_tokens",
 )
 
+MAX_TOKENS_CAP = 1 << 40
+"""A body's ``max_tokens`` is read clamped to ``0..MAX_TOKENS_CAP``: its log stays finite."""
+
 _MATH_MARKS = ("$", "\\frac", "\\sum", "\\int", "^", "=", "∑", "∫", "√", "≤", "≥", "π", "∞")
 
 
@@ -188,7 +191,7 @@ def request_text(body: Mapping[str, Any]) -> RequestText:
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
-            out.max_tokens = value
+            out.max_tokens = min(max(value, 0), MAX_TOKENS_CAP)  # a negative one is 0, not NaN
             break
     return out
 
