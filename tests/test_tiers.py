@@ -146,6 +146,47 @@ def test_request_text_reads_chat_and_responses_bodies() -> None:
     assert request_text({"messages": "not a list"}).user == ""
 
 
+class Counted(dict[str, Any]):
+    """A message or content part that counts how often the features read it."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        Counted.reads += 1
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [Counted(role="user", content=[Counted(type="text", text="a")] * 322_000)]},
+        {"messages": [Counted(role="user", content="a")] * 140_000},
+        {"input": [Counted(role="user", content=[Counted(type="image")] * 1_000)] * 1_000},
+    ],
+    ids=["322k-parts", "140k-messages", "1k-messages-of-1k-parts"],
+)
+def test_a_crafted_body_is_read_in_bounded_work(body: dict[str, Any]) -> None:
+    """Whatever the body, at most 256 messages and parts from each end are read (1,024 parts
+    in all), and no more than 2 x 4,096 characters of its text are copied."""
+    Counted.reads = 0
+    text = request_text(body)
+    assert Counted.reads <= 2 * (2 * 256) + 2 * (4 * 256)  # role+content / type+text each
+    assert len(text.user) <= 2 * 4096
+    assert text.messages == len(body.get("messages") or body["input"])
+
+
+def test_a_long_text_keeps_its_head_and_tail_and_whole_length() -> None:
+    turns = [f"turn {i}: " + "x" * (i % 7) for i in range(2_000)]
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": t}]} for t in turns]}
+    text = request_text(body, keep=1000)
+    whole = "\n".join(turns[:256] + turns[-256:])  # the messages read: 256 from each end
+    assert text.user_chars == len(whole) and text.user == whole[:1000] + whole[-1000:]
+    assert capped(text.user, 600) == capped(whole, 600)  # what the embedding sees is unchanged
+    huge = request_text(chat("y" * 5_000_000 + "the newest words"))
+    assert huge.user_chars == 5_000_016 and huge.user.endswith("the newest words")
+    assert len(huge.user) == 2 * 4096
+
+
 # -- fitting, calibration, decisions ----------------------------------------------------------
 
 
