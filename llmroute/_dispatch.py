@@ -369,6 +369,11 @@ class Dispatch:
             tiered = self.tiered.get(model)
         if tiered is not None:
             route = self.router.routes[tiered.default]  # until the decision (tier())
+        # llmroute's own options leave the body before anything can return: a call openai's
+        # machinery sends (a plain model, an endpoint llmroute does not route) never carries them
+        goal_options = _take_own_options(options)
+        body = options.json_data
+        goal_options, forced = _tier_option(goal_options, tiered, model)
         if kind is None:
             if route is not None:
                 raise _bad_request(
@@ -387,12 +392,6 @@ class Dispatch:
         merged: dict[str, Any] = dict(body)
         if isinstance(options.extra_json, Mapping):
             merged.update(options.extra_json)
-            if "llmroute" in options.extra_json:  # llmroute's own options: never sent
-                options.extra_json = {
-                    k: v for k, v in options.extra_json.items() if k != "llmroute"
-                }
-        goal_options = merged.pop("llmroute", None)
-        goal_options, forced = _tier_option(goal_options, tiered, model)
         if forced is not None:
             route = self.router.routes[forced]  # (completions and embeddings too)
         headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
@@ -981,6 +980,18 @@ def _observe(telemetry: Any, result: Outcome | Any) -> None:
         value._on_end = telemetry.stream_ended
     else:
         telemetry.completed(value)
+
+
+def _take_own_options(options: Any) -> object:
+    """The call's ``llmroute`` options (``extra_body``'s over the body's), taken out of both
+    openai's ``json_data`` and ``extra_json`` (copies: the caller's dicts are not changed)."""
+    found: object = None
+    for attr in ("json_data", "extra_json"):
+        source = getattr(options, attr, None)
+        if isinstance(source, Mapping) and "llmroute" in source:
+            found = source["llmroute"]
+            setattr(options, attr, {k: v for k, v in source.items() if k != "llmroute"})
+    return found
 
 
 def _tier_option(
