@@ -113,6 +113,9 @@ class TieredModel:
         unknown = sorted(set(classifier.labels) - set(self.tiers))
         if unknown:
             raise TiersError(f"{where}: classes {unknown} are not in models.{self.name}.tiers")
+        missing = sorted(set(self.tiers) - set(classifier.labels))
+        if missing:  # those tiers would never be chosen by the classifier
+            raise TiersError(f"{where}: has no classes {missing} of models.{self.name}.tiers")
         classifier.load()
         return classifier
 

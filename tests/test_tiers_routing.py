@@ -189,6 +189,13 @@ async def test_a_classifier_that_fails_never_fails_a_request(
         assert "the classifier cannot be built" in caplog.text
         text = client.metrics.exposition().decode()
         assert 'class="none",model="auto",reason="error",tier="chat-large"} 1.0' in text
+    # An artefact without a class of tiers: that tier could never be chosen; refused so.
+    three = {"simple": "chat-small", "hard": "chat-large", "medium": "chat-large"}
+    config = config_for(sim, classifier=str(artefact), tiers=three)
+    async with client_for(sim, config) as client:
+        report = await ask(client, SIMPLE, False)
+        assert report.winner == LARGE and report.tier.reason == "error"
+        assert "has no classes ['medium'] of models.auto.tiers" in (report.tier.error or "")
     # A classifier that raises mid-decision: the default tier again.
     async with client_for(sim, config_for(sim, classifier=str(artefact))) as client:
         await client.warmup()
@@ -392,7 +399,24 @@ def _load(auto: dict[str, Any]) -> None:
         ),
         (
             {"default": "auto", "examples": str(DATA)},
-            "models.auto.default: 'auto' is not a route",
+            "models.auto.default: 'auto' is a tiered model name; a tier must be a route",
+        ),
+        (
+            {"tiers": {"simple": "auto", "hard": "chat-large"}, "examples": str(DATA)},
+            "models.auto.tiers.simple: 'auto' is a tiered model name; a tier must be a route",
+        ),
+        (
+            {"tiers": {"chat-large": "chat-small", "hard": "chat-large"}, "examples": str(DATA)},
+            "models.auto.tiers.chat-large: class 'chat-large' is named like a route but goes to "
+            "'chat-small'",
+        ),
+        (
+            {"classes": {"simple": {"examples": ["hi", "   "]}, "hard": {"examples": ["x"]}}},
+            "models.auto.classes.simple.examples[1]: an example must not be blank",
+        ),
+        (
+            {"classes": {"simple": {"description": " \t"}, "hard": {"examples": ["x"]}}},
+            "models.auto.classes.simple.description: a description must not be blank",
         ),
         ({"examples": "missing.jsonl"}, "models.auto.examples: 'missing.jsonl': no such file"),
         ({"classifier": "missing.npz"}, "models.auto.classifier: 'missing.npz': no such file"),
