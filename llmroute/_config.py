@@ -432,6 +432,15 @@ class TierClass(BaseModel):
     description: str | None = Field(default=None, min_length=1)
     """A short description of the class, used as one more example."""
 
+    @model_validator(mode="after")
+    def _check_blank(self) -> TierClass:
+        for index, text in enumerate(self.examples or ()):
+            if not text.strip():
+                raise _invalid("an example must not be blank", "examples", index)
+        if self.description is not None and not self.description.strip():
+            raise _invalid("a description must not be blank", "description")
+        return self
+
 
 class TieredConfig(BaseModel):
     """A ``[models.<name>]`` table with ``tiers``: a model name whose requests a classifier
@@ -793,14 +802,24 @@ class Config(BaseModel):
                 raise _invalid("is both a route and a tiered model name", "models", name)
             for label, route in tiered.tiers.items():
                 if route not in self.models:
+                    raise _invalid(self._not_a_tier(route), "models", name, "tiers", label)
+                if label in self.models and label != route:  # it would shadow forcing that route
                     raise _invalid(
-                        _unknown_route(route, self.models), "models", name, "tiers", label
+                        f"class {label!r} is named like a route but goes to {route!r}: "
+                        "name the class otherwise (llmroute.tier names a class or a route)",
+                        "models",
+                        name,
+                        "tiers",
+                        label,
                     )
             if tiered.default not in self.models:
-                raise _invalid(
-                    _unknown_route(tiered.default, self.models), "models", name, "default"
-                )
+                raise _invalid(self._not_a_tier(tiered.default), "models", name, "default")
         return self
+
+    def _not_a_tier(self, name: str) -> str:
+        if name in self.tiered:
+            return f"{name!r} is a tiered model name; a tier must be a route"
+        return _unknown_route(name, self.models)
 
     @model_validator(mode="after")
     def _check_references(self) -> Config:

@@ -369,6 +369,11 @@ class Dispatch:
             tiered = self.tiered.get(model)
         if tiered is not None:
             route = self.router.routes[tiered.default]  # until the decision (tier())
+        # llmroute's own options leave the body before anything can return: a call openai's
+        # machinery sends (a plain model, an endpoint llmroute does not route) never carries them
+        goal_options = _take_own_options(options)
+        body = options.json_data
+        goal_options, forced = _tier_option(goal_options, tiered, model)
         if kind is None:
             if route is not None:
                 raise _bad_request(
@@ -387,12 +392,6 @@ class Dispatch:
         merged: dict[str, Any] = dict(body)
         if isinstance(options.extra_json, Mapping):
             merged.update(options.extra_json)
-            if "llmroute" in options.extra_json:  # llmroute's own options: never sent
-                options.extra_json = {
-                    k: v for k, v in options.extra_json.items() if k != "llmroute"
-                }
-        goal_options = merged.pop("llmroute", None)
-        goal_options, forced = _tier_option(goal_options, tiered, model)
         if forced is not None:
             route = self.router.routes[forced]  # (completions and embeddings too)
         headers = dict(options.headers) if isinstance(options.headers, Mapping) else {}
@@ -476,20 +475,43 @@ class Dispatch:
         if choice.decision is None:
             if choice.forced is None and not choice.model.ready:
                 await choice.model.prepare()
-            decision = choice.model.decide(call.body, choice.forced)
+            held = self._conversation_tier(call, choice.model) if choice.forced is None else None
+            if held is not None:  # a follow-up goes where its conversation is kept
+                decision = choice.model.conversation(held)
+            else:
+                decision = choice.model.decide(call.body, choice.forced)
             route = self.router.routes[decision.tier]
-            providers = self.providers
-            if not any(_serves(providers[t.provider], call.kind) for t in route.targets):
+            why = self._cannot_serve(call, route)
+            if why is not None and decision.tier != choice.model.default:
                 decision = dataclasses.replace(  # the default tier serves it (classify() checked)
-                    decision,
-                    tier=choice.model.default,
-                    reason="default",
-                    error=f"route {route.name!r} cannot serve the {call.kind} API",
+                    decision, tier=choice.model.default, reason="default", error=why
                 )
                 route = self.router.routes[decision.tier]
             call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
             choice.decision = decision
         return choice.decision
+
+    def _conversation_tier(self, call: Call, model: TieredModel) -> str | None:
+        """The tier whose route holds the response a Responses call continues (its
+        ``previous_response_id`` pinned to one of that route's targets), if any."""
+        previous = call.body.get("previous_response_id") if call.kind == "responses" else None
+        pinned = self.pins.get(previous) if isinstance(previous, str) else None
+        if pinned is None:
+            return None
+        routes = self.router.routes
+        order = [model.default, *model.tiers.values()]
+        return next((r for r in order if any(t.name == pinned for t in routes[r].targets)), None)
+
+    def _cannot_serve(self, call: Call, route: Route) -> str | None:
+        """Why ``route`` cannot serve ``call`` (its API, or the response it continues), or
+        ``None`` when it can: a tier that cannot gives way to the default tier."""
+        if not any(_serves(self.providers[t.provider], call.kind) for t in route.targets):
+            return f"route {route.name!r} cannot serve the {call.kind} API"
+        try:
+            self._unservable(call, route)
+        except BadRequestError as exc:
+            return exc.message[:300]
+        return None
 
     async def from_cache(
         self, call: Call
@@ -958,6 +980,18 @@ def _observe(telemetry: Any, result: Outcome | Any) -> None:
         value._on_end = telemetry.stream_ended
     else:
         telemetry.completed(value)
+
+
+def _take_own_options(options: Any) -> object:
+    """The call's ``llmroute`` options (``extra_body``'s over the body's), taken out of both
+    openai's ``json_data`` and ``extra_json`` (copies: the caller's dicts are not changed)."""
+    found: object = None
+    for attr in ("json_data", "extra_json"):
+        source = getattr(options, attr, None)
+        if isinstance(source, Mapping) and "llmroute" in source:
+            found = source["llmroute"]
+            setattr(options, attr, {k: v for k, v in source.items() if k != "llmroute"})
+    return found
 
 
 def _tier_option(

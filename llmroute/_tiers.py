@@ -113,8 +113,17 @@ class TieredModel:
         unknown = sorted(set(classifier.labels) - set(self.tiers))
         if unknown:
             raise TiersError(f"{where}: classes {unknown} are not in models.{self.name}.tiers")
+        missing = sorted(set(self.tiers) - set(classifier.labels))
+        if missing:  # those tiers would never be chosen by the classifier
+            raise TiersError(f"{where}: has no classes {missing} of models.{self.name}.tiers")
         classifier.load()
         return classifier
+
+    def conversation(self, route: str) -> TierDecision:
+        """The tier of a follow-up whose earlier response is held by ``route``'s target: no
+        decision, as the conversation can be continued only there."""
+        label = next((k for k, v in self.tiers.items() if v == route), None)
+        return TierDecision(self.name, route, label, 1.0, "conversation", 0.0, route)
 
     def decide(self, body: Mapping[str, Any], forced: str | None = None) -> TierDecision:
         """The tier of one request body (``forced``: the route its options named)."""

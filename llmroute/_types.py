@@ -88,8 +88,9 @@ class TierDecision:
     reason: str
     """"classifier" (its class's tier), "default" (the classifier was unsure, or its class's
     tier cannot serve the call's API: the default tier), "override" (the request named its
-    tier), "shadow" (shadow mode: classified, sent to the default tier) or "error" (the
-    classifier failed: the default tier)."""
+    tier), "conversation" (a Responses follow-up, sent to the tier whose route holds its
+    ``previous_response_id``), "shadow" (shadow mode: classified, sent to the default tier)
+    or "error" (the classifier failed: the default tier)."""
     micros: float
     """The classifier's own time for this decision, in microseconds."""
     chosen: str | None = None

@@ -120,6 +120,35 @@ async def test_embeddings_default_base64_decoded(
     assert result.usage.prompt_tokens == 3
 
 
+async def test_llmroute_options_never_go_upstream_on_a_plain_model(
+    client: llmroute.AsyncOpenAI, sim: Simulator
+) -> None:
+    """openai's own path (a model that is not a route, an endpoint llmroute does not route)
+    sends no ``llmroute`` options either; a ``tier`` there is refused, naming it."""
+    marker = uuid.uuid4().hex
+    own = {"marker": marker, "llmroute": {"ttft_target_ms": 300}}
+    await client.embeddings.create(model="emb", input="x", extra_body=own)
+    assert "llmroute" not in sent(sim, marker)
+    chat_marker = uuid.uuid4().hex
+    body = {"model": "sim-small", "messages": [{"role": "user", "content": "hi"}]}
+    await client.post(
+        "/chat/completions",
+        body={**body, "marker": chat_marker, "llmroute": {"ttft_target_ms": 300}},
+        cast_to=httpx.Response,
+    )
+    assert "llmroute" not in sent(sim, chat_marker)
+    refused = uuid.uuid4().hex
+    with pytest.raises(
+        openai.BadRequestError, match=r"llmroute\.tier: model .emb. is not a tiered model name"
+    ) as caught:
+        await client.embeddings.create(
+            model="emb", input="x", extra_body={"marker": refused, "llmroute": {"tier": "hard"}}
+        )
+    assert caught.value.body["param"] == "llmroute.tier"  # type: ignore[index]
+    with pytest.raises(AssertionError):
+        sent(sim, refused)
+
+
 async def test_embeddings_float_and_base64_as_asked(client: llmroute.AsyncOpenAI) -> None:
     floats = await client.embeddings.create(
         model="emb", input="hello", encoding_format="float", dimensions=4

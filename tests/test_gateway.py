@@ -287,6 +287,27 @@ async def test_a_model_that_is_not_a_route_goes_to_the_default_provider(
 
 
 @pytest.mark.anyio
+async def test_llmroute_options_never_go_to_the_default_provider(
+    sim: Simulator, slow: Simulator
+) -> None:
+    """A model that is not a route takes openai's own path with the body as the gateway read
+    it: its ``llmroute`` options are taken out there too."""
+    config = {**gateway_config(sim, slow), "default_provider": "sim"}
+    run = os.urandom(4).hex()
+    asked = [{"role": "user", "content": f"A goal on a plain model ({run})."}]
+    with Gateway(config, environ=ENVIRON, verify=sim.ssl_context(), max_retries=0) as server:
+        async with httpx.AsyncClient() as plain:
+            answer = await plain.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": "sim-small", "messages": asked, "llmroute": {"ttft_target_ms": 300}},
+                headers={"authorization": f"Bearer {GW_KEY}"},
+            )
+    assert answer.status_code == 200, answer.text
+    sent = [r["json"] for r in sim.last_requests if (r["json"] or {}).get("messages") == asked]
+    assert len(sent) == 1 and "llmroute" not in sent[0]
+
+
+@pytest.mark.anyio
 async def test_sse_events_are_the_upstream_events(gateway: Gateway, sim: Simulator) -> None:
     body = {"model": "sim-small", "messages": MESSAGES, "stream": True}
     async with httpx.AsyncClient(verify=sim.ssl_context()) as direct:

@@ -5,10 +5,12 @@ labelled-examples files, the ``llmroute tiers`` command, and no socket ever open
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -144,6 +146,47 @@ def test_request_text_reads_chat_and_responses_bodies() -> None:
     assert request_text({"messages": "not a list"}).user == ""
 
 
+class Counted(dict[str, Any]):
+    """A message or content part that counts how often the features read it."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        Counted.reads += 1
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [Counted(role="user", content=[Counted(type="text", text="a")] * 322_000)]},
+        {"messages": [Counted(role="user", content="a")] * 140_000},
+        {"input": [Counted(role="user", content=[Counted(type="image")] * 1_000)] * 1_000},
+    ],
+    ids=["322k-parts", "140k-messages", "1k-messages-of-1k-parts"],
+)
+def test_a_crafted_body_is_read_in_bounded_work(body: dict[str, Any]) -> None:
+    """Whatever the body, at most 256 messages and parts from each end are read (1,024 parts
+    in all), and no more than 2 x 4,096 characters of its text are copied."""
+    Counted.reads = 0
+    text = request_text(body)
+    assert Counted.reads <= 2 * (2 * 256) + 2 * (4 * 256)  # role+content / type+text each
+    assert len(text.user) <= 2 * 4096
+    assert text.messages == len(body.get("messages") or body["input"])
+
+
+def test_a_long_text_keeps_its_head_and_tail_and_whole_length() -> None:
+    turns = [f"turn {i}: " + "x" * (i % 7) for i in range(2_000)]
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": t}]} for t in turns]}
+    text = request_text(body, keep=1000)
+    whole = "\n".join(turns[:256] + turns[-256:])  # the messages read: 256 from each end
+    assert text.user_chars == len(whole) and text.user == whole[:1000] + whole[-1000:]
+    assert capped(text.user, 600) == capped(whole, 600)  # what the embedding sees is unchanged
+    huge = request_text(chat("y" * 5_000_000 + "the newest words"))
+    assert huge.user_chars == 5_000_016 and huge.user.endswith("the newest words")
+    assert len(huge.user) == 2 * 4096
+
+
 # -- fitting, calibration, decisions ----------------------------------------------------------
 
 
@@ -190,6 +233,30 @@ def test_a_classifier_error_is_a_decision_not_an_exception(classifier: Classifie
     decision = classifier.decide(42)  # type: ignore[arg-type]
     assert (decision.label, decision.reason, decision.uncertain) == (None, "error", True)
     assert decision.error is not None and decision.error.startswith("AttributeError")
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens", "max_output_tokens"])
+@pytest.mark.parametrize("value", [-1, -5, 10**400])
+def test_an_absurd_max_tokens_is_clamped_not_nan(
+    classifier: Classifier, key: str, value: int
+) -> None:
+    body = chat("hi there", **{key: value})
+    assert request_text(body).max_tokens == (0 if value < 0 else 1 << 40)
+    assert np.all(np.isfinite(classifier.spec.vector(body)))
+    decision = classifier.decide(body)
+    assert decision.reason == "classifier" and 0.0 < decision.probability <= 1.0
+
+
+def test_non_finite_probabilities_are_an_error_not_a_confident_class(
+    classifier: Classifier,
+) -> None:
+    weights = classifier.weights.copy()
+    weights[0, 0] = np.nan
+    broken = dataclasses.replace(classifier, weights=weights)
+    with np.errstate(invalid="ignore"):
+        decision = broken.decide(chat("hi there"))
+    assert (decision.label, decision.reason, decision.uncertain) == (None, "error", True)
+    assert decision.error is not None and "not finite" in decision.error
 
 
 def test_without_wordllama_load_names_the_extra_and_decide_says_error(
@@ -262,6 +329,39 @@ def test_a_damaged_artefact_is_a_sentence_naming_the_file(tmp_path: Path) -> Non
     np.savez(other, meta=np.frombuffer(b'{"format": "x"}', dtype=np.uint8))
     with pytest.raises(ArtefactError, match=r"other\.npz: format 'x'"):
         Classifier.open(other)
+
+
+@pytest.mark.parametrize(
+    ("array", "change", "message"),
+    [
+        (
+            "weights",
+            lambda a: np.where(a == a.flat[0], np.nan, a),
+            "its weights are not all finite",
+        ),
+        ("bias", lambda a: a + np.inf, "its bias are not all finite"),
+        (
+            "structure_mean",
+            lambda a: a[:5],
+            "its structure_mean and structure_scale must each hold 19",
+        ),
+        ("structure_scale", lambda a: np.zeros_like(a), "its structure_scale must be positive"),
+        ("structure_scale", lambda a: a * np.nan, "its structure_scale are not all finite"),
+    ],
+    ids=["nan-weights", "inf-bias", "short-mean", "zero-scale", "nan-scale"],
+)
+def test_a_non_finite_or_misshapen_artefact_is_refused(
+    classifier: Classifier, tmp_path: Path, array: str, change: Any, message: str
+) -> None:
+    good = tmp_path / "good.npz"
+    classifier.save(good)
+    with np.load(good, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    arrays[array] = change(arrays[array])
+    bad = tmp_path / "crafted.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(ArtefactError, match=rf"crafted\.npz: {message}"):
+        Classifier.open(bad)
 
 
 # -- labelled-examples files ------------------------------------------------------------------

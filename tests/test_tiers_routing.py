@@ -189,6 +189,13 @@ async def test_a_classifier_that_fails_never_fails_a_request(
         assert "the classifier cannot be built" in caplog.text
         text = client.metrics.exposition().decode()
         assert 'class="none",model="auto",reason="error",tier="chat-large"} 1.0' in text
+    # An artefact without a class of tiers: that tier could never be chosen; refused so.
+    three = {"simple": "chat-small", "hard": "chat-large", "medium": "chat-large"}
+    config = config_for(sim, classifier=str(artefact), tiers=three)
+    async with client_for(sim, config) as client:
+        report = await ask(client, SIMPLE, False)
+        assert report.winner == LARGE and report.tier.reason == "error"
+        assert "has no classes ['medium'] of models.auto.tiers" in (report.tier.error or "")
     # A classifier that raises mid-decision: the default tier again.
     async with client_for(sim, config_for(sim, classifier=str(artefact))) as client:
         await client.warmup()
@@ -248,6 +255,52 @@ async def test_a_tier_that_cannot_serve_the_api_gives_way_to_the_default(
         assert done.route.winner == LARGE and (tier.reason, tier.label) == ("default", "simple")
         assert tier.error == "route 'chat-small' cannot serve the responses API"
         assert (await ask(client, SIMPLE, False)).winner == "chatonly:small-model"  # chat: it can
+
+
+@pytest.mark.anyio
+async def test_a_responses_follow_up_stays_with_its_conversation(
+    sim: Simulator, artefact: Path
+) -> None:
+    """A follow-up ("thanks") of a hard turn is simple, but only the large tier's target holds
+    the response it continues: it goes there, never refused for its classifier's sake."""
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"] |= {"responses": True, "responses_stored": True}
+    async with client_for(sim, config) as client:
+        first = await client.responses.create(model="auto", input=HARD[0]["content"])
+        assert first.route.winner == LARGE
+        then = await client.responses.create(
+            model="auto", input=SIMPLE[0]["content"], previous_response_id=first.id
+        )
+        assert then.route.winner == LARGE
+        assert (then.route.tier.tier, then.route.tier.reason) == ("chat-large", "conversation")
+        fresh = await client.responses.create(model="auto", input=SIMPLE[0]["content"])
+        assert fresh.route.tier.reason == "classifier" and fresh.route.winner == SMALL
+
+
+@pytest.mark.anyio
+async def test_a_tier_that_cannot_continue_a_response_gives_way_to_the_default(
+    sim: Simulator, artefact: Path
+) -> None:
+    """A response id another client made: only targets that keep responses may continue it;
+    the simple tier's do not, so the default tier (whose do) serves the call."""
+    config = config_for(sim, classifier=str(artefact))
+    config["providers"]["sim"] |= {"responses": True, "responses_stored": True}
+    config["providers"]["volatile"] = {
+        "base_url": sim.base_url,
+        "api_key": KEY,
+        "responses": True,
+        "responses_stored": False,
+    }
+    config["models"]["chat-small"] = {"targets": ["volatile:small-model"]}
+    async with client_for(sim, config) as elsewhere:  # another client: no pin here
+        first = await elsewhere.responses.create(model="chat-large", input=HARD[0]["content"])
+    async with client_for(sim, config) as client:
+        done = await client.responses.create(
+            model="auto", input=SIMPLE[0]["content"], previous_response_id=first.id
+        )
+        tier = done.route.tier
+        assert done.route.winner == LARGE and (tier.reason, tier.label) == ("default", "simple")
+        assert tier.error is not None and "no target keeps responses" in tier.error
 
 
 @pytest.mark.anyio
@@ -346,7 +399,24 @@ def _load(auto: dict[str, Any]) -> None:
         ),
         (
             {"default": "auto", "examples": str(DATA)},
-            "models.auto.default: 'auto' is not a route",
+            "models.auto.default: 'auto' is a tiered model name; a tier must be a route",
+        ),
+        (
+            {"tiers": {"simple": "auto", "hard": "chat-large"}, "examples": str(DATA)},
+            "models.auto.tiers.simple: 'auto' is a tiered model name; a tier must be a route",
+        ),
+        (
+            {"tiers": {"chat-large": "chat-small", "hard": "chat-large"}, "examples": str(DATA)},
+            "models.auto.tiers.chat-large: class 'chat-large' is named like a route but goes to "
+            "'chat-small'",
+        ),
+        (
+            {"classes": {"simple": {"examples": ["hi", "   "]}, "hard": {"examples": ["x"]}}},
+            "models.auto.classes.simple.examples[1]: an example must not be blank",
+        ),
+        (
+            {"classes": {"simple": {"description": " \t"}, "hard": {"examples": ["x"]}}},
+            "models.auto.classes.simple.description: a description must not be blank",
         ),
         ({"examples": "missing.jsonl"}, "models.auto.examples: 'missing.jsonl': no such file"),
         ({"classifier": "missing.npz"}, "models.auto.classifier: 'missing.npz': no such file"),

@@ -76,7 +76,7 @@ class Evaluation:
 
 def _lengths(bodies: Sequence[object]) -> np.ndarray:
     return np.asarray(
-        [np.log1p(len(request_text(body).user)) for body in bodies],  # type: ignore[arg-type]
+        [np.log1p(request_text(body).user_chars) for body in bodies],  # type: ignore[arg-type]
         dtype=np.float64,
     )
 

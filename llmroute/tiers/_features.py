@@ -65,6 +65,9 @@ STRUCTURE_NAMES: tuple[str, ...] = (
     "log_max_tokens",
 )
 
+MAX_TOKENS_CAP = 1 << 40
+"""A body's ``max_tokens`` is read clamped to ``0..MAX_TOKENS_CAP``: its log stays finite."""
+
 _MATH_MARKS = ("$", "\\frac", "\\sum", "\\int", "^", "=", "∑", "∫", "√", "≤", "≥", "π", "∞")
 
 
@@ -93,7 +96,7 @@ class FeatureSpec:
 
     def vector(self, body: Mapping[str, Any]) -> np.ndarray:
         """The feature vector of one request body (float32, length :attr:`dim`)."""
-        text = request_text(body)
+        text = request_text(body, max(self.embed_chars, self.ngram_chars, KEEP_CHARS))
         parts: list[np.ndarray] = []
         if self.embedding:
             parts.append(embed(capped(text.user, self.embed_chars)))
@@ -131,11 +134,27 @@ class FeatureSpec:
         )
 
 
+INSPECT = 256
+"""Of a body's messages, and of a message's content parts, at most this many from each end are
+read: a crafted body of a million tiny parts costs no more than one of 512 (the rest are only
+counted, ``len`` of the list)."""
+
+PARTS_BUDGET = 4 * INSPECT
+"""Content parts read in one body, over all its messages (the newest message's first)."""
+
+KEEP_CHARS = 4096
+"""Of the user text, at most this many characters from each end are kept (the caps of
+:class:`FeatureSpec` must fit in it); the rest is never joined or copied."""
+
+
 @dataclass(slots=True)
 class RequestText:
-    """The parts of a request the features read (counts over the whole body, not capped)."""
+    """The parts of a request the features read: the user text's head and tail (whole when it
+    fits in ``2 * keep`` characters) and counts over the messages and parts read (at most
+    :data:`INSPECT` from each end of each list; ``messages`` counts every message)."""
 
     user: str = ""
+    user_chars: int = 0
     last_user_chars: int = 0
     system_chars: int = 0
     assistant_chars: int = 0
@@ -147,11 +166,14 @@ class RequestText:
     max_tokens: int | None = None
 
 
-def request_text(body: Mapping[str, Any]) -> RequestText:
-    """The user text (every user turn, oldest first) and counts of an OpenAI chat body, or of a
-    Responses body's ``input``; unknown shapes count as empty rather than fail."""
+def request_text(body: Mapping[str, Any], keep: int = KEEP_CHARS) -> RequestText:
+    """The user text (every user turn, oldest first, joined by newlines; only its first and last
+    ``keep`` characters when longer) and counts of an OpenAI chat body, or of a Responses
+    body's ``input``; unknown shapes count as empty rather than fail. The work is bounded
+    whatever the body: at most :data:`INSPECT` messages and parts from each end are read, and
+    no more than ``keep`` characters from each end of the text are copied."""
     out = RequestText()
-    users: list[str] = []
+    users: list[list[str]] = []  # each user turn's text pieces (their "\n" joins implied)
     messages = body.get("messages")
     if messages is None:
         messages = body.get("input")
@@ -161,23 +183,32 @@ def request_text(body: Mapping[str, Any]) -> RequestText:
         if isinstance(instructions, str):
             out.system_chars += len(instructions)
     if isinstance(messages, list):
-        for message in messages:
+        out.messages += max(len(messages) - 2 * INSPECT, 0)  # counted, not read
+        window = _ends(messages)
+        budget = [PARTS_BUDGET]
+        read: dict[int, list[str]] = {}
+        for index in (len(window) - 1, *range(len(window) - 1)):  # the newest turn first
+            message = window[index] if index >= 0 else None
+            if isinstance(message, Mapping):
+                read[index] = _content_pieces(message.get("content"), out, budget)
+        for index, message in enumerate(window):
             if not isinstance(message, Mapping):
                 continue
             role = message.get("role", "user" if "content" in message else None)
             if role is None:
                 continue
             out.messages += 1
-            text = _content_text(message.get("content"), out)
+            pieces = read[index]
+            size = sum(map(len, pieces)) + max(len(pieces) - 1, 0)
             if role == "user":
-                users.append(text)
+                users.append(pieces)
                 out.user_turns += 1
-                out.last_user_chars = len(text)
+                out.last_user_chars = size
             elif role in ("system", "developer"):
-                out.system_chars += len(text)
+                out.system_chars += size
             else:
-                out.assistant_chars += len(text)
-    out.user = "\n".join(users)
+                out.assistant_chars += size
+    out.user, out.user_chars = _head_and_tail(users, keep)
     tools = body.get("tools") or body.get("functions")
     if isinstance(tools, list):
         out.tools = len(tools)
@@ -188,18 +219,30 @@ def request_text(body: Mapping[str, Any]) -> RequestText:
     for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
-            out.max_tokens = value
+            out.max_tokens = min(max(value, 0), MAX_TOKENS_CAP)  # a negative one is 0, not NaN
             break
     return out
 
 
-def _content_text(content: object, out: RequestText) -> str:
+def _ends(items: list[Any], each: int = INSPECT) -> list[Any]:
+    """``items`` whole, or its first and last ``each`` (a copy of references only)."""
+    if len(items) <= 2 * each:
+        return items
+    return items[:each] + items[len(items) - each :] if each > 0 else []
+
+
+def _content_pieces(content: object, out: RequestText, budget: list[int]) -> list[str]:
+    """A message's text pieces (a string, or the text parts of its first and last
+    :data:`INSPECT` parts, fewer once the body's ``budget`` of parts is spent); images among
+    those parts are counted on ``out``."""
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
-        return ""
+        return []
+    parts = _ends(content, min(INSPECT, budget[0] // 2))
+    budget[0] -= len(parts)
     texts: list[str] = []
-    for part in content:
+    for part in parts:
         if isinstance(part, str):
             texts.append(part)
         elif isinstance(part, Mapping):
@@ -209,7 +252,34 @@ def _content_text(content: object, out: RequestText) -> str:
                 texts.append(text)
             elif kind in ("image_url", "input_image", "image"):
                 out.images += 1
-    return "\n".join(texts)
+    return texts
+
+
+def _head_and_tail(turns: list[list[str]], keep: int) -> tuple[str, int]:
+    """The turns' pieces joined by newlines — whole when that is at most ``2 * keep``
+    characters, else only its first ``keep`` and last ``keep`` characters, copied from the
+    ends (no piece in between is touched) — and the whole join's length."""
+    pieces = [piece for turn in turns for piece in (*turn, "\n")][:-1] if turns else []
+    total = sum(map(len, pieces))
+    if total <= 2 * keep:
+        return "".join(pieces), total
+    return _take(pieces, keep) + _take(pieces[::-1], keep, tail=True), total
+
+
+def _take(pieces: list[str], keep: int, *, tail: bool = False) -> str:
+    """The first ``keep`` characters of ``pieces`` joined (``tail``: ``pieces`` are given last
+    first, and the last ``keep`` characters come back in order)."""
+    taken: list[str] = []
+    left = keep
+    for piece in pieces:
+        if left <= 0:
+            break
+        cut = (
+            piece if len(piece) <= left else (piece[len(piece) - left :] if tail else piece[:left])
+        )
+        taken.append(cut)
+        left -= len(cut)
+    return "".join(taken[::-1] if tail else taken)
 
 
 def capped(text: str, limit: int) -> str:
@@ -265,7 +335,7 @@ def _structure(text: RequestText, user: str, codes: np.ndarray) -> np.ndarray:
     non_ascii = int(np.count_nonzero(codes > 127))
     math = sum(user.count(mark) for mark in _MATH_MARKS)
     values = (
-        np.log1p(len(text.user)),
+        np.log1p(text.user_chars),
         np.log1p(text.last_user_chars),
         np.log1p(text.system_chars),
         np.log1p(text.assistant_chars),

@@ -11,6 +11,7 @@ artefact says it is uncalibrated.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ import numpy as np
 
 from ._errors import ArtefactError, TiersError
 from ._examples import Example
-from ._features import FeatureSpec, load_embedding
+from ._features import STRUCTURE_NAMES, FeatureSpec, load_embedding
 
 __all__ = ["Classifier", "Decision", "fit", "fit_matrix", "stratified_folds"]
 
@@ -89,6 +90,8 @@ class Classifier:
         start = time.perf_counter_ns()
         try:
             probs = self.probabilities(self.spec.vector(body))
+            if not np.all(np.isfinite(probs)):  # argmax of NaNs would be a confident labels[0]
+                raise ValueError("the classifier's probabilities are not finite")
             best = int(np.argmax(probs))
             probability = float(probs[best])
             micros = (time.perf_counter_ns() - start) / 1000
@@ -174,8 +177,21 @@ class Classifier:
             len(labels),
         ):
             raise ArtefactError(f"{path}: its weights do not match its features and classes")
-        if not classifier.temperature > 0:
-            raise ArtefactError(f"{path}: its temperature must be positive")
+        if not classifier.temperature > 0 or not math.isfinite(classifier.temperature):
+            raise ArtefactError(f"{path}: its temperature must be positive and finite")
+        width = len(STRUCTURE_NAMES)
+        if classifier.structure_mean.shape != (width,) or classifier.structure_scale.shape != (
+            width,
+        ):
+            raise ArtefactError(
+                f"{path}: its structure_mean and structure_scale must each hold {width} values"
+            )
+        for name in ("weights", "bias", "structure_mean", "structure_scale"):
+            array = getattr(classifier, name)
+            if not np.issubdtype(array.dtype, np.floating) or not np.all(np.isfinite(array)):
+                raise ArtefactError(f"{path}: its {name} are not all finite numbers")
+        if not np.all(classifier.structure_scale > 0):
+            raise ArtefactError(f"{path}: its structure_scale must be positive")
         return classifier
 
 
