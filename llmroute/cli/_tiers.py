@@ -31,6 +31,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     eval_.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5)")
     eval_.add_argument("--json", action="store_true", help="the figures as one JSON object")
+    eval_.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="also write a PNG: accuracy beside the baselines, confusion, reliability "
+        "(needs llmroute[plot])",
+    )
     for parser in (fit, eval_):
         parser.add_argument(
             "--uncertain-below",
@@ -96,6 +102,16 @@ def _eval(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.folds < 2:
         return _fail(f"--folds must be at least 2, got {args.folds}")
+    if args.plot:
+        from ._format import MissingExtra, check_output_path, require
+
+        problem = check_output_path(args.plot, "--plot")
+        if problem:
+            return _fail(problem)
+        try:
+            require("matplotlib", "plot")
+        except MissingExtra as exc:
+            return _fail(str(exc))
     try:
         examples = read_examples(args.file)
         if args.model:
@@ -124,6 +140,11 @@ def _eval(args: argparse.Namespace) -> int:
     except (TiersError, TiersUnavailable) as exc:
         return _fail(str(exc))
     figures = _figures(result)
+    if args.plot:
+        try:
+            _plot(args.plot, result, figures)
+        except OSError as exc:
+            return _fail(f"cannot write {args.plot}: {exc.strerror or exc}")
     if args.json:
         sys.stdout.write(json.dumps(figures) + "\n")
     else:
@@ -183,3 +204,89 @@ def _table(f: dict[str, Any]) -> str:
         f"p99 {f['latency_us']['p99']:.0f} us (features included, one request at a time)",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
+    """A PNG of one evaluation: accuracy and recall beside the baselines, the confusion matrix
+    (each row a share of its true class) and reliability (decided probability against accuracy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    labels: list[str] = f["labels"]
+    figure, (bars, matrix, reliability) = plt.subplots(
+        1,
+        3,
+        figsize=(15, 4.5 + 0.1 * max(len(labels) - 4, 0)),
+        gridspec_kw={"width_ratios": [1.4, 1, 1]},
+    )
+    rows = [("classifier", f["accuracy"], f["recall"])] + [
+        (name, values["accuracy"], values["recall"]) for name, values in f["baselines"].items()
+    ]
+    groups = ["accuracy", *(f"recall {label}" for label in labels)]
+    width = 0.8 / len(rows)
+    for i, (name, accuracy, recall) in enumerate(rows):
+        heights = [accuracy, *(recall[label] for label in labels)]
+        bars.bar(
+            np.arange(len(groups)) + (i - (len(rows) - 1) / 2) * width, heights, width, label=name
+        )
+    bars.set_xticks(
+        np.arange(len(groups)),
+        groups,
+        rotation=30 if len(groups) > 4 else 0,
+        ha="right" if len(groups) > 4 else "center",
+        fontsize="small",
+    )
+    bars.set_ylim(0, 1.18)
+    bars.set_yticks(np.linspace(0, 1, 6))
+    bars.set_title("beside the baselines")
+    bars.legend(fontsize="small", loc="upper center", ncol=len(rows))
+    bars.grid(True, axis="y", alpha=0.3)
+
+    counts = np.asarray(f["confusion"], dtype=float)
+    shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+    matrix.imshow(shares, vmin=0, vmax=1, cmap="Blues")
+    ticks = np.arange(len(labels))
+    matrix.set_xticks(ticks, labels, rotation=90 if len(labels) > 4 else 0, fontsize="small")
+    matrix.set_yticks(ticks, labels, fontsize="small")
+    if len(labels) <= 12:
+        for (row, column), n in np.ndenumerate(counts):
+            matrix.text(
+                column,
+                row,
+                f"{n:.0f}",
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="white" if shares[row, column] > 0.5 else "black",
+            )
+    matrix.set_xlabel("decided")
+    matrix.set_ylabel("true class")
+    matrix.set_title("confusion (counts; shade: share of the row)")
+
+    probability = np.asarray(result.probability, dtype=float)
+    right = np.asarray(result.predicted) == np.asarray(result.truth)
+    decided = np.asarray(result.predicted) >= 0
+    bins = np.minimum((probability * 10).astype(int), 9)  # 0.0-0.1, ..., 0.9-1.0
+    centres, accuracies, sizes = [], [], []
+    for index in range(10):
+        members = decided & (bins == index)
+        if members.any():
+            centres.append(float(probability[members].mean()))
+            accuracies.append(float(right[members].mean()))
+            sizes.append(int(members.sum()))
+    reliability.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+    reliability.scatter(centres, accuracies, s=[20 + 200 * n / max(sizes or [1]) for n in sizes])
+    reliability.plot(centres, accuracies)
+    reliability.set_xlim(0, 1)
+    reliability.set_ylim(0, 1)
+    reliability.set_xlabel("decided probability (bins of 0.1; dot size: requests)")
+    reliability.set_ylabel("accuracy")
+    reliability.set_title(f"reliability (mean probability - accuracy {f['calibration_gap']:+.3f})")
+    reliability.grid(True, alpha=0.3)
+    figure.suptitle(f"llmroute tiers eval: {f['examples']} labelled requests, {f['method']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
