@@ -18,6 +18,7 @@ from types import ModuleType
 
 import pytest
 
+pytest.importorskip("wordllama")  # the tiers extra (numpy): not in the openai 2.x environment
 pytest.importorskip("yaml")  # the tiers extra brings it (huggingface-hub); the script reads YAML
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "tiers_datasets.py"

@@ -9,6 +9,8 @@ import pytest
 
 from llmroute.cli import main
 
+pytest.importorskip("wordllama")  # the tiers extra: not in the openai 2.x environment
+
 DATA = Path(__file__).parent / "data" / "tiers_small.jsonl"
 
 
