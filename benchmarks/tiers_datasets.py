@@ -12,8 +12,9 @@ appears twice is kept once; one that appears under two labels is dropped), then 
 
 and prints its table (the classifier beside the random, majority-class and prompt-length
 baselines; ``eval --model`` cross-validates the baselines on the test file itself, which favours
-them), for the simple/hard sets the share of hard prompts that reach the large tier when the
-tiered name's ``default`` is the hard tier (decided hard, or unsure), and a summary. The sets:
+them), for the simple/hard sets the share of hard prompts that reach the large tier and of
+simple ones that reach the small tier when the tiered name's ``default`` is the hard tier, at
+``uncertain_below`` 0.6 (the default), 0.8 and 0.9, and a summary. The sets:
 
 - ``chatterbot-en`` / ``chatterbot-zh``: chatterbot-corpus 1.3.3 (BSD-3-Clause), a dialog corpus
   in topic files; the first statement of each conversation is the prompt. Topics map to tiers:
@@ -249,18 +250,37 @@ def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def hard_to_large(model: Path, test: list[tuple[str, str]]) -> float:
-    """The share of the test's ``hard`` prompts a tiered name with ``default = hard`` sends to
-    the large tier: decided ``hard``, or below the classifier's band (``uncertain``)."""
+BANDS = (0.6, 0.8, 0.9)
+
+
+def routing_shares(model: Path, test: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """For each ``uncertain_below`` band, where a tiered name with ``default = hard`` sends the
+    test's prompts: the share of ``hard`` ones that reach the large tier (decided hard, or
+    unsure) and of ``simple`` ones that reach the small tier (decided simple, and sure)."""
     from llmroute.tiers import Classifier
 
     classifier = Classifier.open(model)
-    hard = [text for text, label in test if label == "hard"]
-    large = 0
-    for text in hard:
-        decision = classifier.decide({"messages": [{"role": "user", "content": text}]})
-        large += decision.label == "hard" or decision.uncertain
-    return large / max(len(hard), 1)
+    decisions = [
+        (label, classifier.decide({"messages": [{"role": "user", "content": text}]}))
+        for text, label in test
+        if label in ("hard", "simple")
+    ]
+    out: dict[str, dict[str, float]] = {}
+    for band in BANDS:
+        large = small = hard = simple = 0
+        for label, decision in decisions:
+            unsure = decision.probability < band or decision.label is None
+            if label == "hard":
+                hard += 1
+                large += decision.label == "hard" or unsure
+            else:
+                simple += 1
+                small += decision.label == "simple" and not unsure
+        out[f"{band:g}"] = {
+            "hard_to_large": large / max(hard, 1),
+            "simple_to_small": small / max(simple, 1),
+        }
+    return out
 
 
 def tiers_cli(*arguments: str) -> str:
@@ -309,11 +329,15 @@ def main() -> int:
         figures = json.loads(tiers_cli("eval", str(test_path), "--model", str(model), "--json"))
         figures["train"], figures["test"] = len(train), len(test)
         if "hard" in figures["labels"]:
-            figures["hard_to_large"] = hard_to_large(model, test)
-            print(
-                "hard prompts that reach the large tier (decided hard, or unsure and sent to a "
-                f"default of hard): {figures['hard_to_large']:.1%}\n"
-            )
+            figures["routing"] = routing_shares(model, test)
+            print("with default = hard, by uncertain_below: hard prompts reaching the large tier,")
+            print("simple ones the small tier")
+            for band, shares in figures["routing"].items():
+                print(
+                    f"  {band}: hard -> large {shares['hard_to_large']:.1%}, "
+                    f"simple -> small {shares['simple_to_small']:.1%}"
+                )
+            print()
         report[name] = figures
 
     print("accuracy on the test split (95% Wilson interval of the classifier's)")

@@ -129,3 +129,24 @@ def test_wilson_interval(datasets: ModuleType):
     low, high = datasets.wilson(90, 100)
     assert 0.82 < low < 0.84 and 0.94 < high < 0.95
     assert datasets.wilson(0, 0) == (0.0, 1.0)
+
+
+def test_routing_shares_trade_simple_for_hard_as_the_band_rises(
+    datasets: ModuleType, tmp_path: Path
+):
+    from llmroute.tiers import FeatureSpec, examples_from, fit
+
+    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    rows = [json.loads(line) for line in data.read_text("utf-8").splitlines() if line.strip()]
+    pairs = [(row["text"], row["label"]) for row in rows if "text" in row]
+    train, test = datasets.split(pairs)
+    model = tmp_path / "tiers.npz"
+    examples = examples_from([{"text": text, "label": label} for text, label in train])
+    fit(examples, spec=FeatureSpec(embedding=False)).save(model)
+    shares = datasets.routing_shares(model, test)
+    assert list(shares) == ["0.6", "0.8", "0.9"]
+    hard = [shares[band]["hard_to_large"] for band in shares]
+    simple = [shares[band]["simple_to_small"] for band in shares]
+    assert hard == sorted(hard) and simple == sorted(simple, reverse=True)
+    assert all(0.0 <= value <= 1.0 for value in hard + simple)
+    assert hard[-1] > 0.5  # the hand-written hard prompts are told apart
