@@ -1007,6 +1007,7 @@ class Dispatch:
             raise ConfigError(f"models.{model}: a tiered model name, not a route")
         routes = self.router.routes
         existing = routes.get(model)
+        self.tier_hedges.clear()  # built over routes whose targets may change here
         if existing is None:
             config = route_config(model, {"targets": [str(t) for t in parsed], **route})
             routes[model] = route_for(model, config, parsed, self.providers)
