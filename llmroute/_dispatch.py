@@ -484,7 +484,10 @@ class Dispatch:
                 decision = model.conversation(held)
             else:
                 if call.kind == "chat":
-                    choice.conversation = conversation_of(call.body)
+                    try:
+                        choice.conversation = conversation_of(call.body)
+                    except Exception:  # pragma: no cover - a body it cannot hash: no stickiness
+                        log.debug("tiers: a chat body's conversation could not be hashed")
                 goal = self.goal(call)
                 target = goal.ttft_target if goal is not None else None
                 decision = model.decide(

@@ -48,8 +48,10 @@ MEMORY_SIZE = 10_000
 """Conversations a tiered name remembers (least recently used forgotten first)."""
 MEMORY_TTL = 3600.0
 """Seconds a conversation's tier is remembered after its latest turn."""
-_ENDS = 256
-"""Messages (and content parts) read from each end of a body, as the classifier reads them."""
+_ENDS = 64
+"""Messages (and content parts) hashed from each end of a list (its length is hashed too)."""
+_CUT_SEARCH = 256
+"""Messages searched from the end for the last assistant turn."""
 _TEXT_ENDS = 4096
 """Characters of each string hashed from each end (its length is hashed too)."""
 
@@ -77,9 +79,17 @@ def _ends(items: Sequence[Any]) -> tuple[Sequence[Any], int]:
     return [*items[:_ENDS], *items[-_ENDS:]], len(items)
 
 
-def _feed(h: Any, value: object) -> None:
-    """Hash what a message's role and content say, bounded (long strings, long lists)."""
-    if isinstance(value, str):
+_NODES = 512
+"""Values hashed per body at most (messages, parts, strings): a crafted body costs no more."""
+
+
+def _feed(h: Any, value: object, budget: list[int], depth: int = 0) -> None:
+    """Hash what a message's role and content say, bounded: long strings, long lists, deep
+    nesting (below four levels only the type counts), and ``budget`` values in all."""
+    budget[0] -= 1
+    if depth > 4 or budget[0] < 0:
+        h.update(b"d" + type(value).__name__.encode())
+    elif isinstance(value, str):
         text = value if len(value) <= 2 * _TEXT_ENDS else value[:_TEXT_ENDS] + value[-_TEXT_ENDS:]
         h.update(b"s%d:" % len(value))
         h.update(text.encode("utf-8", "surrogatepass"))
@@ -87,13 +97,13 @@ def _feed(h: Any, value: object) -> None:
         items, n = _ends(value)
         h.update(b"l%d:" % n)
         for item in items:
-            _feed(h, item)
+            _feed(h, item, budget, depth + 1)
     elif isinstance(value, Mapping):
         h.update(b"m")
         for key in ("type", "text", "image_url", "url", "input_audio", "file", "refusal"):
             if key in value:
                 h.update(key.encode())
-                _feed(h, value[key])
+                _feed(h, value[key], budget, depth + 1)
     elif value is None:
         h.update(b"n")
     else:
@@ -104,12 +114,13 @@ def _digest(messages: Sequence[Any]) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     items, n = _ends(messages)
     h.update(b"%d" % n)
+    budget = [_NODES]
     for message in items:
         if isinstance(message, Mapping):
-            _feed(h, message.get("role"))
-            _feed(h, message.get("content"))
+            _feed(h, message.get("role"), budget)
+            _feed(h, message.get("content"), budget)
         else:
-            _feed(h, message)
+            _feed(h, message, budget)
     return h.digest()
 
 
@@ -121,7 +132,7 @@ def conversation_of(body: Mapping[str, Any]) -> Conversation | None:
     if not isinstance(messages, list) or not messages:
         return None
     cut = None
-    for index in range(len(messages) - 1, max(-1, len(messages) - 1 - _ENDS), -1):
+    for index in range(len(messages) - 1, max(-1, len(messages) - 1 - _CUT_SEARCH), -1):
         message = messages[index]
         if isinstance(message, Mapping) and message.get("role") == "assistant":
             cut = index

@@ -113,6 +113,30 @@ def test_a_follow_up_names_its_earlier_turn_by_hashes_only() -> None:
     assert conversation_of({"messages": "nope"}) is None
 
 
+def test_hashing_a_crafted_body_reads_a_bounded_part_of_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import llmroute._tiers as tiers
+
+    calls = [0]
+    real = tiers._feed
+
+    def counted(*args: Any) -> None:
+        calls[0] += 1
+        real(*args)
+
+    monkeypatch.setattr(tiers, "_feed", counted)
+    for n in (1_000, 100_000):
+        calls[0] = 0
+        parts = [{"type": "text", "text": "a"}] * n
+        assert conversation_of({"messages": [{"role": "user", "content": parts}, *YES]})
+        assert calls[0] <= 2 * (tiers._NODES + 2)  # two digests, whatever the body's size
+    nested: Any = "deep"
+    for _ in range(5_000):  # deeper than the interpreter's recursion limit
+        nested = {"text": nested}
+    assert conversation_of({"messages": [{"role": "user", "content": [nested]}]})
+
+
 def test_the_memory_is_bounded_in_size_and_time() -> None:
     clock = FakeClock()
     memory = ConversationMemory(size=3, ttl=60, clock=clock)
@@ -220,6 +244,9 @@ def hedging(sim: Simulator, artefact: Path, small: str = SMALL) -> dict[str, Any
         "headers": {"x-sim-fault": "hang"},
     }
     config["models"]["chat-small"] = {"targets": [small]}
+    # A cold target's p95 is the prior's (~0.11 s here): the hedge delay of a stalled small
+    # tier without samples, whose first-token deadline stays the route's 30 s.
+    config["routing"]["ttft_prior"] = 0.05
     return config
 
 
@@ -230,7 +257,6 @@ async def test_an_unsure_request_on_a_stalled_small_tier_is_answered_by_the_larg
 ) -> None:
     stalled = "stall:small-model"
     async with client_for(sim, hedging(sim, artefact, stalled)) as client:
-        record(client._llmroute.router.stats, stalled, 0.05)  # its live p95: the hedge delay
         report = await ask(client, SIMPLE, stream)
         assert report.winner == LARGE and report.hedges == 1
         assert [(a.target, a.reason, a.outcome) for a in report.attempts] == [
@@ -272,7 +298,6 @@ def test_the_sync_client_hedges_across_tiers(sim: Simulator, artefact: Path) -> 
         verify=sim.ssl_context(),
         config=hedging(sim, artefact, stalled),
     ) as client:
-        record(client._llmroute.dispatch.router.stats, stalled, 0.05)
         messages: Any = SIMPLE
         done: Any = client.chat.completions.create(model="auto", messages=messages)
         assert done.route.winner == LARGE and done.route.tier.tier == "chat-large"
