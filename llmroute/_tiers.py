@@ -311,6 +311,9 @@ class TieredModel:
         decision = self._classified(body, ttft_target, p95)
         if conversation is None or conversation.earlier is None or self.shadow:
             return decision
+        lowest = decision.hedged[0] if decision.hedged is not None else decision.tier
+        if self.rank.get(lowest, -1) == len(self.rank) - 1:
+            return decision  # already on the largest tier: no floor can raise it
         floor, micros = self._floor(body, conversation)
         if micros:
             decision = dataclasses.replace(decision, micros=decision.micros + micros)

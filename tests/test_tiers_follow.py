@@ -306,6 +306,42 @@ def test_the_sync_client_hedges_across_tiers(sim: Simulator, artefact: Path) -> 
         assert stream.route.tier.reason == "hedged"
 
 
+@pytest.mark.anyio
+async def test_a_responses_call_hedges_across_tiers_too(sim: Simulator, artefact: Path) -> None:
+    stalled = "stall:small-model"
+    config = hedging(sim, artefact, stalled)
+    for provider in ("sim", "stall"):
+        config["providers"][provider] |= {"responses": True}
+    async with client_for(sim, config) as client:
+        answer = await client.responses.create(
+            model="auto", input=SIMPLE[0]["content"], stream=True
+        )
+        async for _ in answer:
+            pass
+        report: Any = answer.route
+        assert report.winner == LARGE and report.hedges == 1
+        assert (report.tier.reason, report.tier.tier) == ("hedged", "chat-large")
+
+
+def test_the_gateway_names_the_tier_a_hedge_was_answered_by(sim: Simulator, artefact: Path) -> None:
+    config = {
+        **hedging(sim, artefact, "stall:small-model"),
+        "gateway": {"keys": {"ci": "GW_KEY_CI"}},
+    }
+    env = {"GW_KEY_CI": "gw-ci-key-0123456789abcdef"}
+    headers = {"authorization": "Bearer gw-ci-key-0123456789abcdef"}
+    with (
+        Gateway(config, environ=env, verify=sim.ssl_context(), max_retries=0) as gateway,
+        httpx.Client(timeout=60) as http,
+    ):
+        url = gateway.base_url + "/chat/completions"
+        for stream in (False, True):
+            body = {"model": "auto", "messages": SIMPLE, "stream": stream}
+            answer = http.post(url, headers=headers, json=body)
+            assert answer.status_code == 200
+            assert answer.headers["x-llmroute-tier"] == "chat-large"
+
+
 def test_a_hedge_pair_is_the_two_most_probable_tiers_smaller_first() -> None:
     model = tiered(uncertain="hedge", uncertain_below=0.8)
     model.classifier = Labels({"x": ("hard", 0.7)})
