@@ -313,12 +313,12 @@ async def test_a_responses_call_hedges_across_tiers_too(sim: Simulator, artefact
     for provider in ("sim", "stall"):
         config["providers"][provider] |= {"responses": True}
     async with client_for(sim, config) as client:
-        answer = await client.responses.create(
+        answer: Any = await client.responses.create(
             model="auto", input=SIMPLE[0]["content"], stream=True
         )
         async for _ in answer:
             pass
-        report: Any = answer.route
+        report = answer.route
         assert report.winner == LARGE and report.hedges == 1
         assert (report.tier.reason, report.tier.tier) == ("hedged", "chat-large")
 
