@@ -504,13 +504,11 @@ class Dispatch:
                 why = self._cannot_serve(call, larger)
                 if why is None:
                     route = self._hedge_route(route, larger)
-            if why is not None and decision.tier != model.default:
+            if why is not None and (decision.tier != model.default or decision.hedged):
                 decision = dataclasses.replace(  # the default tier serves it (classify() checked)
                     decision, tier=model.default, reason="default", error=why, hedged=None
                 )
                 route = self.router.routes[decision.tier]
-            elif why is not None:
-                decision = dataclasses.replace(decision, hedged=None)
             call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
             choice.decision = decision
         return choice.decision

@@ -323,6 +323,23 @@ async def test_a_responses_call_hedges_across_tiers_too(sim: Simulator, artefact
         assert (report.tier.reason, report.tier.tier) == ("hedged", "chat-large")
 
 
+@pytest.mark.anyio
+async def test_no_hedge_onto_a_tier_that_cannot_serve_the_api(
+    sim: Simulator, artefact: Path
+) -> None:
+    config = hedging(sim, artefact)
+    config["models"]["auto"]["default"] = "chat-small"
+    config["providers"]["sim"] |= {"responses": True}
+    config["providers"]["chatonly"] = {"base_url": sim.base_url, "api_key": KEY}
+    config["models"]["chat-large"] = {"targets": ["chatonly:large-model"]}
+    async with client_for(sim, config) as client:
+        done: Any = await client.responses.create(model="auto", input=SIMPLE[0]["content"])
+        tier = done.route.tier
+        assert done.route.winner == SMALL
+        assert (tier.reason, tier.tier, tier.hedged) == ("default", "chat-small", None)
+        assert tier.error == "route 'chat-large' cannot serve the responses API"
+
+
 def test_the_gateway_names_the_tier_a_hedge_was_answered_by(sim: Simulator, artefact: Path) -> None:
     config = {
         **hedging(sim, artefact, "stall:small-model"),
