@@ -369,15 +369,15 @@ class TieredModel:
 
     def _pair(self, decision: Any, chosen: str) -> tuple[str, str] | None:
         """The two most probable tiers (a tier's probability: its classes'), smaller first;
-        ``None`` when only one tier is in question."""
+        ``None`` when every class goes to one tier."""
         by_tier: dict[str, float] = {}
         for label, probability in dict(getattr(decision, "probabilities", None) or {}).items():
             route = self.tiers.get(label)
             if route is not None:
                 by_tier[route] = by_tier.get(route, 0.0) + float(probability)
+        if not by_tier:  # a classifier that gives no probabilities: its class or the default
+            by_tier = dict.fromkeys([chosen, self.default], 0.0)
         top = sorted(by_tier, key=lambda r: (-by_tier[r], self.rank[r]))[:2]
-        if len(top) < 2:
-            top = list(dict.fromkeys([chosen, self.default]))
         if len(top) < 2:
             return None
         small, large = sorted(top, key=self.rank.__getitem__)

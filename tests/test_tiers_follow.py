@@ -369,6 +369,10 @@ def test_a_hedge_pair_is_the_two_most_probable_tiers_smaller_first() -> None:
         ("chat-small", "chat-large"),
     )
     assert decision.chosen == "chat-large"
+    one = tiered(uncertain="hedge", tiers={"simple": "chat-small", "hard": "chat-small"})
+    one.classifier = Labels({"x": ("hard", 0.55)})
+    alike = one.decide({"messages": [{"role": "user", "content": "x"}]})
+    assert (alike.reason, alike.tier, alike.hedged) == ("default", "chat-large", None)
     plain = tiered(uncertain_below=0.8)  # the default: unsure goes to the default tier
     plain.classifier = Labels({"x": ("simple", 0.7)})
     assert plain.decide({"messages": [{"role": "user", "content": "x"}]}).reason == "default"
