@@ -10,6 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("wordllama")
 
@@ -458,3 +460,28 @@ def test_a_wrong_allowed_tier_is_a_sentence_naming_the_key() -> None:
             "classes": {"hard": {"allow": ["chat-small"]}},
         }
     )
+
+
+_odd = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.text(max_size=8),
+    st.sampled_from(["chat-small", "chat-large", "auto", "hedge", "default", "simple"]),
+    st.lists(st.sampled_from(["chat-small", "chat-large", "auto", "", "x"]), max_size=3),
+    st.dictionaries(st.sampled_from(["allow", "examples", "x"]), st.text(max_size=4), max_size=2),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(uncertain=_odd, allow=_odd)
+def test_hostile_uncertain_and_allow_raise_only_config_errors(uncertain: Any, allow: Any) -> None:
+    table = {
+        "uncertain": uncertain,
+        "classes": {"simple": {"examples": ["hi"]}, "hard": {"examples": ["x"], "allow": allow}},
+    }
+    try:
+        _load(table)
+    except ConfigError as exc:
+        assert str(exc).startswith("config: models.auto"), str(exc)
+        assert "validation error" not in str(exc).lower()
