@@ -431,6 +431,13 @@ class TierClass(BaseModel):
     """Example user messages of the class (each one a request of one user turn)."""
     description: str | None = Field(default=None, min_length=1)
     """A short description of the class, used as one more example."""
+    allow: list[str] | None = None
+    """Other tiers (routes of this tiered name) the class may go to when its own tier's live
+    p95 TTFT misses a request's ``ttft_target_ms`` and one of these meets it (docs/tiers.md)."""
+
+    @property
+    def has_examples(self) -> bool:
+        return self.examples is not None or self.description is not None
 
     @model_validator(mode="after")
     def _check_blank(self) -> TierClass:
@@ -463,6 +470,9 @@ class TieredConfig(BaseModel):
     own band (0.6 unless the artefact says otherwise)."""
     shadow: bool = False
     """Classify and record, but send every request to ``default``."""
+    uncertain: Literal["default", "hedge"] = "default"
+    """Where an unsure decision goes: ``default``, or ``hedge``: the smaller of the two most
+    probable tiers first, the larger too if the smaller has no first token by its live p95."""
 
     @model_validator(mode="after")
     def _check(self) -> TieredConfig:
@@ -477,7 +487,7 @@ class TieredConfig(BaseModel):
                     label,
                 )
         if self.classifier is not None:
-            if self.examples is not None or self.classes:
+            if self.examples is not None or any(c.has_examples for c in self.classes.values()):
                 raise _invalid(
                     "give either a fitted classifier or examples (a file or classes), not both",
                     "classifier",
@@ -485,9 +495,9 @@ class TieredConfig(BaseModel):
             return self
         for label in self.tiers:
             given = self.classes.get(label)
-            if given is not None and given.examples is None and given.description is None:
+            if given is not None and not given.has_examples and given.allow is None:
                 raise _invalid("an empty class: give examples or a description", "classes", label)
-            if self.examples is None and given is None:
+            if self.examples is None and (given is None or not given.has_examples):
                 raise _invalid(
                     f"class {label!r} has no examples: give classes.{_key([label])}.examples, "
                     "an examples file or a classifier",
@@ -814,6 +824,21 @@ class Config(BaseModel):
                     )
             if tiered.default not in self.models:
                 raise _invalid(self._not_a_tier(tiered.default), "models", name, "default")
+            routes = {*tiered.tiers.values(), tiered.default}
+            for label, given in tiered.classes.items():
+                for index, route in enumerate(given.allow or ()):
+                    if route not in routes:
+                        raise _invalid(
+                            f"{route!r} is not a tier of models.{_key([name])} (one of: "
+                            f"{', '.join(repr(r) for r in sorted(routes))})"
+                            f"{_suggest(route, routes)}",
+                            "models",
+                            name,
+                            "classes",
+                            label,
+                            "allow",
+                            index,
+                        )
         return self
 
     def _not_a_tier(self, name: str) -> str:

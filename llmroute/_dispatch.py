@@ -51,7 +51,7 @@ from ._errors import (
 from ._model_names import check_model_name
 from ._routes import ServerPolling, build_router, route_for, stats_sync_for
 from ._streaming import AsyncStream
-from ._tiers import TieredModel, TierError
+from ._tiers import Conversation, TieredModel, TierError, conversation_of
 from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, with_timeouts
 from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._upstream import (
@@ -81,6 +81,7 @@ from .routing.policies import (
     WeightedPolicy,
 )
 from .routing.stats import TargetSnapshot
+from .routing.tierhedge import HEDGE_QUANTILE, tier_hedge_route
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
 from .transport import Transport
 
@@ -160,6 +161,8 @@ class TierCall:
     timeout: httpx.Timeout
     """The call's HTTP timeout before its route's were applied."""
     decision: TierDecision | None = None
+    conversation: Conversation | None = None
+    """A chat call's conversation (hashes of its messages), for stickiness."""
 
 
 class Posted:
@@ -307,6 +310,8 @@ class Dispatch:
         )
         self.tiered = {name: TieredModel(s) for name, s in resolved.tiered.items()}
         """Tiered model names (docs/tiers.md), each with its classifier, built on first use."""
+        self.tier_hedges: dict[tuple[str, str], Route] = {}
+        """The routes that hedge an unsure call across two tiers, by (smaller, larger)."""
         self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
@@ -456,12 +461,10 @@ class Dispatch:
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
-            if decision is not None:
-                _stamp_tier(exc, decision)  # AllTargetsFailed's report
+            self._served(call, exc)  # AllTargetsFailed's report
             telemetry.failed(exc)
             raise
-        if decision is not None:
-            _stamp_tier(result, decision)
+        self._served(call, result)
         _observe(telemetry, result)
         return result
 
@@ -475,21 +478,85 @@ class Dispatch:
         if choice.decision is None:
             if choice.forced is None and not choice.model.ready:
                 await choice.model.prepare()
-            held = self._conversation_tier(call, choice.model) if choice.forced is None else None
+            model = choice.model
+            held = self._conversation_tier(call, model) if choice.forced is None else None
             if held is not None:  # a follow-up goes where its conversation is kept
-                decision = choice.model.conversation(held)
+                decision = model.conversation(held)
             else:
-                decision = choice.model.decide(call.body, choice.forced)
+                if call.kind == "chat":
+                    try:
+                        choice.conversation = conversation_of(call.body)
+                    except Exception:  # pragma: no cover - a body it cannot hash: no stickiness
+                        log.debug("tiers: a chat body's conversation could not be hashed")
+                goal = self.goal(call)
+                target = goal.ttft_target if goal is not None else None
+                decision = model.decide(
+                    call.body,
+                    choice.forced,
+                    conversation=choice.conversation,
+                    ttft_target=target,
+                    p95=None if target is None else functools.partial(self._tier_p95, call),
+                )
             route = self.router.routes[decision.tier]
             why = self._cannot_serve(call, route)
-            if why is not None and decision.tier != choice.model.default:
+            if why is None and decision.hedged is not None:
+                larger = self.router.routes[decision.hedged[1]]
+                why = self._cannot_serve(call, larger)
+                if why is None:
+                    route = self._hedge_route(route, larger)
+            if why is not None and (decision.tier != model.default or decision.hedged):
                 decision = dataclasses.replace(  # the default tier serves it (classify() checked)
-                    decision, tier=choice.model.default, reason="default", error=why
+                    decision, tier=model.default, reason="default", error=why, hedged=None
                 )
                 route = self.router.routes[decision.tier]
             call.route, call.timeout = with_timeouts(route, choice.timeout, choice.own)
             choice.decision = decision
         return choice.decision
+
+    def _tier_p95(self, call: Call, tier: str) -> float:
+        """A tier's live p95 TTFT (of the whole answer for a call not streamed) for this call."""
+        route = self.router.routes[tier]
+        return self.router.predict_route(
+            route, call.body, HEDGE_QUANTILE, kind=call.kind, stream=call.stream
+        )
+
+    def _hedge_route(self, small: Route, large: Route) -> Route:
+        """The route that hedges an unsure call from ``small`` to ``large`` (built once)."""
+        key = (small.name, large.name)
+        route = self.tier_hedges.get(key)
+        if route is None:
+            route = self.tier_hedges[key] = tier_hedge_route(small, large)
+        return route
+
+    def _served(self, call: Call, result: Outcome | Any) -> TierDecision | None:
+        """A tiered call's decision once answered (or failed), put on its route report: a
+        hedged call's ``tier`` is the one whose target won; a chat turn's tier is
+        remembered for its conversation's follow-ups."""
+        choice = call.tiered
+        decision = choice.decision if choice is not None else None
+        if choice is None or decision is None:
+            return None
+        value = result.result if isinstance(result, Outcome) else result
+        report = getattr(value, "route", None)
+        if not isinstance(report, RouteReport):
+            report = getattr(value, "report", None)
+        if decision.hedged is not None and isinstance(report, RouteReport):
+            larger = self.router.routes[decision.hedged[1]]
+            won = report.winner is not None and report.winner != "cache"
+            if won and not any(
+                t.name == report.winner for t in self.router.routes[decision.tier].targets
+            ):
+                if any(t.name == report.winner for t in larger.targets):
+                    decision = dataclasses.replace(decision, tier=larger.name)
+            if won:
+                self.metrics.tier_hedge_answered(decision)
+            if call.route is not None and report.route == call.route.name:
+                report.route = decision.tier  # the hedge route's name: the tier that served
+        if isinstance(report, RouteReport):
+            report.tier = decision
+        if not isinstance(result, BaseException):
+            choice.model.remember(choice.conversation, decision)
+        return decision
 
     def _conversation_tier(self, call: Call, model: TieredModel) -> str | None:
         """The tier whose route holds the response a Responses call continues (its
@@ -540,7 +607,7 @@ class Dispatch:
         outcome = self._hit(cache, hit, request, call, started)
         if decision is not None:  # a miss is counted by answer(), which decides again
             self.metrics.tier_decided(decision)
-            _stamp_tier(outcome, decision)
+            self._served(call, outcome)
         _observe(telemetry, outcome)
         return outcome, (request.key, pending)
 
@@ -941,6 +1008,7 @@ class Dispatch:
             raise ConfigError(f"models.{model}: a tiered model name, not a route")
         routes = self.router.routes
         existing = routes.get(model)
+        self.tier_hedges.clear()  # built over routes whose targets may change here
         if existing is None:
             config = route_config(model, {"targets": [str(t) for t in parsed], **route})
             routes[model] = route_for(model, config, parsed, self.providers)
@@ -1011,16 +1079,6 @@ def _tier_option(
     except TierError as exc:
         raise _bad_request(str(exc), param="llmroute.tier") from None
     return (rest or None), forced
-
-
-def _stamp_tier(result: Outcome | Any, decision: TierDecision) -> None:
-    """Put a tiered call's decision on its route report (an answer's, or an error's)."""
-    value = result.result if isinstance(result, Outcome) else result
-    report = getattr(value, "route", None)
-    if not isinstance(report, RouteReport):
-        report = getattr(value, "report", None)
-    if isinstance(report, RouteReport):
-        report.tier = decision
 
 
 def _bad_request(message: str, *, param: str | None = None) -> BadRequestError:

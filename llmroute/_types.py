@@ -89,14 +89,21 @@ class TierDecision:
     """"classifier" (its class's tier), "default" (the classifier was unsure, or its class's
     tier cannot serve the call's API: the default tier), "override" (the request named its
     tier), "conversation" (a Responses follow-up, sent to the tier whose route holds its
-    ``previous_response_id``), "shadow" (shadow mode: classified, sent to the default tier)
-    or "error" (the classifier failed: the default tier)."""
+    ``previous_response_id``; or a chat follow-up kept on the tier its conversation reached,
+    ``chosen`` its own), "hedged" (unsure, hedged across two tiers: ``hedged``), "latency"
+    (``chosen`` missed the request's ``ttft_target_ms`` by its live p95; another tier its class
+    allows meets it), "shadow" (shadow mode: classified, sent to the default tier) or "error"
+    (the classifier failed: the default tier)."""
     micros: float
     """The classifier's own time for this decision, in microseconds."""
     chosen: str | None = None
     """The tier of the classifier's class (where a shadow or unsure decision would go)."""
     error: str | None = None
     """Why the classifier failed, or why its class's tier could not be used, one line."""
+    hedged: tuple[str, str] | None = None
+    """With ``reason="hedged"``: the smaller tier the request started on and the larger one
+    started too if the smaller had no first token by its live p95; ``tier`` is then the one
+    whose answer the caller got (the smaller one when neither answered)."""
 
 
 @dataclass(slots=True)

@@ -203,9 +203,16 @@ class ClientMetrics:
         self._tier_decisions = Counter(
             "llmroute_tier_decisions",
             "Requests for a tiered model name by model, class (the classifier's, or none on "
-            "an error), tier (the route they went to) and reason (classifier, default, "
-            "override, shadow, error)",
+            "an error), tier (the route they went to; a hedged one's smaller tier) and reason "
+            "(classifier, default, conversation, hedged, latency, override, shadow, error)",
             ["model", "class", "tier", "reason"],
+            registry=registry,
+        )
+        self._tier_hedges = Counter(
+            "llmroute_tier_hedged_answers",
+            "Unsure requests of a tiered model name hedged across two tiers (reason hedged), "
+            "by model and the tier whose answer the caller got",
+            ["model", "tier"],
             registry=registry,
         )
         self._tier_seconds = Histogram(
@@ -222,6 +229,10 @@ class ClientMetrics:
         self._tier_decisions.labels(decision.model, label, decision.tier, decision.reason).inc()
         if decision.reason not in ("override", "error") or decision.micros:
             self._tier_seconds.labels(decision.model).observe(decision.micros / 1e6)
+
+    def tier_hedge_answered(self, decision: TierDecision) -> None:
+        """Count a hedged decision's answer by the tier that gave it (``decision.tier``)."""
+        self._tier_hedges.labels(decision.model, decision.tier).inc()
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""

@@ -441,6 +441,17 @@ class Router:
         self.probe_open_circuits(route)
         return list(plan.order)
 
+    def predict_route(
+        self, route: Route, body: dict[str, Any], q: float, *, kind: str = "chat", stream: bool
+    ) -> float:
+        """The lowest predicted ``q`` quantile of TTFT (of the whole answer when not
+        ``stream``) among the route's available targets for ``body`` (a prior when cold;
+        ``inf`` when none is available): how soon the route would answer it now."""
+        messages = prompt_messages(body, kind)
+        view = _View(self, estimate_prompt_tokens(messages), stream, messages)
+        names = [t.name for t in route.targets if view.available(t.name)]
+        return min((view.predict(name, q) for name in names), default=math.inf)
+
     def probe_open_circuits(self, route: Route) -> None:
         """Make sure every target of ``route`` whose circuit is open has its background trials
         going (the router's :class:`Trials`, on every policy), and wake those that are due.
