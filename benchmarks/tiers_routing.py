@@ -130,6 +130,8 @@ class Arm:
     labels: list[str] = field(default_factory=list)
     warmup_errors: int = 0
     wall: float = 0.0
+    decision_cpu_us: list[float] = field(default_factory=list)
+    """The thread's CPU time of each measured decision (the wall time is ``micros``)."""
 
 
 async def run_arm(arm: Arm, sims: Sims, args: argparse.Namespace, prompts: list[Prompt]) -> None:
@@ -145,6 +147,8 @@ async def run_arm(arm: Arm, sims: Sims, args: argparse.Namespace, prompts: list[
             lambda i: stream_once(client, arm.model, warm[i].messages), len(warm), args.concurrency
         )
         arm.warmup_errors = sum(o.error is not None for o in warmed)
+        if arm.model == TIERED:
+            timed_cpu(client, arm.decision_cpu_us)
         began = time.perf_counter()
         arm.outcomes = await drive(
             lambda i: stream_once(client, arm.model, prompts[i].messages),
@@ -153,6 +157,30 @@ async def run_arm(arm: Arm, sims: Sims, args: argparse.Namespace, prompts: list[
         )
         arm.wall = time.perf_counter() - began
     arm.labels = [p.label for p in prompts]
+
+
+def timed_cpu(client: llmroute.AsyncOpenAI, into: list[float]) -> None:
+    """Record the thread's CPU time of every decision of the tiered name from now on: what a
+    decision costs, apart from the preemptions a shared machine adds to its wall time."""
+    tiered = client._llmroute.tiered[TIERED]
+    tiered.classifier = _CPUTimed(tiered.classifier, into)  # built by warmup()
+
+
+class _CPUTimed:
+    """A classifier whose ``decide`` also records its thread CPU time."""
+
+    def __init__(self, classifier: Any, into: list[float]) -> None:
+        self._classifier, self._into = classifier, into
+
+    def decide(self, body: Any, band: Any = None) -> Any:
+        start = time.thread_time_ns()
+        try:
+            return self._classifier.decide(body, band)
+        finally:
+            self._into.append((time.thread_time_ns() - start) / 1000)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._classifier, name)
 
 
 def tier_of(outcome: Outcome) -> str | None:
@@ -212,6 +240,8 @@ def summarise(arm: Arm) -> dict[str, Any]:
         micros = [d.micros for d in decisions if d.reason not in ("override", "conversation")]
         out["decision_us_p50"] = pct(micros, 0.5)
         out["decision_us_p99"] = pct(micros, 0.99)
+        out["decision_cpu_us_p50"] = pct(arm.decision_cpu_us, 0.5)
+        out["decision_cpu_us_p99"] = pct(arm.decision_cpu_us, 0.99)
         wrong = Counter(
             (lab, d.label) for lab, d in zip(arm.labels, decisions, strict=False) if lab != d.label
         )
@@ -273,7 +303,7 @@ def report_lines(result: dict[str, Any]) -> tuple[list[str], bool]:
     ratio = tiered["simple_p50"] / large["simple_p50"]
     ok_ratio = ratio <= SIMPLE_RATIO_GOAL
     ok_hard = tiered["hard_on_large"] >= HARD_ON_LARGE_GOAL
-    m, args = result["machine"], result["args"]
+    m, args, nan = result["machine"], result["args"], float("nan")
     lines = [
         f"machine: {m['nproc']} CPUs ({m['cpu']}), Python {m['python']}, load average "
         f"{result['loadavg'][0]:.1f}; small {args['small_ms']:.0f} ms, large "
@@ -286,8 +316,10 @@ def report_lines(result: dict[str, Any]) -> tuple[list[str], bool]:
         f"tiered decisions: reasons {tiered.get('reasons', {})}; uncertain "
         f"{tiered.get('uncertain', 0)}; hedged {tiered.get('hedged', 0)}; "
         f"misclassified {tiered.get('misclassified', {})}",
-        f"decision time: p50 {tiered.get('decision_us_p50', float('nan')):.0f} us, p99 "
-        f"{tiered.get('decision_us_p99', float('nan')):.0f} us",
+        f"decision time (wall, route.tier.micros): p50 {tiered.get('decision_us_p50', nan):.0f} "
+        f"us, p99 {tiered.get('decision_us_p99', nan):.0f} us; CPU: p50 "
+        f"{tiered.get('decision_cpu_us_p50', nan):.0f} us, p99 "
+        f"{tiered.get('decision_cpu_us_p99', nan):.0f} us",
         f"simple p50, tiered / always-large: {ratio:.2f}x  "
         f"{'PASS' if ok_ratio else 'FAIL'} (<= {SIMPLE_RATIO_GOAL}x)",
         f"hard prompts answered by the large tier: {percent(tiered['hard_on_large'])}  "
