@@ -73,7 +73,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         description=(
             "Start three simulated providers on 127.0.0.1 (fast with a stall tail, steady-slow, "
             "flaky), route a workload through a hedge route with a cache under a live table, "
-            "then send the same prompts to each target alone and compare TTFT percentiles."
+            "then send the same prompts to each target alone and compare TTFT percentiles; last, "
+            "a small fast model beside a large slow one behind the tiered name 'auto'."
         ),
     )
     demo.add_argument(
