@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -120,6 +121,45 @@ def test_show_route_lists_winner_attempts_and_timings(
     assert lines[4].startswith("timings: HTTP/2, connection ")
     assert "first token" in lines[4] and "tokens" in lines[4]
     assert KEY not in done.stdout + done.stderr
+
+
+def test_show_route_explains_a_tiered_names_decision(sim: Simulator, tmp_path: Path) -> None:
+    pytest.importorskip("wordllama")
+    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    path = tmp_path / "llmroute.toml"
+    path.write_text(
+        f"""
+[providers.sim]
+base_url = "{sim.base_url}"
+api_key = "{KEY}"
+
+[models.chat-small]
+targets = ["sim:small-model"]
+[models.chat-large]
+targets = ["sim:large-model"]
+
+[models.auto]
+tiers = {{ simple = "chat-small", hard = "chat-large" }}
+default = "chat-large"
+examples = "{data}"
+"""
+    )
+    simple = chat("hi there!", "--config", str(path), "--model", "auto", "--show-route", sim=sim)
+    assert simple.returncode == 0, simple.stderr
+    lines = simple.stderr.splitlines()
+    assert re.match(r"route 'chat-small' \(\w+\): winner sim:small-model, TTFT \d+ ms", lines[0])
+    assert re.fullmatch(
+        r"  tier: 'auto' -> chat-small: class simple, probability (0\.[6-9]\d|1\.00), "
+        r"reason classifier, \d+ us",
+        lines[1],
+    ), lines[1]
+    assert lines[2].startswith("  attempt 1: sim:small-model")
+    hard = "Prove that every planar graph is 4-colourable, then give an algorithm for it."
+    done = chat(hard, "--config", str(path), "--model", "auto", "--show-route", sim=sim)
+    assert done.returncode == 0, done.stderr
+    assert "winner sim:large-model" in done.stderr.splitlines()[0]
+    assert re.search(r"tier: 'auto' -> chat-large: class hard, .* reason classifier", done.stderr)
+    assert KEY not in simple.stderr + done.stderr
 
 
 def test_every_target_failing_exits_1_with_each_cause(

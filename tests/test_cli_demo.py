@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pty
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmroute.cli import _demo, main
-from llmroute.cli._demo import REAL_MODELS, workload
+from llmroute.cli._demo import REAL_MODELS, TIER_PROMPTS, workload
 from llmroute.testing import Simulator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ def demo(*args: str) -> subprocess.CompletedProcess[str]:
 
 def row(out: str, name: str) -> list[str]:
     """The cells of the summary row that starts with ``name`` (split on 2+ spaces)."""
-    summary = out[out.index("Summary:") :]
+    summary = out[out.index("Summary:") :] if "Summary:" in out else out
     for line in summary.splitlines():
         if line.strip().startswith(name):
             return re.split(r"\s{2,}", line.strip())
@@ -65,12 +66,31 @@ def test_small_demo_piped_prints_progress_and_a_summary_of_every_target() -> Non
         assert re.fullmatch(r"\d+\.\dx", alone[-1])  # its p95 over the routed p95
     assert re.search(r"hedges fired: \d+ of 60 routed requests, \d+ won", out)
     assert "P95 improvement:" in out
+    if importlib.util.find_spec("wordllama") is None:
+        assert "tiers part skipped" in out
+        return
+    # Tiers: a small fast model beside a large slow one, behind the tiered name 'auto'.
+    tiers = out[out.index("Tiers: model 'auto'") :]
+    prompts = 2 * sum(len(p) for p in TIER_PROMPTS.values())
+    tiered, large = row(tiers, "tiered 'auto'"), row(tiers, "always 'chat-large'")
+    for cells in (tiered, large):
+        assert cells[1] == "0"  # no errors
+        assert all(re.fullmatch(r"\d+ ms", cell) for cell in cells[2:6])
+        simple, hard = (tuple(map(int, cell.split("/"))) for cell in cells[6:8])
+        assert simple[1] + hard[1] == prompts
+    assert large[6].startswith("0/") and large[7].split("/")[0] == large[7].split("/")[1]
+    on_small = int(tiered[6].split("/")[0])
+    assert on_small > 0  # the classifier sent simple prompts to the small model
+    assert re.search(r"simple prompts' p50 TTFT: \d+ ms with tiers vs \d+ ms always large", out)
 
 
 def test_demo_on_a_terminal_draws_the_live_table() -> None:
     leader, follower = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llmroute.cli", "demo", "--requests", "16", "--concurrency", "8"],
+        [
+            *(sys.executable, "-m", "llmroute.cli", "demo", "--requests", "16"),
+            *("--concurrency", "8", "--no-tiers"),
+        ],
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
         stdout=follower,
@@ -106,6 +126,7 @@ def test_demo_on_a_terminal_draws_the_live_table() -> None:
     assert "\x1b[" in text  # drawn live, with cursor movements
     assert "live TTFT per target" in text and "routed requests" in text
     assert "Summary:" in text and "P95 improvement:" in text
+    assert "Tiers:" not in text  # --no-tiers
 
 
 def test_real_without_keys_exits_2_naming_the_variables(
@@ -150,3 +171,26 @@ def test_workload_repeats_popular_prompts_at_temperature_0() -> None:
     assert len({a.messages[0]["content"] for a in popular}) <= 5
     others = [a.messages[0]["content"] for a in asks if a.temperature != 0]
     assert len(set(others)) == len(others)
+
+
+def test_tiers_part_without_the_classifier_says_which_extra(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import io
+
+    import anyio
+
+    from llmroute.cli._format import make_console
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wordllama" else found(name)
+    )
+    started: list[str] = []
+    monkeypatch.setattr(Simulator, "start", lambda self: started.append("a simulator") or self)
+    out = io.StringIO()
+    args = argparse.Namespace(seed=7, concurrency=8, max_tokens=16)
+    assert anyio.run(_demo._tiers_demo, make_console(out), args) == 0
+    assert "tiers part skipped" in out.getvalue() and "[tiers]" in out.getvalue()
+    assert started == []

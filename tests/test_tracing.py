@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -122,3 +123,57 @@ async def test_a_stream_left_early_is_not_an_error(
     span = only(spans)
     assert (span.attributes or {})["llmroute.outcome"] == "cancelled"
     assert span.status.status_code is StatusCode.UNSET
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tiered_request_carries_its_decision(
+    sim: Simulator, spans: InMemorySpanExporter, stream: bool
+) -> None:
+    pytest.importorskip("wordllama")
+    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    config = {
+        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {
+            "chat-small": {"targets": ["sim:small-model"]},
+            "chat-large": {"targets": ["sim:large-model"]},
+            "auto": {
+                "tiers": {"simple": "chat-small", "hard": "chat-large"},
+                "default": "chat-large",
+                "examples": str(data),
+            },
+        },
+    }
+    prompt: Any = [{"role": "user", "content": "hi there, how are you?"}]
+    answer: Any
+    async with AsyncOpenAI(config=config, verify=sim.ssl_context()) as client:
+        await client.warmup()
+        spans.clear()  # warmup's own calls are not the request's
+        if stream:
+            answer = await client.chat.completions.create(
+                model="auto", messages=prompt, stream=True
+            )
+            await read(answer)
+        else:
+            answer = await client.chat.completions.create(model="auto", messages=prompt)
+        decision = answer.route.tier
+        forced: Any = await client.chat.completions.create(
+            model="auto", messages=prompt, extra_body={"llmroute": {"tier": "hard"}}
+        )
+    first, second = spans.get_finished_spans()
+    attributes = first.attributes or {}
+    assert decision is not None and decision.reason == "classifier"
+    assert attributes["llmroute.tier.model"] == "auto"
+    assert attributes["llmroute.tier.class"] == "simple"
+    assert attributes["llmroute.tier.tier"] == "chat-small"
+    assert attributes["llmroute.tier.chosen"] == "chat-small"
+    assert attributes["llmroute.tier.reason"] == "classifier"
+    assert attributes["llmroute.tier.probability"] == decision.probability >= 0.6
+    assert attributes["llmroute.tier.micros"] == decision.micros > 0
+    assert attributes["llmroute.route"] == "chat-small"
+    assert attributes["llmroute.winner"] == "sim:small-model"
+    assert prompt[0]["content"] not in everything(first)
+    again = second.attributes or {}
+    assert forced.route is not None and forced.route.winner == "sim:large-model"
+    assert (again["llmroute.tier.reason"], again["llmroute.tier.class"]) == ("override", "hard")
+    assert again["llmroute.tier.tier"] == "chat-large"
+    assert again["llmroute.tier.micros"] == 0.0

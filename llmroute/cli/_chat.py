@@ -11,9 +11,9 @@ import anyio
 from ._format import MissingExtra, add_tls_options, ms, require, tls_verify
 
 if TYPE_CHECKING:
-    from .._types import RouteReport, Timings
+    from .._types import RouteReport, TierDecision, Timings
 
-__all__ = ["register", "route_lines"]
+__all__ = ["register", "route_lines", "tier_line"]
 
 PLAIN_MODEL = "gpt-4o-mini"
 """The model asked for without a config and without ``--model`` (the plain OpenAI client)."""
@@ -52,7 +52,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--show-route",
         action="store_true",
-        help="afterwards, print the winner, every attempt and the timings to stderr",
+        help=(
+            "afterwards, print the winner, every attempt, a tiered name's decision and the "
+            "timings to stderr"
+        ),
     )
     add_tls_options(parser)
     parser.set_defaults(run=_run)
@@ -189,6 +192,20 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def tier_line(decision: TierDecision) -> str:
+    """A tiered model name's decision in one line: where it went, its class and why."""
+    line = (
+        f"  tier: {decision.model!r} -> {decision.tier}: class {decision.label or '-'}, "
+        f"probability {decision.probability:.2f}, reason {decision.reason}, "
+        f"{decision.micros:.0f} us"
+    )
+    if decision.chosen is not None and decision.chosen != decision.tier:
+        line += f" (its class's tier: {decision.chosen})"
+    if decision.error:
+        line += f" ({_one_line(decision.error)})"
+    return line
+
+
 def route_lines(route: RouteReport | None, timings: Timings | None, model: str) -> list[str]:
     """A human summary of how one request was served: the route report, then the timings."""
     lines: list[str] = []
@@ -201,6 +218,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             f"cache hit {'yes' if route.cache_hit else 'no'}"
             + (", shared an identical request's call" if route.shared else "")
         )
+        if route.tier is not None:
+            lines.append(tier_line(route.tier))
         if route.explored:
             lines.append(f"  explored: {route.explored}")
         if route.continued_on:

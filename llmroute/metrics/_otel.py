@@ -7,6 +7,8 @@ API hands out non-recording spans and nothing more is done.
 One span per request, ``chat {model}`` of kind CLIENT, from the call to the end of its answer
 (a stream's last chunk, its break, or its close). Each routed attempt is an event on it
 (``llmroute.attempt``: target, reason, outcome, TTFT, error), at the moment it started.
+A request for a tiered model name carries its tier decision as ``llmroute.tier.*`` attributes
+(model, class, tier, probability, reason, micros, chosen).
 Prompts and answers are never recorded (no ``gen_ai.input.messages``): they may hold
 anything an application's users typed.
 """
@@ -19,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 
 if TYPE_CHECKING:
+    from .._types import TierDecision
     from ._record import RequestRecord
 
-__all__ = ["Tracer", "request_attributes"]
+__all__ = ["Tracer", "request_attributes", "tier_attributes"]
 
 try:
     from opentelemetry import trace as _trace
@@ -58,6 +61,21 @@ def request_attributes(model: str, body: Mapping[str, Any], *, stream: bool) -> 
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         attributes["gen_ai.request.stop_sequences"] = list(stop)  # type: ignore[arg-type]
     return attributes
+
+
+def tier_attributes(decision: TierDecision) -> dict[str, Any]:
+    """The span attributes of a tiered model name's decision (``RouteReport.tier``)."""
+    attributes: dict[str, Any] = {
+        "llmroute.tier.model": decision.model,
+        "llmroute.tier.tier": decision.tier,
+        "llmroute.tier.class": decision.label or "none",
+        "llmroute.tier.probability": float(decision.probability),
+        "llmroute.tier.reason": decision.reason,
+        "llmroute.tier.micros": float(decision.micros),
+    }
+    if decision.chosen is not None:
+        attributes["llmroute.tier.chosen"] = decision.chosen
+    return attributes  # not ``error``: a classifier's exception may quote the request
 
 
 class Tracer:
@@ -98,6 +116,8 @@ class Tracer:
                 attributes["llmroute.continued_on"] = list(report.continued_on)
             if report.left_out:
                 attributes["llmroute.left_out"] = list(report.left_out)
+            if report.tier is not None:
+                attributes.update(tier_attributes(report.tier))
             if report.winner is not None:
                 provider, _, model = report.winner.partition(":")
                 attributes["llmroute.winner"] = report.winner
