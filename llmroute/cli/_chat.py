@@ -201,6 +201,8 @@ def tier_line(decision: TierDecision) -> str:
     )
     if decision.chosen is not None and decision.chosen != decision.tier:
         line += f" (its class's tier: {decision.chosen})"
+    if decision.hedged is not None:
+        line += f" (started on {decision.hedged[0]}, hedged to {decision.hedged[1]})"
     if decision.error:
         line += f" ({_one_line(decision.error)})"
     return line

@@ -8,7 +8,8 @@ One span per request, ``chat {model}`` of kind CLIENT, from the call to the end 
 (a stream's last chunk, its break, or its close). Each routed attempt is an event on it
 (``llmroute.attempt``: target, reason, outcome, TTFT, error), at the moment it started.
 A request for a tiered model name carries its tier decision as ``llmroute.tier.*`` attributes
-(model, class, tier, probability, reason, micros, chosen).
+(model, class, tier, probability, reason, micros, chosen, and hedged: the two tiers of a
+request hedged across them).
 Prompts and answers are never recorded (no ``gen_ai.input.messages``): they may hold
 anything an application's users typed.
 """
@@ -75,6 +76,8 @@ def tier_attributes(decision: TierDecision) -> dict[str, Any]:
     }
     if decision.chosen is not None:
         attributes["llmroute.tier.chosen"] = decision.chosen
+    if decision.hedged is not None:  # the smaller tier it started on, the larger hedge
+        attributes["llmroute.tier.hedged"] = list(decision.hedged)
     return attributes  # not ``error``: a classifier's exception may quote the request
 
 
