@@ -526,7 +526,7 @@ class RoutingSettings(BaseModel):
     """Seconds of history in each target's sliding window."""
     window_samples: int = Field(default=1024, ge=1)
     """At most this many samples per window."""
-    explore: float = Field(default=0.02, ge=0, le=0.2)
+    explore: float = Field(default=0.03, ge=0, le=0.2)
     """The share of requests sent to targets whose statistics are stale."""
     prompt_classes: list[Annotated[int, Field(gt=0)]] = Field(
         default_factory=lambda: [1024, 8192, 32768]

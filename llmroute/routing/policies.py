@@ -23,6 +23,7 @@ from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, Prompt
 __all__ = [
     "COLD_EXPLORE_SHARE",
     "COLD_EXPLORE_UNANSWERED",
+    "IMPROVING_EXPLORE_SHARE",
     "FailoverPolicy",
     "FastestPolicy",
     "HedgePolicy",
@@ -42,6 +43,11 @@ _RANKS = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 
 COLD_EXPLORE_SHARE = 0.1
 """The share of requests that explore a cold target (one without enough samples yet)."""
+IMPROVING_EXPLORE_SHARE = 0.25
+"""The share of requests that re-measure an *improving* target (a slow one whose newest sample
+was fast). Such a re-measure is a race beside the first choice (no wait for the caller, one
+more request), and a few fast samples decide the change back, so a target that recovered gets
+its traffic back within a few requests of its first fast re-measure."""
 COLD_EXPLORE_UNANSWERED = 5
 """Explorations in a row without a sample after which a cold (or improving) target is no longer
 explored at the cold share, only re-measured when stale (a race it keeps losing, say)."""
@@ -378,19 +384,24 @@ def explore(
     rng: random.Random,
     hedge_delay: Callable[[str], float] | None = None,
     cold_share: float = COLD_EXPLORE_SHARE,
+    improving_share: float = IMPROVING_EXPLORE_SHARE,
+    due: Callable[[], bool] | None = None,
 ) -> Plan:
     """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
     While some target is *cold* (too few samples to predict from) or *improving* (its newest
     sample is below the range of its older ones: a slow target re-measured fast, when the view
-    has ``improving``), a request explores it with probability ``cold_share`` (never when
+    has ``improving``), a request explores it with probability ``cold_share``
+    (``improving_share`` for an improving one that is not cold; never when
     ``share`` is 0: exploration is off). A target is cold
     for at most ``min_samples`` explorations per window, so this costs a bounded number of
     requests; and never after :data:`COLD_EXPLORE_UNANSWERED` explorations in a row that gave
-    no sample (when the view has ``unanswered``). Otherwise, with probability ``share``,
-    the stalest target goes first when its newest sample (or its last exploration) is older
-    than ``max_age`` seconds: a target that was only slow is re-measured now and then, and wins
-    its traffic back when it got fast again. A hedging plan hedges an explored cold target
+    no sample (when the view has ``unanswered``). Otherwise, with probability ``share``
+    (or when ``due()`` says so: the caller paces re-measures at that share of its requests,
+    one every ``1 / share`` requests, rather than by chance), the stalest target goes first
+    when its newest sample (or its last exploration) is older than ``max_age`` seconds: a
+    target that was only slow is re-measured now and then, and wins its traffic back when it
+    got fast again. A hedging plan hedges an explored cold target
     after ``hedge_delay(target)`` (its own live quantile, or a prior when it has no samples),
     so one exploration costs at most about that; a known one starts together with the first
     choice (``start`` 2; the first choice's own hedge follows at its delay), so re-measuring a
@@ -410,14 +421,17 @@ def explore(
         and (unanswered is None or unanswered(t) < COLD_EXPLORE_UNANSWERED)
     ]
     if cold:
-        if share <= 0 or rng.random() >= max(share, cold_share):
-            return plan
         chosen = max(cold, key=view.staleness)
+        odds = cold_share if view.cold(chosen) else improving_share
+        if share <= 0 or rng.random() >= max(share, odds):
+            return plan
     else:
-        if share <= 0 or not candidates or rng.random() >= share:
+        if share <= 0 or not candidates:
+            return plan
+        if due is None and rng.random() >= share:
             return plan
         chosen = max(candidates, key=view.staleness)
-        if view.staleness(chosen) <= max_age:
+        if view.staleness(chosen) <= max_age or (due is not None and not due()):
             return plan
     delays, start = plan.hedge_delays, plan.start
     if start > 1:

@@ -241,6 +241,7 @@ class LatencyWindow:
         "_samples",
         "_values",
         "_window",
+        "changed",
         "left_median",
         "slowed",
     )
@@ -264,6 +265,9 @@ class LatencyWindow:
         self.slowed = False
         """Kept by ``TargetStats``: the newest change of regime it saw in this window was to
         slower, so the few samples it kept are enough to know the target is slow."""
+        self.changed = False
+        """Kept by ``TargetStats``: a change of regime (either way) was declared in this window,
+        so the samples it kept passed a test that they are the target's new regime."""
         self.left_median: float | None = None
         """Kept by ``TargetStats``: after a change to slower, the median of the regime the
         window left; a change back is to samples nearer that than the slow regime's median."""
@@ -914,6 +918,7 @@ class TargetStats:
         if shift:
             window.left_median = window.quantile_without(shift, 0.5) if slower else None
             window.slowed = slower
+            window.changed = True
             window.keep_newest(shift)
             self.shifts += 1
         if window is self._ttft:
@@ -1082,7 +1087,7 @@ class TargetStats:
         observed, n = window._quantile_and_count(q)
         if observed is None:
             return prior
-        if n >= self.settings.min_samples:
+        if n >= self.known(window):
             return observed  # enough data: a prior would only bias a steady estimate
         weight = self.settings.prior_weight
         return (n * observed + weight * prior) / (n + weight)
@@ -1093,14 +1098,15 @@ class TargetStats:
         The prompt's class is used once it has ``min_samples`` samples, else all classes
         together. Below ``min_samples`` samples the observed quantile is blended with a
         lognormal prior (median ``prior_ttft``) weighted as ``prior_weight`` samples; without
-        samples it is the prior alone; from ``min_samples`` on, the observed quantile alone,
+        samples it is the prior alone; from ``min_samples`` on (:data:`SHIFT_MIN` after a
+        change of regime: :meth:`known`), the observed quantile alone,
         with attempts still waiting longer than that counted as samples of their time so far.
         """
         window = self._class_window(prompt_tokens)
-        if len(window) < self.settings.min_samples:
+        if len(window) < self.known(window):
             window = self._ttft
         predicted = self._blend(window, q, self.settings.prior_ttft)
-        if self._waiting and len(window) >= self.settings.min_samples:
+        if self._waiting and len(window) >= self.known(window):
             now = self._clock()
             overdue = [now - t for t in self._waiting.values() if now - t > predicted]
             if overdue:
@@ -1171,9 +1177,12 @@ class TargetStats:
 
     def known(self, window: LatencyWindow) -> int:
         """Samples that make a window's target known: ``min_samples``; :data:`SHIFT_MIN`
-        after a change of regime to slower (the samples that showed it are few, and new ones
-        come only from re-measuring a target that lost its traffic, at a cost each)."""
-        if window.slowed and len(window) >= SHIFT_MIN:
+        after a change of regime (the samples that showed it are few, and they passed the test
+        that they are the new regime). After a change to slower, new samples come only from
+        re-measuring a target that lost its traffic, at a cost each; after a change back to
+        faster, waiting for ``min_samples`` would keep a recovered target cold (explored, its
+        prediction blended with the prior) for two more re-measures before it gets traffic."""
+        if window.changed and len(window) >= SHIFT_MIN:
             return SHIFT_MIN
         return self.settings.min_samples
 
