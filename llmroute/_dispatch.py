@@ -721,6 +721,18 @@ class Dispatch:
         if settings is None:
             return None
         body, route = call.body, call.route
+        # A tiered name's answers are the name's, whichever of its tiers served them (a request
+        # decided differently later, a follow-up held on a larger tier, a hedge the large tier
+        # won, still finds them), unless the call forced its tier.
+        targets = route.targets if route is not None else ()
+        tiered = call.tiered
+        shared = tiered is not None and not (
+            tiered.decision is not None and tiered.decision.reason == "override"
+        )
+        if tiered is not None and shared:
+            routes = self.router.routes
+            seen = {t.name: t for r in sorted(tiered.model.routes) for t in routes[r].targets}
+            targets = tuple(seen.values())
         options: dict[str, str] = {}
         for source in (call.client_headers, call.headers):
             for name, value in source.items():
@@ -744,8 +756,7 @@ class Dispatch:
                 return None  # who asks is unknown here: tenants would share one namespace
             if route is not None:
                 sent = [
-                    self.upstream.provider_headers(self.providers[t.provider])
-                    for t in route.targets
+                    self.upstream.provider_headers(self.providers[t.provider]) for t in targets
                 ]
             else:
                 sent = [dict(call.sent_headers)]
@@ -757,7 +768,9 @@ class Dispatch:
                 f"got {namespace[:80]!r}"
             )
         # A route's answers are its targets'; a plain model's are its base URL's.
-        if route is not None:
+        if tiered is not None and shared:
+            model = f"tiers:{tiered.model.name}:{','.join(sorted(t.name for t in targets))}"
+        elif route is not None:
             model = f"route:{route.name}:{','.join(sorted(t.name for t in route.targets))}"
         else:
             model = f"{call.base_url}{body['model']}"

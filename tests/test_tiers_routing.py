@@ -3,6 +3,7 @@ the clients and the gateway, with overrides, shadow mode and a default tier on a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -222,6 +223,36 @@ async def test_a_cached_answer_carries_its_decision(sim: Simulator, artefact: Pa
         assert again.cache_hit and again.tier.tier == "chat-large"
         text = client.metrics.exposition().decode()
         assert 'reason="classifier",tier="chat-large"} 2.0' in text  # once per request
+
+
+@pytest.mark.anyio
+async def test_a_cached_answer_is_found_whatever_tier_served_it(
+    sim: Simulator, artefact: Path
+) -> None:
+    config = {**config_for(sim, classifier=str(artefact)), "cache": {"backend": "memory"}}
+    config["cache"]["min_hits"] = 1
+    async with client_for(sim, config) as client:
+        await client.warmup()
+        first = await ask(client, HARD, False, temperature=0)
+        assert first.winner == LARGE and not first.cache_hit
+        tiered = client._llmroute.tiered["auto"]
+        real = tiered.classifier
+
+        class Simple:  # the same request, decided otherwise now (a refitted classifier, say)
+            labels = real.labels
+
+            def decide(self, body: Any, band: Any) -> Any:
+                decision = real.decide(body, band)
+                return dataclasses.replace(decision, label="simple", uncertain=False)
+
+        tiered.classifier = Simple()
+        again = await ask(client, HARD, False, temperature=0)
+        assert again.cache_hit and again.tier.tier == "chat-small"
+        # A call that forces its tier asks that tier: its own key, not the name's answers.
+        forced = await ask(
+            client, HARD, False, temperature=0, extra_body={"llmroute": {"tier": "chat-small"}}
+        )
+        assert not forced.cache_hit and forced.winner == SMALL
 
 
 @pytest.mark.anyio
