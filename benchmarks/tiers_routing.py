@@ -83,15 +83,21 @@ def profiles(small_ms: float, large_ms: float) -> dict[str, Profile]:
     }
 
 
-def config(sims: Sims, train: Path | None) -> dict[str, Any]:
-    """Both tiers' routes, and with ``train`` the tiered name (only its arm fits a classifier)."""
-    tiered = {
+def config(
+    sims: Sims, train: Path | None, uncertain: str = "hedge", band: float | None = None
+) -> dict[str, Any]:
+    """Both tiers' routes, and with ``train`` the tiered name (only its arm fits a classifier):
+    an unsure decision hedged across the tiers (``uncertain``), below ``band``."""
+    tiered: dict[str, Any] = {
         TIERED: {
             "tiers": {"simple": SMALL, "hard": LARGE},
             "default": LARGE,
             "examples": str(train),
+            "uncertain": uncertain,
         }
     }
+    if band is not None:
+        tiered[TIERED]["uncertain_below"] = band
     return {
         "providers": {
             name: {"base_url": proc.base_url, "api_key": "sk-bench"}
@@ -137,9 +143,8 @@ class Arm:
 async def run_arm(arm: Arm, sims: Sims, args: argparse.Namespace, prompts: list[Prompt]) -> None:
     warm = read_prompts(Path(args.train))[: args.warmup]
     train = Path(args.train) if arm.model == TIERED else None
-    client = llmroute.AsyncOpenAI(
-        api_key="unused", config=config(sims, train), verify=sims.ssl_context()
-    )
+    settings = config(sims, train, args.uncertain, args.uncertain_below)
+    client = llmroute.AsyncOpenAI(api_key="unused", config=settings, verify=sims.ssl_context())
     async with client:
         async with asyncio.timeout(120):  # a hang guard: warmup() fits the classifier
             await client.warmup()
@@ -338,6 +343,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=24, help="unmeasured requests per arm")
     parser.add_argument("--small-ms", type=float, default=150.0, help="small tier median TTFT")
     parser.add_argument("--large-ms", type=float, default=450.0, help="large tier median TTFT")
+    parser.add_argument(
+        "--uncertain",
+        choices=("hedge", "default"),
+        default="hedge",
+        help="an unsure decision: hedged across the tiers (hedge) or sent to the default tier",
+    )
+    parser.add_argument(
+        "--uncertain-below", type=float, default=None, help="the band (the classifier's: 0.6)"
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 24 prompts, 1 pass")
     parser.add_argument("--json", help="write every figure to this file")
     args = parser.parse_args(argv)
