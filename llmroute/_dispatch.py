@@ -755,9 +755,7 @@ class Dispatch:
             if call.signed_late and route is None:
                 return None  # who asks is unknown here: tenants would share one namespace
             if route is not None:
-                sent = [
-                    self.upstream.provider_headers(self.providers[t.provider]) for t in targets
-                ]
+                sent = [self.upstream.provider_headers(self.providers[t.provider]) for t in targets]
             else:
                 sent = [dict(call.sent_headers)]
             who = [credentials(merge_headers(headers, call.headers)) for headers in sent]

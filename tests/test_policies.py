@@ -215,7 +215,7 @@ def test_a_cold_target_is_explored_at_the_cold_share_until_it_has_samples(clock:
     rng = random.Random(3)
     runs = [explore(plan, view, share=0.02, max_age=60.0, rng=rng) for _ in range(10_000)]
     share = sum(p.explored == "B" for p in runs) / len(runs)
-    assert 0.09 <= share <= 0.11  # COLD_EXPLORE_SHARE, not the 2% for stale targets
+    assert 0.23 <= share <= 0.27  # COLD_EXPLORE_SHARE, not the 2% for stale targets
     for _ in range(5):  # min_samples: B is no longer cold, and its stats are fresh
         view.stats.target("B").record_ttft(0.4, 100)
     assert all(explore(plan, view, share=0.02, max_age=60.0, rng=rng) is plan for _ in range(1000))
