@@ -8,10 +8,12 @@ writes frames through h2 and may sleep; the server runs in a thread with its own
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import ssl
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +56,22 @@ class ScriptedStream:
 
     def flush(self) -> None:
         self.writer.write(self.conn.data_to_send())
+
+    @contextlib.contextmanager
+    def corked(self) -> Iterator[None]:
+        """Hold what the block writes in the kernel until it ends (TCP_CORK), so the records
+        written reach the peer in one segment, and its TLS reads them in one go: frames written
+        one after the other are otherwise read in one chunk or two as the peer's loop wakes."""
+        sock = self.writer.get_extra_info("socket")
+        cork = getattr(socket, "TCP_CORK", None)  # Linux
+        if sock is None or cork is None:
+            yield
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, cork, 1)
+        try:
+            yield
+        finally:
+            sock.setsockopt(socket.IPPROTO_TCP, cork, 0)
 
     def respond(self, status: int = 200, content_type: bytes = b"text/event-stream") -> None:
         self.conn.send_headers(
