@@ -346,17 +346,23 @@ async def first_token_plain(
         sample.error = type(exc).__name__
 
 
+def plain_clients(sims: Sims) -> dict[str, httpx.AsyncClient]:
+    """A plain httpx client per simulator, over llmroute's own transport (see
+    :func:`first_token_plain`)."""
+    ctx = sims.ssl_context()
+    return {
+        name: httpx.AsyncClient(
+            transport=Transport(verify=ctx),
+            base_url=proc.base_url.rstrip("/") + "/",
+            headers={"authorization": "Bearer sk-bench"},
+        )
+        for name, proc in sims.procs.items()
+    }
+
+
 async def run_oracle(scenario: Scenario, concurrency: int) -> dict[str, Any]:
     with Sims(scenario.initial) as sims:
-        ctx = sims.ssl_context()
-        clients = {
-            name: httpx.AsyncClient(
-                transport=Transport(verify=ctx),
-                base_url=proc.base_url.rstrip("/") + "/",
-                headers={"authorization": "Bearer sk-bench"},
-            )
-            for name, proc in sims.procs.items()
-        }
+        clients = plain_clients(sims)
 
         async def once(i: int, sample: Sample) -> None:
             # The per-request minimum is known at the first token of any of the three: the
@@ -392,15 +398,7 @@ async def run_each(scenario: Scenario, concurrency: int) -> dict[str, list[float
     """Every prompt to all three, each stream read to its own first token: each target's TTFT
     samples of the weather, for the best fixed hedging schedule (:func:`steady_bound`)."""
     with Sims(scenario.initial) as sims:
-        ctx = sims.ssl_context()
-        clients = {
-            name: httpx.AsyncClient(
-                transport=Transport(verify=ctx),
-                base_url=proc.base_url.rstrip("/") + "/",
-                headers={"authorization": "Bearer sk-bench"},
-            )
-            for name, proc in sims.procs.items()
-        }
+        clients = plain_clients(sims)
         each: dict[str, list[float]] = {name: [] for name in clients}
 
         async def once(i: int, sample: Sample) -> None:
@@ -863,8 +861,8 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
         print(f"steady: each target to its own first token ({scenario.duration:.0f} s) ...")
         each = await run_each(scenario, args.concurrency)
         p95, how = steady_bound(each, TARGETS["steady"][1] or 1.10)
-        kinds = {s["kind"]: s for sc, s in rows if sc.name == "steady"}
-        oracle, routed = kinds.get("oracle"), kinds.get("llmroute")
+        by_kind = {s["kind"]: s for sc, s in rows if sc.name == "steady"}
+        oracle, routed = by_kind.get("oracle"), by_kind.get("llmroute")
         o95 = oracle["p95"] if oracle else math.nan
         line = f"steady bound: p95 {ms(p95)} ms = {p95 / o95:.2f}x the oracle's ({how})"
         if routed:

@@ -4,7 +4,6 @@ conversation's tier, an unsure request is hedged across two tiers, and a request
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +21,12 @@ from llmroute._tiers import ConversationMemory, TieredModel, conversation_of
 from llmroute.routing.stats import LiveStats
 from llmroute.server import Gateway
 from llmroute.testing import Simulator
-from llmroute.tiers import fit, read_examples
 from llmroute.tiers._model import Decision
 
+from . import test_tiers_routing
 from .clock import FakeClock
 from .conftest import KEY
 from .test_tiers_routing import (
-    DATA,
     HARD,
     LARGE,
     SIMPLE,
@@ -39,13 +37,8 @@ from .test_tiers_routing import (
     config_for,
 )
 
-
-@pytest.fixture(scope="module")
-def artefact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A classifier fitted once on the 48 test examples (fitting is the slow part)."""
-    path = tmp_path_factory.mktemp("tiers") / "tiers.npz"
-    fit(read_examples(DATA)).save(path)
-    return path
+artefact = test_tiers_routing.artefact  # fixtures (a fitted classifier, a gateway), shared
+gateway = test_tiers_routing.gateway
 
 
 REPLY = [{"role": "assistant", "content": "Here is the plan: first the proof, then the code."}]
@@ -206,17 +199,6 @@ async def test_a_chat_follow_up_stays_on_the_tier_its_conversation_reached(
         assert all(len(key) == 16 for key in memory._entries)  # hashes, never text
         text = client.metrics.exposition().decode()
         assert 'reason="conversation",tier="chat-large"} 2.0' in text
-
-
-@pytest.fixture
-def gateway(sim: Simulator, artefact: Path) -> Iterator[Gateway]:
-    config = {
-        **config_for(sim, classifier=str(artefact)),
-        "gateway": {"keys": {"ci": "GW_KEY_CI"}},
-    }
-    env = {"GW_KEY_CI": "gw-ci-key-0123456789abcdef"}
-    with Gateway(config, environ=env, verify=sim.ssl_context(), max_retries=0) as server:
-        yield server
 
 
 def test_the_gateway_keeps_a_conversation_on_its_tier(gateway: Gateway) -> None:
