@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -21,6 +23,8 @@ P99 = Objective(ttft_ms=300, percentile=99)
 FAST = 0.1  # seconds: meets a 300 ms target
 SLOW = 0.5  # seconds: misses it
 START = 36_000.0  # a multiple of every bucket width (10 s, 60 s, 300 s)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "gateway.md"
 
 
 def tracker(**kwargs: int) -> tuple[SloTracker, FakeClock, CollectorRegistry]:
@@ -288,3 +292,38 @@ def test_the_gateway_registry_takes_the_tracker() -> None:
     text = metrics.exposition().decode()
     assert 'llmroute_gateway_slo_met_total{key="alice",route="chat"} 1.0' in text
     assert 'llmroute_gateway_slo_burn_rate{key="alice",route="chat",window="1h"} 0.0' in text
+
+
+def _rules_block() -> str:
+    text = DOCS.read_text()
+    section = text.split("## Latency objectives (SLOs)", 1)[1]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def test_the_documented_alerting_rules_parse_and_name_only_exported_metrics() -> None:
+    yaml = pytest.importorskip("yaml")
+    rules = yaml.safe_load(_rules_block())
+    (group,) = rules["groups"]
+    alerts = {rule["alert"]: rule for rule in group["rules"]}
+    assert set(alerts) == {"LlmrouteSloFastBurn", "LlmrouteSloSlowBurn", "LlmrouteSloBudgetDrain"}
+    slo, _, registry = tracker()
+    slo.record("alice", "chat", P95, FAST, ok=True)
+    exported = {name for name, _ in samples(registry)}
+    named: set[str] = set()
+    for rule in alerts.values():
+        assert set(rule["labels"]) >= {"severity"}
+        named |= set(re.findall(r"llmroute_\w+", rule["expr"]))
+    assert named == {
+        "llmroute_gateway_slo_requests_total",
+        "llmroute_gateway_slo_met_total",
+        "llmroute_gateway_slo_objective_ratio",
+    }
+    assert named <= exported
+    windows = {rule: set(re.findall(r"\[(\w+)\]", alerts[rule]["expr"])) for rule in alerts}
+    assert windows == {
+        "LlmrouteSloFastBurn": {"1h", "5m"},
+        "LlmrouteSloSlowBurn": {"6h", "30m"},
+        "LlmrouteSloBudgetDrain": {"3d", "6h"},
+    }
