@@ -187,6 +187,8 @@ def test_objectives_refuse_bad_values_naming_the_field() -> None:
         ({"ttft_ms": 0}, "ttft_ms"),
         ({"ttft_ms": -5}, "ttft_ms"),
         ({"ttft_ms": float("inf")}, "ttft_ms"),
+        ({"ttft_ms": True}, "ttft_ms"),
+        ({"ttft_ms": "300"}, "ttft_ms"),
         ({"ttft_ms": 100, "percentile": 100}, "percentile"),
         ({"ttft_ms": 100, "percentile": 0}, "percentile"),
     ]:

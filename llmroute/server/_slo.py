@@ -58,17 +58,21 @@ class Objective:
     percentile: float = 95.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.ttft_ms, int | float) and math.isfinite(self.ttft_ms)):
+        if not (_number(self.ttft_ms) and math.isfinite(self.ttft_ms)):
             raise ValueError(f"ttft_ms must be a number of milliseconds, not {self.ttft_ms!r}")
         if self.ttft_ms <= 0:
             raise ValueError(f"ttft_ms must be above 0, not {self.ttft_ms!r}")
-        if not (isinstance(self.percentile, int | float) and 0 < self.percentile < 100):
+        if not (_number(self.percentile) and 0 < self.percentile < 100):
             raise ValueError(f"percentile must be above 0 and below 100, not {self.percentile!r}")
 
     @property
     def allowed_misses(self) -> float:
         """The share of requests that may miss: the error budget as a ratio."""
         return (100.0 - self.percentile) / 100.0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class _Ring:
@@ -107,13 +111,15 @@ class _Ring:
 
 
 class _Series:
-    __slots__ = ("met", "objective", "requests", "rings")
+    __slots__ = ("counted", "met", "met_counter", "objective", "requests", "rings")
 
-    def __init__(self, objective: Objective) -> None:
+    def __init__(self, objective: Objective, counted: Counter, met_counter: Counter) -> None:
         self.objective = objective
         self.requests = 0
         self.met = 0
         self.rings = tuple(_Ring(width, count) for width, count in _RINGS)
+        self.counted = counted  # the series' children of the two counters, looked up once
+        self.met_counter = met_counter
 
 
 class SloTracker:
@@ -186,7 +192,9 @@ class SloTracker:
                             route,
                         )
                     return
-                series = self._series[key, route] = _Series(objective)
+                series = self._series[key, route] = _Series(
+                    objective, self.requests.labels(key, route), self.met.labels(key, route)
+                )
                 self._show_objective(key, route, objective)
             elif series.objective != objective:
                 series.objective = objective
@@ -196,11 +204,9 @@ class SloTracker:
                 series.met += 1
             for ring in series.rings:
                 ring.add(now, not met)
-        self.requests.labels(key, route).inc()
+        series.counted.inc()
         if met:
-            self.met.labels(key, route).inc()
-        else:
-            self.met.labels(key, route)  # the series exists (at 0) from the first request
+            series.met_counter.inc()
 
     def observe(
         self,
