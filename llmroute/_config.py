@@ -62,17 +62,20 @@ __all__ = [
     "ConfigError",
     "ConnectionSettings",
     "GatewaySettings",
+    "KeySettings",
     "ProviderConfig",
     "RedisSettings",
     "Resolved",
     "ResolvedProvider",
     "RouteConfig",
+    "RouteObjective",
     "RoutingSettings",
     "Target",
     "TierClass",
     "TieredConfig",
     "TieredSettings",
     "load_config",
+    "load_keys_file",
     "parse_duration",
     "resolve",
     "resolve_provider",
@@ -649,6 +652,177 @@ def _path_input(value: Any) -> Any:
     return _empty_is_none(value)
 
 
+_PERIODS = ("day", "month")
+
+
+def _period_input(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() in _PERIODS:
+        return value.strip().lower()
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        raise _invalid(
+            f"expected 'day', 'month' or a duration such as '12h', got {_show(value)}"
+        ) from None
+    if not seconds >= 1:
+        raise _invalid(f"expected a period of at least 1 s, got {_show(value)}")
+    return seconds
+
+
+BudgetPeriod = Annotated[str | float, BeforeValidator(_period_input)]
+
+
+class KeySettings(BaseModel):
+    """What one gateway key may do: ``[gateway.limits]`` for every key, ``[gateway.tenants.
+    <name>]`` for one key (only the fields it sets replace the defaults), or the key's own table
+    in ``keys_file``. Unset: no such limit (see docs/gateway.md, "Keys and their limits")."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1)
+    """Requests per minute (a sliding minute, shared by every replica with Redis)."""
+    tpm: int | None = Field(default=None, ge=1)
+    """Tokens per minute: a request counts its estimate (prompt and ``max_tokens``) when it is
+    admitted, corrected to its answer's ``usage`` when it ends."""
+    budget_tokens: int | None = Field(default=None, ge=1)
+    """Tokens per ``budget_period``; once spent, requests get 429 ``insufficient_quota``."""
+    budget_period: BudgetPeriod | None = None
+    """``"day"`` (a UTC day), ``"month"`` (a UTC calendar month) or a duration (``"12h"``;
+    periods then start at whole multiples of it since 1970)."""
+    models: list[str] | None = None
+    """The model names (routes, tiered names) the key may use; unset: all of them."""
+    default_max_tokens: int | None = Field(default=None, ge=1)
+    """Given to a request that names no ``max_tokens`` (``max_output_tokens`` for Responses)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """A request asking for more is refused with 400 (never shortened)."""
+    ttft_target_ms: float | None = Field(default=None, gt=0)
+    """The key's latency goal, as a request's own ``ttft_target_ms`` (which wins)."""
+    max_concurrency: int | None = Field(default=None, ge=1)
+    """Requests in flight; unset: ``max_concurrency_per_key``."""
+    slo_ttft_ms: float | None = Field(default=None, gt=0)
+    """The key's latency objective: ``slo_percentile`` % of its requests get their first token
+    within this many milliseconds (docs/gateway.md, "Latency objectives")."""
+    slo_percentile: float = Field(default=95.0, gt=0, lt=100)
+    admin: bool = False
+    """May read every key's usage (``GET /admin/usage``)."""
+
+
+def merge_key_settings(base: KeySettings, own: KeySettings | None) -> KeySettings:
+    """``base`` with the fields ``own`` sets replaced."""
+    if own is None:
+        return base
+    data = base.model_dump(exclude_unset=True)
+    data.update(own.model_dump(exclude_unset=True))
+    return KeySettings.model_validate(data)
+
+
+def key_settings_problem(settings: KeySettings, routes: Iterable[str]) -> tuple[str, str] | None:
+    """The first mistake of a key's merged settings, as ``(field, sentence)``: a budget
+    without its period or the reverse, a default ``max_tokens`` above the maximum, a model
+    name that is not a route; ``None`` when there is none."""
+    if (settings.budget_tokens is None) != (settings.budget_period is None):
+        if settings.budget_period is None:
+            return "budget_period", (
+                "budget_tokens needs a budget_period ('day', 'month' or a duration such as '12h')"
+            )
+        return "budget_tokens", "budget_period needs budget_tokens (the tokens per period)"
+    if (
+        settings.default_max_tokens is not None
+        and settings.max_tokens is not None
+        and settings.default_max_tokens > settings.max_tokens
+    ):
+        return "default_max_tokens", (
+            f"default_max_tokens ({settings.default_max_tokens}) is above max_tokens "
+            f"({settings.max_tokens})"
+        )
+    known = list(routes)
+    for name in settings.models or ():
+        if name not in known:
+            return (
+                "models",
+                f"{_show(name)} is not a model name of this config{_suggest(name, known)}",
+            )
+    return None
+
+
+def _digest_input(value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-fA-F]{64}", value.strip()):
+        return value.strip().lower()
+    # Never echo the input: it may be the key itself, pasted where its digest belongs.
+    raise _invalid(
+        "expected the key's SHA-256 digest as 64 hex digits "
+        '(printf %s "$KEY" | sha256sum), not the key'
+    )
+
+
+class KeyEntry(KeySettings):
+    """A key of ``keys_file``: where its value is (``env``) or its digest (``sha256``), and
+    its settings."""
+
+    env: Annotated[str | None, BeforeValidator(_env_var_input)] = None
+    """The environment variable holding the key (read when the file is read)."""
+    sha256: Annotated[str | None, BeforeValidator(_digest_input)] = None
+    """The key's SHA-256 digest (hex): the key itself is in no file."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyEntry:
+        if (self.env is None) == (self.sha256 is None):
+            raise _invalid("give the key as env (a variable's name) or sha256 (its digest)", "env")
+        return self
+
+    def settings(self) -> KeySettings:
+        """The settings this table gives (``env`` and ``sha256`` left out)."""
+        data = self.model_dump(exclude_unset=True, exclude={"env", "sha256"})
+        return KeySettings.model_validate(data)
+
+
+class KeysFile(BaseModel):
+    """``keys_file``: ``[keys.<name>]`` tables (docs/gateway.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: dict[Annotated[str, Field(pattern=_KEY_NAME)], KeyEntry] = Field(default_factory=dict)
+
+
+def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
+    """The keys of ``keys_file`` at ``path``, each checked with ``config``'s ``[gateway.limits]``
+    merged in; :class:`ConfigError` naming the file, the key and the field (never a key's
+    value) for any mistake, or a name ``gateway.keys`` already has."""
+    data = _read_toml(path, missing=f"{path}: no such file (gateway.keys_file)")
+    try:
+        keys = KeysFile.model_validate(data).keys
+    except pydantic.ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    gateway = config.gateway or GatewaySettings()
+    names = [*config.models, *config.tiered]
+    for name, entry in keys.items():
+        where = f"{path}: keys.{_key([name])}"
+        if name.lower().startswith("sk-"):
+            raise ConfigError(f"{path}: a key's name looks like a key: name it, e.g. [keys.app]")
+        if name in gateway.keys:
+            raise ConfigError(f"{where}: gateway.keys has a key of this name already")
+        try:
+            merged = merge_key_settings(gateway.limits, entry.settings())
+        except pydantic.ValidationError as exc:
+            raise ConfigError(_describe(exc, where)) from None
+        problem = key_settings_problem(merged, names)
+        if problem is not None:
+            raise ConfigError(f"{where}.{problem[0]}: {problem[1]}")
+    return keys
+
+
+class RouteObjective(BaseModel):
+    """A ``[gateway.slos.<route>]`` table: the route's latency objective."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_ms: float = Field(gt=0)
+    """``percentile`` % of the route's requests get their first token within this long."""
+    percentile: float = Field(default=95.0, gt=0, lt=100)
+
+
 class GatewaySettings(BaseModel):
     """The ``[gateway]`` table: ``llmroute serve``, the OpenAI-compatible gateway (see
     docs/gateway.md). Keys are named here and read from the environment, never from the file."""
@@ -657,9 +831,31 @@ class GatewaySettings(BaseModel):
 
     keys: dict[
         Annotated[str, Field(pattern=_KEY_NAME)], Annotated[str, BeforeValidator(_env_var_input)]
-    ] = Field(default_factory=lambda: {"default": "LLMROUTE_GATEWAY_KEY"}, min_length=1)
+    ] = Field(default_factory=lambda: {"default": "LLMROUTE_GATEWAY_KEY"})
     """The gateway's API keys: a name (shown in metrics and logs) -> the environment variable
-    holding the key. Default: one key named ``default`` in ``LLMROUTE_GATEWAY_KEY``."""
+    holding the key. Default: one key named ``default`` in ``LLMROUTE_GATEWAY_KEY`` (none
+    when ``keys_file`` is given)."""
+    keys_file: Annotated[str | None, BeforeValidator(_path_input)] = None
+    """A TOML file of more keys, each with its settings, read again when it changes or on
+    SIGHUP (docs/gateway.md, "Keys that change without a restart"); it holds the keys'
+    SHA-256 digests or the names of their environment variables, never the keys."""
+    keys_reload_interval: Annotated[Duration, Field(gt=0)] = 1.0
+    """How often ``keys_file`` is checked for a change."""
+    revoked_streams: Literal["finish", "cut"] = "finish"
+    """What becomes of a revoked key's streams in flight on a reload: they ``finish``, or are
+    ``cut`` (ended with an error event, the upstream cancelled)."""
+    limits: KeySettings = Field(default_factory=KeySettings)
+    """Every key's limits and defaults (``[gateway.limits]``)."""
+    tenants: dict[Annotated[str, Field(pattern=_KEY_NAME)], KeySettings] = Field(
+        default_factory=dict
+    )
+    """One key's settings (``[gateway.tenants.<key name>]``): the fields given replace
+    ``limits``'s."""
+    slos: dict[str, RouteObjective] = Field(default_factory=dict)
+    """Latency objectives by route (``[gateway.slos.<model name>]``)."""
+    limits_on_redis_error: Literal["local", "refuse"] = "local"
+    """With ``limits_backend = "redis"`` and Redis unreachable: count in this replica
+    (``local``) or refuse requests with 503 (``refuse``); logged once per outage."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     """0: any free port (the one chosen is printed)."""
@@ -711,6 +907,13 @@ class GatewaySettings(BaseModel):
     """HTTP/2 frames carrying no request (PING, SETTINGS, PRIORITY, empty DATA, unknown),
     per connection and 10 seconds (a token bucket); more: GOAWAY ENHANCE_YOUR_CALM."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_default_key_with_a_file(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("keys_file") and "keys" not in data:
+            return {**data, "keys": {}}
+        return data
+
     @field_validator("keys")
     @classmethod
     def _check_key_names(cls, value: dict[str, str]) -> dict[str, str]:
@@ -725,6 +928,20 @@ class GatewaySettings(BaseModel):
         if (self.certfile is None) != (self.keyfile is None):
             missing = "keyfile" if self.keyfile is None else "certfile"
             raise _invalid("certfile and keyfile go together", missing)
+        return self
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> GatewaySettings:
+        if not self.keys and self.keys_file is None:
+            raise _invalid("the gateway needs a key: name one here, or give keys_file", "keys")
+        for name in self.tenants:
+            if name not in self.keys:
+                raise _invalid(
+                    f"{name!r} is not a key name of gateway.keys{_suggest(name, self.keys)} "
+                    "(a key in keys_file has its settings in its own table there)",
+                    "tenants",
+                    name,
+                )
         return self
 
     @model_validator(mode="after")
@@ -839,6 +1056,26 @@ class Config(BaseModel):
                             "allow",
                             index,
                         )
+        return self
+
+    @model_validator(mode="after")
+    def _check_gateway(self) -> Config:
+        """Each key's merged settings (``[gateway.limits]`` and its own), and the routes of
+        ``[gateway.slos]``, against this config's model names."""
+        gateway = self.gateway
+        if gateway is None:
+            return self
+        names = [*self.models, *self.tiered]
+        for route in gateway.slos:
+            if route not in names:
+                raise _invalid(_unknown_route(route, names), "gateway", "slos", route)
+        for key in gateway.keys:
+            merged = merge_key_settings(gateway.limits, gateway.tenants.get(key))
+            problem = key_settings_problem(merged, names)
+            if problem is not None:
+                table = "tenants" if key in gateway.tenants else "limits"
+                where = ("gateway", "tenants", key) if table == "tenants" else ("gateway", "limits")
+                raise _invalid(f"key {key!r}: {problem[1]}", *where, problem[0])
         return self
 
     def _not_a_tier(self, name: str) -> str:
@@ -1127,6 +1364,11 @@ def _with_slash(url: httpx.URL) -> httpx.URL:
 
 
 def _load_file(path: str, *, missing: str) -> Config:
+    return _validate(_read_toml(path, missing=missing), path)
+
+
+def _read_toml(path: str, *, missing: str) -> dict[str, Any]:
+    """The TOML file at ``path``; :class:`ConfigError` saying where it is not valid TOML."""
     try:
         raw = Path(path).read_bytes()
     except FileNotFoundError:
@@ -1150,7 +1392,7 @@ def _load_file(path: str, *, missing: str) -> Config:
         if text[:1].isupper() and text[1:2].islower():
             text = text[0].lower() + text[1:]
         raise ConfigError(f"{path}: {where}not valid TOML: {text}") from None
-    return _validate(data, path)
+    return data
 
 
 def _validate(data: Mapping[str, Any], source: str) -> Config:
@@ -1276,6 +1518,8 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
             "api_key" in loc
             or "api_key_env" in loc
             or "headers" in loc
+            or "sha256" in loc
+            or "env" in loc
             or (len(loc) == 2 and loc[0] == "providers")
         )
         got = "" if secret else f", got {_show(err.get('input'))}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["AttemptReport", "RouteReport", "TierDecision", "Timings"]
 
@@ -144,3 +145,7 @@ class RouteReport:
     context window is smaller than the request's estimated size)."""
     tier: TierDecision | None = None
     """For a tiered model name: the classifier's decision (``route`` is then the tier's)."""
+    usage: Any = None
+    """A streamed answer's newest ``usage`` (a ``CompletionUsage``) as the vendors counted it,
+    whether or not the caller asked for it (llmroute asks targets for it), with what earlier
+    attempts delivered added when it was continued; ``None`` when no target sent one."""

@@ -141,15 +141,16 @@ def _serve_workers(args: argparse.Namespace) -> int:
         children.append(pid)
     sock.close()
 
-    def stop(signum: int, frame: object) -> None:
+    def forward(signum: int, frame: object) -> None:
         for child in children:
             try:
-                os.kill(child, signal.SIGTERM)
+                os.kill(child, signal.SIGTERM if signum == signal.SIGINT else signum)
             except ProcessLookupError:
                 pass
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # each worker reads its keys again
     worst = 0
     for child in children:
         _, status = os.waitpid(child, 0)
@@ -196,6 +197,7 @@ async def _serve(
     shutdown = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown.set)
+    loop.add_signal_handler(signal.SIGHUP, app.reload)  # the keys, read again
     url = base_url(sock, tls=certfile is not None)
     protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
     workers = f"; {args.workers} workers" if args.workers > 1 else ""

@@ -912,6 +912,7 @@ class _Run:
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
             self.prompt_usage = prompt
+        self.report.usage = usage
         if not self.delivered:
             return
         total = completion + self.delivered
@@ -920,7 +921,7 @@ class _Run:
             prompt = update["prompt_tokens"] = self.prompt_usage
         if isinstance(prompt, int):
             update["total_tokens"] = prompt + total
-        chunk.usage = usage.model_copy(update=update)
+        chunk.usage = self.report.usage = usage.model_copy(update=update)
 
     # -- before the first token: attempts, hedges, failover --------------------------------
 

@@ -32,11 +32,19 @@ from .._timeouts import (
 from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..protocols.openai import is_token_chunk
+from ..routing.engine import prompt_messages
+from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
+from ..routing.stats import estimate_prompt_tokens
+from ..routing.windows import answer_room
 from ._auth import KeyRing
+from ._limits import Grant, Limits, LocalLimits, RedisLimits, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
-from ._slots import LocalSlots, RedisSlots, Slots
+from ._slo import Objective, SloTracker
+from ._slots import LocalSlots, RedisSlots, Slots, SlotsUnavailable
+from ._tenants import Tenant, Tenants, file_stamp
 from ._validate import InvalidField, check, finite_float
 
 __all__ = ["GatewayApp", "dump_json", "group_namespace", "key_namespace"]
@@ -53,6 +61,7 @@ _COMPLETIONS = "/v1/completions"
 _EMBEDDINGS = "/v1/embeddings"
 _RESPONSES = "/v1/responses"
 _MODELS = "/v1/models"
+_ADMIN_USAGE = "/admin/usage"
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
 _KINDS = {
     _CHAT: "chat",
@@ -182,16 +191,22 @@ class _Exchange:
     """One request's state: its id, key name, status sent and whether the client left."""
 
     __slots__ = (
+        "failed",
         "finished",
+        "first",
         "gone",
+        "headers",
         "key",
         "label",
         "request_id",
+        "revoked",
         "send",
         "since",
         "slot",
         "stalled",
+        "started",
         "status",
+        "tenant",
         "write_timeout",
     )
 
@@ -199,6 +214,13 @@ class _Exchange:
         self.send = send
         self.label = label
         self.key = ANONYMOUS
+        self.tenant: Tenant | None = None
+        self.headers: dict[str, str] = {}
+        """Sent with the answer whatever it is (the key's x-ratelimit-* headers)."""
+        self.started = 0.0  # when the answer's headers were sent (monotonic)
+        self.first = 0.0  # when its first chunk (or the whole answer) began to be written
+        self.failed = False  # a stream that ended with an error event
+        self.revoked = False  # the key was revoked on a reload, and its streams cut
         self.status = 0
         self.gone = False
         self.stalled = False
@@ -210,9 +232,11 @@ class _Exchange:
 
     async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
         self.status = status
+        self.started = time.monotonic()
         raw = [
             (b"content-type", content_type.encode()),
             (b"x-request-id", self.request_id.encode()),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()),
             *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
@@ -221,6 +245,8 @@ class _Exchange:
         """One chunk of a streamed answer. Its write is timed by the request's watcher
         (:func:`_watch`), which costs nothing per chunk, unlike a cancel scope per write."""
         self.since = time.monotonic()
+        if not self.first:
+            self.first = self.since
         await self.send({"type": "http.response.body", "body": data, "more_body": True})
         self.since = 0.0
 
@@ -243,6 +269,7 @@ class _Exchange:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         await self.start(status, content_type, headers or {})
+        self.first = self.started
         await self.body(data)
 
 
@@ -273,8 +300,9 @@ class GatewayApp:
             )
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
-        self.keys = KeyRing.from_settings(self.settings, environ)
-        self._namespaces = _namespaces(self.settings, self.keys.names)
+        self._environ = environ
+        self.tenants = Tenants.load(loaded, environ)
+        self._namespaces = _namespaces(self.settings, self.tenants.names)
         resolved = resolve(loaded)
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
@@ -283,9 +311,15 @@ class GatewayApp:
         _refuse_cookies(self.client)
         self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
+        self.metrics.keys.set(len(self.tenants.names))
+        self.slo = SloTracker(self.metrics.registry)
+        self._route_slos = {
+            route: Objective(o.ttft_ms, o.percentile) for route, o in self.settings.slos.items()
+        }
         self.routes = [*loaded.models, *loaded.tiered]
         self._created = int(time.time())
         self._slots: Slots = LocalSlots()
+        self._limits: Limits = LocalLimits()
         if self.settings.limits_backend == "redis":
             redis = loaded.redis
             self._slots = RedisSlots(
@@ -293,9 +327,66 @@ class GatewayApp:
                 prefix=redis.prefix,
                 timeout=redis.timeout,
                 lease=self.settings.slot_lease,
+                on_error=self.settings.limits_on_redis_error,
             )
-        self._scopes: set[anyio.CancelScope] = set()
+            self._limits = RedisLimits(
+                redis.url.get_secret_value(),
+                prefix=redis.prefix,
+                timeout=redis.timeout,
+                on_error=self.settings.limits_on_redis_error,
+            )
+        self._scopes: dict[anyio.CancelScope, _Exchange] = {}
+        self._usage: dict[str, dict[str, int]] = {}
         self._closing = False
+
+    @property
+    def keys(self) -> KeyRing:
+        """The keys accepted now (replaced on a reload)."""
+        return self.tenants.ring
+
+    # -- keys that change ---------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        """Read the keys again (``keys_file`` and the environment): new keys are accepted, the
+        settings of known ones replaced, and revoked keys refused from now on; their streams in
+        flight finish or are cut (``revoked_streams``). On a mistake the keys stay as they were
+        and the mistake is logged as a sentence. Call it from the server's event loop.
+        Returns whether the keys were replaced."""
+        try:
+            newer = Tenants.load(self.config, self._environ)
+        except (ConfigError, ValueError) as exc:
+            self.metrics.reloads.labels("error").inc()
+            log.error("gateway keys not reloaded (the keys before stay): %s", exc)
+            return False
+        revoked = self.tenants.revoked_by(newer)
+        self.tenants = newer
+        self._namespaces = _namespaces(self.settings, newer.names)
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.keys.set(len(newer.names))
+        log.info(
+            "gateway keys reloaded: %d key(s)%s",
+            len(newer.names),
+            f"; revoked: {', '.join(sorted(revoked))}" if revoked else "",
+        )
+        for name in revoked:
+            self.slo.forget(name)
+        if revoked and self.settings.revoked_streams == "cut":
+            for scope, exchange in list(self._scopes.items()):
+                if exchange.key in revoked:
+                    exchange.revoked = True
+                    scope.cancel()
+        return True
+
+    async def _watch_keys(self) -> None:
+        """Reload when ``keys_file`` changes (checked every ``keys_reload_interval``)."""
+        path = self.settings.keys_file
+        if path is None:
+            return
+        while True:
+            await anyio.sleep(self.settings.keys_reload_interval)
+            if file_stamp(path) != self.tenants.stamp:
+                if not self.reload():
+                    self.tenants.stamp = file_stamp(path)  # logged once, not every interval
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -312,21 +403,27 @@ class GatewayApp:
         await self.client.close()
         if isinstance(self._slots, RedisSlots):
             self._slots.close()
+        self._limits.close()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                with anyio.move_on_after(10):
-                    try:
-                        await self.client.warmup()
-                    except Exception as exc:  # serving goes on; the routing handles dead targets
-                        log.warning("warmup: no target could be reached: %s", self._scrub(str(exc)))
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+        async with anyio.create_task_group() as tg:
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    with anyio.move_on_after(10):
+                        try:
+                            await self.client.warmup()
+                        except Exception as exc:  # serving goes on; routing handles dead targets
+                            log.warning(
+                                "warmup: no target could be reached: %s", self._scrub(str(exc))
+                            )
+                    tg.start_soon(self._watch_keys)
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    tg.cancel_scope.cancel()  # the keys' watch
+                    break
+        await self.aclose()
+        await send({"type": "lifespan.shutdown.complete"})
 
     # -- dispatch -----------------------------------------------------------------------------
 
@@ -385,6 +482,20 @@ class GatewayApp:
             data = self._scrub(data.decode()).encode()
             await exchange.whole(200, data, METRICS_CONTENT_TYPE)
             return
+        if path == _ADMIN_USAGE:
+            _allow(method, "GET")
+            tenant = self._authenticate(headers, exchange)
+            if not tenant.settings.admin:
+                raise _Refused(
+                    403,
+                    _error(
+                        "This key may not read usage (only a key with admin = true may).",
+                        "invalid_request_error",
+                        "permission_denied",
+                    ),
+                )
+            await exchange.whole(200, json.dumps(await self.usage()).encode())
+            return
         if not path.startswith("/v1/"):
             raise _Refused(404, _error(f"Unknown request URL: {path}", "invalid_request_error"))
         self._authenticate(headers, exchange)
@@ -397,17 +508,30 @@ class GatewayApp:
         exchange: _Exchange,
         work: Callable[[], Awaitable[None]],
     ) -> None:
-        """Run ``work`` in one of the key's ``max_concurrency_per_key`` slots, or refuse (429)."""
+        """Run ``work`` in one of the key's slots (its ``max_concurrency``), or refuse (429)."""
         key = exchange.key
-        token = await self._slots.acquire(key, self.settings.max_concurrency_per_key)
+        limit = exchange.tenant.concurrency if exchange.tenant else 1
+        try:
+            token = await self._slots.acquire(key, limit)
+        except SlotsUnavailable:
+            self.metrics.rejections.labels(key, "limits_unavailable").inc()
+            raise _Refused(
+                503,
+                _error(
+                    "The gateway cannot count this key's limits right now (its Redis is "
+                    "unreachable); retry shortly.",
+                    "server_error",
+                    "limits_unavailable",
+                ),
+                {"retry-after": "1", "retry-after-ms": "1000"},
+            ) from None
         if token is None:
             self.metrics.rejections.labels(key, "concurrency").inc()
             wait = self.settings.retry_after
             raise _Refused(
                 429,
                 _error(
-                    f"Too many requests in flight for this key (at most "
-                    f"{self.settings.max_concurrency_per_key}); retry shortly.",
+                    f"Too many requests in flight for this key (at most {limit}); retry shortly.",
                     "requests",
                     "rate_limit_exceeded",
                 ),
@@ -433,15 +557,17 @@ class GatewayApp:
         exchange: _Exchange,
         receive: Receive,
     ) -> None:
+        tenant = exchange.tenant
+        assert tenant is not None
         if path == _MODELS:
             _allow(method, "GET")
-            data = [self._model(name) for name in self.routes]
+            data = [self._model(name) for name in self.routes if tenant.may_use(name)]
             await exchange.whole(200, json.dumps({"object": "list", "data": data}).encode())
             return
         if path.startswith(_MODELS + "/"):
             _allow(method, "GET")
             name = path[len(_MODELS) + 1 :]
-            if name not in self.routes:
+            if name not in self.routes or not tenant.may_use(name):
                 raise _model_not_found(name)
             await exchange.whole(200, json.dumps(self._model(name)).encode())
             return
@@ -474,6 +600,10 @@ class GatewayApp:
             raise _invalid_field(invalid) from None
         if model not in self.routes and self.config.default_provider is None:
             raise _model_not_found(model)
+        self._permit(tenant, model, body, exchange)
+        self._max_tokens(tenant, path, body, exchange)
+        if tenant.settings.ttft_target_ms is not None and path in _ROUTABLE:
+            _default_goal(body, headers, tenant.settings.ttft_target_ms)
         try:
             own = request_timeouts(headers)
         except TimeoutHeaderError as exc:
@@ -488,9 +618,137 @@ class GatewayApp:
         extra_headers = self._upstream_headers(headers, exchange)
 
         async def work() -> None:
-            await self._answer(path, body, extra_headers, exchange, receive, total)
+            grant = await self._admit(tenant, path, body, exchange)
+            tally = _Tally(_prompt_estimate(body, _KINDS[path]))
+            admitted = time.monotonic()
+            try:
+                await self._answer(path, body, extra_headers, exchange, receive, total, tally)
+            finally:
+                self._objectives(tenant, model, exchange, admitted)
+                await self._settle(exchange, grant, tally)
 
         await self._slot(exchange, work)
+
+    def _objectives(self, tenant: Tenant, model: str, exchange: _Exchange, admitted: float) -> None:
+        """Whether the request met the key's and the route's latency objectives."""
+        route = self._route_slos.get(model)
+        own = tenant.settings.slo_ttft_ms
+        if route is None and own is None:
+            return
+        ttft = exchange.first - admitted if exchange.first else None
+        if exchange.gone and ttft is None:
+            return  # the client left before its first token: not the gateway's miss
+        ok = exchange.status == 200 and not exchange.failed
+        mine = Objective(own, tenant.settings.slo_percentile) if own is not None else None
+        self.slo.observe(exchange.key, model, ttft, ok, key_objective=mine, route_objective=route)
+
+    def _permit(
+        self, tenant: Tenant, model: str, body: Mapping[str, Any], exchange: _Exchange
+    ) -> None:
+        """404 for a model name the key may not use, as if it did not exist; also for a tier
+        forced with ``llmroute.tier`` whose route the key may not use."""
+        if tenant.settings.models is None:
+            return
+        if not tenant.may_use(model):
+            self.metrics.rejections.labels(exchange.key, "model").inc()
+            raise _model_not_found(model)
+        options = body.get("llmroute")
+        forced = options.get("tier") if isinstance(options, Mapping) else None
+        tiered = self.config.tiered.get(model)
+        if isinstance(forced, str) and tiered is not None:
+            route = tiered.tiers.get(forced, forced)
+            if route in self.config.models and not tenant.may_use(route):
+                self.metrics.rejections.labels(exchange.key, "model").inc()
+                raise _model_not_found(route)
+
+    def _max_tokens(
+        self, tenant: Tenant, path: str, body: dict[str, Any], exchange: _Exchange
+    ) -> None:
+        """The key's ``max_tokens``: a request asking for more is refused (400, naming the
+        field); one naming no limit gets the key's ``default_max_tokens``."""
+        if path == _EMBEDDINGS:
+            return
+        settings = tenant.settings
+        fields = _LIMIT_FIELDS[path]
+        named = [f for f in fields if f in body and body[f] is not None]
+        if settings.max_tokens is not None:
+            for field_name in named:
+                value = body[field_name]
+                if isinstance(value, int) and value > settings.max_tokens:
+                    self.metrics.rejections.labels(exchange.key, "max_tokens").inc()
+                    raise _Refused(
+                        400,
+                        _error(
+                            f"Invalid '{field_name}': {value} is above this key's limit of "
+                            f"{settings.max_tokens} tokens.",
+                            "invalid_request_error",
+                            "invalid_value",
+                            field_name,
+                        ),
+                    )
+        if not named and settings.default_max_tokens is not None:
+            body[fields[-1]] = settings.default_max_tokens
+
+    async def _admit(
+        self, tenant: Tenant, path: str, body: Mapping[str, Any], exchange: _Exchange
+    ) -> Grant | None:
+        """Count the request against the key's limits (its tokens estimated), or refuse it."""
+        if not tenant.limited:
+            return None
+        estimate = _prompt_estimate(body, _KINDS[path]) + answer_room(body, _KINDS[path])
+        decided = await self._limits.admit(tenant, estimate)
+        if isinstance(decided, Refusal):
+            self.metrics.rejections.labels(exchange.key, decided.reason).inc()
+            raise _Refused(
+                decided.status,
+                _error(decided.message, decided.type, decided.code),
+                decided.headers,
+            )
+        exchange.headers.update(decided.headers)
+        return decided
+
+    async def _settle(self, exchange: _Exchange, grant: Grant | None, tally: _Tally) -> None:
+        """Count what the answer used: the key's usage, and its limits corrected to it."""
+        prompt, completion = tally.used()
+        usage = self._usage.setdefault(exchange.key, _new_usage())
+        usage["requests"] += 1
+        if exchange.status >= 400 or (exchange.status == 0 and not exchange.gone):
+            usage["errors"] += 1
+        if tally.cache_hit:
+            usage["cache_hits"] += 1
+            self.metrics.cache_hits.labels(exchange.key).inc()
+        usage["prompt_tokens"] += prompt
+        usage["completion_tokens"] += completion
+        if prompt:
+            self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
+        if completion:
+            self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
+        if grant is not None:
+            await self._limits.settle(grant, prompt + completion)
+
+    async def usage(self) -> dict[str, Any]:
+        """Every key's usage in this replica (requests, errors, tokens, cache hits) and its
+        limits' counters now (shared by every replica with Redis): ``GET /admin/usage``."""
+        keys: dict[str, Any] = {}
+        for name, tenant in self.tenants.by_name.items():
+            entry: dict[str, Any] = dict(self._usage.get(name) or _new_usage())
+            settings = tenant.settings
+            if tenant.limited:
+                counts = await self._limits.peek(tenant)
+                entry["limits"] = {
+                    "rpm": settings.rpm,
+                    "requests_this_minute": counts.requests,
+                    "tpm": settings.tpm,
+                    "tokens_this_minute": counts.tokens,
+                    "budget_tokens": settings.budget_tokens,
+                    "budget_period": settings.budget_period,
+                    "budget_spent": counts.spent if settings.budget_tokens else None,
+                }
+            keys[name] = entry
+        for name, entry in self._usage.items():  # keys revoked since
+            if name not in keys:
+                keys[name] = dict(entry) | {"revoked": True}
+        return {"object": "usage", "replica_since": self._created, "keys": keys}
 
     # -- the routed call ------------------------------------------------------------------------
 
@@ -502,12 +760,13 @@ class GatewayApp:
         exchange: _Exchange,
         receive: Receive,
         total: float | None = None,
+        tally: _Tally | None = None,
     ) -> None:
         # Failures of this request count against this key first (routing/health.py): one key's
         # bad requests open that key's breakers, not everyone's.
         party = failure_party.set(exchange.key)
         try:
-            await self._routed(path, body, extra_headers, exchange, receive, total)
+            await self._routed(path, body, extra_headers, exchange, receive, total, tally)
         finally:
             failure_party.reset(party)
 
@@ -519,8 +778,11 @@ class GatewayApp:
         exchange: _Exchange,
         receive: Receive,
         total: float | None = None,
+        tally: _Tally | None = None,
     ) -> None:
-        """The routed call and its answer, within ``total`` seconds if given."""
+        """The routed call and its answer, within ``total`` seconds if given; what it used
+        goes in ``tally``."""
+        tally = tally if tally is not None else _Tally(0)
         stream: openai.AsyncStream[Any] | None = None
         sequence: object = None
         result: object = None
@@ -539,14 +801,15 @@ class GatewayApp:
                 scope.cancel()
 
             tg.start_soon(_watch, receive, exchange, client_gone, client_stalled, self._renew)
-            self._scopes.add(scope)
+            self._scopes[scope] = exchange
             deadline = anyio.current_time() + total if total is not None else math.inf
             try:
                 with anyio.CancelScope(deadline=deadline) as limit:
                     result = await self._call(path, body, extra_headers)
                     if isinstance(result, openai.AsyncStream):  # llmroute's for chat, else openai's
                         stream = result
-                        cache = "hit" if _cache_hit(stream) else "miss"
+                        tally.cache_hit = _cache_hit(stream)
+                        cache = "hit" if tally.cache_hit else "miss"
                         await exchange.start(
                             200,
                             "text/event-stream; charset=utf-8",
@@ -556,9 +819,11 @@ class GatewayApp:
                         if path == _RESPONSES:  # named events, as OpenAI sends them
                             async for event in stream:
                                 sequence = getattr(event, "sequence_number", sequence)
+                                tally.event(event)
                                 await exchange.chunk(_named_event(event))
                         else:
                             async for chunk in stream:
+                                tally.chunk(chunk)
                                 await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
                         complete = True
                 if limit.cancelled_caught and total is not None:
@@ -567,13 +832,14 @@ class GatewayApp:
             except Exception as exc:
                 failure = exc
             finally:
-                self._scopes.discard(scope)
+                self._scopes.pop(scope, None)
                 scope.cancel()
         if exchange.stalled:
             self.metrics.rejections.labels(exchange.key, "write_timeout").inc()
         elif exchange.gone:
             self.metrics.disconnects.labels(exchange.key, exchange.label).inc()
         if stream is not None:
+            tally.streamed(getattr(stream, "route", None))
             with anyio.move_on_after(_CLOSE_TIMEOUT, shield=True):
                 try:
                     await stream.close()
@@ -587,7 +853,14 @@ class GatewayApp:
                 await exchange.body(b"" if path == _RESPONSES else b"data: [DONE]\n\n")
                 return
             self.metrics.stream_errors.labels(exchange.key, exchange.label).inc()
-            if failure is None:
+            exchange.failed = True
+            if exchange.revoked:
+                event = _error(
+                    "This key was revoked; the answer is incomplete.",
+                    "invalid_request_error",
+                    "key_revoked",
+                )
+            elif failure is None:
                 event = _error(
                     "The gateway is shutting down; the answer is incomplete.",
                     "server_error",
@@ -611,10 +884,15 @@ class GatewayApp:
             return
         if failure is not None:
             raise self._map_error(failure)
+        if result is None and exchange.revoked:
+            raise _Refused(
+                401, _error("This key was revoked.", "invalid_request_error", "invalid_api_key")
+            )
         if result is None:
             raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
         assert isinstance(result, pydantic.BaseModel)
-        cache = "hit" if _cache_hit(result) else "miss"
+        tally.answered(result)
+        cache = "hit" if tally.cache_hit else "miss"
         await exchange.whole(
             200, dump_json(result), headers={"x-llmroute-cache": cache} | _tier_header(result)
         )
@@ -676,9 +954,9 @@ class GatewayApp:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> None:
-        name = self.keys.match(headers.get("authorization"))
-        if name is None:
+    def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> Tenant:
+        tenant = self.tenants.match(headers.get("authorization"))
+        if tenant is None:
             self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
             given = "authorization" in headers
             message = (
@@ -691,7 +969,9 @@ class GatewayApp:
                 _error(message, "invalid_request_error", "invalid_api_key"),
                 {"www-authenticate": 'Bearer realm="llmroute"'},
             )
-        exchange.key = name
+        exchange.key = tenant.name
+        exchange.tenant = tenant
+        return tenant
 
     async def _read_json(
         self, headers: Mapping[str, str], exchange: _Exchange, receive: Receive
@@ -963,3 +1243,109 @@ def _model_not_found(name: str) -> _Refused:
             "model_not_found",
         ),
     )
+
+
+_LIMIT_FIELDS = {
+    _CHAT: ("max_completion_tokens", "max_tokens"),
+    _COMPLETIONS: ("max_tokens",),
+    _RESPONSES: ("max_output_tokens",),
+}
+"""The fields that limit an answer's tokens; a key's ``default_max_tokens`` goes in the last."""
+
+
+def _prompt_estimate(body: Mapping[str, Any], kind: str) -> int:
+    """The request's prompt tokens, estimated (four characters a token)."""
+    if kind in ("chat", "responses"):
+        return estimate_prompt_tokens(prompt_messages(body, kind))
+    given = body.get("prompt" if kind == "completions" else "input")
+    texts = [given] if isinstance(given, str) else given if isinstance(given, list) else []
+    characters = sum(len(t) for t in texts if isinstance(t, str))
+    tokens = sum(len(t) for t in texts if isinstance(t, list))  # token ids
+    return characters // 4 + tokens
+
+
+def _default_goal(body: dict[str, Any], headers: Mapping[str, str], ttft_ms: float) -> None:
+    """The key's ``ttft_target_ms`` as the request's own, unless it gives one."""
+    if TTFT_TARGET_HEADER in headers:
+        return
+    options = body.get("llmroute")
+    if options is None:
+        body["llmroute"] = {"ttft_target_ms": ttft_ms}
+    elif isinstance(options, dict) and "ttft_target_ms" not in options:
+        options["ttft_target_ms"] = ttft_ms
+
+
+def _new_usage() -> dict[str, int]:
+    return dict.fromkeys(
+        ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits"), 0
+    )
+
+
+class _Tally:
+    """What one answer used: the vendors' usage where it came, else the gateway's count
+    (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing."""
+
+    __slots__ = ("answer", "cache_hit", "chunks", "completion", "estimate", "prompt")
+
+    def __init__(self, estimate: int) -> None:
+        self.estimate = estimate
+        self.prompt: int | None = None
+        self.completion: int | None = None
+        self.chunks = 0
+        self.cache_hit = False
+        self.answer = False  # a whole answer came (with or without usage)
+
+    def _usage(self, usage: Any, prompt: str, completion: str) -> None:
+        p, c = getattr(usage, prompt, None), getattr(usage, completion, None)
+        if isinstance(p, int):
+            self.prompt = p
+        if isinstance(c, int):
+            self.completion = c
+
+    def chunk(self, chunk: Any) -> None:
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self._usage(usage, "prompt_tokens", "completion_tokens")
+        if type(chunk) is ChatCompletionChunk and is_token_chunk(chunk):
+            self.chunks += 1
+        elif getattr(chunk, "choices", None) and getattr(chunk.choices[0], "text", None):
+            self.chunks += 1  # a legacy completion's chunk
+
+    def event(self, event: Any) -> None:
+        kind = getattr(event, "type", "")
+        if kind == "response.output_text.delta":
+            self.chunks += 1
+        elif kind in ("response.completed", "response.incomplete"):
+            response = getattr(event, "response", None)
+            usage = getattr(response, "usage", None)
+            if usage is not None:
+                self._usage(usage, "input_tokens", "output_tokens")
+
+    def streamed(self, route: Any) -> None:
+        """A routed stream's report: its usage as the vendors counted it."""
+        usage = getattr(route, "usage", None)
+        if usage is not None and self.completion is None:
+            self._usage(usage, "prompt_tokens", "completion_tokens")
+
+    def answered(self, result: Any) -> None:
+        self.cache_hit = _cache_hit(result)
+        self.answer = True
+        usage = getattr(result, "usage", None)
+        if usage is None:
+            return
+        if hasattr(usage, "input_tokens"):  # the Responses API's
+            self._usage(usage, "input_tokens", "output_tokens")
+        else:
+            self._usage(usage, "prompt_tokens", "completion_tokens")
+            if self.completion is None and isinstance(self.prompt, int):
+                self.completion = 0  # embeddings: no completion
+
+    def used(self) -> tuple[int, int]:
+        """Prompt and completion tokens (none for a cache hit)."""
+        if self.cache_hit:
+            return 0, 0
+        if self.prompt is None and self.completion is None and not self.chunks and not self.answer:
+            return 0, 0  # nothing came back: nothing was used that anyone counted
+        prompt = self.prompt if self.prompt is not None else self.estimate
+        completion = self.completion if self.completion is not None else self.chunks
+        return prompt, completion

@@ -24,43 +24,71 @@ def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
 
+def read_key(table: str, name: str, variable: str, environ: Mapping[str, str]) -> str:
+    """The key in ``environ[variable]``; :class:`ConfigError` naming ``table.name`` and the
+    variable (never a value) when it is unset, empty, or not printable ASCII."""
+    value = environ.get(variable, "").strip()
+    if not value:
+        raise ConfigError(
+            f"{table}.{name}: the environment variable {variable} is not set "
+            "(it holds the gateway key clients send as 'Authorization: Bearer <key>')"
+        )
+    if not _usable(value):
+        raise ConfigError(
+            f"{table}.{name}: the environment variable {variable} holds characters "
+            "other than printable ASCII; a client cannot send such a key in an HTTP "
+            "header (use letters, digits and punctuation)"
+        )
+    return value
+
+
 class KeyRing:
     """The gateway's keys by name. Only SHA-256 digests are kept, so a key's length and bytes
     never steer a comparison, and the repr shows names only."""
 
     __slots__ = ("_digests",)
 
-    def __init__(self, keys: Mapping[str, str]) -> None:
-        """``keys``: name -> the key itself (each non-empty printable ASCII)."""
-        if not keys:
+    def __init__(self, keys: Mapping[str, str], digests: Mapping[str, bytes] | None = None) -> None:
+        """``keys``: name -> the key itself (each non-empty printable ASCII); ``digests``:
+        name -> a key's SHA-256 digest, for keys given only so (``keys_file``'s ``sha256``)."""
+        if not keys and not digests:
             raise ValueError("a gateway needs at least one key")
         for name, key in keys.items():
             if not key or not _usable(key):  # the key is never shown
                 raise ValueError(f"gateway key {name!r}: empty or not printable ASCII")
         self._digests = [(name, _digest(key.encode())) for name, key in keys.items()]
+        for name, digest in (digests or {}).items():
+            if len(digest) != hashlib.sha256().digest_size:
+                raise ValueError(f"gateway key {name!r}: a SHA-256 digest is 32 bytes")
+            self._digests.append((name, digest))
+
+    def digest(self, name: str) -> bytes | None:
+        """The digest of the key ``name`` (to tell a key that changed on a reload)."""
+        return next((digest for own, digest in self._digests if own == name), None)
 
     @classmethod
     def from_settings(
-        cls, settings: GatewaySettings, environ: Mapping[str, str] = os.environ
+        cls,
+        settings: GatewaySettings,
+        environ: Mapping[str, str] = os.environ,
+        digests: Mapping[str, bytes] | None = None,
+        more: Mapping[str, str] | None = None,
+        where: str = "gateway.keys",
     ) -> KeyRing:
-        """The keys ``settings.keys`` names, read from ``environ``; :class:`ConfigError` naming
-        the variable (never a value) when one is unset, empty, or not printable ASCII."""
+        """The keys ``settings.keys`` names, read from ``environ``, and ``more`` (name ->
+        variable, from ``keys_file``, named ``where`` in errors) and ``digests``;
+        :class:`ConfigError` naming the variable (never a value) when one is unset, empty, or
+        not printable ASCII."""
         keys: dict[str, str] = {}
-        for name, variable in settings.keys.items():
-            value = environ.get(variable, "").strip()
-            if not value:
-                raise ConfigError(
-                    f"gateway.keys.{name}: the environment variable {variable} is not set "
-                    "(it holds the gateway key clients send as 'Authorization: Bearer <key>')"
-                )
-            if not _usable(value):
-                raise ConfigError(
-                    f"gateway.keys.{name}: the environment variable {variable} holds characters "
-                    "other than printable ASCII; a client cannot send such a key in an HTTP "
-                    "header (use letters, digits and punctuation)"
-                )
-            keys[name] = value
-        return cls(keys)
+        for table, variables in (("gateway.keys", settings.keys), (where, more or {})):
+            for name, variable in variables.items():
+                keys[name] = read_key(table, name, variable, environ)
+        if not keys and not digests:
+            raise ConfigError(
+                "gateway: no key (gateway.keys and keys_file name none): a gateway answers "
+                "only requests with one of its keys"
+            )
+        return cls(keys, digests)
 
     @property
     def names(self) -> list[str]:

@@ -27,7 +27,8 @@ class GatewayMetrics:
         self.rejections = Counter(
             "llmroute_gateway_rejections",
             "Requests refused before reaching the routing, by key name and reason "
-            "(unauthorized, body_too_large, concurrency).",
+            "(unauthorized, body_too_large, concurrency, requests, tokens, too_large, budget, "
+            "model, max_tokens, limits_unavailable, ...).",
             ["key", "reason"],
             registry=self.registry,
         )
@@ -54,6 +55,31 @@ class GatewayMetrics:
             "llmroute_gateway_stream_errors",
             "Streams that failed after their first chunk (ended with an error event).",
             ["key", "path"],
+            registry=self.registry,
+        )
+
+        self.tokens = Counter(
+            "llmroute_gateway_tokens",
+            "Tokens of upstream answers by key name and kind (prompt, completion): the "
+            "vendors' usage where they sent one, else the gateway's count (a cache hit: none).",
+            ["key", "kind"],
+            registry=self.registry,
+        )
+        self.cache_hits = Counter(
+            "llmroute_gateway_cache_hits",
+            "Answers replayed from the cache, by key name.",
+            ["key"],
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "llmroute_gateway_key_reloads",
+            "Reloads of the keys file, by result (ok, error: the keys before stay).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.keys = Gauge(
+            "llmroute_gateway_keys",
+            "Keys the gateway accepts.",
             registry=self.registry,
         )
 

@@ -6,8 +6,8 @@ every gateway replica through Redis.
 time their lease ends: a Lua script drops expired leases, counts, and adds the new request only
 below the limit, atomically, so N replicas behind a load balancer hold a key to the same limit.
 A replica that dies leaks its leases for at most ``lease`` seconds; a request in flight renews
-its lease while it runs. When Redis cannot be reached the replica counts locally (and logs it),
-so an outage of Redis never refuses traffic.
+its lease while it runs. When Redis cannot be reached the replica counts locally, or refuses
+(:class:`SlotsUnavailable`) with ``limits_on_redis_error = "refuse"``; either is logged once.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import anyio.to_thread
 
 from .._redis import RedisConnection
 
-__all__ = ["LocalSlots", "RedisSlots", "Slots"]
+__all__ = ["LocalSlots", "RedisSlots", "Slots", "SlotsUnavailable"]
 
 log = logging.getLogger("llmroute.server")
 
@@ -32,6 +32,10 @@ redis.call('ZADD', KEYS[1], tonumber(ARGV[1]) + tonumber(ARGV[2]), ARGV[4])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[2])) + 1)
 return 1
 """
+
+
+class SlotsUnavailable(Exception):
+    """Redis is unreachable and the operator chose to refuse requests meanwhile."""
 
 
 class Slots(Protocol):
@@ -69,12 +73,15 @@ class LocalSlots:
 class RedisSlots:
     """Slots shared through Redis by every replica (see the module's docstring)."""
 
-    def __init__(self, url: str, *, prefix: str, timeout: float, lease: float) -> None:
+    def __init__(
+        self, url: str, *, prefix: str, timeout: float, lease: float, on_error: str = "local"
+    ) -> None:
         self._redis = RedisConnection(url, timeout=timeout, purpose="gateway slots")
         self._prefix = f"{prefix}:gateway-slots:"
         self._lease = lease
         self._script = self._redis.client.register_script(_ACQUIRE)
         self._local = LocalSlots()
+        self._on_error = on_error
         self._down = False
 
     def _run(self, key: str, limit: int, token: str) -> bool:
@@ -85,9 +92,8 @@ class RedisSlots:
 
     def _failed(self, exc: BaseException) -> None:
         if not self._down:
-            log.warning(
-                "gateway slots: Redis unreachable, counting locally: %s", self._redis.reason(exc)
-            )
+            how = "counting locally" if self._on_error == "local" else "refusing requests"
+            log.warning("gateway slots: Redis unreachable, %s: %s", how, self._redis.reason(exc))
         self._down = True
 
     async def acquire(self, key: str, limit: int) -> str | None:
@@ -96,6 +102,8 @@ class RedisSlots:
             granted = await anyio.to_thread.run_sync(self._run, key, limit, token)
         except self._redis.errors as exc:
             self._failed(exc)
+            if self._on_error == "refuse":
+                raise SlotsUnavailable() from None
             local = await self._local.acquire(key, limit)
             return None if local is None else "local:" + token
         self._down = False
