@@ -1,0 +1,295 @@
+"""Per-key limits, counted in memory and in a real redis-server, driven by a fake clock: the
+same scenarios run against both, so a replica that falls back to counting locally decides as
+the shared count would. Settings errors are sentences naming the key and the field."""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmroute import ConfigError
+from llmroute._config import KeySettings, load_config
+from llmroute.server._limits import (
+    BUCKET,
+    BUCKETS,
+    Grant,
+    Limits,
+    LocalLimits,
+    RedisLimits,
+    Refusal,
+    period_of,
+    reset_text,
+)
+from llmroute.server._tenants import Tenant, Tenants
+from tests.clock import FakeClock
+
+START = 1_800_000_000.0  # a bucket's start (a multiple of 10 s)
+
+pytestmark = pytest.mark.anyio
+
+
+def _tenant(name: str = "app", **settings: Any) -> Tenant:
+    return Tenant(name, KeySettings(**settings), 64)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def counted(request: pytest.FixtureRequest) -> Iterator[tuple[Limits, FakeClock]]:
+    clock = FakeClock(START)
+    if request.param == "memory":
+        yield LocalLimits(clock=clock), clock
+        return
+    url = request.getfixturevalue("redis_url")
+    limits = RedisLimits(url, prefix=f"t-{uuid.uuid4().hex[:8]}", timeout=2.0, clock=clock)
+    try:
+        yield limits, clock
+    finally:
+        limits.close()
+
+
+async def _admitted(limits: Limits, tenant: Tenant, n: int, tokens: int = 0) -> int:
+    count = 0
+    for _ in range(n):
+        if isinstance(await limits.admit(tenant, tokens), Grant):
+            count += 1
+    return count
+
+
+async def test_requests_per_minute_hold_and_free_after_the_window(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    limits, clock = counted
+    app, other = _tenant(rpm=5), _tenant("other", rpm=5)
+    assert await _admitted(limits, app, 8) == 5
+    refused = await limits.admit(app, 0)
+    assert isinstance(refused, Refusal)
+    assert (refused.status, refused.code, refused.reason) == (
+        429,
+        "rate_limit_exceeded",
+        "requests",
+    )
+    assert refused.headers["x-ratelimit-limit-requests"] == "5"
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    # Counted at START's bucket: it leaves the sum 7 buckets (70 s) later.
+    assert refused.headers["retry-after"] == str(int((BUCKETS + 1) * BUCKET))
+    assert await _admitted(limits, other, 5) == 5  # another key is unaffected
+    clock.advance(60)  # a minute on: still within the 60-70 s the count is kept
+    assert await _admitted(limits, app, 1) == 0
+    clock.advance((BUCKETS + 1) * BUCKET - 60)
+    assert await _admitted(limits, app, 6) == 5
+
+
+async def test_any_sixty_seconds_hold_at_most_the_limit(counted: tuple[Limits, FakeClock]) -> None:
+    limits, clock = counted
+    app = _tenant(rpm=10)
+    admitted: list[float] = []
+    for _ in range(200):  # a request every 1.5 s for 300 s
+        if isinstance(await limits.admit(app, 0), Grant):
+            admitted.append(clock.now)
+        clock.advance(1.5)
+    worst = max(sum(1 for t in admitted if start <= t < start + 60) for start in admitted)
+    assert worst <= 10
+    assert len(admitted) >= 10 * 300 / 70 - 1  # and the slack refuses at most a bucket early
+
+
+async def test_tokens_are_admitted_on_the_estimate_and_corrected_to_the_usage(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    limits, _ = counted
+    app = _tenant(tpm=1000)
+    first = await limits.admit(app, 600)
+    assert isinstance(first, Grant)
+    assert first.headers["x-ratelimit-remaining-tokens"] == "400"
+    second = await limits.admit(app, 600)
+    assert isinstance(second, Refusal) and second.reason == "tokens"
+    await limits.settle(first, 150)  # it used 150 of the 600 it was counted at
+    assert (await limits.peek(app)).tokens == 150
+    third = await limits.admit(app, 600)
+    assert isinstance(third, Grant)
+    assert third.headers["x-ratelimit-remaining-tokens"] == "250"
+    await limits.settle(third, 900)  # more than estimated: counted as used
+    assert (await limits.peek(app)).tokens == 1050
+
+
+async def test_a_request_larger_than_the_minute_is_refused_for_good(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    limits, _ = counted
+    refused = await limits.admit(_tenant(tpm=100), 101)
+    assert isinstance(refused, Refusal)
+    assert refused.reason == "too_large"
+    assert refused.headers["x-should-retry"] == "false"
+    assert "Requested 101" in refused.message
+
+
+async def test_a_budget_runs_out_and_renews_with_its_period(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    limits, clock = counted
+    app = _tenant(budget_tokens=100, budget_period="1h")
+    clock.now = 3600.0 * 500_000 + 10  # ten seconds into an hour
+    grant = await limits.admit(app, 30)
+    assert isinstance(grant, Grant)
+    await limits.settle(grant, 120)  # the budget is spent (past it, by what was in flight)
+    refused = await limits.admit(app, 1)
+    assert isinstance(refused, Refusal)
+    assert (refused.code, refused.type, refused.reason) == (
+        "insufficient_quota",
+        "insufficient_quota",
+        "budget",
+    )
+    assert refused.headers["x-should-retry"] == "false"
+    assert refused.headers["x-llmroute-budget-remaining-tokens"] == "0"
+    assert refused.headers["retry-after"] == str(3600 - 10)
+    clock.advance(3600 - 10)  # the next hour
+    assert isinstance(await limits.admit(app, 1), Grant)
+    assert (await limits.peek(app)).spent == 1
+
+
+async def test_a_refusal_on_tokens_spends_no_request(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    app = _tenant(rpm=2, tpm=100)
+    assert isinstance(await limits.admit(app, 100), Refusal) is False
+    assert isinstance(await limits.admit(app, 50), Refusal)  # tokens
+    assert (await limits.peek(app)).requests == 1
+    assert isinstance(await limits.admit(app, 0), Grant)
+
+
+def test_periods_and_resets_read_as_the_vendors_write_them() -> None:
+    march = calendar.timegm((2026, 3, 31, 23, 0, 0))
+    index, end = period_of("month", march)
+    assert end == calendar.timegm((2026, 4, 1, 0, 0, 0))
+    assert period_of("month", end)[0] == index + 1
+    december = calendar.timegm((2026, 12, 15, 0, 0, 0))
+    assert period_of("month", december)[1] == calendar.timegm((2027, 1, 1, 0, 0, 0))
+    assert period_of("day", 86400 * 3 + 5) == (3, 86400 * 4)
+    assert period_of(7200.0, 7200 * 2 + 1) == (2, 7200 * 3)
+    assert [reset_text(s) for s in (0.02, 1.5, 20, 360, 3723)] == [
+        "20ms",
+        "1.5s",
+        "20s",
+        "6m0s",
+        "1h2m3s",
+    ]
+
+
+async def test_an_unreachable_redis_counts_locally_or_refuses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = _tenant(rpm=2)
+    local = RedisLimits("redis://127.0.0.1:1/0", prefix="t", timeout=0.2, on_error="local")
+    refuse = RedisLimits("redis://127.0.0.1:1/0", prefix="t", timeout=0.2, on_error="refuse")
+    with caplog.at_level(logging.WARNING, logger="llmroute.server"):
+        assert await _admitted(local, app, 4) == 2  # the limit still holds, in this replica
+        refused = await refuse.admit(app, 0)
+        assert await _admitted(refuse, app, 2) == 0
+    assert isinstance(refused, Refusal)
+    assert (refused.status, refused.code) == (503, "limits_unavailable")
+    warnings = [r.getMessage() for r in caplog.records if "gateway limits" in r.getMessage()]
+    assert len(warnings) == 2  # once per limiter, not once per request
+    assert "counting in this replica" in warnings[0] and "refusing" in warnings[1]
+
+
+# -- settings --------------------------------------------------------------------------------
+
+_BASE: dict[str, Any] = {
+    "providers": {"sim": {"base_url": "https://sim.test/v1", "api_key": "sk-up-0123456789"}},
+    "models": {"chat": {"targets": ["sim:m"]}, "fast": {"targets": ["sim:f"]}},
+}
+PASTED = "sk-proj-0123456789abcdefghijklmnop"
+
+
+def _config(tmp_path: Path, keys_file: str, **gateway: Any) -> Any:
+    path = tmp_path / "keys.toml"
+    path.write_text(keys_file)
+    return load_config({**_BASE, "gateway": {"keys_file": str(path), **gateway}})
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('[keys.app]\nenv = "APP"\nrpm = -5\n', "keys.app.rpm: expected a number at least 1"),
+        ('[keys.app]\nenv = "APP"\nmodels = ["chta"]\n', "did you mean 'chat'?"),
+        ('[keys.app]\nenv = "APP"\nbudget_tokens = 10\n', "keys.app.budget_period: budget_tokens"),
+        ('[keys.app]\nenv = "APP"\nbudget_period = "week"\n', "keys.app.budget_period: expected"),
+        (f'[keys.app]\nsha256 = "{PASTED}"\n', "keys.app.sha256: expected the key's SHA-256"),
+        (f'[keys.app]\nenv = "{PASTED}"\n', "keys.app.env: expected the name of an environment"),
+        ("[keys.app]\nrpm = 5\n", "give the key as env"),
+        ('[keys.app]\nenv = "APP"\nrpmm = 5\n', "keys.app.rpmm: unknown key"),
+        ('[keys.app]\nenv = "APP"\ndefault_max_tokens = 9\nmax_tokens = 8\n', "is above"),
+        ('[keys.app]\nenv = "APP"\n[keys.default]\nenv = "B"\n', "gateway.keys has a key"),
+    ],
+)
+def test_a_bad_keys_file_is_a_sentence_naming_the_key_and_field(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    config = _config(tmp_path, text, keys={"default": "GW_DEFAULT"})
+    with pytest.raises(ConfigError) as caught:
+        Tenants.load(config, {"APP": "gw-app-0123456789", "GW_DEFAULT": "gw-d-0123456789"})
+    message = str(caught.value)
+    assert str(tmp_path / "keys.toml") in message
+    assert words in message
+    assert PASTED not in message and "sk-proj" not in message
+
+
+def test_a_keys_file_key_by_digest_or_variable_with_its_settings_merged(tmp_path: Path) -> None:
+    digest = hashlib.sha256(b"gw-by-digest-0123456789").hexdigest()
+    text = (
+        f'[keys.app]\nsha256 = "{digest}"\nrpm = 7\nmodels = ["chat"]\n'
+        '[keys.ops]\nenv = "OPS"\nadmin = true\n'
+    )
+    config = _config(tmp_path, text, limits={"tpm": 1000, "rpm": 100}, max_concurrency_per_key=3)
+    tenants = Tenants.load(config, {"OPS": "gw-ops-0123456789"})
+    app = tenants.match("Bearer gw-by-digest-0123456789")
+    assert app is not None and app.name == "app"
+    assert (app.settings.rpm, app.settings.tpm, app.concurrency) == (7, 1000, 3)
+    assert app.may_use("chat") and not app.may_use("fast")
+    ops = tenants.match("bearer gw-ops-0123456789")
+    assert ops is not None and ops.settings.admin and ops.settings.rpm == 100
+    assert tenants.match("Bearer gw-ops-0123456789x") is None
+    assert "gw-" not in repr(tenants)
+    # A reload without app, and ops under another key: both count as revoked.
+    (tmp_path / "keys.toml").write_text('[keys.ops]\nenv = "OPS"\n')
+    newer = Tenants.load(config, {"OPS": "gw-ops-other-0123456789"})
+    assert tenants.revoked_by(newer) == {"app", "ops"}
+
+
+def test_gateway_settings_errors_name_the_table(tmp_path: Path) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tenants": {"nobody": {"rpm": 1}}}, "gateway.tenants.nobody"),
+        (
+            {"keys": {"a": "A"}, "tenants": {"a": {"models": ["chat", "slow"]}}},
+            "gateway.tenants.a.models: key 'a': 'slow' is not a model name",
+        ),
+        (
+            {"keys": {"a": "A"}, "limits": {"budget_period": "day"}},
+            "gateway.limits.budget_tokens: key 'a': budget_period needs budget_tokens",
+        ),
+        ({"slos": {"chta": {"ttft_ms": 500}}}, "gateway.slos.chta: 'chta' is not a route"),
+        ({"limits": {"slo_percentile": 100}}, "gateway.limits.slo_percentile"),
+        ({"keys": {}}, "gateway.keys: the gateway needs a key"),
+    ]
+    for gateway, words in cases:
+        with pytest.raises(ConfigError) as caught:
+            load_config({**_BASE, "gateway": gateway})
+        assert words in str(caught.value), gateway
+    # A budget's period in the defaults and its size per key is one budget.
+    config = load_config(
+        {
+            **_BASE,
+            "gateway": {
+                "keys": {"a": "A"},
+                "limits": {"budget_period": "day"},
+                "tenants": {"a": {"budget_tokens": 5000}},
+            },
+        }
+    )
+    assert config is not None
+    tenant = Tenants.load(config, {"A": "gw-a-0123456789"}).by_name["a"]
+    assert (tenant.settings.budget_tokens, tenant.settings.budget_period) == (5000, "day")
