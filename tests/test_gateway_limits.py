@@ -293,3 +293,31 @@ def test_gateway_settings_errors_name_the_table(tmp_path: Path) -> None:
     assert config is not None
     tenant = Tenants.load(config, {"A": "gw-a-0123456789"}).by_name["a"]
     assert (tenant.settings.budget_tokens, tenant.settings.budget_period) == (5000, "day")
+
+
+def test_the_docs_examples_load(tmp_path: Path) -> None:
+    """docs/gateway.md's two examples of "Keys and their limits" and of the keys file."""
+    import re
+    import tomllib
+
+    text = (Path(__file__).parent.parent / "docs" / "gateway.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", text, re.S)
+    settings = next(b for b in blocks if "[gateway.tenants.batch]" in b)
+    keys = next(b for b in blocks if "[keys.web]" in b)
+    (tmp_path / "keys.toml").write_text(keys)
+    gateway = tomllib.loads(settings)["gateway"]
+    gateway["keys_file"] = str(tmp_path / "keys.toml")
+    models = {"chat": {"targets": ["sim:m"]}, "cheap": {"targets": ["sim:c"]}}
+    config = load_config({**_BASE, "models": models, "gateway": gateway})
+    environ = {name: f"gw-{name.lower()}-0123456789" for name in ("GW_KEY_APP", "GW_KEY_BATCH")}
+    environ |= {"GW_KEY_OPS": "gw-ops-0123456789", "GW_KEY_CI": "gw-ci-0123456789"}
+    tenants = Tenants.load(config, environ)
+    assert set(tenants.names) == {"app", "batch", "ops", "web", "ci"}
+    batch = tenants.by_name["batch"].settings
+    assert (batch.rpm, batch.tpm, batch.budget_period, batch.models) == (
+        60,
+        200_000,
+        "month",
+        ["cheap"],
+    )
+    assert tenants.match("Bearer test") is not None  # the example's digest is of "test"
