@@ -69,14 +69,15 @@ _KINDS = {
     _EMBEDDINGS: "embeddings",
     _RESPONSES: "responses",
 }
-# Headers a gateway client may set for the cache and the timeouts behind it (checked first);
-# nothing else it sends goes upstream. Its x-llmroute-timeout-total the gateway keeps itself.
+# Headers a gateway client may set for the cache, the timeouts (checked first) and its latency
+# goal; nothing else it sends goes upstream. Its x-llmroute-timeout-total the gateway keeps.
 _FORWARDED = (
     "x-llmroute-cache",
     "x-llmroute-cache-replay",
     CONNECT_HEADER,
     FIRST_TOKEN_HEADER,
     BETWEEN_TOKENS_HEADER,
+    TTFT_TARGET_HEADER,
 )
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 TIER_HEADER = "x-llmroute-tier"
