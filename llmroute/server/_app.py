@@ -32,7 +32,6 @@ from .._timeouts import (
 from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..protocols.openai import is_token_chunk
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
@@ -620,7 +619,7 @@ class GatewayApp:
 
         async def work() -> None:
             grant = await self._admit(tenant, path, body, exchange)
-            tally = _Tally(_prompt_estimate(body, _KINDS[path]))
+            tally = _Tally(body, _KINDS[path])
             admitted = time.monotonic()
             try:
                 await self._answer(path, body, extra_headers, exchange, receive, total, tally)
@@ -783,7 +782,7 @@ class GatewayApp:
     ) -> None:
         """The routed call and its answer, within ``total`` seconds if given; what it used
         goes in ``tally``."""
-        tally = tally if tally is not None else _Tally(0)
+        tally = tally if tally is not None else _Tally(body, _KINDS[path])
         stream: openai.AsyncStream[Any] | None = None
         sequence: object = None
         result: object = None
@@ -1284,12 +1283,13 @@ def _new_usage() -> dict[str, int]:
 
 class _Tally:
     """What one answer used: the vendors' usage where it came, else the gateway's count
-    (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing."""
+    (the prompt's estimate; a streamed chunk a token). A cache hit used nothing. Per chunk it
+    costs an increment and an attribute read: the hot path is the streamed chunk's."""
 
-    __slots__ = ("answer", "cache_hit", "chunks", "completion", "estimate", "prompt")
+    __slots__ = ("answer", "body", "cache_hit", "chunks", "completion", "kind", "prompt")
 
-    def __init__(self, estimate: int) -> None:
-        self.estimate = estimate
+    def __init__(self, body: Mapping[str, Any], kind: str) -> None:
+        self.body, self.kind = body, kind
         self.prompt: int | None = None
         self.completion: int | None = None
         self.chunks = 0
@@ -1304,13 +1304,10 @@ class _Tally:
             self.completion = c
 
     def chunk(self, chunk: Any) -> None:
-        usage = getattr(chunk, "usage", None)
+        self.chunks += 1  # a count of tokens only where no vendor sent usage
+        usage = chunk.usage
         if usage is not None:
             self._usage(usage, "prompt_tokens", "completion_tokens")
-        if type(chunk) is ChatCompletionChunk and is_token_chunk(chunk):
-            self.chunks += 1
-        elif getattr(chunk, "choices", None) and getattr(chunk.choices[0], "text", None):
-            self.chunks += 1  # a legacy completion's chunk
 
     def event(self, event: Any) -> None:
         kind = getattr(event, "type", "")
@@ -1347,6 +1344,6 @@ class _Tally:
             return 0, 0
         if self.prompt is None and self.completion is None and not self.chunks and not self.answer:
             return 0, 0  # nothing came back: nothing was used that anyone counted
-        prompt = self.prompt if self.prompt is not None else self.estimate
+        prompt = self.prompt if self.prompt is not None else _prompt_estimate(self.body, self.kind)
         completion = self.completion if self.completion is not None else self.chunks
         return prompt, completion
