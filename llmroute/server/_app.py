@@ -712,7 +712,11 @@ class GatewayApp:
         prompt, completion = tally.used()
         usage = self._usage.setdefault(exchange.key, _new_usage())
         usage["requests"] += 1
-        if exchange.status >= 400 or (exchange.status == 0 and not exchange.gone):
+        if (
+            exchange.status >= 400
+            or exchange.failed
+            or (exchange.status == 0 and not exchange.gone)
+        ):
             usage["errors"] += 1
         if tally.cache_hit:
             usage["cache_hits"] += 1
