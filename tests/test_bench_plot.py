@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -236,19 +235,15 @@ def test_a_file_that_is_no_saved_run_is_named(
     assert not png.exists()
 
 
-def test_replot_without_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
+def test_replot_without_matplotlib_says_how_to_install_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
     png = tmp_path / "x.png"
-    code = (
-        "import sys; sys.modules['matplotlib'] = None\n"  # makes `import matplotlib` fail
-        "from llmroute.cli import main\n"
-        f"raise SystemExit(main(['bench', '--replot', {str(ROUTED)!r}, '--plot', {str(png)!r}]))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 2
-    assert "llmroute bench: matplotlib is not installed: pip install" in done.stderr
-    assert "[plot]" in done.stderr and not png.exists()
+    assert main(["bench", "--replot", str(ROUTED), "--plot", str(png)]) == 2
+    said = capsys.readouterr()
+    assert "llmroute bench: matplotlib is not installed: pip install" in said.err
+    assert "[plot]" in said.err and said.out == "" and not png.exists()
 
 
 def test_routed_simulator_run_keeps_each_route_report_and_draws_it(
@@ -256,11 +251,12 @@ def test_routed_simulator_run_keeps_each_route_report_and_draws_it(
 ) -> None:
     out, png = tmp_path / "routed.json", tmp_path / "routed.png"
     argv = ["bench", "--simulator", "--routed", "--probes", "3", "--lengths", "short"]
-    assert main([*argv, "--no-nonce", "--json", str(out), "--plot", str(png)]) == 0
+    assert main([*argv, "--repeat", "1", "--json", str(out), "--plot", str(png)]) == 0
     shown = capsys.readouterr().out
     assert "route 'chat' over 3 targets" in shown and "Who served the routed requests" in shown
+    assert "3 probes repeat a prompt" in shown
     data = json.loads(out.read_text())
-    assert data["settings"]["routed"] == "chat"
+    assert data["settings"]["routed"] == "chat" and data["settings"]["repeat"] == 1
     assert data["targets"] == [
         "fast-but-spiky:sim-small",
         "steady-slow:sim-small",
@@ -313,3 +309,5 @@ targets = ["good:sim-small"]
     assert "choose one" in capsys.readouterr().err
     assert main(["bench", "--simulator", "--routed", "code"]) == 2
     assert "with --simulator the route is 'chat'" in capsys.readouterr().err
+    assert main(["bench", "--simulator", "--routed", "--repeat", "2"]) == 2
+    assert "--repeat must be between 0 and 1, got 2" in capsys.readouterr().err

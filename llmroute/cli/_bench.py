@@ -128,6 +128,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_false",
         help="send the same prompts every time (lets vendors' prompt caches help)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help=(
+            "share of probes sent without their nonce, so the same few prompts come back (a "
+            "route's cache, a vendor's prompt cache can answer them); 0 by default"
+        ),
+    )
     parser.add_argument("--json", dest="json_path", help="write raw samples and summary here")
     parser.add_argument(
         "--plot",
@@ -241,6 +251,9 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
+        return 2
+    if not 0 <= args.repeat <= 1:
+        sys.stderr.write(f"llmroute bench: --repeat must be between 0 and 1, got {args.repeat:g}\n")
         return 2
     if not args.timeout > 0:
         sys.stderr.write(
@@ -669,16 +682,25 @@ async def _measure(
         chunk = plan[start : start + rounds]
         rng.shuffle(chunk)
         plan[start : start + rounds] = chunk
+    # Which probes repeat a prompt (no nonce): drawn once, in plan order, from the seed.
+    repeats = random.Random(args.seed + 1)
+    fresh = [args.nonce and repeats.random() >= args.repeat for _ in plan]
     what = (
         f"route {endpoints[0].target!r} over {len(route_targets)} targets"
         if route_targets is not None
         else f"{len(endpoints)} targets"
     )
     per = "length class" if route_targets is not None else "target and length class"
+    if not args.nonce:
+        nonces = "no nonce"
+    elif args.repeat > 0:
+        nonces = f"{sum(not f for f in fresh)} probes repeat a prompt, the others have a nonce"
+    else:
+        nonces = "a unique nonce per prompt"
     console.print(
         f"llmroute bench: {what} from {source}, {args.probes} probes per "
         f"{per} ({', '.join(lengths)}), {args.concurrency} at a time, "
-        f"max_tokens {args.max_tokens}, {'a unique nonce per prompt' if args.nonce else 'no nonce'}"
+        f"max_tokens {args.max_tokens}, {nonces}"
     )
     began = time.perf_counter()
     samples: list[Sample] = []
@@ -694,12 +716,12 @@ async def _measure(
         with progress_bar(console, disable=not console.is_terminal) as progress:
             task = progress.add_task("probes", total=len(plan))
 
-            pending = iter(plan)
+            pending = iter(zip(plan, fresh, strict=True))
 
             async def worker() -> None:
                 # A pool of --concurrency workers takes the probes in plan order.
-                for endpoint, length, index in pending:
-                    nonce = uuid.uuid4().hex[:12] if args.nonce else None
+                for (endpoint, length, index), unique in pending:
+                    nonce = uuid.uuid4().hex[:12] if unique else None
                     messages = prompt_for(length, index, nonce)
                     sample = Sample(
                         endpoint.target,
@@ -788,7 +810,7 @@ def _summary_table(summary: list[dict[str, Any]], *, routed: bool = False) -> An
         return "-" if value is None else f"{value:.0f}"
 
     return table(
-        "Time to first token through the route, as the caller saw it (hedges and cache included)"
+        "Time to first token through the route, as the caller saw it"
         if routed
         else "Time to first token per target and prompt length (each target probed alone)",
         ["route" if routed else "target", "length", "n", "errors", "p50", "p95", "p99", "tokens/s"],
@@ -859,6 +881,7 @@ def _run_data(
             "lengths": {name: LENGTHS[name] for name in lengths},
             "max_tokens": args.max_tokens,
             "nonce": args.nonce,
+            "repeat": args.repeat,
             "simulator": args.simulator,
             "timeout": args.timeout,
             "routed": endpoints[0].target if route_targets is not None else None,
