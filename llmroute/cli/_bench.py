@@ -358,8 +358,9 @@ def _saved_run_problem(data: Any) -> str | None:
     for name, kind in fields.items():
         if not isinstance(data.get(name), kind):
             return f"the field {name!r} is missing or not a {kind.__name__}"
-    if not isinstance(data["settings"].get("lengths"), dict):
-        return "the field 'settings.lengths' is missing or not an object"
+    lengths = data["settings"].get("lengths")
+    if not isinstance(lengths, dict) or not lengths:
+        return "the field 'settings.lengths' is missing or empty (one length class at least)"
     for index, sample in enumerate(data["samples"]):
         if not isinstance(sample, dict) or not {"target", "length", "started"} <= sample.keys():
             return f"samples[{index}] lacks 'target', 'length' or 'started'"

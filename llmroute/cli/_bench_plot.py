@@ -117,12 +117,18 @@ def ecdf_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
         axis.set_xlabel(f"time to first token ({'log scale' if scale == 'log' else 'linear'})")
         axis.grid(True, which="major", alpha=0.3)
     axes[0][0].set_ylabel("share of probes at or below")
-    axes[0][-1].legend(loc="lower right", fontsize="small")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(loc="lower right", fontsize="small")
     figure.suptitle(
         "llmroute bench: TTFT distribution per target (failed probes never arrive; dotted: p95)"
     )
     figure.tight_layout()
     return figure
+
+
+def _side_legend(axis: Axes) -> None:
+    if axis.get_legend_handles_labels()[0]:  # nothing drawn (every request failed): no legend
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
 
 
 def _request_marks(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -216,7 +222,7 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
     _time_axis(top, "y", scale)
     top.set_ylabel(f"TTFT the caller saw ({'log scale' if scale == 'log' else 'linear'})")
     top.grid(True, which="major", alpha=0.3)
-    top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    _side_legend(top)
 
     # Bottom: every attempt on its target's row, from its start to its first token (a loser:
     # until the caller's first token, when it was cancelled); a marker where it started.
@@ -291,7 +297,7 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
         fontsize="small",
     )
     bottom.grid(True, axis="x", alpha=0.3)
-    bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
+    _side_legend(bottom)
     bottom.autoscale_view(scalex=True, scaley=False)
 
     marks = _request_marks(samples)
