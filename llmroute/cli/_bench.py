@@ -4,6 +4,10 @@ Every target is probed directly, one request to one target (no routing, no retri
 its numbers are that vendor's own. The probes use a fixed prompt set per length class, each
 prompt starting with a unique nonce by default so that no vendor's prompt cache hides the
 prefill, and they are interleaved across targets and classes so that drift hits all alike.
+
+``--routed ROUTE`` sends the same prompts through a route instead (routing, hedges, failover and
+the cache as the application meets them) and keeps each request's route report, compactly, for
+``--json`` and for the picture of the run; ``--replot`` draws a saved run again without traffic.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ import argparse
 import dataclasses
 import difflib
 import json
-import os
 import random
 import sys
 import time
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._streaming import AsyncStream
+from ._bench_plot import HEAVY_TAIL, SCALES
 from ._format import (
     MissingExtra,
     add_tls_options,
@@ -124,9 +128,47 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action="store_false",
         help="send the same prompts every time (lets vendors' prompt caches help)",
     )
+    parser.add_argument(
+        "--repeat",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help=(
+            "share of probes sent without their nonce, so the same few prompts come back (a "
+            "route's cache, a vendor's prompt cache can answer them); 0 by default"
+        ),
+    )
     parser.add_argument("--json", dest="json_path", help="write raw samples and summary here")
     parser.add_argument(
-        "--plot", help="write a PNG of the TTFT distributions here (needs llmroute[plot])"
+        "--plot",
+        help=(
+            "write a PNG here (needs llmroute[plot]): the TTFT distributions, or with --routed "
+            "the run over time"
+        ),
+    )
+    parser.add_argument(
+        "--plot-scale",
+        choices=SCALES,
+        default="auto",
+        help=(
+            "the TTFT axis of --plot: log, linear, or auto (log when the slowest first token is "
+            f"{HEAVY_TAIL:g}x the median or more; the default)"
+        ),
+    )
+    parser.add_argument(
+        "--routed",
+        nargs="?",
+        const="",
+        metavar="ROUTE",
+        help=(
+            "send the probes through this route of the config (with --simulator: the demo's "
+            "hedge route over the three, with a memory cache), not to each target alone"
+        ),
+    )
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="draw --plot again from a saved --json run, without sending anything",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
     add_tls_options(parser)
@@ -149,6 +191,39 @@ class Sample:
     tokens_per_s: float | None = None
     http_version: str | None = None
     error: str | None = None
+    route: dict[str, Any] | None = None
+    """A routed probe's route report, compactly (:func:`compact_report`); ``None`` for a probe
+    sent to one target directly."""
+
+
+def compact_report(report: Any) -> dict[str, Any]:
+    """What the picture of a routed run needs of a :class:`~llmroute.RouteReport`: who served
+    it, its hedges, continuations, cache hit, and each attempt (times in seconds)."""
+
+    def rounded(value: float | None) -> float | None:
+        return None if value is None else round(value, 4)
+
+    attempts: list[dict[str, Any]] = []
+    for attempt in report.attempts:
+        item: dict[str, Any] = {
+            "target": attempt.target,
+            "reason": attempt.reason,
+            "outcome": attempt.outcome,
+            "started": rounded(attempt.started),
+            "ttft": rounded(attempt.ttft),
+        }
+        if attempt.error:
+            item["error"] = " ".join(str(attempt.error).split())[:120]
+        attempts.append(item)
+    return {
+        "winner": report.winner,
+        "ttft": rounded(report.ttft),
+        "hedges": report.hedges,
+        "cache_hit": report.cache_hit,
+        "shared": report.shared,
+        "continued_on": list(report.continued_on),
+        "attempts": attempts,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +237,8 @@ class _Endpoint:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.replot:
+        return _replot(args)
     lengths = [part.strip() for part in args.lengths.split(",") if part.strip()]
     unknown = [name for name in lengths if name not in LENGTHS]
     if not lengths or unknown:
@@ -175,6 +252,9 @@ def _run(args: argparse.Namespace) -> int:
             "llmroute bench: --probes, --concurrency and --max-tokens must be at least 1\n"
         )
         return 2
+    if not 0 <= args.repeat <= 1:
+        sys.stderr.write(f"llmroute bench: --repeat must be between 0 and 1, got {args.repeat:g}\n")
+        return 2
     if not args.timeout > 0:
         sys.stderr.write(
             f"llmroute bench: --timeout must be above 0 seconds, got {args.timeout:g}\n"
@@ -184,6 +264,12 @@ def _run(args: argparse.Namespace) -> int:
         args.verify = tls_verify(args, "llmroute bench")
     except ValueError as exc:
         sys.stderr.write(f"{exc}\n")
+        return 2
+    if args.routed is not None and args.targets:
+        sys.stderr.write(
+            "llmroute bench: --targets picks targets to probe alone; --routed sends every probe "
+            "through the route (choose one)\n"
+        )
         return 2
     for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
         problem = check_output_path(path, flag) if path else None
@@ -207,6 +293,92 @@ def _run(args: argparse.Namespace) -> int:
         return 130
 
 
+def _replot(args: argparse.Namespace) -> int:
+    """``--replot JSON --plot PNG``: the picture of a saved run, and nothing sent."""
+    sending = [
+        flag
+        for flag, given in (
+            ("--simulator", args.simulator),
+            ("--config", args.config),
+            ("--routed", args.routed is not None),
+            ("--targets", args.targets),
+            ("--json", args.json_path),
+        )
+        if given
+    ]
+    if sending:
+        sys.stderr.write(
+            f"llmroute bench: --replot draws a saved run and sends nothing; drop "
+            f"{', '.join(sending)}\n"
+        )
+        return 2
+    if not args.plot:
+        sys.stderr.write("llmroute bench: --replot needs --plot FILE (the PNG to write)\n")
+        return 2
+    problem = check_output_path(args.plot, "--plot")
+    if problem:
+        sys.stderr.write(f"llmroute bench: {problem}\n")
+        return 2
+    try:
+        require("matplotlib", "plot")
+    except MissingExtra as exc:
+        sys.stderr.write(f"llmroute bench: {exc}\n")
+        return 2
+    try:
+        data = json.loads(Path(args.replot).read_text(encoding="utf-8"))
+    except OSError as exc:
+        sys.stderr.write(
+            f"llmroute bench: --replot {args.replot}: cannot read it: {exc.strerror or exc}\n"
+        )
+        return 2
+    except ValueError as exc:
+        sys.stderr.write(f"llmroute bench: --replot {args.replot}: not JSON ({exc})\n")
+        return 2
+    problem = _saved_run_problem(data)
+    if problem:
+        sys.stderr.write(
+            f"llmroute bench: --replot {args.replot}: {problem}; "
+            "expected the output of llmroute bench --json\n"
+        )
+        return 2
+    try:
+        _plot(Path(args.plot), data, args.plot_scale)
+    except OSError as exc:
+        sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
+        return 1
+    print(f"wrote {args.plot}")
+    return 0
+
+
+def _saved_run_problem(data: Any) -> str | None:
+    """Why ``data`` is not a bench run the pictures can draw, naming the field; else ``None``."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    fields: dict[str, type] = {"settings": dict, "targets": list, "samples": list}
+    for name, kind in fields.items():
+        if not isinstance(data.get(name), kind):
+            return f"the field {name!r} is missing or not a {kind.__name__}"
+    lengths = data["settings"].get("lengths")
+    if not isinstance(lengths, dict) or not lengths:
+        return "the field 'settings.lengths' is missing or empty (one length class at least)"
+    for index, sample in enumerate(data["samples"]):
+        if not isinstance(sample, dict) or not {"target", "length", "started"} <= sample.keys():
+            return f"samples[{index}] lacks 'target', 'length' or 'started'"
+        route = sample.get("route")
+        if route is None:
+            continue
+        attempts = route.get("attempts") if isinstance(route, dict) else None
+        if not isinstance(attempts, list) or not all(
+            isinstance(a, dict) and {"target", "reason", "outcome", "started"} <= a.keys()
+            for a in attempts
+        ):
+            return (
+                f"samples[{index}].route lacks 'attempts' (each with 'target', 'reason', "
+                "'outcome' and 'started')"
+            )
+    return None
+
+
 def _wanted(args: argparse.Namespace) -> list[str] | None:
     if not args.targets:
         return None
@@ -223,10 +395,11 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
 
         with contextlib.ExitStack() as stack:
             endpoints: list[_Endpoint] = []
+            sims: dict[str, Simulator] = {}
             for name, profile in _demo_profiles().items():
                 # Prefill grows with the prompt, as on a real server: 20 ms per 1,000 tokens.
                 profile = dataclasses.replace(profile, ttft_per_prompt_token=2e-5)
-                sim = stack.enter_context(Simulator(profile=profile, tls=True))
+                sim = sims[name] = stack.enter_context(Simulator(profile=profile, tls=True))
                 endpoints.append(
                     _Endpoint(
                         f"{name}:{SIM_MODEL}",
@@ -239,6 +412,24 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                         },
                     )
                 )
+            if args.routed is not None:
+                from ._demo import ROUTE, simulated_setup
+
+                if args.routed not in ("", ROUTE):
+                    sys.stderr.write(
+                        f"llmroute bench: unknown route {args.routed!r}; with --simulator the "
+                        f"route is {ROUTE!r} (or give --routed alone)\n"
+                    )
+                    return 2
+                setup = simulated_setup(sims)
+                routed = _Endpoint(
+                    ROUTE,
+                    ROUTE,
+                    {"api_key": "unused", "config": setup.config, "verify": setup.verify},
+                    ("sk-demo-local",),
+                )
+                label = "simulated providers (the demo's hedge route, memory cache)"
+                return await _measure(console, [routed], lengths, args, label, setup.targets)
             selected, missing = _select(endpoints, _wanted(args))
             if missing:
                 return _missing(missing, endpoints)
@@ -252,6 +443,9 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                 "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
             )
         endpoints = _config_endpoints(config, args.verify)
+        if args.routed is not None:
+            routed, targets = _routed_endpoint(config, args.routed, args.verify, endpoints)
+            return await _measure(console, [routed], lengths, args, config.source, targets)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
         return 2
@@ -263,6 +457,42 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
         sys.stderr.write(f"llmroute bench: {config.source}: no routes, so no targets to probe\n")
         return 2
     return await _measure(console, endpoints, lengths, args, config.source)
+
+
+def _routed_endpoint(
+    config: Config, name: str, verify: bool | str, endpoints: list[_Endpoint]
+) -> tuple[_Endpoint, list[str]]:
+    """The route ``name`` of ``config`` (or its only route when ``name`` is empty) as one
+    endpoint, with the targets it may send to. Raises ConfigError naming the routes there are."""
+    from .._config import ConfigError, resolve
+
+    resolved = resolve(config)
+    names = [*resolved.routes, *config.tiered]
+    if not name:
+        if len(names) != 1:
+            raise ConfigError(
+                f"{config.source}: --routed needs a route name; the routes are: "
+                f"{', '.join(names) or '(none)'}"
+            )
+        name = names[0]
+    if name in resolved.routes:
+        targets = [t.name for t in resolved.routes[name]]
+    elif name in config.tiered:
+        tiers = config.tiered[name]
+        tier_routes = dict.fromkeys([*tiers.tiers.values(), tiers.default])
+        targets = list(
+            dict.fromkeys(t.name for route in tier_routes for t in resolved.routes.get(route, []))
+        )
+    else:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{config.source}: --routed {name!r} is no route of the config{hint}; the routes "
+            f"are: {', '.join(names) or '(none)'}"
+        )
+    secrets = tuple(dict.fromkeys(s for e in endpoints for s in e.secrets))
+    client_args: dict[str, Any] = {"api_key": "unused", "config": config, "verify": verify}
+    return _Endpoint(name, name, client_args, secrets), targets
 
 
 def _select(
@@ -335,6 +565,9 @@ def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoi
 async def _probe(
     client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
 ) -> None:
+    if getattr(args, "routed", None) is not None:
+        await _routed_probe(client, endpoint, sample, messages, args)
+        return
     try:
         with anyio.fail_after(args.timeout):
             stream = await client.chat.completions.create(
@@ -368,6 +601,51 @@ async def _probe(
         sample.error = f"{type(exc).__name__}: {message[:300]}"
 
 
+async def _routed_probe(
+    client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
+) -> None:
+    """One request through the route: TTFT as the caller saw it (hedges included, a cache hit's
+    replay), ``total`` from ``create()`` to the end (or to the failure), and the route report."""
+    began = time.perf_counter()
+    stream: Any = None
+    report: Any = None
+    try:
+        with anyio.fail_after(args.timeout):
+            stream = await client.chat.completions.create(
+                model=endpoint.model,
+                messages=messages,
+                max_tokens=args.max_tokens,
+                temperature=0,
+                stream=True,
+            )
+            async with stream:
+                async for _ in stream:
+                    pass
+        report = stream.route
+        timings = stream.timings
+        sample.tokens = timings.tokens
+        sample.http_version = timings.http_version
+        sample.ttft = report.ttft if report is not None else timings.first_token
+        if sample.ttft is None:
+            sample.error = "NoToken: the stream ended without a token"
+    except TimeoutError:
+        sample.error = f"Timeout: no complete answer within {args.timeout:g} s"
+    except Exception as exc:  # as in _probe: one request's failure never ends the run
+        message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
+        sample.error = f"{type(exc).__name__}: {message[:300]}"
+        report = getattr(exc, "report", None)
+    sample.total = time.perf_counter() - began
+    if report is None and stream is not None:
+        report = getattr(stream, "route", None)
+    if report is not None:
+        sample.route = compact_report(report)
+    replayed = sample.route is not None and (sample.route["cache_hit"] or sample.route["shared"])
+    if sample.ttft is not None and sample.error is None and sample.tokens > 1 and not replayed:
+        decode = sample.total - sample.ttft
+        if decode > 0:
+            sample.tokens_per_s = (sample.tokens - 1) / decode
+
+
 def _scrub(text: str, secrets: Sequence[str]) -> str:
     """``text`` without ``secrets`` (longest first), also as JSON escapes them."""
     for secret in sorted(secrets, key=len, reverse=True):
@@ -384,7 +662,10 @@ async def _measure(
     lengths: list[str],
     args: argparse.Namespace,
     source: str,
+    route_targets: list[str] | None = None,
 ) -> int:
+    """Probe ``endpoints`` (or, with ``route_targets``, one routed endpoint whose route sends
+    to them), print the tables, and write ``--json`` and ``--plot``."""
     from contextlib import AsyncExitStack
 
     from .. import AsyncOpenAI
@@ -402,10 +683,25 @@ async def _measure(
         chunk = plan[start : start + rounds]
         rng.shuffle(chunk)
         plan[start : start + rounds] = chunk
+    # Which probes repeat a prompt (no nonce): drawn once, in plan order, from the seed.
+    repeats = random.Random(args.seed + 1)
+    fresh = [args.nonce and repeats.random() >= args.repeat for _ in plan]
+    what = (
+        f"route {endpoints[0].target!r} over {len(route_targets)} targets"
+        if route_targets is not None
+        else f"{len(endpoints)} targets"
+    )
+    per = "length class" if route_targets is not None else "target and length class"
+    if not args.nonce:
+        nonces = "no nonce"
+    elif args.repeat > 0:
+        nonces = f"{sum(not f for f in fresh)} probes repeat a prompt, the others have a nonce"
+    else:
+        nonces = "a unique nonce per prompt"
     console.print(
-        f"llmroute bench: {len(endpoints)} targets from {source}, {args.probes} probes per "
-        f"target and length class ({', '.join(lengths)}), {args.concurrency} at a time, "
-        f"max_tokens {args.max_tokens}, {'a unique nonce per prompt' if args.nonce else 'no nonce'}"
+        f"llmroute bench: {what} from {source}, {args.probes} probes per "
+        f"{per} ({', '.join(lengths)}), {args.concurrency} at a time, "
+        f"max_tokens {args.max_tokens}, {nonces}"
     )
     began = time.perf_counter()
     samples: list[Sample] = []
@@ -421,12 +717,12 @@ async def _measure(
         with progress_bar(console, disable=not console.is_terminal) as progress:
             task = progress.add_task("probes", total=len(plan))
 
-            pending = iter(plan)
+            pending = iter(zip(plan, fresh, strict=True))
 
             async def worker() -> None:
                 # A pool of --concurrency workers takes the probes in plan order.
-                for endpoint, length, index in pending:
-                    nonce = uuid.uuid4().hex[:12] if args.nonce else None
+                for (endpoint, length, index), unique in pending:
+                    nonce = uuid.uuid4().hex[:12] if unique else None
                     messages = prompt_for(length, index, nonce)
                     sample = Sample(
                         endpoint.target,
@@ -446,7 +742,9 @@ async def _measure(
                     tg.start_soon(worker)
     wall = time.perf_counter() - began
     summary = summarize(samples, [e.target for e in endpoints], lengths)
-    console.print(_summary_table(summary))
+    console.print(_summary_table(summary, routed=route_targets is not None))
+    if route_targets is not None:
+        console.print(_served_table(samples, route_targets))
     errors = [s for s in samples if s.error is not None]
     if errors:
         console.print(f"{len(errors)} of {len(samples)} probes failed; first causes:")
@@ -459,12 +757,13 @@ async def _measure(
             console.print(f"  {sample.target}: {cause[:160]}")
     console.print(f"{len(samples)} probes in {wall:.1f} s")
     status = 0
+    data = _run_data(samples, summary, endpoints, lengths, args, wall, route_targets)
     try:
         if args.json_path:
-            _write_json(Path(args.json_path), samples, summary, endpoints, lengths, args, wall)
+            _write_json(Path(args.json_path), data, endpoints)
             console.print(f"wrote {args.json_path}")
         if args.plot:
-            _plot(Path(args.plot), samples, [e.target for e in endpoints], lengths)
+            _plot(Path(args.plot), data, args.plot_scale)
             console.print(f"wrote {args.plot}")
     except OSError as exc:
         sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
@@ -507,13 +806,15 @@ def summarize(
     return rows
 
 
-def _summary_table(summary: list[dict[str, Any]]) -> Any:
+def _summary_table(summary: list[dict[str, Any]], *, routed: bool = False) -> Any:
     def speed(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}"
 
     return table(
-        "Time to first token per target and prompt length (each target probed alone)",
-        ["target", "length", "n", "errors", "p50", "p95", "p99", "tokens/s"],
+        "Time to first token through the route, as the caller saw it"
+        if routed
+        else "Time to first token per target and prompt length (each target probed alone)",
+        ["route" if routed else "target", "length", "n", "errors", "p50", "p95", "p99", "tokens/s"],
         [
             [
                 row["target"],
@@ -530,16 +831,49 @@ def _summary_table(summary: list[dict[str, Any]]) -> Any:
     )
 
 
-def _write_json(
-    path: Path,
+def _served_table(samples: list[Sample], targets: list[str]) -> Any:
+    """A routed run by the target that served each request: its share, hedges it won, its TTFT."""
+    served: dict[str, list[Sample]] = {name: [] for name in targets}
+    for sample in samples:
+        if sample.route is not None and sample.error is None and sample.route["winner"]:
+            served.setdefault(sample.route["winner"], []).append(sample)
+    rows: list[list[Any]] = []
+    for name, group in served.items():
+        ttfts = [s.ttft for s in group if s.ttft is not None]
+        p50, p95, _ = percentiles(ttfts)
+        hedge_wins = sum(
+            any(a["reason"] == "hedge" and a["outcome"] == "won" for a in s.route["attempts"])
+            for s in group
+            if s.route is not None
+        )
+        rows.append([name, len(group), hedge_wins, ms(p50), ms(p95)])
+    failed = sum(s.error is not None for s in samples)
+    hedged = sum(s.route is not None and s.route["hedges"] > 0 for s in samples)
+    rows.append(["(failed)", failed, "", "", ""])
+    return table(
+        f"Who served the routed requests ({hedged} of {len(samples)} hedged)",
+        ["served by", "requests", "hedges won", "p50", "p95"],
+        rows,
+    )
+
+
+def _run_data(
     samples: list[Sample],
     summary: list[dict[str, Any]],
     endpoints: list[_Endpoint],
     lengths: list[str],
     args: argparse.Namespace,
     wall: float,
-) -> None:
-    data = {
+    route_targets: list[str] | None,
+) -> dict[str, Any]:
+    """The run as ``--json`` writes it (and as ``--plot`` and ``--replot`` draw it)."""
+    rows: list[dict[str, Any]] = []
+    for sample in sorted(samples, key=lambda s: s.started):
+        row = dataclasses.asdict(sample)
+        if row["route"] is None:
+            del row["route"]  # a direct probe: the file stays as it was before --routed
+        rows.append(row)
+    return {
         "version": 1,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "settings": {
@@ -548,45 +882,26 @@ def _write_json(
             "lengths": {name: LENGTHS[name] for name in lengths},
             "max_tokens": args.max_tokens,
             "nonce": args.nonce,
+            "repeat": args.repeat,
             "simulator": args.simulator,
             "timeout": args.timeout,
+            "routed": endpoints[0].target if route_targets is not None else None,
         },
-        "targets": [e.target for e in endpoints],
+        "targets": route_targets if route_targets is not None else [e.target for e in endpoints],
         "wall_seconds": wall,
         "summary": summary,
-        "samples": [dataclasses.asdict(s) for s in sorted(samples, key=lambda s: s.started)],
+        "samples": rows,
     }
+
+
+def _write_json(path: Path, data: dict[str, Any], endpoints: list[_Endpoint]) -> None:
     text = _scrub(json.dumps(data, indent=2), [s for e in endpoints for s in e.secrets])
     path.write_text(text + "\n", encoding="utf-8")
 
 
-def _plot(path: Path, samples: list[Sample], targets: list[str], lengths: list[str]) -> None:
-    """An ECDF of TTFT per target, one panel per length class, as a PNG."""
-    import matplotlib
+def _plot(path: Path, data: dict[str, Any], scale: str) -> None:
+    """The PNG of a run: per-target TTFT ECDFs, or a routed run over time."""
+    from ._bench_plot import ecdf_figure, is_routed, routed_figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(
-        1, len(lengths), figsize=(5 * len(lengths), 4), squeeze=False, sharey=True
-    )
-    for axis, length in zip(axes[0], lengths, strict=True):
-        for target in targets:
-            group = [s for s in samples if s.target == target and s.length == length]
-            values = sorted(s.ttft * 1000 for s in group if s.ttft is not None and s.error is None)
-            if values:
-                # Over every probe: a target whose probes failed never reaches 1.
-                shares = [(i + 1) / len(group) for i in range(len(values))]
-                axis.step(values, shares, where="post", label=target)
-        axis.axhline(0.95, color="grey", linewidth=0.5, linestyle=":")
-        axis.set_title(f"{length} prompts (~{LENGTHS[length]} tokens)")
-        axis.set_xlabel("time to first token (ms)")
-        axis.grid(True, alpha=0.3)
-    axes[0][0].set_ylabel("share of probes at or below")
-    axes[0][-1].legend(loc="lower right", fontsize="small")
-    figure.suptitle(
-        "llmroute bench: TTFT distribution per target (failed probes never arrive; dotted: p95)"
-    )
-    figure.tight_layout()
-    figure.savefig(os.fspath(path), dpi=100)
-    plt.close(figure)
+    figure = routed_figure(data, scale) if is_routed(data) else ecdf_figure(data, scale)
+    save(figure, path)
