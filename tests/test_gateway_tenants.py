@@ -372,6 +372,17 @@ def test_tpm_admits_on_estimates_and_counts_the_usage(
     # ... which, counted on estimates alone, would have been at the second request.
     assert 2 * estimate > 250
     assert admitted >= 3
+    # Each replica's usage of the key (GET /admin/usage, and its metrics) holds the tokens of
+    # the answers it gave: together, all of them.
+    usages = [get(replica, "/admin/usage").json()["keys"]["alpha"] for replica in two_replicas]
+    assert sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages) == used
+    assert sum(u["completion_tokens"] for u in usages) == REPLY * admitted
+    counted = [
+        metric(replica, "llmroute_gateway_tokens_total", key="alpha", kind=kind)
+        for replica in two_replicas
+        for kind in ("prompt", "completion")
+    ]
+    assert sum(counted) == used
 
 
 def test_a_stream_cut_by_its_client_counts_what_was_delivered(
@@ -491,9 +502,10 @@ def test_a_tier_the_key_may_not_use_is_not_found(fast: Simulator) -> None:
     }
     config["gateway"]["tenants"]["gamma"] = {"models": ["auto", "chat"]}
     with Gateway(config, environ=ENVIRON, max_retries=0) as gateway:
-        forced = post(gateway, "gamma", model="auto", llmroute={"tier": "hard"})
-        assert forced.status_code == 404
-        assert error_of(forced)["code"] == "model_not_found"
+        for tier in ("hard", "other"):  # by its class, or by its route's name
+            forced = post(gateway, "gamma", model="auto", llmroute={"tier": tier})
+            assert forced.status_code == 404
+            assert error_of(forced)["code"] == "model_not_found"
         allowed = post(gateway, "gamma", model="auto", llmroute={"tier": "simple"})
         assert allowed.status_code == 200, allowed.text
         listed = get(gateway, "/v1/models", "gamma").json()["data"]
@@ -535,17 +547,29 @@ def _openai_client(gateway: Gateway, key: str) -> tuple[openai.OpenAI, list[http
     return client, seen
 
 
+def _ask(client: openai.OpenAI, **fields: Any) -> Any:
+    messages: Any = MESSAGES
+    return client.chat.completions.create(model="chat", messages=messages, **fields)
+
+
 def test_openais_client_backs_off_as_the_429_tells(
     redis_url: str, fast: Simulator, sleeps: _Sleeps
 ) -> None:
     """Over its RPM, openai's client retries once after exactly the wait the gateway gave
-    (``retry-after-ms``), so the gateway sees 2 requests for the call; over its budget or
-    asking too much (``x-should-retry: false``), the client sends 1 and does not wait."""
+    (``retry-after-ms``), so the gateway sees 2 requests for the call; asking too much, or
+    over its budget (``x-should-retry: false``), the client sends 1 and does not wait.
+
+    openai 2.x and 3.x honour a server's wait up to ``MAX_RETRY_AFTER_DELAY`` (120 s) and
+    retry no sooner; a longer one, they do not retry at all. The gateway's RPM wait is at most
+    70 s (the oldest bucket leaving the window), and the budget's period here is 120 s, so
+    for the budget it is ``x-should-retry: false`` alone that stops the retry."""
+    from openai._constants import MAX_RETRY_AFTER_DELAY  # pyright: ignore[reportPrivateUsage]
+
     gateway_settings = {
         "keys": keys("alpha", "beta", "admin"),
         "tenants": {
             "alpha": {"rpm": 1, "tpm": 1000},
-            "beta": {"budget_tokens": 1, "budget_period": "day"},
+            "beta": {"budget_tokens": 1, "budget_period": "120s"},
             "admin": {"admin": True},
         },
     }
@@ -553,20 +577,20 @@ def test_openais_client_backs_off_as_the_429_tells(
     with Gateway(config, environ=ENVIRON, max_retries=0) as gateway:
         client, seen = _openai_client(gateway, "alpha")
         with client:
-            # Asking for more than the key's tokens per minute (x-should-retry: false): 1 request.
+            # More than the key's tokens per minute (x-should-retry: false, no wait): 1 request.
             with pytest.raises(openai.RateLimitError) as caught:
-                client.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=5000)  # type: ignore[arg-type]
+                _ask(client, max_tokens=5000)
             assert caught.value.code == "rate_limit_exceeded"
             assert [r.status_code for r in seen] == [429]
             assert sleeps.asked == []
 
-            client.chat.completions.create(model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+            _ask(client)  # the key's one request this minute (the refusal above did not count)
             seen.clear()
             with pytest.raises(openai.RateLimitError) as caught:
-                client.chat.completions.create(model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+                _ask(client)
             assert [r.status_code for r in seen] == [429, 429]
             told = int(seen[0].headers["retry-after-ms"]) / 1000
-            assert 0 < told <= 70
+            assert 0 < told <= 70 <= MAX_RETRY_AFTER_DELAY
             assert sleeps.asked == [told]  # waited as told, once
             assert caught.value.code == "rate_limit_exceeded"
             rejected = metric(gateway, REJECTIONS, key="alpha", reason="requests")
@@ -575,12 +599,16 @@ def test_openais_client_backs_off_as_the_429_tells(
         sleeps.asked.clear()
         client, seen = _openai_client(gateway, "beta")
         with client:
-            client.chat.completions.create(model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+            if time.time() % 120 > 118:  # the two calls in one period: wait for the next
+                time.sleep(120 - time.time() % 120)
+            _ask(client)
             seen.clear()
             with pytest.raises(openai.RateLimitError) as caught:
-                client.chat.completions.create(model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+                _ask(client)
             assert caught.value.code == "insufficient_quota"
             assert [r.status_code for r in seen] == [429]
+            assert seen[0].headers["x-should-retry"] == "false"
+            assert 0 < int(seen[0].headers["retry-after"]) <= MAX_RETRY_AFTER_DELAY
             assert sleeps.asked == []
             assert metric(gateway, REJECTIONS, key="beta", reason="budget") == 1
 
@@ -694,6 +722,25 @@ def test_a_reload_adds_and_revokes_keys_while_streams_run(
             assert _tokens([first[6:], *rest]) < LONG
         assert metric(gateway, "llmroute_gateway_key_reloads_total", "gamma", result="ok") == 1
         assert metric(gateway, "llmroute_gateway_keys", "gamma") == 2
+
+
+def test_a_reload_changes_a_keys_limits_and_rotates_a_key(fast: Simulator, tmp_path: Path) -> None:
+    """Re-limited on a reload, a key keeps what it counted and gets its new limit; a key whose
+    digest changed (rotated) is accepted by its new value only."""
+    rotated = "gw-tenant-alpha-rotated-0123456789"
+    keys_file = tmp_path / "keys.toml"
+    beta = f'[keys.beta]\nsha256 = "{_digest(KEYS["beta"])}"\n'
+    _write(keys_file, f'[keys.alpha]\nsha256 = "{_digest(KEYS["alpha"])}"\n{beta}rpm = 2\n')
+    config = config_for(fast, {"keys_file": str(keys_file), "keys_reload_interval": "50ms"})
+    with Gateway(config, environ=ENVIRON, max_retries=0) as gateway:
+        assert [post(gateway, "beta").status_code for _ in range(3)] == [200, 200, 429]
+        _write(keys_file, f'[keys.alpha]\nsha256 = "{_digest(rotated)}"\n{beta}rpm = 4\n')
+        wait_for(lambda: post(gateway, rotated).status_code == 200, "the rotated key accepted")
+        assert post(gateway, "alpha").status_code == 401
+        answers = [post(gateway, "beta") for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        assert answers[0].headers["x-ratelimit-limit-requests"] == "4"
+        assert answers[0].headers["x-ratelimit-remaining-requests"] == "1"
 
 
 # -- 7. Redis unreachable, under both policies ----------------------------------------------------
