@@ -37,6 +37,7 @@ import openai
 import pytest
 
 from llmroute import ConfigError
+from llmroute._config import load_config
 from llmroute.cli import main
 from llmroute.server import Gateway, GatewayApp
 from llmroute.testing import Profile, Simulator
@@ -891,6 +892,44 @@ def test_a_bad_keys_file_is_refused_with_a_sentence(
     assert "keys.app" in message
     assert field in message
     assert said in message
+    assert PASTED not in message and PASTED[3:20] not in message
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"[keys.{PASTED}]\nrpm = -1\n",  # a name that is a key, in a table with a mistake
+        f'[keys."{PASTED}/{PASTED}"]\nenv = "GT_ALPHA"\n',  # no name at all (too long, a '/')
+        f'{PASTED} = "app"\n',  # not even in [keys]
+    ],
+    ids=["a-key-as-a-name", "no-name", "top-level"],
+)
+def test_a_key_pasted_as_a_name_is_not_shown(fast: Simulator, tmp_path: Path, text: str) -> None:
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text(text)
+    config = config_for(fast, {"keys_file": str(keys_file)})
+    with pytest.raises(ConfigError) as caught:
+        GatewayApp(config, environ=ENVIRON)
+    message = str(caught.value)
+    assert message.startswith(f"{keys_file}: ")
+    assert "name" in message
+    assert PASTED not in message and PASTED[3:20] not in message
+
+
+@pytest.mark.parametrize(
+    "gateway",
+    [
+        {"keys": {"app": "GT_ALPHA"}, "tenants": {PASTED: {"rpm": 1}}},
+        {"keys": {"app": "GT_ALPHA"}, "tenants": {PASTED * 2: {"rpm": 1}}},
+        {"keys": {PASTED * 2: "GT_ALPHA"}},
+    ],
+    ids=["a-tenant-named-by-a-key", "a-tenant-with-no-name", "a-key-with-no-name"],
+)
+def test_a_key_pasted_as_a_name_in_the_config_is_not_shown(gateway: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config({"gateway": gateway})
+    message = str(caught.value)
+    assert "gateway" in message and "name" in message
     assert PASTED not in message and PASTED[3:20] not in message
 
 
