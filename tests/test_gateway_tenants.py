@@ -387,12 +387,13 @@ def test_tpm_admits_on_estimates_and_counts_the_usage(
 
 
 def test_a_stream_cut_by_its_client_counts_what_was_delivered(
-    two_replicas: tuple[Gateway, Gateway],
+    two_replicas: tuple[Gateway, Gateway], slow: Simulator
 ) -> None:
     """A stream admitted on an estimate of 1,000 answer tokens, left by its client after a few:
     the key's tokens this minute are corrected to the prompt's estimate and the tokens the
     gateway delivered, far below the estimate."""
     first, second = two_replicas
+    cancelled = slow.stats()["streams_cancelled"]
     read = 0
     with (
         httpx.Client(timeout=DEADLINE) as client,
@@ -419,6 +420,7 @@ def test_a_stream_cut_by_its_client_counts_what_was_delivered(
     )
     counted = limits_of(second, "delta")["tokens_this_minute"]
     assert prompt + read <= counted < prompt + LONG // 2
+    wait_for(lambda: slow.stats()["streams_cancelled"] == cancelled + 1, "upstream cancelled")
 
 
 # -- 3. a budget spent, and renewed when its period ends ------------------------------------------
@@ -431,14 +433,16 @@ def test_budget_is_spent_and_renewed_at_the_periods_end(
     is spent by one request on one replica; the other replica refuses the next with OpenAI's
     ``insufficient_quota`` until the period ends, then admits again."""
     first, second = two_replicas
-    for _ in range(3):  # bounded: a pair that straddles two periods is tried again
+    for _ in range(3):  # bounded: a pair that straddled two periods is tried again
+        # From the start of the next period: a budget no request of an earlier pair touched.
+        time.sleep(2 - time.time() % 2 + 0.01)
         period = int(time.time() // 2)
         spent = post(first, "beta")
         refused = post(second, "beta")
         if int(time.time() // 2) == period:
             break
     else:
-        raise AssertionError("three pairs of requests each straddled a period's end")
+        raise AssertionError("three pairs of requests each took longer than a period")
     assert spent.status_code == 200
     assert refused.status_code == 429, refused.text
     error = error_of(refused)
@@ -683,6 +687,7 @@ def test_a_reload_adds_and_revokes_keys_while_streams_run(
         # is to be cut (in flight long after the reload), 100 when it is to finish (the held
         # streams show in any case that a revoked key's stream in flight is not cut).
         length = LONG if revoked_streams == "cut" else SHORT
+        cancelled = slow.stats()["streams_cancelled"]
         with (
             httpx.Client(timeout=60) as client,
             client.stream(
@@ -721,6 +726,10 @@ def test_a_reload_adds_and_revokes_keys_while_streams_run(
             assert "[DONE]" not in rest
             assert json.loads(rest[-1])["error"]["code"] == "key_revoked"
             assert _tokens([first[6:], *rest]) < LONG
+            # Its upstream stream was cancelled too, not left running.
+            wait_for(
+                lambda: slow.stats()["streams_cancelled"] == cancelled + 1, "upstream cancelled"
+            )
         assert metric(gateway, "llmroute_gateway_key_reloads_total", "gamma", result="ok") == 1
         assert metric(gateway, "llmroute_gateway_keys", "gamma") == 2
 
