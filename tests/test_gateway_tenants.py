@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -740,6 +741,56 @@ def test_a_reload_adds_and_revokes_keys_while_streams_run(
             )
         assert metric(gateway, "llmroute_gateway_key_reloads_total", "gamma", result="ok") == 1
         assert metric(gateway, "llmroute_gateway_keys", "gamma") == 2
+
+
+@pytest.mark.parametrize("revoked_streams", ["finish", "cut"])
+def test_a_request_whose_body_was_arriving_when_its_key_was_revoked(
+    fast: Simulator, tmp_path: Path, revoked_streams: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request authenticated, its body still arriving, when a reload revokes its key: with
+    ``cut`` it is refused (401) as the key's streams in flight are cut; with ``finish`` it is
+    answered, as they finish."""
+    keys_file = tmp_path / "keys.toml"
+    _write(keys_file, '[keys.alpha]\nenv = "GT_ALPHA"\n')
+    settings = {
+        "keys_file": str(keys_file),
+        "keys_reload_interval": "50ms",
+        "revoked_streams": revoked_streams,
+    }
+    config = config_for(fast, settings)
+    body = json.dumps({"model": "chat", "messages": MESSAGES}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        f"authorization: Bearer {KEYS['alpha']}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    with (
+        Gateway(config, environ=ENVIRON, max_retries=0) as gateway,
+        socket.create_connection(("127.0.0.1", gateway.port), timeout=DEADLINE) as sock,
+    ):
+        app = gateway.app
+        authenticated = threading.Event()  # set when the gateway has authenticated it
+        check = app._authenticate  # pyright: ignore[reportPrivateUsage]
+
+        def seen(headers: Any, exchange: Any) -> Any:
+            tenant = check(headers, exchange)
+            if headers.get("content-length") == str(len(body)):
+                authenticated.set()
+            return tenant
+
+        monkeypatch.setattr(app, "_authenticate", seen)
+        sock.sendall(head + body[:10])  # the rest of its body to come
+        assert authenticated.wait(DEADLINE)  # a hang guard only
+        _write(keys_file, '[keys.beta]\nenv = "GT_BETA"\n')
+        wait_for(lambda: post(gateway, "beta").status_code == 200, "beta accepted")
+        sock.sendall(body[10:])
+        answer = b""
+        for _ in range(TRIES):  # bounded: the status line comes in one or a few reads
+            answer += sock.recv(4096)
+            if b"\r\n" in answer:
+                break
+    status = int(answer.split(b" ", 2)[1])
+    assert status == (401 if revoked_streams == "cut" else 200)
 
 
 def test_a_reload_changes_a_keys_limits_and_rotates_a_key(fast: Simulator, tmp_path: Path) -> None:
