@@ -791,6 +791,16 @@ def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
     merged in; :class:`ConfigError` naming the file, the key and the field (never a key's
     value) for any mistake, or a name ``gateway.keys`` already has."""
     data = _read_toml(path, missing=f"{path}: no such file (gateway.keys_file)")
+    # Every message below shows the names: a key pasted as one is refused first, unshown.
+    tables = data.get("keys")
+    for name in [*data, *(tables if isinstance(tables, dict) else ())]:
+        if name.lower().startswith("sk-"):
+            raise ConfigError(f"{path}: a key's name looks like a key: name it, e.g. [keys.app]")
+        if not re.fullmatch(_KEY_NAME, name):
+            raise ConfigError(
+                f"{path}: a name is not letters, digits, '.', '_' and '-' (at most 64), as a "
+                "key's name in [keys.<name>] is (it is not shown: it may be a key)"
+            )
     try:
         keys = KeysFile.model_validate(data).keys
     except pydantic.ValidationError as exc:
@@ -799,8 +809,6 @@ def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
     names = [*config.models, *config.tiered]
     for name, entry in keys.items():
         where = f"{path}: keys.{_key([name])}"
-        if name.lower().startswith("sk-"):
-            raise ConfigError(f"{path}: a key's name looks like a key: name it, e.g. [keys.app]")
         if name in gateway.keys:
             raise ConfigError(f"{where}: gateway.keys has a key of this name already")
         try:
@@ -935,6 +943,10 @@ class GatewaySettings(BaseModel):
         if not self.keys and self.keys_file is None:
             raise _invalid("the gateway needs a key: name one here, or give keys_file", "keys")
         for name in self.tenants:
+            if name.lower().startswith("sk-"):
+                raise _invalid(
+                    "a key's name looks like a key: name it, e.g. [tenants.app]", "tenants"
+                )
             if name not in self.keys:
                 raise _invalid(
                     f"{name!r} is not a key name of gateway.keys{_suggest(name, self.keys)} "
@@ -1523,6 +1535,14 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
             or (len(loc) == 2 and loc[0] == "providers")
         )
         got = "" if secret else f", got {_show(err.get('input'))}"
+        if "[key]" in loc and loc[:2] in (("gateway", "keys"), ("gateway", "tenants")):
+            # A gateway key's name that is no name may be the key itself: never echoed.
+            where = _key(loc[:2])
+            lines.append(
+                f"{source}: {where}: a key's name is letters, digits, '.', '_' and '-' (at "
+                "most 64); one is not (it is not shown: it may be a key)"
+            )
+            continue
         if kind == _ERROR_TYPE:
             key = _join(key, str(ctx.get("key", "")))
             what = str(ctx.get("message", err["msg"]))

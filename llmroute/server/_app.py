@@ -207,6 +207,7 @@ class _Exchange:
         "started",
         "status",
         "tenant",
+        "tenants",
         "write_timeout",
     )
 
@@ -215,6 +216,7 @@ class _Exchange:
         self.label = label
         self.key = ANONYMOUS
         self.tenant: Tenant | None = None
+        self.tenants: Tenants | None = None  # the keys it was authenticated by
         self.headers: dict[str, str] = {}
         """Sent with the answer whatever it is (the key's x-ratelimit-* headers)."""
         self.started = 0.0  # when the answer's headers were sent (monotonic)
@@ -376,6 +378,14 @@ class GatewayApp:
                     exchange.revoked = True
                     scope.cancel()
         return True
+
+    def _revoked_since(self, exchange: _Exchange) -> bool:
+        """Whether the request's key was revoked by a reload since it was authenticated, with
+        ``revoked_streams = "cut"`` (its streams in flight were cut then, before it was one)."""
+        before = exchange.tenants
+        if before is None or before is self.tenants or self.settings.revoked_streams != "cut":
+            return False
+        return exchange.key in before.revoked_by(self.tenants)
 
     async def _watch_keys(self) -> None:
         """Reload when ``keys_file`` changes (checked every ``keys_reload_interval``)."""
@@ -806,6 +816,9 @@ class GatewayApp:
 
             tg.start_soon(_watch, receive, exchange, client_gone, client_stalled, self._renew)
             self._scopes[scope] = exchange
+            if self._revoked_since(exchange):  # while its body came, or it was admitted
+                exchange.revoked = True
+                scope.cancel()
             deadline = anyio.current_time() + total if total is not None else math.inf
             try:
                 with anyio.CancelScope(deadline=deadline) as limit:
@@ -975,6 +988,7 @@ class GatewayApp:
             )
         exchange.key = tenant.name
         exchange.tenant = tenant
+        exchange.tenants = self.tenants
         return tenant
 
     async def _read_json(
