@@ -155,3 +155,14 @@ def test_a_keys_latency_goal_is_the_requests_unless_it_gives_one() -> None:
     header: dict[str, Any] = {}
     _default_goal(header, {"x-llmroute-ttft-target-ms": "90"}, 400.0)
     assert "llmroute" not in header
+
+
+def test_with_an_admin_key_a_tenants_key_reads_no_metrics(gateway: Gateway) -> None:
+    """/metrics carries every key's figures: once an admin key exists, only it reads them."""
+    url = _root(gateway) + "/metrics"
+    refused = httpx.get(url, headers={"authorization": f"Bearer {KEYS['app']}"})
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "permission_denied"
+    assert "llmroute_gateway" not in refused.text
+    shown = httpx.get(url, headers={"authorization": f"Bearer {KEYS['ops']}"})
+    assert shown.status_code == 200 and 'key="app"' in shown.text

@@ -486,7 +486,18 @@ class GatewayApp:
         if path == "/metrics":
             _allow(method, "GET")
             if not self.settings.metrics_public:
-                self._authenticate(headers, exchange)
+                tenant = self._authenticate(headers, exchange)
+                if self.tenants.admins and not tenant.settings.admin:
+                    # Every key's figures are in it: with an admin key configured, a tenant's
+                    # key does not read them.
+                    raise _Refused(
+                        403,
+                        _error(
+                            "This key may not read the metrics (only a key with admin = true may).",
+                            "invalid_request_error",
+                            "permission_denied",
+                        ),
+                    )
             data = self.client.metrics.exposition() + self.metrics.exposition()
             # No label can carry an upstream key, whole or masked, whatever an upstream said.
             data = self._scrub(data.decode()).encode()

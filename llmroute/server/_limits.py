@@ -271,10 +271,10 @@ class LocalLimits:
             spent = 0
         counts = Counts(used, oldest, tokens_used, tokens_oldest, spent)
         verdict = _ADMITTED
-        if s.rpm is not None and used + 1 > s.rpm:
-            verdict = _REQUESTS
-        elif s.tpm is not None and tokens > s.tpm:
+        if s.tpm is not None and tokens > s.tpm:  # never admitted: said first
             verdict = _TOO_LARGE
+        elif s.rpm is not None and used + 1 > s.rpm:
+            verdict = _REQUESTS
         elif s.tpm is not None and tokens_used + tokens > s.tpm:
             verdict = _TOKENS
         elif s.budget_tokens is not None and spent >= s.budget_tokens:
@@ -367,8 +367,8 @@ local used, oldest = window(KEYS[1])
 local taken, taken_oldest = window(KEYS[2])
 local spent = tonumber(redis.call('GET', KEYS[3]) or '0')
 local verdict = 0
-if rpm > 0 and used + 1 > rpm then verdict = 1
-elseif tpm > 0 and tokens > tpm then verdict = 3
+if tpm > 0 and tokens > tpm then verdict = 3
+elseif rpm > 0 and used + 1 > rpm then verdict = 1
 elseif tpm > 0 and taken + tokens > tpm then verdict = 2
 elseif budget > 0 and spent >= budget then verdict = 4 end
 if verdict == 0 and ARGV[9] == '0' then

@@ -41,11 +41,13 @@ class Tenant:
 class Tenants:
     """The keys and their :class:`Tenant` settings (see the module's docstring)."""
 
-    __slots__ = ("by_name", "ring", "stamp")
+    __slots__ = ("admins", "by_name", "ring", "stamp")
 
     def __init__(self, ring: KeyRing, by_name: Mapping[str, Tenant], stamp: object = None) -> None:
         self.ring = ring
         self.by_name = dict(by_name)
+        self.admins = any(t.settings.admin for t in self.by_name.values())
+        """Whether a key is an admin's: then only such keys read what covers every key."""
         self.stamp = stamp
         """What ``keys_file`` looked like when read (:func:`file_stamp`)."""
 
