@@ -397,11 +397,9 @@ def report(result: dict[str, Any]) -> str:
             ratios = [x / a for x, a in zip(c["cpu_per_round"], base["cpu_per_round"], strict=True)]
             added = c["cpu_per_request"] - base["cpu_per_request"]
             cells = [str(row["concurrency"]), TITLES[case], str(row["requests"])]
-            cells += [
-                ms(c["cpu_per_request"]),
-                f"{c['cpu_per_request'] / base['cpu_per_request']:.3f}x",
-            ]
-            cells += [f"{added * 1e6:+.0f} µs", f"{min(ratios):.2f}..{max(ratios):.2f}"]
+            cells += [ms(c["cpu_per_request"]), f"{added * 1e6:+.0f} µs"]
+            median = statistics.median(ratios)
+            cells += [f"{median:.3f}x ({min(ratios):.2f}..{max(ratios):.2f})"]
             cells += [us(c["redis_cpu_per_request"]), f"{c['redis_round_trips_per_request']:.2f}"]
             cells += [ms(c["ttft_p50"]), f"{(c['ttft_p50'] - base['ttft_p50']) * 1e3:+.2f} ms"]
             cells += [ms(c["ttft_p95"]), f"{(c['ttft_p95'] - base['ttft_p95']) * 1e3:+.2f} ms"]
@@ -430,6 +428,18 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def footer(result: dict[str, Any]) -> str:
+    info, args, load = result["machine"], result["args"], result["load"]
+    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
+    return (
+        f"\nllmroute {result.get('commit', '?')}; nproc={info['nproc']} cpu={info['cpu']} "
+        f"python={info['python']}; {versions}, redis-server {info['redis-server']}; load "
+        f"average (1 min) {load[0]:.1f} before, {load[1]:.1f} after; rounds={args['rounds']} "
+        f"levels={args['levels']} tokens={args['tokens']} (one SSE event per DATA frame); "
+        f"{result['seconds']:.0f} s"
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     levels = [(int(c), int(n)) for c, n in (lv.split(":") for lv in args.levels.split(","))]
     load_before = os.getloadavg()
@@ -454,7 +464,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ).stdout.split()
     info = machine(["openai", "h2", "hypercorn", "anyio", "redis"])
     info["redis-server"] = next((w[2:] for w in version if w.startswith("v=")), "?")
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     return {
+        "commit": commit or "?",
         "gateway": measured,
         "micro": alone,
         "hpack": encoded,
@@ -467,7 +484,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=10, help="rounds of the four cases")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of the five cases")
     parser.add_argument(
         "--levels",
         default="1:60,16:128",
@@ -475,23 +492,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--tokens", type=int, default=20, help="reply length (SSE chunks)")
     parser.add_argument("--pairs", type=int, default=1000, help="micro: pairs per round")
-    parser.add_argument("--micro-rounds", type=int, default=7)
+    parser.add_argument("--micro-rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 small rounds")
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--report", help="print the tables of an earlier run's --json file")
     args = parser.parse_args(argv)
+    if args.report:
+        result = json.loads(Path(args.report).read_text())
+        print(report(result))
+        print(footer(result))
+        return 0
     if args.quick:
         args.rounds, args.levels, args.pairs, args.micro_rounds = 2, "1:5,4:8", 50, 2
     result = run(args)
     print(report(result))
-    info = result["machine"]
-    versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v)
-    load = result["load"]
-    print(
-        f"\nnproc={info['nproc']} cpu={info['cpu']} python={info['python']}; {versions}, "
-        f"redis-server {info['redis-server']}; load average (1 min) {load[0]:.1f} before, "
-        f"{load[1]:.1f} after; rounds={args.rounds} levels={args.levels} tokens={args.tokens} "
-        f"(one SSE event per DATA frame); {result['seconds']:.0f} s"
-    )
+    print(footer(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
