@@ -35,8 +35,9 @@ Each case is checked once before measuring: ``b`` and ``d`` answer with OpenAI's
 
 Then ``admit()`` + ``settle()`` alone, in this process (a micro-benchmark, the variants
 interleaved the same way): ``LocalLimits`` and ``RedisLimits`` (against the same redis-server),
-beside ``RedisSlots``' acquire + release (case ``c``'s two calls) and one Redis ``PING``, through
-``anyio.to_thread`` as the gateway makes its Redis calls and inline (the round trip's floor).
+beside ``RedisSlots``' acquire + release (case ``c``'s two calls) and one Redis ``PING``: through
+``anyio.to_thread`` as the gateway makes its Redis calls, on redis-py's asyncio client, and
+inline, blocking the event loop (the round trip's floor).
 Wall time and this process's CPU per pair of calls, and the redis-server's CPU.
 
     PYTHONPATH=. .venv/bin/python benchmarks/gateway_limits.py           # about 2 minutes
@@ -270,6 +271,9 @@ async def micro(
     import redis
 
     ping = redis.Redis.from_url(redis_url)
+    from redis.asyncio import Redis as AsyncRedis
+
+    ping_async = AsyncRedis.from_url(redis_url)
 
     async def local_pair() -> None:
         grant = await local.admit(t, ESTIMATE)
@@ -294,12 +298,17 @@ async def micro(
         ping.ping()
         ping.ping()
 
+    async def ping_asyncio() -> None:
+        await ping_async.ping()
+        await ping_async.ping()
+
     variants: dict[str, tuple[Callable[[], Awaitable[None]], int, int]] = {
         "LocalLimits admit + settle": (local_pair, pairs * 20, 0),
         "RedisLimits admit + settle": (redis_pair, pairs, 2),
         "RedisSlots acquire + release (case c's calls)": (slots_pair, pairs, 2),
         "2 x PING through anyio.to_thread": (ping_thread, pairs, 2),
-        "2 x PING inline (no thread)": (ping_inline, pairs, 2),
+        "2 x PING, redis.asyncio (no thread)": (ping_asyncio, pairs, 2),
+        "2 x PING inline, blocking (the floor)": (ping_inline, pairs, 2),
     }
     wall: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
@@ -323,6 +332,7 @@ async def micro(
         shared.close()
         slots.close()
         ping.close()
+        await ping_async.aclose()
     return {
         name: {
             "round_trips": trips,
