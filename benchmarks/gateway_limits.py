@@ -40,7 +40,7 @@ beside ``RedisSlots``' acquire + release (case ``c``'s two calls) and one Redis 
 inline, blocking the event loop (the round trip's floor).
 Wall time and this process's CPU per pair of calls, and the redis-server's CPU.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/gateway_limits.py           # about 2 minutes
+    PYTHONPATH=. .venv/bin/python benchmarks/gateway_limits.py           # 3-5 minutes
     PYTHONPATH=. .venv/bin/python benchmarks/gateway_limits.py --quick   # smoke run
     PYTHONPATH=. .venv/bin/python benchmarks/gateway_limits.py --json /tmp/limits.json
 """
