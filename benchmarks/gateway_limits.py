@@ -329,8 +329,8 @@ async def micro(
                 cpu[name].append((time.process_time() - cpu_started) / count)
                 server[name] += redis_usage(ping)[0] - redis_before
     finally:
-        shared.close()
-        slots.close()
+        await shared.aclose()
+        await slots.aclose()
         ping.close()
         await ping_async.aclose()
     return {

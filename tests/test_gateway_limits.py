@@ -8,7 +8,7 @@ import calendar
 import hashlib
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,9 @@ def _tenant(name: str = "app", **settings: Any) -> Tenant:
 
 
 @pytest.fixture(params=["memory", "redis"])
-def counted(request: pytest.FixtureRequest) -> Iterator[tuple[Limits, FakeClock]]:
+async def counted(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Limits, FakeClock]]:
+    """Limits in memory, or in Redis (on asyncio with redis-py's asyncio client, on trio with
+    its synchronous client in worker threads)."""
     clock = FakeClock(START)
     if request.param == "memory":
         yield LocalLimits(clock=clock), clock
@@ -50,7 +52,7 @@ def counted(request: pytest.FixtureRequest) -> Iterator[tuple[Limits, FakeClock]
     try:
         yield limits, clock
     finally:
-        limits.close()
+        await limits.aclose()
 
 
 async def _admitted(limits: Limits, tenant: Tenant, n: int, tokens: int = 0) -> int:
@@ -189,6 +191,8 @@ async def test_an_unreachable_redis_counts_locally_or_refuses(
         assert await _admitted(local, app, 4) == 2  # the limit still holds, in this replica
         refused = await refuse.admit(app, 0)
         assert await _admitted(refuse, app, 2) == 0
+    await local.aclose()
+    await refuse.aclose()
     assert isinstance(refused, Refusal)
     assert (refused.status, refused.code) == (503, "limits_unavailable")
     warnings = [r.getMessage() for r in caplog.records if "gateway limits" in r.getMessage()]

@@ -412,8 +412,8 @@ class GatewayApp:
         self.begin_shutdown()
         await self.client.close()
         if isinstance(self._slots, RedisSlots):
-            self._slots.close()
-        self._limits.close()
+            await self._slots.aclose()
+        await self._limits.aclose()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import anyio.to_thread
+import anyio
 
 from .._config import KeySettings
-from .._redis import RedisConnection
+from .._redis import RedisCaller, RedisConnection
 from ._tenants import Tenant
 
 __all__ = [
@@ -117,6 +117,8 @@ class Limits(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 def period_of(period: str | float, now: float) -> tuple[int, float]:
@@ -332,6 +334,9 @@ class LocalLimits:
     def close(self) -> None:
         return None
 
+    async def aclose(self) -> None:
+        return None
+
 
 def _end(settings: KeySettings, now: float) -> float | None:
     if settings.budget_period is None:
@@ -420,9 +425,8 @@ class RedisLimits:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._redis = RedisConnection(url, timeout=timeout, purpose="gateway limits")
+        self._calls = RedisCaller(self._redis, {"admit": _ADMIT, "settle": _SETTLE})
         self._prefix = f"{prefix}:gateway-limits:"
-        self._admit = self._redis.client.register_script(_ADMIT)
-        self._settle = self._redis.client.register_script(_SETTLE)
         self._on_error = on_error
         self._clock = clock
         self._local = LocalLimits(clock=clock)
@@ -434,7 +438,9 @@ class RedisLimits:
         budget = f"{base}budget:{period}" if period is not None else ""
         return [base + "requests", base + "tokens", budget]
 
-    def _run(self, tenant: Tenant, tokens: int, now: float, dry: bool) -> tuple[int, Counts, Grant]:
+    async def _run(
+        self, tenant: Tenant, tokens: int, now: float, dry: bool
+    ) -> tuple[int, Counts, Grant]:
         s = tenant.settings
         bucket = int(now // BUCKET)
         period, end = (
@@ -445,19 +451,19 @@ class RedisLimits:
             keys[2] = keys[0] + ":none"  # never written: the budget is 0 (none)
         ttl = int(WINDOW + 2 * BUCKET)
         budget_ttl = max(1, math.ceil((end or now) - now) + 60)
-        reply: list[Any] = self._admit(
-            keys=keys,
-            args=[
-                bucket,
-                BUCKETS + 1,
-                s.rpm or 0,
-                s.tpm or 0,
-                s.budget_tokens or 0,
-                tokens,
-                ttl,
-                budget_ttl,
-                1 if dry else 0,
-            ],
+        args = [
+            bucket,
+            BUCKETS + 1,
+            s.rpm or 0,
+            s.tpm or 0,
+            s.budget_tokens or 0,
+            tokens,
+            ttl,
+            budget_ttl,
+            1 if dry else 0,
+        ]
+        reply: list[Any] = await self._calls.run(
+            lambda client, scripts: scripts["admit"](keys=keys, args=args, client=client)
         )
         verdict, used, oldest, taken, taken_oldest, spent = (int(v) for v in reply)
         counts = Counts(
@@ -493,9 +499,7 @@ class RedisLimits:
     async def admit(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
         now = self._clock()
         try:
-            verdict, counts, grant = await anyio.to_thread.run_sync(
-                self._run, tenant, tokens, now, False
-            )
+            verdict, counts, grant = await self._run(tenant, tokens, now, False)
         except self._redis.errors as exc:
             self._failed(exc)
             if self._on_error == "refuse":
@@ -511,9 +515,13 @@ class RedisLimits:
         headers = _headers(tenant.settings, counts, now, end)
         return Grant(grant.key, grant.bucket, grant.period, tokens, headers)
 
-    def _correct(self, grant: Grant, delta: int) -> None:
+    async def _correct(self, grant: Grant, delta: int) -> None:
         keys = self._keys(grant.key, grant.period)
-        self._settle(keys=[keys[1], keys[2]], args=[grant.bucket, delta])
+        await self._calls.run(
+            lambda client, scripts: scripts["settle"](
+                keys=[keys[1], keys[2]], args=[grant.bucket, delta], client=client
+            )
+        )
 
     async def settle(self, grant: Grant, tokens: int) -> None:
         if grant.local:
@@ -524,13 +532,13 @@ class RedisLimits:
             return
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._correct, grant, delta)
+                await self._correct(grant, delta)
         except self._redis.errors as exc:
             self._failed(exc)  # the estimate stands
 
     async def peek(self, tenant: Tenant) -> Counts:
         try:
-            _, counts, _ = await anyio.to_thread.run_sync(self._run, tenant, 0, self._clock(), True)
+            _, counts, _ = await self._run(tenant, 0, self._clock(), True)
         except self._redis.errors as exc:
             self._failed(exc)
             return await self._local.peek(tenant)
@@ -538,3 +546,6 @@ class RedisLimits:
 
     def close(self) -> None:
         self._redis.close()
+
+    async def aclose(self) -> None:
+        await self._calls.aclose()

@@ -17,9 +17,9 @@ import time
 import uuid
 from typing import Protocol
 
-import anyio.to_thread
+import anyio
 
-from .._redis import RedisConnection
+from .._redis import RedisCaller, RedisConnection
 
 __all__ = ["LocalSlots", "RedisSlots", "Slots", "SlotsUnavailable"]
 
@@ -77,16 +77,17 @@ class RedisSlots:
         self, url: str, *, prefix: str, timeout: float, lease: float, on_error: str = "local"
     ) -> None:
         self._redis = RedisConnection(url, timeout=timeout, purpose="gateway slots")
+        self._calls = RedisCaller(self._redis, {"acquire": _ACQUIRE})
         self._prefix = f"{prefix}:gateway-slots:"
         self._lease = lease
-        self._script = self._redis.client.register_script(_ACQUIRE)
         self._local = LocalSlots()
         self._on_error = on_error
         self._down = False
 
-    def _run(self, key: str, limit: int, token: str) -> bool:
-        done = self._script(
-            keys=[self._prefix + key], args=[time.time(), self._lease, limit, token]
+    async def _run(self, key: str, limit: int, token: str) -> bool:
+        keys, args = [self._prefix + key], [time.time(), self._lease, limit, token]
+        done = await self._calls.run(
+            lambda client, scripts: scripts["acquire"](keys=keys, args=args, client=client)
         )
         return bool(done)
 
@@ -99,7 +100,7 @@ class RedisSlots:
     async def acquire(self, key: str, limit: int) -> str | None:
         token = uuid.uuid4().hex
         try:
-            granted = await anyio.to_thread.run_sync(self._run, key, limit, token)
+            granted = await self._run(key, limit, token)
         except self._redis.errors as exc:
             self._failed(exc)
             if self._on_error == "refuse":
@@ -109,19 +110,21 @@ class RedisSlots:
         self._down = False
         return token if granted else None
 
-    def _renew(self, key: str, token: str) -> None:
-        self._redis.client.zadd(self._prefix + key, {token: time.time() + self._lease}, xx=True)
+    async def _renew(self, key: str, token: str) -> None:
+        name, lease = self._prefix + key, {token: time.time() + self._lease}
+        await self._calls.run(lambda client, _: client.zadd(name, lease, xx=True))
 
     async def renew(self, key: str, token: str) -> None:
         if token.startswith("local:"):
             return
         try:
-            await anyio.to_thread.run_sync(self._renew, key, token)
+            await self._renew(key, token)
         except self._redis.errors as exc:
             self._failed(exc)
 
-    def _release(self, key: str, token: str) -> None:
-        self._redis.client.zrem(self._prefix + key, token)
+    async def _release(self, key: str, token: str) -> None:
+        name = self._prefix + key
+        await self._calls.run(lambda client, _: client.zrem(name, token))
 
     async def release(self, key: str, token: str) -> None:
         if token.startswith("local:"):
@@ -129,9 +132,12 @@ class RedisSlots:
             return
         try:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._release, key, token)
+                await self._release(key, token)
         except self._redis.errors as exc:
             self._failed(exc)  # the lease ends by itself
 
     def close(self) -> None:
         self._redis.close()
+
+    async def aclose(self) -> None:
+        await self._calls.aclose()
