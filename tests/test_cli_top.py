@@ -3,16 +3,19 @@ gateway (simulators behind it) and against nothing, no terminal needed."""
 
 from __future__ import annotations
 
+import io
 import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import openai
 import pytest
+import trustme
 
 from llmroute.cli import main
-from llmroute.cli._top import metrics_url
+from llmroute.cli._top import TopError, _View, metrics_url
 from llmroute.cli._topframe import (
     Exposition,
     NotMetrics,
@@ -178,6 +181,34 @@ def test_twenty_targets_fit_a_small_terminal() -> None:
     assert shares == sorted(shares, reverse=True)
     everything = render(frame, source="recorded", interval=2.0)
     assert sum(line.startswith("provider-") for line in everything) == 20
+
+
+def test_the_live_view_compares_each_scrape_with_the_one_before() -> None:
+    """The refresh loop without a terminal: frames one after another, a failed scrape shown
+    as a sentence over the last figures, and no ANSI codes in a pipe."""
+    scrapes: list[Exposition | TopError] = [
+        Exposition.parse(BEFORE),
+        TopError("cannot reach http://gw/metrics: refused"),
+        Exposition.parse(AFTER),
+    ]
+
+    async def scrape() -> Exposition:
+        item = scrapes.pop(0)
+        if isinstance(item, TopError):
+            raise item
+        return item
+
+    out = io.StringIO()
+    view = _View(out=out, interval=0.001, once=False, frames=3)
+    assert anyio.run(view.watch, scrape, "recorded") == 0
+    frames = out.getvalue().split("llmroute top: recorded")[1:]
+    assert len(frames) == 3 and not scrapes
+    assert "since the process started" in frames[0]
+    assert "the last scrape failed: cannot reach http://gw/metrics: refused" in frames[1]
+    assert "since the process started" in frames[1]  # still the first figures
+    assert "figures over the last" in frames[2]
+    assert "475 ms" in row_of(frames[2].splitlines(), "a:m")
+    assert "\x1b" not in out.getvalue()
 
 
 @pytest.mark.parametrize(
@@ -380,7 +411,6 @@ def test_an_application_page_of_client_metrics(
 ) -> None:
     """An application serving ``client.metrics`` with prometheus_client's own HTTP server (as
     docs/metrics.md shows); no key needed."""
-    import anyio
     import prometheus_client
 
     from llmroute import AsyncOpenAI
@@ -421,3 +451,34 @@ def test_simulator_once_shows_the_demo_targets(capsys: pytest.CaptureFixture[str
     for name in ("fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"):
         assert row_of(lines, name).endswith(("closed", "open", "half-open"))
     assert row_of(lines, "chat").split()[1] != "0"  # the traffic loop asked
+
+
+def test_a_tls_gateway_with_a_private_ca(
+    sim: Simulator, tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    folder = tmp_path_factory.mktemp("top-tls")
+    cert, key, ca_file = folder / "cert.pem", folder / "key.pem", folder / "ca.pem"
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(cert))
+    leaf.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    config = {
+        "providers": {"p": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY}},
+        "models": {"chat": {"targets": ["p:sim-small"]}},
+        "gateway": {"keys": {"ci": "GW_KEY_TOP"}},
+    }
+    with Gateway(
+        config,
+        certfile=str(cert),
+        keyfile=str(key),
+        environ={"GW_KEY_TOP": GW_KEY},
+        verify=sim.ssl_context(),
+    ) as server:
+        status, _, err = top(capsys, "--once", "--key", GW_KEY, server.base_url)
+        assert status == 2 and "its TLS certificate is not trusted; --ca FILE" in err
+        status, out, err = top(
+            capsys, "--once", "--key", GW_KEY, "--ca", str(ca_file), server.base_url
+        )
+    assert (status, err) == (0, "")
+    assert row_of(out.splitlines(), "p:sim-small").endswith("closed")

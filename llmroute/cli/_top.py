@@ -24,7 +24,7 @@ import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
@@ -416,7 +416,6 @@ class _Weather:
 
     sim: Any
     slow: bool = False
-    began: float = field(default_factory=time.monotonic)
 
     def note(self) -> str | None:
         period, length = SLOW_PHASE
