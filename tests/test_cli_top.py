@@ -169,6 +169,11 @@ def test_twenty_targets_fit_a_small_terminal() -> None:
         lines_in.append(
             f'llmroute_attempts_total{{outcome="won",reason="first",target="{name}"}} {index}'
         )
+        for state in ("closed", "open"):  # the least busy one's circuit is open
+            lines_in.append(
+                f'llmroute_breaker_state{{llmroute_breaker_state="{state}",target="{name}"}} '
+                f"{int((state == 'open') == (index == 0))}"
+            )
     frame = build_frame(Exposition.parse("\n".join(lines_in) + "\n"), None, None)
     lines = render(frame, source="recorded", interval=2.0, width=80, height=24)
     assert len(lines) <= 24
@@ -179,6 +184,8 @@ def test_twenty_targets_fit_a_small_terminal() -> None:
     assert body[0].split()[1] == "10%"  # the busiest first: 19 of the 190 answers
     shares = [int(line.split()[1].rstrip("%")) for line in body]
     assert shares == sorted(shares, reverse=True)
+    assert body[-1].endswith("open")  # never cut: the last by share, shown in the last place
+    assert sum(line.endswith("closed") for line in body) == len(body) - 1
     everything = render(frame, source="recorded", interval=2.0)
     assert sum(line.startswith("provider-") for line in everything) == 20
 

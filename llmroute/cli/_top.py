@@ -342,9 +342,8 @@ class _View:
         size = shutil.get_terminal_size() if terminal else None
         color = terminal and not os.environ.get("NO_COLOR")
         note = failure or self.note()
-        height = size.lines if size is not None and not self.once else None
-        if self.rows is not None:
-            height = None
+        # One line short of the screen: a newline after its last line would scroll it.
+        height = size.lines - 1 if size is not None and not self.once else None
         lines = render(
             frame,
             source=source,
@@ -352,11 +351,10 @@ class _View:
             width=size.columns if size is not None else None,
             height=height,
             sort=self.sort,
+            rows=self.rows,
             color=color,
             note=note,
         )
-        if self.rows is not None:
-            lines = _limit_rows(lines, frame, self.rows)
         if self._live:
             self.out.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in lines) + "\x1b[J")
         else:
@@ -364,17 +362,6 @@ class _View:
             if not self.once:
                 self.out.write("\n")
         self.out.flush()
-
-
-def _limit_rows(lines: list[str], frame: Frame, rows: int) -> list[str]:
-    """``lines`` with the target table cut to ``rows`` rows (it follows the head and a blank
-    line; its title and column titles come first)."""
-    start = next(i for i, line in enumerate(lines) if line == "") + 3
-    count = len(frame.targets)
-    if count <= rows:
-        return lines
-    more = f"... {count - rows} more (--rows or --sort shows others)"
-    return [*lines[: start + rows], more, *lines[start + count :]]
 
 
 # -- --simulator -------------------------------------------------------------------------------

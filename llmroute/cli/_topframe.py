@@ -353,6 +353,7 @@ def _tiers(w: _Window) -> list[TierRow]:
 
 _BOLD, _RED, _YELLOW, _RESET = "\x1b[1m", "\x1b[31m", "\x1b[33m", "\x1b[0m"
 _MIN_NAME = 16
+_NAME_CAP = 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,22 +383,27 @@ def _shorten(name: str, width: int) -> str:
 
 
 def _table(columns: list[_Column], width: int | None) -> list[str]:
-    """Columns side by side, the first left-aligned; too wide for ``width``: the columns with
-    the highest ``drop`` go first, then the first column is shortened."""
+    """Columns side by side. Too wide for ``width``: the first column (names) is cut to
+    :data:`_NAME_CAP`, then the columns with the highest ``drop`` go, then the names are cut
+    further, down to :data:`_MIN_NAME`."""
     cols = list(columns)
 
-    def measure(c: list[_Column]) -> list[int]:
-        return [max([len(col.title), *(len(cell) for cell in col.cells)]) for col in c]
+    def measure() -> list[int]:
+        sizes = [max([len(col.title), *(len(cell) for cell in col.cells)]) for col in cols]
+        sizes[0] = min(sizes[0], cap)
+        return sizes
 
-    widths = measure(cols)
+    def excess() -> int:
+        return sum(measure()) + 2 * (len(cols) - 1) - (width or 0)
+
+    cap = 1 << 30
     if width is not None:
-        while sum(measure(cols)) + 2 * (len(cols) - 1) > width and any(c.drop for c in cols):
-            victim = max(cols, key=lambda c: c.drop)
-            cols.remove(victim)
-        widths = measure(cols)
-        excess = sum(widths) + 2 * (len(cols) - 1) - width
-        if excess > 0:
-            widths[0] = max(_MIN_NAME, widths[0] - excess)
+        cap = max(_NAME_CAP, measure()[0] - excess())
+        while excess() > 0 and any(c.drop for c in cols):
+            cols.remove(max(cols, key=lambda c: c.drop))
+        if excess() > 0:
+            cap = max(_MIN_NAME, measure()[0] - excess())
+    widths = measure()
     first = cols[0]
     lines = [
         "  ".join(
@@ -438,6 +444,7 @@ def render(
     width: int | None = None,
     height: int | None = None,
     sort: str = "share",
+    rows: int | None = None,
     color: bool = False,
     note: str | None = None,
     clock: Callable[[], float] = time.time,
@@ -445,6 +452,8 @@ def render(
     """The lines of one screen: targets, routes, and where present keys, objectives, tiers.
 
     ``width``/``height`` (a terminal's) drop columns and target rows to fit; None: everything.
+    ``rows``: at most this many targets, whatever the height. Targets whose circuit is not
+    closed are shown before any other is cut.
     """
     bold = (lambda s: f"{_BOLD}{s}{_RESET}") if color else (lambda s: s)
     stamp = time.strftime("%H:%M:%S", time.gmtime(clock()))
@@ -526,11 +535,13 @@ def render(
 
     targets = _sorted_targets(frame.targets, sort)
     used = len(head) + sum(len(s) + 1 for s in sections) + 3
-    room = None if height is None else max(3, height - used)
+    limit = rows
+    if limit is None and height is not None and len(targets) > max(3, height - used):
+        limit = max(3, height - used) - 1  # and a line that counts the others
     hidden = 0
-    if room is not None and len(targets) > room:
-        hidden = len(targets) - (room - 1)
-        targets = targets[: room - 1]
+    if limit is not None and len(targets) > limit:
+        targets = _keep(targets, limit)
+        hidden = len(frame.targets) - len(targets)
     state = [_paint(r.state, color) for r in targets]
     lines = _table(
         [
@@ -561,11 +572,21 @@ def render(
     if hidden:
         target_section.append(
             f"... {hidden} more (a taller terminal, --rows or --sort shows others)"
+            if rows is None
+            else f"... {hidden} more (--rows or --sort shows others)"
         )
     out = [*head, "", *target_section]
     for section in sections:
         out += ["", *section]
     return out
+
+
+def _keep(targets: list[TargetRow], limit: int) -> list[TargetRow]:
+    """The first ``limit`` of ``targets``, except that those with an open or half-open circuit
+    take the places of the last ones (in their order)."""
+    flagged = [row for row in targets[limit:] if row.state not in ("closed", "-")][:limit]
+    chosen = {id(row) for row in targets[: limit - len(flagged)]} | {id(row) for row in flagged}
+    return [row for row in targets if id(row) in chosen]
 
 
 def _paint(state: str, color: bool) -> str:
