@@ -15,7 +15,7 @@ import pytest
 import trustme
 
 from llmroute.cli import main
-from llmroute.cli._top import TopError, _View, metrics_url
+from llmroute.cli._top import ONCE_REQUESTS, TopError, _View, metrics_url
 from llmroute.cli._topframe import (
     Exposition,
     NotMetrics,
@@ -334,7 +334,8 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     failing = row_of(lines, "failing:sim-small")
     assert failing.endswith("open") and failing.split()[-2] == "0"  # in flight
     assert row_of(lines, "failing:sim-small").split()[-3] == "2"  # its two errors
-    assert row_of(lines, "ci").split()[1] == "5"  # requests of the key ci: 4 + 1
+    # The key ci's 4 + 1 requests (and the scrapes of tests before, if any ran first).
+    assert int(row_of(lines, "ci").split()[1]) >= 5
     assert row_of(lines, "other").split()[1] == "1"
     assert "\x1b" not in out
     assert GW_KEY not in out and UPSTREAM_KEY not in out
@@ -457,7 +458,9 @@ def test_simulator_once_shows_the_demo_targets(capsys: pytest.CaptureFixture[str
     lines = out.splitlines()
     for name in ("fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"):
         assert row_of(lines, name).endswith(("closed", "open", "half-open"))
-    assert row_of(lines, "chat").split()[1] != "0"  # the traffic loop asked
+    # It waited for 20 requests to end; each of the 4 workers' last may be counted a moment
+    # after its caller saw it end.
+    assert int(row_of(lines, "chat").split()[1]) >= ONCE_REQUESTS - 4
 
 
 def test_a_tls_gateway_with_a_private_ca(

@@ -40,6 +40,8 @@ __all__ = ["KEY_ENV", "TopError", "metrics_url", "register"]
 KEY_ENV = "LLMROUTE_GATEWAY_KEY"
 """The variable a gateway key is read from when ``--key`` is not given."""
 
+ONCE_REQUESTS = 20
+"""``--simulator --once``: requests that end before the table is printed."""
 SLOW_PHASE = (20.0, 10.0)
 """``--simulator``: every 20 s the fast target is slow for 10 s, so traffic visibly moves."""
 
@@ -383,10 +385,13 @@ async def _simulated(view: _View) -> int:
         client = AsyncOpenAI(config=setup.config, verify=setup.verify)
         status = 1
         async with client, anyio.create_task_group() as tg:
-            tg.start_soon(_traffic, client, 4)
+            traffic = _Traffic(client)
+            tg.start_soon(traffic.run)
             tg.start_soon(slowed.run)
-            if view.once and not view.two_scrapes:
-                await anyio.sleep(view.interval)  # one interval of traffic to show
+            if view.once:  # something to show: an interval of traffic, 20 requests at least
+                if not view.two_scrapes:
+                    await anyio.sleep(view.interval)
+                await traffic.wait_for(ONCE_REQUESTS, 60.0)
 
             async def scrape() -> Exposition:
                 return Exposition.parse(client.metrics.exposition().decode())
@@ -425,18 +430,34 @@ class _Weather:
             app.profile, self.slow = normal, False
 
 
-async def _traffic(client: AsyncOpenAI, concurrency: int) -> None:
-    """The demo's workload in a loop, ``concurrency`` at a time, until cancelled."""
-    from ._demo import ROUTE, ask_once, workload
+@dataclass
+class _Traffic:
+    """The demo's workload in a loop, ``concurrency`` at a time, until cancelled; ``done``
+    counts the answers (and errors) so far."""
 
-    asks = workload(200, 0.3, 7)
+    client: AsyncOpenAI
+    concurrency: int = 4
+    done: int = 0
 
-    async def worker(offset: int) -> None:
-        index = offset
-        while True:
-            await ask_once(client, ROUTE, asks[index % len(asks)], 16)
-            index += concurrency
+    async def run(self) -> None:
+        from ._demo import ROUTE, ask_once, workload
 
-    async with anyio.create_task_group() as tg:
-        for offset in range(concurrency):
-            tg.start_soon(worker, offset)
+        asks = workload(200, 0.3, 7)
+
+        async def worker(offset: int) -> None:
+            index = offset
+            while True:
+                await ask_once(self.client, ROUTE, asks[index % len(asks)], 16)
+                self.done += 1
+                index += self.concurrency
+
+        async with anyio.create_task_group() as tg:
+            for offset in range(self.concurrency):
+                tg.start_soon(worker, offset)
+
+    async def wait_for(self, count: int, seconds: float) -> None:
+        """Until ``count`` requests ended (a slow machine's first ones take a while), for at
+        most ``seconds``."""
+        with anyio.move_on_after(seconds):
+            while self.done < count:  # noqa: ASYNC110 - a counter, no event to wait on
+                await anyio.sleep(0.05)
