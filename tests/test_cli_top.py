@@ -453,14 +453,12 @@ def test_an_application_page_of_client_metrics(
 
 
 def test_simulator_once_shows_the_demo_targets(capsys: pytest.CaptureFixture[str]) -> None:
-    status, out, err = top(capsys, "--simulator", "--once", "--interval", "1")
+    status, out, err = top(capsys, "--simulator", "--once")  # one frame: since the start
     assert (status, err) == (0, "")
     lines = out.splitlines()
     for name in ("fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"):
         assert row_of(lines, name).endswith(("closed", "open", "half-open"))
-    # It waited for 20 requests to end; each of the 4 workers' last may be counted a moment
-    # after its caller saw it end.
-    assert int(row_of(lines, "chat").split()[1]) >= ONCE_REQUESTS - 4
+    assert int(row_of(lines, "chat").split()[1]) >= ONCE_REQUESTS  # it waited for them
 
 
 def test_a_tls_gateway_with_a_private_ca(
