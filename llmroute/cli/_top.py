@@ -190,6 +190,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--interval",
         type=float,
         default=None,
+        metavar="S",
         help=(
             "seconds between refreshes (2); with --once, take two scrapes this far apart and "
             "show the figures between them"
@@ -199,10 +200,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--sort", choices=SORTS, default="share", help="order of the targets (share: most answers)"
     )
     parser.add_argument(
-        "--rows", type=int, help="at most this many targets (default: what fits the terminal)"
+        "--rows",
+        type=int,
+        metavar="N",
+        help="at most this many targets (default: what fits the terminal)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds one scrape may take (10)"
+        "--timeout", type=float, default=10.0, metavar="S", help="seconds one scrape may take (10)"
     )
     add_tls_options(parser)
     parser.set_defaults(run=_run)
@@ -248,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.simulator:
             return anyio.run(_simulated, view)
-        key = args.key if args.key is not None else os.environ.get(KEY_ENV) or None
+        key = args.key or os.environ.get(KEY_ENV) or None
         return anyio.run(_remote, view, url, key, verify, args.timeout)
     except KeyboardInterrupt:
         view.leave()
@@ -349,7 +353,7 @@ class _View:
         lines = render(
             frame,
             source=source,
-            interval=self.interval,
+            interval=None if self.once else self.interval,
             width=size.columns if size is not None else None,
             height=height,
             sort=self.sort,

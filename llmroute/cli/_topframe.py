@@ -19,10 +19,12 @@ from ._format import ms
 __all__ = [
     "Exposition",
     "Frame",
+    "KeyRow",
     "NotMetrics",
     "ObjectiveRow",
     "RouteRow",
     "TargetRow",
+    "TierRow",
     "build_frame",
     "histogram_quantile",
     "render",
@@ -106,17 +108,16 @@ class _Window:
             old = earlier.get(labels, 0.0)
             yield dict(labels), value - old if value >= old else value
 
-    def counter(
-        self, name: str, by: Sequence[str], where: Callable[[dict[str, str]], bool] | None = None
-    ) -> dict[tuple[str, ...], float]:
+    def counter(self, name: str, by: Sequence[str]) -> dict[tuple[str, ...], float]:
+        """The growth of counter ``name`` summed by the labels ``by``."""
         out: dict[tuple[str, ...], float] = {}
         for labels, delta in self.deltas(name):
-            if where is None or where(labels):
-                group = tuple(labels.get(label, "") for label in by)
-                out[group] = out.get(group, 0.0) + delta
+            group = tuple(labels.get(label, "") for label in by)
+            out[group] = out.get(group, 0.0) + delta
         return out
 
     def gauge(self, name: str, by: Sequence[str]) -> dict[tuple[str, ...], float]:
+        """Gauge ``name`` now, summed by the labels ``by``."""
         out: dict[tuple[str, ...], float] = {}
         for labels, value in self.now.series(name).items():
             mapping = dict(labels)
@@ -127,6 +128,7 @@ class _Window:
     def quantiles(
         self, histogram: str, by: Sequence[str], qs: Sequence[float]
     ) -> dict[tuple[str, ...], list[float | None]]:
+        """The ``qs``-quantiles of ``histogram``'s growth, its buckets summed by ``by``."""
         grouped: dict[tuple[str, ...], dict[float, float]] = {}
         for labels, delta in self.deltas(f"{histogram}_bucket"):
             bound = float(labels.get("le", "+Inf"))
@@ -144,6 +146,8 @@ class _Window:
 
 @dataclass(slots=True)
 class TargetRow:
+    """One target: its answers and their share, TTFT of its attempts, hedges, errors, circuit."""
+
     name: str
     answers: float = 0.0
     share: float | None = None
@@ -160,6 +164,8 @@ class TargetRow:
 
 @dataclass(slots=True)
 class RouteRow:
+    """One route (a model name asked for): requests, the caller's TTFT, hedges, cache hits."""
+
     name: str
     requests: float = 0.0
     errors: float = 0.0
@@ -173,6 +179,8 @@ class RouteRow:
 
 @dataclass(slots=True)
 class KeyRow:
+    """One gateway key, by name: requests, rejections, tokens, cache hits, in flight."""
+
     name: str
     requests: float = 0.0
     rejected: float = 0.0
@@ -184,6 +192,8 @@ class KeyRow:
 
 @dataclass(slots=True)
 class ObjectiveRow:
+    """One latency objective of a key (on a route, or ``*``): met share, burn rates."""
+
     key: str
     route: str
     target: float | None = None
@@ -195,6 +205,8 @@ class ObjectiveRow:
 
 @dataclass(slots=True)
 class TierRow:
+    """One tier of a tiered model name: the requests it got."""
+
     model: str
     tier: str
     decisions: float = 0.0
@@ -211,7 +223,6 @@ class Frame:
     keys: list[KeyRow]
     objectives: list[ObjectiveRow]
     tiers: list[TierRow]
-    gateway: bool = False
 
 
 _Q = (0.5, 0.95, 0.99)
@@ -227,7 +238,6 @@ def build_frame(now: Exposition, before: Exposition | None, seconds: float | Non
         keys=_keys(w),
         objectives=_objectives(w),
         tiers=_tiers(w),
-        gateway=any(name.startswith("llmroute_gateway_") for name in now.samples),
     )
 
 
@@ -440,7 +450,7 @@ def render(
     frame: Frame,
     *,
     source: str,
-    interval: float,
+    interval: float | None,
     width: int | None = None,
     height: int | None = None,
     sort: str = "share",
@@ -452,16 +462,18 @@ def render(
     """The lines of one screen: targets, routes, and where present keys, objectives, tiers.
 
     ``width``/``height`` (a terminal's) drop columns and target rows to fit; None: everything.
+    ``interval``: the seconds the next frame will cover (None: no next frame).
     ``rows``: at most this many targets, whatever the height. Targets whose circuit is not
     closed are shown before any other is cut.
     """
     bold = (lambda s: f"{_BOLD}{s}{_RESET}") if color else (lambda s: s)
     stamp = time.strftime("%H:%M:%S", time.gmtime(clock()))
-    over = (
-        f"over the last {frame.seconds:.1f} s"
-        if frame.seconds is not None
-        else f"since the process started (totals; the next frame covers {interval:g} s)"
-    )
+    if frame.seconds is not None:
+        over = f"over the last {frame.seconds:.1f} s"
+    elif interval is None:
+        over = "since the process started (its totals)"
+    else:
+        over = f"since the process started (its totals; the next frame covers {interval:g} s)"
     head = [bold(f"llmroute top: {source}  {stamp} UTC"), f"figures {over}"]
     if note:
         head.append(note)
