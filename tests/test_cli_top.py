@@ -175,9 +175,11 @@ def test_twenty_targets_fit_a_small_terminal() -> None:
                 f"{int((state == 'open') == (index == 0))}"
             )
     frame = build_frame(Exposition.parse("\n".join(lines_in) + "\n"), None, None)
-    lines = render(frame, source="recorded", interval=2.0, width=80, height=24)
+    failed = "the last scrape failed: " + "a long sentence " * 10
+    lines = render(frame, source="recorded", interval=2.0, width=80, height=24, note=failed)
     assert len(lines) <= 24
-    assert max(len(line) for line in lines) <= 80
+    assert max(len(line) for line in lines) <= 80  # cut, not wrapped
+    assert lines[2].startswith("the last scrape failed: ") and lines[2].endswith("...")
     assert any(line.startswith("... ") and "more" in line for line in lines)
     body = [line for line in lines if line.startswith("provider-")]
     assert "~" in body[0].split()[0]  # shortened in the middle

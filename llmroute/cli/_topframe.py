@@ -474,7 +474,7 @@ def render(
         over = "since the process started (its totals)"
     else:
         over = f"since the process started (its totals; the next frame covers {interval:g} s)"
-    head = [bold(f"llmroute top: {source}  {stamp} UTC"), f"figures {over}"]
+    head = [bold(_clip(f"llmroute top: {source}  {stamp} UTC", width)), f"figures {over}"]
     if note:
         head.append(note)
     sections: list[list[str]] = []
@@ -590,7 +590,15 @@ def render(
     out = [*head, "", *target_section]
     for section in sections:
         out += ["", *section]
-    return out
+    # A terminal's line is cut rather than wrapped (which would push the screen down); the
+    # painted lines were fitted before their colours went on.
+    return [line if "\x1b" in line else _clip(line, width) for line in out]
+
+
+def _clip(text: str, width: int | None) -> str:
+    if width is None or len(text) <= width:
+        return text
+    return text[: max(0, width - 3)] + "..."
 
 
 def _keep(targets: list[TargetRow], limit: int) -> list[TargetRow]:
