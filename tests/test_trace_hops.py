@@ -16,7 +16,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+import llmroute
 from llmroute import AsyncOpenAI
+from llmroute._types import RouteReport
 from llmroute.metrics._traceparent import RequestTrace, parse_traceparent
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
@@ -203,6 +205,7 @@ async def test_the_sdk_sends_its_attempts_in_the_callers_trace(
                     pass
     context = handler.get_span_context()
     trace_id = f"{context.trace_id:032x}"
+    assert isinstance(stream, llmroute.AsyncStream)
     report = stream.route
     assert report is not None and report.trace_id == trace_id
     upstream = dict(received(trace_id, held, sim))
@@ -214,9 +217,7 @@ async def test_the_sdk_sends_its_attempts_in_the_callers_trace(
     assert request_span.parent is not None and request_span.parent.span_id == context.span_id
 
 
-def test_without_a_recording_span_attempts_continue_the_callers_trace_with_fresh_span_ids() -> (
-    None
-):
+def test_without_a_recording_span_attempts_continue_the_callers_trace_with_fresh_span_ids() -> None:
     incoming = {"TraceParent": f"00-{TRACE_ID}-{PARENT}-01", "tracestate": STATE, "x-a": "1"}
     request = RequestTrace.read(incoming)
     sent = [request.attempt(None, "p:m", incoming) for _ in range(2)]
@@ -228,12 +229,15 @@ def test_without_a_recording_span_attempts_continue_the_callers_trace_with_fresh
     for headers in sent:
         assert headers["tracestate"] == STATE and headers["x-a"] == "1"
         assert "TraceParent" not in headers  # the caller's own is replaced, whatever its case
-    request.mark(report := _report())
+    request.mark(report := RouteReport(route="chat", policy="hedge"))
     assert report.trace_id == TRACE_ID
 
 
 def test_a_trace_is_started_when_the_caller_sent_none_or_a_broken_one() -> None:
-    for incoming in (None, {"traceparent": "00-" + "0" * 32 + f"-{PARENT}-01", "tracestate": STATE}):
+    for incoming in (
+        None,
+        {"traceparent": "00-" + "0" * 32 + f"-{PARENT}-01", "tracestate": STATE},
+    ):
         request = RequestTrace.read(incoming)
         headers = request.attempt(None, "p:m", incoming)
         parsed = parse_traceparent(headers["traceparent"])
@@ -258,9 +262,3 @@ def test_a_trace_is_started_when_the_caller_sent_none_or_a_broken_one() -> None:
 )
 def test_traceparent_values_are_read_as_w3c_says(value: str, valid: bool) -> None:
     assert (parse_traceparent(value) is not None) is valid
-
-
-def _report() -> Any:
-    from llmroute._types import RouteReport
-
-    return RouteReport(route="chat", policy="hedge")

@@ -71,7 +71,7 @@ def new_span_id() -> str:
     while True:
         bits = random.getrandbits(64)
         if bits:
-            return f"{bits:016x}"
+            return bits.to_bytes(8, "big").hex()
 
 
 def new_trace_id() -> str:
@@ -79,7 +79,7 @@ def new_trace_id() -> str:
     while True:
         bits = random.getrandbits(128)
         if bits:
-            return f"{bits:032x}"
+            return bits.to_bytes(16, "big").hex()
 
 
 class RequestTrace:
