@@ -156,7 +156,8 @@ class RouteReport:
     trace_id: str | None = None
     """The W3C trace id (32 hex digits) of the request: its caller's (a ``traceparent``
     header, an active OpenTelemetry span), else a new one; every attempt's upstream request
-    carried a ``traceparent`` of this trace (docs/observability.md)."""
+    carried a ``traceparent`` of this trace (docs/observability.md). A ``shared`` answer's
+    ``attempts`` are in the trace of the call that made them."""
     request_id: str | None = None
     """The request's own id: the gateway's ``x-request-id`` (``gw-...``) for a request that
     came through ``llmroute serve``, else the call's ``x-llmroute-request-id`` header."""

@@ -48,13 +48,19 @@ def hedged(sim: Simulator, held: Simulator, **extra: Any) -> dict[str, Any]:
         "providers": {
             "held": {"base_url": held.base_url, "api_key": UPSTREAM_KEY},
             "fast": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY},
+            "failing": {
+                "base_url": sim.base_url,
+                "api_key": UPSTREAM_KEY,
+                "headers": {"x-sim-fault": "500"},
+            },
         },
         "models": {
             "chat": {
                 "targets": ["held:sim-small", "fast:sim-small"],
                 "policy": "hedge",
                 "hedge_after": "50ms",
-            }
+            },
+            "failing": {"targets": ["failing:sim-small"]},
         },
         "routing": {"explore": 0},
         **extra,
@@ -144,8 +150,8 @@ async def test_one_trace_from_the_caller_through_the_gateway_to_both_hedged_atte
     assert first["path"] == hedge["path"] == "/v1/chat/completions"
     assert first_parent != hedge_parent
     for request in (first, hedge):
-        # sampled (and random, W3C level 2), as the caller's
-        assert request["headers"]["traceparent"][-2:] == headers["traceparent"][-2:] == "03"
+        flags = request["headers"]["traceparent"][-2:]
+        assert flags == headers["traceparent"][-2:] and int(flags, 16) & 1  # sampled, as asked
         assert request["headers"]["tracestate"] == STATE
         assert "x-llmroute-request-id" not in request["headers"]  # never sent upstream
 
@@ -187,6 +193,37 @@ async def test_one_trace_from_the_caller_through_the_gateway_to_both_hedged_atte
         text = everything(span)
         assert PROMPT not in text and answer not in text and UPSTREAM_KEY not in text
     assert PROMPT not in line and answer not in line
+
+
+async def test_a_failed_request_is_found_by_any_of_its_ids(
+    gateway: Gateway,
+    sim: Simulator,
+    spans: InMemorySpanExporter,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmroute.server")
+    trace_id = RequestTrace().trace_id  # a new one: the simulator is the session's
+    headers = {"traceparent": f"00-{trace_id}-{PARENT}-01"}
+    async with openai.AsyncOpenAI(
+        base_url=gateway.base_url, api_key=GW_KEY, max_retries=0
+    ) as client:
+        with pytest.raises(openai.APIStatusError) as failed:
+            await client.chat.completions.create(
+                model="failing", messages=MESSAGES, extra_headers=headers
+            )
+    gateway_id = failed.value.response.headers["x-request-id"]
+    line = await logged(caplog, gateway_id)
+    sent = [request for _, request in received(trace_id, sim)]
+    (request,) = sent  # the gateway's client does not retry (max_retries=0)
+    method, path, status, key, _, *ids = line.split()
+    assert (method, path, status, key) == ("POST", "/v1/chat/completions", "502", "key=ci")
+    assert ids == [gateway_id, f"trace={trace_id}", f"upstream={request['request_id']}"]
+    done = await finished(spans, "chat failing")
+    (child,) = [s for s in done if s.name == "chat sim-small"]
+    assert dict(child.attributes or {})["llmroute.outcome"] == "error"
+    assert dict(child.attributes or {})["llmroute.request_id"] == request["request_id"]
+    assert all(s.context is not None and s.context.trace_id == int(trace_id, 16) for s in done)
+    assert PROMPT not in line and all(PROMPT not in everything(s) for s in done)
 
 
 async def test_the_sdk_sends_its_attempts_in_the_callers_trace(

@@ -107,7 +107,8 @@ async def test_a_routed_stream_is_one_client_span_with_its_attempts(
         "llmroute.tokens": event["llmroute.tokens"],
     }
     parent = sim.last_requests[-1]["headers"]["traceparent"]
-    assert parent == f"00-{child.context.trace_id:032x}-{child.context.span_id:016x}-03"
+    flags = int(child.context.trace_flags)
+    assert parent == f"00-{child.context.trace_id:032x}-{child.context.span_id:016x}-{flags:02x}"
 
 
 async def test_a_whole_answer_carries_its_usage_and_finish_reason(
