@@ -959,7 +959,8 @@ class GatewayApp:
             await self._slots.renew(exchange.key, exchange.slot)
 
     def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
-        """The cache settings a client may give; a per-key namespace when configured."""
+        """The cache settings a client may give, its W3C trace context; a per-key namespace
+        when configured."""
         out = {name: headers[name] for name in _FORWARDED if name in headers}
         for name in (TRACEPARENT, TRACESTATE):  # the caller's trace goes on (each attempt its span)
             if name in headers:
@@ -1198,7 +1199,8 @@ def _trace_ids(report: RouteReport | None) -> str:
     if report is None:
         return ""
     ids = [_LOG_UNSAFE.sub("?", a.request_id[:128]) for a in report.attempts if a.request_id]
-    return f" trace={report.trace_id}" + (f" upstream={','.join(ids)}" if ids else "")
+    text = f" trace={report.trace_id}" if report.trace_id else ""
+    return text + (f" upstream={','.join(ids)}" if ids else "")
 
 
 def _tier_header(result: object) -> dict[str, str]:
