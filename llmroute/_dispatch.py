@@ -148,6 +148,8 @@ class Call:
     sent upstream); read by :meth:`Dispatch.goal`."""
     tiered: TierCall | None = None
     """A call for a tiered model name: ``route`` is its default tier until the decision."""
+    trace: Any = None
+    """The call's trace (``metrics._traceparent.RequestTrace``): its attempts' traceparent."""
 
 
 @dataclass
@@ -458,6 +460,7 @@ class Dispatch:
         if decision is not None:
             self.metrics.tier_decided(decision)
         telemetry = self._telemetry(call)
+        call.trace = telemetry.trace
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
@@ -613,7 +616,9 @@ class Dispatch:
 
     def _telemetry(self, call: Call) -> Any:
         host = None if call.route is not None else _host_of(call.base_url)
-        return self.metrics.begin(call.body["model"], call.body, stream=call.stream, host=host)
+        return self.metrics.begin(
+            call.body["model"], call.body, stream=call.stream, host=host, headers=call.headers
+        )
 
     async def _answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
         async def answer() -> Outcome | Any:
@@ -637,6 +642,7 @@ class Dispatch:
             timeout=call.timeout,
             path=call.path,
             http=call.http,
+            trace=call.trace,
         )
         kind = call.kind
         unservable = self._unservable(call, route)
@@ -1055,6 +1061,7 @@ class Dispatch:
 def _observe(telemetry: Any, result: Outcome | Any) -> None:
     """Count a call that returned: a stream when it ends, a whole answer now."""
     value = result.result if isinstance(result, Outcome) else result
+    telemetry.returned(value)
     if isinstance(value, AsyncStream):
         value._on_end = telemetry.stream_ended
     else:

@@ -71,6 +71,10 @@ class AttemptReport:
     """Where ``tokens`` is a lower bound (``"deltas"``): an estimate of the vendor's count
     from the target's completed answers (:mod:`llmroute.routing.tokens`), for reading only;
     llmroute's accounts use ``tokens``."""
+    span_id: str | None = None
+    """The parent-id of the W3C ``traceparent`` this attempt was sent with (16 hex digits):
+    its span in the request's trace (``RouteReport.trace_id``), where a vendor that traces
+    shows its side of the attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,3 +153,11 @@ class RouteReport:
     """A streamed answer's newest ``usage`` (a ``CompletionUsage``) as the vendors counted it,
     whether or not the caller asked for it (llmroute asks targets for it), with what earlier
     attempts delivered added when it was continued; ``None`` when no target sent one."""
+    trace_id: str | None = None
+    """The W3C trace id (32 hex digits) of the request: its caller's (a ``traceparent``
+    header, an active OpenTelemetry span), else a new one; every attempt's upstream request
+    carried a ``traceparent`` of this trace (docs/observability.md). A ``shared`` answer's
+    ``attempts`` are in the trace of the call that made them."""
+    request_id: str | None = None
+    """The request's own id: the gateway's ``x-request-id`` (``gw-...``) for a request that
+    came through ``llmroute serve``, else the call's ``x-llmroute-request-id`` header."""

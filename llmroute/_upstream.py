@@ -26,7 +26,7 @@ from ._errors import RequestBodyError, make_status_error, map_transport_errors
 from ._types import Timings
 from ._version import __version__
 from .protocols import anthropic
-from .routing.engine import RouteTarget, Sender
+from .routing.engine import SENDING, RouteTarget, Sender, vendor_request_id
 
 __all__ = [
     "OWN_HEADER_PREFIX",
@@ -248,9 +248,11 @@ class Upstream:
         timeout: httpx.Timeout,
         path: str = "chat/completions",
         http: Any = None,
+        trace: Any = None,
     ) -> Sender:
         """The engine's :data:`Sender` for one call: the call's own headers, query and timeout
-        on every attempt, translated for each target's protocol."""
+        on every attempt, translated for each target's protocol; with the call's ``trace``
+        (``metrics._traceparent.RequestTrace``), each attempt's own ``traceparent``."""
 
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
@@ -258,17 +260,28 @@ class Upstream:
             where = path
             if target.protocol == "anthropic" and path == "chat/completions":
                 where, body = "messages", anthropic.translate_request(body, target=target.name)
+            record = SENDING.get() if trace is not None else None
+            sent = headers if trace is None else trace.attempt(record, target.name, headers)
             request = self.build(
                 self.providers[target.provider],
                 where,
                 body,
-                headers=headers,
+                headers=sent,
                 query=query,
                 timeout=timeout,
                 continuation=continuation,
                 http=http,
             )
-            return await self.send(request, read_body=not stream, http=http)
+            if trace is None:
+                return await self.send(request, read_body=not stream, http=http)
+            try:
+                response, timings = await self.send(request, read_body=not stream, http=http)
+            except BaseException:
+                trace.failed(sent)
+                raise
+            if record is not None:  # a hedge that loses keeps the id of its request too
+                record.request_id = vendor_request_id(target, response.headers)
+            return response, timings
 
         return send
 

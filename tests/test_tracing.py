@@ -35,8 +35,17 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _EXPORTER.clear()
 
 
+def requests(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    """The requests' spans, without their attempts' child spans (tests/test_trace_hops.py)."""
+    return [s for s in exporter.get_finished_spans() if not is_attempt(s)]
+
+
+def is_attempt(span: ReadableSpan) -> bool:
+    return "llmroute.target" in (span.attributes or {})
+
+
 def only(exporter: InMemorySpanExporter) -> ReadableSpan:
-    finished = exporter.get_finished_spans()
+    finished = requests(exporter)
     assert len(finished) == 1, [s.name for s in finished]
     return finished[0]
 
@@ -81,6 +90,25 @@ async def test_a_routed_stream_is_one_client_span_with_its_attempts(
     text = everything(span)
     assert KEY not in text
     assert MESSAGES[0]["content"] not in text  # prompts are never recorded
+    # The attempt is a child span too, its context the traceparent it was sent with.
+    (child,) = [s for s in spans.get_finished_spans() if is_attempt(s)]
+    assert child.parent is not None and span.context is not None and child.context is not None
+    assert child.parent.span_id == span.context.span_id
+    assert (child.name, child.kind) == ("chat sim-small", SpanKind.CLIENT)
+    assert dict(child.attributes or {}) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "p0",
+        "gen_ai.request.model": "sim-small",
+        "llmroute.target": "p0:sim-small",
+        "llmroute.reason": "first",
+        "llmroute.outcome": "won",
+        "llmroute.ttft": event["llmroute.ttft"],
+        "llmroute.request_id": event["llmroute.request_id"],
+        "llmroute.tokens": event["llmroute.tokens"],
+    }
+    parent = sim.last_requests[-1]["headers"]["traceparent"]
+    flags = int(child.context.trace_flags)
+    assert parent == f"00-{child.context.trace_id:032x}-{child.context.span_id:016x}-{flags:02x}"
 
 
 async def test_a_whole_answer_carries_its_usage_and_finish_reason(
@@ -110,6 +138,9 @@ async def test_a_failed_request_is_an_error_span_with_every_attempt(
     outcomes = [dict(e.attributes or {})["llmroute.outcome"] for e in span.events]
     assert outcomes == ["error"] * 4  # each target of the ordered route, and its one retry
     assert KEY not in everything(span)
+    children = [s for s in spans.get_finished_spans() if is_attempt(s)]
+    assert [s.status.status_code for s in children] == [StatusCode.ERROR] * 4
+    assert all(KEY not in everything(s) for s in children)
 
 
 async def test_a_stream_left_early_is_not_an_error(
@@ -159,7 +190,7 @@ async def test_a_tiered_request_carries_its_decision(
         forced: Any = await client.chat.completions.create(
             model="auto", messages=prompt, extra_body={"llmroute": {"tier": "hard"}}
         )
-    first, second = spans.get_finished_spans()
+    first, second = requests(spans)
     attributes = first.attributes or {}
     assert decision is not None and decision.reason == "classifier"
     assert attributes["llmroute.tier.model"] == "auto"

@@ -6,7 +6,11 @@ API hands out non-recording spans and nothing more is done.
 
 One span per request, ``chat {model}`` of kind CLIENT, from the call to the end of its answer
 (a stream's last chunk, its break, or its close). Each routed attempt is an event on it
-(``llmroute.attempt``: target, reason, outcome, TTFT, error), at the moment it started.
+(``llmroute.attempt``: target, reason, outcome, TTFT, error), at the moment it started, and a
+child span of its own, ``chat {provider-model}`` (kind CLIENT), whose context is the
+``traceparent`` the attempt was sent upstream with (:mod:`._traceparent`). A request's span
+continues its caller's trace: the call's ``traceparent`` header (the gateway's caller's), else
+the active span.
 A request for a tiered model name carries its tier decision as ``llmroute.tier.*`` attributes
 (model, class, tier, probability, reason, micros, chosen, and hedged: the two tiers of a
 request hedged across them).
@@ -16,13 +20,15 @@ anything an application's users typed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
+from ._traceparent import RequestTrace
 
 if TYPE_CHECKING:
-    from .._types import TierDecision
+    from .._types import RouteReport, TierDecision
     from ._record import RequestRecord
 
 __all__ = ["Tracer", "request_attributes", "tier_attributes"]
@@ -87,15 +93,65 @@ class Tracer:
     def __init__(self) -> None:
         self._tracer = _trace.get_tracer("llmroute", __version__) if _trace is not None else None
 
-    def start(self, model: str, body: Mapping[str, Any], *, stream: bool) -> Any:
-        """The span of a request that starts now, or ``None`` when nothing would record it."""
+    def start(
+        self,
+        model: str,
+        body: Mapping[str, Any],
+        *,
+        stream: bool,
+        trace: RequestTrace | None = None,
+    ) -> Any:
+        """The span of a request that starts now, or ``None`` when nothing would record it.
+
+        ``trace``: the request's; its caller's ``traceparent`` is the span's parent, and a
+        recording span becomes the parent of its attempts. Without one, the caller's active
+        span (when valid) is the trace the attempts continue."""
         if self._tracer is None or _trace is None:
             return None
-        span = self._tracer.start_span(f"chat {model}", kind=_trace.SpanKind.CLIENT)
+        context = None
+        caller = trace.caller if trace is not None else None
+        if trace is not None and caller is not None:
+            context = _trace.set_span_in_context(_remote_span(caller, trace.state))
+        span = self._tracer.start_span(
+            f"chat {model}", context=context, kind=_trace.SpanKind.CLIENT
+        )
         if not span.is_recording():
+            if trace is not None and caller is None:
+                active = _trace.get_current_span().get_span_context()
+                if active.is_valid:
+                    trace.continue_from(
+                        f"{active.trace_id:032x}",
+                        f"{active.span_id:016x}",
+                        int(active.trace_flags),
+                        active.trace_state.to_header(),
+                    )
             return None
         span.set_attributes(request_attributes(model, body, stream=stream))
+        if trace is not None:
+            own = span.get_span_context()
+            trace.continue_from(
+                f"{own.trace_id:032x}", f"{own.span_id:016x}", int(own.trace_flags), None
+            )
+            trace.span, trace.tracer = span, self
+            if trace.request_id is not None:
+                span.set_attribute("llmroute.gateway.request_id", trace.request_id)
         return span
+
+    def attempt(self, parent: Any, target: str) -> Any:
+        """The span of an attempt on ``target`` that starts now: a child of ``parent``."""
+        assert self._tracer is not None and _trace is not None
+        provider, _, model = target.partition(":")
+        return self._tracer.start_span(
+            f"chat {model}",
+            context=_trace.set_span_in_context(parent),
+            kind=_trace.SpanKind.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": provider,
+                "gen_ai.request.model": model,
+                "llmroute.target": target,
+            },
+        )
 
     def end(
         self,
@@ -105,8 +161,9 @@ class Tracer:
         result: Any = None,
         error: BaseException | None = None,
         started_ns: int,
+        trace: RequestTrace | None = None,
     ) -> None:
-        """Fill in what the request ended with and end its span."""
+        """Fill in what the request ended with and end its span (and its attempts')."""
         outcome, report, timings = record.outcome, record.report, record.timings
         attributes: dict[str, Any] = {"llmroute.outcome": outcome}
         if report is not None:
@@ -142,6 +199,8 @@ class Tracer:
                     event["llmroute.tokens"] = attempt.tokens
                 at = started_ns + int(attempt.started * 1e9)
                 span.add_event("llmroute.attempt", event, timestamp=at)
+        if trace is not None and trace.spans:
+            _end_attempts(trace, report, started_ns)
         ttft = record.caller_ttft
         if ttft is not None:
             attributes["gen_ai.response.time_to_first_chunk"] = ttft
@@ -157,6 +216,61 @@ class Tracer:
             if _trace is not None:
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, failure))
         span.end()
+
+
+_FAILED = frozenset({"error", "timeout", "rate_limited", "interrupted"})
+
+
+def _remote_span(caller: tuple[str, str, int], state: str | None) -> Any:
+    """A caller's span, from its ``traceparent``, as OpenTelemetry's parent of a span."""
+    assert _trace is not None
+    trace_id, parent, flags = caller
+    context = _trace.SpanContext(
+        trace_id=int(trace_id, 16),
+        span_id=int(parent, 16),
+        is_remote=True,
+        trace_flags=_trace.TraceFlags(flags),
+        trace_state=_trace.TraceState.from_header([state]) if state else None,
+    )
+    return _trace.NonRecordingSpan(context)
+
+
+def _end_attempts(trace: RequestTrace, report: RouteReport | None, started_ns: int) -> None:
+    """End the attempts' spans with what their report says: target, reason, outcome, TTFT,
+    the vendor's request id. One whose request failed ends when it failed; a hedge or race
+    that lost, when the winner's first token came; the others now."""
+    now = time.time_ns()
+    won_at = None
+    if report is not None and report.ttft is not None:
+        won_at = started_ns + int(report.ttft * 1e9)
+    for attempt in report.attempts if report is not None else ():
+        span = trace.spans.pop(attempt.span_id, None) if attempt.span_id else None
+        if span is None:
+            continue
+        attributes: dict[str, Any] = {
+            "llmroute.reason": attempt.reason,
+            "llmroute.outcome": attempt.outcome,
+        }
+        if attempt.ttft is not None:
+            attributes["llmroute.ttft"] = attempt.ttft
+        if attempt.request_id is not None:
+            attributes["llmroute.request_id"] = attempt.request_id
+        if attempt.error is not None:
+            attributes["llmroute.error"] = attempt.error
+        if attempt.tokens is not None:
+            attributes["llmroute.tokens"] = attempt.tokens
+        span.set_attributes(attributes)
+        if attempt.outcome in _FAILED and _trace is not None:
+            span.set_attribute("error.type", attempt.outcome)
+            span.set_status(_trace.Status(_trace.StatusCode.ERROR, attempt.outcome))
+        end = trace.ends.get(attempt.span_id or "")
+        if end is None and attempt.outcome == "cancelled" and won_at is not None:
+            end = won_at
+        start = getattr(span, "start_time", None) or 0
+        span.end(end_time=max(end or now, start))
+    for span in trace.spans.values():  # attempts the report does not hold
+        span.end(end_time=now)
+    trace.spans.clear()
 
 
 def _response_attributes(result: Any, attributes: dict[str, Any]) -> None:

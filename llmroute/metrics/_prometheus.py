@@ -243,10 +243,17 @@ class ClientMetrics:
         return generate_latest(self.registry)
 
     def begin(
-        self, route: str, body: Mapping[str, Any], *, stream: bool, host: str | None = None
+        self,
+        route: str,
+        body: Mapping[str, Any],
+        *,
+        stream: bool,
+        host: str | None = None,
+        headers: Mapping[str, Any] | None = None,
     ) -> RequestTelemetry:
         """Start watching a chat request for ``route`` (the model name asked for); ``host`` is
-        the base URL's host of a request that is not routed (its target is ``host:model``).
+        the base URL's host of a request that is not routed (its target is ``host:model``);
+        ``headers``: the call's own, whose ``traceparent`` its trace continues.
 
         The first :data:`MAX_MODEL_LABELS` model names that are not routes get labels of their
         own; later ones are counted under ``other``.
@@ -259,7 +266,7 @@ class ClientMetrics:
                 else:
                     route = OTHER
             target = f"{host}:{route}"
-        return RequestTelemetry(self, route, body, stream=stream, target=target)
+        return RequestTelemetry(self, route, body, stream=stream, target=target, headers=headers)
 
     def observe(self, record: RequestRecord) -> None:
         """Count one request that ended."""

@@ -12,6 +12,7 @@ from .._errors import StreamInterrupted
 from .._types import RouteReport, Timings
 from ._otel import Tracer
 from ._record import RequestRecord
+from ._traceparent import RequestTrace
 
 __all__ = ["Observer", "RequestRecord", "RequestTelemetry"]
 
@@ -29,7 +30,16 @@ class Observer(Protocol):
 class RequestTelemetry:
     """Counts one request in the client's metrics and ends its span, exactly once."""
 
-    __slots__ = ("_done", "_metrics", "_route", "_span", "_started_ns", "_stream", "_target")
+    __slots__ = (
+        "_done",
+        "_metrics",
+        "_route",
+        "_span",
+        "_started_ns",
+        "_stream",
+        "_target",
+        "trace",
+    )
 
     def __init__(
         self,
@@ -39,18 +49,28 @@ class RequestTelemetry:
         *,
         stream: bool,
         target: str | None,
+        headers: Mapping[str, Any] | None = None,
     ) -> None:
         self._metrics = metrics
+        self.trace = trace = RequestTrace.read(headers)
+        """The request's trace: its attempts' ``traceparent`` (``headers``: the call's)."""
         self._route = route
         self._stream = stream
         self._target = target
         self._done = False
-        self._span = metrics.tracer.start(route, body, stream=stream)
+        self._span = metrics.tracer.start(route, body, stream=stream, trace=trace)
         self._started_ns = time.time_ns() if self._span is not None else 0
+
+    def returned(self, value: Any) -> None:
+        """The call returned ``value`` (a stream or a whole answer): its route report gets
+        the trace id and the call's own id, as soon as the caller can read it."""
+        self.trace.mark(getattr(value, "route", None))
 
     def failed(self, exc: BaseException) -> None:
         """The call raised before returning a response or a stream."""
         report = getattr(exc, "report", None)
+        if isinstance(report, RouteReport):
+            self.trace.mark(report)
         self._finish(
             _failure_outcome(exc),
             report if isinstance(report, RouteReport) else None,
@@ -94,7 +114,12 @@ class RequestTelemetry:
             self._metrics.observe(record)
             if self._span is not None:
                 self._metrics.tracer.end(
-                    self._span, record, result=result, error=error, started_ns=self._started_ns
+                    self._span,
+                    record,
+                    result=result,
+                    error=error,
+                    started_ns=self._started_ns,
+                    trace=self.trace,
                 )
         except Exception:  # telemetry must never fail a request
             log.warning("llmroute: recording a request's metrics failed", exc_info=True)

@@ -16,6 +16,7 @@ stats and the targets' health.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import math
@@ -83,6 +84,7 @@ from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, 
 
 __all__ = [
     "REMEASURE_AFTER",
+    "SENDING",
     "SERVER_METRICS_MAX_AGE",
     "Route",
     "RouteTarget",
@@ -90,6 +92,7 @@ __all__ = [
     "RoutedStream",
     "Router",
     "Sender",
+    "vendor_request_id",
 ]
 
 SERVER_METRICS_MAX_AGE = 5.0
@@ -121,6 +124,21 @@ class Sender(Protocol):
     def __call__(
         self, target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
     ) -> Awaitable[tuple[httpx.Response, Timings]]: ...
+
+
+SENDING: contextvars.ContextVar[AttemptReport | None] = contextvars.ContextVar(
+    "llmroute_sending", default=None
+)
+"""The attempt a :data:`Sender` is called for (the sender puts its trace span on it)."""
+
+
+async def _sending(record: AttemptReport, opening: Awaitable[_Ready]) -> _Ready:
+    """``opening`` with ``record`` as the attempt being sent (:data:`SENDING`)."""
+    token = SENDING.set(record)
+    try:
+        return await opening
+    finally:
+        SENDING.reset(token)
 
 
 class Trials(Protocol):
@@ -1153,8 +1171,9 @@ class _Run:
         timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
         try:
             missed = False
-            opening = (
-                self._open_stream(target, prefix) if self.stream else self._open_complete(target)
+            opening = _sending(
+                record,
+                self._open_stream(target, prefix) if self.stream else self._open_complete(target),
             )
             if not timeout:  # no first-token deadline: no cancel scope to enter
                 ready = await opening
@@ -1204,7 +1223,7 @@ class _Run:
             elif probe:
                 health.breaker.release()  # no verdict on its health (a 429, a bad request)
             if isinstance(exc, APIStatusError):
-                record.request_id = _request_id(target, exc.response.headers)
+                record.request_id = vendor_request_id(target, exc.response.headers)
             self._failed(record, state, exc, outcome, count=True)
             return
         stats.done_waiting(waiting)
@@ -1221,7 +1240,7 @@ class _Run:
             return
         record.outcome = "won"
         record.ttft = elapsed
-        record.request_id = _request_id(target, ready.response.headers)
+        record.request_id = vendor_request_id(target, ready.response.headers)
         if record.reason == "hedge":
             self.route.budget.refund()  # it saved the request: no extra request lost
         if self.report.winner is None:
@@ -1695,7 +1714,7 @@ def _plain_content(delta: Any) -> bool:
     return not (extra and (extra.get("reasoning_content") or extra.get("reasoning")))
 
 
-def _request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
+def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
     """The vendor's id of a request from its response headers, by the target's protocol
     (Anthropic's ``request-id``; ``x-request-id`` for the OpenAI-style APIs)."""
     if target.protocol == "anthropic":

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -29,9 +30,11 @@ from .._timeouts import (
     TimeoutHeaderError,
     request_timeouts,
 )
+from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
@@ -81,6 +84,7 @@ _FORWARDED = (
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 TIER_HEADER = "x-llmroute-tier"
 """The answer's header naming the tier (route) a tiered model name's request went to."""
+_LOG_UNSAFE = re.compile(r"[^\w.:/+=-]")  # a vendor's request id, as the access log shows it
 _CLOSE_TIMEOUT = 5.0  # seconds a cancelled upstream stream may take to close
 _REDACTED = "[redacted]"
 _DRAIN_BYTES = 16 * 2**20  # a refused body up to this size is read to its end before the 413
@@ -198,6 +202,7 @@ class _Exchange:
         "headers",
         "key",
         "label",
+        "report",
         "request_id",
         "revoked",
         "send",
@@ -231,6 +236,7 @@ class _Exchange:
         self.slot: str | None = None  # the token of the key's slot this request holds
         self.since = 0.0  # when the chunk being written began to be, 0.0: none is
         self.request_id = f"gw-{uuid.uuid4().hex}"
+        self.report: RouteReport | None = None  # a routed call's: its trace and upstream ids
 
     async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
         self.status = status
@@ -462,12 +468,14 @@ class GatewayApp:
             self.metrics.requests.labels(exchange.key, label, status).inc()
             self.metrics.duration.labels(label).observe(elapsed)
             log.info(
-                "%s %s %s key=%s %.3fs%s",
+                "%s %s %s key=%s %.3fs %s%s%s",
                 method,
                 label,
                 status,
                 exchange.key,
                 elapsed,
+                exchange.request_id,
+                _trace_ids(exchange.report),
                 " (client went away)" if exchange.gone else "",
             )
 
@@ -637,6 +645,8 @@ class GatewayApp:
             tiered = self.config.tiered.get(model)  # a tiered name: its default tier's
             total = self.config.models[tiered.default if tiered else model].total_timeout
         extra_headers = self._upstream_headers(headers, exchange)
+        if path in _ROUTABLE and model in self.routes:  # on its route report and span
+            extra_headers[REQUEST_ID_HEADER] = exchange.request_id
 
         async def work() -> None:
             grant = await self._admit(tenant, path, body, exchange)
@@ -862,6 +872,10 @@ class GatewayApp:
             finally:
                 self._scopes.pop(scope, None)
                 scope.cancel()
+        report = getattr(stream if stream is not None else result, "route", None)
+        report = report if report is not None else getattr(failure, "report", None)
+        if isinstance(report, RouteReport):
+            exchange.report = report
         if exchange.stalled:
             self.metrics.rejections.labels(exchange.key, "write_timeout").inc()
         elif exchange.gone:
@@ -973,8 +987,12 @@ class GatewayApp:
             await self._slots.renew(exchange.key, exchange.slot)
 
     def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
-        """The cache settings a client may give; a per-key namespace when configured."""
+        """The cache settings a client may give, its W3C trace context; a per-key namespace
+        when configured."""
         out = {name: headers[name] for name in _FORWARDED if name in headers}
+        for name in (TRACEPARENT, TRACESTATE):  # the caller's trace goes on (each attempt its span)
+            if name in headers:
+                out[name] = headers[name]
         namespace = self._namespaces.get(exchange.key)
         if namespace is not None:
             out[_NAMESPACE_HEADER] = namespace
@@ -1203,6 +1221,15 @@ async def _watch(
             stalled()
             return
         await renew(exchange)
+
+
+def _trace_ids(report: RouteReport | None) -> str:
+    """The access log's ids of a routed request: its trace and the vendors' request ids."""
+    if report is None:
+        return ""
+    ids = [_LOG_UNSAFE.sub("?", a.request_id[:128]) for a in report.attempts if a.request_id]
+    text = f" trace={report.trace_id}" if report.trace_id else ""
+    return text + (f" upstream={','.join(ids)}" if ids else "")
 
 
 def _tier_header(result: object) -> dict[str, str]:
