@@ -1,0 +1,181 @@
+"""The gateway's live page (``[gateway] live_page = true``): a static page under ``/admin/live``
+whose script asks ``/admin/live/data`` (an admin key in ``Authorization``) every second.
+
+The data are samples of what the client already measures (``client.stats()`` and the counters
+of ``client.metrics``) kept in a ring. A sample is taken only when the data are asked for, at
+most once per ``interval``: with nobody watching nothing is sampled, no task runs and no timer
+fires, so the page costs the gateway nothing then. A viewer asks for the samples after the last
+one it holds (``?since=<seq>``), so each answer carries one sample, not the whole ring.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from importlib import resources
+from typing import Any, Final
+
+from .._config import Config
+from ..metrics import ClientMetrics
+from ..routing.stats import TargetSnapshot
+
+__all__ = ["LIVE_FILES", "LivePage", "LiveView"]
+
+INTERVAL: Final = 1.0
+"""Seconds between samples (at most one per interval, however many viewers ask)."""
+KEEP: Final = 600
+"""Samples kept: ten minutes at one a second."""
+
+LIVE_FILES: Final = {
+    "/admin/live": ("live.html", "text/html; charset=utf-8"),
+    "/admin/live/live.js": ("live.js", "text/javascript; charset=utf-8"),
+    "/admin/live/live.css": ("live.css", "text/css; charset=utf-8"),
+}
+"""The page's static files by path: (file name in ``llmroute/server/live``, content type)."""
+
+PAGE_HEADERS: Final = {
+    # Nothing but the gateway itself: no CDN, no inline script, no framing by another site.
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+        "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+}
+"""Headers of the page's files and of its data."""
+
+_ERROR_CAUSES: Final = ("error", "timeout", "rate_limited", "interrupted")
+
+
+class LivePage:
+    """The page's static files, read once from the package."""
+
+    def __init__(self) -> None:
+        folder = resources.files("llmroute.server") / "live"
+        self.files = {
+            path: ((folder / name).read_bytes(), content_type)
+            for path, (name, content_type) in LIVE_FILES.items()
+        }
+
+
+class LiveView:
+    """Samples of the client's live figures, taken only while someone asks for them.
+
+    ``stats`` and ``metrics`` are the client's (``client.stats``, ``client.metrics``); ``usage``
+    and ``slo`` give the gateway's per-key usage and objectives, read per answer (not sampled).
+    ``clock`` (monotonic) decides when a sample is due; ``wall`` stamps it for the page.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        stats: Callable[[], Mapping[str, TargetSnapshot]],
+        metrics: ClientMetrics,
+        usage: Callable[[], Awaitable[dict[str, Any]]],
+        slo: Callable[[], dict[str, Any]],
+        *,
+        interval: float = INTERVAL,
+        keep: int = KEEP,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._stats = stats
+        self._metrics = metrics
+        self._usage = usage
+        self._slo = slo
+        self.interval = interval
+        self._clock = clock
+        self._wall = wall
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.seq = 0
+        self.sampled = 0
+        """Samples taken since the start (a test counts them)."""
+        self._last: float | None = None
+        self.routes = {
+            name: {"policy": route.policy, "targets": list(route.targets)}
+            for name, route in config.models.items()
+        }
+        self.tiered = {
+            name: {"tiers": dict(tiered.tiers), "default": tiered.default}
+            for name, tiered in config.tiered.items()
+        }
+
+    def due(self) -> bool:
+        """Whether a sample is due now (the last one is at least ``interval`` old)."""
+        return self._last is None or self._clock() - self._last >= self.interval * 0.9
+
+    def sample(self) -> dict[str, Any]:
+        """Take one sample now: every target's live percentiles, state and counters, every
+        route's counters."""
+        self._last = self._clock()
+        counts = self._metrics.counts()
+        targets: dict[str, Any] = {}
+        for name, snap in self._stats().items():
+            targets[name] = {
+                "n": snap.n,
+                "p50": snap.ttft_p50,
+                "p95": snap.ttft_p95,
+                "p99": snap.ttft_p99,
+                "in_flight": snap.in_flight,
+                "breaker": snap.breaker,
+                "error_rate": snap.error_rate,
+                "attempts": {},
+            }
+        for (target, reason, outcome), value in counts["attempts"].items():
+            entry = targets.setdefault(target, {"attempts": {}})
+            entry["attempts"].setdefault(reason, {})[outcome] = value
+        routes: dict[str, Any] = {}
+
+        def route(name: str) -> dict[str, Any]:
+            return routes.setdefault(name, {"requests": {}, "cache": {}})
+
+        for (name, outcome, source), value in counts["requests"].items():
+            requests = route(name)["requests"]
+            requests[f"{outcome}/{source}"] = value
+        for field in ("hedges_fired", "hedges_won", "hedges_denied", "continuations"):
+            for (name,), value in counts[field].items():
+                route(name)[field] = value
+        for (name, kind), value in counts["cache_hits"].items():
+            route(name)["cache"][kind] = value
+        tiers = [
+            {"model": m, "class": c, "tier": t, "reason": r, "n": value}
+            for (m, c, t, r), value in counts["tier_decisions"].items()
+        ]
+        self.seq += 1
+        self.sampled += 1
+        sample = {
+            "seq": self.seq,
+            "t": round(self._wall(), 3),
+            "targets": targets,
+            "routes": routes,
+            "tiers": tiers,
+        }
+        self.samples.append(sample)
+        return sample
+
+    async def data(self, since: int = 0) -> dict[str, Any]:
+        """The answer of ``/admin/live/data``: the samples after ``since`` (a new one taken if
+        due), the routes and their targets, per-key usage and the objectives now."""
+        if self.due():
+            self.sample()
+        return {
+            "object": "llmroute.live",
+            "interval": self.interval,
+            "keep": self.samples.maxlen,
+            "seq": self.seq,
+            "routes": self.routes,
+            "tiered": self.tiered,
+            "samples": [s for s in self.samples if s["seq"] > since],
+            "usage": (await self._usage())["keys"],
+            "slo": self._slo()["series"],
+        }
+
+
+def since_of(value: str) -> int:
+    """The sequence number a viewer holds samples up to (its ``x-llmroute-live-since``
+    header), 0 when absent or not a number."""
+    value = value.strip()
+    return int(value) if value.isdigit() and len(value) < 19 else 0
