@@ -9,15 +9,20 @@ made slow under real traffic.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
 
+from llmroute._config import load_config
 from llmroute.server import Gateway
 from llmroute.server._live import LiveView
 from llmroute.testing import Profile, Simulator
@@ -176,8 +181,6 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
     async def usage() -> dict[str, Any]:
         return {"keys": {}}
 
-    from llmroute._config import load_config
-
     loaded = load_config(
         {
             "providers": {"a": {"base_url": "https://a.invalid/v1", "api_key": "x"}},
@@ -194,8 +197,6 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
         clock=clock,
         keep=3,
     )
-    import anyio
-
     first = anyio.run(live.data, 0)
     assert [s["seq"] for s in first["samples"]] == [1]
     sample = first["samples"][0]
@@ -349,3 +350,15 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
             thread.join(30)  # a hang guard only
         assert not thread.is_alive()
         assert gw.app.live is not None and gw.app.live.sampled >= 2
+
+
+def test_the_docs_example_turns_the_page_on_for_an_admin_key() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "observability.md").read_text()
+    (block,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "live_page" in b]
+    example = tomllib.loads(block)
+    example["providers"] = {"a": {"base_url": "https://a.invalid/v1", "api_key": "x"}}
+    example["models"] = {"chat": {"targets": ["a:m"]}}
+    loaded = load_config(example)
+    assert loaded is not None and loaded.gateway is not None
+    assert loaded.gateway.live_page is True
+    assert loaded.gateway.tenants["ops"].admin is True
