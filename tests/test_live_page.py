@@ -215,6 +215,7 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
     assert live.sampled == 5
     assert [s["seq"] for s in live.samples] == [3, 4, 5]  # the ring keeps its last 3
     assert [s["seq"] for s in anyio.run(live.data, 4)["samples"]] == [5]
+    assert anyio.run(live.data, 5)["replica"] == first["replica"] == live.replica
 
 
 # -- the page in a real browser ----------------------------------------------------------------
@@ -275,6 +276,17 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=binary, args=["--no-sandbox"])
                 page = browser.new_page(viewport={"width": 1280, "height": 760})
+                errors: list[str] = []
+                page.on("pageerror", lambda exc: errors.append(str(exc)))
+                page.on(
+                    "console",
+                    lambda msg: errors.append(msg.text) if msg.type == "error" else None,
+                )
+                offsite: list[str] = []
+                page.on(
+                    "request",
+                    lambda req: None if req.url.startswith(root(gw)) else offsite.append(req.url),
+                )
                 page.goto(root(gw) + "/admin/live")
                 status = page.locator("#status")
                 assert status.get_attribute("data-state") == "signed-out"
@@ -341,6 +353,7 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
                     "[data-route='chat'] svg path[data-series='fast:sim-small']"
                 ).get_attribute("d")
                 assert path is not None and path.count("L") >= 2  # a line, drawn
+                assert offsite == []  # nothing asked of any other host
                 shot = os.environ.get("LLMROUTE_LIVE_SCREENSHOT")
                 if shot:
                     page.screenshot(path=shot, full_page=True)
@@ -350,6 +363,8 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
             thread.join(30)  # a hang guard only
         assert not thread.is_alive()
         assert gw.app.live is not None and gw.app.live.sampled >= 2
+        # The refusals (401, 403) are logged by Chromium as failed loads; nothing else is.
+        assert [e for e in errors if "401" not in e and "403" not in e] == []
 
 
 def test_the_docs_example_turns_the_page_on_for_an_admin_key() -> None:

@@ -10,7 +10,9 @@ one it holds (``?since=<seq>``), so each answer carries one sample, not the whol
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
@@ -90,6 +92,9 @@ class LiveView:
         self.interval = interval
         self._clock = clock
         self._wall = wall
+        self.replica = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This process's view (``--workers`` runs several): a viewer that meets another one
+        starts its samples afresh rather than mixing two processes' counters."""
         self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
         self.seq = 0
         self.sampled = 0
@@ -164,6 +169,7 @@ class LiveView:
             self.sample()
         return {
             "object": "llmroute.live",
+            "replica": self.replica,
             "interval": self.interval,
             "keep": self.samples.maxlen,
             "seq": self.seq,

@@ -15,6 +15,7 @@
 
   let samples = []; // the gateway's samples, oldest first
   let seq = 0;
+  let replica = null; // the gateway process whose samples these are
   let latest = null; // the last answer (routes, usage, objectives)
   let timer = null;
   let generation = 0; // a new key (or a forgotten one) ends the polls of the one before
@@ -88,7 +89,16 @@
       return;
     }
     const data = await answer.json();
-    if (data.seq < seq) samples = []; // the gateway restarted: its samples begin again
+    if (data.replica !== replica) {
+      // Another process (a restart, or another --workers worker): its samples, from its start.
+      replica = data.replica;
+      if (seq !== 0) {
+        samples = [];
+        seq = 0;
+        timer = setTimeout(() => poll(gen), 0);
+        return;
+      }
+    }
     samples.push(...data.samples);
     if (samples.length > data.keep) samples = samples.slice(samples.length - data.keep);
     seq = data.seq;
@@ -103,6 +113,7 @@
     clearTimeout(timer);
     samples = [];
     seq = 0;
+    replica = null;
     signedIn(true);
     status("connecting", "Connecting…");
     poll(generation);
@@ -272,7 +283,7 @@
     const table = el("table", { class: "targets" },
       el("tr", {},
         ...["target", "breaker", "history", "share", "p50", "p95", "p99", "TTFT (p50 · p95 · p99)",
-          "in flight", "first", "hedge", "failover", "cont.", "wins", "errors", "n"].map((h) => el("th", {}, h))));
+          "in flight", "first", "hedge", "failover", "cont.", "other", "wins", "errors", "n"].map((h) => el("th", {}, h))));
     const sparkMax = Math.max(0.05, ...samples.flatMap((s) => targets.map((t) =>
       (s.targets[t] && s.targets[t].p99) || 0))) * 1.05;
     for (const r of rows) {
@@ -287,6 +298,17 @@
           title: `${reason}: ${attempts(a, reason)} since the start, ${won} won of ${n} in the last ${WINDOW_S} s` },
           n ? `${n} · ${won}✓` : "–");
       });
+      // Attempts made for another reason: race, retry, explore (a re-measure).
+      const others = Object.keys(Object.assign({}, b.attempts || {}, a.attempts || {}))
+        .filter((reason) => !REASONS.includes(reason));
+      const otherN = others.reduce((s, reason) => s + delta(attempts(a, reason), attempts(b, reason)), 0);
+      const otherWon = others.reduce((s, reason) =>
+        s + delta(attempts(a, reason, "won"), attempts(b, reason, "won")), 0);
+      byReason.push(el("td", { "data-field": "attempts_other",
+        "data-value": others.reduce((s, reason) => s + attempts(a, reason), 0),
+        title: others.map((reason) => `${reason}: ${delta(attempts(a, reason), attempts(b, reason))}`).join(", ")
+          + ` in the last ${WINDOW_S} s` },
+        otherN ? `${otherN} · ${otherWon}✓` : "–"));
       const errNow = causes(a), errThen = causes(b);
       const errParts = CAUSES.map((c) => [c, delta(errNow[c], errThen[c])]).filter(([, v]) => v);
       const errTotal = CAUSES.reduce((s, c) => s + errNow[c], 0);
