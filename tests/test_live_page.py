@@ -172,6 +172,12 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
         "continuations": {},
         "cache_hits": {("chat", "cache"): 2.0},
         "tier_decisions": {},
+        "request_ttft_buckets": {
+            ("chat", "live", "0.1"): 2.0,
+            ("chat", "live", "+Inf"): 3.0,
+            ("chat", "cache", "0.1"): 2.0,
+            ("chat", "cache", "+Inf"): 2.0,
+        },
     }
 
     class Metrics:
@@ -206,6 +212,8 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
     }
     assert sample["routes"]["chat"]["requests"] == {"ok/live": 3.0}
     assert sample["routes"]["chat"]["cache"] == {"cache": 2.0}
+    assert first["ttft_le"] == ["0.1", "+Inf"]
+    assert sample["routes"]["chat"]["ttft_buckets"] == [4, 5]  # every source, cumulative
     for _ in range(5):  # five viewers within the same second
         assert anyio.run(live.data, 1)["samples"] == []
     assert live.sampled == 1
@@ -349,6 +357,10 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
                 assert value(fast, "p95") >= 0.15 > p95_before  # its p95 line rose
                 assert value(fast, "share") < share_before  # traffic moved away
                 assert hedges() > hedges_before  # a hedge counter moved
+                callers = page.get_attribute(
+                    "[data-route='chat'] [data-field='caller_p95']", "data-value"
+                )
+                assert callers and float(callers) > 0  # the callers' TTFT, from the buckets
                 path = page.locator(
                     "[data-route='chat'] svg path[data-series='fast:sim-small']"
                 ).get_attribute("d")

@@ -236,8 +236,9 @@ class ClientMetrics:
 
     def counts(self) -> dict[str, dict[tuple[str, ...], float]]:
         """The counters' values now, by metric name (``"attempts"``, ``"hedges_fired"``, ...)
-        and label values: what the gateway's live page samples, without the histograms'
-        buckets a full :meth:`collect` would build."""
+        and label values, and the cumulative buckets of the callers' TTFT by route, source and
+        ``le`` (``"request_ttft_buckets"``): what the gateway's live page samples, without the
+        per-target histograms a full :meth:`collect` would build."""
         counters = {
             "requests": self._requests,
             "attempts": self._attempts,
@@ -256,6 +257,13 @@ class ClientMetrics:
                     if sample.name.endswith("_total"):
                         values[tuple(sample.labels.values())] = sample.value
             out[name] = values
+        buckets: dict[tuple[str, ...], float] = {}
+        for family in self._request_ttft.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    labels = sample.labels
+                    buckets[(labels["route"], labels["source"], labels["le"])] = sample.value
+        out["request_ttft_buckets"] = buckets
         return out
 
     def collect(self) -> Iterator[Metric]:

@@ -100,6 +100,8 @@ class LiveView:
         self.sampled = 0
         """Samples taken since the start (a test counts them)."""
         self._last: float | None = None
+        self._ttft_le: list[str] = []
+        """The upper bounds of the callers' TTFT buckets (the histogram's, fixed)."""
         self.routes = {
             name: {"policy": route.policy, "targets": list(route.targets)}
             for name, route in config.models.items()
@@ -146,6 +148,16 @@ class LiveView:
                 route(name)[field] = int(value)
         for (name, kind), value in counts["cache_hits"].items():
             route(name)["cache"][kind] = int(value)
+        buckets: dict[str, dict[str, int]] = {}
+        for (name, _source, le), value in counts.get("request_ttft_buckets", {}).items():
+            # The callers' TTFT (hedges, failovers and cache hits included), every source.
+            by_le = buckets.setdefault(name, {})
+            by_le[le] = by_le.get(le, 0) + int(value)
+            if le not in self._ttft_le:
+                self._ttft_le = sorted({*self._ttft_le, le}, key=float)
+        for name, by_le in buckets.items():
+            # Cumulative counts in the order of ``ttft_le`` (the answer's): fewer bytes.
+            route(name)["ttft_buckets"] = [by_le.get(le, 0) for le in self._ttft_le]
         tiers = [
             {"model": m, "class": c, "tier": t, "reason": r, "n": int(value)}
             for (m, c, t, r), value in counts["tier_decisions"].items()
@@ -175,6 +187,7 @@ class LiveView:
             "seq": self.seq,
             "routes": self.routes,
             "tiered": self.tiered,
+            "ttft_le": self._ttft_le,
             "samples": [s for s in self.samples if s["seq"] > since],
             "usage": (await self._usage())["keys"],
             "slo": self._slo()["series"],

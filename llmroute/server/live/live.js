@@ -161,6 +161,37 @@
     return { total, live };
   }
 
+  function quantile(now, then, q) {
+    // A quantile of the observations between two samples of a cumulative histogram (counts
+    // in the order of the answer's `ttft_le`, the buckets' upper bounds), interpolated within
+    // its bucket as Prometheus's histogram_quantile does.
+    const les = (latest && latest.ttft_le) || [];
+    if (!now || !les.length) return null;
+    const total = delta(now[les.length - 1], then && then[les.length - 1]);
+    if (!total) return null;
+    const rank = q * total;
+    let lower = 0, below = 0;
+    for (let i = 0; i < les.length; i += 1) {
+      const bound = les[i] === "+Inf" ? Infinity : Number(les[i]);
+      const count = delta(now[i], then && then[i]);
+      if (count >= rank) {
+        if (bound === Infinity) return lower;
+        return lower + (bound - lower) * ((rank - below) / Math.max(count - below, 1e-9));
+      }
+      lower = bound;
+      below = count;
+    }
+    return lower;
+  }
+
+  function before(index, seconds) {
+    // The sample `seconds` before samples[index] (or the oldest one).
+    const t = samples[index].t - seconds;
+    let k = index;
+    while (k > 0 && samples[k - 1].t >= t) k -= 1;
+    return samples[k];
+  }
+
   // -- drawing ------------------------------------------------------------------------------
 
   function lines(series, width, height, yMax, opts) {
@@ -239,6 +270,8 @@
     const cacheDelta = delta(cacheNow, cacheThen);
     const reqDelta = delta(req.total, req0.total);
 
+    const callers = [0.5, 0.95, 0.99].map((q) =>
+      quantile(now.ttft_buckets, then.ttft_buckets, q));
     const figure = (field, label, value, shown, title) => el("span",
       { class: "figure", "data-field": field, "data-value": value, title },
       label + " ", el("b", {}, shown));
@@ -247,6 +280,10 @@
       el("span", { class: "dim" }, route.policy + " · " + targets.length + " targets"),
       figure("rps", "req/s", (reqDelta / dt).toFixed(2), (reqDelta / dt).toFixed(2)),
       figure("requests", "requests", req.total, num(req.total), "since the start"),
+      figure("caller_p95", "callers' TTFT p50 · p95 · p99",
+        callers[1] === null ? "" : callers[1].toFixed(4), callers.map(ms).join(" · ") + " ms",
+        "time to first token as the gateway's callers got it (hedges, failovers, cache hits "
+        + "included), last " + WINDOW_S + " s, from the histogram's buckets"),
       figure("amplification", "attempts per request", amplification === null ? "" : amplification.toFixed(3),
         amplification === null ? "–" : amplification.toFixed(2),
         "attempts of this route's targets per live request, last " + WINDOW_S + " s"),
@@ -340,10 +377,26 @@
       ));
       table.lastChild.querySelector(".swatch").style.background = color(r.i);
     }
+    // The callers' TTFT over time: each point over the WINDOW_S before it.
+    const pairs = samples.map((smp, i) => [smp.t, smp.routes[name], before(i, WINDOW_S).routes[name]]);
+    const callerSeries = [0.5, 0.95, 0.99].map((q, k) => ({
+      points: pairs.map(([t, r, o]) => [t, r ? quantile(r.ttft_buckets, o && o.ttft_buckets, q) : null]),
+      color: ["#9ecae9", "#4c78a8", "#1d3557"][k], width: 1.5, label: "callers-p" + q * 100,
+    }));
+    let callerMax = 0.05;
+    for (const s of callerSeries) for (const [, v] of s.points) if (v) callerMax = Math.max(callerMax, v);
+    const callerChart = lines(callerSeries, 420, 170, callerMax * 1.1, { axis: true });
+    const callerLegend = el("div", { class: "legend" }, ...["p50", "p95", "p99"].map((q, k) => {
+      const sw = el("span", { class: "swatch" });
+      sw.style.background = ["#9ecae9", "#4c78a8", "#1d3557"][k];
+      return el("span", {}, sw, q);
+    }));
     return el("section", { class: "route", "data-route": name },
       head,
       el("div", { class: "charts" },
-        el("div", {}, el("h3", {}, "p95 TTFT by target"), p95chart, legend)),
+        el("div", {}, el("h3", {}, "p95 TTFT by target"), p95chart, legend),
+        el("div", {}, el("h3", {}, `Callers' TTFT (each point: the ${WINDOW_S} s before it)`),
+          callerChart, callerLegend)),
       el("h3", {}, `Targets (rates, shares, attempts · wins and errors: last ${WINDOW_S} s)`),
       table);
   }
