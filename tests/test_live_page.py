@@ -171,7 +171,7 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
         "hedges_denied": {},
         "continuations": {},
         "cache_hits": {("chat", "cache"): 2.0},
-        "tier_decisions": {},
+        "tier_decisions": {("smart", "easy", "chat", "classifier"): 2.0},
         "request_ttft_buckets": {
             ("chat", "live", "0.1"): 2.0,
             ("chat", "live", "+Inf"): 3.0,
@@ -213,6 +213,9 @@ def test_one_sample_per_interval_however_many_viewers_ask() -> None:
     assert sample["routes"]["chat"]["requests"] == {"ok/live": 3.0}
     assert sample["routes"]["chat"]["cache"] == {"cache": 2.0}
     assert first["ttft_le"] == ["0.1", "+Inf"]
+    assert sample["tiers"] == [
+        {"model": "smart", "class": "easy", "tier": "chat", "reason": "classifier", "n": 2}
+    ]
     assert sample["routes"]["chat"]["ttft_buckets"] == [4, 5]  # every source, cumulative
     for _ in range(5):  # five viewers within the same second
         assert anyio.run(live.data, 1)["samples"] == []
