@@ -878,6 +878,9 @@ class GatewaySettings(BaseModel):
     """Seconds a 429 for ``max_concurrency_per_key`` asks the client to wait (Retry-After)."""
     metrics_public: bool = False
     """Serve ``/metrics`` without a key (for a scraper on a private network)."""
+    live_page: bool = False
+    """Serve the live page at ``/admin/live`` (docs/observability.md): its data only to a key
+    with ``admin = true``. Off: no page, and nothing sampled."""
     cache_namespace_per_key: bool = True
     """Keep each key's cached answers apart (``true``, the default), or share them between all
     keys (``false``). ``cache_groups`` shares them between some keys only."""

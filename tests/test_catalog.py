@@ -292,7 +292,7 @@ def test_parse_provider_names_its_source() -> None:
 
 def test_the_wheel_ships_the_catalog(tmp_path: Path) -> None:
     """Build a wheel from this checkout and find every catalog file inside it, where
-    ``catalog_dir()`` looks for it once the wheel is installed."""
+    ``catalog_dir()`` looks for it once the wheel is installed (and the live page's files)."""
     out = tmp_path / "dist"
     build = subprocess.run(
         [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)],
@@ -311,6 +311,9 @@ def test_the_wheel_ships_the_catalog(tmp_path: Path) -> None:
         for path in PROVIDERS.glob("*.toml"):
             assert archive.read(f"llmroute/_providers/{path.name}") == path.read_bytes()
         assert not any(name.startswith("providers/") for name in names)
+        # The gateway's live page is package data too (llmroute/server/_live.py reads it).
+        for name in ("live.html", "live.js", "live.css"):
+            assert f"llmroute/server/live/{name}" in names
         site = tmp_path / "site"
         archive.extractall(site)
 

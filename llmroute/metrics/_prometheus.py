@@ -234,6 +234,38 @@ class ClientMetrics:
         """Count a hedged decision's answer by the tier that gave it (``decision.tier``)."""
         self._tier_hedges.labels(decision.model, decision.tier).inc()
 
+    def counts(self) -> dict[str, dict[tuple[str, ...], float]]:
+        """The counters' values now, by metric name (``"attempts"``, ``"hedges_fired"``, ...)
+        and label values, and the cumulative buckets of the callers' TTFT by route, source and
+        ``le`` (``"request_ttft_buckets"``): what the gateway's live page samples, without the
+        per-target histograms a full :meth:`collect` would build."""
+        counters = {
+            "requests": self._requests,
+            "attempts": self._attempts,
+            "hedges_fired": self._hedges,
+            "hedges_won": self._hedges_won,
+            "hedges_denied": self._hedges_denied,
+            "continuations": self._continuations,
+            "cache_hits": self._cache,
+            "tier_decisions": self._tier_decisions,
+        }
+        out: dict[str, dict[tuple[str, ...], float]] = {}
+        for name, counter in counters.items():
+            values: dict[tuple[str, ...], float] = {}
+            for family in counter.collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        values[tuple(sample.labels.values())] = sample.value
+            out[name] = values
+        buckets: dict[tuple[str, ...], float] = {}
+        for family in self._request_ttft.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    labels = sample.labels
+                    buckets[(labels["route"], labels["source"], labels["le"])] = sample.value
+        out["request_ttft_buckets"] = buckets
+        return out
+
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""
         yield from self.registry.collect()

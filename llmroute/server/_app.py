@@ -42,6 +42,7 @@ from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._auth import KeyRing
 from ._limits import Grant, Limits, LocalLimits, RedisLimits, Refusal
+from ._live import PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
@@ -64,6 +65,9 @@ _EMBEDDINGS = "/v1/embeddings"
 _RESPONSES = "/v1/responses"
 _MODELS = "/v1/models"
 _ADMIN_USAGE = "/admin/usage"
+_LIVE = "/admin/live"
+_LIVE_DATA = "/admin/live/data"
+_SINCE_HEADER = "x-llmroute-live-since"
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
 _KINDS = {
     _CHAT: "chat",
@@ -346,6 +350,14 @@ class GatewayApp:
         self._scopes: dict[anyio.CancelScope, _Exchange] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._closing = False
+        self.live: LiveView | None = None
+        """The live page's samples (``live_page = true``), else None."""
+        self._live_page: LivePage | None = None
+        if self.settings.live_page:
+            self._live_page = LivePage()
+            self.live = LiveView(
+                loaded, self.client.stats, self.client.metrics, self.usage, self.slo.snapshot
+            )
 
     @property
     def keys(self) -> KeyRing:
@@ -525,12 +537,47 @@ class GatewayApp:
                 )
             await exchange.whole(200, json.dumps(await self.usage()).encode())
             return
+        if self._live_page is not None and path.startswith(_LIVE):
+            await self._live(path, method, headers, exchange)
+            return
         if not path.startswith("/v1/"):
             raise _Refused(404, _error(f"Unknown request URL: {path}", "invalid_request_error"))
         self._authenticate(headers, exchange)
         if self._closing:
             raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
         await self._v1(path, method, headers, exchange, receive)
+
+    async def _live(
+        self, path: str, method: str, headers: Mapping[str, str], exchange: _Exchange
+    ) -> None:
+        """The live page: its static files to anyone (they hold no data), its data to an admin
+        key only (given in ``Authorization``, never in the URL)."""
+        assert self._live_page is not None and self.live is not None
+        _allow(method, "GET")
+        if path == _LIVE_DATA:
+            self._admin(headers, exchange, "read the live page's data")
+            since = since_of(headers.get(_SINCE_HEADER, ""))
+            data = json.dumps(await self.live.data(since)).encode()
+            await exchange.whole(200, self._scrub(data.decode()).encode(), headers=PAGE_HEADERS)
+            return
+        found = self._live_page.files.get(path)
+        if found is None:
+            raise _Refused(404, _error(f"Unknown request URL: {path}", "invalid_request_error"))
+        await exchange.whole(200, found[0], found[1], PAGE_HEADERS)
+
+    def _admin(self, headers: Mapping[str, str], exchange: _Exchange, what: str) -> Tenant:
+        """The request's tenant if its key is an admin's; else 401 (no key) or 403."""
+        tenant = self._authenticate(headers, exchange)
+        if not tenant.settings.admin:
+            raise _Refused(
+                403,
+                _error(
+                    f"This key may not {what} (only a key with admin = true may).",
+                    "invalid_request_error",
+                    "permission_denied",
+                ),
+            )
+        return tenant
 
     async def _slot(
         self,
