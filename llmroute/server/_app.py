@@ -506,18 +506,12 @@ class GatewayApp:
         if path == "/metrics":
             _allow(method, "GET")
             if not self.settings.metrics_public:
-                tenant = self._authenticate(headers, exchange)
-                if self.tenants.admins and not tenant.settings.admin:
-                    # Every key's figures are in it: with an admin key configured, a tenant's
-                    # key does not read them.
-                    raise _Refused(
-                        403,
-                        _error(
-                            "This key may not read the metrics (only a key with admin = true may).",
-                            "invalid_request_error",
-                            "permission_denied",
-                        ),
-                    )
+                # Every key's figures are in it: with an admin key configured, a tenant's key
+                # does not read them.
+                if self.tenants.admins:
+                    self._admin(headers, exchange, "read the metrics")
+                else:
+                    self._authenticate(headers, exchange)
             data = self.client.metrics.exposition() + self.metrics.exposition()
             # No label can carry an upstream key, whole or masked, whatever an upstream said.
             data = self._scrub(data.decode()).encode()
@@ -525,16 +519,7 @@ class GatewayApp:
             return
         if path == _ADMIN_USAGE:
             _allow(method, "GET")
-            tenant = self._authenticate(headers, exchange)
-            if not tenant.settings.admin:
-                raise _Refused(
-                    403,
-                    _error(
-                        "This key may not read usage (only a key with admin = true may).",
-                        "invalid_request_error",
-                        "permission_denied",
-                    ),
-                )
+            self._admin(headers, exchange, "read usage")
             await exchange.whole(200, json.dumps(await self.usage()).encode())
             return
         if self._live_page is not None and path.startswith(_LIVE):
