@@ -109,6 +109,9 @@ class ProviderSpec(BaseModel):
     (only on the target that answered: a stateless Responses API needs the whole input)."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers every request to this vendor carries (never secrets)."""
+    request_id_headers: tuple[str, ...] = ()
+    """Response headers carrying the vendor's id of a request, tried in order before
+    ``x-request-id`` (e.g. DeepSeek's ``x-ds-trace-id``): what the vendor's support asks for."""
     trial: Trial = Field(default_factory=Trial)
     """The request that tries a target whose circuit is open (one output token by default)."""
     docs: str = ""

@@ -259,6 +259,8 @@ class ProviderConfig(BaseModel):
     api_key_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers, added to the catalog entry's."""
+    request_id_headers: tuple[str, ...] | None = None
+    """Response headers naming the vendor's request id, tried before ``x-request-id``."""
     continuation: Continuation | None = None
     protocol: Literal["openai", "anthropic"] | None = None
     prompt_caching: Literal["none", "automatic", "explicit"] | None = None

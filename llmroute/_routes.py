@@ -79,6 +79,7 @@ def route_for(
                     t.name, providers[t.provider].spec.window_for(t.model)
                 ),
                 trial=providers[t.provider].spec.trial.body,
+                request_id_headers=providers[t.provider].spec.request_id_headers,
             )
             for t in targets
         ),

@@ -431,3 +431,38 @@ def test_show_route_marks_the_counts_that_are_llmroutes_own() -> None:
     lines = route_lines(report, None, "chat")
     assert "  usage counted by llmroute: completion_tokens" in lines
     assert any(">= 2 tokens (~4 estimated)" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("kind", "id_header"), [("deepseek", "x-ds-trace-id"), ("mistral", "mistral-correlation-id")]
+)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_vendors_own_request_id_header_is_read(
+    sim: Simulator, kind: str, id_header: str, stream: bool
+) -> None:
+    """The catalog entry names the vendor's request-id header; the simulator sends only that."""
+    provider = {
+        "kind": kind,
+        "base_url": sim.base_url,
+        "api_key": KEY,
+        "headers": {"x-sim-request-id-header": id_header},
+    }
+    cfg = {
+        "providers": {"v": provider},
+        "models": {"chat": {"targets": ["v:sim-small"]}},
+        "routing": {"explore": 0},
+    }
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):
+            done: Any
+            if stream:
+                done = await client.chat.completions.create(
+                    model="chat", messages=MESSAGES, stream=True
+                )
+                _ = [chunk async for chunk in done]
+            else:
+                done = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    (sent_,) = sent(sim, 1)
+    route = getattr(done, "route")  # noqa: B009 - llmroute's attribute on openai's class
+    assert route.attempts[0].request_id == sent_["request_id"]
+    assert sent_["request_id"].startswith("req_")

@@ -172,6 +172,8 @@ class RouteTarget:
         default_factory=lambda: {"max_tokens": 1}, compare=False, hash=False
     )
     """Top-level fields of the trial request sent while its circuit is open (the catalog's)."""
+    request_id_headers: tuple[str, ...] = ()
+    """Response headers carrying the vendor's request id, tried before the protocol's own."""
 
     @property
     def name(self) -> str:
@@ -1715,8 +1717,12 @@ def _plain_content(delta: Any) -> bool:
 
 
 def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
-    """The vendor's id of a request from its response headers, by the target's protocol
-    (Anthropic's ``request-id``; ``x-request-id`` for the OpenAI-style APIs)."""
+    """The vendor's id of a request from its response headers: the first of the catalog's
+    ``request_id_headers`` present (DeepSeek's ``x-ds-trace-id``...), else by the target's
+    protocol (Anthropic's ``request-id``; ``x-request-id`` for the OpenAI-style APIs)."""
+    for name in target.request_id_headers:
+        if value := headers.get(name):
+            return value
     if target.protocol == "anthropic":
         return headers.get(anthropic.REQUEST_ID_HEADER) or headers.get(REQUEST_ID_HEADER)
     return headers.get(REQUEST_ID_HEADER)

@@ -167,6 +167,8 @@ class SimApp:
                 "received": time.monotonic(),  # orders records across simulators
             }
         )
+        if id_header := headers.get("x-sim-request-id-header"):
+            send = _renamed_id_header(send, id_header.lower().encode("latin-1"))
         auth = headers.get("authorization", "")
         if path == "/v1/messages" and method == "POST":
             self._stats["chat_requests"] += 1
@@ -852,3 +854,21 @@ def _validate_other(req: Any, field: str) -> str | None:
     if value is not None and (not isinstance(value, int) or value < 1):
         return "'max_tokens' must be a positive integer"
     return None
+
+
+def _renamed_id_header(send: Send, name: bytes) -> Send:
+    """``send`` with the response's request-id header renamed to ``name``: a vendor that names
+    its request id otherwise (the request header ``x-sim-request-id-header``)."""
+
+    async def renamed(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            message = {
+                **message,
+                "headers": [
+                    (name if key in (b"x-request-id", b"request-id") else key, value)
+                    for key, value in message["headers"]
+                ],
+            }
+        await send(message)
+
+    return renamed
