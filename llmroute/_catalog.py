@@ -91,6 +91,9 @@ class ProviderSpec(BaseModel):
     """The wire protocol of ``base_url``."""
     api_key_env: str | None = None
     """The environment variable holding the API key; ``None`` when no key is needed."""
+    api_key_env_fallbacks: tuple[str, ...] = ()
+    """Older names of that variable, read in order when ``api_key_env`` is unset or empty
+    (Zhipu's ``ZHIPUAI_API_KEY``); not read when a config names its own ``api_key_env``."""
     self_hosted: bool = Field(False, strict=True)
     """A server the user runs (SGLang, vLLM, Ollama), usually on a local or private address."""
     continuation: Continuation | None = None

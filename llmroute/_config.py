@@ -257,6 +257,9 @@ class ProviderConfig(BaseModel):
     api_key: SecretStr | None = None
     """The API key itself; prefer ``api_key_env`` to keep keys out of files."""
     api_key_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    api_key_env_fallbacks: tuple[str, ...] | None = None
+    """Older names of ``api_key_env``, read when it is unset (the catalog's, unless
+    ``api_key_env`` is given here)."""
     headers: dict[str, str] = Field(default_factory=dict, repr=False)
     """Extra headers, added to the catalog entry's."""
     request_id_headers: tuple[str, ...] | None = None
@@ -1334,6 +1337,8 @@ def _resolve_provider(
             if field_name in ("headers", "context_windows"):
                 value = {**data.get(field_name, {}), **value}
             data[field_name] = value
+        if "api_key_env" in given and "api_key_env_fallbacks" not in given:
+            data["api_key_env_fallbacks"] = ()  # the catalog's old names go with its variable
     try:
         spec = ProviderSpec.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -1343,7 +1348,10 @@ def _resolve_provider(
     if settings is not None and settings.api_key is not None:
         api_key = settings.api_key.get_secret_value() or None
     if api_key is None and spec.api_key_env is not None:
-        api_key = environ.get(spec.api_key_env) or None
+        api_key = next(
+            (k for v in (spec.api_key_env, *spec.api_key_env_fallbacks) if (k := environ.get(v))),
+            None,
+        )
         if api_key is None and not spec.self_hosted:
             raise ConfigError(
                 f"{config.source}: {key}: no API key: set {_env_name(spec.api_key_env)} or api_key"
@@ -1534,6 +1542,7 @@ def _describe(exc: pydantic.ValidationError, source: str) -> str:
         secret = (
             "api_key" in loc
             or "api_key_env" in loc
+            or "api_key_env_fallbacks" in loc
             or "headers" in loc
             or "sha256" in loc
             or "env" in loc

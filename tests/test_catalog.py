@@ -20,7 +20,7 @@ from llmroute._catalog import (
     load_provider_file,
     parse_provider,
 )
-from llmroute._config import resolve_provider
+from llmroute._config import ConfigError, resolve_provider
 
 ROOT = Path(__file__).resolve().parent.parent
 PROVIDERS = ROOT / "providers"
@@ -370,3 +370,16 @@ def test_context_windows_are_cited_and_whole_token_counts(tmp_path: Path) -> Non
     assert _error(path).startswith(f"{path}: context_windows.m: ")
     path = _write(tmp_path, base + 'context_window = "8k"\n')
     assert _error(path).startswith(f"{path}: context_window: ")
+
+
+def test_zhipu_reads_zai_api_key_then_its_old_name() -> None:
+    """Zhipu's docs now set ZAI_API_KEY; ZHIPUAI_API_KEY (its old SDK's) still works."""
+    assert CATALOG["zhipu"].api_key_env == "ZAI_API_KEY"
+    both = {"ZAI_API_KEY": "k-new", "ZHIPUAI_API_KEY": "k-old"}
+    assert resolve_provider("zhipu", {}, both).api_key == "k-new"
+    assert resolve_provider("zhipu", {}, {"ZHIPUAI_API_KEY": "k-old"}).api_key == "k-old"
+    with pytest.raises(ConfigError, match="no API key: set ZAI_API_KEY or api_key"):
+        resolve_provider("zhipu", {}, {})
+    # A config naming its own variable reads only that one, not the catalog's old name.
+    with pytest.raises(ConfigError, match="set MY_GLM_KEY"):
+        resolve_provider("zhipu", {"api_key_env": "MY_GLM_KEY"}, {"ZHIPUAI_API_KEY": "k-old"})

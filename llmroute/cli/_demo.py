@@ -329,7 +329,7 @@ def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str],
         if spec is None or spec.api_key_env is None:
             continue
         looked.append(spec.api_key_env)
-        if environ.get(spec.api_key_env):
+        if any(environ.get(v) for v in (spec.api_key_env, *spec.api_key_env_fallbacks)):
             targets.append(f"{name}:{model}")
     return targets, looked
 
