@@ -37,6 +37,7 @@ REQUIRED = {
     "moonshot",
     "dashscope",
     "siliconflow",
+    "siliconflow-global",
     "zhipu",
     "gemini",
     "xai",
@@ -140,7 +141,17 @@ def test_documented_continuations(
 
 @pytest.mark.parametrize(
     "name",
-    ["openai", "anthropic", "together", "fireworks", "siliconflow", "zhipu", "gemini", "xai"],
+    [
+        "openai",
+        "anthropic",
+        "together",
+        "fireworks",
+        "siliconflow",
+        "siliconflow-global",
+        "zhipu",
+        "gemini",
+        "xai",
+    ],
 )
 def test_no_continuation_where_none_is_documented(name: str) -> None:
     assert CATALOG[name].continuation is None
@@ -383,3 +394,16 @@ def test_zhipu_reads_zai_api_key_then_its_old_name() -> None:
     # A config naming its own variable reads only that one, not the catalog's old name.
     with pytest.raises(ConfigError, match="set MY_GLM_KEY"):
         resolve_provider("zhipu", {"api_key_env": "MY_GLM_KEY"}, {"ZHIPUAI_API_KEY": "k-old"})
+
+
+def test_siliconflow_has_a_china_and_a_global_entry_with_their_own_keys() -> None:
+    china, world = CATALOG["siliconflow"], CATALOG["siliconflow-global"]
+    assert china.base_url == "https://api.siliconflow.cn/v1"
+    assert world.base_url == "https://api.siliconflow.com/v1"
+    assert china.api_key_env == "SILICONFLOW_API_KEY"
+    assert world.api_key_env == "SILICONFLOW_GLOBAL_API_KEY"  # separate accounts, separate keys
+    assert not world.api_key_env_fallbacks
+    resolved = resolve_provider("siliconflow-global", {}, {"SILICONFLOW_GLOBAL_API_KEY": "k"})
+    assert str(resolved.base_url) == "https://api.siliconflow.com/v1/"
+    with pytest.raises(ConfigError, match="set SILICONFLOW_GLOBAL_API_KEY"):
+        resolve_provider("siliconflow-global", {}, {"SILICONFLOW_API_KEY": "k-china"})
