@@ -466,3 +466,30 @@ async def test_a_vendors_own_request_id_header_is_read(
     route = getattr(done, "route")  # noqa: B009 - llmroute's attribute on openai's class
     assert route.attempts[0].request_id == sent_["request_id"]
     assert sent_["request_id"].startswith("req_")
+
+
+@pytest.mark.parametrize(("kind", "takes_it"), [("gemini", True), ("zhipu", False)])
+async def test_stream_options_reach_only_vendors_that_take_them(
+    sim: Simulator, kind: str, takes_it: bool
+) -> None:
+    """Gemini's compatibility API documents stream_options: the catalog no longer strips it."""
+    cfg = {
+        "providers": {"v": {"kind": kind, "base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["v:sim-small"]}},
+        "routing": {"explore": 0},
+    }
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        with anyio.fail_after(20):
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+    (sent_,) = sent(sim, 1)
+    options = sent_["json"].get("stream_options")
+    assert (options is not None and options.get("include_usage") is True) is takes_it
+    if takes_it:
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == 30
