@@ -972,7 +972,13 @@ class Dispatch:
                 self.pin(rid, target)
 
     def pin(self, response_id: str, target: str) -> None:
-        """Remember that ``target`` holds the Responses API response ``response_id``."""
+        """Remember that ``target`` holds the Responses API response ``response_id``, where its
+        vendor keeps the responses it issued (``responses_stored``): a follow-up of a response
+        no vendor kept gets llmroute's own error before anything is sent (:meth:`_unservable`),
+        not a stateless vendor's 400."""
+        provider = self.providers.get(target.partition(":")[0])
+        if provider is not None and not provider.spec.responses_stored:
+            return
         pins = self.pins
         pins[response_id] = target
         if len(pins) > 10_000:

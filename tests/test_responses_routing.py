@@ -403,3 +403,21 @@ async def test_a_latency_goal_applies_to_responses_and_is_checked_first(sim: Sim
         sent = [r for r in sim.last_requests if r["path"] == "/v1/responses"][-1]
         assert sent["json"]["input"] == "Say hello"
         assert "llmroute" not in sent["json"]  # llmroute's options never go upstream
+
+
+async def test_a_follow_up_of_a_vendor_that_keeps_nothing_is_llmroutes_own_error(
+    sim: Simulator,
+) -> None:
+    """A vendor that does not keep responses (``responses_stored = false``) is not pinned: a
+    follow-up of its answer gets llmroute's clear 400 before anything is sent, not the vendor's
+    own 400 for an id it never kept."""
+    providers = {"stateless": {"base_url": sim.base_url, "api_key": KEY, "responses": True}}
+    providers["stateless"]["responses_stored"] = False
+    conf = {"providers": providers, "models": {"chat": {"targets": ["stateless:sim-small"]}}}
+    async with AsyncOpenAI(config=conf, api_key=KEY, verify=sim.ssl_context()) as client:
+        first = await client.responses.create(model="chat", input="What number?")
+        sent = len(sim.last_requests)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.responses.create(model="chat", input="And?", previous_response_id=first.id)
+        assert "no target keeps responses" in refused.value.message
+        assert len(sim.last_requests) == sent  # nothing went upstream
