@@ -106,7 +106,7 @@ def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
 async def _chat(
     args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
 ) -> int:
-    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted
+    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
     from .._config import ConfigError, load_config
 
     out, err = sys.stdout, sys.stderr
@@ -169,6 +169,9 @@ async def _chat(
             status = 1
             _finish_line(out, wrote)
             err.write(f"llmroute chat: the answer broke off: {type(exc).__name__}: {exc}\n")
+        except UnknownModelError as exc:  # a name mistake ("did you mean 'chat'?"): usage
+            status = 2
+            err.write(f"llmroute chat: {_one_line(str(exc))}\n")
         except OpenAIError as exc:
             status = 1
             _finish_line(out, wrote)
