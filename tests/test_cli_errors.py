@@ -106,6 +106,11 @@ def test_chat_simulator_answers_without_keys_or_config() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
     assert "timings: HTTP/2" in done.stderr
+    # It routes, over the demo's three simulated providers (route 'chat', hedge).
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("route 'chat' (hedge): winner "), done.stderr
+    winner = first.split("winner ", 1)[1].split(",")[0]
+    assert winner in {"fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"}
 
 
 def test_chat_ca_must_be_a_pem_file(tmp_path: Path) -> None:
