@@ -153,3 +153,14 @@ def test_doctor_reaches_tls_with_ca_and_fails_for_a_dead_target(
     )
     trusted = run("-m", "llmroute", "doctor", "--config", str(config), "--probes", "1")
     assert trusted.returncode == 0, trusted.stderr
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--config", "llmroute.toml"], ["--workers", "2"], ["--certfile", "c", "--keyfile", "k"]],
+)
+def test_serve_simulator_refuses_what_it_replaces(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--simulator", "--port", "0", *extra]) == 2
+    assert f"--simulator and {extra[0]} do not go together" in capsys.readouterr().err
