@@ -111,6 +111,12 @@ def test_chat_simulator_answers_without_keys_or_config() -> None:
     assert first.startswith("route 'chat' (hedge): winner "), done.stderr
     winner = first.split("winner ", 1)[1].split(",")[0]
     assert winner in {"fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"}
+    # A name that is not a route is asked of one simulator, never of a vendor.
+    plain = run(
+        "-m", "llmroute", "chat", "--simulator", "--model", "sim-small", "Hi", "--show-route"
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() and "is not a route" in plain.stderr
 
 
 def test_chat_ca_must_be_a_pem_file(tmp_path: Path) -> None:

@@ -100,7 +100,13 @@ def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
 
     with demo_simulators() as sims:
         setup = simulated_setup(sims)
-        simulated = {"api_key": "unused", "config": setup.config, "verify": setup.verify}
+        first = next(iter(sims.values()))  # a name that is not a route: asked of it alone
+        simulated = {
+            "api_key": "sk-simulator-local",
+            "base_url": first.base_url,
+            "config": setup.config,
+            "verify": setup.verify,
+        }
         return anyio.run(_chat, args, prompt, simulated)
 
 
