@@ -185,6 +185,18 @@ def test_config_mistakes_and_empty_prompts_exit_2(sim: Simulator, tmp_path: Path
     assert empty.returncode == 2 and "empty" in empty.stderr
 
 
+def test_a_near_miss_of_a_route_exits_2_naming_it(
+    sim: Simulator, failing: Simulator, tmp_path: Path
+) -> None:
+    """docs/cli.md lists name mistakes under exit 2; nothing is sent."""
+    config = routed_config(tmp_path, sim, failing)
+    done = chat("hello", "--config", config, "--model", "caht", sim=sim, plain=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("llmroute chat: ") and "did you mean 'chat'?" in line
+
+
 def test_ctrl_c_stops_cleanly() -> None:
     with Simulator(profile=Profile(rate_hang=1.0, hang_max=60), tls=True) as hanging:
         env = {k: v for k, v in os.environ.items() if k != "LLMROUTE_CONFIG"}

@@ -106,6 +106,17 @@ def test_chat_simulator_answers_without_keys_or_config() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()
     assert "timings: HTTP/2" in done.stderr
+    # It routes, over the demo's three simulated providers (route 'chat', hedge).
+    first = done.stderr.splitlines()[0]
+    assert first.startswith("route 'chat' (hedge): winner "), done.stderr
+    winner = first.split("winner ", 1)[1].split(",")[0]
+    assert winner in {"fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small"}
+    # A name that is not a route is asked of one simulator, never of a vendor.
+    plain = run(
+        "-m", "llmroute", "chat", "--simulator", "--model", "sim-small", "Hi", "--show-route"
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() and "is not a route" in plain.stderr
 
 
 def test_chat_ca_must_be_a_pem_file(tmp_path: Path) -> None:
@@ -148,3 +159,14 @@ def test_doctor_reaches_tls_with_ca_and_fails_for_a_dead_target(
     )
     trusted = run("-m", "llmroute", "doctor", "--config", str(config), "--probes", "1")
     assert trusted.returncode == 0, trusted.stderr
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--config", "llmroute.toml"], ["--workers", "2"], ["--certfile", "c", "--keyfile", "k"]],
+)
+def test_serve_simulator_refuses_what_it_replaces(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--simulator", "--port", "0", *extra]) == 2
+    assert f"--simulator and {extra[0]} do not go together" in capsys.readouterr().err

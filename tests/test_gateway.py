@@ -924,6 +924,69 @@ port = 0
             proc.communicate()
 
 
+def test_cli_serve_simulator_is_a_gateway_in_one_command(tmp_path: Path) -> None:
+    """``llmroute serve --simulator``: the demo's three simulated providers behind the route
+    'chat', with a key made for the run; the base URL and key it prints serve openai's client,
+    a misspelt model is answered with the route's name, and SIGTERM stops it with status 0."""
+    import select
+    import subprocess
+    import sys
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LLMROUTE_CONFIG", "LLMROUTE_GATEWAY_KEY")
+    }
+    command = [sys.executable, "-m", "llmroute.cli", "serve", "--simulator", "--port", "0"]
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    try:
+        assert proc.stdout is not None
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"Ctrl-C" not in seen:  # bounded: 30 s, and a closed pipe ends it
+            left = deadline - time.monotonic()
+            readable, _, _ = select.select([proc.stdout], [], [], max(0.0, left))
+            chunk = os.read(proc.stdout.fileno(), 65536) if readable else b""
+            assert chunk, (seen, log_path.read_text()[-2000:])
+            seen += chunk
+        lines = seen.decode().splitlines()
+        printed = {
+            name: line.split(":", 1)[1].strip()
+            for line in lines
+            for name in ("base URL", "key", "try")
+            if line.startswith(name + ":")
+        }
+        url = printed["base URL"]
+        key = printed["key"].split()[0]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
+        assert "fast-but-spiky, steady-slow, flaky" in lines[1]
+        assert f"Bearer {key}" in printed["try"] and "python -c" in "".join(lines)
+        with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=DEADLINE) as client:
+            done = client.chat.completions.create(model="chat", messages=MESSAGES)
+            assert done.choices[0].finish_reason == "stop" and done.choices[0].message.content
+            with pytest.raises(openai.NotFoundError, match="did you mean 'chat'"):
+                client.chat.completions.create(model="caht", messages=MESSAGES)
+        with openai.OpenAI(base_url=url, api_key="gw-not-it", max_retries=0) as stranger:
+            with pytest.raises(openai.AuthenticationError):
+                stranger.models.list()
+        proc.terminate()
+        out = proc.communicate(timeout=DEADLINE)[0].decode()
+        logged = log_path.read_text()
+        assert proc.returncode == 0, logged[-2000:]
+        assert "stopped" in out
+        assert key not in logged
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_an_event_loop_that_is_unknown_or_not_installed_is_refused_by_name(
     tmp_path: Path,
     sim_h1: Simulator,

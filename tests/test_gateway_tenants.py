@@ -493,6 +493,16 @@ def test_a_key_sees_and_uses_only_its_models(two_replicas: tuple[Gateway, Gatewa
     # As if it did not exist: the same answer as for a name no route has.
     missing = get(first, "/v1/models/nowhere", "gamma")
     assert error_of(hidden)["message"].replace("other", "nowhere") == error_of(missing)["message"]
+    # A near miss is answered as the SDK does, naming only a route the key may use.
+    typo = post(first, "gamma", model="caht")
+    assert typo.status_code == 404
+    assert error_of(typo)["code"] == "model_not_found"
+    assert "did you mean 'chat'?" in error_of(typo)["message"]
+    near_hidden = error_of(post(first, "gamma", model="othr"))["message"]
+    assert "other" not in near_hidden.replace("othr", "")
+    assert "did you mean" not in near_hidden
+    assert "did you mean 'other'?" in error_of(post(first, "alpha", model="othr"))["message"]
+    assert "did you mean 'chat'?" in error_of(get(first, "/v1/models/caht", "gamma"))["message"]
     # Another key may use them all.
     listed = get(first, "/v1/models", "alpha").json()["data"]
     assert sorted(m["id"] for m in listed) == ["chat", "other", "slow"]

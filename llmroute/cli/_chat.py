@@ -18,8 +18,9 @@ __all__ = ["register", "route_lines", "tier_line"]
 PLAIN_MODEL = "gpt-4o-mini"
 """The model asked for without a config and without ``--model`` (the plain OpenAI client)."""
 
-SIMULATOR_MODEL = "sim-small"
-"""The model asked for with ``--simulator`` and without ``--model``."""
+SIMULATOR_MODEL = "chat"
+"""The model asked for with ``--simulator`` and without ``--model``: the demo's route over its
+three simulated providers (``llmroute demo``)."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +38,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--simulator",
         action="store_true",
-        help="ask a local simulated provider (TLS, HTTP/2; no API key, no config)",
+        help=(
+            "route over the demo's three simulated providers on 127.0.0.1 (route 'chat'; TLS, "
+            "HTTP/2; no API key, no config)"
+        ),
     )
     parser.add_argument(
         "--model",
@@ -92,13 +96,16 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
-    from ..testing import Simulator
+    from ._demo import demo_simulators, simulated_setup
 
-    with Simulator(tls=True) as sim:
+    with demo_simulators() as sims:
+        setup = simulated_setup(sims)
+        first = next(iter(sims.values()))  # a name that is not a route: asked of it alone
         simulated = {
             "api_key": "sk-simulator-local",
-            "base_url": sim.base_url,
-            "verify": sim.ssl_context(),
+            "base_url": first.base_url,
+            "config": setup.config,
+            "verify": setup.verify,
         }
         return anyio.run(_chat, args, prompt, simulated)
 
@@ -106,14 +113,14 @@ def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
 async def _chat(
     args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
 ) -> int:
-    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted
+    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
     from .._config import ConfigError, load_config
 
     out, err = sys.stdout, sys.stderr
     try:
         if simulated is not None:
             config = None
-            client = AsyncOpenAI(**simulated)
+            client = AsyncOpenAI(**simulated)  # the demo's route over its three simulators
         else:
             config = load_config(args.config)
             verify = getattr(args, "verify", True)
@@ -169,6 +176,9 @@ async def _chat(
             status = 1
             _finish_line(out, wrote)
             err.write(f"llmroute chat: the answer broke off: {type(exc).__name__}: {exc}\n")
+        except UnknownModelError as exc:  # a name mistake ("did you mean 'chat'?"): usage
+            status = 2
+            err.write(f"llmroute chat: {_one_line(str(exc))}\n")
         except OpenAIError as exc:
             status = 1
             _finish_line(out, wrote)

@@ -12,11 +12,12 @@ whose in-process classifier sends simple prompts to the small one (against alway
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from .. import AsyncOpenAI
     from ..testing import Profile
 
-__all__ = ["register"]
+__all__ = ["ROUTE", "demo_simulators", "register", "simulated_setup"]
 
 ROUTE = "chat"
 SIM_MODEL = "sim-small"
@@ -365,12 +366,24 @@ def real_setup(targets: list[str]) -> Setup:
     return Setup(config, targets, alone, True, "vendors with a key in the environment")
 
 
+@contextlib.contextmanager
+def demo_simulators() -> Iterator[dict[str, Any]]:
+    """The demo's three simulated providers (``name: Simulator``), running while inside;
+    :func:`simulated_setup` routes over them (``llmroute demo``, ``chat --simulator``,
+    ``serve --simulator``)."""
+    from ..testing import Simulator
+
+    with contextlib.ExitStack() as stack:
+        yield {
+            name: stack.enter_context(Simulator(profile=profile, tls=True))
+            for name, profile in _demo_profiles().items()
+        }
+
+
 # -- the run ----------------------------------------------------------------------------------
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    import contextlib
-
     from .._config import ConfigError
 
     console = make_console()
@@ -393,13 +406,7 @@ async def _demo(args: argparse.Namespace) -> int:
             return 2
         requests = args.requests if args.requests != 300 else 30
         return await _run_demo(console, setup, args, requests)
-    from ..testing import Simulator
-
-    with contextlib.ExitStack() as stack:
-        sims = {
-            name: stack.enter_context(Simulator(profile=profile, tls=True))
-            for name, profile in _demo_profiles().items()
-        }
+    with demo_simulators() as sims:
         status = await _run_demo(console, simulated_setup(sims), args, args.requests)
     if status == 0 and args.tiers:
         status = await _tiers_demo(console, args)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import socket
 import sys
+from typing import Any
 
 __all__ = ["register"]
 
@@ -22,6 +23,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         ),
     )
     parser.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
+    parser.add_argument(
+        "--simulator",
+        action="store_true",
+        help="serve the demo's three simulated providers behind the route 'chat', with a "
+        "gateway key generated for this run (printed); no config, no API key",
+    )
     parser.add_argument(
         "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
     )
@@ -79,6 +86,24 @@ def _run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         sys.stderr.write(f"llmroute serve: {exc}\n")
         return 2
+    if args.simulator:
+        mistake = (
+            "--config"
+            if args.config
+            else "--workers"
+            if args.workers > 1
+            else "--certfile"
+            if args.certfile
+            else None
+        )
+        if mistake is not None:
+            sys.stderr.write(f"llmroute serve: --simulator and {mistake} do not go together\n")
+            return 2
+        from .._install import install_hint
+
+        if importlib.util.find_spec("trustme") is None:
+            sys.stderr.write(f"llmroute serve: trustme is missing; {install_hint('testing')}\n")
+            return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -89,6 +114,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.workers > 1:
             return _serve_workers(args)
+        if args.simulator:
+            from ._demo import demo_simulators
+
+            with demo_simulators() as sims, asyncio.Runner(loop_factory=args.loop_factory) as r:
+                return r.run(_serve(args, simulated=sims))
         with asyncio.Runner(loop_factory=args.loop_factory) as runner:
             return runner.run(_serve(args))
     finally:
@@ -159,7 +189,11 @@ def _serve_workers(args: argparse.Namespace) -> int:
 
 
 async def _serve(
-    args: argparse.Namespace, sock: socket.socket | None = None, *, quiet: bool = False
+    args: argparse.Namespace,
+    sock: socket.socket | None = None,
+    *,
+    quiet: bool = False,
+    simulated: dict[str, Any] | None = None,
 ) -> int:
     import asyncio
     import signal
@@ -168,8 +202,20 @@ async def _serve(
     from .._config import ConfigError, GatewaySettings
     from ..server import GatewayApp, base_url, listen, serve
 
+    key = None
     try:
-        app = GatewayApp(args.config)  # in the loop that serves it
+        if simulated is None:
+            app = GatewayApp(args.config)  # in the loop that serves it
+        else:  # the demo's route over its simulators, and a key for this run only
+            import os
+            import secrets
+
+            from ._demo import simulated_setup
+
+            setup = simulated_setup(simulated)
+            key = "gw-" + secrets.token_urlsafe(24)
+            environ = {**os.environ, "LLMROUTE_GATEWAY_KEY": key}
+            app = GatewayApp(setup.config, environ=environ, verify=setup.verify)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute serve: {exc}\n")
         return 2
@@ -207,9 +253,35 @@ async def _serve(
             f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}"
             f"{workers}\n"
         )
+        if key is not None:
+            sys.stdout.write(_try_it(url, key, simulated or {}))
         sys.stdout.flush()
     await serve(app, sock, certfile=certfile, keyfile=keyfile, shutdown_trigger=shutdown.wait)
     if not quiet:
         sys.stdout.write("llmroute gateway stopped\n")
         sys.stdout.flush()
     return 0
+
+
+def _try_it(url: str, key: str, simulated: dict[str, Any]) -> str:
+    """``serve --simulator``'s lines after the banner: what the gateway serves, the base URL and
+    key to use (a key made for this run, valid while it runs), and a request to try."""
+    from ._demo import ROUTE
+
+    body = f'{{"model": "{ROUTE}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+    python = (
+        "from openai import OpenAI; "
+        f"c = OpenAI(base_url='{url}', api_key='{key}'); "
+        f"print(c.chat.completions.create(model='{ROUTE}', "
+        "messages=[{'role': 'user', 'content': 'Hello!'}]).choices[0].message.content)"
+    )
+    return (
+        f"route {ROUTE!r}: hedge over {', '.join(simulated)} "
+        "(simulated providers on 127.0.0.1, TLS + HTTP/2)\n"
+        f"base URL: {url}\n"
+        f"key:      {key}  (made for this run)\n"
+        f"try:      curl -s {url}/chat/completions -H 'Authorization: Bearer {key}' "
+        f"-H 'Content-Type: application/json' -d '{body}'\n"
+        f'or:       python -c "{python}"\n'
+        "Ctrl-C stops it.\n"
+    )

@@ -11,7 +11,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import anyio
@@ -23,6 +23,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from .._client import NOT_ROUTED, AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
+from .._model_names import suggest_route
 from .._timeouts import (
     BETWEEN_TOKENS_HEADER,
     CONNECT_HEADER,
@@ -629,7 +630,7 @@ class GatewayApp:
             _allow(method, "GET")
             name = path[len(_MODELS) + 1 :]
             if name not in self.routes or not tenant.may_use(name):
-                raise _model_not_found(name)
+                raise _model_not_found(name, self._usable(tenant))
             await exchange.whole(200, json.dumps(self._model(name)).encode())
             return
         if path not in _POSTS:
@@ -660,7 +661,7 @@ class GatewayApp:
             self.metrics.rejections.labels(exchange.key, "invalid_request").inc()
             raise _invalid_field(invalid) from None
         if model not in self.routes and self.config.default_provider is None:
-            raise _model_not_found(model)
+            raise _model_not_found(model, self._usable(tenant))
         self._permit(tenant, model, body, exchange)
         self._max_tokens(tenant, path, body, exchange)
         if tenant.settings.ttft_target_ms is not None and path in _ROUTABLE:
@@ -692,6 +693,11 @@ class GatewayApp:
 
         await self._slot(exchange, work)
 
+    def _usable(self, tenant: Tenant) -> list[str]:
+        """The routes ``tenant`` may use: the only names its 404 may suggest (a key limited to
+        some models is never told the name of another)."""
+        return [name for name in self.routes if tenant.may_use(name)]
+
     def _objectives(self, tenant: Tenant, model: str, exchange: _Exchange, admitted: float) -> None:
         """Whether the request met the key's and the route's latency objectives."""
         route = self._route_slos.get(model)
@@ -714,7 +720,7 @@ class GatewayApp:
             return
         if not tenant.may_use(model):
             self.metrics.rejections.labels(exchange.key, "model").inc()
-            raise _model_not_found(model)
+            raise _model_not_found(model, self._usable(tenant))
         options = body.get("llmroute")
         forced = options.get("tier") if isinstance(options, Mapping) else None
         tiered = self.config.tiered.get(model)
@@ -1321,12 +1327,16 @@ def _too_deep() -> _Refused:
     return _Refused(400, _error("The request body is nested too deeply.", "invalid_request_error"))
 
 
-def _model_not_found(name: str) -> _Refused:
+def _model_not_found(name: str, usable: Iterable[str] = ()) -> _Refused:
+    """OpenAI's 404 for a model, naming the closest of ``usable`` as the SDK does (the
+    routes the key may use, never another)."""
     shown = name if len(name) <= 100 else name[:97] + "..."
+    closest = suggest_route(name, usable) if len(name) <= 100 else None
+    hint = f" (did you mean {closest!r}?)" if closest is not None else ""
     return _Refused(
         404,
         _error(
-            f"The model '{shown}' does not exist or you do not have access to it.",
+            f"The model '{shown}' does not exist or you do not have access to it{hint}.",
             "invalid_request_error",
             "model_not_found",
         ),
