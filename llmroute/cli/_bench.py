@@ -570,13 +570,7 @@ async def _probe(
         return
     try:
         with anyio.fail_after(args.timeout):
-            stream = await client.chat.completions.create(
-                model=endpoint.model,
-                messages=messages,
-                max_tokens=args.max_tokens,
-                temperature=0,
-                stream=True,
-            )
+            stream = await _open_stream(client, endpoint, messages, args)
             async with stream:
                 async for _ in stream:
                     pass
@@ -597,8 +591,7 @@ async def _probe(
     except Exception as exc:
         # One probe's failure, whatever it is (OpenAIError or anything else), is its error and
         # never ends the run; KeyboardInterrupt and cancellation are no Exceptions, so they do.
-        message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
-        sample.error = f"{type(exc).__name__}: {message[:300]}"
+        sample.error = _error_line(exc, endpoint)
 
 
 async def _routed_probe(
@@ -611,13 +604,7 @@ async def _routed_probe(
     report: Any = None
     try:
         with anyio.fail_after(args.timeout):
-            stream = await client.chat.completions.create(
-                model=endpoint.model,
-                messages=messages,
-                max_tokens=args.max_tokens,
-                temperature=0,
-                stream=True,
-            )
+            stream = await _open_stream(client, endpoint, messages, args)
             async with stream:
                 async for _ in stream:
                     pass
@@ -631,8 +618,7 @@ async def _routed_probe(
     except TimeoutError:
         sample.error = f"Timeout: no complete answer within {args.timeout:g} s"
     except Exception as exc:  # as in _probe: one request's failure never ends the run
-        message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
-        sample.error = f"{type(exc).__name__}: {message[:300]}"
+        sample.error = _error_line(exc, endpoint)
         report = getattr(exc, "report", None)
     sample.total = time.perf_counter() - began
     if report is None and stream is not None:
@@ -644,6 +630,24 @@ async def _routed_probe(
         decode = sample.total - sample.ttft
         if decode > 0:
             sample.tokens_per_s = (sample.tokens - 1) / decode
+
+
+async def _open_stream(client: AsyncOpenAI, endpoint: _Endpoint, messages: Any, args: Any) -> Any:
+    """One streamed request of the run's shape (the caller reads it, and keeps it when the
+    read fails: its timings and route report are on it)."""
+    return await client.chat.completions.create(
+        model=endpoint.model,
+        messages=messages,
+        max_tokens=args.max_tokens,
+        temperature=0,
+        stream=True,
+    )
+
+
+def _error_line(exc: BaseException, endpoint: _Endpoint) -> str:
+    """A probe's failure as one line, without the endpoint's secrets."""
+    message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
+    return f"{type(exc).__name__}: {message[:300]}"
 
 
 def _scrub(text: str, secrets: Sequence[str]) -> str:

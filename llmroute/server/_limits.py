@@ -191,7 +191,7 @@ _ADMITTED, _REQUESTS, _TOKENS, _TOO_LARGE, _BUDGET = range(5)
 
 def _decide(
     tenant: Tenant, tokens: int, counts: Counts, verdict: int, now: float, end: float | None
-) -> Grant | Refusal | None:
+) -> Refusal | None:
     """The refusal for ``verdict`` (``None`` when admitted: the caller builds the grant)."""
     if verdict == _ADMITTED:
         return None
