@@ -397,6 +397,9 @@ def _make_private_dir(path: Path) -> None:
     if os.name != "posix":
         return
     for item, mode in [(path, 0o700), *((file, 0o600) for file in path.glob(_DB_NAME + "*"))]:
-        info = item.stat()
+        try:
+            info = item.stat()
+        except FileNotFoundError:
+            continue  # another process's SQLite removed its -wal/-shm file since the listing
         if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
             item.chmod(mode)
