@@ -111,7 +111,7 @@ class Source(BaseModel):
     no page states (``verified = false``)."""
     checked: datetime.date
     """The day the claims were last checked against ``url``."""
-    verified: bool = Field(True, strict=True)
+    verified: bool = Field(default=True, strict=True)
     """False when no page of the vendor's confirms the claims (taken from third-party code,
     captured traffic, or a page that could not be read): what is still to be verified."""
     note: str = ""
