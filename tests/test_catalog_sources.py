@@ -38,7 +38,8 @@ def sources_table(catalog: dict[str, ProviderSpec]) -> list[str]:
                 day.extend(claim for claim in source.claims if claim not in day)
             else:
                 unverified.append(f"{', '.join(source.claims)} ({source.checked})")
-        verified = "; ".join(f"{day}: {', '.join(claims)}" for day, claims in sorted(by_day.items()))
+        days = sorted(by_day.items())
+        verified = "; ".join(f"{day}: {', '.join(claims)}" for day, claims in days)
         missing = ", ".join(claim for claim in CORE if claim not in cited)
         rows.append(
             f"| `{name}` | {spec.checked} | {verified or '-'} | {'; '.join(unverified) or '-'} "
