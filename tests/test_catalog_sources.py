@@ -4,6 +4,7 @@ checked, and docs/providers.md's table of what was verified says the same (it ca
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,23 @@ def test_a_bad_source_is_named(source: dict[str, str], message: str) -> None:
     with pytest.raises(CatalogError, match=message) as raised:
         parse_provider("x", data, source="providers/x.toml")
     assert "providers/x.toml: sources.0" in str(raised.value)
+
+
+def _is_endpoint(url: str) -> bool:
+    """An API address or a template in a comment (not a page to cite)."""
+    host, _, path = url.removeprefix("https://").partition("/")
+    return (
+        host.startswith("api.")
+        or any(mark in url for mark in ("{", "<"))
+        or any(part in ("v1", "v1beta", "v4", "beta", "openai") for part in path.split("/"))
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_page_a_comment_cites_is_a_source(name: str) -> None:
+    """A page named in a comment is dated in the file's [[sources]] too."""
+    text = (ROOT / "providers" / f"{name}.toml").read_text(encoding="utf-8")
+    comments = "\n".join(line for line in text.splitlines() if line.lstrip().startswith("#"))
+    pages = {url.rstrip(").,;:") for url in re.findall(r"https://[^\s\"]+", comments)}
+    cited = {source.url for source in CATALOG[name].sources}
+    assert sorted(page for page in pages - cited if not _is_endpoint(page)) == []
