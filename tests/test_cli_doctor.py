@@ -13,8 +13,9 @@ import pytest
 
 import llmroute._config
 from llmroute._catalog import ProviderSpec, RetiredModel, Source, load_catalog
+from llmroute._config import resolve_provider
 from llmroute.cli import main
-from llmroute.cli._doctor import STALE_AFTER_DAYS, checked_line, models_lines
+from llmroute.cli._doctor import STALE_AFTER_DAYS, _list_models, checked_line, models_lines
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -127,3 +128,17 @@ def test_the_checked_date_is_called_old_past_the_limit() -> None:
     unsourced_line = checked_line("acme", unsourced, fresh)
     assert unsourced_line == "acme: the catalog cites no sources for Acme AI."
     assert unsourced.checked is None and ACME.checked == CHECKED
+
+
+@pytest.mark.anyio
+async def test_anthropics_models_list_is_asked_its_way(vendor: Simulator) -> None:
+    """Anthropic's GET /v1/models takes the key in x-api-key (with anthropic-version) and pages
+    its list: doctor asks for the largest page, and never sends the key as a bearer token."""
+    table = {"base_url": vendor.base_url, "api_key": KEY, "verify": vendor.ca_pem_path}
+    provider = resolve_provider("anthropic", table)
+    listed = await _list_models(provider, True, 30.0)
+    assert isinstance(listed, list) and "acme-next-11" in listed
+    asked = vendor.last_requests[-1]
+    assert asked["path"] == "/v1/models" and asked["query"] == {"limit": "1000"}
+    assert asked["headers"]["x-api-key"] == KEY and "authorization" not in asked["headers"]
+    assert asked["headers"]["anthropic-version"] == "2023-06-01"
