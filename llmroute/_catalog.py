@@ -5,10 +5,12 @@ protocol, the environment variable holding its API key, and capabilities (assist
 continuation and how it is requested, prompt-prefix caching, usage in streams, the Responses
 API and whether it keeps responses). The files ship inside the wheel (as ``llmroute/_providers``);
 in a source checkout or an editable install they are read from ``providers/`` beside the package.
+Each file ends with its ``[[sources]]``: which claims were checked against which page, and when.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import tomllib
 import types
@@ -21,10 +23,13 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 __all__ = [
+    "SOURCE_CLAIMS",
     "CatalogError",
     "ContextWindow",
     "Continuation",
     "ProviderSpec",
+    "RetiredModel",
+    "Source",
     "Trial",
     "catalog_dir",
     "format_validation_error",
@@ -77,6 +82,69 @@ class Trial(BaseModel):
     """Top-level fields of the trial request, e.g. ``{"max_completion_tokens": 1}``."""
 
 
+SOURCE_CLAIMS = frozenset(
+    {
+        "base_url",
+        "api_key_env",
+        "continuation",
+        "prompt_caching",
+        "stream_usage",
+        "responses",
+        "request_id_headers",
+        "context_windows",
+        "trial",
+        "models",
+    }
+)
+"""The claims a source may vouch for (mostly the catalog keys they set)."""
+
+
+class Source(BaseModel):
+    """Where some of a catalog entry's claims come from, and when they were last checked there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    about: str
+    """The claims: names of :data:`SOURCE_CLAIMS`, comma-separated (``"base_url, api_key_env"``)."""
+    url: str | None = None
+    """The page read (the vendor's own, unless ``verified`` is false); ``None`` only for a claim
+    no page states (``verified = false``)."""
+    checked: datetime.date
+    """The day the claims were last checked against ``url``."""
+    verified: bool = Field(default=True, strict=True)
+    """False when no page of the vendor's confirms the claims (taken from third-party code,
+    captured traffic, or a page that could not be read): what is still to be verified."""
+    note: str = ""
+    """What the page says, or what was not found."""
+
+    @property
+    def claims(self) -> tuple[str, ...]:
+        """The names in ``about``, in order."""
+        return tuple(part.strip() for part in self.about.split(","))
+
+    @pydantic.model_validator(mode="after")
+    def _known_claims_and_a_page(self) -> Source:
+        unknown = [claim for claim in self.claims if claim not in SOURCE_CLAIMS]
+        if unknown:
+            raise ValueError(
+                f"about: unknown claim {unknown[0]!r} (one of: {', '.join(sorted(SOURCE_CLAIMS))})"
+            )
+        if self.url is None and self.verified:
+            raise ValueError("a verified source needs its url")
+        if self.url is not None and not self.url.startswith("https://"):
+            raise ValueError(f"url: expected an https:// address, got {self.url!r}")
+        return self
+
+
+class RetiredModel(BaseModel):
+    """A model the vendor shut down: when, and the model it names as the replacement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    shutdown: datetime.date
+    use: str
+
+
 class ProviderSpec(BaseModel):
     """One vendor (or self-hosted server kind) as the catalog or a config describes it."""
 
@@ -124,6 +192,18 @@ class ProviderSpec(BaseModel):
     ``context_windows`` names the model; ``None``: unknown (never a reason to skip a target)."""
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name, as the vendor's docs state them."""
+    models: tuple[str, ...] = ()
+    """The vendor's current models the catalog knows (``llmroute doctor`` names the newer ones
+    the vendor lists beside these)."""
+    retired_models: dict[str, RetiredModel] = Field(default_factory=dict)
+    """Models the vendor shut down, by name: when, and what to use instead."""
+    sources: tuple[Source, ...] = ()
+    """Where the entry's claims come from and when each was checked (the file's ``[[sources]]``)."""
+
+    @property
+    def checked(self) -> datetime.date | None:
+        """The oldest day any of the entry's sources was checked; ``None`` without sources."""
+        return min((source.checked for source in self.sources), default=None)
 
     def window_for(self, model: str) -> int | None:
         """The context window of ``model`` on this provider, in tokens; ``None`` if unknown."""

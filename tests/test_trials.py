@@ -646,3 +646,27 @@ async def test_a_circuit_opened_by_broken_streams_names_the_break(primary: Simul
             await client.chat.completions.create(model="pro", messages=MESSAGES)
     assert isinstance(raised.value, openai.APIConnectionError)
     assert isinstance(raised.value.last, openai.APIConnectionError)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["openai", "dashscope"])
+async def test_a_vendor_that_deprecated_max_tokens_is_tried_with_max_completion_tokens(
+    primary: Simulator, kind: str
+) -> None:
+    """OpenAI's reasoning models refuse max_tokens and Model Studio (DashScope) deprecated it:
+    the trial a target of theirs gets carries max_completion_tokens, as their catalog files say."""
+    cfg = single_target_config(primary, kind=kind)
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+        trials, breaker = client._llmroute.trials, client._llmroute.router.health(PRIMARY).breaker
+        with pytest.raises(openai.InternalServerError):
+            await client.chat.completions.create(model="pro", messages=MESSAGES)
+        await change_profile(primary, rate_503=0.0)
+        await until_closed(breaker)
+    assert trials.verdicts[PRIMARY, "closed"] == 1
+    chats = [r["json"] for r in primary.last_requests if r["path"] == "/v1/chat/completions"]
+    tried = [body for body in chats if body["messages"][0]["content"] == "Hi"]
+    assert tried and tried[-1] == {
+        "model": "sim-small",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_completion_tokens": 1,
+    }

@@ -1,9 +1,14 @@
-"""``llmroute doctor``: probe each routed target and say where its time to first token goes."""
+"""``llmroute doctor``: probe each routed target and say where its time to first token goes;
+then, per catalog vendor, when the catalog's facts were checked and what the vendor's own
+``/models`` says of the configured models."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -11,7 +16,16 @@ from .._streaming import AsyncStream
 from ._format import add_tls_options, tls_verify
 from ._format import ms as _ms
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from .._catalog import ProviderSpec
+    from .._config import Resolved, ResolvedProvider
+
+__all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register"]
+
+STALE_AFTER_DAYS = 180
+"""Catalog facts checked longer ago than this are called possibly out of date."""
+NEWER_SHOWN = 10
+"""The newer models named at most (sorted); the rest are counted."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,7 +34,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="probe each routed target and say where its time to first token goes",
         description=(
             "Probe every target of every route with a few streamed requests and say where its "
-            "time to first token goes. Exits 1 when any target fails, naming which and why."
+            "time to first token goes; then, per catalog vendor, when the catalog's facts were "
+            "checked and, with its key, which configured models the vendor's /models no longer "
+            "lists and which newer ones it offers. Exits 1 when any target fails, naming which "
+            "and why."
         ),
     )
     doctor.add_argument("--config", help="a TOML config (default: $LLMROUTE_CONFIG)")
@@ -127,6 +144,8 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         suggestion = None if error else suggest_preset(diagnosis, itl)
         if suggestion is not None and provider.kind == "sglang":
             write(f"{'':40} suggestion: {suggestion}\n")
+    for line in await _catalog_report(resolved, verify, timeout):
+        write(f"{line}\n")
     if failed:
         count = len(resolved.targets())
         sys.stderr.write(
@@ -134,3 +153,115 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         )
         return 1
     return 0
+
+
+def checked_line(name: str, spec: ProviderSpec, today: datetime.date) -> str:
+    """The sentence saying when the catalog's facts on ``spec``'s vendor were last checked."""
+    vendor = spec.display_name or spec.name
+    checked = spec.checked
+    if checked is None:
+        return f"{name}: the catalog cites no sources for {vendor}."
+    age = (today - checked).days
+    if age > STALE_AFTER_DAYS:
+        return (
+            f"{name}: the catalog's facts on {vendor} were last checked on {checked}, {age} days "
+            f"ago: they may be out of date (docs/providers.md lists the pages to check)."
+        )
+    return f"{name}: the catalog's facts on {vendor} were checked on {checked}."
+
+
+def models_lines(
+    name: str, spec: ProviderSpec, configured: Sequence[str], listed: Sequence[str]
+) -> list[str]:
+    """What the vendor's ``/models`` (``listed``) says of the ``configured`` models: those it no
+    longer lists (with the catalog's shutdown date and replacement when it knows them), and the
+    newer ones it lists that the catalog's ``models`` do not know yet."""
+    vendor = spec.display_name or spec.name
+    offered = set(listed)
+    lines: list[str] = []
+    for model in sorted(set(configured) - offered):
+        retired = spec.retired_models.get(model)
+        if retired is not None:
+            why = f"the catalog says it shut down on {retired.shutdown}, use {retired.use}"
+        else:
+            why = "the catalog does not say why: check the name"
+        lines.append(f"{name}: no longer listed by {vendor}: {model} ({why})")
+    if not lines:
+        lines.append(f"{name}: {vendor} lists every configured model ({len(set(configured))}).")
+    if spec.models:  # without the catalog's list every listed model would look new
+        known = {*spec.models, *spec.retired_models, *configured}
+        newer = sorted(offered - known)
+        if newer:
+            shown = ", ".join(newer[:NEWER_SHOWN])
+            more = f" (and {len(newer) - NEWER_SHOWN} more)" if len(newer) > NEWER_SHOWN else ""
+            lines.append(
+                f"{name}: newer models {vendor} lists that the catalog does not know yet: "
+                f"{shown}{more}"
+            )
+    return lines
+
+
+async def _catalog_report(resolved: Resolved, verify: bool | str, timeout: float) -> list[str]:
+    """Per provider based on a catalog entry: when its facts were checked and, for a hosted
+    vendor with a key, what its ``/models`` says of the configured models."""
+    configured: dict[str, list[str]] = {}
+    for target in resolved.targets():
+        configured.setdefault(target.provider, []).append(target.model)
+    today = datetime.date.today()
+    lines: list[str] = []
+    for name in sorted(configured):
+        provider = resolved.providers[name]
+        if provider.kind is None:
+            continue  # not from the catalog: nothing to date
+        lines.append(checked_line(name, provider.spec, today))
+        if provider.spec.self_hosted or not provider.api_key:
+            continue
+        listed = await _list_models(provider, verify, timeout)
+        if isinstance(listed, str):
+            vendor = provider.spec.display_name or provider.spec.name
+            lines.append(f"{name}: could not ask {vendor} for its models: {listed}")
+        else:
+            lines.extend(models_lines(name, provider.spec, configured[name], listed))
+    return lines
+
+
+async def _list_models(
+    provider: ResolvedProvider, verify: bool | str, timeout: float
+) -> list[str] | str:
+    """The model ids the vendor's ``GET {base_url}/models`` lists, or why they could not be read
+    (a sentence without the key)."""
+    import httpx
+
+    from ..server._secrets import masked_forms, provider_secrets, scrub
+    from ..transport import make_ssl_context
+
+    headers: dict[str, str] = dict(provider.headers)
+    params: dict[str, Any] = {}
+    key = provider.api_key or ""
+    if provider.spec.protocol == "anthropic":
+        headers["x-api-key"] = key
+        params["limit"] = 1000  # Anthropic pages its list, 20 by default
+    else:
+        headers["authorization"] = f"Bearer {key}"
+    secrets = provider_secrets([provider])
+    masked = masked_forms(secrets)
+    url = provider.base_url.join("models")
+    try:
+        trust = make_ssl_context(verify if provider.verify is None else provider.verify)
+        async with httpx.AsyncClient(verify=trust, timeout=timeout) as http:
+            with anyio.fail_after(timeout):
+                response = await http.get(url, headers=headers, params=params)
+    except TimeoutError:
+        return f"no answer from {url} within {timeout:g} s"
+    except httpx.HTTPError as exc:
+        text = scrub(" ".join(str(exc).split()), secrets, "<key>", masked)
+        return f"{type(exc).__name__} from {url}: {text[:200]}"
+    if response.status_code >= 400:
+        text = scrub(" ".join(response.text.split()), secrets, "<key>", masked)
+        hint = " (check its key)" if response.status_code in (401, 403) else ""
+        return f"{url} answered {response.status_code}{hint}: {text[:200]}"
+    try:
+        data = response.json()["data"]
+        return [str(entry["id"]) for entry in data]
+    except (ValueError, KeyError, TypeError):
+        return f"{url} answered 200 without a models list (no data[].id)"

@@ -173,7 +173,9 @@ class SimApp:
         if path == "/v1/messages" and method == "POST":
             self._stats["chat_requests"] += 1
             await self.anthropic.handle(scope, body, receive, send, rid)
-        elif not auth.startswith("Bearer ") or not auth[7:].strip():
+        elif (not auth.startswith("Bearer ") or not auth[7:].strip()) and not (
+            path == "/v1/models" and headers.get("x-api-key")  # Anthropic's way, as it lists
+        ):
             msg = "You didn't provide an API key (Authorization: Bearer <key>)."
             body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
             await respond(send, 401, body401, rid)
@@ -196,9 +198,10 @@ class SimApp:
                 await respond(send, 404, error, rid)
         elif path == "/v1/models" and method == "GET":
             created = 1_700_000_000
+            listed = self.profile.listed_models
             data = [
                 {"id": m, "object": "model", "created": created, "owned_by": "llmroute-sim"}
-                for m in self.models
+                for m in (self.models if listed is None else listed)
             ]
             await respond(send, 200, json.dumps({"object": "list", "data": data}).encode(), rid)
         else:

@@ -74,6 +74,9 @@ class Profile:
     """Seed of the instance's random.Random (None: not repeatable)."""
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
     """Model names listed by GET /v1/models (models seen in requests are added)."""
+    listed_models: tuple[str, ...] | None = None
+    """When set, GET /v1/models lists exactly these, whatever the requests named: a vendor that
+    no longer lists a model (or lists newer ones), for ``llmroute doctor``."""
 
     def sample_ttft(self, rng: random.Random, prompt_tokens: int = 0) -> float:
         """Draw one TTFT in seconds."""
@@ -114,6 +117,8 @@ class Profile:
         data = dataclasses.asdict(self)
         data["stall_range"] = list(self.stall_range)
         data["models"] = list(self.models)
+        if self.listed_models is not None:
+            data["listed_models"] = list(self.listed_models)
         return data
 
     def to_json(self) -> str:
@@ -126,6 +131,7 @@ class Profile:
         if "stall_range" in data:
             low, high = data["stall_range"]
             data["stall_range"] = (float(low), float(high))
-        if "models" in data:
-            data["models"] = tuple(data["models"])
+        for key in ("models", "listed_models"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
         return cls(**data)
