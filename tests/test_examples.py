@@ -79,9 +79,23 @@ def test_readme_one_key_routing_runs_as_written(tmp_path: Path) -> None:
             check=False,
             env=env,
         )
+        shell = _readme_block("export OPENAI_API_KEY=sk-...\n")
+        assert ".venv/bin/llmroute chat --config llmroute.toml --show-route" in shell
+        argv = ["chat", "--config", str(offline), "--show-route", "Hello!"]
+        chat = subprocess.run(  # the README's command line, over the same config
+            [sys.executable, "-m", "llmroute", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
     assert done.returncode == 0, done.stderr
     assert len(re.findall(r"-> openai:gpt-4\S+, first token after \d+ ms", done.stdout)) == 3
     assert "TTFT p50" in done.stdout  # client.stats() printed as a table
+    assert chat.returncode == 0, chat.stderr
+    assert re.search(r"route 'chat' \(hedge\): winner openai:\S+", chat.stderr), chat.stderr
 
 
 def test_readme_gateway_in_three_commands() -> None:
