@@ -32,7 +32,10 @@ OPENAI2_SKIP := $(FRAMEWORKS) tests/test_sglang_launcher.py tests/test_sglang_st
 	tests/test_sse.py tests/test_h2_corners.py tests/test_health.py tests/test_shared_stats.py \
 	tests/reliability/test_fuzz_sse.py tests/reliability/test_fuzz_anthropic.py \
 	tests/reliability/test_fuzz_config.py tests/reliability/test_load.py \
-	tests/reliability/test_soak.py tests/reliability/test_secrets.py tests/test_tiers.py
+	tests/reliability/test_soak.py tests/reliability/test_secrets.py tests/test_tiers.py \
+	tests/test_docs_paths.py tests/test_docs_snippets.py
+# (The docs' blocks are checked once, in the main environment: it has every extra they use,
+# tiers' wordllama included, which .venvs/openai2 does not install.)
 # Anthropic's wire format only, and a ratio of two timings that a loaded machine can upset.
 OPENAI2_DESELECT := tests/reliability/test_hostile_bodies.py::test_anthropic_prefill_skip_is_linear
 OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \

@@ -79,6 +79,72 @@ def test_readme_one_key_routing_runs_as_written(tmp_path: Path) -> None:
             check=False,
             env=env,
         )
+        shell = _readme_block("export OPENAI_API_KEY=sk-...\n")
+        assert ".venv/bin/llmroute chat --config llmroute.toml --show-route" in shell
+        argv = ["chat", "--config", str(offline), "--show-route", "Hello!"]
+        chat = subprocess.run(  # the README's command line, over the same config
+            [sys.executable, "-m", "llmroute", *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
     assert done.returncode == 0, done.stderr
     assert len(re.findall(r"-> openai:gpt-4\S+, first token after \d+ ms", done.stdout)) == 3
     assert "TTFT p50" in done.stdout  # client.stats() printed as a table
+    assert chat.returncode == 0, chat.stderr
+    assert re.search(r"route 'chat' \(hedge\): winner openai:\S+", chat.stderr), chat.stderr
+
+
+def test_readme_gateway_in_three_commands() -> None:
+    """The README's three commands: install, ``llmroute serve --simulator``, then the line it
+    prints, pasted: openai's client gets a routed answer and the target that gave it. (Here on
+    any free port, and the installed interpreter stands in for .venv/bin/.)"""
+    import os
+    import select
+    import shlex
+    import time
+
+    block = _readme_block("python3 -m venv .venv && .venv/bin/pip install -e '.[all]'   # once")
+    commands = [line for line in block.splitlines() if line and not line.startswith("#")]
+    assert len(commands) == 2 and "# in a second terminal, paste that line" in block
+    assert commands[1].split("#")[0].split() == [".venv/bin/llmroute", "serve", "--simulator"]
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LLMROUTE_CONFIG", "LLMROUTE_GATEWAY_KEY")
+    }
+    serve = [sys.executable, "-m", "llmroute", "serve", "--simulator", "--port", "0"]
+    proc = subprocess.Popen(
+        serve,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        seen = b""
+        deadline = time.monotonic() + 60  # a hang guard only
+        while b"Ctrl-C" not in seen:  # bounded: 60 s, and a closed pipe ends it
+            readable, _, _ = select.select(
+                [proc.stdout], [], [], max(0.0, deadline - time.monotonic())
+            )
+            chunk = os.read(proc.stdout.fileno(), 65536) if readable else b""
+            assert chunk, seen
+            seen += chunk
+        pasted = next(line for line in seen.decode().splitlines() if line.startswith("or:"))
+        argv = shlex.split(pasted.removeprefix("or:"))
+        assert argv[:2] == [sys.executable, "-c"] and "from openai import OpenAI" in argv[2]
+        done = subprocess.run(
+            argv, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        answer, _, target = done.stdout.strip().rpartition(" -> ")
+        assert answer and target in {
+            f"{n}:sim-small" for n in ("fast-but-spiky", "steady-slow", "flaky")
+        }
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

@@ -794,6 +794,9 @@ async def test_the_cache_answers_behind_the_gateway(gateway: Gateway, sim: Simul
         streamed = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert first.headers["x-llmroute-cache"] == "miss"
     assert second.headers["x-llmroute-cache"] == "hit"
+    # the target that answered (x-llmroute-target), the cache once it replays
+    assert first.headers["x-llmroute-target"] == "sim:sim-small"
+    assert second.headers["x-llmroute-target"] == "cache"
     assert sim.stats()["chat_requests"] == asked
     assert second.parse().choices[0].message.content == first.parse().choices[0].message.content
     assert streamed == first.parse().choices[0].message.content

@@ -266,14 +266,17 @@ async def _serve(
 def _try_it(url: str, key: str, simulated: dict[str, Any]) -> str:
     """``serve --simulator``'s lines after the banner: what the gateway serves, the base URL and
     key to use (a key made for this run, valid while it runs), and a request to try."""
+    import shlex
+
     from ._demo import ROUTE
 
     body = f'{{"model": "{ROUTE}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
     python = (
         "from openai import OpenAI; "
         f"c = OpenAI(base_url='{url}', api_key='{key}'); "
-        f"print(c.chat.completions.create(model='{ROUTE}', "
-        "messages=[{'role': 'user', 'content': 'Hello!'}]).choices[0].message.content)"
+        f"r = c.chat.completions.with_raw_response.create(model='{ROUTE}', "
+        "messages=[{'role': 'user', 'content': 'Hello!'}]); "
+        "print(r.parse().choices[0].message.content, '->', r.headers['x-llmroute-target'])"
     )
     return (
         f"route {ROUTE!r}: hedge over {', '.join(simulated)} "
@@ -282,6 +285,6 @@ def _try_it(url: str, key: str, simulated: dict[str, Any]) -> str:
         f"key:      {key}  (made for this run)\n"
         f"try:      curl -s {url}/chat/completions -H 'Authorization: Bearer {key}' "
         f"-H 'Content-Type: application/json' -d '{body}'\n"
-        f'or:       python -c "{python}"\n'
+        f'or:       {shlex.quote(sys.executable)} -c "{python}"\n'
         "Ctrl-C stops it.\n"
     )

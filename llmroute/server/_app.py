@@ -88,6 +88,7 @@ _FORWARDED = (
 )
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 TIER_HEADER = "x-llmroute-tier"
+TARGET_HEADER = "x-llmroute-target"
 """The answer's header naming the tier (route) a tiered model name's request went to."""
 _LOG_UNSAFE = re.compile(r"[^\w.:/+=-]")  # a vendor's request id, as the access log shows it
 _CLOSE_TIMEOUT = 5.0  # seconds a cancelled upstream stream may take to close
@@ -890,7 +891,8 @@ class GatewayApp:
                             200,
                             "text/event-stream; charset=utf-8",
                             {"cache-control": "no-cache", "x-llmroute-cache": cache}
-                            | _tier_header(stream),
+                            | _tier_header(stream)
+                            | _target_header(stream),
                         )
                         if path == _RESPONSES:  # named events, as OpenAI sends them
                             async for event in stream:
@@ -974,7 +976,9 @@ class GatewayApp:
         tally.answered(result)
         cache = "hit" if tally.cache_hit else "miss"
         await exchange.whole(
-            200, dump_json(result), headers={"x-llmroute-cache": cache} | _tier_header(result)
+            200,
+            dump_json(result),
+            headers={"x-llmroute-cache": cache} | _tier_header(result) | _target_header(result),
         )
 
     async def _call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
@@ -1274,6 +1278,12 @@ def _tier_header(result: object) -> dict[str, str]:
     """``x-llmroute-tier``: the route a tiered model name's request went to."""
     tier = getattr(getattr(result, "route", None), "tier", None)
     return {TIER_HEADER: tier.tier} if tier is not None else {}
+
+
+def _target_header(result: object) -> dict[str, str]:
+    """``x-llmroute-target``: the target whose answer this is (``cache`` for a replay)."""
+    winner = getattr(getattr(result, "route", None), "winner", None)
+    return {TARGET_HEADER: winner} if isinstance(winner, str) else {}
 
 
 def _cache_hit(result: object) -> bool:
