@@ -28,11 +28,11 @@ from llmroute._catalog import (
     load_catalog,
     load_provider_file,
 )
+from llmroute.cli._chat import PLAIN_MODEL
+from llmroute.cli._demo import REAL_MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = (
-    "README.md",
-    "docs/*.md",
     "examples/*.py",
     "llmroute/**/*.py",
     "tests/**/*.py",
@@ -156,6 +156,19 @@ def scanned_files() -> list[Path]:
     return sorted(p for p in files if p.relative_to(ROOT).as_posix() not in NOT_SCANNED)
 
 
+def test_every_model_name_shown_is_a_current_catalog_model() -> None:
+    files = scanned_files()
+    assert len(files) > 50  # the globs found the repository, not an empty folder
+    found = [
+        finding
+        for path in files
+        for finding in check_text(
+            path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()
+        )
+    ]
+    assert not found, "\n".join(map(str, found))
+
+
 def test_a_retired_name_is_reported_with_its_date_and_replacement() -> None:
     text = textwrap.dedent(
         """\
@@ -238,3 +251,12 @@ def test_a_bad_model_list_names_the_file_and_the_key(
     with pytest.raises(CatalogError) as info:
         load_provider_file(path)
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+
+
+def test_the_demo_and_chat_defaults_are_current_models_of_their_vendor() -> None:
+    catalog = load_catalog()
+    vendors = {name for name, spec in catalog.items() if not spec.self_hosted}
+    assert set(REAL_MODELS) == vendors  # demo --real tries every vendor of the catalog
+    for provider, model in REAL_MODELS.items():
+        assert model in catalog[provider].models, f"demo --real: {provider}:{model}"
+    assert PLAIN_MODEL in catalog["openai"].models  # `llmroute chat` without a config
