@@ -13,6 +13,8 @@ The catalog files and this file are not read: they name retired models on purpos
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 import textwrap
 from collections.abc import Iterable, Mapping
@@ -88,6 +90,11 @@ _FAMILY = re.compile(
     """
 )
 _TOKEN = re.compile(r"[\w.:/@~-]+")
+_HINT = re.compile(
+    r"gpt-|\bo[1-9]|claude-|gemini-|deepseek-|DeepSeek-|[Qq]wen|qwq|QwQ|qvq|mistral-|stral|"
+    r"kimi-|moonshot-|glm-|GLM-|grok-|[Ll]lama"
+)
+"""A cheap test of a line before it is split into words: most lines name no model."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,8 @@ class Finding:
 def model_names(line: str) -> Iterable[str]:
     """The vendor model names in one line of text: each as written, with its ``org/`` prefix
     but without a ``provider:`` target prefix (``deepseek:deepseek-v4-flash``)."""
+    if not _HINT.search(line):
+        return
     for token in _TOKEN.findall(line):
         if "://" in token or token.startswith("@"):
             continue  # a URL or a decorator/handle, not a model
@@ -143,7 +152,11 @@ def check_text(
     """Every model name in ``text`` that is retired or not a current catalog model."""
     specs = load_catalog() if catalog is None else catalog
     found: list[Finding] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    lines = text.split("\n")
+    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
+    hinted = sorted({bisect.bisect_right(starts, m.start()) for m in _HINT.finditer(text)})
+    for number in hinted:  # 1-based: only the lines where a model name may start
+        line = lines[number - 1]
         if 'retired_models."' in line:
             continue  # a catalog line declaring a retirement (quoted in docs) names it on purpose
         for name in model_names(line):
