@@ -35,6 +35,8 @@ from llmroute.cli._demo import REAL_MODELS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = (
+    "README.md",
+    "docs/*.md",
     "examples/*.py",
     "llmroute/**/*.py",
     "tests/**/*.py",
