@@ -13,7 +13,7 @@ async def main() -> None:
         ) as client:
             await client.warmup()  # open the HTTP/2 connection before the first request
             stream = await client.chat.completions.create(
-                model="gpt-4o-mini",
+                model="gpt-6-luna",
                 messages=[{"role": "user", "content": "Hello!"}],
                 stream=True,
             )

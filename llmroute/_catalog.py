@@ -3,9 +3,11 @@
 Each file describes how to reach a vendor and what routing may ask of it: base URL, wire
 protocol, the environment variable holding its API key, and capabilities (assistant-prefix
 continuation and how it is requested, prompt-prefix caching, usage in streams, the Responses
-API and whether it keeps responses). The files ship inside the wheel (as ``llmroute/_providers``);
-in a source checkout or an editable install they are read from ``providers/`` beside the package.
-Each file ends with its ``[[sources]]``: which claims were checked against which page, and when.
+API and whether it keeps responses), and the vendor's current chat models and the retired ones a
+user may still name (:func:`find_model`). The files ship inside the wheel (as
+``llmroute/_providers``); in a source checkout or an editable install they are read from
+``providers/`` beside the package. Each file ends with its ``[[sources]]``: which claims were
+checked against which page, and when.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import tomllib
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,11 +30,13 @@ __all__ = [
     "CatalogError",
     "ContextWindow",
     "Continuation",
+    "ModelListing",
     "ProviderSpec",
     "RetiredModel",
     "Source",
     "Trial",
     "catalog_dir",
+    "find_model",
     "format_validation_error",
     "load_catalog",
     "load_provider_file",
@@ -137,12 +142,14 @@ class Source(BaseModel):
 
 
 class RetiredModel(BaseModel):
-    """A model the vendor shut down: when, and the model it names as the replacement."""
+    """A model the vendor shut down (or announced a shutdown date for) and what it names instead."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     shutdown: datetime.date
-    use: str
+    """The day the vendor stops (or stopped) serving it, as the vendor's deprecation page says."""
+    use: Annotated[str, Field(min_length=1)]
+    """The replacement the vendor names (or, where that one is retired too, its own successor)."""
 
 
 class ProviderSpec(BaseModel):
@@ -162,6 +169,12 @@ class ProviderSpec(BaseModel):
     api_key_env_fallbacks: tuple[str, ...] = ()
     """Older names of that variable, read in order when ``api_key_env`` is unset or empty
     (Zhipu's ``ZHIPUAI_API_KEY``); not read when a config names its own ``api_key_env``."""
+    models: tuple[str, ...] = ()
+    """The vendor's current chat models, as its docs listed them when checked (a short list of
+    the names a user would route to, not every snapshot); empty: no fixed list (a self-hosted
+    server serves whatever it was started with). Informational: routing sends any name."""
+    retired_models: dict[str, RetiredModel] = Field(default_factory=dict)
+    """Models the vendor retired, or announced a shutdown date for, by name."""
     self_hosted: bool = Field(False, strict=True)
     """A server the user runs (SGLang, vLLM, Ollama), usually on a local or private address."""
     continuation: Continuation | None = None
@@ -192,11 +205,6 @@ class ProviderSpec(BaseModel):
     ``context_windows`` names the model; ``None``: unknown (never a reason to skip a target)."""
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name, as the vendor's docs state them."""
-    models: tuple[str, ...] = ()
-    """The vendor's current models the catalog knows (``llmroute doctor`` names the newer ones
-    the vendor lists beside these)."""
-    retired_models: dict[str, RetiredModel] = Field(default_factory=dict)
-    """Models the vendor shut down, by name: when, and what to use instead."""
     sources: tuple[Source, ...] = ()
     """Where the entry's claims come from and when each was checked (the file's ``[[sources]]``)."""
 
@@ -214,6 +222,30 @@ class ProviderSpec(BaseModel):
         if self.responses_stored and not self.responses:
             raise ValueError("responses_stored = true needs responses = true")
         return self
+
+
+@dataclass(frozen=True)
+class ModelListing:
+    """Where the catalog lists a model name: current at ``provider``, or retired there."""
+
+    provider: str
+    retired: RetiredModel | None = None
+    """The shutdown date and named replacement; ``None``: the provider lists it as current."""
+
+
+def find_model(
+    model: str, catalog: Mapping[str, ProviderSpec] | None = None
+) -> tuple[ModelListing, ...]:
+    """Every catalog provider that lists ``model`` (exactly as spelt), current or retired, in
+    the catalog's order; empty when none does (a self-hosted model, a typo, a newer model)."""
+    specs = load_catalog() if catalog is None else catalog
+    found: list[ModelListing] = []
+    for name, spec in specs.items():
+        if model in spec.models:
+            found.append(ModelListing(name))
+        elif (retired := spec.retired_models.get(model)) is not None:
+            found.append(ModelListing(name, retired))
+    return tuple(found)
 
 
 def catalog_dir() -> Path:
@@ -261,9 +293,15 @@ def parse_provider(name: str, data: Mapping[str, Any], *, source: str) -> Provid
             f"{source}: name: expected {name!r} (the file's name), got {data['name']!r}"
         )
     try:
-        return ProviderSpec.model_validate({**data, "name": name})
+        spec = ProviderSpec.model_validate({**data, "name": name})
     except pydantic.ValidationError as exc:
         raise CatalogError(format_validation_error(exc, source=source)) from None
+    for model in spec.retired_models:
+        if model in spec.models:
+            raise CatalogError(
+                f"{source}: retired_models.{model}: also in models (a model is current or retired)"
+            )
+    return spec
 
 
 @functools.cache

@@ -10,7 +10,7 @@ the same shape, or a :class:`Config` built in code::
     base_url = "http://127.0.0.1:30000/v1"
 
     [models.chat]
-    targets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini", "gpu1:qwen2.5-7b-instruct"]
+    targets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-luna", "gpu1:qwen2.5-7b-instruct"]
     policy = "hedge"
 
 A provider is a catalog vendor (``providers/*.toml``) used as is, a catalog entry with some fields

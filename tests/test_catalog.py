@@ -375,7 +375,7 @@ def test_context_windows_are_cited_and_whole_token_counts(tmp_path: Path) -> Non
         assert "https://" in comment, f"{name}: cite the page that states the windows"
         assert all(isinstance(w, int) and w >= 1 for w in spec.context_windows.values())
     assert CATALOG["anthropic"].window_for("claude-haiku-4-5-20251001") == 200_000
-    assert CATALOG["openai"].window_for("gpt-4o-mini") is None  # no figure from OpenAI's pages
+    assert CATALOG["openai"].window_for("gpt-6-luna") is None  # no figure from OpenAI's pages
     base = 'base_url = "https://api.acme.test/v1"\n'
     path = _write(tmp_path, base + "[context_windows]\nm = 0\n")
     assert _error(path).startswith(f"{path}: context_windows.m: ")

@@ -41,7 +41,7 @@ headers = { "x-team" = "a" }
 continuation = { message = { prefix = true } }
 
 [models.chat]
-targets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini", "gpu1:qwen2.5-7b-instruct"]
+targets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-luna", "gpu1:qwen2.5-7b-instruct"]
 policy = "weighted"
 weights = [3, 1, 1]
 hedge_after = "400ms"
@@ -72,8 +72,8 @@ EXAMPLE_DICT: dict[str, Any] = {
     "models": {
         "chat": {
             "targets": [
-                "deepseek:deepseek-chat",
-                "openai:gpt-4o-mini",
+                "deepseek:deepseek-v4-flash",
+                "openai:gpt-6-luna",
                 "gpu1:qwen2.5-7b-instruct",
             ],
             "policy": "weighted",
@@ -126,8 +126,8 @@ def test_file_dict_and_object_give_equal_results(tmp_path: Path) -> None:
         models={
             "chat": RouteConfig(
                 targets=[
-                    "deepseek:deepseek-chat",
-                    Target("openai", "gpt-4o-mini"),
+                    "deepseek:deepseek-v4-flash",
+                    Target("openai", "gpt-6-luna"),
                     "gpu1:qwen2.5-7b-instruct",
                 ],
                 policy="weighted",
@@ -226,7 +226,9 @@ def test_config_error_is_an_openai_error_and_a_value_error() -> None:
 
 
 def test_catalog_providers_are_implicit_in_targets() -> None:
-    config = load_config({"models": {"chat": {"targets": ["deepseek:deepseek-chat", "openai:x"]}}})
+    config = load_config(
+        {"models": {"chat": {"targets": ["deepseek:deepseek-v4-flash", "openai:x"]}}}
+    )
     assert config is not None and config.providers == {}
     resolved = resolve(config, ENV)
     catalog = load_catalog()
@@ -239,7 +241,9 @@ def test_catalog_providers_are_implicit_in_targets() -> None:
     assert deepseek.base_url.join("chat/completions") == httpx.URL(
         catalog["deepseek"].base_url.rstrip("/") + "/chat/completions"
     )
-    assert resolved.routes == {"chat": [Target("deepseek", "deepseek-chat"), Target("openai", "x")]}
+    assert resolved.routes == {
+        "chat": [Target("deepseek", "deepseek-v4-flash"), Target("openai", "x")]
+    }
     assert resolved.route_configs["chat"] == config.models["chat"]
     assert resolved.default_provider is None
 
@@ -291,7 +295,7 @@ def test_continuation_false_turns_it_off_and_headers_merge(tmp_path: Path) -> No
         tmp_path,
         "[providers.deepseek]\ncontinuation = false\n"
         '[providers.anthropic]\nprotocol = "openai"\nheaders = { "x-team" = "a" }\n'
-        '[models.m]\ntargets = ["deepseek:deepseek-chat", "anthropic:claude-x"]\n',
+        '[models.m]\ntargets = ["deepseek:deepseek-v4-flash", "anthropic:claude-x"]\n',
     )
     assert load_catalog()["deepseek"].continuation is not None
     resolved = resolve(config, {"DEEPSEEK_API_KEY": "k", "ANTHROPIC_API_KEY": "k"})
@@ -356,7 +360,7 @@ def test_model_names_with_colons(tmp_path: Path) -> None:
 
 # --- errors ------------------------------------------------------------------------------------
 
-ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini", "ollama:q"]\n'
+ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-luna", "ollama:q"]\n'
 
 
 @pytest.mark.parametrize(
@@ -373,7 +377,7 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             "llmroute.toml: models.chat.targets[1]: 'deepseek' is not 'provider:model'",
         ),
         (
-            '[models.chat]\ntargets = ["deepsek:deepseek-chat"]\n',
+            '[models.chat]\ntargets = ["deepsek:deepseek-v4-flash"]\n',
             "llmroute.toml: models.chat.targets[0]: unknown provider 'deepsek': not in "
             "[providers] nor the catalog (did you mean 'deepseek'?)",
         ),
@@ -501,9 +505,10 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-chat", "openai:gpt-4o-mini
             "llmroute.toml: providers.openai.context_windows.gpt-x: expected an integer, got 1.5",
         ),
         (
-            ROUTE + 'context_windows = { "openai:gpt-4o" = 8192 }\n',
-            "llmroute.toml: models.chat.context_windows.\"openai:gpt-4o\": 'openai:gpt-4o' is "
-            "not one of this route's targets (did you mean 'openai:gpt-4o-mini'?)",
+            ROUTE + 'context_windows = { "openai:gpt-5.6-luna" = 8192 }\n',
+            'llmroute.toml: models.chat.context_windows."openai:gpt-5.6-luna": '
+            "'openai:gpt-5.6-luna' is "
+            "not one of this route's targets (did you mean 'openai:gpt-6-luna'?)",
         ),
         (
             ROUTE + 'context_windows = { "ollama:q" = -1 }\n',
@@ -533,7 +538,7 @@ def test_every_mistake_is_reported() -> None:
 
 
 def test_missing_api_key() -> None:
-    config = load_config({"models": {"chat": {"targets": ["deepseek:deepseek-chat"]}}})
+    config = load_config({"models": {"chat": {"targets": ["deepseek:deepseek-v4-flash"]}}})
     assert config is not None
     env_var = load_catalog()["deepseek"].api_key_env
     with pytest.raises(ConfigError) as info:

@@ -140,7 +140,7 @@ def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.Monk
     (tmp_path / "tiers.jsonl").write_text("".join(json.dumps(e) + "\n" for e in LABELLED))
     try:
         if block.text.startswith("# /etc/llmroute/keys.toml"):
-            config = load_config({"models": {"chat": {"targets": ["openai:gpt-5.4-mini"]}}})
+            config = load_config({"models": {"chat": {"targets": ["openai:gpt-6-luna"]}}})
             assert config is not None
             assert load_keys_file(str(path), config)
             return

@@ -338,13 +338,13 @@ def normalize(value: Any) -> Any:
 
 
 async def completion_snippet(client: Any) -> Any:
-    result = await client.completions.create(model="gpt-3.5-turbo-instruct", prompt="Hi", n=1)
+    result = await client.completions.create(model="sim-instruct", prompt="Hi", n=1)
     return type(result).__name__, normalize(result.model_dump())
 
 
 async def completion_stream_snippet(client: Any) -> Any:
     stream = await client.completions.create(
-        model="gpt-3.5-turbo-instruct",
+        model="sim-instruct",
         prompt=["Hi"],
         stream=True,
         stream_options={"include_usage": True},

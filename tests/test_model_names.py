@@ -23,7 +23,7 @@ ROUTES = ["chat", "fast", "reasoning-large"]
         ("xhat", "chat", 1),
         ("hcta", "chat", 2),
         ("", "chat", 3),  # over the limit of 2: reported as limit + 1
-        ("gpt-4o-mini", "chat", 3),
+        ("gpt-6-luna", "chat", 3),
     ],
 )
 def test_edit_distance(a: str, b: str, distance: int) -> None:
@@ -42,9 +42,9 @@ def test_edit_distance(a: str, b: str, distance: int) -> None:
         ("reasoning-lrage", "reasoning-large"),  # longer routes allow 2 edits
         ("reasonin-larg", "reasoning-large"),
         ("chat", None),  # a route
-        ("gpt-4o-mini", None),
+        ("gpt-6-luna", None),
         ("hcta", None),  # 2 edits from a 4-letter route: too far
-        ("deepseek-chat", None),
+        ("deepseek-v4-flash", None),
         ("", None),
     ],
 )
@@ -70,11 +70,11 @@ def test_a_near_miss_raises_naming_the_routes() -> None:
 
 def test_other_names_pass_unless_the_config_says_error() -> None:
     check_model_name("chat", ROUTES)
-    check_model_name("gpt-4o-mini", ROUTES)  # to the default provider, as openai would
+    check_model_name("gpt-6-luna", ROUTES)  # to the default provider, as openai would
     check_model_name("caht", ROUTES, "default")  # near misses too, when asked
     check_model_name("chat", ROUTES, "error")
     with pytest.raises(UnknownModelError, match=r"the routes are: 'chat', 'fast'"):
-        check_model_name("gpt-4o-mini", ROUTES, "error")
+        check_model_name("gpt-6-luna", ROUTES, "error")
     with pytest.raises(UnknownModelError, match="did you mean 'chat'"):
         check_model_name("caht", ROUTES, "error")
     with pytest.raises(UnknownModelError, match=r"the routes are: \(none\)"):

@@ -260,7 +260,7 @@ def message_start(usage: dict[str, Any] | None = None) -> bytes:
         "type": "message",
         "role": "assistant",
         "content": [],
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-5-5",
         "stop_reason": None,
         "stop_sequence": None,
         "usage": usage or {"input_tokens": 25, "output_tokens": 1},
@@ -363,7 +363,7 @@ def test_text_stream_like_openai() -> None:
         {},
     ]
     assert [c.choices[0].finish_reason for c in chunks if c.choices] == [None, None, None, "stop"]
-    assert chunks[0].id == "msg_01" and chunks[0].model == "claude-sonnet-4-5"
+    assert chunks[0].id == "msg_01" and chunks[0].model == "claude-sonnet-5-5"
     assert chunks[0].object == "chat.completion.chunk"
     assert all(c.usage is None for c in chunks[:-1])
     last = chunks[-1]
@@ -469,7 +469,7 @@ def test_parse_message_text_tools_thinking_usage() -> None:
         "id": "msg_02",
         "type": "message",
         "role": "assistant",
-        "model": "claude-sonnet-4-5",
+        "model": "claude-sonnet-5-5",
         "content": [
             {"type": "thinking", "thinking": "hmm", "signature": "x"},
             {"type": "text", "text": "Checking."},

@@ -480,33 +480,33 @@ def test_the_stats_report_is_a_dict_that_prints_as_a_table() -> None:
 
     clock = FakeClock()
     stats = LiveStats(clock=clock)
-    fast = stats.target("openai:gpt-4o-mini")
+    fast = stats.target("openai:gpt-6-luna")
     for ttft in (0.1, 0.2, 0.3):
         fast.record_ttft(ttft, 100)
         fast.record_outcome("ok")
     fast.record_stream(0.02, 50.0)
-    slow = stats.target("deepseek:deepseek-chat")
+    slow = stats.target("deepseek:deepseek-v4-flash")
     slow.record_outcome("error")
     slow.record_latency(1.5)  # a request not streamed: its whole answer
     report = stats.snapshot()
     # Existing callers keep a dict of TargetSnapshot.
     assert isinstance(report, StatsReport) and isinstance(report, dict)
-    assert list(report) == ["openai:gpt-4o-mini", "deepseek:deepseek-chat"]
-    assert isinstance(report["openai:gpt-4o-mini"], TargetSnapshot)
-    assert report["openai:gpt-4o-mini"].n == 3
+    assert list(report) == ["openai:gpt-6-luna", "deepseek:deepseek-v4-flash"]
+    assert isinstance(report["openai:gpt-6-luna"], TargetSnapshot)
+    assert report["openai:gpt-6-luna"].n == 3
     assert report == dict(report)
-    assert report.to_dict()["openai:gpt-4o-mini"]["ttft_p50"] == pytest.approx(0.2)
+    assert report.to_dict()["openai:gpt-6-luna"]["ttft_p50"] == pytest.approx(0.2)
     lines = str(report).splitlines()
     assert lines[0].split() == [
         "target", "n", "TTFT", "p50", "p95", "p99", "ITL", "p50", "tokens/s", "whole", "p50",
         "errors", "in", "flight", "circuit",
     ]  # fmt: skip
     assert lines[1].split() == [
-        "openai:gpt-4o-mini", "3", "200", "ms", "290", "ms", "298", "ms", "20", "ms", "50", "-",
+        "openai:gpt-6-luna", "3", "200", "ms", "290", "ms", "298", "ms", "20", "ms", "50", "-",
         "0%", "0", "closed",
     ]  # fmt: skip
     assert lines[2].split() == [
-        "deepseek:deepseek-chat", "0", "-", "-", "-", "-", "-", "1500", "ms", "100%", "0",
+        "deepseek:deepseek-v4-flash", "0", "-", "-", "-", "-", "-", "1500", "ms", "100%", "0",
         "closed",
     ]  # fmt: skip
     assert str(report) in repr(report)

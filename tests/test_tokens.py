@@ -62,8 +62,9 @@ def test_short_answers_teach_nothing_and_the_newest_are_kept() -> None:
 
 
 def test_the_vendors_count_of_the_text_leaves_out_its_hidden_reasoning_tokens() -> None:
-    # o-series and gpt-5 models count their hidden reasoning in completion_tokens: counted as
-    # the text's tokens, it would size a continuation too small and cut the answer short.
+    # reasoning models (o-series, GPT-5 and later) count their hidden reasoning in
+    # completion_tokens: counted as the text's tokens, it would size a continuation too small
+    # and cut the answer short.
     usage = CompletionUsage(
         prompt_tokens=10,
         completion_tokens=300,

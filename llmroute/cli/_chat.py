@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "route_lines", "tier_line"]
 
-PLAIN_MODEL = "gpt-4o-mini"
+PLAIN_MODEL = "gpt-6-luna"
 """The model asked for without a config and without ``--model`` (the plain OpenAI client)."""
 
 SIMULATOR_MODEL = "chat"

@@ -48,23 +48,25 @@ REQUEST_TIMEOUT = 30.0
 """Seconds one demo request may take, retries included (stalls are at most ~1.5 s)."""
 
 REAL_MODELS: dict[str, str] = {
-    "openai": "gpt-4o-mini",
-    "deepseek": "deepseek-chat",
-    "groq": "llama-3.1-8b-instant",
+    "openai": "gpt-6-luna",
+    "deepseek": "deepseek-v4-flash",
+    "groq": "openai/gpt-oss-20b",
     "mistral": "mistral-small-latest",
     "together": "meta-llama/Llama-3.3-70B-Instruct-Turbo",
-    "fireworks": "accounts/fireworks/models/llama-v3p1-8b-instruct",
-    "openrouter": "openai/gpt-4o-mini",
-    "xai": "grok-3-mini",
-    "gemini": "gemini-2.0-flash",
-    "anthropic": "claude-3-5-haiku-latest",
+    "fireworks": "accounts/fireworks/models/gpt-oss-20b",
+    "openrouter": "openai/gpt-6-luna",
+    "xai": "grok-4.20-non-reasoning",
+    "gemini": "gemini-3.5-flash",
+    "anthropic": "claude-haiku-4-5",
     "moonshot": "moonshot-v1-8k",
-    "zhipu": "glm-4-flash",
-    "dashscope": "qwen-turbo",
-    "siliconflow": "Qwen/Qwen2.5-7B-Instruct",
+    "zhipu": "glm-4.7-flash",
+    "dashscope": "qwen-flash",
+    "siliconflow": "Qwen/Qwen3.5-9B",
+    "siliconflow-global": "Qwen/Qwen3.5-9B",
 }
-"""The model ``--real`` asks each catalog vendor for: a small, cheap one (``--targets`` sets
-others)."""
+"""The model ``--real`` asks each catalog vendor for: a small, cheap one from the vendor's
+``models`` in the catalog (``--targets`` sets others). deepseek-v4-flash and gpt-6-luna think by
+default: their first token may come after some reasoning."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

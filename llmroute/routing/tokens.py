@@ -112,7 +112,7 @@ def estimate_tokens(text: str, deltas: int, counts: TokenCounts) -> tuple[int, s
 def visible_tokens(usage: Any) -> int | None:
     """The completion tokens of a vendor's ``usage`` (an object or a dict) that are the
     answer's text: ``completion_tokens`` less the hidden reasoning tokens it includes
-    (``completion_tokens_details.reasoning_tokens``, o-series and gpt-5 models)."""
+    (``completion_tokens_details.reasoning_tokens``: o-series, GPT-5 and later models)."""
 
     def get(obj: Any, key: str) -> Any:
         if isinstance(obj, Mapping):

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_MODELS = ("sim-small", "sim-large", "gpt-4o-mini", "deepseek-chat")
+DEFAULT_MODELS = ("sim-small", "sim-large", "gpt-6-luna", "deepseek-v4-flash")
 
 # Fault kinds drawn from the profile's rates, in draw order.
 RANDOM_FAULTS = ("429", "500", "503", "hang", "drop", "malformed", "stream-error")

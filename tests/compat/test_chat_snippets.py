@@ -52,7 +52,7 @@ def normalize(value: Any) -> Any:
 
 
 async def plain_chat(client: Any) -> Any:
-    completion = await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES)
+    completion = await client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES)
     return (
         type(completion).__name__,
         isinstance(completion, ChatCompletion),
@@ -65,7 +65,7 @@ async def plain_chat(client: Any) -> Any:
 
 async def streaming_with_usage(client: Any) -> Any:
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=MESSAGES,
         stream=True,
         stream_options={"include_usage": True},
@@ -92,7 +92,7 @@ async def streaming_async_with(client: Any) -> Any:
 
 async def tool_call_deltas(client: Any) -> Any:
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         tools=TOOLS,
         stream=True,
@@ -115,7 +115,7 @@ async def tool_call_deltas(client: Any) -> Any:
 
 async def non_stream_tool_call(client: Any) -> Any:
     completion = await client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},

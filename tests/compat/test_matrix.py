@@ -45,7 +45,7 @@ TOOLS = [
 WEATHER = [{"role": "user", "content": "Weather in Paris?"}]
 HEADERS = ("content-type", "x-request-id")
 EMBED = "text-embedding-3-small"
-INSTRUCT = "gpt-3.5-turbo-instruct"
+INSTRUCT = "sim-instruct"  # the legacy Completions endpoint: any name
 
 
 def chat_result(completion: ChatCompletion) -> Any:
@@ -88,17 +88,17 @@ SyncSnippet = Callable[[Any, Callable[..., Any]], Any]
 
 
 def s_chat(client: Any, make: Any) -> Any:
-    return chat_result(client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES))
+    return chat_result(client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES))
 
 
 def s_chat_stream(client: Any, make: Any) -> Any:
-    stream = client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, stream=True)
+    stream = client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES, stream=True)
     return [chunk_result(c) for c in stream]
 
 
 def s_chat_stream_usage(client: Any, make: Any) -> Any:
     stream = client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=MESSAGES,
         stream=True,
         stream_options={"include_usage": True},
@@ -110,7 +110,7 @@ def s_chat_stream_usage(client: Any, make: Any) -> Any:
 
 def s_chat_tools(client: Any, make: Any) -> Any:
     completion = client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=WEATHER,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -121,7 +121,7 @@ def s_chat_tools(client: Any, make: Any) -> Any:
 
 def s_chat_tools_stream(client: Any, make: Any) -> Any:
     stream = client.chat.completions.create(
-        model="gpt-4o-mini", messages=WEATHER, tools=TOOLS, stream=True
+        model="gpt-6-luna", messages=WEATHER, tools=TOOLS, stream=True
     )
     arguments, finish = "", None
     for chunk in stream:
@@ -133,7 +133,7 @@ def s_chat_tools_stream(client: Any, make: Any) -> Any:
 
 def s_chat_n2(client: Any, make: Any) -> Any:
     try:  # the simulator serves only n=1: both must raise the same 400
-        client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, n=2)
+        client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES, n=2)
     except openai.OpenAIError as exc:
         return error(exc)
     return "no error"
@@ -290,19 +290,19 @@ AsyncSnippet = Callable[[Any, Callable[..., Any]], Awaitable[Any]]
 
 
 async def a_chat(client: Any, make: Any) -> Any:
-    return chat_result(await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES))
+    return chat_result(await client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES))
 
 
 async def a_chat_stream(client: Any, make: Any) -> Any:
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini", messages=MESSAGES, stream=True
+        model="gpt-6-luna", messages=MESSAGES, stream=True
     )
     return [chunk_result(c) async for c in stream]
 
 
 async def a_chat_stream_usage(client: Any, make: Any) -> Any:
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=MESSAGES,
         stream=True,
         stream_options={"include_usage": True},
@@ -314,7 +314,7 @@ async def a_chat_stream_usage(client: Any, make: Any) -> Any:
 
 async def a_chat_tools(client: Any, make: Any) -> Any:
     completion = await client.chat.completions.create(
-        model="gpt-4o-mini",
+        model="gpt-6-luna",
         messages=WEATHER,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
@@ -325,7 +325,7 @@ async def a_chat_tools(client: Any, make: Any) -> Any:
 
 async def a_chat_tools_stream(client: Any, make: Any) -> Any:
     stream = await client.chat.completions.create(
-        model="gpt-4o-mini", messages=WEATHER, tools=TOOLS, stream=True
+        model="gpt-6-luna", messages=WEATHER, tools=TOOLS, stream=True
     )
     arguments, finish = "", None
     async for chunk in stream:
@@ -337,7 +337,7 @@ async def a_chat_tools_stream(client: Any, make: Any) -> Any:
 
 async def a_chat_n2(client: Any, make: Any) -> Any:
     try:
-        await client.chat.completions.create(model="gpt-4o-mini", messages=MESSAGES, n=2)
+        await client.chat.completions.create(model="gpt-6-luna", messages=MESSAGES, n=2)
     except openai.OpenAIError as exc:
         return error(exc)
     return "no error"

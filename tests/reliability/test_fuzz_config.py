@@ -71,8 +71,8 @@ _weird_text = st.text(
         "openai:\x00",
         "é:ü",
         "x" * 5000,
-        "deepseek:deepseek-chat",
-        "openai:gpt-4o-mini",
+        "deepseek:deepseek-v4-flash",
+        "openai:gpt-6-luna",
         "sglang:q",
         "anthropic:claude",
     ]
@@ -275,7 +275,7 @@ VALID: dict[str, Any] = {
     },
     "models": {
         "chat": {
-            "targets": ["deepseek:deepseek-chat", "openai:gpt-4o-mini", "gpu1:qwen2.5-7b"],
+            "targets": ["deepseek:deepseek-v4-flash", "openai:gpt-6-luna", "gpu1:qwen2.5-7b"],
             "policy": "weighted",
             "weights": [3, 1, 1],
             "hedge_after": "400ms",
@@ -483,7 +483,7 @@ def test_random_valid_toml_with_wrong_shapes(
 _toml_fragments = st.sampled_from(
     [
         b"[models.chat]\n",
-        b'targets = ["openai:gpt-4o-mini"]\n',
+        b'targets = ["openai:gpt-6-luna"]\n',
         b"[providers.x]\n",
         b'base_url = "http://127.0.0.1:1/v1"\n',
         b"[[models]]\n",

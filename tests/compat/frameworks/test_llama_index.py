@@ -25,8 +25,8 @@ pytestmark = pytest.mark.anyio
 CHAT = "/v1/chat/completions"
 # llama-index's OpenAI refuses a model name it does not know (it looks up the context window):
 # the route carries the name of an OpenAI model, its targets another.
-ROUTE = "gpt-4o"
-TARGET_MODEL = "gpt-4o-mini"
+ROUTE = "gpt-6.1-sol"
+TARGET_MODEL = "gpt-6-luna"
 MESSAGES = [ChatMessage(role="user", content="Describe Lisbon as a City.")]
 
 
