@@ -64,10 +64,11 @@ from ..protocols.openai import (
 from ..transport import body_receiver, bound_wait, replay_head
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
-from .causes import CauseRules, classify, react
+from .causes import REQUEST_CAUSES, CauseRules, classify, react
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
+from .seam import ContinuationMismatch, Seam
 from .stats import (
     STALL_STREAM_GAPS,
     LiveStats,
@@ -262,6 +263,9 @@ class _Race:
         self.refused_at: int | None = None
         """The largest declared context window that answered a context-length error: only
         targets with a larger one are tried after it."""
+        self.continuing = False
+        """A race for a continuation: a target that refuses the request (a 400 or 422 for
+        its form) hands over to the next continuation target instead of ending the race."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -683,6 +687,9 @@ class _Run:
         """The key of the served plan, for a policy that wants to learn its outcome."""
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
+        self.mismatched: set[str] = set()
+        """Targets whose continuation did not begin as their vendor documents (:mod:`.seam`):
+        not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
         self.longest_gap = 0.0
@@ -949,6 +956,7 @@ class _Run:
         """Run ``plan`` until an attempt has a first token; raise AllTargetsFailed if none."""
         route, report, clock = self.route, self.report, self.clock
         state = _Race()
+        state.continuing = prefix is not None
         try:
             await self._coordinate(plan, state, retries=retries, prefix=prefix)
         except BaseException:
@@ -1268,9 +1276,12 @@ class _Run:
             state.failures[record.target] = exc
         if not isinstance(exc, TargetUnavailable):
             state.last = exc
+            rules = self.route.rules()
+            if state.continuing:
+                rules = dataclasses.replace(rules, failover_on=REQUEST_CAUSES)
             reaction = react(
                 exc,
-                self.route.rules(),
+                rules,
                 retried=self.retried.get(record.target, 0),
                 now=time.time(),
             )
@@ -1372,6 +1383,7 @@ class _Run:
         first_id: str | None = None
         template: ChatCompletionChunk | None = None
         skipping = False
+        seam: Seam | None = None  # a continuing stream's reasoning and echo, stripped
         continuable = True
         text = self.text
         clock = self.clock
@@ -1400,6 +1412,12 @@ class _Run:
                     with map_transport_errors(request):
                         while True:
                             for chunk in buffered:
+                                if (
+                                    seam is not None
+                                    and type(chunk) is ChatCompletionChunk
+                                    and not seam.admit(chunk)
+                                ):
+                                    continue
                                 if skipping:
                                     if is_preamble_chunk(chunk):
                                         continue
@@ -1493,7 +1511,11 @@ class _Run:
                         failure = StallTimeout(request, target=ready.target.name, seconds=stall)
                 except APIError as exc:
                     failure = exc
-                if decoder.finished or (decoder.done and failure is None):
+                if seam is not None and failure is None and (decoder.finished or decoder.done):
+                    failure = seam.unfinished()  # it ended inside the echo: not spliced
+                if not isinstance(failure, ContinuationMismatch) and (
+                    decoder.finished or (decoder.done and failure is None)
+                ):
                     # Every choice has its finish_reason: the answer is whole, even if the
                     # connection broke before the usage chunk or [DONE]. (A decoder that
                     # raised is done too, but its answer is not whole.)
@@ -1516,6 +1538,9 @@ class _Run:
                     self.complete = True
                     timings.total = clock() - timings.started_at
                     return
+                continuation = new.target.continuation
+                echo = "".join(text) if continuation and continuation.echoes_prefix else ""
+                seam = Seam(echo, request=new.response.request, target=new.target.name)
                 ready = new
                 on_switch(ready.response)
                 skipping = True
@@ -1583,6 +1608,8 @@ class _Run:
         health.failed(failure, self.kind)  # the cause a request refused while open names
         health.breaker.record_failure()
         self.broken.append(name)
+        if isinstance(failure, ContinuationMismatch):
+            self.mismatched.add(name)
         tokens, counted, estimate = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
         if counted != "usage":  # the caller's completion_tokens are at least what it says
@@ -1616,16 +1643,23 @@ class _Run:
         candidates = [
             t.name
             for t in route.targets
-            if t.continuation is not None and t.name not in self.refused
+            if t.continuation is not None
+            and t.name not in self.refused
+            and t.name not in self.mismatched
         ]
         order = sorted(
             candidates,
             key=lambda t: (t in self.broken, not self.view.available(t), self.view.predict(t, 0.5)),
         )
         if not order:
+            why = (
+                f"the continuation on {', '.join(sorted(self.mismatched))} did not begin with "
+                "the text so far"
+                if self.mismatched
+                else f"no target of route {route.name!r} supports continuation"
+            )
             raise StreamInterrupted(
-                f"{broke}; no target of route {route.name!r} supports continuation. "
-                "The text so far is in .partial_text.",
+                f"{broke}; {why}. The text so far is in .partial_text.",
                 request,
                 partial_text=partial,
                 cause=cause,

@@ -75,6 +75,19 @@ def continue_after(tokens: tuple[str, ...], prefix: str) -> list[str] | None:
     return []
 
 
+def split_like(tokens: tuple[str, ...], prefix: str) -> list[str]:
+    """``prefix`` cut where ``tokens`` (whose text begins with it) cut it: the pieces a model
+    streams when it repeats the prefix it was given."""
+    pieces: list[str] = []
+    used = 0
+    for tok in tokens:
+        if used >= len(prefix):
+            break
+        pieces.append(prefix[used : used + len(tok)])
+        used += len(tok)
+    return pieces
+
+
 def pick_tool(
     tools: list[Any], tool_choice: Any, messages: list[dict[str, Any]] | None = None
 ) -> dict[str, Any] | None:
