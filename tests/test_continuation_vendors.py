@@ -335,3 +335,54 @@ async def test_a_continuation_refused_with_422_goes_on_to_the_next_vendor(
         ("c:sim-small", "won"),
     ]
     assert "422" in (stream.route.attempts[1].error or "")
+
+
+# -- a first answer that reasons (DeepSeek V4 by default) ------------------------------------------
+
+
+def breaking_vendor(kind: str, sim: Simulator, after: int) -> dict[str, Any]:
+    """A catalog vendor served by ``sim`` whose streams break after ``after`` deltas of text."""
+    headers = {"x-sim-fault": f"drop:{after}"}
+    return {**vendor(kind, sim, headers=headers), "continuation": False}
+
+
+async def test_an_answer_that_reasoned_is_continued_once_its_text_began(
+    plain: Simulator, deepseek: Simulator
+) -> None:
+    # The caller keeps the reasoning it saw; the continuation adds only the rest of the text.
+    full = await whole(plain)
+    # Usage on every chunk, its completion_tokens counting the reasoning too: an attempt
+    # that reasoned is counted by its text deltas all the same (a vendor may not say how
+    # many of its tokens were reasoning).
+    a = {**breaking_vendor("deepseek", deepseek, CUT), "stream_usage_continuous": True}
+    b = {"base_url": plain.base_url, "api_key": KEY, "continuation": {}}
+    stream, text, chunks = await routed(config(a=a, b=b), plain, max_tokens=100)
+    assert chat_requests(deepseek)[-1]["stream_options"]["continuous_usage_stats"] is True
+    assert text == full
+    assert len(reasoning_in(chunks)) == 5  # the first attempt's, before its text
+    assert stream.route.continued_on == ["b:sim-small"]
+    sent = chat_requests(plain)[-1]
+    assert sent["messages"][-1] == {"role": "assistant", "content": words(full, CUT)}
+    assert sent["max_tokens"] == 100 - CUT  # the text's deltas, not the reasoning, counted
+    assert [a.tokens_counted for a in stream.route.attempts] == ["deltas", "usage"]
+
+
+async def test_an_answer_that_broke_while_reasoning_is_not_continued(
+    plain: Simulator, deepseek: Simulator
+) -> None:
+    a = breaking_vendor("deepseek", deepseek, 0)  # it breaks before any text
+    b = {"base_url": plain.base_url, "api_key": KEY, "continuation": {}}
+    received: list[Any] = []
+    async with AsyncOpenAI(config=config(a=a, b=b), verify=plain.ssl_context()) as client:
+        with anyio.fail_after(30):  # a hang guard only
+            stream: Any = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True
+            )
+            with pytest.raises(StreamInterrupted) as broke:
+                async for chunk in stream:
+                    received.append(chunk)
+    assert content_of(received) == ""
+    assert len(reasoning_in(received)) == 5
+    assert broke.value.partial_text == ""
+    assert "while the model was reasoning" in str(broke.value)
+    assert stream.route.continued_on == []

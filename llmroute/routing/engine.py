@@ -678,6 +678,11 @@ class _Run:
         """The prompt tokens of the vendors' latest usage (for an answer llmroute ends)."""
         self._since = 0
         """Where the current attempt's text starts in ``text``."""
+        self.reasoned = False
+        """The answer streamed reasoning (its first attempt: the caller saw it)."""
+        self._reasoning = False
+        """The current attempt streamed reasoning (shown, or dropped from a continuation):
+        its usage may count reasoning tokens it does not name, so its text deltas count it."""
         self._counted: tuple[int, int] | None = None
         """The current attempt's own usage count of its completion tokens, and the length of
         ``text`` it covers (a vendor that sends usage with its chunks, or at the end)."""
@@ -829,7 +834,10 @@ class _Run:
 
     def _counted_now(self, decoder: ChatStreamDecoder | None) -> tuple[int, int] | None:
         """The current attempt's own usage count and the length of ``text`` it covers: from
-        its chunks, or Anthropic's ``message_delta`` once its answer finished."""
+        its chunks, or Anthropic's ``message_delta`` once its answer finished; none for an
+        attempt that streamed reasoning (its count may include reasoning tokens)."""
+        if self._reasoning:
+            return None
         counted = self._counted
         if counted is None and decoder is not None and decoder.finished:
             usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
@@ -935,7 +943,8 @@ class _Run:
         visible = visible_tokens(usage)
         if not isinstance(completion, int) or visible is None:
             return
-        self._counted = (visible, len(self.text))
+        if not self._reasoning:
+            self._counted = (visible, len(self.text))
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
             self.prompt_usage = prompt
@@ -1412,12 +1421,11 @@ class _Run:
                     with map_transport_errors(request):
                         while True:
                             for chunk in buffered:
-                                if (
-                                    seam is not None
-                                    and type(chunk) is ChatCompletionChunk
-                                    and not seam.admit(chunk)
-                                ):
-                                    continue
+                                if seam is not None and type(chunk) is ChatCompletionChunk:
+                                    admitted = seam.admit(chunk)
+                                    self._reasoning = self._reasoning or seam.reasoned
+                                    if not admitted:
+                                        continue
                                 if skipping:
                                     if is_preamble_chunk(chunk):
                                         continue
@@ -1431,8 +1439,13 @@ class _Run:
                                     for choice in chunk.choices:
                                         delta = choice.delta
                                         if choice.index != 0 or not _plain_content(delta):
-                                            continuable = False
-                                        elif delta.content:
+                                            if choice.index != 0 or not _only_reasoning(delta):
+                                                continuable = False
+                                                continue
+                                            # Reasoning: shown, not text; the answer's text
+                                            # can still be continued once it has begun.
+                                            self.reasoned = self._reasoning = True
+                                        if delta.content:
                                             text.append(delta.content)
                                     if is_token_chunk(chunk):
                                         self.tokens += 1
@@ -1626,10 +1639,13 @@ class _Run:
         broke = f"The stream from {name!r} broke after {self.tokens} tokens ({failure.message})"
         if len(self.report.continued_on) >= route.max_continuations:
             continuable = False
-        if not (route.continue_on_break and continuable):
+        reasoning = continuable and self.reasoned and not partial
+        if not (route.continue_on_break and continuable) or reasoning:
             why = (
                 "continuation is off"
                 if not route.continue_on_break
+                else "it broke while the model was reasoning, before its text began"
+                if reasoning
                 else "the answer is not plain text or was continued too often"
             )
             raise StreamInterrupted(
@@ -1675,7 +1691,7 @@ class _Run:
                 cause=cause,
             ) from failure
         self.report.continued_on.append(new.target.name)
-        self._since, self._counted = len(self.text), None
+        self._since, self._counted, self._reasoning = len(self.text), None, False
         return new
 
     def _won(self, target: str) -> AttemptReport | None:
@@ -1741,6 +1757,11 @@ def _plain_answer(completion: Any) -> str | None:
     if not isinstance(content, str) or not _plain_content(message):
         return None
     return content
+
+
+def _only_reasoning(delta: Any) -> bool:
+    """Whether a delta that is not plain content is so only by its reasoning."""
+    return not (delta.tool_calls or delta.function_call or delta.refusal)
 
 
 def _plain_content(delta: Any) -> bool:

@@ -49,12 +49,14 @@ class Seam:
     chunk, in place, and says whether the chunk still carries anything for the caller.
     """
 
-    __slots__ = ("_echo", "_request", "_target")
+    __slots__ = ("_echo", "_request", "_target", "reasoned")
 
     def __init__(self, echo: str, *, request: httpx.Request, target: str) -> None:
         self._echo = echo
         self._request = request
         self._target = target
+        self.reasoned = False
+        """Reasoning was dropped from this stream (its usage may count it)."""
 
     @property
     def pending(self) -> str:
@@ -72,7 +74,7 @@ class Seam:
                     if key in extra:
                         del extra[key]
                         delta.model_fields_set.discard(key)
-                        changed = True
+                        changed = self.reasoned = True
             echo = self._echo
             content = delta.content
             if echo and content:

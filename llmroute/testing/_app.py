@@ -711,7 +711,9 @@ class _ChatStream:
             length += len(pieces[self.sent])
             self.sent += 1
         done = max(0, self.sent - self.plan.echoed)
-        return self.writer.content(text, _reply.usage(self.plan.prompt_tokens, done))
+        thought = len(self.plan.reasoning)
+        usage = _reply.usage(self.plan.prompt_tokens, done + thought, thought)
+        return self.writer.content(text, usage)
 
     def error(self) -> bytes:
         msg = "The server had an error while processing your request."
@@ -727,7 +729,9 @@ class _ChatStream:
     def closing(self) -> list[bytes]:
         tail = self.writer.event({}, self.plan.finish)
         if self.include_usage:
-            tail += self.writer.usage_event(self.plan.prompt_tokens, self.plan.generated)
+            tail += self.writer.usage_event(
+                self.plan.prompt_tokens, self.plan.generated, len(self.plan.reasoning)
+            )
         return [tail + b"data: [DONE]\n\n"]
 
 

@@ -161,12 +161,17 @@ def group(pieces: list[str], size: int) -> list[str]:
     return ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
+def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
+    """OpenAI's usage; ``reasoning`` tokens are part of ``completion`` and named in its
+    details, as DeepSeek and OpenAI report them."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if reasoning:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return body
 
 
 def _dumps(obj: Any) -> str:
@@ -210,7 +215,7 @@ class ChunkWriter:
     def event(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return b"data: " + _dumps(self._base([self._choice(delta, finish)])).encode() + b"\n\n"
 
-    def content(self, text: str, usage_: dict[str, int] | None = None) -> bytes:
+    def content(self, text: str, usage_: dict[str, Any] | None = None) -> bytes:
         if usage_ is not None:
             chunk = self._base([self._choice({"content": text})])
             chunk["usage"] = usage_
@@ -222,9 +227,9 @@ class ChunkWriter:
         head, tail = self._args
         return head + _dumps(fragment).encode() + tail
 
-    def usage_event(self, prompt: int, completion: int) -> bytes:
+    def usage_event(self, prompt: int, completion: int, reasoning: int = 0) -> bytes:
         chunk = self._base([])
-        chunk["usage"] = usage(prompt, completion)
+        chunk["usage"] = usage(prompt, completion + reasoning, reasoning)
         return b"data: " + _dumps(chunk).encode() + b"\n\n"
 
 
