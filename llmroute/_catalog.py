@@ -56,8 +56,9 @@ class Continuation(BaseModel):
     """How a vendor continues an answer from a given assistant prefix.
 
     A continuation request ends its ``messages`` with ``{"role": "assistant", "content":
-    <text so far>, **message}`` and adds ``body`` to the request's top level; it goes to
-    ``base_url`` when set (DeepSeek serves it on its beta endpoint only).
+    <text so far>, **message}`` and adds ``body`` to the request's top level (a vendor's
+    switch that turns thinking off, say); it goes to ``base_url`` when set (DeepSeek serves
+    it on its beta endpoint only).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,6 +69,10 @@ class Continuation(BaseModel):
     """Extra top-level request fields, e.g. ``{"continue_final_message": true}``."""
     base_url: str | None = None
     """Where continuation requests go, if not the provider's ``base_url``."""
+    echoes_prefix: bool = Field(False, strict=True)
+    """Whether the vendor's answer begins with the prefix it was given (Mistral's does): the
+    engine then strips exactly that text from the continuing answer, and fails the
+    continuation as a break if the answer does not begin with it."""
 
 
 class Trial(BaseModel):

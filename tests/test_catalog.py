@@ -112,31 +112,43 @@ def test_self_hosted_servers() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "message", "body", "base_url"),
+    ("name", "message", "body", "base_url", "echoes"),
     [
-        ("deepseek", {"prefix": True}, {}, "https://api.deepseek.com/beta"),
-        ("mistral", {"prefix": True}, {}, None),
-        ("moonshot", {"partial": True}, {}, None),
-        ("dashscope", {"partial": True}, {}, None),
-        ("groq", {}, {}, None),
-        ("openrouter", {}, {}, None),
-        ("sglang", {}, {"continue_final_message": True}, None),
+        (
+            "deepseek",
+            {"prefix": True},
+            {"thinking": {"type": "disabled"}},  # V4 thinks by default
+            "https://api.deepseek.com/beta",
+            False,
+        ),
+        ("mistral", {"prefix": True}, {}, None, True),  # the answer begins with the prefix
+        ("moonshot", {"partial": True}, {}, None, False),
+        ("dashscope", {"partial": True}, {"enable_thinking": False}, None, False),
+        ("groq", {}, {}, None, False),
+        ("openrouter", {}, {}, None, False),
+        ("sglang", {}, {"continue_final_message": True}, None, False),
         (
             "vllm",
             {},
             {"continue_final_message": True, "add_generation_prompt": False},
             None,
+            False,
         ),
     ],
 )
 def test_documented_continuations(
-    name: str, message: dict[str, object], body: dict[str, object], base_url: str | None
+    name: str,
+    message: dict[str, object],
+    body: dict[str, object],
+    base_url: str | None,
+    echoes: bool,
 ) -> None:
     continuation = CATALOG[name].continuation
     assert continuation is not None
     assert continuation.message == message
     assert continuation.body == body
     assert continuation.base_url == base_url
+    assert continuation.echoes_prefix is echoes
 
 
 @pytest.mark.parametrize(

@@ -64,10 +64,11 @@ from ..protocols.openai import (
 from ..transport import body_receiver, bound_wait, replay_head
 from .backoff import parse_retry_after, retry_delay, should_retry_status
 from .budget import HedgeBudget
-from .causes import CauseRules, classify, react
+from .causes import REQUEST_CAUSES, CauseRules, classify, react
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
+from .seam import ContinuationMismatch, Seam
 from .stats import (
     STALL_STREAM_GAPS,
     LiveStats,
@@ -262,6 +263,9 @@ class _Race:
         self.refused_at: int | None = None
         """The largest declared context window that answered a context-length error: only
         targets with a larger one are tried after it."""
+        self.continuing = False
+        """A race for a continuation: a target that refuses the request (a 400 or 422 for
+        its form) hands over to the next continuation target instead of ending the race."""
         self._event = anyio.Event()
 
     def notify(self) -> None:
@@ -674,6 +678,11 @@ class _Run:
         """The prompt tokens of the vendors' latest usage (for an answer llmroute ends)."""
         self._since = 0
         """Where the current attempt's text starts in ``text``."""
+        self.reasoned = False
+        """The answer streamed reasoning (its first attempt: the caller saw it)."""
+        self._reasoning = False
+        """The current attempt streamed reasoning (shown, or dropped from a continuation):
+        its usage may count reasoning tokens it does not name, so its text deltas count it."""
         self._counted: tuple[int, int] | None = None
         """The current attempt's own usage count of its completion tokens, and the length of
         ``text`` it covers (a vendor that sends usage with its chunks, or at the end)."""
@@ -683,6 +692,9 @@ class _Run:
         """The key of the served plan, for a policy that wants to learn its outcome."""
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
+        self.mismatched: set[str] = set()
+        """Targets whose continuation did not begin as their vendor documents (:mod:`.seam`):
+        not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
         self.longest_gap = 0.0
@@ -822,7 +834,10 @@ class _Run:
 
     def _counted_now(self, decoder: ChatStreamDecoder | None) -> tuple[int, int] | None:
         """The current attempt's own usage count and the length of ``text`` it covers: from
-        its chunks, or Anthropic's ``message_delta`` once its answer finished."""
+        its chunks, or Anthropic's ``message_delta`` once its answer finished; none for an
+        attempt that streamed reasoning (its count may include reasoning tokens)."""
+        if self._reasoning:
+            return None
         counted = self._counted
         if counted is None and decoder is not None and decoder.finished:
             usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
@@ -928,7 +943,8 @@ class _Run:
         visible = visible_tokens(usage)
         if not isinstance(completion, int) or visible is None:
             return
-        self._counted = (visible, len(self.text))
+        if not self._reasoning:
+            self._counted = (visible, len(self.text))
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
             self.prompt_usage = prompt
@@ -949,6 +965,7 @@ class _Run:
         """Run ``plan`` until an attempt has a first token; raise AllTargetsFailed if none."""
         route, report, clock = self.route, self.report, self.clock
         state = _Race()
+        state.continuing = prefix is not None
         try:
             await self._coordinate(plan, state, retries=retries, prefix=prefix)
         except BaseException:
@@ -1268,9 +1285,12 @@ class _Run:
             state.failures[record.target] = exc
         if not isinstance(exc, TargetUnavailable):
             state.last = exc
+            rules = self.route.rules()
+            if state.continuing:
+                rules = dataclasses.replace(rules, failover_on=REQUEST_CAUSES)
             reaction = react(
                 exc,
-                self.route.rules(),
+                rules,
                 retried=self.retried.get(record.target, 0),
                 now=time.time(),
             )
@@ -1372,6 +1392,7 @@ class _Run:
         first_id: str | None = None
         template: ChatCompletionChunk | None = None
         skipping = False
+        seam: Seam | None = None  # a continuing stream's reasoning and echo, stripped
         continuable = True
         text = self.text
         clock = self.clock
@@ -1400,6 +1421,11 @@ class _Run:
                     with map_transport_errors(request):
                         while True:
                             for chunk in buffered:
+                                if seam is not None and type(chunk) is ChatCompletionChunk:
+                                    admitted = seam.admit(chunk)
+                                    self._reasoning = self._reasoning or seam.reasoned
+                                    if not admitted:
+                                        continue
                                 if skipping:
                                     if is_preamble_chunk(chunk):
                                         continue
@@ -1413,8 +1439,13 @@ class _Run:
                                     for choice in chunk.choices:
                                         delta = choice.delta
                                         if choice.index != 0 or not _plain_content(delta):
-                                            continuable = False
-                                        elif delta.content:
+                                            if choice.index != 0 or not _only_reasoning(delta):
+                                                continuable = False
+                                                continue
+                                            # Reasoning: shown, not text; the answer's text
+                                            # can still be continued once it has begun.
+                                            self.reasoned = self._reasoning = True
+                                        if delta.content:
                                             text.append(delta.content)
                                     if is_token_chunk(chunk):
                                         self.tokens += 1
@@ -1493,7 +1524,11 @@ class _Run:
                         failure = StallTimeout(request, target=ready.target.name, seconds=stall)
                 except APIError as exc:
                     failure = exc
-                if decoder.finished or (decoder.done and failure is None):
+                if seam is not None and failure is None and (decoder.finished or decoder.done):
+                    failure = seam.unfinished()  # it ended inside the echo: not spliced
+                if not isinstance(failure, ContinuationMismatch) and (
+                    decoder.finished or (decoder.done and failure is None)
+                ):
                     # Every choice has its finish_reason: the answer is whole, even if the
                     # connection broke before the usage chunk or [DONE]. (A decoder that
                     # raised is done too, but its answer is not whole.)
@@ -1516,6 +1551,9 @@ class _Run:
                     self.complete = True
                     timings.total = clock() - timings.started_at
                     return
+                continuation = new.target.continuation
+                echo = "".join(text) if continuation and continuation.echoes_prefix else ""
+                seam = Seam(echo, request=new.response.request, target=new.target.name)
                 ready = new
                 on_switch(ready.response)
                 skipping = True
@@ -1583,6 +1621,8 @@ class _Run:
         health.failed(failure, self.kind)  # the cause a request refused while open names
         health.breaker.record_failure()
         self.broken.append(name)
+        if isinstance(failure, ContinuationMismatch):
+            self.mismatched.add(name)
         tokens, counted, estimate = self._delivered_by(ready.decoder, name)
         self.delivered += tokens
         if counted != "usage":  # the caller's completion_tokens are at least what it says
@@ -1599,10 +1639,13 @@ class _Run:
         broke = f"The stream from {name!r} broke after {self.tokens} tokens ({failure.message})"
         if len(self.report.continued_on) >= route.max_continuations:
             continuable = False
-        if not (route.continue_on_break and continuable):
+        reasoning = continuable and self.reasoned and not partial
+        if not (route.continue_on_break and continuable) or reasoning:
             why = (
                 "continuation is off"
                 if not route.continue_on_break
+                else "it broke while the model was reasoning, before its text began"
+                if reasoning
                 else "the answer is not plain text or was continued too often"
             )
             raise StreamInterrupted(
@@ -1616,16 +1659,23 @@ class _Run:
         candidates = [
             t.name
             for t in route.targets
-            if t.continuation is not None and t.name not in self.refused
+            if t.continuation is not None
+            and t.name not in self.refused
+            and t.name not in self.mismatched
         ]
         order = sorted(
             candidates,
             key=lambda t: (t in self.broken, not self.view.available(t), self.view.predict(t, 0.5)),
         )
         if not order:
+            why = (
+                f"the continuation on {', '.join(sorted(self.mismatched))} did not begin with "
+                "the text so far"
+                if self.mismatched
+                else f"no target of route {route.name!r} supports continuation"
+            )
             raise StreamInterrupted(
-                f"{broke}; no target of route {route.name!r} supports continuation. "
-                "The text so far is in .partial_text.",
+                f"{broke}; {why}. The text so far is in .partial_text.",
                 request,
                 partial_text=partial,
                 cause=cause,
@@ -1641,7 +1691,7 @@ class _Run:
                 cause=cause,
             ) from failure
         self.report.continued_on.append(new.target.name)
-        self._since, self._counted = len(self.text), None
+        self._since, self._counted, self._reasoning = len(self.text), None, False
         return new
 
     def _won(self, target: str) -> AttemptReport | None:
@@ -1707,6 +1757,11 @@ def _plain_answer(completion: Any) -> str | None:
     if not isinstance(content, str) or not _plain_content(message):
         return None
     return content
+
+
+def _only_reasoning(delta: Any) -> bool:
+    """Whether a delta that is not plain content is so only by its reasoning."""
+    return not (delta.tool_calls or delta.function_call or delta.refusal)
 
 
 def _plain_content(delta: Any) -> bool:

@@ -264,6 +264,11 @@ class SimApp:
         if problem is not None:
             await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return
+        refusal = _vendor_refusal(self.profile, req)
+        if refusal is not None:
+            self._count_fault(f"refused-{refusal[0]}")
+            await respond(send, refusal[0], refusal[1], rid)
+            return
         room = req.get("max_completion_tokens", req.get("max_tokens"))
         if await self._too_long(headers, _reply.prompt_tokens(req["messages"]), room, send, rid):
             return
@@ -273,8 +278,15 @@ class SimApp:
         model: str = req["model"]
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
+        profile = self.profile
         plan = _Plan.build(
-            req, model, messages, self.profile.reply_tokens, self.profile.token_bytes
+            req,
+            model,
+            messages,
+            profile.reply_tokens,
+            profile.token_bytes,
+            echo=profile.echo_prefix,
+            reasoning=_reasoning_words(profile, req),
         )
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
@@ -686,7 +698,11 @@ class _ChatStream:
         return []
 
     def first(self) -> list[bytes]:
-        return [self.writer.event(self.plan.first_delta())]
+        thinking = [
+            self.writer.event({"content": None, "reasoning_content": word})
+            for word in self.plan.reasoning
+        ]
+        return [self.writer.event(self.plan.first_delta()), *thinking]
 
     def piece(self, text: str) -> bytes:
         if self.plan.tool:
@@ -697,7 +713,10 @@ class _ChatStream:
         while self.sent < len(pieces) and length < len(text):  # the tokens this text joins
             length += len(pieces[self.sent])
             self.sent += 1
-        return self.writer.content(text, _reply.usage(self.plan.prompt_tokens, self.sent))
+        done = max(0, self.sent - self.plan.echoed)
+        thought = len(self.plan.reasoning)
+        usage = _reply.usage(self.plan.prompt_tokens, done + thought, thought)
+        return self.writer.content(text, usage)
 
     def error(self) -> bytes:
         msg = "The server had an error while processing your request."
@@ -713,7 +732,9 @@ class _ChatStream:
     def closing(self) -> list[bytes]:
         tail = self.writer.event({}, self.plan.finish)
         if self.include_usage:
-            tail += self.writer.usage_event(self.plan.prompt_tokens, len(self.plan.pieces))
+            tail += self.writer.usage_event(
+                self.plan.prompt_tokens, self.plan.generated, len(self.plan.reasoning)
+            )
         return [tail + b"data: [DONE]\n\n"]
 
 
@@ -753,6 +774,15 @@ class _Plan:
     finish: str
     tool: dict[str, Any] | None = None
     call_id: str = ""
+    echoed: int = 0
+    """Pieces at the start that repeat the prefix (``Profile.echo_prefix``): not generated."""
+    reasoning: tuple[str, ...] = ()
+    """Reasoning words streamed before the answer (``Profile.reasoning_tokens``)."""
+
+    @property
+    def generated(self) -> int:
+        """The completion tokens of the answer (an echoed prefix is the prompt's)."""
+        return len(self.pieces) - self.echoed
 
     @classmethod
     def build(
@@ -762,6 +792,9 @@ class _Plan:
         messages: list[dict[str, Any]],
         reply_tokens: int,
         token_bytes: int = 0,
+        *,
+        echo: bool = False,
+        reasoning: tuple[str, ...] = (),
     ) -> _Plan:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
@@ -786,15 +819,26 @@ class _Plan:
             if token_bytes > 0:
                 full = tuple(t.ljust(token_bytes, "x") for t in full)
         pieces = list(full)
+        echoed: list[str] = []
         if prefill is not None:
             rest = _reply.continue_after(full, prefill)
             if rest is not None:
                 pieces = rest
+                if echo and prefill:
+                    echoed = _reply.split_like(full, prefill)
         finish = "stop"
         limit = req.get("max_completion_tokens") or req.get("max_tokens")
         if limit is not None and len(pieces) > limit:
             pieces, finish = pieces[:limit], "length"
-        return cls(model, seed, n_prompt, pieces, finish)
+        return cls(
+            model,
+            seed,
+            n_prompt,
+            echoed + pieces,
+            finish,
+            echoed=len(echoed),
+            reasoning=reasoning,
+        )
 
     def first_delta(self) -> dict[str, Any]:
         if self.tool is None:
@@ -811,6 +855,8 @@ class _Plan:
         message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
         if self.tool is None:
             message["content"] = "".join(self.pieces)
+            if self.reasoning:
+                message["reasoning_content"] = "".join(self.reasoning)
         else:
             message["tool_calls"] = [
                 {
@@ -823,7 +869,7 @@ class _Plan:
                 }
             ]
         return _reply.completion(
-            self.model, self.seed, message, self.finish, self.prompt_tokens, len(self.pieces)
+            self.model, self.seed, message, self.finish, self.prompt_tokens, self.generated
         )
 
 
@@ -841,6 +887,53 @@ def _validate(req: Any) -> str | None:
         if value is not None and (not isinstance(value, int) or value < 1):
             return f"'{key}' must be a positive integer"
     return None
+
+
+def _vendor_refusal(profile: Profile, req: dict[str, Any]) -> tuple[int, bytes] | None:
+    """The status and body a vendor of this profile answers a request it refuses: a field it
+    does not know (Mistral's 422, pydantic's ``extra_forbidden``), or a trailing assistant
+    message without the flag that marks a prefix (Mistral's 400)."""
+    accepted = profile.accepted_fields
+    unknown = [key for key in req if key not in accepted] if accepted else []
+    if unknown:
+        detail = [
+            {
+                "type": "extra_forbidden",
+                "loc": ["body", key],
+                "msg": "Extra inputs are not permitted",
+                "input": req[key],
+            }
+            for key in unknown
+        ]
+        body = {
+            "object": "error",
+            "message": {"detail": detail},
+            "type": "invalid_request_error",
+            "param": None,
+            "code": None,
+        }
+        return 422, json.dumps(body).encode()
+    flag = profile.prefix_flag
+    last = req["messages"][-1]
+    if flag and isinstance(last, dict) and last.get("role") == "assistant" and not last.get(flag):
+        message = (
+            "Expected last role User or Tool (or Assistant with prefix True) for serving but "
+            "got assistant"
+        )
+        return 400, error_body(message, "invalid_request_error")
+    return None
+
+
+def _reasoning_words(profile: Profile, req: dict[str, Any]) -> tuple[str, ...]:
+    """The reasoning a model that thinks by default streams first (none when the request
+    turns thinking off as the profile's vendor documents)."""
+    if profile.reasoning_tokens <= 0:
+        return ()
+    off = profile.thinking_off
+    if off and all(req.get(key) == value for key, value in off.items()):
+        return ()
+    seed = _reply.reply_seed("reasoning", req["messages"])
+    return _reply.full_reply(seed, profile.reasoning_tokens)
 
 
 def _validate_other(req: Any, field: str) -> str | None:

@@ -70,6 +70,23 @@ class Profile:
     """Tokens (the simulator's count of the prompt, plus the answer's ``max_tokens``) a model
     takes at most; past it a request is answered with the vendor's 400 context-length error
     (0: no window). Header ``x-sim-context-window`` sets it per request."""
+    echo_prefix: bool = False
+    """Begin the answer to a trailing assistant message (a prefix continuation) with that
+    prefix, as Mistral's API does; the prefix is no part of the answer's usage."""
+    prefix_flag: str = ""
+    """The field a trailing assistant message must set to true to be continued (Mistral's and
+    DeepSeek's ``prefix``, Moonshot's ``partial``); without it such a request is answered 400,
+    as those vendors do. Empty: any trailing assistant message is continued."""
+    reasoning_tokens: int = 0
+    """Words of reasoning streamed first, as ``reasoning_content`` deltas, in every chat
+    answer (a model that thinks by default, DeepSeek V4), unless the request carries all of
+    ``thinking_off``."""
+    thinking_off: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    """Top-level request fields that turn thinking off, e.g. ``{"thinking": {"type":
+    "disabled"}}`` (empty: nothing does)."""
+    accepted_fields: tuple[str, ...] = ()
+    """The only top-level chat request fields accepted: any other is answered 422
+    ``extra_forbidden`` naming the field, as Mistral's API does. Empty: all are accepted."""
     seed: int | None = 0
     """Seed of the instance's random.Random (None: not repeatable)."""
     models: tuple[str, ...] = field(default=DEFAULT_MODELS)
@@ -117,6 +134,7 @@ class Profile:
         data = dataclasses.asdict(self)
         data["stall_range"] = list(self.stall_range)
         data["models"] = list(self.models)
+        data["accepted_fields"] = list(self.accepted_fields)
         if self.listed_models is not None:
             data["listed_models"] = list(self.listed_models)
         return data
@@ -131,7 +149,7 @@ class Profile:
         if "stall_range" in data:
             low, high = data["stall_range"]
             data["stall_range"] = (float(low), float(high))
-        for key in ("models", "listed_models"):
+        for key in ("models", "accepted_fields", "listed_models"):
             if data.get(key) is not None:
                 data[key] = tuple(data[key])
         return cls(**data)

@@ -75,6 +75,19 @@ def continue_after(tokens: tuple[str, ...], prefix: str) -> list[str] | None:
     return []
 
 
+def split_like(tokens: tuple[str, ...], prefix: str) -> list[str]:
+    """``prefix`` cut where ``tokens`` (whose text begins with it) cut it: the pieces a model
+    streams when it repeats the prefix it was given."""
+    pieces: list[str] = []
+    used = 0
+    for tok in tokens:
+        if used >= len(prefix):
+            break
+        pieces.append(prefix[used : used + len(tok)])
+        used += len(tok)
+    return pieces
+
+
 def pick_tool(
     tools: list[Any], tool_choice: Any, messages: list[dict[str, Any]] | None = None
 ) -> dict[str, Any] | None:
@@ -148,12 +161,17 @@ def group(pieces: list[str], size: int) -> list[str]:
     return ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
+def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
+    """OpenAI's usage; ``reasoning`` tokens are part of ``completion`` and named in its
+    details, as DeepSeek and OpenAI report them."""
+    body: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if reasoning:
+        body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return body
 
 
 def _dumps(obj: Any) -> str:
@@ -197,7 +215,7 @@ class ChunkWriter:
     def event(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         return b"data: " + _dumps(self._base([self._choice(delta, finish)])).encode() + b"\n\n"
 
-    def content(self, text: str, usage_: dict[str, int] | None = None) -> bytes:
+    def content(self, text: str, usage_: dict[str, Any] | None = None) -> bytes:
         if usage_ is not None:
             chunk = self._base([self._choice({"content": text})])
             chunk["usage"] = usage_
@@ -209,9 +227,9 @@ class ChunkWriter:
         head, tail = self._args
         return head + _dumps(fragment).encode() + tail
 
-    def usage_event(self, prompt: int, completion: int) -> bytes:
+    def usage_event(self, prompt: int, completion: int, reasoning: int = 0) -> bytes:
         chunk = self._base([])
-        chunk["usage"] = usage(prompt, completion)
+        chunk["usage"] = usage(prompt, completion + reasoning, reasoning)
         return b"data: " + _dumps(chunk).encode() + b"\n\n"
 
 
