@@ -191,3 +191,20 @@ async def test_anthropics_models_list_is_asked_its_way(vendor: Simulator) -> Non
     assert asked["path"] == "/v1/models" and asked["query"] == {"limit": "1000"}
     assert asked["headers"]["x-api-key"] == KEY and "authorization" not in asked["headers"]
     assert asked["headers"]["anthropic-version"] == "2023-06-01"
+
+
+def test_a_certificate_that_does_not_verify_is_named(
+    vendor: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --ca the simulator's certificate does not verify: the probe's error says so
+    (openai's own "Connection error." alone would hide why), as llmroute chat's does."""
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f'[providers.sim]\nbase_url = "{vendor.base_url}"\napi_key = "{KEY}"\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n'
+    )
+    code = main(["doctor", "--config", str(config), "--probes", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "APIConnectionError: Connection error: TLS handshake with 127.0.0.1:" in out
+    assert "CERTIFICATE_VERIFY_FAILED" in err

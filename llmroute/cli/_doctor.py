@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._streaming import AsyncStream
-from ._format import add_tls_options, tls_verify
+from ._format import add_tls_options, error_text, tls_verify
 from ._format import ms as _ms
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
                     error = f"Timeout: no complete answer within {timeout:g} s"
                     break
                 except OpenAIError as exc:
-                    message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
+                    message = _scrub(error_text(exc), endpoint.secrets)
                     error = f"{type(exc).__name__}: {message[:300]}"
                     if classify(exc) == "misconfigured":  # a wrong key, model or permission
                         error = f"misconfigured (check its key and model name): {error}"
