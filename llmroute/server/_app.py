@@ -310,7 +310,8 @@ class GatewayApp:
         loaded = load_config(config)
         if loaded is None:
             raise ConfigError(
-                "llmroute serve needs a config with routes: pass --config or set LLMROUTE_CONFIG"
+                "the gateway needs a config with routes: pass --config or set LLMROUTE_CONFIG "
+                "(llmroute serve --simulator serves simulated providers without one)"
             )
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
