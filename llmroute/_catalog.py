@@ -156,6 +156,12 @@ class RetiredModel(BaseModel):
     use: Annotated[str, Field(min_length=1)]
     """The replacement the vendor names (or, where that one is retired too, its own successor)."""
 
+    def notice(self, vendor: str, model: str, today: datetime.date) -> str:
+        """``"Acme shut down acme-1 on 2026-07-24: use acme-2"`` (``"shuts down"`` when the
+        date is after ``today``)."""
+        verb = "shut down" if self.shutdown < today else "shuts down"
+        return f"{vendor} {verb} {model} on {self.shutdown}: use {self.use}"
+
 
 class ProviderSpec(BaseModel):
     """One vendor (or self-hosted server kind) as the catalog or a config describes it."""

@@ -22,8 +22,10 @@ file, the dotted key and what was expected; API keys never appear in errors or r
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
+import logging
 import math
 import os
 import re
@@ -81,6 +83,8 @@ __all__ = [
     "resolve_provider",
     "route_config",
 ]
+
+log = logging.getLogger("llmroute")
 
 ENV_VAR = "LLMROUTE_CONFIG"
 _DEFAULT_SOURCE = "config"
@@ -1246,6 +1250,7 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         used.setdefault(config.default_provider)
     providers = {name: _resolve_provider(name, config, catalog, environ) for name in used}
     _check_shared_origins(providers, config.source)
+    _warn_retired(providers, routes, config.source)
     tiered = {name: _resolve_tiered(name, t, config.source) for name, t in config.tiered.items()}
     return Resolved(
         providers=providers,
@@ -1260,6 +1265,37 @@ def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved
         connections=config.connections,
         tiered=tiered,
     )
+
+
+def _warn_retired(
+    providers: Mapping[str, ResolvedProvider], routes: Mapping[str, list[Target]], source: str
+) -> None:
+    """Log once per config and target a target whose model the catalog lists as retired: a
+    warning, not an error (the vendor may still serve it, and the catalog may be behind)."""
+    today = datetime.date.today()
+    for route, targets in routes.items():
+        for target in targets:
+            provider = providers[target.provider]
+            retired = provider.spec.retired_models.get(target.model)
+            if provider.kind is None or retired is None:
+                continue
+            if (source, target.name) in _RETIRED_WARNED:
+                continue
+            _RETIRED_WARNED.add((source, target.name))
+            vendor = provider.spec.display_name or provider.spec.name
+            log.warning(
+                "%s: models.%s: target %s: %s (the catalog's retired_models); llmroute still "
+                "sends it, in case %s answers it",
+                source,
+                _key([route]),
+                target.name,
+                retired.notice(vendor, target.model, today),
+                vendor,
+            )
+
+
+_RETIRED_WARNED: set[tuple[str, str]] = set()
+"""The (config source, target) pairs already warned of (:func:`_warn_retired`)."""
 
 
 def _resolve_tiered(name: str, tiered: TieredConfig, source: str) -> TieredSettings:

@@ -5,6 +5,7 @@ configured models. A made-up vendor stands in the catalog, so no real model name
 from __future__ import annotations
 
 import datetime
+import logging
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,13 @@ import llmroute._config
 from llmroute._catalog import ProviderSpec, RetiredModel, Source, load_catalog
 from llmroute._config import resolve_provider
 from llmroute.cli import main
-from llmroute.cli._doctor import STALE_AFTER_DAYS, _list_models, checked_line, models_lines
+from llmroute.cli._doctor import (
+    STALE_AFTER_DAYS,
+    _list_models,
+    checked_line,
+    models_lines,
+    retired_lines,
+)
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -71,6 +78,10 @@ def test_doctor_names_a_model_the_vendor_no_longer_lists_and_newer_ones(
     lines = out.splitlines()
     assert "acme: the catalog's facts on Acme AI were checked on 2026-11-30." in lines
     assert (
+        "acme: retired: Acme AI shut down acme-1 on 2026-07-24: use acme-2 (the catalog's "
+        "retired_models; requests still go to acme-1 while Acme AI answers it)"
+    ) in lines
+    assert (
         "acme: no longer listed by Acme AI: acme-1 "
         "(the catalog says it shut down on 2026-07-24, use acme-2)"
     ) in lines
@@ -115,6 +126,44 @@ def test_what_a_models_list_says_of_the_configured_models() -> None:
     ]
 
 
+@pytest.mark.usefixtures("acme_catalog")
+def test_a_retired_model_is_named_even_while_the_vendor_still_lists_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Doctor names a configured model the catalog calls retired whatever /models says (here
+    the vendor still lists and serves it), and loading the config logs it once, as a warning:
+    a vendor may serve a model past its announced date."""
+    profile = Profile(reply_tokens=3, listed_models=("acme-1", "acme-2"))
+    with Simulator(profile=profile, tls=True) as vendor:
+        config = tmp_path / "llmroute.toml"
+        config.write_text(
+            f'[providers.acme]\nbase_url = "{vendor.base_url}"\napi_key = "{KEY}"\n'
+            '[models.chat]\ntargets = ["acme:acme-1"]\n[models.other]\ntargets = ["acme:acme-1"]\n'
+        )
+        args = ["doctor", "--config", str(config), "--probes", "1", "--ca", vendor.ca_pem_path]
+        with caplog.at_level(logging.WARNING, logger="llmroute"):
+            assert main(args) == 0  # advice, not a failure
+            assert main(args) == 0
+    out, _ = capsys.readouterr()
+    notice = "Acme AI shut down acme-1 on 2026-07-24: use acme-2"
+    assert f"acme: retired: {notice} (the catalog's retired_models; " in out
+    assert "acme: Acme AI lists every configured model (1)." in out
+    warned = [r.getMessage() for r in caplog.records if notice in r.getMessage()]
+    assert warned == [
+        f"{config}: models.chat: target acme:acme-1: {notice} (the catalog's retired_models); "
+        "llmroute still sends it, in case Acme AI answers it"
+    ]  # once per config and target, however many routes and loads name it
+
+
+def test_a_shutdown_still_ahead_is_said_in_the_future() -> None:
+    before = datetime.date(2026, 7, 23)
+    assert retired_lines("acme", ACME, ["acme-2", "acme-1", "acme-1"], before) == [
+        "acme: retired: Acme AI shuts down acme-1 on 2026-07-24: use acme-2 (the catalog's "
+        "retired_models; requests still go to acme-1 while Acme AI answers it)"
+    ]
+    assert retired_lines("acme", ACME, ["acme-2"], before) == []
+
+
 def test_the_checked_date_is_called_old_past_the_limit() -> None:
     fresh = CHECKED + datetime.timedelta(days=STALE_AFTER_DAYS)
     assert checked_line("acme", ACME, fresh).endswith("were checked on 2026-11-30.")
@@ -142,3 +191,20 @@ async def test_anthropics_models_list_is_asked_its_way(vendor: Simulator) -> Non
     assert asked["path"] == "/v1/models" and asked["query"] == {"limit": "1000"}
     assert asked["headers"]["x-api-key"] == KEY and "authorization" not in asked["headers"]
     assert asked["headers"]["anthropic-version"] == "2023-06-01"
+
+
+def test_a_certificate_that_does_not_verify_is_named(
+    vendor: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --ca the simulator's certificate does not verify: the probe's error says so
+    (openai's own "Connection error." alone would hide why), as llmroute chat's does."""
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f'[providers.sim]\nbase_url = "{vendor.base_url}"\napi_key = "{KEY}"\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n'
+    )
+    code = main(["doctor", "--config", str(config), "--probes", "1"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "APIConnectionError: Connection error: TLS handshake with 127.0.0.1:" in out
+    assert "CERTIFICATE_VERIFY_FAILED" in err

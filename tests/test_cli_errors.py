@@ -170,3 +170,35 @@ def test_serve_simulator_refuses_what_it_replaces(
 ) -> None:
     assert main(["serve", "--simulator", "--port", "0", *extra]) == 2
     assert f"--simulator and {extra[0]} do not go together" in capsys.readouterr().err
+
+
+def test_serve_on_a_port_in_use_says_what_to_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A newcomer's port 8000 is often taken: the sentence names the way out."""
+    import socket
+
+    monkeypatch.setenv("LLMROUTE_GATEWAY_KEY", KEY)
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f'[providers.sim]\nbase_url = "https://127.0.0.1:1/v1"\napi_key = "{KEY}"\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n'
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--config", str(config), "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert f"llmroute serve: cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "pass another --port, or --port 0 for any free one" in err
+
+
+def test_serve_without_a_config_points_at_the_simulator(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("LLMROUTE_CONFIG", raising=False)
+    assert main(["serve", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmroute serve: the gateway needs a config with routes: pass --config")
+    assert "llmroute serve --simulator serves simulated providers without one" in err

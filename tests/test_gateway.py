@@ -203,8 +203,11 @@ def test_sync_client_completions_embeddings_and_models(gateway: Gateway, sim: Si
         with pytest.raises(openai.NotFoundError) as missing:
             client.models.retrieve("gpt-9")
         assert missing.value.code == "model_not_found"
-        with pytest.raises(openai.NotFoundError, match="gpt-9"):
+        with pytest.raises(openai.NotFoundError, match="gpt-9") as far:
             client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+        assert far.value.message.endswith(
+            "(the models you can use here: 'chat', 'slow', 'broken', 'failing', 'hanging')."
+        )  # no near miss: the key's models, as GET /v1/models lists them
 
 
 @pytest.mark.anyio

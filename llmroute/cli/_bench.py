@@ -33,6 +33,7 @@ from ._format import (
     MissingExtra,
     add_tls_options,
     check_output_path,
+    error_text,
     make_console,
     ms,
     percentiles,
@@ -646,7 +647,7 @@ async def _open_stream(client: AsyncOpenAI, endpoint: _Endpoint, messages: Any, 
 
 def _error_line(exc: BaseException, endpoint: _Endpoint) -> str:
     """A probe's failure as one line, without the endpoint's secrets."""
-    message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
+    message = _scrub(error_text(exc), endpoint.secrets)
     return f"{type(exc).__name__}: {message[:300]}"
 
 

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._streaming import AsyncStream
-from ._format import add_tls_options, tls_verify
+from ._format import add_tls_options, error_text, tls_verify
 from ._format import ms as _ms
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
     from .._config import Resolved, ResolvedProvider
 
-__all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register"]
+__all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register", "retired_lines"]
 
 STALE_AFTER_DAYS = 180
 """Catalog facts checked longer ago than this are called possibly out of date."""
@@ -121,7 +121,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
                     error = f"Timeout: no complete answer within {timeout:g} s"
                     break
                 except OpenAIError as exc:
-                    message = _scrub(" ".join(str(exc).split()), endpoint.secrets)
+                    message = _scrub(error_text(exc), endpoint.secrets)
                     error = f"{type(exc).__name__}: {message[:300]}"
                     if classify(exc) == "misconfigured":  # a wrong key, model or permission
                         error = f"misconfigured (check its key and model name): {error}"
@@ -170,6 +170,20 @@ def checked_line(name: str, spec: ProviderSpec, today: datetime.date) -> str:
     return f"{name}: the catalog's facts on {vendor} were checked on {checked}."
 
 
+def retired_lines(
+    name: str, spec: ProviderSpec, configured: Sequence[str], today: datetime.date
+) -> list[str]:
+    """One line per ``configured`` model the catalog lists as retired (with or without a key,
+    whatever the vendor's ``/models`` says): its shutdown date and the named replacement."""
+    vendor = spec.display_name or spec.name
+    return [
+        f"{name}: retired: {retired.notice(vendor, model, today)} (the catalog's retired_models; "
+        f"requests still go to {model} while {vendor} answers it)"
+        for model in sorted(set(configured))
+        if (retired := spec.retired_models.get(model)) is not None
+    ]
+
+
 def models_lines(
     name: str, spec: ProviderSpec, configured: Sequence[str], listed: Sequence[str]
 ) -> list[str]:
@@ -182,7 +196,8 @@ def models_lines(
     for model in sorted(set(configured) - offered):
         retired = spec.retired_models.get(model)
         if retired is not None:
-            why = f"the catalog says it shut down on {retired.shutdown}, use {retired.use}"
+            verb = "shut" if retired.shutdown < datetime.date.today() else "shuts"
+            why = f"the catalog says it {verb} down on {retired.shutdown}, use {retired.use}"
         else:
             why = "the catalog does not say why: check the name"
         lines.append(f"{name}: no longer listed by {vendor}: {model} ({why})")
@@ -214,6 +229,7 @@ async def _catalog_report(resolved: Resolved, verify: bool | str, timeout: float
         if provider.kind is None:
             continue  # not from the catalog: nothing to date
         lines.append(checked_line(name, provider.spec, today))
+        lines.extend(retired_lines(name, provider.spec, configured[name], today))
         if provider.spec.self_hosted or not provider.api_key:
             continue
         listed = await _list_models(provider, verify, timeout)

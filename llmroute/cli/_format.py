@@ -20,6 +20,7 @@ __all__ = [
     "MissingExtra",
     "add_tls_options",
     "check_output_path",
+    "error_text",
     "make_console",
     "ms",
     "percentiles",
@@ -87,6 +88,17 @@ def tls_verify(args: argparse.Namespace, flag_owner: str) -> bool | str:
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
         raise ValueError(f"{flag_owner}: --ca {ca}: not a CA file in PEM form ({exc})") from None
     return path
+
+
+def error_text(exc: BaseException) -> str:
+    """``str(exc)`` on one line; for openai's bare ``Connection error.`` (a model that is not a
+    route goes through openai's own code, which keeps the transport's error as the cause) the
+    cause too, such as a certificate that did not verify."""
+    text = " ".join(str(exc).split())
+    cause = " ".join(str(exc.__cause__ or "").split())
+    if text == "Connection error." and cause:
+        return f"Connection error: {cause}"
+    return text
 
 
 def check_output_path(path: str, flag: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import socket
 import sys
@@ -156,7 +157,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     try:
         sock = listen(host, port)
     except OSError as exc:
-        sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
+        sys.stderr.write(f"llmroute serve: {_cannot_listen(host, port, exc)}\n")
         return 1
     children: list[int] = []
     for index in range(args.workers):
@@ -237,7 +238,7 @@ async def _serve(
             sock = listen(host, port)
         except OSError as exc:
             await app.aclose()
-            sys.stderr.write(f"llmroute serve: cannot listen on {host}:{port}: {exc.strerror}\n")
+            sys.stderr.write(f"llmroute serve: {_cannot_listen(host, port, exc)}\n")
             return 1
     loop = asyncio.get_running_loop()
     shutdown = asyncio.Event()
@@ -288,3 +289,11 @@ def _try_it(url: str, key: str, simulated: dict[str, Any]) -> str:
         f'or:       {shlex.quote(sys.executable)} -c "{python}"\n'
         "Ctrl-C stops it.\n"
     )
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    """Why the gateway cannot listen, and for a port in use what to pass instead."""
+    text = f"cannot listen on {host}:{port}: {exc.strerror}"
+    if exc.errno == errno.EADDRINUSE:
+        text += " (another process has it: pass another --port, or --port 0 for any free one)"
+    return text

@@ -310,7 +310,8 @@ class GatewayApp:
         loaded = load_config(config)
         if loaded is None:
             raise ConfigError(
-                "llmroute serve needs a config with routes: pass --config or set LLMROUTE_CONFIG"
+                "the gateway needs a config with routes: pass --config or set LLMROUTE_CONFIG "
+                "(llmroute serve --simulator serves simulated providers without one)"
             )
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
@@ -1339,10 +1340,17 @@ def _too_deep() -> _Refused:
 
 def _model_not_found(name: str, usable: Iterable[str] = ()) -> _Refused:
     """OpenAI's 404 for a model, naming the closest of ``usable`` as the SDK does (the
-    routes the key may use, never another)."""
+    routes the key may use, never another), else the first of them."""
     shown = name if len(name) <= 100 else name[:97] + "..."
     closest = suggest_route(name, usable) if len(name) <= 100 else None
-    hint = f" (did you mean {closest!r}?)" if closest is not None else ""
+    names = list(usable)
+    if closest is not None:
+        hint = f" (did you mean {closest!r}?)"
+    elif names:
+        more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+        hint = f" (the models you can use here: {', '.join(map(repr, names[:10]))}{more})"
+    else:
+        hint = ""
     return _Refused(
         404,
         _error(
