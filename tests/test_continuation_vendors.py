@@ -255,6 +255,36 @@ async def test_a_continuation_that_does_not_echo_as_documented_is_a_break(
     assert "the continuation on b:sim-small did not begin" in str(broke.value)
 
 
+async def test_an_echo_the_vendor_counts_in_its_usage_never_ends_the_answer_early() -> None:
+    # Whether Mistral's completion_tokens counts the prefix it echoes is not documented. Where
+    # a vendor's usage does, trusting it would take the echo for answer tokens: an answer
+    # continued close to max_tokens would end early with finish_reason "length". The deltas
+    # count such an attempt instead (a lower bound), so the whole answer arrives, as "stop".
+    profile = Profile(
+        reply_tokens=WORDS,
+        tokens_per_chunk=2,
+        echo_prefix=True,
+        echo_counted=True,
+        prefix_flag="prefix",
+    )
+    with (
+        Simulator(profile=Profile(reply_tokens=WORDS), tls=True) as plain,
+        Simulator(profile=profile, tls=True) as counting,
+    ):
+        full = await whole(plain)
+        b = vendor("mistral", counting, stream_usage=True)  # usage asked of it, and counted
+        conf = config(a=breaking(plain), b=b)
+        stream, text, chunks = await routed(
+            conf, plain, max_tokens=WORDS, stream_options={"include_usage": True}
+        )
+        sent = chat_requests(counting)[-1]
+    assert sent["stream_options"]["include_usage"] is True
+    assert text == full
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "stop" and finishes.count("length") == 0
+    assert stream.route.continued_on == ["b:sim-small"]
+
+
 # -- DeepSeek V4: thinking by default ------------------------------------------------------------
 
 

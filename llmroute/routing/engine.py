@@ -680,9 +680,10 @@ class _Run:
         """Where the current attempt's text starts in ``text``."""
         self.reasoned = False
         """The answer streamed reasoning (its first attempt: the caller saw it)."""
-        self._reasoning = False
-        """The current attempt streamed reasoning (shown, or dropped from a continuation):
-        its usage may count reasoning tokens it does not name, so its text deltas count it."""
+        self._uncounted = False
+        """The current attempt's usage may count text the caller never gets as the answer's:
+        reasoning (shown, or dropped from a continuation) or a prefix its vendor echoed and
+        llmroute stripped. Its text deltas count it then (a lower bound: never cut short)."""
         self._counted: tuple[int, int] | None = None
         """The current attempt's own usage count of its completion tokens, and the length of
         ``text`` it covers (a vendor that sends usage with its chunks, or at the end)."""
@@ -835,8 +836,8 @@ class _Run:
     def _counted_now(self, decoder: ChatStreamDecoder | None) -> tuple[int, int] | None:
         """The current attempt's own usage count and the length of ``text`` it covers: from
         its chunks, or Anthropic's ``message_delta`` once its answer finished; none for an
-        attempt that streamed reasoning (its count may include reasoning tokens)."""
-        if self._reasoning:
+        attempt whose count may include text it did not deliver (``_uncounted``)."""
+        if self._uncounted:
             return None
         counted = self._counted
         if counted is None and decoder is not None and decoder.finished:
@@ -943,7 +944,7 @@ class _Run:
         visible = visible_tokens(usage)
         if not isinstance(completion, int) or visible is None:
             return
-        if not self._reasoning:
+        if not self._uncounted:
             self._counted = (visible, len(self.text))
         prompt = getattr(usage, "prompt_tokens", None)
         if isinstance(prompt, int) and not self.delivered:
@@ -1423,7 +1424,7 @@ class _Run:
                             for chunk in buffered:
                                 if seam is not None and type(chunk) is ChatCompletionChunk:
                                     admitted = seam.admit(chunk)
-                                    self._reasoning = self._reasoning or seam.reasoned
+                                    self._uncounted = self._uncounted or seam.stripped
                                     if not admitted:
                                         continue
                                 if skipping:
@@ -1444,7 +1445,7 @@ class _Run:
                                                 continue
                                             # Reasoning: shown, not text; the answer's text
                                             # can still be continued once it has begun.
-                                            self.reasoned = self._reasoning = True
+                                            self.reasoned = self._uncounted = True
                                         if delta.content:
                                             text.append(delta.content)
                                     if is_token_chunk(chunk):
@@ -1691,7 +1692,7 @@ class _Run:
                 cause=cause,
             ) from failure
         self.report.continued_on.append(new.target.name)
-        self._since, self._counted, self._reasoning = len(self.text), None, False
+        self._since, self._counted, self._uncounted = len(self.text), None, False
         return new
 
     def _won(self, target: str) -> AttemptReport | None:

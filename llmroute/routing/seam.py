@@ -49,7 +49,7 @@ class Seam:
     chunk, in place, and says whether the chunk still carries anything for the caller.
     """
 
-    __slots__ = ("_echo", "_request", "_target", "reasoned")
+    __slots__ = ("_echo", "_request", "_target", "reasoned", "stripped")
 
     def __init__(self, echo: str, *, request: httpx.Request, target: str) -> None:
         self._echo = echo
@@ -57,6 +57,9 @@ class Seam:
         self._target = target
         self.reasoned = False
         """Reasoning was dropped from this stream (its usage may count it)."""
+        self.stripped = False
+        """Reasoning or echoed text was dropped from this stream: its usage may count text
+        the caller never gets (Mistral's usage may or may not count the echo; not documented)."""
 
     @property
     def pending(self) -> str:
@@ -74,7 +77,7 @@ class Seam:
                     if key in extra:
                         del extra[key]
                         delta.model_fields_set.discard(key)
-                        changed = self.reasoned = True
+                        changed = self.reasoned = self.stripped = True
             echo = self._echo
             content = delta.content
             if echo and content:
@@ -85,7 +88,7 @@ class Seam:
                     )
                 delta.content = content[size:]
                 self._echo = echo[size:]
-                changed = True
+                changed = self.stripped = True
         return not (changed and is_preamble_chunk(chunk))
 
     def unfinished(self) -> ContinuationMismatch | None:

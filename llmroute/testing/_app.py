@@ -288,6 +288,7 @@ class SimApp:
             echo=profile.echo_prefix,
             reasoning=_reasoning_words(profile, req),
         )
+        plan.echo_counted = profile.echo_counted
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -713,7 +714,7 @@ class _ChatStream:
         while self.sent < len(pieces) and length < len(text):  # the tokens this text joins
             length += len(pieces[self.sent])
             self.sent += 1
-        done = max(0, self.sent - self.plan.echoed)
+        done = max(0, self.sent - self.plan.uncounted)
         thought = len(self.plan.reasoning)
         usage = _reply.usage(self.plan.prompt_tokens, done + thought, thought)
         return self.writer.content(text, usage)
@@ -776,13 +777,20 @@ class _Plan:
     call_id: str = ""
     echoed: int = 0
     """Pieces at the start that repeat the prefix (``Profile.echo_prefix``): not generated."""
+    echo_counted: bool = False
+    """The echoed pieces count in the usage all the same (``Profile.echo_counted``)."""
     reasoning: tuple[str, ...] = ()
     """Reasoning words streamed before the answer (``Profile.reasoning_tokens``)."""
 
     @property
+    def uncounted(self) -> int:
+        """The pieces at the start the usage leaves out (an echoed prefix is the prompt's)."""
+        return 0 if self.echo_counted else self.echoed
+
+    @property
     def generated(self) -> int:
-        """The completion tokens of the answer (an echoed prefix is the prompt's)."""
-        return len(self.pieces) - self.echoed
+        """The completion tokens of the answer."""
+        return len(self.pieces) - self.uncounted
 
     @classmethod
     def build(

@@ -73,6 +73,9 @@ class Profile:
     echo_prefix: bool = False
     """Begin the answer to a trailing assistant message (a prefix continuation) with that
     prefix, as Mistral's API does; the prefix is no part of the answer's usage."""
+    echo_counted: bool = False
+    """Count the echoed prefix (``echo_prefix``) in the answer's ``completion_tokens``, as a
+    vendor may (Mistral does not say whether it does)."""
     prefix_flag: str = ""
     """The field a trailing assistant message must set to true to be continued (Mistral's and
     DeepSeek's ``prefix``, Moonshot's ``partial``); without it such a request is answered 400,
