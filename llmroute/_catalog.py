@@ -103,6 +103,7 @@ SOURCE_CLAIMS = frozenset(
         "request_id_headers",
         "context_windows",
         "trial",
+        "max_tokens_field",
         "models",
     }
 )
@@ -207,6 +208,12 @@ class ProviderSpec(BaseModel):
     request_id_headers: tuple[str, ...] = ()
     """Response headers carrying the vendor's id of a request, tried in order before
     ``x-request-id`` (e.g. DeepSeek's ``x-ds-trace-id``): what the vendor's support asks for."""
+    max_tokens_field: Literal["max_tokens", "max_completion_tokens"] | None = None
+    """The one field the vendor takes for a chat answer's length limit: a caller's
+    ``max_tokens`` or ``max_completion_tokens`` is sent under this name (the smaller, if both
+    are given). OpenAI's reasoning models refuse ``max_tokens``, Mistral's schema has no
+    ``max_completion_tokens`` (422), DashScope deprecated ``max_tokens``: one route over them
+    takes either spelling. ``None``: sent as the caller wrote it."""
     trial: Trial = Field(default_factory=Trial)
     """The request that tries a target whose circuit is open (one output token by default)."""
     docs: str = ""

@@ -80,6 +80,7 @@ def route_for(
                 ),
                 trial=providers[t.provider].spec.trial.body,
                 request_id_headers=providers[t.provider].spec.request_id_headers,
+                max_tokens_field=providers[t.provider].spec.max_tokens_field,
             )
             for t in targets
         ),

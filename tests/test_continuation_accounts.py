@@ -91,7 +91,7 @@ async def test_without_the_vendors_count_one_token_a_delta_and_the_answer_is_who
     assert full.startswith(prefix) and prefix.split() == full.split()[: 3 * WORDS_PER_CHUNK]
     # No usage covered the break: one token per delta (routing/tokens.py), a lower bound, so
     # the continuation is asked for at least the rest.
-    assert second["json"]["max_tokens"] == 60 - 3
+    assert second["json"]["max_completion_tokens"] == 60 - 3  # OpenAI's name (the catalog)
     assert text == full  # the 30-word answer ends with the model's own stop
     assert chunks[-2].choices[0].finish_reason == "stop"
     rest = 30 - 3 * WORDS_PER_CHUNK
@@ -134,7 +134,7 @@ async def test_a_calibrated_estimate_is_reported_but_never_sizes_the_continuatio
             chunks = [c async for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     _, second = sent(sim, 2)
-    assert second["json"]["max_tokens"] == 8
+    assert second["json"]["max_completion_tokens"] == 8
     assert second["json"]["stream_options"] == {"include_usage": True}  # llmroute's own ask
     assert len(text.split()) == 12
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -174,7 +174,7 @@ async def test_a_target_that_packs_fewer_tokens_a_delta_than_calibrated_is_not_c
                 chunks = [c async for c in stream]
         _, second = sent(server, 2)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert second["json"]["max_tokens"] == 25
+    assert second["json"]["max_completion_tokens"] == 25
     assert len(text.split()) == 40
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert [(a.tokens, a.tokens_counted) for a in stream.route.attempts] == [
@@ -195,7 +195,7 @@ async def test_the_vendors_own_count_is_exact_and_the_caller_gets_what_it_asked(
         extra_headers=drop_first(2),
     )
     _, second = sent(sim, 2)
-    assert second["json"]["max_tokens"] == 6
+    assert second["json"]["max_completion_tokens"] == 6
     assert len(text.split()) == 10  # exactly what was asked, no more
     finish = [c.choices[0].finish_reason for c in chunks if c.choices]
     assert finish[-1] == "length"

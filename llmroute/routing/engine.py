@@ -175,6 +175,9 @@ class RouteTarget:
     """Top-level fields of the trial request sent while its circuit is open (the catalog's)."""
     request_id_headers: tuple[str, ...] = ()
     """Response headers carrying the vendor's request id, tried before the protocol's own."""
+    max_tokens_field: str | None = None
+    """The field the vendor takes for the answer's length limit (the catalog's): a caller's
+    ``max_tokens`` / ``max_completion_tokens`` is renamed to it; ``None``: sent as written."""
 
     @property
     def name(self) -> str:
@@ -824,6 +827,8 @@ class _Run:
             if target.stream_usage_continuous:
                 options["continuous_usage_stats"] = True
             body["stream_options"] = options
+        if target.max_tokens_field is not None and target.protocol == "openai":
+            _rename_limit(body, target.max_tokens_field)
         if prefix is not None and target.continuation is not None:
             message = {"role": "assistant", "content": prefix, **target.continuation.message}
             body["messages"] = [*body["messages"], message]
@@ -1758,6 +1763,18 @@ def _plain_answer(completion: Any) -> str | None:
     if not isinstance(content, str) or not _plain_content(message):
         return None
     return content
+
+
+def _rename_limit(body: dict[str, Any], name: str) -> None:
+    """Send the caller's answer limit under ``name``, the one field the vendor takes: the
+    smaller of ``max_tokens`` and ``max_completion_tokens`` when both are given."""
+    limits = [
+        body.pop(key)
+        for key in ("max_tokens", "max_completion_tokens")
+        if key in body and body[key] is not None
+    ]
+    if limits:
+        body[name] = min(limits) if all(isinstance(v, int) for v in limits) else limits[0]
 
 
 def _only_reasoning(delta: Any) -> bool:
