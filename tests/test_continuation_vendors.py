@@ -135,6 +135,23 @@ async def routed(conf: dict[str, Any], sim: Simulator, **kwargs: Any) -> tuple[A
     return stream, content_of(chunks), chunks
 
 
+async def interrupted(
+    conf: dict[str, Any], sim: Simulator, **kwargs: Any
+) -> tuple[Any, list[Any], StreamInterrupted]:
+    """Stream one routed request that must end in StreamInterrupted: the stream, the chunks
+    received before it, and the error."""
+    received: list[Any] = []
+    async with AsyncOpenAI(config=conf, verify=sim.ssl_context()) as client:
+        with anyio.fail_after(30):  # a hang guard only
+            stream: Any = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, **kwargs
+            )
+            with pytest.raises(StreamInterrupted) as broke:
+                async for chunk in stream:
+                    received.append(chunk)
+    return stream, received, broke.value
+
+
 def content_of(chunks: list[Any]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
@@ -237,22 +254,14 @@ async def test_a_continuation_that_does_not_echo_as_documented_is_a_break(
     # spliced in; the caller gets the text so far and StreamInterrupted, never a wrong answer.
     full = await whole(plain)
     conf = config(a=breaking(plain), b=vendor("mistral", plain))  # plain: it does not echo
-    received: list[Any] = []
-    async with AsyncOpenAI(config=conf, verify=plain.ssl_context()) as client:
-        with anyio.fail_after(30):  # a hang guard only
-            stream: Any = await client.chat.completions.create(
-                model="chat", messages=MESSAGES, stream=True
-            )
-            with pytest.raises(StreamInterrupted) as broke:
-                async for chunk in stream:
-                    received.append(chunk)
+    stream, received, broke = await interrupted(conf, plain)
     prefix = words(full, CUT)
     assert content_of(received) == prefix
-    assert broke.value.partial_text == prefix
+    assert broke.partial_text == prefix
     outcomes = [(a.target, a.outcome) for a in stream.route.attempts]
     assert outcomes == [("a:sim-small", "interrupted"), ("b:sim-small", "interrupted")]
     assert "did not begin with the text so far" in (stream.route.attempts[1].error or "")
-    assert "the continuation on b:sim-small did not begin" in str(broke.value)
+    assert "the continuation on b:sim-small did not begin" in str(broke)
 
 
 async def test_an_echo_the_vendor_counts_in_its_usage_never_ends_the_answer_early() -> None:
@@ -331,19 +340,11 @@ async def test_a_continuation_refused_with_422_is_reported_as_a_break(
     # and the caller is told so with the text so far.
     full = await whole(plain)
     conf = config(a=breaking(plain), b=vendor("mistral", mistral))
-    received: list[Any] = []
     refused = mistral.stats()["faults"].get("refused-422", 0)
-    async with AsyncOpenAI(config=conf, verify=plain.ssl_context()) as client:
-        with anyio.fail_after(30):  # a hang guard only
-            stream: Any = await client.chat.completions.create(
-                model="chat", messages=MESSAGES, stream=True, seed=7
-            )
-            with pytest.raises(StreamInterrupted) as broke:
-                async for chunk in stream:
-                    received.append(chunk)
+    _, received, broke = await interrupted(conf, plain, seed=7)
     prefix = words(full, CUT)
     assert content_of(received) == prefix
-    assert broke.value.partial_text == prefix
+    assert broke.partial_text == prefix
     assert mistral.stats()["faults"].get("refused-422", 0) == refused + 1
     assert not [c for c in received if c.choices and c.choices[0].finish_reason]
 
@@ -402,17 +403,9 @@ async def test_an_answer_that_broke_while_reasoning_is_not_continued(
 ) -> None:
     a = breaking_vendor("deepseek", deepseek, 0)  # it breaks before any text
     b = {"base_url": plain.base_url, "api_key": KEY, "continuation": {}}
-    received: list[Any] = []
-    async with AsyncOpenAI(config=config(a=a, b=b), verify=plain.ssl_context()) as client:
-        with anyio.fail_after(30):  # a hang guard only
-            stream: Any = await client.chat.completions.create(
-                model="chat", messages=MESSAGES, stream=True
-            )
-            with pytest.raises(StreamInterrupted) as broke:
-                async for chunk in stream:
-                    received.append(chunk)
+    stream, received, broke = await interrupted(config(a=a, b=b), plain)
     assert content_of(received) == ""
     assert len(reasoning_in(received)) == 5
-    assert broke.value.partial_text == ""
-    assert "while the model was reasoning" in str(broke.value)
+    assert broke.partial_text == ""
+    assert "while the model was reasoning" in str(broke)
     assert stream.route.continued_on == []

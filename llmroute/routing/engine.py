@@ -68,7 +68,7 @@ from .causes import REQUEST_CAUSES, CauseRules, classify, react
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, Policy, explore
-from .seam import ContinuationMismatch, Seam
+from .seam import REASONING_FIELDS, ContinuationMismatch, Seam
 from .stats import (
     STALL_STREAM_GAPS,
     LiveStats,
@@ -1444,12 +1444,13 @@ class _Run:
                                     template, before = chunk, len(text)
                                     for choice in chunk.choices:
                                         delta = choice.delta
-                                        if choice.index != 0 or not _plain_content(delta):
-                                            if choice.index != 0 or not _only_reasoning(delta):
-                                                continuable = False
-                                                continue
-                                            # Reasoning: shown, not text; the answer's text
-                                            # can still be continued once it has begun.
+                                        kind = _content_kind(delta) if choice.index == 0 else None
+                                        if kind is None:
+                                            continuable = False
+                                            continue
+                                        if kind == "reasoning":
+                                            # Shown, not text; the answer's text can still be
+                                            # continued once it has begun.
                                             self.reasoned = self._uncounted = True
                                         if delta.content:
                                             text.append(delta.content)
@@ -1760,7 +1761,7 @@ def _plain_answer(completion: Any) -> str | None:
         return None
     message = choices[0].message
     content = message.content
-    if not isinstance(content, str) or not _plain_content(message):
+    if not isinstance(content, str) or _content_kind(message) != "text":
         return None
     return content
 
@@ -1777,16 +1778,16 @@ def _rename_limit(body: dict[str, Any], name: str) -> None:
         body[name] = min(limits) if all(isinstance(v, int) for v in limits) else limits[0]
 
 
-def _only_reasoning(delta: Any) -> bool:
-    """Whether a delta that is not plain content is so only by its reasoning."""
-    return not (delta.tool_calls or delta.function_call or delta.refusal)
-
-
-def _plain_content(delta: Any) -> bool:
+def _content_kind(delta: Any) -> Literal["text", "reasoning"] | None:
+    """What a delta (or message) carries: plain ``"text"``, ``"reasoning"`` beside or instead
+    of it (:data:`.seam.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
+    that cannot be continued as text)."""
     if delta.tool_calls or delta.function_call or delta.refusal:
-        return False
+        return None
     extra = delta.__pydantic_extra__
-    return not (extra and (extra.get("reasoning_content") or extra.get("reasoning")))
+    if extra and any(extra.get(key) for key in REASONING_FIELDS):
+        return "reasoning"
+    return "text"
 
 
 def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:

@@ -88,8 +88,9 @@ _FORWARDED = (
 )
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 TIER_HEADER = "x-llmroute-tier"
-TARGET_HEADER = "x-llmroute-target"
 """The answer's header naming the tier (route) a tiered model name's request went to."""
+TARGET_HEADER = "x-llmroute-target"
+"""The answer's header naming the target that gave it (``cache`` for a replay)."""
 _LOG_UNSAFE = re.compile(r"[^\w.:/+=-]")  # a vendor's request id, as the access log shows it
 _CLOSE_TIMEOUT = 5.0  # seconds a cancelled upstream stream may take to close
 _REDACTED = "[redacted]"
@@ -1340,10 +1341,10 @@ def _too_deep() -> _Refused:
 
 def _model_not_found(name: str, usable: Iterable[str] = ()) -> _Refused:
     """OpenAI's 404 for a model, naming the closest of ``usable`` as the SDK does (the
-    routes the key may use, never another), else the first of them."""
+    routes the key may use, never another), else listing the first ten of them."""
     shown = name if len(name) <= 100 else name[:97] + "..."
-    closest = suggest_route(name, usable) if len(name) <= 100 else None
     names = list(usable)
+    closest = suggest_route(name, names) if len(name) <= 100 else None
     if closest is not None:
         hint = f" (did you mean {closest!r}?)"
     elif names:

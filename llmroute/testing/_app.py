@@ -286,9 +286,9 @@ class SimApp:
             profile.reply_tokens,
             profile.token_bytes,
             echo=profile.echo_prefix,
+            echo_counted=profile.echo_counted,
             reasoning=_reasoning_words(profile, req),
         )
-        plan.echo_counted = profile.echo_counted
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -802,6 +802,7 @@ class _Plan:
         token_bytes: int = 0,
         *,
         echo: bool = False,
+        echo_counted: bool = False,
         reasoning: tuple[str, ...] = (),
     ) -> _Plan:
         seed = _reply.reply_seed(model, messages)
@@ -845,6 +846,7 @@ class _Plan:
             echoed + pieces,
             finish,
             echoed=len(echoed),
+            echo_counted=echo_counted,
             reasoning=reasoning,
         )
 
