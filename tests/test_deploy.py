@@ -7,17 +7,25 @@ from __future__ import annotations
 
 import json
 import re
+import select
+import signal
 import subprocess
+import sys
 import tomllib
+import uuid
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import httpx
 import kubernetes_validate
 import pytest
 
 from llmroute._config import load_config, load_keys_file, resolve
+from llmroute.testing import Simulator
 from tests.deploy_tools import (
     DOCKERFILE,
+    ROOT,
     Rendered,
     chart_values,
     hadolint,
@@ -262,3 +270,235 @@ def test_other_values_render_valid_objects(tmp_path: Path) -> None:
     redis = next(e for e in container["env"] if e["name"] == "LLMROUTE_REDIS_URL")
     assert redis["valueFrom"]["secretKeyRef"] == {"name": "redis-auth", "key": "redis-url"}
     assert all(m["mountPath"] != "/etc/llmroute/keys" for m in container["volumeMounts"])
+
+
+# --- the image's command, and the chart's pod, as plain processes --------------------------------
+
+GATEWAY_KEY = "gw-deploy-4b8d1f0e9a"
+UPSTREAM_KEY = "sk-sim-deploy-77aa31"
+
+
+def _sim_config(sim: Simulator) -> str:
+    """The chart's default config with the simulator as its one provider."""
+    text = chart_values()["config"]
+    routes = text.index("[redis]")
+    return (
+        f'[providers.sim]\nbase_url = "{sim.base_url}"\napi_key_env = "SIM_UPSTREAM_KEY"\n\n'
+        '[models.chat]\ntargets = ["sim:sim-small"]\n\n'
+        + text[routes:].replace("[redis]\n", f'[redis]\nprefix = "deploy-{uuid.uuid4().hex[:8]}"\n')
+    )
+
+
+def _rooted(root: Path, value: str) -> str:
+    """An absolute path of the image (/etc/llmroute/..., /home/llmroute) under ``root``."""
+    for prefix in ("/etc/llmroute", "/home/llmroute", "/tmp"):
+        if value == prefix or value.startswith(prefix + "/"):
+            return str(root) + value
+    return value
+
+
+def _mount(root: Path, chart: Rendered) -> tuple[dict[str, str], list[str]]:
+    """The pod of ``chart``'s Deployment laid out under ``root``: each volume's files where it is
+    mounted (the config's own absolute paths moved under ``root`` too), and the container's
+    environment (the image's, then env and envFrom as Kubernetes applies them) and argv
+    (the image's entry point, then the container's args)."""
+    pod = chart.one("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for mount in container["volumeMounts"]:
+        where = Path(_rooted(root, mount["mountPath"]))
+        where.mkdir(parents=True, exist_ok=True)
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            files = chart.objects[("ConfigMap", volume["configMap"]["name"])]["data"]
+        elif "secret" in volume:
+            files = chart.objects[("Secret", volume["secret"]["secretName"])]["stringData"]
+        else:
+            assert "emptyDir" in volume
+            files = {}
+        for name, text in files.items():
+            path = where / name
+            path.write_text(text.replace('"/etc/llmroute/', f'"{root}/etc/llmroute/'))
+            path.chmod(0o444)
+        if files:
+            where.chmod(0o555)
+    built = image()
+    env = {name: _rooted(root, value) for name, value in built.env.items()}
+    env.update({e["name"]: _rooted(root, e["value"]) for e in container["env"] if "value" in e})
+    for source in container["envFrom"]:
+        env.update(chart.objects[("Secret", source["secretRef"]["name"])]["stringData"])
+    return env, built.entrypoint + container["args"]
+
+
+def _image_run(root: Path, sim: Simulator, redis_url: str) -> tuple[dict[str, str], list[str]]:
+    """``docker run -v ...:/etc/llmroute/config -v ...:/etc/llmroute/keys -e ...`` of the image
+    as it is: its ENV, ENTRYPOINT and CMD."""
+    built = image()
+    config = Path(_rooted(root, built.env["LLMROUTE_CONFIG"]))
+    config.parent.mkdir(parents=True)
+    text = _sim_config(sim).replace('"/etc/llmroute/', f'"{root}/etc/llmroute/')
+    config.write_text(text)
+    keys = root / "etc/llmroute/keys/keys.toml"
+    keys.parent.mkdir(parents=True)
+    keys.write_text(chart_values()["keysFile"])
+    env = {name: _rooted(root, value) for name, value in built.env.items()}
+    env.update(
+        LLMROUTE_GATEWAY_KEY=GATEWAY_KEY,
+        SIM_UPSTREAM_KEY=UPSTREAM_KEY,
+        LLMROUTE_REDIS_URL=redis_url,
+    )
+    return env, built.entrypoint + built.cmd
+
+
+def _local(argv: list[str]) -> list[str]:
+    """The image's command line on this machine: loopback instead of 0.0.0.0 (tests listen on
+    127.0.0.1 only), any free port instead of the fixed one (tests run side by side)."""
+    out = list(argv)
+    out[out.index("--host") + 1] = "127.0.0.1"
+    out[out.index("--port") + 1] = "0"
+    return out
+
+
+@pytest.mark.parametrize("how", ["docker run", "helm pod"])
+def test_the_image_command_serves_and_stops_as_a_plain_process(
+    tmp_path: Path, sim: Simulator, redis_url: str, how: str
+) -> None:
+    """The entry point with the image's (or the pod's) environment, config and keys mounted from
+    a temporary directory, a HOME of its own and only the image's packages importable: the
+    HEALTHCHECK's command and the probes' path answer, a streamed request is routed to the
+    simulator through the keys file's key and Redis (read from LLMROUTE_REDIS_URL), and
+    SIGTERM ends it with status 0."""
+    root = tmp_path / "root"
+    if how == "helm pod":
+        values = merged(
+            VALID,
+            {
+                "config": _sim_config(sim),
+                "redis": {"url": redis_url},
+                "secrets": {
+                    "env": {"LLMROUTE_GATEWAY_KEY": GATEWAY_KEY, "SIM_UPSTREAM_KEY": UPSTREAM_KEY}
+                },
+            },
+        )
+        chart = helm_render(tmp_path, values)
+        env, argv = _mount(root, chart)
+        probe = _container(chart)["readinessProbe"]["httpGet"]["path"]
+    else:
+        env, argv = _image_run(root, sim, redis_url)
+        probe = "/health"
+    Path(env["HOME"]).mkdir(parents=True, exist_ok=True)
+    env.update(
+        PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin",  # llmroute and python, as in the image
+        # This checkout's llmroute, and only the packages the image installs.
+        PYTHONPATH=f"{_image_site(tmp_path / 'site')}:{ROOT}",
+        SSL_CERT_FILE=sim.ca_pem_path,  # the simulator's CA (a real vendor's needs none)
+    )
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            _local(argv), stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, env=env
+        )
+    try:
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], 60)  # a hang guard only
+        line = proc.stdout.readline().decode() if readable else ""
+        assert "llmroute gateway listening on http://127.0.0.1:" in line, log_path.read_text()
+        base = line.split("listening on ", 1)[1].split()[0].removesuffix("/v1")
+        port = base.rsplit(":", 1)[1]
+        health_url = re.sub(r":\d+/", f":{port}/", env["LLMROUTE_HEALTH_URL"])
+        assert health_url == base + probe
+        check = image().healthcheck
+        assert check[0] == "python"
+        healthy = subprocess.run(
+            [sys.executable, *check[1:]],
+            env={**env, "LLMROUTE_HEALTH_URL": health_url},
+            capture_output=True,
+            timeout=60,
+        )
+        assert healthy.returncode == 0, healthy.stderr
+        with httpx.Client(base_url=base, timeout=60) as http:
+            health = http.get(probe)
+            assert health.status_code == 200 and health.json()["status"] == "ok"
+            body = {
+                "model": "chat",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "stream": True,
+            }
+            auth = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+            with http.stream("POST", "/v1/chat/completions", json=body, headers=auth) as answer:
+                assert answer.status_code == 200
+                assert answer.headers["x-llmroute-target"] == "sim:sim-small"
+                events = [e for e in answer.iter_lines() if e.startswith("data: ")]
+            assert events[-1] == "data: [DONE]" and len(events) > 3
+            refused = http.get("/v1/models", headers={"Authorization": "Bearer gw-not-a-key"})
+            assert refused.status_code == 401
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        logged = log_path.read_text()
+        assert proc.returncode == 0, logged[-3000:]
+        assert b"llmroute gateway stopped" in out
+        assert "POST /v1/chat/completions 200 key=default" in logged
+        for secret in (GATEWAY_KEY, UPSTREAM_KEY):
+            assert secret not in logged + out.decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+_IMAGE_SITE = """\
+import importlib.abc, sys
+
+ALLOWED = {allowed!r}
+
+
+class NotInTheImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top in ALLOWED or top in sys.stdlib_module_names or top.startswith("_sysconfigdata"):
+            return None
+        raise ModuleNotFoundError(f"No module named {{name!r}} (not in the image)", name=name)
+
+
+sys.meta_path.insert(0, NotInTheImage())
+"""
+
+
+def _image_site(where: Path) -> Path:
+    """A ``sitecustomize`` that makes every module outside the standard library and the
+    distributions ``llmroute[server,redis]`` requires (what the image installs) not found, as
+    in the image: an optional import falls back, a needed one fails the gateway."""
+    needed = _requirement_closure("llmroute", {"server", "redis"})
+    allowed = {"llmroute"} | {
+        module
+        for module, dists in metadata.packages_distributions().items()
+        if {_norm(d) for d in dists} & needed
+    }
+    where.mkdir()
+    (where / "sitecustomize.py").write_text(_IMAGE_SITE.format(allowed=sorted(allowed)))
+    return where
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _requirement_closure(name: str, extras: set[str]) -> set[str]:
+    """``name[extras]`` and every distribution it requires, by the installed metadata."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    queue = [(name, frozenset(extras))]
+    while queue:
+        dist, wanted = queue.pop()
+        key = _norm(dist)
+        if key in seen and not wanted:
+            continue
+        seen.add(key)
+        for text in metadata.requires(dist) or []:
+            req = Requirement(text)
+            markers = [{"extra": e} for e in ("", *wanted)]
+            if req.marker is None or any(req.marker.evaluate(m) for m in markers):
+                if _norm(req.name) != key:
+                    queue.append((req.name, frozenset(req.extras)))
+    return seen
