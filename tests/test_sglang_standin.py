@@ -320,6 +320,24 @@ def test_prefix_cache_hits_and_cuts_prefill(server: StandIn) -> None:
     assert usage3["prompt_tokens_details"] is None
 
 
+def test_the_page_size_is_the_prefix_caches_block(tmp_path: Path) -> None:
+    """With --page-size above 1, a prefix is cached in whole pages, as SGLang's paged radix
+    cache matches it: two prompts sharing 1,505 tokens share 1,024 (two 512-token pages)."""
+    flags = ("--page-size", "512", "--enable-cache-report", "--served-model-name=m")
+    standin = StandIn(tmp_path, flags=flags, warmup=0.1)
+    try:
+        standin.wait_ready()
+        system = {"role": "system", "content": system_prompt("pages")}  # 1,503 tokens rendered
+        cached = []
+        for question in ("First?", "Second?"):
+            body = {"model": "m", "messages": [system, {"role": "user", "content": question}]}
+            usage = standin.http.post("/v1/chat/completions", json=body).json()["usage"]
+            cached.append((usage["prompt_tokens_details"] or {}).get("cached_tokens", 0))
+        assert cached == [0, 1024]
+    finally:
+        standin.close()
+
+
 def test_multi_turn_hits_the_previous_reply(server: StandIn) -> None:
     system = {"role": "system", "content": system_prompt("multi-turn", 200)}
     turn1 = [system, {"role": "user", "content": "Hello"}]

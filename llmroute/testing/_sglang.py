@@ -25,7 +25,8 @@ with the longest cached prefix first, other policies in arrival order (``random`
 
 Prefix cache: each process keeps an LRU of 16-token blocks of the prompts it has prefilled (the
 prompt is the messages rendered as ``<|im_start|> role words... <|im_end|>`` plus the generation
-prompt; one word is one token). A request's cached tokens are its longest run of leading blocks
+prompt; one word is one token), or of ``--page-size`` tokens when that is above 1 (SGLang's paged
+radix cache matches whole pages). A request's cached tokens are its longest run of leading blocks
 already seen (at least one token is always computed); the whole conversation, reply included, is
 cached once it finishes, so the next turn hits. TTFT = queue wait + ``SGLANG_STANDIN_TTFT`` +
 ``SGLANG_STANDIN_PREFILL_MS_PER_1K`` x uncached tokens / 1000. ``--disable-radix-cache`` turns it
@@ -127,6 +128,8 @@ SERVE_CLI_SINCE: Version = (0, 5, 5)
 
 DEFAULT_MAX_RUNNING = 8
 BLOCK_TOKENS = 16
+"""Tokens per prefix-cache block unless ``--page-size`` is above 1 (SGLang's default page is one
+token; 16 keeps the stand-in's cache small and fast)."""
 _V036, _V040, _V050, _V054 = (0, 3, 6), (0, 4, 0), (0, 5, 0), (0, 5, 4)
 _EOS_TOKEN_ID = 151645  # Qwen2.5's <|im_end|>: SGLang reports the matched stop token's id
 _HANG_MAX = 300.0
@@ -664,7 +667,8 @@ class SGLangApp:
         self.log = log
         self.model_name: str = args["served_model_name"]
         self.capacity: int = args.get("max_total_tokens") or knobs.cache_tokens
-        self.cache = PrefixCache(self.capacity)
+        page = args.get("page_size") or 1
+        self.cache = PrefixCache(self.capacity, page if page > 1 else BLOCK_TOKENS)
         self.radix = not args.get("disable_radix_cache")
         self.max_running: int = args.get("max_running_requests") or DEFAULT_MAX_RUNNING
         self.warm = asyncio.Event()
