@@ -17,6 +17,7 @@ from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute._config import ConfigError, RouteConfig, load_config
 from llmroute._routes import policy_for as _policy
 from llmroute._types import Timings
+from llmroute.cli._chat import route_lines
 from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (
     LeastLoadedPolicy,
@@ -825,6 +826,10 @@ async def test_multi_turn_chats_stick_to_one_target(sim: Simulator) -> None:
                 messages.append({"role": "assistant", "content": text})
                 winners.setdefault(topic, []).append(route.winner)
                 assert route.policy == "prefix" and len(route.attempts) == 1
+                # the report says why: a new chat's prompt is held nowhere, a later turn's is
+                why = "least loaded: the best match" if turn == 0 else "prefix: holds"
+                assert route.reason.startswith(why), route.reason
+                assert f"  why: {route.reason}" in route_lines(route, None, "chat")
     assert all(len(set(w)) == 1 for w in winners.values()), winners
     assert len({w[0] for w in winners.values()}) == 3  # each conversation on its own target
 
