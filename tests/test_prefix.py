@@ -507,9 +507,9 @@ def test_common_counts_fade_with_newer_conversations() -> None:
 
 
 def test_new_chats_go_where_fewer_requests_went_lately() -> None:
-    """Idle workers tie on load: a new chat goes to the one that served the fewest requests
-    lately, not to the smallest tree, so the worker of a long chat of short turns takes none
-    (by tree size it would take them all: its tree is the smallest)."""
+    """Idle workers tie on load: a new chat goes to the least of the recent work, its share of
+    the trees plus its share of the requests served lately, so the worker of a long chat of
+    short turns takes none (by tree size alone it took 5 of 9: its tree is the smallest)."""
     policy = PrefixPolicy()
     for topic in ("big a", "big b", "big c"):  # one long prompt each on w0, w1 and w2
         serve(policy, [{"role": "system", "content": system_prompt(topic, 8000)}], WORKERS)

@@ -56,9 +56,8 @@ more request), and a few fast samples decide the change back, so a target that r
 its traffic back within a few requests of its first fast re-measure."""
 RECENT_REQUESTS_HALF_LIFE = 256.0
 """Requests of a route after which one request's weight in :class:`PrefixPolicy`'s count of the
-requests each target was sent lately halves. The count breaks ties of load (few requests in
-flight tie often), so that new conversations spread by the requests each target served lately:
-a target kept busy by long conversations takes fewer new ones."""
+requests each target served lately halves. The count helps break ties of load (few requests in
+flight tie often): a target kept busy by long conversations takes fewer new ones."""
 COLD_EXPLORE_UNANSWERED = 5
 """Explorations in a row without a sample after which a cold (or improving) target is no longer
 explored at the cold share, only re-measured when stale (a race it keeps losing, say)."""
@@ -287,8 +286,9 @@ class PrefixPolicy:
     Each target has a :class:`~llmroute.routing.prefix.PrefixTree` of the prompts sent to it
     lately. A request goes to the available target whose tree matches the longest share of its
     prompt, if that share is above ``cache_threshold``; else to the least-loaded target (ties:
-    the one sent the fewest requests lately, so new conversations spread evenly; then the
-    smallest tree; then predicted ``rank_by`` TTFT; then the configured order). When the
+    the least of the route's recent work, its share of the prefixes the trees hold plus its
+    share of the requests served lately; then predicted ``rank_by`` TTFT; then the configured
+    order). When the
     targets are imbalanced, the highest load exceeding the lowest by more than
     ``balance_abs_threshold`` requests *and* by a factor above ``balance_rel_threshold``, the
     least-loaded target is chosen whatever it holds (SGLang gateway's rule). The other targets
@@ -360,6 +360,16 @@ class PrefixPolicy:
         value, at = entry
         return value * 0.5 ** ((self._planned - at) / RECENT_REQUESTS_HALF_LIFE)
 
+    def _work_lately(self, targets: Sequence[str]) -> dict[str, float]:
+        """Each target's part of the route's recent work, what breaks ties of load: its share
+        of the prefixes the targets' trees hold (so new prefixes go where the cache has room,
+        SGLang's smallest tree) plus its share of the requests served lately (so a target kept
+        busy by long chats of short turns, whose tree is small, takes fewer new ones)."""
+        trees = {t: len(self.index.tree(t)) for t in targets}
+        sent = {t: self.sent_lately(t) for t in targets}
+        blocks, requests = sum(trees.values()) or 1, sum(sent.values()) or 1.0
+        return {t: trees[t] / blocks + sent[t] / requests for t in targets}
+
     def _count_sent(self, target: str, requests: float) -> None:
         self._sent[target] = (max(0.0, self.sent_lately(target) + requests), self._planned)
 
@@ -370,10 +380,8 @@ class PrefixPolicy:
         if not ready:
             return Plan(tuple(_by_load(targets, view, q)))
         loads = {t: view.load(t) for t in ready}
-        fallback = sorted(
-            ready,
-            key=lambda t: (loads[t], self.sent_lately(t), len(index.tree(t)), view.predict(t, q)),
-        )
+        work = self._work_lately(ready)
+        fallback = sorted(ready, key=lambda t: (loads[t], work[t], view.predict(t, q)))
         prompt = Prompt.of(view.messages(), self.block_chars, index.max_blocks)
         choice, held, owner, reason = fallback[0], 0, 0, "least loaded: an empty prompt"
         if prompt.blocks:
