@@ -27,13 +27,13 @@ chats go to one worker chosen in advance.
 ``--workload mooncake`` is real chat traffic's shape (``_conversations.py``: the published
 statistics of the Mooncake conversation trace, one system prompt for every user, bursty
 arrivals): eight workers with 512-token cache pages (``--page-size 512``) and 150,000 tokens of
-cache each (started once; their caches are flushed before each policy), 300 conversations
-(seed 3: 35.8% of its blocks seen before, the trace's 36.6%). Per policy: the share of prompt
-tokens cached against the
-ceiling, one cache of the eight caches' total size fed the same requests in the same order
-(replayed in-process), and the busiest worker's requests over an even share. ``--in-process``
-runs the same workload through each policy's own decisions against in-process caches instead
-of servers (seconds; ``--seeds`` for several workloads)::
+cache each, streaming 16 tokens an event (``--stream-interval 16``: eight stand-ins share the
+machine's cores with the client), started once, their caches flushed before each policy; 300
+conversations (seed 3: 35.8% of its blocks seen before, the trace's 36.6%). Per policy: the
+share of prompt tokens cached against the ceiling, one cache of the eight caches' total size fed
+the same requests in the same order (replayed in-process), and the busiest worker's requests
+over an even share. ``--in-process`` runs the same workload through each policy's own decisions
+against in-process caches instead of servers (seconds; ``--seeds`` for several workloads)::
 
     .venv/bin/python benchmarks/prefix.py --workload mooncake              # a few minutes
     .venv/bin/python benchmarks/prefix.py --workload mooncake --quick      # smoke run
@@ -338,7 +338,7 @@ async def run_mooncake(args: argparse.Namespace) -> list[dict[str, Any]]:
         "standin/chat-model",
         gpus=list(range(args.workers)),
         env=standin_env(args),
-        extra_args=["--page-size", str(BLOCK_TOKENS)],
+        extra_args=["--page-size", str(BLOCK_TOKENS), "--stream-interval", "16"],
         startup_timeout=120,
         grace=5,
     )
