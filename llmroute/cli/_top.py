@@ -117,14 +117,7 @@ class _Scraper:
             raise TopError(f"cannot read {url}: {_reason(exc)}") from None
         status = response.status_code
         if status in (401, 403):
-            raise TopError(
-                f"{url} refused the key given ({status}); give one of the gateway's keys "
-                f"with --key or ${KEY_ENV}"
-                if self._key_given
-                else f"{url} needs a key ({status}); give one of the gateway's keys with --key "
-                f"or ${KEY_ENV}",
-                2,
-            )
+            raise TopError(_refusal(url, status, self._key_given), 2)
         if status == 404:
             raise TopError(
                 f"{url}: no page there (404); the gateway serves /metrics, an application the "
@@ -138,6 +131,25 @@ class _Scraper:
         except NotMetrics as exc:
             kind = response.headers.get("content-type", "no content type").split(";")[0]
             raise TopError(f"{url} is not a metrics page: {exc}; it answered {kind}", 2) from None
+
+
+def _refusal(url: str, status: int, key_given: bool) -> str:
+    """Why the page refused, in the live page's words: no key, a key the gateway does not hold
+    (401), or a team's key where an admin key is needed (403)."""
+    if status == 403:
+        return (
+            f"{url} refused the key given (403): that key is not an admin key; give an admin "
+            f"key (admin = true) with --key or ${KEY_ENV}"
+        )
+    if key_given:
+        return (
+            f"{url} refused the key given (401): that is not a key of this gateway; give one "
+            f"of its keys with --key or ${KEY_ENV}"
+        )
+    return (
+        f"{url} needs a key (401); give one of the gateway's keys (its admin key, if it has "
+        f"one) with --key or ${KEY_ENV}"
+    )
 
 
 def _ca(path: str) -> ssl.SSLContext:
