@@ -33,6 +33,7 @@ from ._format import (
     MissingExtra,
     add_tls_options,
     check_output_path,
+    check_plot_path,
     error_text,
     make_console,
     ms,
@@ -143,8 +144,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--plot",
         help=(
-            "write a PNG here (needs llmroute[plot]): the TTFT distributions, or with --routed "
-            "the run over time"
+            "write a picture here, PNG, SVG or PDF by the file's extension (needs "
+            "llmroute[plot]): the TTFT distributions, or with --routed the run over time"
         ),
     )
     parser.add_argument(
@@ -272,8 +273,11 @@ def _run(args: argparse.Namespace) -> int:
             "through the route (choose one)\n"
         )
         return 2
-    for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
-        problem = check_output_path(path, flag) if path else None
+    for path, flag, check in (
+        (args.json_path, "--json", check_output_path),
+        (args.plot, "--plot", check_plot_path),
+    ):
+        problem = check(path, flag) if path else None
         if problem:
             sys.stderr.write(f"llmroute bench: {problem}\n")
             return 2
@@ -295,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replot(args: argparse.Namespace) -> int:
-    """``--replot JSON --plot PNG``: the picture of a saved run, and nothing sent."""
+    """``--replot JSON --plot FILE``: the picture of a saved run, and nothing sent."""
     sending = [
         flag
         for flag, given in (
@@ -314,9 +318,9 @@ def _replot(args: argparse.Namespace) -> int:
         )
         return 2
     if not args.plot:
-        sys.stderr.write("llmroute bench: --replot needs --plot FILE (the PNG to write)\n")
+        sys.stderr.write("llmroute bench: --replot needs --plot FILE (the picture to write)\n")
         return 2
-    problem = check_output_path(args.plot, "--plot")
+    problem = check_plot_path(args.plot, "--plot")
     if problem:
         sys.stderr.write(f"llmroute bench: {problem}\n")
         return 2
@@ -905,7 +909,7 @@ def _write_json(path: Path, data: dict[str, Any], endpoints: list[_Endpoint]) ->
 
 
 def _plot(path: Path, data: dict[str, Any], scale: str) -> None:
-    """The PNG of a run: per-target TTFT ECDFs, or a routed run over time."""
+    """The picture of a run: per-target TTFT ECDFs, or a routed run over time."""
     from ._bench_plot import ecdf_figure, is_routed, routed_figure, save
 
     figure = routed_figure(data, scale) if is_routed(data) else ecdf_figure(data, scale)

@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
+    "PLOT_FORMATS",
     "QUANTILES",
     "MissingExtra",
     "add_tls_options",
     "check_output_path",
+    "check_plot_path",
     "error_text",
     "make_console",
     "ms",
@@ -33,6 +35,9 @@ __all__ = [
 
 QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 """The quantiles every command reports: p50, p95, p99."""
+
+PLOT_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
+"""The picture formats a ``--plot FILE`` may name by its extension."""
 
 
 class MissingExtra(Exception):
@@ -117,6 +122,23 @@ def check_output_path(path: str, flag: str) -> str | None:
     ):
         return f"{flag} {path}: not writable by this user"
     return None
+
+
+def plot_format(path: str) -> str | None:
+    """The format ``path``'s extension names (``png``, ``svg``, ``pdf``), or ``None``."""
+    extension = os.path.splitext(path)[1].lower().lstrip(".")
+    return extension if extension in PLOT_FORMATS else None
+
+
+def check_plot_path(path: str, flag: str) -> str | None:
+    """Why a picture cannot be written at ``path`` (an extension that names no format the
+    commands write, or :func:`check_output_path`'s reasons), or ``None`` if it can."""
+    if plot_format(path) is None:
+        extension = os.path.splitext(path)[1]
+        named = f"its extension {extension} names" if extension else "it has no extension naming"
+        choices = ", ".join(f".{name}" for name in PLOT_FORMATS)
+        return f"{flag} {path}: {named} no picture format llmroute writes; end it in {choices}"
+    return check_output_path(path, flag)
 
 
 def ms(seconds: float | None) -> str:

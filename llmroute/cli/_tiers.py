@@ -34,8 +34,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     eval_.add_argument(
         "--plot",
         metavar="FILE",
-        help="also write a PNG: accuracy beside the baselines, confusion, reliability "
-        "(needs llmroute[plot])",
+        help="also write a picture (PNG, SVG or PDF by the extension): accuracy beside the "
+        "baselines, confusion, reliability (needs llmroute[plot])",
     )
     for parser in (fit, eval_):
         parser.add_argument(
@@ -103,9 +103,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.folds < 2:
         return _fail(f"--folds must be at least 2, got {args.folds}")
     if args.plot:
-        from ._format import MissingExtra, check_output_path, require
+        from ._format import MissingExtra, check_plot_path, require
 
-        problem = check_output_path(args.plot, "--plot")
+        problem = check_plot_path(args.plot, "--plot")
         if problem:
             return _fail(problem)
         try:
@@ -207,13 +207,15 @@ def _table(f: dict[str, Any]) -> str:
 
 
 def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
-    """A PNG of one evaluation: accuracy and recall beside the baselines, the confusion matrix
+    """The picture of one evaluation: accuracy and recall beside the baselines, the confusion matrix
     (each row a share of its true class) and reliability (decided probability against accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from ._bench_plot import save
 
     labels: list[str] = f["labels"]
     figure, (bars, matrix, reliability) = plt.subplots(
@@ -288,5 +290,5 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
     reliability.grid(True, alpha=0.3)
     figure.suptitle(f"llmroute tiers eval: {f['examples']} labelled requests, {f['method']}")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    save(figure, path)
     plt.close(figure)
