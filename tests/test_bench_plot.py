@@ -383,5 +383,5 @@ def test_an_unknown_plot_extension_is_refused_before_anything_is_sent(
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err.startswith(f"llmroute bench: --plot {picture}: ")
-        assert captured.err.rstrip().endswith("end it in .png, .svg, .pdf")
+        assert captured.err.rstrip().endswith("; end the name in .png, .svg or .pdf")
         assert not picture.exists()

@@ -89,5 +89,5 @@ def test_eval_plot_format_follows_the_extension(
     capsys.readouterr()
     assert main(["tiers", "eval", str(DATA), "--model", str(model), "--plot", str(unknown)]) == 2
     err = capsys.readouterr().err
-    assert f"--plot {unknown}: its extension .gif names no picture format" in err
+    assert f"--plot {unknown}: .gif is not a picture format llmroute writes; end" in err
     assert not unknown.exists()

@@ -131,14 +131,15 @@ def plot_format(path: str) -> str | None:
 
 
 def check_plot_path(path: str, flag: str) -> str | None:
-    """Why a picture cannot be written at ``path`` (an extension that names no format the
-    commands write, or :func:`check_output_path`'s reasons), or ``None`` if it can."""
-    if plot_format(path) is None:
-        extension = os.path.splitext(path)[1]
-        named = f"its extension {extension} names" if extension else "it has no extension naming"
-        choices = ", ".join(f".{name}" for name in PLOT_FORMATS)
-        return f"{flag} {path}: {named} no picture format llmroute writes; end it in {choices}"
-    return check_output_path(path, flag)
+    """Why a picture cannot be written at ``path`` (:func:`check_output_path`'s reasons, or an
+    extension that names no format the commands write), or ``None`` if it can."""
+    problem = check_output_path(path, flag)
+    if problem is not None or plot_format(path) is not None:
+        return problem
+    extension = os.path.splitext(path)[1]
+    said = f"{extension} is not a picture format llmroute writes" if extension else "no extension"
+    choices = ", ".join(f".{name}" for name in PLOT_FORMATS[:-1]) + f" or .{PLOT_FORMATS[-1]}"
+    return f"{flag} {path}: {said}; end the name in {choices}"
 
 
 def ms(seconds: float | None) -> str:
