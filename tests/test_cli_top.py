@@ -3,10 +3,13 @@ gateway (simulators behind it) and against nothing, no terminal needed."""
 
 from __future__ import annotations
 
+import http.server
 import io
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -548,3 +551,72 @@ def test_a_tls_gateway_with_a_private_ca(
         )
     assert (status, err) == (0, "")
     assert row_of(out.splitlines(), "p:sim-small").endswith("closed")
+
+
+def test_q_quits_the_live_view_on_a_terminal() -> None:
+    """On a terminal (a pty here) the live view takes the screen; typing q gives it back and
+    ends with status 0, as Ctrl-C does."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    text = AFTER.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    master, slave = pty.openpty()
+    root_dir = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root_dir), "COLUMNS": "120", "LINES": "40"}
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmroute", "top", "--interval", "0.5", url],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        close_fds=True,
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        for _ in range(600):  # a hang guard only: up to 60 s for the first frame
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                seen += os.read(master, 65536)
+            if b"targets (3)" in seen:
+                break
+        assert b"\x1b[?1049h" in seen and b"targets (3)" in seen, seen[-500:]
+        os.write(master, b"q")
+        status = process.wait(timeout=60)  # a hang guard only
+        for _ in range(10):
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                break
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+        os.close(master)
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+    assert status == 0
+    assert seen.rstrip().endswith(b"\x1b[?25h\x1b[?1049l")  # the screen given back

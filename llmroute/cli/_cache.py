@@ -7,11 +7,22 @@ import sys
 
 import anyio
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cache = commands.add_parser("cache", help="the response cache: its stats, or clear it")
+    cache = commands.add_parser(
+        "cache",
+        help="the response cache: its stats, or clear it",
+        description="The response cache's store (disk or redis), outside any application.",
+        epilog=examples(
+            "llmroute cache stats --config llmroute.toml",
+            "llmroute cache stats --json",
+            "llmroute cache clear --config llmroute.toml",
+        ),
+    )
     cache.add_argument("action", choices=["stats", "clear"])
     cache.add_argument(
         "--config", help="a TOML config (default: $LLMROUTE_CONFIG, else the default cache)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import anyio
 from .._streaming import AsyncStream
 from ._format import add_tls_options, error_text, tls_verify
 from ._format import ms as _ms
+from ._parser import examples
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
@@ -32,6 +34,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor = commands.add_parser(
         "doctor",
         help="probe each routed target and say where its time to first token goes",
+        epilog=examples(
+            "llmroute doctor --config llmroute.toml",
+            "llmroute doctor --config llmroute.toml --probes 2 --ca ca.pem",
+            "llmroute doctor --json",
+        ),
         description=(
             "Probe every target of every route with a few streamed requests and say where its "
             "time to first token goes; then, per catalog vendor, when the catalog's facts were "
@@ -44,6 +51,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor.add_argument("--probes", type=int, default=5, help="streamed probes per target (5)")
     doctor.add_argument(
         "--timeout", type=float, default=30.0, help="seconds one probe may take (30)"
+    )
+    doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as one JSON document on stdout (failures still on stderr)",
     )
     add_tls_options(doctor)
     doctor.set_defaults(run=_run)
@@ -58,10 +70,12 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify)
+    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify, args.json)
 
 
-async def _doctor(config_path: str | None, probes: int, timeout: float, verify: bool | str) -> int:
+async def _doctor(
+    config_path: str | None, probes: int, timeout: float, verify: bool | str, as_json: bool = False
+) -> int:
     import statistics
 
     from .. import AsyncOpenAI, OpenAIError
@@ -83,9 +97,10 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")
         return 2
-    write = sys.stdout.write
+    write = (lambda _: 0) if as_json else sys.stdout.write
     write(f"{'target':40} {'client TTFT':>12} {'server TTFT':>12}  where the time goes\n")
     failed: list[str] = []
+    rows: list[dict[str, Any]] = []
     for target in resolved.targets():
         provider = resolved.providers[target.provider]
         endpoint = endpoints[target.name]
@@ -144,8 +159,25 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         suggestion = None if error else suggest_preset(diagnosis, itl)
         if suggestion is not None and provider.kind == "sglang":
             write(f"{'':40} suggestion: {suggestion}\n")
-    for line in await _catalog_report(resolved, verify, timeout):
+        else:
+            suggestion = None
+        rows.append(
+            {
+                "target": target.name,
+                "probes": len(ttfts),
+                "client_ttft": client_ttft,
+                "server_ttft": server_ttft,
+                "verdict": verdict,
+                "error": error,
+                "suggestion": None if suggestion is None else str(suggestion),
+            }
+        )
+    catalog = await _catalog_report(resolved, verify, timeout)
+    for line in catalog:
         write(f"{line}\n")
+    if as_json:
+        document = {"targets": rows, "catalog": catalog, "failed": len(failed)}
+        sys.stdout.write(json.dumps(document) + "\n")
     if failed:
         count = len(resolved.targets())
         sys.stderr.write(

@@ -9,6 +9,8 @@ import socket
 import sys
 from typing import Any
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
@@ -16,6 +18,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "serve",
         help="an OpenAI-compatible gateway with the routing and cache behind it",
+        epilog=examples(
+            "llmroute serve --simulator",
+            "llmroute serve --config llmroute.toml --port 8000",
+            "llmroute serve --config llmroute.toml --certfile cert.pem --keyfile key.pem",
+        ),
         description=(
             "Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, "
             "/v1/models) plus /health and /metrics, with the config's routes and cache behind "

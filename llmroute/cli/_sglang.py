@@ -11,16 +11,30 @@ import anyio
 if TYPE_CHECKING:
     from ..sglang import Preset
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sglang = commands.add_parser("sglang", help="self-hosted SGLang servers")
+    sglang = commands.add_parser(
+        "sglang",
+        help="self-hosted SGLang servers",
+        epilog=examples(
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --dry-run",
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --gpus 0,1 > gpu.toml",
+        ),
+    )
     sglang_commands = sglang.add_subparsers(dest="sglang_command", required=True)
     launch = sglang_commands.add_parser(
         "launch",
         help="start SGLang servers tuned for TTFT and wait until they are ready",
         description="Arguments after -- go to SGLang as they are and win over llmroute's.",
+        epilog=examples(
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --dry-run",
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --gpus 0,1,2,3 --tp 2 > gpu.toml",
+            "llmroute sglang launch meta-llama/Llama-3.1-8B-Instruct -- --context-length 8192",
+        ),
     )
     launch.add_argument("model_path", help="a Hugging Face model id or a local path")
     launch.add_argument(

@@ -8,21 +8,41 @@ import sys
 import time
 from typing import Any
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tiers = commands.add_parser(
-        "tiers", help="the offline request classifier: fit it from labelled examples, or eval it"
+        "tiers",
+        help="the offline request classifier: fit it from labelled examples, or eval it",
+        epilog=examples(
+            "llmroute tiers fit labelled.jsonl --out tiers.npz",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --plot eval.svg",
+        ),
     )
     actions = tiers.add_subparsers(dest="action", required=True)
-    fit = actions.add_parser("fit", help="fit and calibrate a classifier, write its artefact")
+    fit = actions.add_parser(
+        "fit",
+        help="fit and calibrate a classifier, write its artefact",
+        epilog=examples(
+            "llmroute tiers fit labelled.jsonl --out tiers.npz",
+            "llmroute tiers fit labelled.jsonl --out tiers.npz --no-embedding",
+        ),
+    )
     fit.add_argument(
         "file", help='labelled examples, JSONL: {"text"|"messages": ..., "label": ...}'
     )
     fit.add_argument("--out", required=True, help="the artefact to write (.npz)")
     eval_ = actions.add_parser(
-        "eval", help="accuracy, recall, confusion and latency beside baselines"
+        "eval",
+        help="accuracy, recall, confusion and latency beside baselines",
+        epilog=examples(
+            "llmroute tiers eval labelled.jsonl --folds 5",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --json",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --plot eval.svg",
+        ),
     )
     eval_.add_argument("file", help="labelled examples, JSONL")
     eval_.add_argument(

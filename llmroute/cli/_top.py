@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from ._format import MissingExtra, add_tls_options, require, tls_verify
+from ._parser import examples
 from ._topframe import SORTS, Exposition, Frame, NotMetrics, build_frame, render
 
 if TYPE_CHECKING:
@@ -170,6 +172,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "top",
         help="the routing at a glance: per-target TTFT, share, hedges, errors, breakers, live",
+        epilog=examples(
+            "llmroute top http://127.0.0.1:8000",
+            "llmroute top --once --json https://gw.internal:8443/v1 --ca ca.pem",
+            "llmroute top --simulator",
+        ),
         description=(
             "Show what the routing does from llmroute's Prometheus metrics: the gateway's "
             "/metrics, or an application's page of client.metrics. Refreshes in place; --once "
@@ -197,6 +204,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     parser.add_argument(
         "--once", action="store_true", help="print one table and exit (no ANSI codes in a pipe)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one frame's figures as one JSON document and exit (as --once does)",
     )
     parser.add_argument(
         "--interval",
@@ -253,11 +265,13 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TopError) as exc:
         err.write(f"{exc}\n" if isinstance(exc, ValueError) else f"llmroute top: {exc}\n")
         return 2 if isinstance(exc, ValueError) else exc.status
+    once = args.once or args.json
     view = _View(
         out=sys.stdout,
         interval=interval,
-        once=args.once,
-        two_scrapes=args.once and args.interval is not None,
+        once=once,
+        as_json=args.json,
+        two_scrapes=once and args.interval is not None,
         sort=args.sort,
         rows=args.rows,
     )
@@ -268,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
         return anyio.run(_remote, view, url, key, verify, args.timeout)
     except KeyboardInterrupt:
         view.leave()
-        return 0 if not args.once else 130
+        return 0 if not once else 130
 
 
 async def _remote(
@@ -290,6 +304,7 @@ class _View:
     out: TextIO
     interval: float
     once: bool
+    as_json: bool = False
     two_scrapes: bool = False
     sort: str = "share"
     rows: int | None = None
@@ -331,31 +346,50 @@ class _View:
             seconds: float | None = time.monotonic() - taken
         else:
             seconds = None
-        failure: str | None = None
-        drawn = 0
         self.enter()
         try:
-            while True:
-                frame = build_frame(now, before, seconds)
-                self._draw(frame, source, failure)
-                drawn += 1
-                if self.once or (self.frames is not None and drawn >= self.frames):
-                    return 0
-                await anyio.sleep(self.interval)
-                try:
-                    fresh = await scrape()
-                except TopError as exc:
-                    failure = (
-                        f"the last scrape failed: {exc}; trying again every {self.interval:g} s"
-                    )
-                    continue
-                failure = None
-                stamp = time.monotonic()
-                before, now, seconds, taken = now, fresh, stamp - taken, stamp
+            async with anyio.create_task_group() as tg:
+                if self._live:
+                    tg.start_soon(_quit_on_q, tg.cancel_scope)
+                await self._loop(scrape, source, now, before, seconds, taken)
+                tg.cancel_scope.cancel()
+            return 0
         finally:
             self.leave()
 
+    async def _loop(
+        self,
+        scrape: Callable[[], Awaitable[Exposition]],
+        source: str,
+        now: Exposition,
+        before: Exposition | None,
+        seconds: float | None,
+        taken: float,
+    ) -> None:
+        failure: str | None = None
+        drawn = 0
+        while True:
+            frame = build_frame(now, before, seconds)
+            self._draw(frame, source, failure)
+            drawn += 1
+            if self.once or (self.frames is not None and drawn >= self.frames):
+                return
+            await anyio.sleep(self.interval)
+            try:
+                fresh = await scrape()
+            except TopError as exc:
+                failure = f"the last scrape failed: {exc}; trying again every {self.interval:g} s"
+                continue
+            failure = None
+            stamp = time.monotonic()
+            before, now, seconds, taken = now, fresh, stamp - taken, stamp
+
     def _draw(self, frame: Frame, source: str, failure: str | None) -> None:
+        if self.as_json:
+            document = {"source": source, "time": time.time(), **dataclasses.asdict(frame)}
+            self.out.write(json.dumps(document) + "\n")
+            self.out.flush()
+            return
         terminal = self.terminal
         size = shutil.get_terminal_size() if terminal else None
         color = terminal and not os.environ.get("NO_COLOR")
@@ -380,6 +414,31 @@ class _View:
             if not self.once:
                 self.out.write("\n")
         self.out.flush()
+
+
+async def _quit_on_q(scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when ``q`` is typed on the terminal (read key by key, without echo;
+    Ctrl-C still interrupts). Nothing to do when stdin is not a terminal."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # pytest's captured stdin has no descriptor
+        return
+    if not os.isatty(fd):
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        while True:
+            await anyio.wait_readable(fd)
+            typed = os.read(fd, 64)
+            if not typed or b"q" in typed.lower():
+                scope.cancel()
+                return
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
 # -- --simulator -------------------------------------------------------------------------------
