@@ -566,6 +566,7 @@ async def test_a_body_over_the_limit_is_413(gateway: Gateway) -> None:
             await client.chat.completions.create(model="chat", messages=big)
     assert refused.value.status_code == 413
     assert refused.value.code == "request_too_large"
+    assert "larger than the gateway allows (64 KiB)" in str(refused.value)  # not 65536 bytes
     async with httpx.AsyncClient() as plain:  # no Content-Length: counted as it arrives
 
         async def body() -> Any:

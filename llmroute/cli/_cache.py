@@ -7,6 +7,7 @@ import sys
 
 import anyio
 
+from .._sizes import format_size
 from ._parser import examples
 
 __all__ = ["register"]
@@ -83,7 +84,7 @@ async def _cache_command(action: str, config_path: str | None, as_json: bool) ->
     sys.stdout.write(
         f"{store.describe()}\n"
         f"  entries   {stats.entries}\n"
-        f"  bytes     {stats.bytes}\n"
+        f"  size      {format_size(stats.bytes)}\n"
         f"  hits      {stats.hits}\n"
         f"  misses    {stats.misses}\n"
         f"  hit rate  {'-' if rate is None else f'{rate:.1%}'}\n"
