@@ -989,6 +989,9 @@ def test_cli_serve_simulator_is_a_gateway_in_one_command(tmp_path: Path) -> None
         assert proc.returncode == 0, logged[-2000:]
         assert "stopped" in out
         assert key not in logged
+        # Each request is logged once, by the gateway's own access line (not httpx's too).
+        assert "HTTP Request:" not in logged, logged[-2000:]
+        assert logged.count(" /v1/chat/completions 200 key=") == 1, logged[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -13,6 +13,9 @@ from ._parser import examples
 
 __all__ = ["register"]
 
+_UPSTREAM_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+"""The HTTP clients' loggers, whose INFO lines repeat each request the gateway logs itself."""
+
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
@@ -119,6 +122,13 @@ def _run(args: argparse.Namespace) -> int:
     hpack = logging.getLogger("hpack")
     level = hpack.level
     hpack.setLevel(max(logging.INFO, logging.getLogger().level))
+    # httpx and httpcore log each upstream request at INFO: one request would be logged twice
+    # (theirs and the gateway's own access line). Their lines stay at --log-level debug.
+    quieted = {name: logging.getLogger(name) for name in _UPSTREAM_LOGGERS}
+    levels = {name: logger.level for name, logger in quieted.items()}
+    if logging.getLogger().level > logging.DEBUG:
+        for logger in quieted.values():
+            logger.setLevel(logging.WARNING)
     try:
         if args.workers > 1:
             return _serve_workers(args)
@@ -131,6 +141,8 @@ def _run(args: argparse.Namespace) -> int:
             return runner.run(_serve(args))
     finally:
         hpack.setLevel(level)  # main() may run inside another program (or a test)
+        for name, logger in quieted.items():
+            logger.setLevel(levels[name])
 
 
 def _serve_workers(args: argparse.Namespace) -> int:
