@@ -51,7 +51,7 @@ class Parser(argparse.ArgumentParser):
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
-        parsed, extras = self.parse_known_args(args, namespace)
+        parsed, extras = self.parse_known_args(args, namespace or argparse.Namespace())
         if extras:
             chosen = self._chosen(parsed)
             chosen.error(f"unrecognized arguments: {' '.join(extras)}{chosen._flag_hint(extras)}")
