@@ -553,9 +553,18 @@ def test_a_tls_gateway_with_a_private_ca(
     assert row_of(out.splitlines(), "p:sim-small").endswith("closed")
 
 
-def test_q_quits_the_live_view_on_a_terminal() -> None:
-    """On a terminal (a pty here) the live view takes the screen; typing q gives it back and
-    ends with status 0, as Ctrl-C does."""
+def _own_terminal() -> None:
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.parametrize("typed", [b"q", b"\x03"], ids=["q", "ctrl-c"])
+def test_q_or_ctrl_c_quits_the_live_view_on_a_terminal(typed: bytes) -> None:
+    """On a terminal (a pty here) the live view takes the screen; typing q, or Ctrl-C (the
+    terminal still turns it into SIGINT while keys are read one by one), gives it back and ends
+    with status 0."""
     import os
     import pty
     import select
@@ -589,6 +598,8 @@ def test_q_quits_the_live_view_on_a_terminal() -> None:
         stderr=slave,
         env=env,
         close_fds=True,
+        start_new_session=True,
+        preexec_fn=_own_terminal,  # the pty is its terminal: Ctrl-C there is its SIGINT
     )
     os.close(slave)
     seen = b""
@@ -600,7 +611,7 @@ def test_q_quits_the_live_view_on_a_terminal() -> None:
             if b"targets (3)" in seen:
                 break
         assert b"\x1b[?1049h" in seen and b"targets (3)" in seen, seen[-500:]
-        os.write(master, b"q")
+        os.write(master, typed)
         status = process.wait(timeout=60)  # a hang guard only
         for _ in range(10):
             ready, _, _ = select.select([master], [], [], 0.1)

@@ -311,6 +311,9 @@ class _View:
     frames: int | None = None
     note: Callable[[], str | None] = lambda: None
     _live: bool = False
+    _keys: int | None = None
+    """The terminal ``q`` is read from while the view is live (None: not a terminal)."""
+    _saved: list[Any] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -320,10 +323,22 @@ class _View:
         if self.terminal and not self.once and not self._live:
             self._live = True
             self.out.write("\x1b[?1049h\x1b[?25l")  # the alternate screen, no cursor
+            self._keys = _keyboard()
+            if self._keys is not None:  # keys one by one, not echoed, nothing typed dropped
+                import termios
+                import tty
+
+                self._saved = termios.tcgetattr(self._keys)
+                tty.setcbreak(self._keys, termios.TCSANOW)
 
     def leave(self) -> None:
         if self._live:
             self._live = False
+            if self._keys is not None and self._saved is not None:
+                import termios
+
+                termios.tcsetattr(self._keys, termios.TCSADRAIN, self._saved)
+                self._saved = None
             self.out.write("\x1b[?25h\x1b[?1049l")
             self.out.flush()
 
@@ -349,8 +364,8 @@ class _View:
         self.enter()
         try:
             async with anyio.create_task_group() as tg:
-                if self._live:
-                    tg.start_soon(_quit_on_q, tg.cancel_scope)
+                if self._keys is not None:
+                    tg.start_soon(_quit_on_q, self._keys, tg.cancel_scope)
                 await self._loop(scrape, source, now, before, seconds, taken)
                 tg.cancel_scope.cancel()
             return 0
@@ -416,29 +431,24 @@ class _View:
         self.out.flush()
 
 
-async def _quit_on_q(scope: anyio.CancelScope) -> None:
-    """Cancel ``scope`` when ``q`` is typed on the terminal (read key by key, without echo;
-    Ctrl-C still interrupts). Nothing to do when stdin is not a terminal."""
+async def _quit_on_q(fd: int, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when ``q`` is typed on the terminal ``fd`` (put in cbreak mode by
+    :meth:`_View.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
+    while True:
+        await anyio.wait_readable(fd)
+        typed = os.read(fd, 64)
+        if not typed or b"q" in typed.lower():
+            scope.cancel()
+            return
+
+
+def _keyboard() -> int | None:
+    """stdin's descriptor when it is a terminal (the live view reads ``q`` from it)."""
     try:
         fd = sys.stdin.fileno()
     except (AttributeError, OSError, ValueError):  # pytest's captured stdin has no descriptor
-        return
-    if not os.isatty(fd):
-        return
-    import termios
-    import tty
-
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)
-        while True:
-            await anyio.wait_readable(fd)
-            typed = os.read(fd, 64)
-            if not typed or b"q" in typed.lower():
-                scope.cancel()
-                return
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+        return None
+    return fd if os.isatty(fd) else None
 
 
 # -- --simulator -------------------------------------------------------------------------------
