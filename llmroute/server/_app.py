@@ -43,7 +43,7 @@ from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._auth import KeyRing
 from ._limits import Grant, Limits, LocalLimits, RedisLimits, Refusal
-from ._live import PAGE_HEADERS, LivePage, LiveView, since_of
+from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
@@ -69,6 +69,7 @@ _ADMIN_USAGE = "/admin/usage"
 _LIVE = "/admin/live"
 _LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
+_NO_STORE = {"cache-control": "no-store"}  # on an admin path's 401 and 403
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
 _KINDS = {
     _CHAT: "chat",
@@ -198,6 +199,7 @@ class _Exchange:
     """One request's state: its id, key name, status sent and whether the client left."""
 
     __slots__ = (
+        "counted",
         "failed",
         "finished",
         "first",
@@ -230,6 +232,7 @@ class _Exchange:
         self.started = 0.0  # when the answer's headers were sent (monotonic)
         self.first = 0.0  # when its first chunk (or the whole answer) began to be written
         self.failed = False  # a stream that ended with an error event
+        self.counted = False  # in its key's usage, by the answer's accounting (_settle)
         self.revoked = False  # the key was revoked on a reload, and its streams cut
         self.status = 0
         self.gone = False
@@ -489,6 +492,8 @@ class GatewayApp:
             elapsed = time.monotonic() - began
             status = str(exchange.status or 499)
             self.metrics.requests.labels(exchange.key, label, status).inc()
+            if label.startswith("/v1/") and not exchange.counted:
+                self._count_call(exchange)
             self.metrics.duration.labels(label).observe(elapsed)
             log.info(
                 "%s %s %s key=%s %.3fs %s%s%s",
@@ -562,8 +567,13 @@ class GatewayApp:
         await exchange.whole(200, found[0], found[1], PAGE_HEADERS)
 
     def _admin(self, headers: Mapping[str, str], exchange: _Exchange, what: str) -> Tenant:
-        """The request's tenant if its key is an admin's; else 401 (no key) or 403."""
-        tenant = self._authenticate(headers, exchange)
+        """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
+        kept by a cache on the way."""
+        try:
+            tenant = self._authenticate(headers, exchange)
+        except _Refused as refused:
+            refused.headers.update(_NO_STORE)
+            raise
         if not tenant.settings.admin:
             raise _Refused(
                 403,
@@ -572,6 +582,7 @@ class GatewayApp:
                     "invalid_request_error",
                     "permission_denied",
                 ),
+                _NO_STORE,
             )
         return tenant
 
@@ -791,6 +802,7 @@ class GatewayApp:
         prompt, completion = tally.used()
         usage = self._usage.setdefault(exchange.key, _new_usage())
         usage["requests"] += 1
+        exchange.counted = True
         if (
             exchange.status >= 400
             or exchange.failed
@@ -808,6 +820,17 @@ class GatewayApp:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
         if grant is not None:
             await self._limits.settle(grant, prompt + completion)
+
+    def _count_call(self, exchange: _Exchange) -> None:
+        """An API call of a key that did not reach an answer's accounting (refused before it,
+        or a model list): a request of the key's usage, as ``llmroute_gateway_requests_total``
+        counts it, and an error unless it was answered or its client left."""
+        if exchange.key == ANONYMOUS:
+            return
+        usage = self._usage.setdefault(exchange.key, _new_usage())
+        usage["requests"] += 1
+        if not exchange.gone and not 0 < exchange.status < 400:
+            usage["errors"] += 1
 
     async def usage(self) -> dict[str, Any]:
         """Every key's usage in this replica (requests, errors, tokens, cache hits) and its
@@ -1054,7 +1077,8 @@ class GatewayApp:
     def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> Tenant:
         tenant = self.tenants.match(headers.get("authorization"))
         if tenant is None:
-            self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
+            if exchange.label.startswith("/v1/"):  # rejections are of API calls
+                self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
             given = "authorization" in headers
             message = (
                 "Incorrect API key provided."
@@ -1298,8 +1322,15 @@ def _cache_hit(result: object) -> bool:
     return bool(getattr(route, "cache_hit", False))
 
 
+_LABELS = frozenset(
+    (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics", _ADMIN_USAGE)
+) | {_LIVE_DATA, *LIVE_FILES}
+
+
 def _label(path: str) -> str:
-    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics"):
+    """The path as the access log and the metrics name it: one of the gateway's own (an
+    admin read included, so it can be audited), else a bounded stand-in."""
+    if path in _LABELS:
         return path
     if path.startswith(_MODELS + "/"):
         return _MODELS + "/{model}"
