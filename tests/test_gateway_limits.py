@@ -202,6 +202,22 @@ async def test_an_unreachable_redis_counts_locally_or_refuses(
     assert "counting in this replica" in warnings[0] and "refusing" in warnings[1]
 
 
+async def test_a_request_estimated_at_no_tokens_is_corrected_to_its_usage(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    """A completion of an empty prompt naming no max_tokens is admitted on 0 tokens; its
+    answer's usage is still counted (in Redis the correction once found no field to correct,
+    so the minute and the budget never counted what such answers used)."""
+    limits, clock = counted
+    clock.now = 3600.0 * 500_000 + 10
+    app = _tenant(tpm=1000, budget_tokens=1000, budget_period="1h")
+    grant = await limits.admit(app, 0)
+    assert isinstance(grant, Grant)
+    await limits.settle(grant, 30)
+    counts = await limits.peek(app)
+    assert (counts.requests, counts.tokens, counts.spent) == (1, 30, 30)
+
+
 async def test_a_huge_estimate_is_counted_clamped_and_corrected_to_the_usage(
     counted: tuple[Limits, FakeClock], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -406,16 +406,15 @@ if verdict == 0 and ARGV[9] == '0' then
   redis.call('EXPIRE', KEYS[1], ttl)
   used = used + 1
   if oldest < 0 then oldest = bucket end
-  if tokens > 0 then
-    redis.call('HINCRBY', KEYS[2], bucket, ARGV[6])
-    redis.call('EXPIRE', KEYS[2], ttl)
-    taken = taken + tokens
-    if taken_oldest < 0 then taken_oldest = bucket end
-    if budget > 0 then
-      redis.call('INCRBY', KEYS[3], ARGV[6])
-      redis.call('EXPIRE', KEYS[3], budget_ttl)
-      spent = spent + tokens
-    end
+  -- Written for 0 tokens too: it is where the answer's usage is corrected to.
+  redis.call('HINCRBY', KEYS[2], bucket, ARGV[6])
+  redis.call('EXPIRE', KEYS[2], ttl)
+  taken = taken + tokens
+  if tokens > 0 and taken_oldest < 0 then taken_oldest = bucket end
+  if budget > 0 then
+    redis.call('INCRBY', KEYS[3], ARGV[6])
+    redis.call('EXPIRE', KEYS[3], budget_ttl)
+    spent = spent + tokens
   end
 end
 return {verdict, used, oldest, taken, taken_oldest, spent}
