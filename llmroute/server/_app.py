@@ -39,6 +39,7 @@ from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
+from ..routing.seam import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._auth import KeyRing
@@ -1434,10 +1435,27 @@ def _new_usage() -> dict[str, int]:
     )
 
 
+def _carries_tokens(chunk: Any) -> bool:
+    """Whether a streamed chunk brings answer tokens (text, reasoning, a tool call), not only
+    a role, a finish reason or usage."""
+    for choice in chunk.choices or ():
+        if getattr(choice, "text", None):  # a completion's
+            return True
+        delta = getattr(choice, "delta", None)
+        if delta is None:
+            continue
+        if delta.content or delta.tool_calls or delta.refusal:
+            return True
+        extra = getattr(delta, "__pydantic_extra__", None)
+        if extra and any(extra.get(key) for key in REASONING_FIELDS):
+            return True
+    return False
+
+
 class _Tally:
     """What one answer used: the vendors' usage where it came, else the gateway's count
-    (the prompt's estimate; a streamed chunk a token). A cache hit used nothing. Per chunk it
-    costs an increment and an attribute read: the hot path is the streamed chunk's."""
+    (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing. Per
+    chunk it costs a few attribute reads: the hot path is the streamed chunk's."""
 
     __slots__ = ("answer", "body", "cache_hit", "chunks", "completion", "kind", "prompt")
 
@@ -1457,7 +1475,8 @@ class _Tally:
             self.completion = c
 
     def chunk(self, chunk: Any) -> None:
-        self.chunks += 1  # a count of tokens only where no vendor sent usage
+        if _carries_tokens(chunk):
+            self.chunks += 1  # a count of tokens only where no vendor sent usage
         usage = chunk.usage
         if usage is not None:
             self._usage(usage, "prompt_tokens", "completion_tokens")
