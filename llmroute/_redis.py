@@ -31,6 +31,7 @@ class RedisConnection:
     def __init__(self, url: str, *, timeout: float, purpose: str) -> None:
         try:
             import redis
+            import redis.exceptions
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:

@@ -263,7 +263,7 @@ async def test_the_admission_script_writes_nothing_when_an_argument_is_wrong(
     """Every argument is checked before the first write: tokens the script cannot count
     (past the clamp) leave the request uncounted too (once, the requests bucket was
     incremented before HINCRBY on the tokens failed)."""
-    import redis
+    import redis.exceptions
 
     clock = FakeClock(START)
     limits = RedisLimits(redis_url, prefix=f"t-{uuid.uuid4().hex[:8]}", timeout=2.0, clock=clock)
@@ -290,7 +290,7 @@ async def test_a_script_error_is_not_an_outage(
     """Redis answers the scripts with an error (a bug): logged as one, the request refused
     with a 500 saying so; the replica neither counts locally nor answers 503, and the next
     admission is counted in Redis as before. An outage is only a server that cannot be used."""
-    import redis
+    import redis.exceptions
 
     clock = FakeClock(START)
     prefix = f"t-{uuid.uuid4().hex[:8]}"
