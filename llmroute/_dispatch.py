@@ -104,8 +104,8 @@ LOOKED_UP: contextvars.ContextVar[tuple[str, Flight | None] | None] = contextvar
 )
 """The cache key a call was already looked up under, and missed, before openai's machinery
 built its request (:meth:`Dispatch.from_cache`), with the identical call that was pending then
-(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless that call's
-answer was stored in between."""
+(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless an identical
+call ended or was stored in between (:meth:`ResponseCache.after_miss`)."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -827,9 +827,9 @@ class Dispatch:
         else:
             pending = cache.pending(request)
             hit = await cache.lookup(request) if request.read else None
-        if hit is None and request.read and pending is not None and pending.finished:
-            # The identical answer being stored as the lookup missed is in the store now.
-            hit = await cache.lookup(request)
+        if hit is None and request.read:
+            # An identical call that ended, or was stored, as the lookup missed.
+            hit = await cache.after_miss(request, pending)
         if hit is not None:
             return self._hit(cache, hit, request, call, started)
         if not request.share and not request.write:

@@ -13,7 +13,9 @@ only parsed. Every other block is checked as a reader would use it (tests/README
   ``LLMROUTE_GATEWAY_KEY`` set (docs/gateway.md tells the reader to set it); sockets
   reach loopback only. A README block is a program (``asyncio.run(main())``); a docs/ block may
   use a top-level ``await``, run as ``python -m asyncio`` runs it. A block that begins with
-  ``# examples/NAME.py`` is that file's text (tests/test_examples.py runs the file).
+  ``# examples/NAME.py`` is that file's text (tests/test_examples.py runs the file). A
+  ```` ```text output ```` block after a Python block (prose between them, no other block) is
+  what that block prints: its output must be exactly that.
 """
 
 from __future__ import annotations
@@ -60,20 +62,44 @@ class Block:
     lang: str
     fragment: bool
     text: str
+    output: str | None = None
+    """What the block prints, from the ```` ```text output ```` block after it."""
 
     @property
     def name(self) -> str:
         return f"{self.doc.relative_to(ROOT)}:{self.line}"
 
 
+def _is_output(match: re.Match[str]) -> bool:
+    return match.group(1) == "text" and match.group(2).split() == ["output"]
+
+
 def _blocks() -> Iterator[Block]:
     for doc in DOCS:
         text = doc.read_text()
-        for match in FENCE.finditer(text):
+        matches = list(FENCE.finditer(text))
+        for index, match in enumerate(matches):
+            after = matches[index + 1] if index + 1 < len(matches) else None
             lang, info, body = match.groups()
             if lang in ("python", "toml"):
                 line = text.count("\n", 0, match.start()) + 1
-                yield Block(doc, line, lang, "fragment" in info.split(), body)
+                output = after.group(3) if after is not None and _is_output(after) else None
+                yield Block(doc, line, lang, "fragment" in info.split(), body, output)
+
+
+def test_every_output_block_follows_a_block_that_runs() -> None:
+    """An output block after anything but a runnable Python block would be checked by nothing."""
+    seen = 0
+    for doc in DOCS:
+        text = doc.read_text()
+        matches = list(FENCE.finditer(text))
+        for index, match in enumerate(matches):
+            before = matches[index - 1] if index else None
+            if _is_output(match):
+                seen += 1
+                assert before is not None and before.group(1) == "python", (doc, match.start())
+                assert "fragment" not in before.group(2).split(), (doc, match.start())
+    assert seen >= 1
 
 
 BLOCKS = list(_blocks())
@@ -191,13 +217,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             f'[providers.sim-b]\nbase_url = "{sim.base_url}"\napi_key_env = "OPENAI_API_KEY"\n'
             f'verify = "{sim.ca_pem_path}"\n\n'
             '[models.chat]\ntargets = ["sim-a:sim-small", "sim-b:sim-small"]\n'
-            'policy = "hedge"\n\n[cache]\nbackend = "memory"\nmin_hits = 2\n'
+            'policy = "hedge"\n\n'
         )
         manifest = []
         for index, block in enumerate(RUNNABLE):
             cwd = base / f"block{index}"
             cwd.mkdir()
-            (cwd / "llmroute.toml").write_text(config)
+            # The README's cache: on disk, stored on its second ask (in the block's directory).
+            cache = f'[cache]\nbackend = "disk"\nmin_hits = 2\nttl = "1h"\npath = "{cwd}/cache"\n'
+            (cwd / "llmroute.toml").write_text(config + cache)
             (cwd / "labelled.jsonl").write_text("".join(json.dumps(e) + "\n" for e in LABELLED))
             manifest.append(
                 {"name": block.name, "code": block.text, "cwd": str(cwd), "timeout": 60}
@@ -229,3 +257,8 @@ def test_python_block_runs_as_written(block: Block, results: dict[str, Any]) -> 
         f"{block.name} (mark it fragment if it is not meant to run)"
         f"{' timed out' if result['timed_out'] else ''}:\n{result['output'][-3000:]}"
     )
+    if block.output is not None:
+        assert result["output"].strip() == block.output.strip(), (
+            f"{block.name} printed:\n{result['output'][-3000:]}\nwhere its doc says:\n"
+            f"{block.output}"
+        )
