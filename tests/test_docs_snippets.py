@@ -5,7 +5,8 @@ of something larger (a walk through the code, a printed output, a file that need
 only parsed. Every other block is checked as a reader would use it (tests/README.md):
 
 - TOML: parses; an llmroute config loads through the config loader and resolves (every
-  environment variable it or the catalog names set to a dummy value); a keys file
+  environment variable it or the catalog names set to a dummy value, its simulated providers
+  started); a keys file
   (``# /etc/llmroute/keys.toml``) loads as ``keys_file``.
 - Python: runs, in a process of its own (tests/snippet_runner.py), in a directory whose
   ``llmroute.toml`` routes ``chat`` over the simulator, with ``OPENAI_BASE_URL`` and
@@ -145,6 +146,7 @@ def _strings(data: object) -> Iterator[str]:
 @pytest.mark.parametrize("block", TOML, ids=_ids(TOML))
 def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmroute._config import ConfigError, load_config, load_keys_file, resolve
+    from llmroute._simulated import SimulatedProviders
     from llmroute.testing._server import ca_pem_path
 
     try:
@@ -175,7 +177,12 @@ def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.Monk
         try:
             config = load_config(path)
             assert config is not None
-            resolved = resolve(config, environ=_dummy_environ(block.text))
+            simulated = SimulatedProviders(config)  # its kind = "simulator" providers, if any
+            try:
+                environ = _dummy_environ(block.text)
+                resolved = resolve(config, environ=environ, simulated=simulated.addresses)
+            finally:
+                simulated.stop()
         finally:
             os.chdir(cwd)
     except ConfigError as exc:

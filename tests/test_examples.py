@@ -98,6 +98,48 @@ def test_readme_one_key_routing_runs_as_written(tmp_path: Path) -> None:
     assert re.search(r"route 'chat' \(hedge\): winner openai:\S+", chat.stderr), chat.stderr
 
 
+def test_readme_simulated_config_runs_without_a_key(tmp_path: Path) -> None:
+    """The README's keyless config (three providers of kind "simulator"), saved as the README
+    says, serves examples/one_key.py and ``llmroute chat --config`` with no API key, no
+    SSL_CERT_FILE and no address or CA copied into it: the client starts the simulators."""
+    import os
+
+    toml = _readme_block("# llmroute.toml: three simulated providers, no key\n")
+    shell = _readme_block(".venv/bin/llmroute chat --config llmroute.toml --show-route")
+    assert "examples/one_key.py llmroute.toml" in shell
+    (tmp_path / "llmroute.toml").write_text(toml)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    for name in ("LLMROUTE_CONFIG", "SSL_CERT_FILE", "OPENAI_BASE_URL"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    one_key = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "one_key.py"), "llmroute.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    argv = ["chat", "--config", "llmroute.toml", "--show-route", "Hello!"]
+    chat = subprocess.run(
+        [sys.executable, "-m", "llmroute", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert one_key.returncode == 0, one_key.stderr
+    found = re.findall(
+        r"-> (fast|steady|flaky):sim-small, first token after \d+ ms", one_key.stdout
+    )
+    assert len(found) == 3, one_key.stdout
+    assert chat.returncode == 0, chat.stderr
+    assert re.search(r"route 'chat' \(hedge\): winner (fast|steady|flaky):sim-small", chat.stderr)
+
+
 def test_readme_gateway_in_three_commands() -> None:
     """The README's three commands: install, ``llmroute serve --simulator``, then the line it
     prints, pasted: openai's client gets a routed answer and the target that gave it. (Here on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import functools
 import json
 import logging
@@ -19,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from hypercorn.protocol.h2 import H2Protocol
 from priority.priority import PriorityTree
 
 from ._app import SimApp
-from ._profile import Profile
+from ._profile import Profile, check_fields
 
 try:
     from ..server._h2 import BoundedH2Protocol as _BaseH2Protocol
@@ -259,8 +260,12 @@ class Simulator:
         port: int = 0,
         history: int = 64,
         keep_alive_timeout: float = 75.0,
+        phases: Sequence[tuple[float, Mapping[str, Any]]] = (),
     ) -> None:
         self.profile = profile or Profile()
+        self.phases = sorted(phases, key=lambda phase: phase[0])
+        """``(seconds after the start, profile fields)``: each phase's fields replace the
+        profile's then (a provider that slows, fails or recovers mid-run)."""
         self.keep_alive_timeout = keep_alive_timeout
         self.tls = tls
         self.http2 = http2
@@ -272,6 +277,7 @@ class Simulator:
         self._shutdown: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._shutdown_hooks: list[Callable[[], object]] = []
 
     @property
     def base_url(self) -> str:
@@ -335,6 +341,9 @@ class Simulator:
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown = asyncio.Event()
+        if self.phases:
+            phases = asyncio.get_running_loop().create_task(self._run_phases())
+            self._shutdown_hooks.append(phases.cancel)
         await _serve(
             self.app,
             sock,
@@ -344,7 +353,27 @@ class Simulator:
             keep_alive_timeout=self.keep_alive_timeout,
         )
 
+    async def _run_phases(self) -> None:
+        began = time.monotonic()
+        for after, fields in self.phases:
+            await asyncio.sleep(max(0.0, began + after - time.monotonic()))
+            self._change(dict(fields))
+
+    def _change(self, fields: dict[str, Any]) -> None:
+        self.app.profile = Profile.from_dict({**dataclasses.asdict(self.app.profile), **fields})
+
+    def change_profile(self, **fields: Any) -> None:
+        """Replace some :class:`Profile` fields now (as ``POST /_sim/profile`` does)."""
+        check_fields(fields, "change_profile")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._change(fields)
+            return
+        asyncio.run_coroutine_threadsafe(_call(lambda: self._change(fields)), loop).result(10)
+
     def _begin_shutdown(self) -> None:
+        for hook in self._shutdown_hooks:
+            hook()
         _begin_shutdown(self.app, self._shutdown)
 
     def stop(self) -> None:
