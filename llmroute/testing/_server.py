@@ -48,20 +48,35 @@ _HOST_NAMES = ("127.0.0.1", "localhost")
 _ABORT_AFTER = 0.5  # seconds from shutdown until connections still open are aborted
 
 
-# -- certificates (one CA per process) --------------------------------------------------------
+# -- certificates (one CA per run) ------------------------------------------------------------
+CA_ENV = "LLMROUTE_SIMULATOR_CA"
+"""A folder holding ``ca.pem`` and ``ca.key``: the CA a simulator process signs with. A
+:class:`SimulatorProcess` passes its parent's, so every simulator of a run, in the process or
+in its children, has one CA, and one ``verify`` trusts them all."""
+
+
 @functools.cache
 def _certs() -> tuple[trustme.CA, trustme.LeafCert, str]:
-    ca = trustme.CA()
-    leaf = ca.issue_cert(*_HOST_NAMES)
-    folder = tempfile.mkdtemp(prefix="llmroute-sim-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = os.path.join(folder, "ca.pem")
-    ca.cert_pem.write_to_path(path)
-    return ca, leaf, path
+    shared = os.environ.get(CA_ENV)
+    if shared:  # the parent's CA (a SimulatorProcess's child): the parent removes the folder
+        path = os.path.join(shared, "ca.pem")
+        with open(path, "rb") as cert, open(os.path.join(shared, "ca.key"), "rb") as key:
+            ca = trustme.CA.from_pem(cert_bytes=cert.read(), private_key_bytes=key.read())
+    else:
+        ca = trustme.CA()
+        folder = tempfile.mkdtemp(prefix="llmroute-sim-")  # mode 0700
+        atexit.register(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "ca.pem")
+        ca.cert_pem.write_to_path(path)
+        key = os.path.join(folder, "ca.key")
+        os.close(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        ca.private_key_pem.write_to_path(key)
+    return ca, ca.issue_cert(*_HOST_NAMES), path
 
 
 def ca_pem_path() -> str:
-    """Path of a PEM file with this process's simulator CA certificate."""
+    """Path of a PEM file with the CA certificate of every simulator of this run (this
+    process's, and its :class:`SimulatorProcess` children's)."""
     return _certs()[2]
 
 
@@ -459,6 +474,8 @@ class SimulatorProcess:
         if self.seed is not None:
             cmd += ["--seed", str(self.seed)]
         env = dict(os.environ)
+        if self.tls:  # the child signs with this process's CA: one verify trusts both
+            env[CA_ENV] = os.path.dirname(ca_pem_path())
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(
