@@ -688,7 +688,16 @@ class RedisSettings(BaseModel):
     """Seconds a Redis call may take before the cache treats the server as unreachable."""
 
 
-def _default_cache_dir() -> str:
+CACHE_DIR_ENV = "LLMROUTE_CACHE_DIR"
+"""Where llmroute keeps what it can rebuild (the disk cache's default ``path``, fitted tier
+classifiers); default ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+
+
+def default_cache_dir() -> str:
+    """``$LLMROUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+    given = os.environ.get(CACHE_DIR_ENV)
+    if given:
+        return os.path.expanduser(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "llmroute")
 
@@ -712,7 +721,7 @@ class CacheSettings(BaseModel):
     """The store's size limit (memory and disk; Redis uses its own maxmemory)."""
     max_entry_bytes: Annotated[Size, Field(gt=0)] = 2**20
     """Answers larger than this are not stored."""
-    path: str = Field(default_factory=_default_cache_dir)
+    path: str = Field(default_factory=default_cache_dir)
     """The disk store's directory (created with mode 0700)."""
     namespace: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
     """Whose answers these are; by default derived from a hash of the API keys in use."""
