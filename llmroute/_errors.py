@@ -375,7 +375,7 @@ _UNTRUSTED = (
 
 def _connection_message(exc: BaseException, request: Any) -> str:
     detail = " ".join(str(exc).split()) or type(exc).__name__
-    url = getattr(request, "url", None)
+    url: Any = getattr(request, "url", None)
     host = getattr(url, "host", None)
     if host:
         port = url.port or (443 if url.scheme == "https" else 80)
