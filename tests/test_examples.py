@@ -31,6 +31,60 @@ def test_make_demo_runs_the_demo_command() -> None:
     assert re.search(r"routed: hedge \+ cache +\d+ +\d+ +\d+ ms", out)
 
 
+def test_make_demo_installs_what_a_user_needs_with_a_line_per_step(tmp_path: Path) -> None:
+    """``make demo`` installed the developer's tools (.[dev,tiers], about 760 MB) quietly, over
+    a minute without a line; it installs .[all] into .venv under its own stamp, saying each
+    step and showing pip's lines, and ``make test`` still gets .[dev,tiers]. Run with a stand-in
+    .venv/bin/python and llmroute that record their arguments."""
+    import os
+    import shutil
+    import time
+
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    for tool in ("python", "llmroute"):
+        script = bin_dir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        script.chmod(0o755)
+
+    def make(*targets: str) -> str:
+        done = subprocess.run(
+            ["make", "--no-print-directory", *targets],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = make("demo")
+    assert calls.read_text().splitlines() == [
+        "python -m pip install --disable-pip-version-check -e .[all]",
+        "llmroute demo",
+    ]
+    for step in ("1/3", "2/3", "3/3"):
+        assert f"make demo: {step}" in out
+    assert (tmp_path / ".venv" / ".installed-all").exists()
+    calls.unlink()
+    make("demo")  # installed: the demo only
+    assert calls.read_text().splitlines() == ["llmroute demo"]
+    # A developer's current environment (.[dev,tiers] holds .[all]) serves the demo as it is.
+    (tmp_path / ".venv" / ".installed-all").unlink()
+    (tmp_path / ".venv" / ".installed").touch()
+    later = time.time() + 5
+    os.utime(tmp_path / ".venv" / ".installed", (later, later))
+    calls.unlink()
+    assert "has the developer's extras" in make("demo")
+    assert calls.read_text().splitlines() == ["llmroute demo"]
+    dry = make("-n", "-B", "test-main")
+    assert "pip install --quiet -e '.[dev,tiers]'" in dry
+
+
 def test_routing_example_hedges_and_reports() -> None:
     out = run("examples/routing.py")
     assert len(re.findall(r"first token +\d+ ms", out)) == 12
