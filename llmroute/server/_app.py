@@ -21,7 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import NOT_ROUTED, AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
+from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
 from .._timeouts import (
@@ -319,11 +319,11 @@ class GatewayApp:
         self._environ = environ
         self.tenants = Tenants.load(loaded, environ)
         self._namespaces = _namespaces(self.settings, self.tenants.names)
-        resolved = resolve(loaded)
+        self.client = AsyncOpenAI(config=loaded, **client_options)  # its simulators start
+        resolved = self.client._llmroute.resolved
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
-        self.client = AsyncOpenAI(config=loaded, **client_options)
         _refuse_cookies(self.client)
         self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
