@@ -29,6 +29,7 @@ COMMANDS = {
     "bench",
     "chat",
     "serve",
+    "sim",
     "cache",
     "sglang",
     "doctor",
@@ -40,6 +41,8 @@ COMMANDS = {
 TABLE_COMMANDS = {("bench",), ("cache",), ("chat",), ("doctor",), ("tiers", "eval"), ("top",)}
 """The commands that print a table (or a report) and so take ``--json``. ``demo`` is a live
 show of tables, not data: ``bench --routed --json`` gives its figures."""
+JSON_COMMANDS = {*TABLE_COMMANDS, ("sim",)}
+"""Every command with ``--json``: those above, and ``sim`` (its addresses)."""
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -150,7 +153,7 @@ def test_debug_works_before_or_after_the_subcommand(
 def test_every_command_that_prints_a_table_takes_json() -> None:
     """And no other command has one untested here (a new one must join TABLE_COMMANDS)."""
     with_json = {path for path, parser in walk(build_parser()) if _flags(parser) & {"--json"}}
-    assert with_json == TABLE_COMMANDS
+    assert with_json == JSON_COMMANDS
 
 
 def _flags(parser: Any) -> set[str]:
@@ -257,6 +260,36 @@ def test_top_json_prints_one_frame(metrics_page: str, capsys: pytest.CaptureFixt
     (target,) = document["targets"]
     assert (target["name"], target["answers"], target["share"]) == ("a:m", 4, 1.0)
     assert document["routes"][0]["requests"] == 4
+
+
+def test_sim_json_is_one_document() -> None:
+    """``llmroute sim --json`` prints its simulators as one JSON document as soon as they
+    listen, then serves until a signal (status 0), nothing more on stdout."""
+    import os
+    import select
+    import signal
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "llmroute", "sim", "--no-tls", "--json"]
+    argv += ["--profile", "a=instant", "--profile", "b=flaky"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 60)  # a hang guard only
+        assert ready
+        line = proc.stdout.readline().decode()
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    document = only_json(line + rest.decode())
+    assert [s["name"] for s in document["simulators"]] == ["a", "b"]
+    assert all(s["base_url"].startswith("http://127.0.0.1:") for s in document["simulators"])
 
 
 # -- completion ------------------------------------------------------------------------------------
