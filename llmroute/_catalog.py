@@ -25,6 +25,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from ._prices import ModelPrice, UsageFields, default_usage
+
 __all__ = [
     "SOURCE_CLAIMS",
     "CatalogError",
@@ -105,6 +107,8 @@ SOURCE_CLAIMS = frozenset(
         "trial",
         "max_tokens_field",
         "models",
+        "prices",
+        "usage",
     }
 )
 """The claims a source may vouch for (mostly the catalog keys they set)."""
@@ -127,6 +131,8 @@ class Source(BaseModel):
     captured traffic, or a page that could not be read): what is still to be verified."""
     note: str = ""
     """What the page says, or what was not found."""
+    models: tuple[str, ...] = ()
+    """The models a per-model claim is about (``prices``): the ``prices`` keys this page dates."""
 
     @property
     def claims(self) -> tuple[str, ...]:
@@ -223,6 +229,10 @@ class ProviderSpec(BaseModel):
     ``context_windows`` names the model; ``None``: unknown (never a reason to skip a target)."""
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name, as the vendor's docs state them."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """What each model costs, by model name (``"*"``: any model without its own price)."""
+    usage: UsageFields | None = None
+    """Where the vendor's ``usage`` reports each token class; ``None``: the protocol's."""
     sources: tuple[Source, ...] = ()
     """Where the entry's claims come from and when each was checked (the file's ``[[sources]]``)."""
 
@@ -230,6 +240,11 @@ class ProviderSpec(BaseModel):
     def checked(self) -> datetime.date | None:
         """The oldest day any of the entry's sources was checked; ``None`` without sources."""
         return min((source.checked for source in self.sources), default=None)
+
+    @property
+    def usage_fields(self) -> UsageFields:
+        """Where this vendor reports billed tokens: its own ``[usage]`` or its protocol's."""
+        return self.usage if self.usage is not None else default_usage(self.protocol)
 
     def window_for(self, model: str) -> int | None:
         """The context window of ``model`` on this provider, in tokens; ``None`` if unknown."""

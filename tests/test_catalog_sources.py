@@ -37,8 +37,8 @@ def sources_table(catalog: dict[str, ProviderSpec]) -> list[str]:
             if source.verified:
                 day = by_day.setdefault(source.checked, [])
                 day.extend(claim for claim in source.claims if claim not in day)
-            else:
-                unverified.append(f"{', '.join(source.claims)} ({source.checked})")
+            elif (entry := f"{', '.join(source.claims)} ({source.checked})") not in unverified:
+                unverified.append(entry)
         days = sorted(by_day.items())
         verified = "; ".join(f"{day}: {', '.join(claims)}" for day, claims in days)
         missing = ", ".join(claim for claim in CORE if claim not in cited)
@@ -71,7 +71,9 @@ def test_every_entry_cites_dated_sources(name: str) -> None:
     text = (ROOT / "providers" / f"{name}.toml").read_text(encoding="utf-8")
     tail = text[text.index("[[sources]]") :]
     assert all(
-        line.startswith(("[[sources]]", "about", "url", "checked", "verified", "note", "#"))
+        line.startswith(
+            ("[[sources]]", "about", "models", "url", "checked", "verified", "note", "#")
+        )
         for line in tail.splitlines()
         if line.strip()
     ), f"{name}: only [[sources]] tables after the first one"
