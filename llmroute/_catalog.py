@@ -4,10 +4,11 @@ Each file describes how to reach a vendor and what routing may ask of it: base U
 protocol, the environment variable holding its API key, and capabilities (assistant-prefix
 continuation and how it is requested, prompt-prefix caching, usage in streams, the Responses
 API and whether it keeps responses), and the vendor's current chat models and the retired ones a
-user may still name (:func:`find_model`). The files ship inside the wheel (as
-``llmroute/_providers``); in a source checkout or an editable install they are read from
-``providers/`` beside the package. Each file ends with its ``[[sources]]``: which claims were
-checked against which page, and when.
+user may still name (:func:`find_model`), their prices per million tokens and where the vendor's
+usage reports each billed token class (``[prices]``, ``[usage]``: docs/cost.md). The files ship
+inside the wheel (as ``llmroute/_providers``); in a source checkout or an editable install they
+are read from ``providers/`` beside the package. Each file ends with its ``[[sources]]``: which
+claims were checked against which page, and when.
 """
 
 from __future__ import annotations

@@ -15,7 +15,15 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt
 
-__all__ = ["GpuHour", "ModelPrice", "PerMillion", "PriceTier", "UsageFields", "default_usage"]
+__all__ = [
+    "ANY_MODEL",
+    "GpuHour",
+    "ModelPrice",
+    "PerMillion",
+    "PriceTier",
+    "UsageFields",
+    "default_usage",
+]
 
 ANY_MODEL = "*"
 """The ``prices`` key that prices every model a provider has no own price for (self-hosted)."""

@@ -88,6 +88,12 @@ def test_anthropic_cache_reads_and_both_write_lifetimes() -> None:
     ]
 
 
+def test_anthropic_writes_without_the_lifetime_split_are_5_minute_writes() -> None:
+    usage = {"input_tokens": 0, "cache_creation_input_tokens": 1_000, "output_tokens": 0}
+    # 1K x $5 (Claude Opus 5.5's 5-minute write) = 0.005
+    assert _cost("anthropic", "claude-opus-5-5", usage) == Decimal("0.005")
+
+
 # Prices: https://platform.claude.com/docs/en/models/haiku-5-5/overview, read 2026-12-06 (with
 # third-party copies for the cache rates): prompts up to 100K $0.10 / $0.01 hits / $0.50; over
 # 100K (input, reads and writes counted) $0.50 / $0.05 / $2.50 on every token of the request.
@@ -210,6 +216,23 @@ def test_a_self_hosted_server_priced_by_gpu_hour() -> None:
     cost = attempt_cost(provider.spec, "any-model", usage)
     assert cost.amount == Decimal("0.002")
     assert cost.estimated == ("GPU time at the stated throughput",)
+
+
+def test_a_config_names_where_its_server_reports_cached_tokens() -> None:
+    usage_fields = {
+        "prompt": "usage_in",
+        "prompt_includes_cache": True,
+        "cache_read": "usage_cached",
+        "completion": "usage_out",
+    }
+    price = {"input": 1, "cached_input": "0.5", "output": 2}
+    provider = resolve_provider(
+        "vllm",
+        {"base_url": "http://127.0.0.1:8000/v1", "usage": usage_fields, "prices": {"*": price}},
+    )
+    usage = {"usage_in": 1_000, "usage_cached": 600, "usage_out": 100}
+    # 400 x $1 + 600 x $0.50 + 100 x $2 = 0.0004 + 0.0003 + 0.0002
+    assert attempt_cost(provider.spec, "m", usage).amount == Decimal("0.0009")
 
 
 def test_a_free_server_costs_zero_when_the_config_says_so() -> None:
