@@ -148,7 +148,7 @@ def test_a_promotional_price_is_unknown_after_its_last_day() -> None:
 # --- Unknown prices and malformed usage ----------------------------------------------------
 @pytest.mark.parametrize(
     ("provider", "model"),
-    [("openai", "gpt-6.1-terra"), ("groq", "openai/gpt-oss-20b"), ("openai", "gpt-99")],
+    [("openai", "gpt-6.1-terra"), ("groq", "openai/gpt-oss-20b"), ("openai", "gpt-nope")],
 )
 def test_a_model_without_a_price_is_unknown_never_zero(provider: str, model: str) -> None:
     cost = attempt_cost(CATALOG[provider], model, {"prompt_tokens": 5, "completion_tokens": 5})
