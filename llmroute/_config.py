@@ -57,6 +57,7 @@ from ._catalog import (
     format_validation_error,
     load_catalog,
 )
+from ._prices import ModelPrice, UsageFields
 
 __all__ = [
     "CacheSettings",
@@ -331,6 +332,14 @@ class ProviderConfig(BaseModel):
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name (``{ "qwen2.5-7b-instruct" = 32768 }``), added to the
     catalog's; a model named here takes its window from here, before ``context_window``."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Prices by model name (``[providers.<name>.prices."<model>"]``, docs/cost.md), added to
+    the catalog's: a model named here takes its price from here. ``"*"`` prices every model
+    without its own (a self-hosted server: ``gpu_hour = { usd = 2.5, tokens_per_second =
+    2400 }``, or ``input = 0, output = 0``)."""
+    usage: UsageFields | None = None
+    """Where the server's ``usage`` reports each token class; unset: the catalog's or the
+    protocol's."""
     profile: SimulatorProfile = None
     """``kind = "simulator"`` only: how the simulated provider behaves, a preset's name
     (``instant``, ``fast-but-spiky``, ``steady-slow``, ``flaky``) or a table of its fields,
@@ -1544,7 +1553,7 @@ def _resolve_provider(
             data["context_windows"] = {}
         for field_name in given & _OVERRIDES:
             value = getattr(settings, field_name)
-            if field_name in ("headers", "context_windows"):
+            if field_name in ("headers", "context_windows", "prices"):
                 value = {**data.get(field_name, {}), **value}
             data[field_name] = value
         if "api_key_env" in given and "api_key_env_fallbacks" not in given:
