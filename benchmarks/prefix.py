@@ -35,7 +35,7 @@ the same requests in the same order (replayed in-process), and the busiest worke
 over an even share. ``--in-process`` runs the same workload through each policy's own decisions
 against in-process caches instead of servers (seconds; ``--seeds`` for several workloads)::
 
-    .venv/bin/python benchmarks/prefix.py --workload mooncake              # a few minutes
+    .venv/bin/python benchmarks/prefix.py --workload mooncake              # about 8 minutes
     .venv/bin/python benchmarks/prefix.py --workload mooncake --quick      # smoke run
     .venv/bin/python benchmarks/prefix.py --workload mooncake --in-process --seeds 1-10
 """
