@@ -114,15 +114,15 @@ class Plan:
     hedge_delays: tuple[float | None, ...] = ()
     explored: str | None = None
     key: object = None
-    reason: str = ""
-    """Why the first target is first, in the policy's words (empty: its rule says it all, as
-    for "fastest"); the route report carries it."""
     """Not ``None``: the policy wants to learn the outcome. The engine calls
     ``policy.observe(key, winner)`` once, when the request has its first token (or its whole
     answer, when not streamed), with the target that served (``None`` if none did, retries
     included); and, if the policy has it, ``policy.answered(key, target, text)`` when an answer
     whose only choice is plain text completed (a stream read to its end, or a completion
     returned), with the target that finished it and the answer's text."""
+    reason: str = ""
+    """Why the first target is first, in the policy's words (empty: its rule says it all, as
+    for "fastest"); the route report carries it."""
 
     def hedge_delay(self, index: int) -> float | None:
         """The hedge delay after attempt ``index`` started, or ``None`` (no hedge)."""
@@ -288,8 +288,7 @@ class PrefixPolicy:
     prompt, if that share is above ``cache_threshold``; else to the least-loaded target (ties:
     the least of the route's recent work, its share of the prefixes the trees hold plus its
     share of the requests served lately; then predicted ``rank_by`` TTFT; then the configured
-    order). When the
-    targets are imbalanced, the highest load exceeding the lowest by more than
+    order). When the targets are imbalanced, the highest load exceeding the lowest by more than
     ``balance_abs_threshold`` requests *and* by a factor above ``balance_rel_threshold``, the
     least-loaded target is chosen whatever it holds (SGLang gateway's rule). The other targets
     follow, least loaded first, on failure.
