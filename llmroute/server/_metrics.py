@@ -84,9 +84,9 @@ class GatewayMetrics:
         )
         self.soft_limits = Counter(
             "llmroute_gateway_soft_limits",
-            "Budgets that reached their soft_limit share, by scope (key, team) and name: once "
-            "per budget period (per fleet with Redis).",
-            ["scope", "name"],
+            "Budgets that reached their soft_limit share, by scope (key, team) and the key's or "
+            "team's name (owner): once per budget period (per fleet with Redis).",
+            ["scope", "owner"],
             registry=self.registry,
         )
         self.key_changes = Counter(
