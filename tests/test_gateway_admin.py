@@ -13,8 +13,10 @@ of the store, never in seconds.
 from __future__ import annotations
 
 import hashlib
+import http.server
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -465,3 +467,76 @@ def test_keys_and_teams_declared_win_a_name_clash(replicas: tuple[Gateway, Gatew
     assert in_use.status_code == 409 and "user" in error_of(in_use)["message"]
     teams = admin(first, "GET", "/admin/teams").json()["data"]
     assert {t["name"]: t["source"] for t in teams} == {"declared": "config", "used": "api"}
+
+
+# -- 7. soft limits ----------------------------------------------------------------------------
+
+
+class _Webhook(http.server.BaseHTTPRequestHandler):
+    received: list[dict[str, Any]]
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length", "0"))
+        self.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return None
+
+
+@pytest.fixture
+def webhook() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """A loopback HTTP server recording the JSON bodies POSTed to it."""
+    received: list[dict[str, Any]] = []
+    handler = type("Recorder", (_Webhook,), {"received": received})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/alerts", received
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+
+
+def test_a_soft_limit_posts_to_the_webhook_once_for_the_fleet(
+    redis_url: str,
+    fast: Simulator,  # noqa: F811
+    webhook: tuple[str, list[dict[str, Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url, received = webhook
+    probe_config = config_for(fast, {"keys": keys("alpha")})
+    with Gateway(probe_config, environ=ENVIRON, max_retries=0) as probe:
+        per = post(probe, "alpha").json()["usage"]["total_tokens"]
+    gateway = {
+        "keys": keys("alpha", "admin"),
+        "tenants": {
+            "alpha": {"budget_tokens": 10 * per, "budget_period": "day", "soft_limit": 0.3},
+            "admin": {"admin": True},
+        },
+        "soft_limit_webhook": url,
+    }
+    config = config_for(fast, gateway, redis=redis_url)
+    caplog.set_level(logging.WARNING, logger="llmroute.server")
+    with ExitStack() as stack:
+        pair = [stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0)) for _ in "ab"]
+        for i in range(6):  # 60% of the budget, alternating replicas: past 30% once
+            assert post(pair[i % 2], "alpha").status_code == 200
+        wait_for(lambda: len(received) == 1, "the webhook's POST")
+        event = received[0]
+        assert event["type"] == "soft_limit" and (event["scope"], event["name"]) == ("key", "alpha")
+        assert event["budget_tokens"] == 10 * per and event["soft_limit"] == 0.3
+        assert 0.3 <= event["share"] < 0.6 and event["period_ends"] > time.time()
+        said = [
+            r.getMessage() for r in caplog.records if "reached its soft limit" in r.getMessage()
+        ]
+        assert len(said) == 1 and "key 'alpha'" in said[0]
+        counted = [
+            metric(g, "llmroute_gateway_soft_limits_total", scope="key", owner="alpha")
+            for g in pair
+        ]
+        assert sorted(counted) == [0.0, 1.0]
+    assert len(received) == 1  # and nothing more by the time both replicas stopped

@@ -204,6 +204,16 @@ class KeysAdmin:
         self._clock = clock
         self._applied = applied
 
+    async def _change(self, edit: Callable[[Managed], tuple[Managed, Any]]) -> tuple[Managed, Any]:
+        if self.store is None:
+            raise AdminError(
+                501,
+                'This gateway has no key store: give it limits_backend = "redis" (keys kept '
+                "in Redis) or gateway.keys_file (keys kept in that file).",
+                "no_key_store",
+            )
+        return await self.store.change(edit)
+
     def _context(self) -> _Context:
         return _Context(self._config, self._tenants(), self._clock())
 
@@ -297,7 +307,7 @@ class KeysAdmin:
             )
             return Managed({**managed.keys, name: entry}, managed.teams), entry
 
-        stored, entry = await self.store.change(edit)
+        stored, entry = await self._change(edit)
         self._applied(stored)
         return self._shown(name, entry, context.now) | {"key": value}
 
@@ -356,7 +366,7 @@ class KeysAdmin:
             )
             return Managed({**managed.keys, name: updated}, managed.teams), updated
 
-        stored, entry = await self.store.change(edit)
+        stored, entry = await self._change(edit)
         self._applied(stored)
         return self._shown(name, entry, context.now)
 
@@ -384,7 +394,7 @@ class KeysAdmin:
             )
             return Managed({**managed.keys, name: rotated}, managed.teams), rotated
 
-        stored, entry = await self.store.change(edit)
+        stored, entry = await self._change(edit)
         self._applied(stored)
         shown = self._shown(name, entry, context.now)
         return shown | {
@@ -401,7 +411,7 @@ class KeysAdmin:
                 {n: e for n, e in managed.keys.items() if n != name}, managed.teams
             ), None
 
-        stored, _ = await self.store.change(edit)
+        stored, _ = await self._change(edit)
         self._applied(stored)
         return {"object": "key", "name": name, "revoked": True}
 
@@ -479,7 +489,7 @@ class KeysAdmin:
             )
             return Managed(managed.keys, {**managed.teams, name: entry}), None
 
-        stored, _ = await self.store.change(edit)
+        stored, _ = await self._change(edit)
         self._applied(stored)
         return self._team_view(self._tenants(), name)
 
@@ -510,7 +520,7 @@ class KeysAdmin:
                 managed.keys, {n: t for n, t in managed.teams.items() if n != name}
             ), None
 
-        stored, _ = await self.store.change(edit)
+        stored, _ = await self._change(edit)
         self._applied(stored)
         return {"object": "team", "name": name, "deleted": True}
 
