@@ -1,10 +1,10 @@
-"""What per-key limits cost per request (issue 28), in memory and in Redis, beside the gateway's
-cost today, in one run.
+"""What per-key limits (and a team's, and a model's) cost per request, in memory and in Redis,
+beside the gateway's cost without them, in one run.
 
 One zero-latency simulator in its own process (``SimulatorProcess``, TLS + HTTP/2, one SSE event
 per DATA frame as vendors that flush each token send them, ``--tokens`` per reply), one
 redis-server started here on a free loopback port (``tests/redis_server.py``'s helpers: the
-server answering must name its own pid), and four ``llmroute serve`` processes
+server answering must name its own pid), and six ``llmroute serve`` processes
 (benchmarks/gateway.py's ``gateway_process``: HTTPS, HTTP/2), the same route ``chat`` -> the
 simulator, the same key, differing only in their limits:
 
@@ -13,8 +13,10 @@ simulator, the same key, differing only in their limits:
        what the run uses (nothing is refused), counted in memory
 ``c``  Redis, no limits: ``limits_backend = "redis"``, so the concurrency slot is a Redis
        script (acquire) and a ``ZREM`` (release) per request: today's shared cost
-``d``  Redis limits: ``c`` plus ``b``'s limits, counted in Redis (an admission script and a
-       settle script per request, beside the slot's two calls)
+``d``  Redis limits: ``c`` plus ``b``'s limits, counted in Redis (the slot and the limits in
+       one admission script, and one script when the request ends)
+``e``  ``d`` plus a team (``[gateway.teams]``, the same limits) and a per-model limit on
+       ``chat``: four scopes counted per request, in the same two scripts
 ``a2`` ``a`` again in another process: how far two identical gateways differ (each process's
        routing state, its place in memory), the floor under every difference above
 
@@ -87,14 +89,20 @@ LIMITS = (
     f"\n[gateway.limits]\nrpm = {RPM}\ntpm = {TPM}\nbudget_tokens = {BUDGET}\n"
     'budget_period = "day"\n'
 )
-CASES = ("a", "a2", "b", "c", "d")
-LIMITED, REDIS = {"b", "d"}, {"c", "d"}
+TEAM = (
+    f"\n[gateway.teams.bench]\nrpm = {RPM}\ntpm = {TPM}\nbudget_tokens = {BUDGET}\n"
+    'budget_period = "day"\n'
+)
+SCOPES = f'team = "bench"\nmodel_limits = {{ chat = {{ rpm = {RPM}, tpm = {TPM} }} }}\n'
+CASES = ("a", "a2", "b", "c", "d", "e")
+LIMITED, REDIS = {"b", "d", "e"}, {"c", "d", "e"}
 TITLES = {
     "a": "a: memory, no limits (today)",
     "a2": "a2: a again, another process (noise floor)",
     "b": "b: memory limits",
     "c": "c: Redis slots, no limits",
     "d": "d: Redis limits",
+    "e": "e: d + team + model limits",
 }
 
 
@@ -105,6 +113,8 @@ def gateway_lines(case: str, redis_url: str) -> str:
     idle = "idle_timeout = 600\n"
     redis = 'limits_backend = "redis"\n' if case in REDIS else ""
     limits = LIMITS if case in LIMITED else ""
+    if case == "e":
+        limits += SCOPES + TEAM
     table = f'\n[redis]\nurl = "{redis_url}"\nprefix = "bench-{case}"\n' if case in REDIS else ""
     return idle + redis + limits + table
 
@@ -494,7 +504,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8, help="rounds of the five cases")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of the cases")
     parser.add_argument(
         "--levels",
         default="1:60,16:128",
