@@ -111,6 +111,9 @@ def test_create_list_rotate_revoke(gateway: Gateway, capsys: pytest.CaptureFixtu
     rotated = json.loads(out)
     assert status == 0 and rotated["previous_valid_until"] is not None
     assert chat(gateway, secret) == 200 and chat(gateway, rotated["key"]) == 200
+    stored = tomllib.loads(Path(gateway.app.settings.keys_file or "").read_text())["api_keys"]
+    assert len(stored["web"]["previous"]) == 1  # the old digest, until the overlap's end
+    assert not {"admin", "slo_percentile"} & set(stored["web"])  # only what was given
 
     status, out, _ = keys(gateway, capsys, "update", "web", "--rpm", "7", "--clear", "team")
     assert status == 0 and out.startswith("Updated key 'web'") and "rpm=7" in out

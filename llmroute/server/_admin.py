@@ -381,16 +381,10 @@ class KeysAdmin:
             kept = [p for p in entry.previous if p.until > context.now]
             if overlap > 0:
                 kept.append(PreviousDigest(sha256=entry.sha256, until=context.now + overlap))
-            rotated = entry.model_copy(
-                update={
-                    "sha256": sha256,
-                    "prefix": prefix,
-                    "previous": kept,
-                    "updated_at": context.now,
-                }
-            )
             rotated = ManagedKeyEntry.model_validate(
-                rotated.model_dump(exclude_unset=False, exclude_none=True)
+                entry.model_dump(exclude_unset=True)
+                | {"sha256": sha256, "prefix": prefix, "updated_at": context.now}
+                | {"previous": [p.model_dump() for p in kept]}
             )
             return Managed({**managed.keys, name: rotated}, managed.teams), rotated
 
