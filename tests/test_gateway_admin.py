@@ -442,6 +442,7 @@ def test_admin_answers_are_no_store_and_only_for_admin_keys(
         ("POST", "/admin/keys/alpha/rotate", {"overlap": "forever"}, "overlap"),
         ("PUT", "/admin/teams/t", {"budget_period": "day"}, "budget_tokens"),
         ("PUT", "/admin/teams/t", {"rpm": "many"}, "rpm"),
+        ("GET", "/admin/usage?scope=all", None, "scope"),
     ],
 )
 def test_bad_admin_input_is_a_400_naming_the_field(

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
@@ -569,7 +570,7 @@ class GatewayApp:
         if path == _ADMIN_USAGE:
             _allow(method, "GET")
             self._admin(headers, exchange, "read usage")
-            scope = "replica" if b"scope=replica" in exchange.query else "fleet"
+            scope = _usage_scope(exchange.query)
             await exchange.whole(200, json.dumps(await self.usage(scope)).encode())
             return
         if path in (_ADMIN_KEYS, _ADMIN_TEAMS) or path.startswith(_ADMIN_KEYS_UNDER):
@@ -1540,3 +1541,19 @@ def _key_action(method: str, path: str) -> str:
     if path.endswith("/rotate"):
         return "rotate"
     return {"POST": "create", "PATCH": "update", "DELETE": "revoke"}.get(method, "other")
+
+
+def _usage_scope(query: bytes) -> str:
+    """``GET /admin/usage?scope=fleet|replica``'s scope (``fleet`` when not given)."""
+    given = urllib.parse.parse_qs(query.decode("latin-1")).get("scope", ["fleet"])[-1]
+    if given not in ("fleet", "replica"):
+        raise _Refused(
+            400,
+            _error(
+                "Invalid 'scope': expected 'fleet' or 'replica'.",
+                "invalid_request_error",
+                "invalid_value",
+                "scope",
+            ),
+        )
+    return given
