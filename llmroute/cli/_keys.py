@@ -232,8 +232,8 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]
     if action == "teams":
         return "GET", "/admin/teams", None
     method = {"set": "PUT", "show": "GET", "delete": "DELETE"}[args.team_action]
-    body = _settings(args, key=False) if method == "PUT" else None
-    return method, f"/admin/teams/{name}", body
+    team = _settings(args, key=False) if method == "PUT" else None
+    return method, f"/admin/teams/{name}", team
 
 
 def _command(args: argparse.Namespace) -> int:

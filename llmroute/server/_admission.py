@@ -157,12 +157,13 @@ class Admission:
             await self._slots.release(ticket.key, ticket.slot)
             return self._limits.settle_now(grant, tokens) if grant is not None else ()
         assert self._shared is not None and grant is not None
+        alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                return await self._shared.finish(grant, tokens, usage)
+                alerts = await self._shared.finish(grant, tokens, usage)
         except self._shared.errors as exc:
             self._shared.failed(exc)  # the slot's lease ends by itself; the estimate stands
-            return ()
+        return alerts
 
     async def peek(self, scope: Scope) -> Counts:
         """A scope's counters now (the fleet's with Redis)."""

@@ -869,12 +869,13 @@ class RedisLimits:
             return self._local.settle_now(grant, tokens)
         if clamp(tokens) == grant.reserved:
             return ()
+        alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                return await self.finish(grant, tokens)
+                alerts = await self.finish(grant, tokens)
         except self._redis.errors as exc:
             self.failed(exc)  # the estimate stands
-            return ()
+        return alerts
 
     async def peek(self, tenant: Tenant) -> Counts:
         return await self.peek_scope(tenant.scopes[0]) if tenant.scopes else Counts()

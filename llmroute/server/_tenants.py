@@ -24,6 +24,7 @@ from .._config import (
     Config,
     ConfigError,
     GatewaySettings,
+    KeyEntry,
     KeySettings,
     ManagedKeyEntry,
     ManagedTeamEntry,
@@ -240,7 +241,7 @@ class Tenants:
         path = settings.keys_file
         stamp = file_stamp(path) if path is not None else None
         contents = read_keys_file(path, config) if path is not None else None
-        entries = dict(contents.keys) if contents is not None else {}
+        entries: dict[str, KeyEntry | ManagedKeyEntry] = dict(contents.keys) if contents else {}
         file_api = Managed(
             dict(contents.api_keys) if contents is not None else {},
             dict(contents.api_teams) if contents is not None else {},
@@ -248,7 +249,7 @@ class Tenants:
         if managed is None:
             managed = file_api
         else:  # the file's own API tables are declared ones beside Redis's
-            entries |= {n: e for n, e in file_api.keys.items() if n not in entries}  # type: ignore[misc]
+            entries |= {n: e for n, e in file_api.keys.items() if n not in entries}
         teams = {n: Team(n, t, "config") for n, t in settings.teams.items()}
         for name, team in (contents.teams if contents is not None else {}).items():
             teams.setdefault(name, Team(name, team, "file"))
@@ -266,7 +267,9 @@ class Tenants:
             settings_of = _checked_team(name, entry, routes)
             if settings_of is not None:
                 teams[name] = Team(name, settings_of, "api")
-        more = {name: e.env for name, e in entries.items() if getattr(e, "env", None) is not None}
+        more = {
+            n: e.env for n, e in entries.items() if isinstance(e, KeyEntry) and e.env is not None
+        }
         digests = {
             name: bytes.fromhex(e.sha256) for name, e in entries.items() if e.sha256 is not None
         }
@@ -274,7 +277,7 @@ class Tenants:
             settings,
             environ,
             digests=digests,
-            more=more,  # type: ignore[arg-type]
+            more=more,
             where=f"{path}: keys",
             required=not managed.keys,
         )
