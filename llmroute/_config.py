@@ -864,7 +864,7 @@ class KeyEntry(KeySettings):
 
     env: Annotated[str | None, BeforeValidator(_env_var_input)] = None
     """The environment variable holding the key (read when the file is read)."""
-    sha256: Digest | None = None
+    sha256: Digest | None = Field(default=None, repr=False)
     """The key's SHA-256 digest (hex): the key itself is in no file."""
     expires_at: Timestamp | None = None
     """When the key stops being accepted (Unix seconds, or a date-time; UTC unless given)."""
@@ -886,7 +886,7 @@ class PreviousDigest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    sha256: Digest
+    sha256: Digest = Field(repr=False)
     until: Timestamp
 
 
@@ -901,7 +901,7 @@ class ManagedKeyEntry(KeySettings):
     ``keys_file``): its digest, the digests of its former values still in their overlap, and
     its settings. The key itself is stored nowhere."""
 
-    sha256: Digest
+    sha256: Digest = Field(repr=False)
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{0,16}$")] = ""
     """The key's first characters, shown to tell it from others (never enough to use it)."""
     previous: list[PreviousDigest] = Field(default_factory=list)

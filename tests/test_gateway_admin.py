@@ -399,7 +399,8 @@ def test_admin_answers_are_no_store_and_only_for_admin_keys(
     assert admin(first, "POST", "/admin/keys", {"name": "x"}, key=secret).status_code == 403
     digest = hashlib.sha256(secret.encode()).hexdigest()
     gateway = first.app
-    texts = [r.getMessage() for r in caplog.records] + [repr(gateway.tenants)]
+    texts = [r.getMessage() for r in caplog.records]
+    texts += [repr(gateway.tenants), repr(gateway.tenants.managed)]
     texts.append(
         httpx.get(
             root(first) + "/metrics", headers={"authorization": f"Bearer {KEYS['admin']}"}
