@@ -334,12 +334,31 @@ def _round_trips(gateway: Gateway) -> list[str]:
     return made
 
 
-def _evalsha(redis_url: str) -> int:
+def _store_calls(gateway: Gateway) -> list[str]:
+    """Record the commands the replica's key store sends (its polls: GET; a read: PIPELINE)."""
+    client = gateway.app._store._redis.client  # pyright: ignore[reportPrivateUsage]
+    sent: list[str] = []
+    command, pipeline = client.execute_command, client.pipeline
+
+    def execute(*args: Any, **options: Any) -> Any:
+        sent.append(str(args[0]).upper())
+        return command(*args, **options)
+
+    def piped(*args: Any, **options: Any) -> Any:
+        sent.append("PIPELINE")
+        return pipeline(*args, **options)
+
+    client.execute_command, client.pipeline = execute, piped
+    return sent
+
+
+def _evalsha(redis_url: str, command: str = "evalsha") -> int:
+    """How many ``command`` calls the redis-server has run (``INFO commandstats``)."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     try:
-        return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+        return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
     finally:
         client.close()
 
@@ -362,6 +381,7 @@ def test_one_round_trip_before_the_first_token_whatever_the_limits(
     limited = create(first, "limited", team="held", tpm=10**6, model_limits={"held": {"rpm": 100}})
     assert post(first, "alpha").status_code == 200  # the scripts loaded on the server
     made = _round_trips(first)
+    lookups = _store_calls(first)
     for key in ("alpha", limited):
         made.clear()
         before = _evalsha(redis_url)
@@ -375,6 +395,9 @@ def test_one_round_trip_before_the_first_token_whatever_the_limits(
         assert answer.status_code == 200
         wait_for(lambda: len(made) == 2, "the request's end counted")
         assert _evalsha(redis_url) - before == 2
+    # The key came from the replica's memory: its store only polled the change counter.
+    wait_for(lambda: "GET" in lookups, "a poll of the store recorded")
+    assert set(lookups) == {"GET"}, lookups
 
 
 # -- 6. the admin API's own manners --------------------------------------------------------------
