@@ -335,21 +335,22 @@ def _round_trips(gateway: Gateway) -> list[str]:
 
 
 def _store_calls(gateway: Gateway) -> list[str]:
-    """Record the commands the replica's key store sends (its polls: GET; a read: PIPELINE)."""
-    client = gateway.app._store._redis.client  # pyright: ignore[reportPrivateUsage]
-    sent: list[str] = []
-    command, pipeline = client.execute_command, client.pipeline
+    """Record what the replica asks its key store: ``version`` (a poll of the change counter,
+    one GET) or ``load`` (every key and team)."""
+    store = gateway.app._store  # pyright: ignore[reportPrivateUsage]
+    asked: list[str] = []
+    version, load = store.version, store.load
 
-    def execute(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]).upper())
-        return command(*args, **options)
+    async def polled() -> object:
+        asked.append("version")
+        return await version()
 
-    def piped(*args: Any, **options: Any) -> Any:
-        sent.append("PIPELINE")
-        return pipeline(*args, **options)
+    async def loaded() -> object:
+        asked.append("load")
+        return await load()
 
-    client.execute_command, client.pipeline = execute, piped
-    return sent
+    store.version, store.load = polled, loaded
+    return asked
 
 
 def _evalsha(redis_url: str, command: str = "evalsha") -> int:
@@ -396,8 +397,8 @@ def test_one_round_trip_before_the_first_token_whatever_the_limits(
         wait_for(lambda: len(made) == 2, "the request's end counted")
         assert _evalsha(redis_url) - before == 2
     # The key came from the replica's memory: its store only polled the change counter.
-    wait_for(lambda: "GET" in lookups, "a poll of the store recorded")
-    assert set(lookups) == {"GET"}, lookups
+    wait_for(lambda: "version" in lookups, "a poll of the store recorded")
+    assert set(lookups) == {"version"}, lookups
 
 
 # -- 6. the admin API's own manners --------------------------------------------------------------

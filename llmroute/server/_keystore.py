@@ -26,7 +26,7 @@ import anyio.to_thread
 import pydantic
 
 from .._config import ManagedKeyEntry, ManagedTeamEntry
-from .._redis import RedisConnection
+from .._redis import RedisCaller, RedisConnection
 from ._tenants import Managed, file_stamp
 
 __all__ = [
@@ -103,6 +103,7 @@ class RedisKeyStore:
 
     def __init__(self, url: str, *, prefix: str, timeout: float) -> None:
         self._redis = RedisConnection(url, timeout=timeout, purpose="the gateway's key store")
+        self._calls = RedisCaller(self._redis, {})  # the polls: no worker thread on asyncio
         self._keys = f"{prefix}:gateway-keys"
         self._teams = f"{prefix}:gateway-teams"
         self._version = f"{prefix}:gateway-keys-version"
@@ -145,7 +146,14 @@ class RedisKeyStore:
             ) from None
 
     async def version(self) -> object:
-        return await self._run(lambda: int(self._redis.client.get(self._version) or 0))
+        key = self._version
+        try:
+            found = await self._calls.run(lambda client, _: client.get(key))
+        except self._redis.errors as exc:
+            raise StoreUnavailable(
+                f"the key store (Redis) cannot be reached: {self._redis.reason(exc)}"
+            ) from None
+        return int(found or 0)
 
     async def change(self, edit: Callable[[Managed], tuple[Managed, T]]) -> tuple[Managed, T]:
         import redis
@@ -189,7 +197,7 @@ class RedisKeyStore:
                 pipe.hset(table, mapping=changed)
 
     async def aclose(self) -> None:
-        self._redis.close()
+        await self._calls.aclose()
 
 
 class FileKeyStore:
