@@ -1094,6 +1094,11 @@ class GatewaySettings(BaseModel):
     write_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     """A write to a client that does not read may wait this long; then the response is cut
     (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
+    drain_timeout: Annotated[Duration, Field(ge=0)] = 10.0
+    """On SIGTERM or SIGINT (``llmroute serve``), the gateway stops taking requests (503) and
+    lets those in flight finish for up to this long; then the rest are ended with a
+    ``gateway_shutdown`` error event and their upstream streams cancelled. A second signal ends
+    them at once; 0 ends them at once. ``llmroute serve --drain`` overrides it."""
     max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
     """An upstream's Retry-After passed on to a client is capped at this many seconds."""
     limits_backend: Literal["memory", "redis"] = "memory"

@@ -159,6 +159,7 @@ def test_the_deployment_serves_and_probes_the_gateway(rendered: Rendered) -> Non
 def test_the_grace_period_covers_the_prestop_sleep_and_the_gateway_shutdown(
     rendered: Rendered,
 ) -> None:
+    from llmroute._config import parse_duration
     from llmroute.server import _run
 
     pod = rendered.one("Deployment")["spec"]["template"]["spec"]
@@ -166,8 +167,12 @@ def test_the_grace_period_covers_the_prestop_sleep_and_the_gateway_shutdown(
     assert command[0] == "sleep"
     pre_stop = int(command[1])
     assert pre_stop == rendered.values["drain"]["preStopSeconds"] > 0
-    # After the hook, SIGTERM: the gateway's own shutdown waits at most _GRACE for connections.
-    assert pod["terminationGracePeriodSeconds"] >= pre_stop + _run._GRACE + 5
+    # After the hook, SIGTERM: the gateway drains for up to --drain, then its own shutdown
+    # waits at most _GRACE for connections.
+    args = _container(rendered)["args"]
+    drain = parse_duration(args[args.index("--drain") + 1])
+    assert drain == rendered.values["drain"]["timeoutSeconds"] > 0
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + _run._GRACE + 5
 
 
 def test_pods_run_unprivileged_on_a_read_only_root(rendered: Rendered) -> None:
@@ -228,8 +233,9 @@ def test_the_config_and_keys_the_chart_mounts_load_as_the_gateway_loads_them(
         ({"redis": {"url": ""}}, "redis.url (or redis.existingSecret) is required"),
         ({"keysFile": ""}, "keysFile is required"),
         (
-            {"drain": {"preStopSeconds": 30, "terminationGracePeriodSeconds": 35}},
-            "drain.terminationGracePeriodSeconds must be at least drain.preStopSeconds + 10",
+            {"drain": {"preStopSeconds": 5, "timeoutSeconds": 30, "terminationGracePeriodSeconds": 40}},
+            "drain.terminationGracePeriodSeconds must be at least drain.preStopSeconds + "
+            "drain.timeoutSeconds + 10",
         ),
     ],
 )

@@ -42,7 +42,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | trunc 63 | trimSuf
 {{- if and (contains "/etc/llmroute/keys/keys.toml" .Values.config) (not .Values.keysFile) -}}
 {{- fail "keysFile is required: the config's keys_file is /etc/llmroute/keys/keys.toml" -}}
 {{- end -}}
-{{- if lt (int .Values.drain.terminationGracePeriodSeconds) (add (int .Values.drain.preStopSeconds) 10) -}}
-{{- fail "drain.terminationGracePeriodSeconds must be at least drain.preStopSeconds + 10 (5 s for the gateway's own shutdown, 5 s of margin)" -}}
+{{- if lt (int .Values.drain.terminationGracePeriodSeconds) (add (int .Values.drain.preStopSeconds) (int .Values.drain.timeoutSeconds) 10) -}}
+{{- fail "drain.terminationGracePeriodSeconds must be at least drain.preStopSeconds + drain.timeoutSeconds + 10 (5 s for the gateway's own shutdown, 5 s of margin)" -}}
 {{- end -}}
 {{- end -}}
