@@ -74,6 +74,7 @@ class Admission:
         self._limits = LocalLimits(clock=clock)
         self._shared: RedisLimits | None = None
         self._leases: RedisSlots | None = None
+        self._calls: dict[str, list[int]] = {}  # key -> [requests, errors] not yet in Redis
         if settings.limits_backend == "redis":
             url = redis.url.get_secret_value()
             self._shared = RedisLimits(
@@ -108,10 +109,13 @@ class Admission:
             claim = SlotClaim(limit, self._settings.slot_lease, uuid.uuid4().hex)
             try:
                 decided = await self._shared.count(tenant, tokens, model=model, slot=claim)
-            except self._shared.errors as exc:
+            except self._shared.unreachable as exc:
                 self._shared.failed(exc)
                 if self._settings.limits_on_redis_error == "refuse":
                     return self._shared.unavailable()
+            except self._shared.errors as exc:  # an error Redis answered: not an outage
+                self._shared.broken(exc, "admission")
+                return self._shared.limits_error()
             else:
                 self._shared.answered()
                 if isinstance(decided, Refusal):
@@ -161,8 +165,10 @@ class Admission:
         try:
             with anyio.CancelScope(shield=True):
                 alerts = await self._shared.finish(grant, tokens, usage)
-        except self._shared.errors as exc:
+        except self._shared.unreachable as exc:
             self._shared.failed(exc)  # the slot's lease ends by itself; the estimate stands
+        except self._shared.errors as exc:
+            self._shared.broken(exc, "correction")  # the same: the slot's lease ends by itself
         return alerts
 
     async def peek(self, scope: Scope) -> Counts:
@@ -170,19 +176,56 @@ class Admission:
         limits = self._shared if self._shared is not None else self._limits
         return await limits.peek_scope(scope)
 
+    def count_call(self, key: str, error: bool) -> None:
+        """An API call of ``key`` that no request's end counted (refused before its call, a
+        model list): added to the fleet's usage at the next :meth:`flush`."""
+        if self._shared is not None:
+            pending = self._calls.setdefault(key, [0, 0])
+            pending[0] += 1
+            pending[1] += int(error)
+
+    async def flush(self) -> None:
+        """Add the calls counted since the last flush to the fleet's usage (one round trip;
+        kept for the next flush while Redis cannot be reached)."""
+        if self._shared is None or not self._calls:
+            return
+        taken, self._calls = self._calls, {}
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._shared.add_calls(taken)
+        except self._shared.errors as exc:
+            for key, (requests, errors) in taken.items():
+                pending = self._calls.setdefault(key, [0, 0])
+                pending[0] += requests
+                pending[1] += errors
+            if isinstance(exc, self._shared.unreachable):
+                self._shared.failed(exc)
+
+    async def run(self, interval: float = 1.0) -> None:
+        """Flush every ``interval`` seconds while the gateway serves."""
+        if self._shared is None:
+            return
+        while True:
+            await anyio.sleep(interval)
+            await self.flush()
+
     async def fleet_usage(self) -> dict[str, dict[str, int]] | None:
-        """Every key's usage summed over the fleet (key name -> :data:`USAGE_FIELDS`), or
-        ``None`` without Redis or while it cannot be reached."""
+        """Every key's usage summed over the fleet (key name -> :data:`USAGE_FIELDS`), this
+        replica's calls not yet flushed included; ``None`` without Redis or while it cannot be
+        read."""
         if self._shared is None:
             return None
+        await self.flush()
         try:
             return await self._shared.usage()
         except self._shared.errors as exc:
-            self._shared.failed(exc)
+            if isinstance(exc, self._shared.unreachable):
+                self._shared.failed(exc)
             return None
 
     async def aclose(self) -> None:
         if self._shared is not None:
+            await self.flush()
             await self._shared.aclose()
         if self._leases is not None:
             await self._leases.aclose()

@@ -28,12 +28,20 @@ tokens, frees the slot and adds the request to the key's usage counters, shared 
 not atomic together; a hit cannot be taken back, so a token estimate cannot be corrected to the
 usage; its moving window stores one entry per unit, a million a minute at 1M tokens per minute;
 and it has no calendar day or month. The concurrency slots' script, :mod:`._slots`, is the model
-followed.) Every number that enters a counter is clamped (:data:`MAX_TOKENS`): Lua's numbers are
-doubles, and a counter must stay an exact integer.
+followed.)
+
+**Counted clamped.** What enters a counter is at most
+:data:`~llmroute.routing.windows.MAX_TOKENS_CAP` (2^40) tokens a request, whatever
+``max_tokens`` (or a vendor's usage) says: Lua's numbers are doubles, and a count of 10^17
+reached ``HINCRBY`` as ``1e+17``, which it refuses. The scripts check every argument before
+their first write, and pass counts to ``HINCRBY`` as the strings they were given, so an error
+leaves every counter as it was.
 
 **Redis down.** With ``limits_on_redis_error = "local"`` a replica counts in its own memory
 until Redis answers again (each replica then allows the whole limit); with ``"refuse"``, it
-answers 503. Either is logged once per outage.
+answers 503. Either is logged once per outage. Only an unreachable (or read-only, or full)
+server is an outage: an error the server answers with (a script's) is logged as an error and
+the request gets a 500 saying so, the replica's mode unchanged.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ from typing import Any, Protocol
 import anyio
 
 from .._redis import RedisCaller, RedisConnection
+from ..routing.windows import MAX_TOKENS_CAP
 from ._tenants import Scope, Tenant
 
 __all__ = [
@@ -75,9 +84,9 @@ BUCKETS = 6
 """Buckets a minute is counted in; the newest ``BUCKETS + 1`` are summed."""
 BUCKET = WINDOW / BUCKETS
 """Seconds a bucket covers."""
-MAX_TOKENS = 10**12
-"""The most tokens one request is counted at, or corrected by: far above any answer, and small
-enough that a Lua number (a double, written with 14 digits) stays an exact integer."""
+MAX_TOKENS = MAX_TOKENS_CAP
+"""The most tokens one request is counted at, or corrected by (2^40): far above any answer, and
+exact in a Lua number (a double)."""
 
 
 def clamp(tokens: int) -> int:
@@ -145,8 +154,8 @@ class Refusal:
 
     status: int
     reason: str
-    """``requests``, ``tokens``, ``too_large``, ``budget``, ``concurrency`` or
-    ``limits_unavailable``."""
+    """``requests``, ``tokens``, ``too_large``, ``budget``, ``concurrency``,
+    ``limits_unavailable`` or ``limits_error``."""
     code: str
     type: str
     message: str
@@ -502,8 +511,30 @@ class LocalLimits:
 #       budget's ttl, soft-limit tokens (0: none).
 # Returns {verdict, scope index (0-based, -1: none), then per scope: requests, oldest request
 #          bucket (-1: none), tokens, oldest tokens bucket, spent, soft limit reached (1)}.
-# Every write happens after every check, so a refused request has changed nothing.
+# Every argument is checked (whole numbers, tokens of at most 15 digits; now and lease
+# numbers) before anything is read or written: an error writes nothing. Every write happens
+# after every check, so a refused request has changed nothing.
 _ADMIT = """
+local whole = {1, 2, 3, 4, 5, 8, 10}
+for _, i in ipairs(whole) do
+  if not string.match(ARGV[i], '^%d+$') then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
+for _, i in ipairs({6, 7}) do
+  if not string.match(ARGV[i], '^%d+%.?%d*$') then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a number')
+  end
+end
+if #ARGV[3] > 15 then return redis.error_reply('llmroute limits: tokens of more than 15 digits') end
+if #ARGV ~= 10 + 5 * tonumber(ARGV[10]) or #KEYS ~= 1 + 4 * tonumber(ARGV[10]) then
+  return redis.error_reply('llmroute limits: arguments do not match the scopes')
+end
+for i = 11, #ARGV do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
 local bucket = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local tokens, ttl, dry = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
@@ -557,24 +588,23 @@ if verdict == 0 and not dry then
   end
   for i = 0, n - 1 do
     local k, a, r = 2 + 4 * i, 11 + 5 * i, rows[i]
-    redis.call('HINCRBY', KEYS[k], bucket, 1)
+    redis.call('HINCRBY', KEYS[k], ARGV[1], 1)
     redis.call('EXPIRE', KEYS[k], ttl)
     r[1] = r[1] + 1
     if r[2] < 0 then r[2] = bucket end
-    if tokens > 0 then
-      redis.call('HINCRBY', KEYS[k + 1], bucket, tokens)
-      redis.call('EXPIRE', KEYS[k + 1], ttl)
-      r[3] = r[3] + tokens
-      if r[4] < 0 then r[4] = bucket end
-      if tonumber(ARGV[a + 2]) > 0 then
-        local budget_ttl, soft = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-        redis.call('INCRBY', KEYS[k + 2], tokens)
-        redis.call('EXPIRE', KEYS[k + 2], budget_ttl)
-        r[5] = r[5] + tokens
-        local flag = KEYS[k + 3]
-        if soft > 0 and r[5] >= soft and redis.call('SET', flag, 1, 'EX', budget_ttl, 'NX') then
-          r[6] = 1
-        end
+    -- Written for 0 tokens too: it is where the answer's usage is corrected to.
+    redis.call('HINCRBY', KEYS[k + 1], ARGV[1], ARGV[3])
+    redis.call('EXPIRE', KEYS[k + 1], ttl)
+    r[3] = r[3] + tokens
+    if tokens > 0 and r[4] < 0 then r[4] = bucket end
+    if tonumber(ARGV[a + 2]) > 0 then
+      local budget_ttl, soft = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      redis.call('INCRBY', KEYS[k + 2], ARGV[3])
+      redis.call('EXPIRE', KEYS[k + 2], budget_ttl)
+      r[5] = r[5] + tokens
+      local flag = KEYS[k + 3]
+      if soft > 0 and r[5] >= soft and redis.call('SET', flag, 1, 'EX', budget_ttl, 'NX') then
+        r[6] = 1
       end
     end
   end
@@ -592,8 +622,29 @@ return out
 #       increments (requests, errors, prompt_tokens, completion_tokens, cache_hits), the key's
 #       name; then per scope: soft-limit tokens (0: none), budget's ttl.
 # Corrects an estimate where it is still counted (never below 0), frees the slot and counts the
-# usage. Returns per scope {soft limit reached (1), spent}.
+# usage. Returns per scope {soft limit reached (1), spent}. Every argument is checked (whole
+# numbers of at most 15 digits, the delta signed) before the first write: an error writes
+# nothing.
 _SETTLE = """
+if not string.match(ARGV[3], '^%-?%d+$') or #ARGV[3] > 16 then
+  return redis.error_reply('llmroute limits: the correction is not a whole number of 15 digits')
+end
+for i = 6, 10 do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 15 then
+    return redis.error_reply('llmroute limits: a usage count is not a whole number of 15 digits')
+  end
+end
+if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
+  return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
+end
+if #ARGV ~= 11 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 3 * tonumber(ARGV[4]) then
+  return redis.error_reply('llmroute limits: arguments do not match the scopes')
+end
+for i = 12, #ARGV do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
 if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 if ARGV[5] == '1' then
   local names = {'requests', 'errors', 'prompt_tokens', 'completion_tokens', 'cache_hits'}
@@ -609,11 +660,11 @@ for i = 0, tonumber(ARGV[4]) - 1 do
   local reached, spent = 0, -1
   if delta ~= 0 then
     if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
-      local c = redis.call('HINCRBY', KEYS[k], ARGV[2], delta)
+      local c = redis.call('HINCRBY', KEYS[k], ARGV[2], ARGV[3])
       if c < 0 then redis.call('HSET', KEYS[k], ARGV[2], 0) end
     end
     if KEYS[k + 1] ~= '' and redis.call('EXISTS', KEYS[k + 1]) == 1 then
-      spent = redis.call('INCRBY', KEYS[k + 1], delta)
+      spent = redis.call('INCRBY', KEYS[k + 1], ARGV[3])
       if spent < 0 then
         redis.call('SET', KEYS[k + 1], 0, 'KEEPTTL')
         spent = 0
@@ -657,8 +708,13 @@ class RedisLimits:
 
     @property
     def errors(self) -> tuple[type[BaseException], ...]:
-        """What a call raises when Redis cannot be reached."""
+        """What a call raises: an outage (:attr:`unreachable`) or an error Redis answered."""
         return self._redis.errors
+
+    @property
+    def unreachable(self) -> tuple[type[BaseException], ...]:
+        """What a call raises when Redis cannot be used now (an outage)."""
+        return self._redis.unreachable
 
     def _scope_keys(self, scope_id: str, period: int | None) -> list[str]:
         # {id} is a Redis Cluster hash tag: a scope's counters are in one slot.
@@ -818,6 +874,43 @@ class RedisLimits:
             for name, counters in zip(names, hashes, strict=True)
         }
 
+    async def add_calls(self, calls: dict[str, list[int]]) -> None:
+        """Add API calls no request's end counted (key -> [requests, errors]) to the keys'
+        usage counters, in one round trip; raises :attr:`errors`."""
+        usage = {self.usage_key(key): counts for key, counts in calls.items()}
+        index = self.usage_index
+
+        def add(client: Any, _: Any) -> Any:
+            pipe = client.pipeline(transaction=False)
+            for (key, (requests, errors)), name in zip(usage.items(), calls, strict=True):
+                pipe.hincrby(key, "requests", clamp(requests))
+                if errors:
+                    pipe.hincrby(key, "errors", clamp(errors))
+                pipe.sadd(index, name)
+            return pipe.execute()
+
+        await self._calls.run(add)
+
+    def broken(self, exc: BaseException, what: str) -> None:
+        """Redis answered ``exc`` (a script's error, not an outage): logged, the mode kept."""
+        log.error(
+            "gateway limits: Redis refused the %s script (not an outage; %s): %s",
+            what,
+            "this request is refused" if what == "admission" else "the estimate stands",
+            self._redis.reason(exc),
+        )
+
+    def limits_error(self) -> Refusal:
+        """The answer to a request whose admission script Redis refused: the gateway's 500."""
+        return Refusal(
+            500,
+            "limits_error",
+            "limits_error",
+            "server_error",
+            "The gateway could not count this key's limits: its Redis refused the limits "
+            "script. This is the gateway's error, not the request's; it is logged.",
+        )
+
     def failed(self, exc: BaseException) -> None:
         """Say once per outage that Redis cannot be reached."""
         if not self._down:
@@ -856,11 +949,14 @@ class RedisLimits:
     ) -> Grant | Refusal:
         try:
             decided = await self.count(tenant, tokens, model=model)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self.failed(exc)
             if self._on_error == "refuse":
                 return self.unavailable()
             return self._local.admit_now(tenant, tokens, model=model)
+        except self._redis.errors as exc:
+            self.broken(exc, "admission")
+            return self.limits_error()
         self.answered()
         return decided
 
@@ -873,17 +969,20 @@ class RedisLimits:
         try:
             with anyio.CancelScope(shield=True):
                 alerts = await self.finish(grant, tokens)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self.failed(exc)  # the estimate stands
+        except self._redis.errors as exc:
+            self.broken(exc, "correction")
         return alerts
 
     async def peek(self, tenant: Tenant) -> Counts:
         return await self.peek_scope(tenant.scopes[0]) if tenant.scopes else Counts()
 
     async def peek_scope(self, scope: Scope) -> Counts:
+        """Raises what Redis answered other than an outage (the caller's 500)."""
         try:
             _, _, rows, _, _, _, _ = await self._script(scope.owner, (scope,), 0, None, True)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self.failed(exc)
             return await self._local.peek_scope(scope)
         return rows[0]
