@@ -315,6 +315,15 @@ def test_usage_on_any_replica_is_the_fleets(replicas: tuple[Gateway, Gateway]) -
         assert counted["prompt_tokens"] == sum(u["prompt_tokens"] for u in own)
         assert counted["replica"]["requests"] == 3
         assert metric(replica, "llmroute_gateway_fleet_usage", key="counted", kind="requests") == 6
+    # Calls refused before their call (a model it may not name: 404) are requests and errors
+    # too, on the fleet's figures once their replica has flushed them (every second).
+    assert [post(second, secret, model="nope").status_code for _ in range(2)] == [404, 404]
+
+    def fleet() -> dict[str, Any]:
+        return admin(first, "GET", "/admin/usage").json()["keys"]["counted"]
+
+    wait_for(lambda: fleet()["requests"] == 8, "the refused calls on the fleet's figures")
+    assert fleet()["errors"] == 2
 
 
 # -- 5. what a request pays --------------------------------------------------------------------
