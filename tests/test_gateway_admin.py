@@ -442,6 +442,10 @@ def test_admin_answers_are_no_store_and_only_for_admin_keys(
     texts.append(admin(first, "GET", "/admin/keys").text)
     for text in texts:
         assert secret not in text and digest not in text
+    # Who made or read keys is in the access log, by path (never a key).
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("POST", "GET"))]
+    assert any(line.startswith("POST /admin/keys 201 key=admin ") for line in lines), lines
+    assert any(line.startswith("GET /admin/keys/{name} 403 key=secretive ") for line in lines)
 
 
 @pytest.mark.parametrize(

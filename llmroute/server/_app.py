@@ -1415,7 +1415,7 @@ def _cache_hit(result: object) -> bool:
 
 _LABELS = frozenset(
     (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics", _ADMIN_USAGE)
-) | {_LIVE_DATA, *LIVE_FILES}
+) | {_LIVE_DATA, *LIVE_FILES, _ADMIN_KEYS, _ADMIN_TEAMS}
 
 
 def _label(path: str) -> str:
@@ -1425,6 +1425,9 @@ def _label(path: str) -> str:
         return path
     if path.startswith(_MODELS + "/"):
         return _MODELS + "/{model}"
+    if path.startswith(_ADMIN_KEYS_UNDER):  # who changed which keys is audited by path
+        rotate = "/rotate" if path.endswith("/rotate") else ""
+        return path[: path.index("/", len("/admin/")) + 1] + "{name}" + rotate
     return "other"
 
 
