@@ -446,6 +446,8 @@ def test_admin_answers_are_no_store_and_only_for_admin_keys(
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("POST", "GET"))]
     assert any(line.startswith("POST /admin/keys 201 key=admin ") for line in lines), lines
     assert any(line.startswith("GET /admin/keys/{name} 403 key=secretive ") for line in lines)
+    said = [r.getMessage() for r in caplog.records]
+    assert "gateway keys: create by key=admin: secretive" in said
 
 
 @pytest.mark.parametrize(

@@ -664,7 +664,10 @@ class GatewayApp:
                 {"retry-after": "1", "retry-after-ms": "1000"},
             ) from None
         if method != "GET":
-            self.metrics.key_changes.labels(_key_action(method, path)).inc()
+            action = _key_action(method, path)
+            self.metrics.key_changes.labels(action).inc()
+            changed = answer.get("name") if isinstance(answer, dict) else None
+            log.info("gateway keys: %s by key=%s: %s", action, exchange.key, changed)
         await exchange.whole(status, json.dumps(answer).encode())
 
     async def _live(
