@@ -48,15 +48,16 @@ def gateway(sim: Simulator, tmp_path: Path) -> Iterator[Gateway]:
 def keys(
     gateway: Gateway, capsys: pytest.CaptureFixture[str], *args: str, key: str | None = ADMIN
 ) -> tuple[int, str, str]:
-    """``llmroute keys --url <gateway> <args>``: its status, stdout and stderr."""
+    """``llmroute keys <args>`` with ``$LLMROUTE_GATEWAY_URL`` the gateway's base URL: its
+    status, stdout and stderr."""
     capsys.readouterr()
     with pytest.MonkeyPatch.context() as env:
-        env.delenv("LLMROUTE_GATEWAY_URL", raising=False)
+        env.setenv("LLMROUTE_GATEWAY_URL", gateway.base_url)
         if key is None:
             env.delenv("LLMROUTE_ADMIN_KEY", raising=False)
         else:
             env.setenv("LLMROUTE_ADMIN_KEY", key)
-        status = main(["keys", "--url", gateway.base_url, *args])
+        status = main(["keys", *args])
     out, err = capsys.readouterr()
     return status, out, err
 
@@ -107,7 +108,7 @@ def test_create_list_rotate_revoke(gateway: Gateway, capsys: pytest.CaptureFixtu
     assert "api" in web and secret[:12] in web and " ml " in web and "rpm=100" in web
     assert next(line for line in lines if line.startswith("ops ")).split()[1] == "file"
 
-    status, out, _ = keys(gateway, capsys, "--json", "rotate", "web", "--overlap", "1h")
+    status, out, _ = keys(gateway, capsys, "rotate", "web", "--overlap", "1h", "--json")
     rotated = json.loads(out)
     assert status == 0 and rotated["previous_valid_until"] is not None
     assert chat(gateway, secret) == 200 and chat(gateway, rotated["key"]) == 200
@@ -185,7 +186,7 @@ def test_mistakes_are_sentences(
 def test_an_unreachable_gateway_is_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("LLMROUTE_ADMIN_KEY", ADMIN)
-        status = main(["keys", "--url", "http://127.0.0.1:9", "list"])
+        status = main(["keys", "list", "--url", "http://127.0.0.1:9"])
     err = capsys.readouterr().err
     assert status == 1 and err.startswith(
         "llmroute keys: cannot reach the gateway at http://127.0.0.1:9"

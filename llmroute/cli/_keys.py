@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from ._format import add_tls_options, tls_verify
+from ._parser import examples
 
 __all__ = ["ADMIN_KEY_ENV", "URL_ENV", "KeysError", "admin_root", "register"]
 
@@ -137,15 +138,9 @@ def _settings(args: argparse.Namespace, *, key: bool) -> dict[str, Any]:
     return body
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser(
-        "keys",
-        help="a gateway's keys and teams: create, list, update, rotate, revoke",
-        description=(
-            "Manage a running gateway's keys and teams over its admin API, with an admin key "
-            f"(${ADMIN_KEY_ENV}). A key's secret is shown once, when it is made or rotated."
-        ),
-    )
+def _common(parser: argparse.ArgumentParser) -> None:
+    """The options every ``llmroute keys`` command takes: where the gateway is, the admin key,
+    ``--json``, the timeout and TLS."""
     parser.add_argument(
         "--url", help=f"the gateway, e.g. http://127.0.0.1:8000 (default: ${URL_ENV})"
     )
@@ -159,14 +154,53 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--timeout", type=float, default=30.0, metavar="S", help="seconds a call may take (30)"
     )
     add_tls_options(parser)
-    actions = parser.add_subparsers(dest="action", required=True)
-    create = actions.add_parser("create", help="make a key (its secret is shown once)")
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "keys",
+        help="a gateway's keys and teams: create, list, update, rotate, revoke",
+        description=(
+            "Manage a running gateway's keys and teams over its admin API, with an admin key "
+            f"(${ADMIN_KEY_ENV}) and the gateway's URL (${URL_ENV} or --url). A key's secret "
+            "is shown once, when it is made or rotated."
+        ),
+        epilog=examples(
+            "llmroute keys create web --team ml --rpm 600 --expires-in 90d",
+            "llmroute keys list --url http://127.0.0.1:8000",
+            "llmroute keys rotate web --overlap 1h",
+        ),
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    def action(name: str, help: str, *lines: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help, description=help[:1].upper() + help[1:] + ".")
+        sub.epilog = examples(*lines)
+        _common(sub)
+        return sub
+
+    create = action(
+        "create",
+        "make a key (its secret is shown once)",
+        "llmroute keys create web --rpm 600 --model-limit chat-large:rpm=10",
+        "llmroute keys create batch --team ml --expires-at 2027-01-31T00:00:00Z --json",
+    )
     create.add_argument("name", help="the key's name (letters, digits, . _ -)")
     _add_limits(create, key=True)
-    actions.add_parser("list", help="every key: name, prefix, team, limits, expiry")
-    show = actions.add_parser("show", help="one key")
+    action(
+        "list",
+        "every key: name, source, prefix, team, expiry, limits",
+        "llmroute keys list",
+        "llmroute keys list --json --url https://gw.internal:8443 --ca ca.pem",
+    )
+    show = action("show", "one key", "llmroute keys show web", "llmroute keys show web --json")
     show.add_argument("name")
-    update = actions.add_parser("update", help="change a key's settings")
+    update = action(
+        "update",
+        "change a key's settings",
+        "llmroute keys update web --rpm 1200",
+        "llmroute keys update web --clear expires_at --clear team",
+    )
     update.add_argument("name")
     _add_limits(update, key=True)
     update.add_argument(
@@ -176,7 +210,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="FIELD",
         help="remove a setting (rpm, team, expires_at, ...; repeatable)",
     )
-    rotate = actions.add_parser("rotate", help="give a key a new value (shown once)")
+    rotate = action(
+        "rotate",
+        "give a key a new value (shown once)",
+        "llmroute keys rotate web --overlap 1h",
+        "llmroute keys rotate web --json",
+    )
     rotate.add_argument("name")
     rotate.add_argument(
         "--overlap",
@@ -184,10 +223,25 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         metavar="DURATION",
         help="how long the old value keeps working (default 0s: it stops now)",
     )
-    revoke = actions.add_parser("revoke", help="stop a key at once")
+    revoke = action(
+        "revoke",
+        "stop a key at once",
+        "llmroute keys revoke web",
+        "llmroute keys revoke web --json",
+    )
     revoke.add_argument("name")
-    actions.add_parser("teams", help="every team: its limits and keys")
-    team = actions.add_parser("team", help="make, change, show or delete a team")
+    action(
+        "teams",
+        "every team: its limits and keys",
+        "llmroute keys teams",
+        "llmroute keys teams --json",
+    )
+    team = action(
+        "team",
+        "make, change, show or delete a team",
+        "llmroute keys team set ml --rpm 3000 --budget-tokens 50000000 --budget-period month",
+        "llmroute keys team delete ml",
+    )
     team.add_argument("team_action", choices=["set", "show", "delete"])
     team.add_argument("name")
     _add_limits(team, key=False)
