@@ -347,13 +347,16 @@ def map_transport_errors(request: httpx.Request) -> Iterator[None]:
 
 def explained(exc: APIConnectionError) -> APIConnectionError | None:
     """openai's bare ``Connection error.`` (its own code's, for a call llmroute does not route;
-    it keeps the transport's exception as the cause) as :func:`map_transport_errors` words it;
-    ``None`` when there is nothing to add (a timeout, a message of its own)."""
+    it keeps the transport's exception as the cause) as :func:`map_transport_errors` words it,
+    for a connection that failed or a certificate that did not verify; ``None`` for anything
+    else (a timeout, a message of its own, a request httpx refused to send)."""
     cause = exc.__cause__
     if type(exc) is not APIConnectionError or not isinstance(cause, _TRANSPORT_ERRORS):
         return None
     if exc.message != "Connection error.":
         return None
+    if "Connect" not in type(cause).__name__ and "CERTIFICATE_VERIFY_FAILED" not in str(cause):
+        return None  # e.g. a key httpx refuses as a header: openai's own words, as openai says it
     message = _connection_message(cause, exc.request)
     return APIConnectionError(message=message, request=exc.request)
 
