@@ -75,11 +75,11 @@ from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.backoff import retry_delay, should_retry_status
-from .routing.engine import Route, Sender
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
 )
+from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.tierhedge import HEDGE_QUANTILE, tier_hedge_route
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials

@@ -131,7 +131,7 @@ class AsyncStream(openai.AsyncStream[_T]):
         def switch(response: httpx.Response) -> None:
             self.response = response
 
-        self._iterator = routed.run.chunks(switch)
+        self._iterator = routed.chunks(switch)
         return self
 
     @classmethod
@@ -226,7 +226,7 @@ class AsyncStream(openai.AsyncStream[_T]):
     def _whole(self) -> bool:
         """Whether the answer was read to its end and is complete."""
         routed = self._routed
-        return self._complete or (routed is not None and routed.run.complete)
+        return self._complete or (routed is not None and routed.complete)
 
     def __del__(self) -> None:
         # A stream left with a bare ``break`` and dropped still ends, for its telemetry.
@@ -323,7 +323,7 @@ class AsyncStream(openai.AsyncStream[_T]):
             return
         await self.response.aclose()
         if self._routed is not None:
-            self._routed.run.finish()
+            self._routed.finish()
 
     async def __aenter__(self) -> AsyncStream[_T]:  # type: ignore[override]
         return self

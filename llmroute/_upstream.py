@@ -26,7 +26,8 @@ from ._errors import RequestBodyError, make_status_error, map_transport_errors
 from ._types import Timings
 from ._version import __version__
 from .protocols import anthropic
-from .routing.engine import SENDING, RouteTarget, Sender, vendor_request_id
+from .routing.engine import vendor_request_id
+from .routing.route import SENDING, RouteTarget, Sender
 
 __all__ = [
     "OWN_HEADER_PREFIX",

@@ -9,6 +9,7 @@ which the server sees as a cancel.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
 import time
@@ -23,7 +24,14 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 from ._events import EventDeadline
 from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
 
-__all__ = ["Transport", "body_receiver", "bound_wait", "make_ssl_context", "replay_head"]
+__all__ = [
+    "Transport",
+    "body_receiver",
+    "bound_wait",
+    "close_quietly",
+    "make_ssl_context",
+    "replay_head",
+]
 
 _ATTEMPTS = 3
 
@@ -372,6 +380,14 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
         return data
 
     return receive
+
+
+async def close_quietly(response: httpx.Response) -> None:
+    """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
+    # One scope: shielded from outside, bounded by its own deadline.
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 5):
+        with contextlib.suppress(Exception):
+            await response.aclose()
 
 
 class _Replayed(httpx.AsyncByteStream):
