@@ -157,7 +157,7 @@ def test_a_fresh_heavy_tailed_target_is_not_written_off_by_its_first_stalls() ->
         fed = feed(A_HEAVY, 200, seed, hedge=0.4)
         slower += fed.slower
         written_off += fed.target._ttft.slowed
-    assert slower <= 2  # measured: 0 here, 3 in 500 (benchmarks.md)
+    assert slower <= 2  # measured: 0 here, 3 in 500 (docs/benchmarks-history.md, change detection)
     assert written_off == 0
 
 
