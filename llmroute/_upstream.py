@@ -25,7 +25,7 @@ from ._config import ResolvedProvider
 from ._errors import RequestBodyError, make_status_error, map_transport_errors
 from ._types import Timings
 from ._version import __version__
-from .protocols import anthropic
+from .protocols import adapter_for
 from .routing.engine import vendor_request_id
 from .routing.route import SENDING, RouteTarget, Sender
 
@@ -199,18 +199,9 @@ class Upstream:
 
     def provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
         """The headers every request to ``provider`` carries: its key and configured headers."""
-        if provider.spec.protocol == "anthropic":
-            key = provider.api_key or ""
-            return {"User-Agent": _USER_AGENT, **anthropic.headers(key), **provider.headers}
-        headers = {
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-            "User-Agent": _USER_AGENT,
-            **provider.headers,
-        }
-        if provider.api_key:
-            headers["Authorization"] = f"Bearer {provider.api_key}"
-        return headers
+        return adapter_for(provider.spec.protocol).headers(
+            provider.api_key, user_agent=_USER_AGENT, configured=provider.headers
+        )
 
     def build(
         self,
@@ -258,15 +249,15 @@ class Upstream:
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
         ) -> tuple[httpx.Response, Timings]:
-            where = path
-            if target.protocol == "anthropic" and path == "chat/completions":
-                where, body = "messages", anthropic.translate_request(body, target=target.name)
+            where, sent_body = adapter_for(target.protocol).wire_request(
+                path, body, target=target.name
+            )
             record = SENDING.get() if trace is not None else None
             sent = headers if trace is None else trace.attempt(record, target.name, headers)
             request = self.build(
                 self.providers[target.provider],
                 where,
-                body,
+                sent_body,
                 headers=sent,
                 query=query,
                 timeout=timeout,

@@ -10,8 +10,9 @@ a seam, or raises :class:`~llmroute.StreamInterrupted` with the partial text. Th
 tokens are counted in its account (:mod:`.accounts`).
 
 The engine sends through a :data:`~.route.Sender` the client gives it (request building, keys
-and URLs are the client's), decodes with the protocol module and records every outcome in the
-live stats and the targets' health.
+and URLs are the client's), decodes with the target's protocol adapter
+(:func:`~llmroute.protocols.adapter_for`) and records every outcome in the live stats and the
+targets' health.
 """
 
 from __future__ import annotations
@@ -45,14 +46,7 @@ from .._errors import (
     map_transport_errors,
 )
 from .._types import AttemptReport, RouteReport, Timings
-from ..protocols import anthropic
-from ..protocols.openai import (
-    REQUEST_ID_HEADER,
-    ChatStreamDecoder,
-    ResponsesStreamDecoder,
-    parse_chat_completion,
-    parse_response,
-)
+from ..protocols import adapter_for
 from ..transport import body_receiver, close_quietly, replay_head
 from .accounts import TokenAccount
 from .answer import Answer, Ready, plain_answer, won_attempt
@@ -571,10 +565,13 @@ class _Run:
         self.refused.update(unservable)
         first: BadRequestError | None = None
         for target in self.route.targets:
-            if target.protocol != "anthropic" or self.kind != "chat":
+            adapter = adapter_for(target.protocol)
+            if not adapter.translates or self.kind != "chat":
                 continue
             try:
-                anthropic.translate_request(self.body_for(target, None), target=target.name)
+                adapter.wire_request(
+                    "chat/completions", self.body_for(target, None), target=target.name
+                )
             except BadRequestError as exc:
                 self.refused.add(target.name)
                 first = first or exc
@@ -682,8 +679,8 @@ class _Run:
             if target.stream_usage_continuous:
                 options["continuous_usage_stats"] = True
             body["stream_options"] = options
-        if target.max_tokens_field is not None and target.protocol == "openai":
-            _rename_limit(body, target.max_tokens_field)
+        if target.max_tokens_field is not None:
+            adapter_for(target.protocol).send_limit_as(body, target.max_tokens_field)
         if prefix is not None:
             continuation_body(body, target, prefix, self.account.delivered)
         return body
@@ -695,7 +692,7 @@ class _Run:
             and not self.raw
             and self.kind == "chat"
             and target.stream_usage
-            and target.protocol == "openai"
+            and adapter_for(target.protocol).stream_usage
             and isinstance(self.body.get("stream_options") or {}, Mapping)
         )
 
@@ -1225,20 +1222,14 @@ class _Attempt:
         clock = run.clock
         try:
             request = response.request
-            if run.kind == "responses":
-                decoder: ChatStreamDecoder = ResponsesStreamDecoder(
-                    request=request, target=target.name
-                )
-            elif target.protocol == "anthropic":
-                asked = run.body.get("stream_options")
-                decoder = anthropic.AnthropicStreamDecoder(
-                    request=request,
-                    target=target.name,
-                    include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
-                    prefill_whitespace=anthropic.prefill_whitespace(body),
-                )
-            else:
-                decoder = ChatStreamDecoder(request=request, target=target.name)
+            asked = run.body.get("stream_options")
+            decoder = adapter_for(target.protocol).stream_decoder(
+                run.kind,
+                request=request,
+                target=target.name,
+                body=body,
+                include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
+            )
             receive = body_receiver(response)
             buffered: list[ChatCompletionChunk] = []
             head: list[bytes] | None = [] if run.raw else None  # the caller reads the body
@@ -1277,22 +1268,9 @@ class _Attempt:
         run = self.run
         body = run.body_for(target, None)
         response, timings = await run.send(target, body, stream=False, continuation=False)
-        if run.kind == "responses":
-            completion: Any = parse_response(
-                response.content, request=response.request, target=target.name, response=response
-            )
-        elif target.protocol == "anthropic":
-            completion = anthropic.parse_message(
-                response.content,
-                request=response.request,
-                target=target.name,
-                response=response,
-                prefill_whitespace=anthropic.prefill_whitespace(body),
-            )
-        else:
-            completion = parse_chat_completion(
-                response.content, request=response.request, target=target.name, response=response
-            )
+        completion = adapter_for(target.protocol).parse_answer(
+            run.kind, response, target=target.name, body=body
+        )
         return Ready(target, response, timings, completion=completion)
 
 
@@ -1311,18 +1289,6 @@ def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
     )
 
 
-def _rename_limit(body: dict[str, Any], name: str) -> None:
-    """Send the caller's answer limit under ``name``, the one field the vendor takes: the
-    smaller of ``max_tokens`` and ``max_completion_tokens`` when both are given."""
-    limits = [
-        body.pop(key)
-        for key in ("max_tokens", "max_completion_tokens")
-        if key in body and body[key] is not None
-    ]
-    if limits:
-        body[name] = min(limits) if all(isinstance(v, int) for v in limits) else limits[0]
-
-
 def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
     """The vendor's id of a request from its response headers: the first of the catalog's
     ``request_id_headers`` present (DeepSeek's ``x-ds-trace-id``...), else by the target's
@@ -1330,9 +1296,7 @@ def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | 
     for name in target.request_id_headers:
         if value := headers.get(name):
             return value
-    if target.protocol == "anthropic":
-        return headers.get(anthropic.REQUEST_ID_HEADER) or headers.get(REQUEST_ID_HEADER)
-    return headers.get(REQUEST_ID_HEADER)
+    return adapter_for(target.protocol).request_id(headers)
 
 
 def _awaits_trial(health: TargetHealth) -> bool:
