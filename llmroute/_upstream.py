@@ -28,6 +28,7 @@ from ._version import __version__
 from .protocols import adapter_for
 from .routing.engine import vendor_request_id
 from .routing.route import SENDING, RouteTarget, Sender
+from .transport import response_timings
 
 __all__ = [
     "OWN_HEADER_PREFIX",
@@ -283,18 +284,12 @@ class Upstream:
         """Send once: the response (streaming unless ``read_body``) and its timings; an error
         status raises openai's status error."""
         started = time.monotonic()
-        timings = Timings(started_at=started)
         with map_transport_errors(request):
             if http is None and self.transport is not None and not request.url.userinfo:
                 response = await self._send_direct(request, self.transport)
             else:
                 response = await (http or self.http).send(request, stream=True)
-        timings.headers = time.monotonic() - started
-        ext = response.extensions
-        timings.connection_reused = ext.get("llmroute.connection_reused")
-        timings.connect = ext.get("llmroute.connect_time")
-        version = ext.get("http_version")
-        timings.http_version = version.decode() if isinstance(version, bytes) else None
+        timings = response_timings(response, started)
         if response.status_code >= 400:
             try:
                 with map_transport_errors(request):

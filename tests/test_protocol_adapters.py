@@ -1,17 +1,23 @@
 """One adapter per wire protocol: every protocol the catalog names has one, and each holds its
 protocol's rules (the routing, the gateway's upstream and the command line ask it, never the
-protocol's name)."""
+protocol's name). And the one stream reader every stream is read with."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 import openai
 import pytest
 
 from llmroute._catalog import load_catalog
+from llmroute._types import Timings
 from llmroute.protocols import PROTOCOLS, adapter_for
 from llmroute.protocols.anthropic import AnthropicStreamDecoder
 from llmroute.protocols.openai import ChatStreamDecoder, ResponsesStreamDecoder
+from llmroute.protocols.reader import StreamReader
+
+from .clock import FakeClock
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 REQUEST = httpx.Request("POST", "https://example.invalid/v1/chat/completions")
@@ -72,3 +78,36 @@ def test_the_anthropic_adapter_translates_chat_and_refuses_what_it_cannot_expres
     assert adapter.request_id({"x-request-id": "r1", "request-id": "r2"}) == "r2"
     assert adapter.request_id({"x-request-id": "r1"}) == "r1"
     assert adapter.models_request("sk-a") == ({"x-api-key": "sk-a"}, {"limit": 1000})
+
+
+def _event(delta: dict[str, object], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    return f"data: {json.dumps({**chunk, 'choices': [choice]})}\n\n".encode()
+
+
+def test_the_stream_reader_keeps_the_timings_and_says_whether_the_answer_is_whole() -> None:
+    clock = FakeClock(100.0)
+    timings = Timings(started_at=100.0)
+    reader = StreamReader(ChatStreamDecoder(request=REQUEST, target="t"), timings, clock=clock)
+    clock.advance(0.5)
+    assert len(reader.feed(_event({"role": "assistant", "content": ""}))) == 1
+    assert (timings.first_byte, timings.first_token, timings.tokens) == (0.5, None, 0)
+    assert not reader.answering
+    clock.advance(0.25)
+    reader.feed(_event({"content": "Hel"}) + _event({"content": "lo"}))
+    assert (timings.first_byte, timings.first_token, timings.tokens) == (0.5, 0.75, 2)
+    assert reader.answering and not reader.complete
+    reader.counting = False  # the caller counts from here: the timings are its to keep
+    reader.feed(_event({"content": "!"}))
+    assert timings.tokens == 2
+    reader.feed(_event({}, "stop"))
+    assert reader.complete and not reader.done and not reader.ended  # whole, [DONE] or not
+    assert reader.feed(None) == [] and reader.ended
+
+
+def test_a_stream_that_ends_early_is_not_complete() -> None:
+    reader = StreamReader(ChatStreamDecoder(request=REQUEST, target="t"), Timings(started_at=0.0))
+    reader.feed(_event({"content": "Hi"}))
+    reader.feed(None)
+    assert reader.ended and not reader.complete

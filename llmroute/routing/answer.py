@@ -21,11 +21,11 @@ import httpx
 from openai.types.chat import ChatCompletionChunk
 
 from .._errors import (
-    APIConnectionError,
     APIError,
     APITimeoutError,
     StallTimeout,
     map_transport_errors,
+    stream_ended,
 )
 from .._types import AttemptReport, RouteReport, Timings
 from ..protocols.openai import (
@@ -34,6 +34,7 @@ from ..protocols.openai import (
     is_token_chunk,
     response_text_delta,
 )
+from ..protocols.reader import StreamReader
 from ..transport import bound_wait, close_quietly
 from .accounts import TokenAccount
 from .continuation import seam_for
@@ -64,16 +65,20 @@ answer already holds the caller's ``max_tokens``; raises StreamInterrupted if it
 
 @dataclass(slots=True)
 class Ready:
-    """An attempt that produced its first token (or its whole answer, when not streamed)."""
+    """An attempt that produced its first token (or its whole answer, when not streamed):
+    its stream's reader, the body's ``receive`` and the chunks decoded so far."""
 
     target: RouteTarget
     response: httpx.Response
     timings: Timings
-    decoder: ChatStreamDecoder | None = None
+    reader: StreamReader | None = None
     receive: Callable[[], Awaitable[bytes | None]] | None = None
     buffered: list[ChatCompletionChunk] = field(default_factory=list)
-    ended: bool = False
     completion: Any = None
+
+    @property
+    def decoder(self) -> ChatStreamDecoder | None:
+        return self.reader.decoder if self.reader is not None else None
 
 
 def content_kind(delta: Any) -> Literal["text", "reasoning"] | None:
@@ -137,13 +142,13 @@ class _Read:
     """The reading of one attempt's stream: its deadline between chunks and what it shows."""
 
     __slots__ = (
-        "decoder",
         "gaps",
         "hide_usage",
         "in_transport",
         "kept",
         "longest",
         "own",
+        "reader",
         "ready",
         "receive",
         "request",
@@ -152,9 +157,9 @@ class _Read:
     )
 
     def __init__(self, answer: Answer, ready: Ready) -> None:
-        decoder, receive = ready.decoder, ready.receive
-        assert decoder is not None and receive is not None
-        self.ready, self.decoder, self.receive = ready, decoder, receive
+        reader, receive = ready.reader, ready.receive
+        assert reader is not None and receive is not None
+        self.ready, self.reader, self.receive = ready, reader, receive
         self.request = ready.response.request
         target = ready.target
         stats = answer.stats.target(target.name)
@@ -252,7 +257,7 @@ class Answer:
                             for chunk in buffered:
                                 if self._admit(chunk, read):
                                     yield chunk
-                            if read.decoder.done or ready.ended:
+                            if read.reader.done or read.reader.ended:
                                 break
                             buffered = await self._next(read)
                 except _AtLimit as end:  # past the caller's limit: the answer ends here
@@ -381,14 +386,11 @@ class Answer:
             self.longest_gap = waited
         if read.own and stall is not None:
             read.paused(waited, stall)
-        if data is None:
-            read.ready.ended = True
-            return read.decoder.close()
-        return read.decoder.feed(data)
+        return read.reader.feed(data)
 
     def _verdict(self, read: _Read, failure: APIError | None) -> APIError | None:
         """At a stream's end: ``None`` if the answer is whole (recorded as such), else why not."""
-        decoder, ready = read.decoder, read.ready
+        decoder, ready = read.reader.decoder, read.ready
         seam = self._seam
         if seam is not None and failure is None and (decoder.finished or decoder.done):
             failure = seam.unfinished()  # it ended inside the echo: not spliced
@@ -405,13 +407,7 @@ class Answer:
                 if self._answered is not None:
                     self._answered(name, "".join(self.account.text))
             return None
-        if failure is None:
-            failure = APIConnectionError(
-                message="The stream ended before the answer was complete (no [DONE] "
-                "and no finish_reason)",
-                request=read.request,  # type: ignore[arg-type]
-            )
-        return failure
+        return stream_ended(read.request) if failure is None else failure
 
     def _completed(self, ready: Ready) -> None:
         self.complete = True

@@ -36,7 +36,6 @@ from openai.types.chat import ChatCompletionChunk
 
 from .._errors import (
     AllTargetsFailed,
-    APIConnectionError,
     APIError,
     APIStatusError,
     FirstTokenTimeout,
@@ -44,9 +43,11 @@ from .._errors import (
     TargetUnavailable,
     describe_error,
     map_transport_errors,
+    stream_ended,
 )
 from .._types import AttemptReport, RouteReport, Timings
 from ..protocols import adapter_for
+from ..protocols.reader import StreamReader
 from ..transport import body_receiver, close_quietly, replay_head
 from .accounts import TokenAccount
 from .answer import Answer, Ready, plain_answer, won_attempt
@@ -1219,7 +1220,6 @@ class _Attempt:
         response, timings = await run.send(
             target, body, stream=True, continuation=prefix is not None
         )
-        clock = run.clock
         try:
             request = response.request
             asked = run.body.get("stream_options")
@@ -1230,36 +1230,23 @@ class _Attempt:
                 body=body,
                 include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
             )
+            reader = StreamReader(decoder, timings, clock=run.clock)
             receive = body_receiver(response)
             buffered: list[ChatCompletionChunk] = []
             head: list[bytes] | None = [] if run.raw else None  # the caller reads the body
-            started = timings.started_at
             with map_transport_errors(request):
-                while True:
+                while not reader.answering:
+                    if reader.ended:
+                        raise stream_ended(request, before_first_token=target.name)
                     data = await receive()
-                    if data is None:
-                        chunks = decoder.close()
-                    else:
-                        if timings.first_byte is None:
-                            timings.first_byte = clock() - started
-                        if head is not None:
-                            head.append(data)
-                        chunks = decoder.feed(data)
-                    buffered.extend(chunks)
-                    if decoder.tokens or decoder.done or decoder.finished:
-                        timings.first_token = clock() - started
-                        timings.tokens = decoder.tokens
-                        if head is not None:
-                            replay_head(response, head)
-                        return Ready(
-                            target, response, timings, decoder, receive, buffered, data is None
-                        )
-                    if data is None:
-                        raise APIConnectionError(
-                            message=f"The stream of target {target.name!r} ended before its "
-                            "first token (no [DONE] and no finish_reason)",
-                            request=request,  # type: ignore[arg-type]
-                        )
+                    if head is not None and data is not None:
+                        head.append(data)
+                    buffered.extend(reader.feed(data))
+            timings.first_token = run.clock() - timings.started_at
+            reader.counting = False  # the answer counts the chunks it passes on (routing.answer)
+            if head is not None:
+                replay_head(response, head)
+            return Ready(target, response, timings, reader, receive, buffered)
         except BaseException:
             await close_quietly(response)
             raise

@@ -7,6 +7,7 @@ from ._pool import (
     close_quietly,
     make_ssl_context,
     replay_head,
+    response_timings,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "close_quietly",
     "make_ssl_context",
     "replay_head",
+    "response_timings",
 ]

@@ -21,6 +21,7 @@ import anyio.abc
 import httpx
 from anyio.streams.tls import TLSAttribute, TLSStream
 
+from .._types import Timings
 from ._events import EventDeadline
 from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
 
@@ -31,6 +32,7 @@ __all__ = [
     "close_quietly",
     "make_ssl_context",
     "replay_head",
+    "response_timings",
 ]
 
 _ATTEMPTS = 3
@@ -380,6 +382,21 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
         return data
 
     return receive
+
+
+def response_timings(response: Any, started: float | None) -> Timings:
+    """The timings of a response that has its headers, from ``started`` (now if unknown): the
+    headers' time, and the connection's (reused, connect time, HTTP version) as llmroute's
+    transport reports them."""
+    now = time.monotonic()
+    timings = Timings(started_at=started if started is not None else now)
+    timings.headers = now - timings.started_at
+    ext = getattr(response, "extensions", {}) or {}
+    timings.connection_reused = ext.get("llmroute.connection_reused")
+    timings.connect = ext.get("llmroute.connect_time")
+    version = ext.get("http_version")
+    timings.http_version = version.decode() if isinstance(version, bytes) else None
+    return timings
 
 
 async def close_quietly(response: httpx.Response) -> None:
