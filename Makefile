@@ -33,13 +33,19 @@ OPENAI2_SKIP := $(FRAMEWORKS) tests/test_sglang_launcher.py tests/test_sglang_st
 	tests/reliability/test_fuzz_sse.py tests/reliability/test_fuzz_anthropic.py \
 	tests/reliability/test_fuzz_config.py tests/reliability/test_load.py \
 	tests/reliability/test_soak.py tests/reliability/test_secrets.py tests/test_tiers.py \
-	tests/test_docs_paths.py tests/test_docs_snippets.py
+	tests/test_docs_paths.py tests/test_docs_snippets.py tests/test_deploy.py
 # (The docs' blocks are checked once, in the main environment: it has every extra they use,
 # tiers' wordllama included, which .venvs/openai2 does not install.)
 # Anthropic's wire format only, and a ratio of two timings that a loaded machine can upset.
 OPENAI2_DESELECT := tests/reliability/test_hostile_bodies.py::test_anthropic_prefill_skip_is_linear
 OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \
 	$(addprefix --deselect=,$(OPENAI2_DESELECT))
+
+# Real Helm for tests/test_deploy.py: the Helm v4 library inside PyPI's helm-sdkpy wheel, unpacked
+# (no helm binary ships in a registry package; the wheel asks for Python 3.12, and its library,
+# loaded with ctypes, needs none). tests/deploy_tools.py says how it renders the chart.
+HELM_SDK := helm-sdkpy==0.1.32
+HELM_DIR := $(VENVS)/helm
 
 .PHONY: demo test test-main envs test-openai2 test-frameworks lint bench bench-litellm-env clean
 # The environments outlive a run (make would delete a stamp built through two pattern rules).
@@ -50,6 +56,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,tiers]'
 	touch $(STAMP)
+
+$(HELM_DIR)/.installed: $(STAMP)
+	rm -rf $(HELM_DIR)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--dest $(HELM_DIR) '$(HELM_SDK)'
+	cd $(HELM_DIR) && $(CURDIR)/$(BIN)/python -m zipfile -e helm_sdkpy-*.whl .
+	touch $@
 
 $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
 	rm -rf $(VENVS)/$*
@@ -69,7 +82,7 @@ test: test-main
 
 envs: $(VENVS)/openai2/.installed $(VENVS)/fw3/.installed $(VENVS)/instructor/.installed
 
-test-main: $(STAMP)
+test-main: $(STAMP) $(HELM_DIR)/.installed
 	$(BIN)/ruff check llmroute tests benchmarks
 	$(BIN)/python -m pytest -q
 

@@ -604,10 +604,30 @@ class RedisSettings(BaseModel):
         "redis://127.0.0.1:6379/0"
     )
     """A ``redis://`` URL; it may carry a password, so it is kept secret (never shown)."""
+    url_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """The environment variable holding ``url`` instead (read when the config is loaded), so
+    a URL with a password stays out of the file (a Kubernetes Secret, docs/deploy.md)."""
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "llmroute"
     """The prefix of every key llmroute writes."""
     timeout: Annotated[Duration, Field(gt=0)] = 0.25
     """Seconds a Redis call may take before the cache treats the server as unreachable."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_from_environment(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or data.get("url_env") in (None, ""):
+            return data
+        if "url" in data:
+            raise _invalid("give url or url_env, not both", "url_env")
+        name = data["url_env"]
+        if not isinstance(name, str) or not _ENV_VAR_NAME.fullmatch(name):  # never echoed
+            raise _invalid("expected the name of an environment variable (A-Z, 0-9, _)", "url_env")
+        value = os.environ.get(name, "")
+        if not value:
+            raise _invalid(f"{name} is not set (it should hold the Redis URL)", "url_env")
+        if not value.startswith(("redis://", "rediss://", "unix://")):  # never echoed
+            raise _invalid(f"{name}: expected a redis://, rediss:// or unix:// URL", "url_env")
+        return {**data, "url": value}
 
 
 def _default_cache_dir() -> str:
@@ -908,6 +928,11 @@ class GatewaySettings(BaseModel):
     write_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     """A write to a client that does not read may wait this long; then the response is cut
     (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
+    drain_timeout: Annotated[Duration, Field(ge=0)] = 10.0
+    """On SIGTERM or SIGINT (``llmroute serve``), the gateway stops taking requests (503) and
+    lets those in flight finish for up to this long; then the rest are ended with a
+    ``gateway_shutdown`` error event and their upstream streams cancelled. A second signal ends
+    them at once; 0 ends them at once. ``llmroute serve --drain`` overrides it."""
     max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
     """An upstream's Retry-After passed on to a client is capped at this many seconds."""
     limits_backend: Literal["memory", "redis"] = "memory"

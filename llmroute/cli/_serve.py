@@ -42,6 +42,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.add_argument(
+        "--drain",
+        type=_seconds,
+        metavar="DURATION",
+        help="on SIGTERM/SIGINT, how long requests in flight may take to finish before they "
+        "are ended (e.g. 20s; default: [gateway] drain_timeout, else 10s; 0: end them at once); "
+        "a second signal ends them at once",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -66,6 +74,17 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
     return port
+
+
+def _seconds(text: str) -> float:
+    from .._config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 20s or 0, got {text[:40]!r}"
+        ) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -241,9 +260,13 @@ async def _serve(
             sys.stderr.write(f"llmroute serve: {_cannot_listen(host, port, exc)}\n")
             return 1
     loop = asyncio.get_running_loop()
-    shutdown = asyncio.Event()
+    shutdown, cut = asyncio.Event(), asyncio.Event()
+
+    def stop() -> None:  # the first signal drains, a second ends what is left
+        (cut if shutdown.is_set() else shutdown).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown.set)
+        loop.add_signal_handler(sig, stop)
     loop.add_signal_handler(signal.SIGHUP, app.reload)  # the keys, read again
     url = base_url(sock, tls=certfile is not None)
     protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
@@ -257,7 +280,16 @@ async def _serve(
         if key is not None:
             sys.stdout.write(_try_it(url, key, simulated or {}))
         sys.stdout.flush()
-    await serve(app, sock, certfile=certfile, keyfile=keyfile, shutdown_trigger=shutdown.wait)
+    drain = settings.drain_timeout if args.drain is None else args.drain
+    await serve(
+        app,
+        sock,
+        certfile=certfile,
+        keyfile=keyfile,
+        shutdown_trigger=shutdown.wait,
+        drain=drain,
+        cut_trigger=cut.wait,
+    )
     if not quiet:
         sys.stdout.write("llmroute gateway stopped\n")
         sys.stdout.flush()

@@ -354,6 +354,7 @@ class GatewayApp:
         self._scopes: dict[anyio.CancelScope, _Exchange] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._closing = False
+        self._idle: anyio.Event | None = None  # set when the last request ends while draining
         self.live: LiveView | None = None
         """The live page's samples (``live_page = true``), else None."""
         self._live_page: LivePage | None = None
@@ -421,6 +422,33 @@ class GatewayApp:
                     self.tenants.stamp = file_stamp(path)  # logged once, not every interval
 
     # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered now (a stream counts until it ends)."""
+        return len(self._scopes)
+
+    async def drain(
+        self, timeout: float, cut: Callable[[], Awaitable[object]] | None = None
+    ) -> int:
+        """Refuse new requests (503) and wait, up to ``timeout`` seconds or until ``cut``
+        returns, for the requests in flight to end. Returns how many are still in flight (the
+        caller then ends them with :meth:`begin_shutdown`)."""
+        self._closing = True
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as tg:
+                if cut is not None:
+
+                    async def cut_short() -> None:
+                        await cut()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(cut_short)
+                if self._scopes:
+                    self._idle = anyio.Event()
+                    await self._idle.wait()
+                tg.cancel_scope.cancel()
+        return len(self._scopes)
 
     def begin_shutdown(self) -> None:
         """Refuse new requests and end the streams in flight (their clients get an error event,
@@ -913,6 +941,8 @@ class GatewayApp:
                 failure = exc
             finally:
                 self._scopes.pop(scope, None)
+                if self._idle is not None and not self._scopes:
+                    self._idle.set()  # the last request in flight of a gateway draining
                 scope.cancel()
         report = getattr(stream if stream is not None else result, "route", None)
         report = report if report is not None else getattr(failure, "report", None)
