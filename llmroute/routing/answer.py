@@ -154,6 +154,7 @@ class _Read:
         "request",
         "stall",
         "strip_continuous",
+        "unbounded",
     )
 
     def __init__(self, answer: Answer, ready: Ready) -> None:
@@ -170,6 +171,8 @@ class _Read:
         if read_timeout is not None and stall is not None and read_timeout < stall:
             stall = None  # the read timeout comes first: it is the deadline
         self.stall = stall
+        self.unbounded = stall is None or self.in_transport
+        """Reads wait without a deadline of the answer's own (none, or the transport's)."""
         self.own = stall is not None and stalls_from_stream(answer.route, stats)
         account = answer.account
         # Usage llmroute asked for, not the caller: it is counted, and not shown.
@@ -184,14 +187,14 @@ class _Read:
             return StallTimeout(self.request, target=self.ready.target.name, seconds=self.stall)
         return exc
 
-    def paused(self, waited: float, stall: float) -> None:
-        """A read waited ``waited`` seconds under the deadline ``stall``: after a few pauses,
-        a stream that sets its own deadline takes it from the longest of them."""
+    def paused(self, waited: float) -> None:
+        """A read waited ``waited`` seconds: after a few pauses, a stream that sets its own
+        deadline (``own``) takes it from the longest of them."""
         self.gaps, self.longest = self.gaps + 1, max(self.longest, waited)
-        if self.gaps >= STALL_STREAM_GAPS:  # this stream's own pauses
+        if self.gaps >= STALL_STREAM_GAPS and self.stall is not None:  # its own pauses
             self.own = False
             first = self.ready.timings.first_token
-            self.stall = stream_stall_deadline(self.longest, first, prior=stall)
+            self.stall = stream_stall_deadline(self.longest, first, prior=self.stall)
             if self.in_transport:
                 bound_wait(self.ready.response, self.stall)
 
@@ -244,22 +247,30 @@ class Answer:
 
     async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
         """The answer's chunks, continued on another target if the winner breaks mid-way."""
-        ready = self.first
-        timings, clock = ready.timings, self.clock
+        ready, admit, clock = self.first, self._admit, self.clock
         try:
             while True:
                 read = _Read(self, ready)
+                reader, receive = read.reader, read.receive
+                decoder = reader.decoder
                 failure: APIError | None = None
                 try:
                     with map_transport_errors(read.request):
                         buffered, ready.buffered = ready.buffered, []
                         while True:
                             for chunk in buffered:
-                                if self._admit(chunk, read):
+                                if admit(chunk, read):
                                     yield chunk
-                            if read.reader.done or read.reader.ended:
+                            if decoder.done or reader.ended:
                                 break
-                            buffered = await self._next(read)
+                            waited = clock()
+                            data = await (receive() if read.unbounded else self._bounded(read))
+                            waited = clock() - waited
+                            if waited > self.longest_gap and ready is self.first:
+                                self.longest_gap = waited
+                            if read.own:  # until this stream's own pauses set its deadline
+                                read.paused(waited)
+                            buffered = reader.feed(data)
                 except _AtLimit as end:  # past the caller's limit: the answer ends here
                     for chunk in end.chunks:
                         yield chunk
@@ -274,29 +285,40 @@ class Answer:
                     return
                 new = await self._proceed(ready, failure, self._continuable)
                 if new is None:  # the answer already holds the tokens the caller asked for
-                    account = self.account
-                    for chunk in account.ending(self._template, self._first_id, account.delivered):
+                    for chunk in self._ended_at_limit():
                         yield chunk
-                    self.complete = True
-                    timings.total = clock() - timings.started_at
                     return
-                self._seam = seam_for(new.target, new.response.request, self.account.text)
-                ready = new
-                on_switch(ready.response)
-                self._skipping = True
+                ready = self._switch(new, on_switch)
         finally:
+            timings = self.first.timings
             if timings.total is None:
                 timings.total = clock() - timings.started_at
             await close_quietly(ready.response)
             self._finish()
 
+    def _ended_at_limit(self) -> list[Any]:
+        """The chunks that end an answer which reached the caller's limit as it broke."""
+        account = self.account
+        self.complete = True
+        timings = self.first.timings
+        timings.total = self.clock() - timings.started_at
+        return account.ending(self._template, self._first_id, account.delivered)
+
+    def _switch(self, new: Ready, on_switch: Callable[[httpx.Response], None]) -> Ready:
+        """A continuation took over: the caller reads on from ``new``, past what it repeats."""
+        self._seam = seam_for(new.target, new.response.request, self.account.text)
+        on_switch(new.response)
+        self._skipping = True
+        return new
+
     def _admit(self, chunk: Any, read: _Read) -> bool:
         """Whether the caller gets ``chunk``, counted in the account (its id and usage may be
         changed in place); raises :class:`_AtLimit` past the caller's ``max_tokens``."""
-        seam = self._seam
-        chat = type(chunk) is ChatCompletionChunk
+        if type(chunk) is not ChatCompletionChunk:
+            return self._event(chunk)
         account = self.account
-        if seam is not None and chat:
+        seam = self._seam
+        if seam is not None:
             admitted = seam.admit(chunk)
             account.uncounted = account.uncounted or seam.stripped
             if not admitted:
@@ -305,14 +327,13 @@ class Answer:
             if is_preamble_chunk(chunk):
                 return False
             self._skipping = False
-        if not chat:
-            self._event(chunk)
-            return True
-        if self._first_id is None:
+        first_id = self._first_id
+        if first_id is None:
             self._first_id = chunk.id
-        elif chunk.id != self._first_id:
-            chunk.id = self._first_id
-        self._template, text = chunk, account.text
+        elif chunk.id != first_id:
+            chunk.id = first_id
+        self._template = chunk
+        text = account.text
         before = len(text)
         for choice in chunk.choices:
             delta = choice.delta
@@ -326,8 +347,7 @@ class Answer:
             if delta.content:
                 text.append(delta.content)
         if is_token_chunk(chunk):
-            account.tokens += 1
-            self._timings.tokens = account.tokens
+            self._timings.tokens = account.tokens = account.tokens + 1
         if chunk.usage is not None and not self._usage(chunk, read):
             return False
         if read.hide_usage:  # not even the vendor's "usage": null
@@ -357,36 +377,31 @@ class Answer:
             raise _AtLimit(account.ending(self._template, self._first_id, read.kept))
         read.kept = count
 
-    def _event(self, chunk: Any) -> None:
-        """Another API's event (Responses): counted, never continued."""
+    def _event(self, chunk: Any) -> bool:
+        """Another API's event (Responses) or none (a ``null`` event): counted, never
+        continued; whether the caller gets it."""
+        if self._skipping:
+            if is_preamble_chunk(chunk):
+                return False
+            self._skipping = False
         self._continuable = False
         kind = getattr(chunk, "type", None)
         if type(kind) is str and kind.endswith(".delta"):
             account = self.account
-            account.tokens += 1
-            self._timings.tokens = account.tokens
+            self._timings.tokens = account.tokens = account.tokens + 1
             piece = response_text_delta(chunk)
             if piece:
                 account.text.append(piece)
+        return True
 
-    async def _next(self, read: _Read) -> list[Any]:
-        """The chunks of the stream's next bytes, waiting at most the stall deadline."""
-        clock, receive, stall = self.clock, read.receive, read.stall
-        waited = clock()
-        if stall is None or read.in_transport:
-            data = await receive()
-        else:
-            data = b""
-            with anyio.CancelScope(deadline=anyio.current_time() + stall) as scope:
-                data = await receive()
-            if scope.cancelled_caught:
-                raise StallTimeout(read.request, target=read.ready.target.name, seconds=stall)
-        waited = clock() - waited
-        if waited > self.longest_gap and read.ready is self.first:
-            self.longest_gap = waited
-        if read.own and stall is not None:
-            read.paused(waited, stall)
-        return read.reader.feed(data)
+    async def _bounded(self, read: _Read) -> bytes | None:
+        """The stream's next bytes within the stall deadline (a transport that cannot bound
+        its own waits: a cancel scope does it)."""
+        stall = read.stall
+        assert stall is not None
+        with anyio.CancelScope(deadline=anyio.current_time() + stall):
+            return await read.receive()
+        raise StallTimeout(read.request, target=read.ready.target.name, seconds=stall)
 
     def _verdict(self, read: _Read, failure: APIError | None) -> APIError | None:
         """At a stream's end: ``None`` if the answer is whole (recorded as such), else why not."""
