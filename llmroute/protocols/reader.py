@@ -50,18 +50,20 @@ class StreamReader:
     def feed(self, data: bytes | None) -> list[Any]:
         """The chunks ``data`` completes, in order (``None``: the body ended); raises what the
         decoder raises (a vendor's error event, data that is not an event stream)."""
-        decoder, timings = self.decoder, self.timings
         if data is None:
             self.ended = True
-            chunks = decoder.close()
+            chunks = self.decoder.close()
         else:
+            timings = self.timings
             if timings.first_byte is None:
                 timings.first_byte = self._clock() - timings.started_at
-            chunks = decoder.feed(data)
-        if self.counting and decoder.tokens != timings.tokens:
-            if timings.first_token is None:
-                timings.first_token = self._clock() - timings.started_at
-            timings.tokens = decoder.tokens
+            chunks = self.decoder.feed(data)
+        if self.counting:
+            tokens, timings = self.decoder.tokens, self.timings
+            if tokens != timings.tokens:
+                if timings.first_token is None:
+                    timings.first_token = self._clock() - timings.started_at
+                timings.tokens = tokens
         return chunks
 
     @property

@@ -251,8 +251,8 @@ class Answer:
         try:
             while True:
                 read = _Read(self, ready)
-                reader, receive = read.reader, read.receive
-                decoder = reader.decoder
+                reader, receive, unbounded = read.reader, read.receive, read.unbounded
+                decoder, feed = reader.decoder, reader.feed
                 failure: APIError | None = None
                 try:
                     with map_transport_errors(read.request):
@@ -264,13 +264,13 @@ class Answer:
                             if decoder.done or reader.ended:
                                 break
                             waited = clock()
-                            data = await (receive() if read.unbounded else self._bounded(read))
+                            data = await (receive() if unbounded else self._bounded(read))
                             waited = clock() - waited
                             if waited > self.longest_gap and ready is self.first:
                                 self.longest_gap = waited
                             if read.own:  # until this stream's own pauses set its deadline
                                 read.paused(waited)
-                            buffered = reader.feed(data)
+                            buffered = feed(data)
                 except _AtLimit as end:  # past the caller's limit: the answer ends here
                     for chunk in end.chunks:
                         yield chunk
