@@ -1,7 +1,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# One environment, .venv, and two stamps in it, for two kinds of people:
+#   USER_STAMP  what a user needs, .[all] (the command line, the simulator, the gateway, plots,
+#               Redis, OpenTelemetry, the request classifier): make demo. About 370 MB.
+#   STAMP       what a developer needs, .[dev,tiers]: all of .[all], plus the test, lint and
+#               deployment tools and SGLang's gateway: make test, lint, bench. About 760 MB.
+# .[dev,tiers] holds every package of .[all], so a developer's current environment serves the
+# demo without another install, and make test after make demo adds only the developer's tools.
+# One environment (not two) because the README's commands name .venv/bin/llmroute whichever
+# the reader ran first.
 STAMP := $(VENV)/.installed
+USER_STAMP := $(VENV)/.installed-all
 
 # Test environments of their own, one per tests/compat/requirements-NAME.txt, in .venvs/NAME:
 #   openai2     the newest openai 2.x (httpx, no httpx2) and llama-index-llms-openai (openai<3)
@@ -51,7 +61,7 @@ HELM_DIR := $(VENVS)/helm
 # The environments outlive a run (make would delete a stamp built through two pattern rules).
 .PRECIOUS: $(VENVS)/%/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml  # the developer's environment (see the top)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,tiers]'
@@ -71,7 +81,21 @@ $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
 	$(VENVS)/$*/bin/python -m pip install --quiet -r $(REQS)-$*.txt
 	touch $@
 
-demo: $(STAMP)
+# A line per step, and pip's own lines (no --quiet): a first install takes a while.
+$(USER_STAMP): pyproject.toml
+	@echo "make demo: 1/3: the environment $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then \
+		echo "make demo: 2/3: $(VENV) has the developer's extras, which include .[all]"; \
+	else \
+		echo "make demo: 2/3: pip install -e '.[all]': llmroute and what a user needs" \
+			"(about 370 MB; pip's lines follow)"; \
+		$(BIN)/python -m pip install --disable-pip-version-check -e '.[all]'; \
+	fi
+	@touch $@
+
+demo: $(USER_STAMP)
+	@echo "make demo: 3/3: llmroute demo"
 	$(BIN)/llmroute demo
 
 # After the main suite: the three environments install side by side (they are independent;

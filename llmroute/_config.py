@@ -57,6 +57,7 @@ from ._catalog import (
     format_validation_error,
     load_catalog,
 )
+from ._prices import ModelPrice, UsageFields
 
 __all__ = [
     "CacheSettings",
@@ -72,6 +73,8 @@ __all__ = [
     "RouteConfig",
     "RouteObjective",
     "RoutingSettings",
+    "SimulatorAddress",
+    "SimulatorPhase",
     "Target",
     "TierClass",
     "TieredConfig",
@@ -82,6 +85,7 @@ __all__ = [
     "resolve",
     "resolve_provider",
     "route_config",
+    "used_providers",
 ]
 
 log = logging.getLogger("llmroute")
@@ -104,6 +108,11 @@ _SIZE_UNITS = {
     "gib": 2**30,
 }
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+SIMULATOR = "simulator"
+"""The built-in ``kind`` of a simulated provider, started on 127.0.0.1 with the client that uses
+the config and stopped with it (``llmroute._simulated``; docs/simulator.md)."""
+_SIMULATOR_OWN = ("base_url", "api_key", "api_key_env", "api_key_env_fallbacks", "verify")
+"""What a simulated provider brings itself: its address, its (any) key and its CA."""
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
@@ -239,6 +248,41 @@ def _verify_input(value: Any) -> bool | str | None:
 
 
 Duration = Annotated[float, BeforeValidator(_duration_input)]
+
+
+def _profile_input(value: Any) -> Any:
+    """A simulator's profile: a preset's name, or a table whose durations (``"70ms"``) become
+    seconds; its fields are checked with the provider (``ProviderConfig._check_simulator``)."""
+    if not isinstance(value, Mapping):
+        return value
+    from .testing._profile import DURATION_FIELDS
+
+    table = dict(value)
+    for name in DURATION_FIELDS:
+        given = table.get(name)
+        try:
+            if isinstance(given, str):
+                table[name] = parse_duration(given)
+            elif name == "stall_range" and isinstance(given, list):
+                table[name] = [parse_duration(v) if isinstance(v, str) else v for v in given]
+        except ValueError as exc:
+            raise _invalid(str(exc), name) from None
+    return table
+
+
+SimulatorProfile = Annotated[str | dict[str, Any] | None, BeforeValidator(_profile_input)]
+
+
+class SimulatorPhase(BaseModel):
+    """One ``[[providers.<name>.phases]]`` entry of a simulated provider: some of its profile's
+    fields replaced ``after`` the simulator started (it slows, fails or recovers mid-run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: Duration
+    profile: Annotated[dict[str, Any], BeforeValidator(_profile_input)]
+
+
 Policy = Literal[
     "fastest", "hedge", "race", "failover", "weighted", "prefix", "least-loaded", "round-robin"
 ]
@@ -288,6 +332,49 @@ class ProviderConfig(BaseModel):
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name (``{ "qwen2.5-7b-instruct" = 32768 }``), added to the
     catalog's; a model named here takes its window from here, before ``context_window``."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Prices by model name (``[providers.<name>.prices."<model>"]``, docs/cost.md), added to
+    the catalog's: a model named here takes its price from here. ``"*"`` prices every model
+    without its own (a self-hosted server: ``gpu_hour = { usd = 2.5, tokens_per_second =
+    2400 }``, or ``input = 0, output = 0``)."""
+    usage: UsageFields | None = None
+    """Where the server's ``usage`` reports each token class; unset: the catalog's or the
+    protocol's."""
+    profile: SimulatorProfile = None
+    """``kind = "simulator"`` only: how the simulated provider behaves, a preset's name
+    (``instant``, ``fast-but-spiky``, ``steady-slow``, ``flaky``) or a table of its fields,
+    optionally on a preset (``{ preset = "flaky", rate_503 = 0.2 }``); unset: ``instant``."""
+    phases: tuple[SimulatorPhase, ...] = ()
+    """``kind = "simulator"`` only: profile changes at given times after its start."""
+
+    @model_validator(mode="after")
+    def _check_simulator(self) -> ProviderConfig:
+        given = self.model_fields_set
+        if self.kind != SIMULATOR:
+            for name in ("profile", "phases"):
+                if name in given:
+                    raise _invalid(f'{name} is for kind = "{SIMULATOR}" providers only', name)
+            return self
+        for name in _SIMULATOR_OWN:
+            if name in given:
+                raise _invalid(
+                    f"a simulated provider has its own {name} (it starts on 127.0.0.1 with the "
+                    f"client, with the simulators' CA): remove {name}",
+                    name,
+                )
+        from .testing._profile import check_fields, profile_of
+
+        try:
+            profile_of(self.profile, "profile")
+            after = -1.0
+            for index, phase in enumerate(self.phases):
+                check_fields(phase.profile, f"phases.{index}.profile")
+                if phase.after <= after:
+                    raise ValueError(f"phases.{index}.after: the phases must come in time order")
+                after = phase.after
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        return self
 
     @field_validator("continuation", mode="before")
     @classmethod
@@ -630,7 +717,16 @@ class RedisSettings(BaseModel):
         return {**data, "url": value}
 
 
-def _default_cache_dir() -> str:
+CACHE_DIR_ENV = "LLMROUTE_CACHE_DIR"
+"""Where llmroute keeps what it can rebuild (the disk cache's default ``path``, fitted tier
+classifiers); default ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+
+
+def default_cache_dir() -> str:
+    """``$LLMROUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+    given = os.environ.get(CACHE_DIR_ENV)
+    if given:
+        return os.path.expanduser(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "llmroute")
 
@@ -654,7 +750,7 @@ class CacheSettings(BaseModel):
     """The store's size limit (memory and disk; Redis uses its own maxmemory)."""
     max_entry_bytes: Annotated[Size, Field(gt=0)] = 2**20
     """Answers larger than this are not stored."""
-    path: str = Field(default_factory=_default_cache_dir)
+    path: str = Field(default_factory=default_cache_dir)
     """The disk store's directory (created with mode 0700)."""
     namespace: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
     """Whose answers these are; by default derived from a hash of the API keys in use."""
@@ -1140,10 +1236,13 @@ class Config(BaseModel):
                 raise _invalid(
                     "a provider name must be non-empty and contain no ':'", "providers", name
                 )
-            if provider.kind is not None and provider.kind not in catalog:
+            if provider.kind is not None and provider.kind not in (*catalog, SIMULATOR):
                 raise _invalid(
                     f"unknown kind {provider.kind!r}: not in the catalog"
-                    + (_suggest(provider.kind, catalog) or f" (one of: {', '.join(catalog)})"),
+                    + (
+                        _suggest(provider.kind, [*catalog, SIMULATOR])
+                        or f" (one of: {', '.join([*catalog, SIMULATOR])})"
+                    ),
                     "providers",
                     name,
                     "kind",
@@ -1261,19 +1360,43 @@ def load_config(
     )
 
 
-def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved:
+@dataclass(frozen=True)
+class SimulatorAddress:
+    """Where a running simulated provider answers, and the CA file its certificate is from."""
+
+    base_url: str
+    ca: str | None
+
+
+def used_providers(config: Config) -> list[str]:
+    """The providers some route's targets or ``default_provider`` name, in that order."""
+    used = dict.fromkeys(
+        target.provider for route in config.models.values() for target in route.target_list()
+    )
+    if config.default_provider is not None:
+        used.setdefault(config.default_provider)
+    return list(used)
+
+
+def resolve(
+    config: Config,
+    environ: Mapping[str, str] = os.environ,
+    simulated: Mapping[str, SimulatorAddress] | None = None,
+) -> Resolved:
     """Merge each used provider with its catalog entry and read its API key from ``environ``.
 
-    Only providers named by a route's targets or by ``default_provider`` are resolved. Raises
-    :class:`ConfigError` when one of them has no API key (and needs one) or speaks a wire
-    protocol llmroute does not support.
+    Only providers named by a route's targets or by ``default_provider`` are resolved. A
+    simulated provider (``kind = "simulator"``) must be running: ``simulated`` gives its
+    address (``llmroute._simulated.SimulatedProviders`` starts them). Raises
+    :class:`ConfigError` when a provider has no API key (and needs one), speaks a wire protocol
+    llmroute does not support, or is a simulator that is not running.
     """
     catalog = load_catalog()
     routes = {route: settings.target_list() for route, settings in config.models.items()}
-    used = dict.fromkeys(target.provider for targets in routes.values() for target in targets)
-    if config.default_provider is not None:
-        used.setdefault(config.default_provider)
-    providers = {name: _resolve_provider(name, config, catalog, environ) for name in used}
+    providers = {
+        name: _resolve_provider(name, config, catalog, environ, simulated or {})
+        for name in used_providers(config)
+    }
     _check_shared_origins(providers, config.source)
     _warn_retired(providers, routes, config.source)
     tiered = {name: _resolve_tiered(name, t, config.source) for name, t in config.tiered.items()}
@@ -1366,7 +1489,7 @@ def resolve_provider(
 ) -> ResolvedProvider:
     """One provider from a ``[providers.<name>]`` table given in code, ready to use."""
     config = _validate({"providers": {name: dict(table)}}, _DEFAULT_SOURCE)
-    return _resolve_provider(name, config, load_catalog(), environ)
+    return _resolve_provider(name, config, load_catalog(), environ, {})
 
 
 def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
@@ -1380,13 +1503,48 @@ def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
         ) from None
 
 
+def _simulator_spec(name: str, settings: ProviderConfig, address: SimulatorAddress) -> ProviderSpec:
+    """What a simulated provider is, as a catalog entry would say: llmroute's simulator serves
+    both wire protocols, continues an assistant prefix, streams usage and the Responses API."""
+    from .testing._profile import profile_of
+
+    return ProviderSpec.model_validate(
+        {
+            "name": SIMULATOR,
+            "display_name": f"simulated provider {name}",
+            "base_url": address.base_url,
+            "models": profile_of(settings.profile).models,
+            "self_hosted": True,
+            "continuation": {},
+            "stream_usage_continuous": True,
+            "responses": True,
+            "responses_stored": True,
+            "docs": "docs/simulator.md",
+        }
+    )
+
+
 def _resolve_provider(
-    name: str, config: Config, catalog: Mapping[str, ProviderSpec], environ: Mapping[str, str]
+    name: str,
+    config: Config,
+    catalog: Mapping[str, ProviderSpec],
+    environ: Mapping[str, str],
+    simulated: Mapping[str, SimulatorAddress],
 ) -> ResolvedProvider:
     settings = config.providers.get(name)
     key = f"providers.{_key([name])}"
     kind = settings.kind if settings is not None and settings.kind is not None else name
     base = catalog.get(kind)
+    address = None
+    if settings is not None and kind == SIMULATOR:
+        address = simulated.get(name)
+        if address is None:
+            raise ConfigError(
+                f"{config.source}: {key}: a simulated provider runs while a client of the "
+                "config does (AsyncOpenAI(config=...), llmroute chat, serve, bench): this one "
+                "is not running"
+            )
+        base = _simulator_spec(name, settings, address)
     data: dict[str, Any] = base.model_dump() if base is not None else {}
     data["name"] = kind if base is not None else name
     if settings is not None:
@@ -1395,7 +1553,7 @@ def _resolve_provider(
             data["context_windows"] = {}
         for field_name in given & _OVERRIDES:
             value = getattr(settings, field_name)
-            if field_name in ("headers", "context_windows"):
+            if field_name in ("headers", "context_windows", "prices"):
                 value = {**data.get(field_name, {}), **value}
             data[field_name] = value
         if "api_key_env" in given and "api_key_env_fallbacks" not in given:
@@ -1405,7 +1563,7 @@ def _resolve_provider(
     except pydantic.ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source=config.source, prefix=key)) from None
 
-    api_key = None
+    api_key = "simulated" if address is not None else None  # the simulator takes any key
     if settings is not None and settings.api_key is not None:
         api_key = settings.api_key.get_secret_value() or None
     if api_key is None and spec.api_key_env is not None:
@@ -1424,7 +1582,7 @@ def _resolve_provider(
         api_key=api_key,
         headers=dict(spec.headers),
         kind=spec.name if base is not None else None,
-        verify=settings.verify if settings is not None else None,
+        verify=address.ca if address is not None else settings.verify if settings else None,
     )
 
 
@@ -1543,6 +1701,8 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
             model = ProviderConfig
         case ("providers", str(), "continuation"):
             model = Continuation
+        case ("providers", str(), "phases", int()):
+            model = SimulatorPhase
         case ("models", str()):
             model = RouteConfig
         case ("tiered", str()):

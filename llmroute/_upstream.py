@@ -22,7 +22,13 @@ from typing import Any, cast
 import httpx
 
 from ._config import ResolvedProvider
-from ._errors import RequestBodyError, make_status_error, map_transport_errors
+from ._errors import (
+    APIConnectionError,
+    RequestBodyError,
+    explained,
+    make_status_error,
+    map_transport_errors,
+)
 from ._types import Timings
 from ._version import __version__
 from .protocols import adapter_for
@@ -141,9 +147,15 @@ def no_cookies() -> http.cookiejar.CookieJar:
 @contextlib.contextmanager
 def body_errors() -> Iterator[None]:
     """A call whose body cannot be encoded (openai's machinery encodes a call that is not
-    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError."""
+    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError;
+    openai's bare ``Connection error.`` names its cause, as a routed call's does."""
     try:
         yield
+    except APIConnectionError as exc:  # openai's bare "Connection error.", with its cause named
+        better = explained(exc)
+        if better is None:
+            raise
+        raise better from exc.__cause__
     except RecursionError:
         raise RequestBodyError(
             "The request body is nested too deeply to be encoded as JSON"

@@ -4,12 +4,14 @@ gateway (simulators behind it) and against nothing, no terminal needed."""
 from __future__ import annotations
 
 import io
+import logging
 import socket
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 import trustme
@@ -336,8 +338,8 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     failing = row_of(lines, "failing:sim-small")
     assert failing.endswith("open") and failing.split()[-2] == "0"  # in flight
     assert row_of(lines, "failing:sim-small").split()[-3] == "2"  # its two errors
-    # The key ci's 4 + 1 requests (and the scrapes of tests before, if any ran first).
-    assert int(row_of(lines, "ci").split()[1]) >= 5
+    # The key ci's 4 + 1 API calls, and not top's scrapes of /metrics with its key.
+    assert row_of(lines, "ci").split()[1] == "5"
     assert row_of(lines, "other").split()[1] == "1"
     assert "\x1b" not in out
     assert GW_KEY not in out and UPSTREAM_KEY not in out
@@ -388,6 +390,71 @@ def test_a_page_that_is_not_metrics_is_a_sentence(
     assert err.rstrip().endswith("it answered application/json")
     status, _, err = top(capsys, "--once", "--key", GW_KEY, root(gateway) + "/nowhere")
     assert status == 2 and "no page there (404)" in err
+
+
+ADMIN_KEY = "gw-top-admin-key-0123456789abcdef"
+
+
+def test_the_keys_table_and_admin_usage_count_api_calls_alike(
+    sim: Simulator, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key's requests are its API calls, in ``llmroute top`` as in ``/admin/usage``: not the
+    live page's files, its polls, the usage reads or /metrics scrapes (top once counted them
+    for the key that made them, or for "(no valid key)"). Reads of admin data are logged with
+    their path and key name; an admin path's 401 and 403 are not to be stored."""
+    config: dict[str, Any] = {
+        "providers": {"fast": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY}},
+        "models": {"chat": {"targets": ["fast:sim-small"]}},
+        "routing": {"explore": 0},
+        "gateway": {
+            "keys": {"ci": "GW_KEY_TOP", "ops": "GW_KEY_ADMIN"},
+            "tenants": {"ops": {"admin": True}},
+            "live_page": True,
+        },
+    }
+    environ = {"GW_KEY_TOP": GW_KEY, "GW_KEY_ADMIN": ADMIN_KEY}
+    ci, ops = {"authorization": f"Bearer {GW_KEY}"}, {"authorization": f"Bearer {ADMIN_KEY}"}
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    caplog.set_level(logging.INFO, logger="llmroute.server")
+    with (
+        Gateway(config, environ=environ, verify=sim.ssl_context(), max_retries=0) as gateway,
+        httpx.Client(base_url=root(gateway), timeout=30) as http,
+    ):
+        calls = [
+            http.post("/v1/chat/completions", json=chat, headers=ci),
+            http.post("/v1/chat/completions", json={**chat, "n": 0}, headers=ci),
+            http.post("/v1/chat/completions", json={**chat, "model": "nope"}, headers=ci),
+            http.get("/v1/models", headers=ci),
+        ]
+        assert [c.status_code for c in calls] == [200, 400, 404, 200]
+        for path in ("/admin/live", "/admin/live/live.js", "/admin/live/live.css"):
+            assert http.get(path, headers=ci).status_code == 200  # open: no data in them
+        for _ in range(3):  # the page's polls and a dashboard's reads
+            assert http.get("/admin/live/data", headers=ops).status_code == 200
+            assert http.get("/admin/usage", headers=ops).status_code == 200
+        denied = http.get("/admin/usage", headers=ci)
+        unknown = http.get("/admin/live/data", headers={"authorization": "Bearer gw-wrong-0123"})
+        assert (denied.status_code, unknown.status_code) == (403, 401)
+        assert denied.headers["cache-control"] == unknown.headers["cache-control"] == "no-store"
+        answered(gateway, 4 + 3 + 6 + 2)
+        usage = http.get("/admin/usage", headers=ops).json()["keys"]
+        status, out, _ = top(capsys, "--once", "--key", ADMIN_KEY, root(gateway))
+    assert status == 0
+    assert (usage["ci"]["requests"], usage["ci"]["errors"]) == (4, 2)
+    assert (usage["ops"]["requests"], usage["ops"]["errors"]) == (0, 0)
+    lines = out.splitlines()
+    assert row_of(lines, "ci").split()[1] == "4"  # the same count as /admin/usage's
+    assert not [line for line in lines if line.startswith(("ops ", "(no valid key)"))], out
+    logged = [r.getMessage() for r in caplog.records]
+    for line in (
+        "GET /admin/usage 200 key=ops ",
+        "GET /admin/live/data 200 key=ops ",
+        "GET /admin/usage 403 key=ci ",
+        "GET /admin/live/data 401 key=- ",
+        "GET /admin/live/live.js 200 key=- ",
+    ):
+        assert any(m.startswith(line) for m in logged), (line, logged)
+    assert not [m for m in logged if " other " in m]
 
 
 def test_an_unreachable_url_is_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:

@@ -233,7 +233,13 @@ def test_the_config_and_keys_the_chart_mounts_load_as_the_gateway_loads_them(
         ({"redis": {"url": ""}}, "redis.url (or redis.existingSecret) is required"),
         ({"keysFile": ""}, "keysFile is required"),
         (
-            {"drain": {"preStopSeconds": 5, "timeoutSeconds": 30, "terminationGracePeriodSeconds": 40}},
+            {
+                "drain": {
+                    "preStopSeconds": 5,
+                    "timeoutSeconds": 30,
+                    "terminationGracePeriodSeconds": 40,
+                }
+            },
             "drain.terminationGracePeriodSeconds must be at least drain.preStopSeconds + "
             "drain.timeoutSeconds + 10",
         ),

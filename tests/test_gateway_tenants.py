@@ -475,6 +475,58 @@ def test_budget_is_spent_and_renewed_at_the_periods_end(
     assert int(time.time() // 2) > period  # renewed in a later period, not before
 
 
+def test_a_huge_max_tokens_is_counted_on_every_replica_not_taken_for_an_outage(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``max_tokens=10**18`` on keys with Redis limits but no ``tpm``. It once reached the
+    admission script as ``1e+18``, which HINCRBY refuses, and the error was read as Redis
+    down: under ``refuse`` a 503; a budget of 100 tokens streamed 120 while the shared
+    ``budget_spent`` stayed 0, and the other replica admitted the next request. Now it is
+    counted clamped, corrected to the usage, shared, and nothing is logged as an outage."""
+    gateway = {
+        "keys": keys("alpha", "beta", "admin"),
+        "tenants": {
+            "alpha": {"rpm": 100},
+            "beta": {"budget_tokens": 100, "budget_period": "8760h"},
+            "admin": {"admin": True},
+        },
+        "limits_on_redis_error": "refuse",
+    }
+    caplog.set_level(logging.INFO, logger="llmroute.server")
+    with (
+        Simulator(profile=Profile(reply_tokens=120), tls=False) as long_answers,
+        ExitStack() as stack,
+    ):
+        config = config_for(long_answers, gateway, redis=redis_url)
+        first = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        second = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        answer = post(first, "alpha", max_tokens=10**18)
+        assert answer.status_code == 200, answer.text
+        used = _usage_of(answer)
+        wait_for(
+            lambda: limits_of(second, "alpha")["tokens_this_minute"] == used,
+            "the answer's tokens counted in Redis",
+        )
+        assert limits_of(second, "alpha")["requests_this_minute"] == 1
+
+        streamed = post(
+            first,
+            "beta",
+            max_tokens=10**18,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert streamed.status_code == 200, streamed.text
+        spent = _usage_of(streamed)
+        assert spent > 100  # the 120 tokens of the answer: past the budget, by what it used
+        wait_for(lambda: limits_of(second, "beta")["budget_spent"] == spent, "the budget spent")
+        refused = post(second, "beta")
+        assert refused.status_code == 429, refused.text
+        assert error_of(refused)["code"] == "insufficient_quota"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
+
+
 # -- 4. model permissions -------------------------------------------------------------------------
 
 

@@ -1,9 +1,9 @@
 """The ``llmroute`` command line.
 
-``demo``, ``bench``, ``chat``, ``serve``, ``cache stats|clear``, ``sglang launch``, ``doctor``,
-``tiers fit|eval`` and ``top``; each command is one module here with a ``register(commands)``
-function that adds its parser and sets ``run`` (a function of the parsed arguments returning the
-exit status).
+``demo``, ``bench``, ``chat``, ``serve``, ``sim``, ``cache stats|clear``, ``sglang launch``,
+``doctor``, ``tiers fit|eval`` and ``top``; each command is one module here with a
+``register(commands)`` function that adds its parser and sets ``run`` (a function of the parsed
+arguments returning the exit status).
 
 A command's mistakes are sentences on stderr and a non-zero status; an unexpected exception is
 one line too (``--debug`` shows its traceback), never a traceback by default.
@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 
 from .._version import __version__
-from . import _bench, _cache, _chat, _demo, _doctor, _serve, _sglang, _tiers, _top
+from . import _bench, _cache, _chat, _demo, _doctor, _serve, _sglang, _sim, _tiers, _top
 
 __all__ = ["main"]
 
-_COMMANDS = (_demo, _bench, _chat, _serve, _cache, _sglang, _doctor, _tiers, _top)
+_COMMANDS = (_demo, _bench, _chat, _serve, _sim, _cache, _sglang, _doctor, _tiers, _top)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,12 +20,13 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from .._streaming import AsyncStream
 from ._bench_plot import HEAVY_TAIL, SCALES
@@ -47,7 +48,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from .. import AsyncOpenAI
-    from .._config import Config
+    from .._config import Config, SimulatorAddress
+    from .._simulated import SimulatedProviders
 
 __all__ = ["LENGTHS", "Sample", "prompt_for", "register", "summarize"]
 
@@ -436,6 +438,7 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                 return _missing(missing, endpoints)
             return await _measure(console, selected, lengths, args, "simulated providers")
     from .._config import ConfigError, load_config
+    from .._simulated import SimulatedProviders
 
     try:
         config = load_config(args.config)
@@ -443,9 +446,31 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             raise ConfigError(
                 "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
             )
-        endpoints = _config_endpoints(config, args.verify)
+        simulated = SimulatedProviders(config)  # the config's simulated providers, if any
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute bench: {exc}\n")
+        return 2
+    try:
+        return await _bench_config(console, config, simulated, lengths, args)
+    finally:
+        await anyio.to_thread.run_sync(simulated.stop)
+
+
+async def _bench_config(
+    console: Console,
+    config: Config,
+    simulated: SimulatedProviders,
+    lengths: list[str],
+    args: argparse.Namespace,
+) -> int:
+    from .._config import ConfigError
+
+    try:
+        endpoints = _config_endpoints(config, args.verify, simulated.addresses)
         if args.routed is not None:
-            routed, targets = _routed_endpoint(config, args.routed, args.verify, endpoints)
+            routed, targets = _routed_endpoint(
+                config, args.routed, args.verify, endpoints, simulated.addresses
+            )
             return await _measure(console, [routed], lengths, args, config.source, targets)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
@@ -461,13 +486,17 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
 
 
 def _routed_endpoint(
-    config: Config, name: str, verify: bool | str, endpoints: list[_Endpoint]
+    config: Config,
+    name: str,
+    verify: bool | str,
+    endpoints: list[_Endpoint],
+    simulated: Mapping[str, SimulatorAddress] | None = None,
 ) -> tuple[_Endpoint, list[str]]:
     """The route ``name`` of ``config`` (or its only route when ``name`` is empty) as one
     endpoint, with the targets it may send to. Raises ConfigError naming the routes there are."""
     from .._config import ConfigError, resolve
 
-    resolved = resolve(config)
+    resolved = resolve(config, simulated=simulated)
     names = [*resolved.routes, *config.tiered]
     if not name:
         if len(names) != 1:
@@ -520,8 +549,13 @@ def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
     return 2
 
 
-def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoint]:
-    """Every target of every route, once, with what reaches it directly.
+def _config_endpoints(
+    config: Config,
+    verify: bool | str = True,
+    simulated: Mapping[str, SimulatorAddress] | None = None,
+) -> list[_Endpoint]:
+    """Every target of every route, once, with what reaches it directly (``simulated``: where
+    the config's running simulated providers answer).
 
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
@@ -529,7 +563,7 @@ def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoi
     from ..protocols import adapter_for
     from ..server._secrets import provider_secrets
 
-    resolved = resolve(config)
+    resolved = resolve(config, simulated=simulated)
     endpoints: list[_Endpoint] = []
     for target in resolved.targets():
         provider = resolved.providers[target.provider]

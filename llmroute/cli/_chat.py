@@ -224,12 +224,7 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
     if route is None:
         lines.append(f"route: none ({model!r} is not a route: the client's own base_url)")
     else:
-        lines.append(
-            f"route {route.route!r} ({route.policy}): winner {route.winner or '-'}, "
-            f"TTFT {ms(route.ttft)}, hedges {route.hedges} (denied {route.hedges_denied}), "
-            f"cache hit {'yes' if route.cache_hit else 'no'}"
-            + (", shared an identical request's call" if route.shared else "")
-        )
+        lines.append(str(route))  # the report's own one line
         if route.tier is not None:
             lines.append(tier_line(route.tier))
         if route.explored:

@@ -136,31 +136,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo_profiles() -> dict[str, Profile]:
-    """The three simulated providers: each wins on some measure and loses on another."""
-    from ..testing import Profile
+    """The three simulated providers: each wins on some measure and loses on another (the
+    simulator's presets of the same names, which a config's ``kind = "simulator"`` names)."""
+    from ..testing import PRESETS
 
-    common: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.01}
-    return {
-        "fast-but-spiky": Profile(
-            ttft_median=0.07,
-            ttft_sigma=0.3,
-            stall_prob=0.12,
-            stall_range=(0.7, 1.4),
-            seed=1,
-            **common,
-        ),
-        "steady-slow": Profile(ttft_median=0.5, ttft_sigma=0.05, seed=2, **common),
-        "flaky": Profile(
-            ttft_median=0.12,
-            ttft_sigma=0.35,
-            rate_429=0.06,
-            rate_500=0.04,
-            rate_503=0.02,
-            retry_after=0.5,
-            seed=3,
-            **common,
-        ),
-    }
+    return {name: PRESETS[name] for name in ("fast-but-spiky", "steady-slow", "flaky")}
 
 
 # -- the workload -----------------------------------------------------------------------------

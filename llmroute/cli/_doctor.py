@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import anyio
+import anyio.to_thread
 
 from .._streaming import AsyncStream
 from ._format import add_tls_options, error_text, tls_verify
@@ -18,7 +19,8 @@ from ._format import ms as _ms
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
-    from .._config import Resolved, ResolvedProvider
+    from .._config import Config, Resolved, ResolvedProvider
+    from ._bench import _Endpoint
 
 __all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register", "retired_lines"]
 
@@ -62,24 +64,48 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _doctor(config_path: str | None, probes: int, timeout: float, verify: bool | str) -> int:
-    import statistics
-
-    from .. import AsyncOpenAI, OpenAIError
     from .._config import ConfigError, load_config, resolve
-    from ..routing.causes import classify
-    from ..routing.stats import LiveStats
-    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
-    from ._bench import _config_endpoints, _scrub
+    from .._simulated import SimulatedProviders
+    from ._bench import _config_endpoints
 
     try:
         config = load_config(config_path)
         if config is None:
             raise ConfigError("no config: pass --config or set LLMROUTE_CONFIG")
-        resolved = resolve(config)
-        endpoints = {e.target: e for e in _config_endpoints(config, verify)}
+        simulated = SimulatedProviders(config)  # the config's simulated providers, if any
     except ConfigError as exc:
         sys.stderr.write(f"llmroute doctor: {exc}\n")
         return 2
+    try:
+        resolved = resolve(config, simulated=simulated.addresses)
+        endpoints = {e.target: e for e in _config_endpoints(config, verify, simulated.addresses)}
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute doctor: {exc}\n")
+        await anyio.to_thread.run_sync(simulated.stop)
+        return 2
+    try:
+        return await _report(config, resolved, endpoints, probes, timeout, verify)
+    finally:
+        await anyio.to_thread.run_sync(simulated.stop)
+
+
+async def _report(
+    config: Config,
+    resolved: Resolved,
+    endpoints: dict[str, _Endpoint],
+    probes: int,
+    timeout: float,
+    verify: bool | str,
+) -> int:
+    """Each target probed, and the catalog's report; 1 when a target failed."""
+    import statistics
+
+    from .. import AsyncOpenAI, OpenAIError
+    from ..routing.causes import classify
+    from ..routing.stats import LiveStats
+    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
+    from ._bench import _scrub
+
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")
         return 2

@@ -117,7 +117,15 @@ def _run(args: argparse.Namespace) -> int:
             else None
         )
         if mistake is not None:
-            sys.stderr.write(f"llmroute serve: --simulator and {mistake} do not go together\n")
+            hint = (
+                ' (in a config, a provider with kind = "simulator" is a simulated one that '
+                "starts with the gateway: docs/simulator.md)"
+                if mistake == "--config"
+                else ""
+            )
+            sys.stderr.write(
+                f"llmroute serve: --simulator and {mistake} do not go together{hint}\n"
+            )
             return 2
         from .._install import install_hint
 

@@ -179,7 +179,7 @@ class RouteRow:
 
 @dataclass(slots=True)
 class KeyRow:
-    """One gateway key, by name: requests, rejections, tokens, cache hits, in flight."""
+    """One gateway key, by name: requests (API calls), rejections, tokens, cache hits, in flight."""
 
     name: str
     requests: float = 0.0
@@ -310,8 +310,10 @@ def _keys(w: _Window) -> list[KeyRow]:
     def row(name: str) -> KeyRow:
         return rows.setdefault(name, KeyRow(name))
 
-    for (key,), count in w.counter("llmroute_gateway_requests_total", ("key",)).items():
-        row(key).requests += count
+    for labels, delta in w.deltas("llmroute_gateway_requests_total"):
+        # API calls only, as /admin/usage counts them: not the page, /metrics or /admin reads.
+        if labels.get("path", "").startswith("/v1/"):
+            row(labels.get("key", "")).requests += delta
     for (key,), count in w.counter("llmroute_gateway_rejections_total", ("key",)).items():
         row(key).rejected += count
     for (key, kind), count in w.counter("llmroute_gateway_tokens_total", ("key", "kind")).items():

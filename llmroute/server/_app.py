@@ -21,7 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import NOT_ROUTED, AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
+from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
 from .._timeouts import (
@@ -39,17 +39,18 @@ from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
+from ..routing.seam import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._auth import KeyRing
 from ._limits import Grant, Limits, LocalLimits, RedisLimits, Refusal
-from ._live import PAGE_HEADERS, LivePage, LiveView, since_of
+from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
 from ._slots import LocalSlots, RedisSlots, Slots, SlotsUnavailable
 from ._tenants import Tenant, Tenants, file_stamp
-from ._validate import InvalidField, check, finite_float
+from ._validate import InvalidField, check, load, shown
 
 __all__ = ["GatewayApp", "dump_json", "group_namespace", "key_namespace"]
 
@@ -69,6 +70,7 @@ _ADMIN_USAGE = "/admin/usage"
 _LIVE = "/admin/live"
 _LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
+_NO_STORE = {"cache-control": "no-store"}  # on an admin path's 401 and 403
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
 _KINDS = {
     _CHAT: "chat",
@@ -127,10 +129,6 @@ def group_namespace(group: str) -> str:
     if NAMESPACE_PATTERN.fullmatch(namespace):
         return namespace
     return "gateway-group-" + hashlib.sha256(group.encode()).hexdigest()[:40]
-
-
-def _not_json(text: str) -> Any:
-    raise ValueError(f"{text} is not a JSON number")
 
 
 def _retry_after(headers: Mapping[str, str], cap: float, now: float) -> dict[str, str]:
@@ -202,6 +200,7 @@ class _Exchange:
     """One request's state: its id, key name, status sent and whether the client left."""
 
     __slots__ = (
+        "counted",
         "failed",
         "finished",
         "first",
@@ -234,6 +233,7 @@ class _Exchange:
         self.started = 0.0  # when the answer's headers were sent (monotonic)
         self.first = 0.0  # when its first chunk (or the whole answer) began to be written
         self.failed = False  # a stream that ended with an error event
+        self.counted = False  # in its key's usage, by the answer's accounting (_settle)
         self.revoked = False  # the key was revoked on a reload, and its streams cut
         self.status = 0
         self.gone = False
@@ -319,11 +319,11 @@ class GatewayApp:
         self._environ = environ
         self.tenants = Tenants.load(loaded, environ)
         self._namespaces = _namespaces(self.settings, self.tenants.names)
-        resolved = resolve(loaded)
+        self.client = AsyncOpenAI(config=loaded, **client_options)  # its simulators start
+        resolved = self.client._llmroute.resolved
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
-        self.client = AsyncOpenAI(config=loaded, **client_options)
         _refuse_cookies(self.client)
         self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
@@ -504,12 +504,25 @@ class GatewayApp:
                 await self._route(path, method, headers, exchange, receive)
             except _Refused as refused:
                 await self._refuse(exchange, refused)
+            except _Stalled:
+                raise
+            except Exception as exc:  # a bug: a 500 with a sentence, logged as one
+                log.error(
+                    "unexpected error answering %s %s: %s",
+                    method,
+                    label,
+                    self._scrub(f"{type(exc).__name__}: {exc}"),
+                )
+                failed = _error("The gateway failed to answer.", "server_error")
+                await self._refuse(exchange, _Refused(500, failed))
         except _Stalled:
             pass  # the response is cut; the server resets the stream or closes the connection
         finally:
             elapsed = time.monotonic() - began
             status = str(exchange.status or 499)
             self.metrics.requests.labels(exchange.key, label, status).inc()
+            if label.startswith("/v1/") and not exchange.counted:
+                self._count_call(exchange)
             self.metrics.duration.labels(label).observe(elapsed)
             log.info(
                 "%s %s %s key=%s %.3fs %s%s%s",
@@ -583,8 +596,13 @@ class GatewayApp:
         await exchange.whole(200, found[0], found[1], PAGE_HEADERS)
 
     def _admin(self, headers: Mapping[str, str], exchange: _Exchange, what: str) -> Tenant:
-        """The request's tenant if its key is an admin's; else 401 (no key) or 403."""
-        tenant = self._authenticate(headers, exchange)
+        """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
+        kept by a cache on the way."""
+        try:
+            tenant = self._authenticate(headers, exchange)
+        except _Refused as refused:
+            refused.headers.update(_NO_STORE)
+            raise
         if not tenant.settings.admin:
             raise _Refused(
                 403,
@@ -593,6 +611,7 @@ class GatewayApp:
                     "invalid_request_error",
                     "permission_denied",
                 ),
+                _NO_STORE,
             )
         return tenant
 
@@ -779,7 +798,7 @@ class GatewayApp:
                     raise _Refused(
                         400,
                         _error(
-                            f"Invalid '{field_name}': {value} is above this key's limit of "
+                            f"Invalid '{field_name}': {shown(value)} is above this key's limit of "
                             f"{settings.max_tokens} tokens.",
                             "invalid_request_error",
                             "invalid_value",
@@ -812,6 +831,7 @@ class GatewayApp:
         prompt, completion = tally.used()
         usage = self._usage.setdefault(exchange.key, _new_usage())
         usage["requests"] += 1
+        exchange.counted = True
         if (
             exchange.status >= 400
             or exchange.failed
@@ -829,6 +849,17 @@ class GatewayApp:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
         if grant is not None:
             await self._limits.settle(grant, prompt + completion)
+
+    def _count_call(self, exchange: _Exchange) -> None:
+        """An API call of a key that did not reach an answer's accounting (refused before it,
+        or a model list): a request of the key's usage, as ``llmroute_gateway_requests_total``
+        counts it, and an error unless it was answered or its client left."""
+        if exchange.key == ANONYMOUS:
+            return
+        usage = self._usage.setdefault(exchange.key, _new_usage())
+        usage["requests"] += 1
+        if not exchange.gone and not 0 < exchange.status < 400:
+            usage["errors"] += 1
 
     async def usage(self) -> dict[str, Any]:
         """Every key's usage in this replica (requests, errors, tokens, cache hits) and its
@@ -1077,7 +1108,8 @@ class GatewayApp:
     def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> Tenant:
         tenant = self.tenants.match(headers.get("authorization"))
         if tenant is None:
-            self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
+            if exchange.label.startswith("/v1/"):  # rejections are of API calls
+                self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
             given = "authorization" in headers
             message = (
                 "Incorrect API key provided."
@@ -1131,15 +1163,13 @@ class GatewayApp:
                 ),
             )
         try:
-            body = json.loads(b"".join(parts), parse_constant=_not_json, parse_float=finite_float)
-        except (ValueError, UnicodeDecodeError) as exc:
-            why = str(exc) if "JSON number" in str(exc) or "out of range" in str(exc) else ""
+            body = load(b"".join(parts))
+        except InvalidField as invalid:  # NaN, Infinity, 1e400: named
+            self.metrics.rejections.labels(exchange.key, "invalid_request").inc()
+            raise _invalid_field(invalid) from None
+        except ValueError:  # UnicodeDecodeError too
             raise _Refused(
-                400,
-                _error(
-                    f"The request body is not valid JSON{': ' + why if why else ''}.",
-                    "invalid_request_error",
-                ),
+                400, _error("The request body is not valid JSON.", "invalid_request_error")
             ) from None
         except RecursionError:
             raise _too_deep() from None
@@ -1323,8 +1353,15 @@ def _cache_hit(result: object) -> bool:
     return bool(getattr(route, "cache_hit", False))
 
 
+_LABELS = frozenset(
+    (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics", _ADMIN_USAGE)
+) | {_LIVE_DATA, *LIVE_FILES}
+
+
 def _label(path: str) -> str:
-    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics"):
+    """The path as the access log and the metrics name it: one of the gateway's own (an
+    admin read included, so it can be audited), else a bounded stand-in."""
+    if path in _LABELS:
         return path
     if path.startswith(_MODELS + "/"):
         return _MODELS + "/{model}"
@@ -1428,10 +1465,27 @@ def _new_usage() -> dict[str, int]:
     )
 
 
+def _carries_tokens(chunk: Any) -> bool:
+    """Whether a streamed chunk brings answer tokens (text, reasoning, a tool call), not only
+    a role, a finish reason or usage."""
+    for choice in chunk.choices or ():
+        if getattr(choice, "text", None):  # a completion's
+            return True
+        delta = getattr(choice, "delta", None)
+        if delta is None:
+            continue
+        if delta.content or delta.tool_calls or delta.refusal:
+            return True
+        extra = getattr(delta, "__pydantic_extra__", None)
+        if extra and any(extra.get(key) for key in REASONING_FIELDS):
+            return True
+    return False
+
+
 class _Tally:
     """What one answer used: the vendors' usage where it came, else the gateway's count
-    (the prompt's estimate; a streamed chunk a token). A cache hit used nothing. Per chunk it
-    costs an increment and an attribute read: the hot path is the streamed chunk's."""
+    (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing. Per
+    chunk it costs a few attribute reads: the hot path is the streamed chunk's."""
 
     __slots__ = ("answer", "body", "cache_hit", "chunks", "completion", "kind", "prompt")
 
@@ -1451,7 +1505,8 @@ class _Tally:
             self.completion = c
 
     def chunk(self, chunk: Any) -> None:
-        self.chunks += 1  # a count of tokens only where no vendor sent usage
+        if _carries_tokens(chunk):
+            self.chunks += 1  # a count of tokens only where no vendor sent usage
         usage = chunk.usage
         if usage is not None:
             self._usage(usage, "prompt_tokens", "completion_tokens")

@@ -19,9 +19,17 @@ hit cannot be taken back, so a token estimate cannot be corrected to the usage; 
 window stores one entry per unit, a million a minute at 1M tokens per minute; and it has no
 calendar day or month. The concurrency slots' script, :mod:`._slots`, is the model followed.)
 
+**Counted clamped.** What enters a counter is at most
+:data:`~llmroute.routing.windows.MAX_TOKENS_CAP` (2^40) tokens a request, whatever
+``max_tokens`` says: Lua's numbers are doubles, and a count of 10^17 reached ``HINCRBY`` as
+``1e+17``, which it refuses. The scripts check every argument before their first write, so an
+error leaves every counter as it was.
+
 **Redis down.** With ``limits_on_redis_error = "local"`` a replica counts in its own memory
 until Redis answers again (each replica then allows the whole limit); with ``"refuse"``, it
-answers 503. Either is logged once per outage.
+answers 503. Either is logged once per outage. Only an unreachable (or read-only, or full)
+server is an outage: an error the server answers with (a script's) is logged as an error and
+the request gets a 500 saying so, the replica's mode unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ import anyio
 
 from .._config import KeySettings
 from .._redis import RedisCaller, RedisConnection
+from ..routing.windows import MAX_TOKENS_CAP
 from ._tenants import Tenant
 
 __all__ = [
@@ -96,7 +105,8 @@ class Refusal:
 
     status: int
     reason: str
-    """``requests``, ``tokens``, ``too_large``, ``budget`` or ``limits_unavailable``."""
+    """``requests``, ``tokens``, ``too_large``, ``budget``, ``limits_unavailable`` or
+    ``limits_error``."""
     code: str
     type: str
     message: str
@@ -148,6 +158,11 @@ def reset_text(seconds: float) -> str:
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return (f"{hours}h" if hours else "") + f"{minutes}m{secs}s"
+
+
+def _counted(tokens: int) -> int:
+    """A request's tokens as a counter takes them: ``0..MAX_TOKENS_CAP``."""
+    return min(max(tokens, 0), MAX_TOKENS_CAP)
 
 
 def _leaves(oldest: int | None, now: float) -> float:
@@ -299,6 +314,7 @@ class LocalLimits:
         return self.admit_now(tenant, tokens)
 
     def admit_now(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
+        tokens = _counted(tokens)
         now = self._clock()
         verdict, counts, grant = self._count(tenant, tokens, dry=False)
         end = _end(tenant.settings, now)
@@ -318,7 +334,7 @@ class LocalLimits:
         self.settle_now(grant, tokens)
 
     def settle_now(self, grant: Grant, tokens: int) -> None:
-        delta = tokens - grant.reserved
+        delta = _counted(tokens) - grant.reserved
         if not delta:
             return
         taken = self._tokens.get(grant.key, {})
@@ -346,10 +362,19 @@ def _end(settings: KeySettings, now: float) -> float | None:
 
 # KEYS: requests hash, tokens hash, budget counter.
 # ARGV: bucket, buckets summed, rpm (0: none), tpm (0: none), budget (0: none), tokens,
-#       hashes' ttl, budget's ttl, dry (1: count nothing).
+#       hashes' ttl, budget's ttl, dry (1: count nothing): whole numbers, tokens of at most
+#       15 digits (checked before the first write: an error writes nothing).
 # Returns {verdict, requests, oldest request bucket (-1: none), tokens, oldest tokens bucket,
 #          spent}.
 _ADMIT = """
+for i = 1, 9 do
+  if not string.match(ARGV[i], '^%d+$') then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
+if #ARGV[6] > 15 then
+  return redis.error_reply('llmroute limits: tokens of more than 15 digits')
+end
 local bucket = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local function window(key)
@@ -381,25 +406,28 @@ if verdict == 0 and ARGV[9] == '0' then
   redis.call('EXPIRE', KEYS[1], ttl)
   used = used + 1
   if oldest < 0 then oldest = bucket end
-  if tokens > 0 then
-    redis.call('HINCRBY', KEYS[2], bucket, tokens)
-    redis.call('EXPIRE', KEYS[2], ttl)
-    taken = taken + tokens
-    if taken_oldest < 0 then taken_oldest = bucket end
-    if budget > 0 then
-      redis.call('INCRBY', KEYS[3], tokens)
-      redis.call('EXPIRE', KEYS[3], budget_ttl)
-      spent = spent + tokens
-    end
+  -- Written for 0 tokens too: it is where the answer's usage is corrected to.
+  redis.call('HINCRBY', KEYS[2], bucket, ARGV[6])
+  redis.call('EXPIRE', KEYS[2], ttl)
+  taken = taken + tokens
+  if tokens > 0 and taken_oldest < 0 then taken_oldest = bucket end
+  if budget > 0 then
+    redis.call('INCRBY', KEYS[3], ARGV[6])
+    redis.call('EXPIRE', KEYS[3], budget_ttl)
+    spent = spent + tokens
   end
 end
 return {verdict, used, oldest, taken, taken_oldest, spent}
 """
 
-# KEYS: tokens hash, budget counter. ARGV: bucket, delta. Corrects an estimate where it is
-# still counted (never below 0).
+# KEYS: tokens hash, budget counter. ARGV: bucket, delta (a whole number of at most 15
+# digits, checked before the first write). Corrects an estimate where it is still counted
+# (never below 0).
 _SETTLE = """
-local delta = tonumber(ARGV[2])
+if not string.match(ARGV[2], '^%-?%d+$') or #ARGV[2] > 16 then
+  return redis.error_reply('llmroute limits: the correction is not a whole number of 15 digits')
+end
+local delta = ARGV[2]
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   local n = redis.call('HINCRBY', KEYS[1], ARGV[1], delta)
   if n < 0 then redis.call('HSET', KEYS[1], ARGV[1], 0) end
@@ -475,6 +503,15 @@ class RedisLimits:
         )
         return verdict, counts, Grant(tenant.name, bucket, period, tokens)
 
+    def _broken(self, exc: BaseException, what: str) -> None:
+        """Redis answered ``exc`` (a script's error, not an outage): logged, the mode kept."""
+        log.error(
+            "gateway limits: Redis refused the %s script (not an outage; %s): %s",
+            what,
+            "this request is refused" if what == "admission" else "the estimate stands",
+            self._redis.reason(exc),
+        )
+
     def _failed(self, exc: BaseException) -> None:
         if not self._down:
             how = "counting in this replica" if self._on_error == "local" else "refusing requests"
@@ -497,14 +534,25 @@ class RedisLimits:
         )
 
     async def admit(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
+        tokens = _counted(tokens)
         now = self._clock()
         try:
             verdict, counts, grant = await self._run(tenant, tokens, now, False)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self._failed(exc)
             if self._on_error == "refuse":
                 return self._unavailable()
             return self._local.admit_now(tenant, tokens)
+        except self._redis.errors as exc:
+            self._broken(exc, "admission")
+            return Refusal(
+                500,
+                "limits_error",
+                "limits_error",
+                "server_error",
+                "The gateway could not count this key's limits: its Redis refused the limits "
+                "script. This is the gateway's error, not the request's; it is logged.",
+            )
         if self._down:
             log.info("gateway limits: Redis answers again; counting there")
         self._down = False
@@ -527,19 +575,22 @@ class RedisLimits:
         if grant.local:
             self._local.settle_now(grant, tokens)
             return
-        delta = tokens - grant.reserved
+        delta = _counted(tokens) - grant.reserved
         if not delta:
             return
         try:
             with anyio.CancelScope(shield=True):
                 await self._correct(grant, delta)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self._failed(exc)  # the estimate stands
+        except self._redis.errors as exc:
+            self._broken(exc, "correction")
 
     async def peek(self, tenant: Tenant) -> Counts:
+        """Raises what Redis answered other than an outage (the caller's 500)."""
         try:
             _, counts, _ = await self._run(tenant, 0, self._clock(), True)
-        except self._redis.errors as exc:
+        except self._redis.unreachable as exc:
             self._failed(exc)
             return await self._local.peek(tenant)
         return counts
