@@ -55,6 +55,10 @@ def test_the_openai_adapter_sends_bodies_as_written() -> None:
     )
     assert type(decoder) is ChatStreamDecoder
     assert adapter.request_id({"x-request-id": "r1", "request-id": "r2"}) == "r1"
+    assert (
+        adapter.usage_fields.prompt == "prompt_tokens"
+        and adapter.usage_fields.prompt_includes_cache
+    )
 
 
 def test_the_anthropic_adapter_translates_chat_and_refuses_what_it_cannot_express() -> None:
@@ -78,6 +82,8 @@ def test_the_anthropic_adapter_translates_chat_and_refuses_what_it_cannot_expres
     assert adapter.request_id({"x-request-id": "r1", "request-id": "r2"}) == "r2"
     assert adapter.request_id({"x-request-id": "r1"}) == "r1"
     assert adapter.models_request("sk-a") == ({"x-api-key": "sk-a"}, {"limit": 1000})
+    assert adapter.usage_fields.prompt == "input_tokens"  # the cache's tokens reported apart
+    assert not adapter.usage_fields.prompt_includes_cache
 
 
 def _event(delta: dict[str, object], finish: str | None = None) -> bytes:

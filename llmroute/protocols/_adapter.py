@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx
 
+from .._prices import UsageFields
+
 if TYPE_CHECKING:
     from .openai import ChatStreamDecoder
 
@@ -37,6 +39,9 @@ class ProtocolAdapter:
     cannot express is refused there, before anything is sent."""
     stream_usage: ClassVar[bool] = False
     """The protocol takes ``stream_options.include_usage`` (a usage chunk ending a stream)."""
+    usage_fields: ClassVar[UsageFields]
+    """Where the protocol's ``usage`` object reports each class of tokens billed (a catalog
+    entry's own ``[usage]`` table overrides it)."""
 
     def serves(self, kind: str) -> bool:
         """Whether the protocol has the API ``kind`` at all (a provider may still lack it)."""

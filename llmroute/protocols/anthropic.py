@@ -49,6 +49,7 @@ from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, make_status_error
+from .._prices import UsageFields
 from ..transport._sse import ServerSentEvent
 from ._adapter import ProtocolAdapter
 from .openai import REQUEST_ID_HEADER as OPENAI_REQUEST_ID_HEADER
@@ -825,6 +826,14 @@ class AnthropicAdapter(ProtocolAdapter):
 
     name = "anthropic"
     translates = True
+    usage_fields = UsageFields(
+        prompt="input_tokens",
+        prompt_includes_cache=False,
+        cache_read="cache_read_input_tokens",
+        cache_write="cache_creation_input_tokens",
+        cache_write_1h="cache_creation.ephemeral_1h_input_tokens",
+        completion="output_tokens",
+    )
 
     def serves(self, kind: str) -> bool:
         return kind == "chat"

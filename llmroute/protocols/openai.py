@@ -26,6 +26,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._errors import MalformedStreamError, quote
+from .._prices import UsageFields
 from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
 from ._adapter import ProtocolAdapter
 
@@ -899,6 +900,13 @@ class OpenAIAdapter(ProtocolAdapter):
     name = "openai"
     speaks_openai = True
     stream_usage = True
+    usage_fields = UsageFields(
+        prompt="prompt_tokens",
+        prompt_includes_cache=True,
+        cache_read="prompt_tokens_details.cached_tokens",
+        completion="completion_tokens",
+        reasoning="completion_tokens_details.reasoning_tokens",
+    )
 
     def serves(self, kind: str) -> bool:
         return True
