@@ -567,6 +567,7 @@ async def test_a_body_over_the_limit_is_413(gateway: Gateway) -> None:
             await client.chat.completions.create(model="chat", messages=big)
     assert refused.value.status_code == 413
     assert refused.value.code == "request_too_large"
+    assert "larger than the gateway allows (64 KiB)" in str(refused.value)  # not 65536 bytes
     async with httpx.AsyncClient() as plain:  # no Content-Length: counted as it arrives
 
         async def body() -> Any:
@@ -1123,6 +1124,9 @@ def test_cli_serve_simulator_is_a_gateway_in_one_command(tmp_path: Path) -> None
         assert proc.returncode == 0, logged[-2000:]
         assert "stopped" in out
         assert key not in logged
+        # Each request is logged once, by the gateway's own access line (not httpx's too).
+        assert "HTTP Request:" not in logged, logged[-2000:]
+        assert logged.count(" /v1/chat/completions 200 key=") == 1, logged[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()

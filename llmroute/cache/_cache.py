@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
 
 from .._background import spawn
+from .._sizes import format_size
 from ._entry import CacheEntry, CorruptEntry
 from ._flight import Flight, Seat
 from ._stores import CacheStore, CacheUnavailable, StoreStats
@@ -270,7 +271,7 @@ class ResponseCache:
             return
         data = entry.encode()
         if len(data) > self.max_entry_bytes:
-            log.debug("cache: an answer of %d bytes is over max_entry_bytes", len(data))
+            log.debug("cache: an answer of %s is over max_entry_bytes", format_size(len(data)))
             return
         try:
             asks = await self.store.hit(request.key, window=self.window)

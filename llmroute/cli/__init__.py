@@ -11,30 +11,64 @@ one line too (``--debug`` shows its traceback), never a traceback by default.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 from .._version import __version__
-from . import _bench, _cache, _chat, _demo, _doctor, _serve, _sglang, _sim, _tiers, _top
+from . import (
+    _bench,
+    _cache,
+    _chat,
+    _completion,
+    _demo,
+    _doctor,
+    _serve,
+    _sglang,
+    _sim,
+    _tiers,
+    _top,
+)
+from ._parser import DEBUG_HELP, Parser, add_debug_everywhere, examples
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
-_COMMANDS = (_demo, _bench, _chat, _serve, _sim, _cache, _sglang, _doctor, _tiers, _top)
+_COMMANDS = (
+    _demo,
+    _bench,
+    _chat,
+    _serve,
+    _sim,
+    _cache,
+    _sglang,
+    _doctor,
+    _tiers,
+    _top,
+    _completion,
+)
+
+
+def build_parser() -> Parser:
+    """The whole command line's parser (``llmroute completion`` reads it too)."""
+    parser = Parser(
+        prog="llmroute",
+        description="llmroute: the first token of an LLM answer, sooner and more reliably.",
+        epilog=examples(
+            "llmroute demo",
+            "llmroute chat --simulator 'Hello!' --show-route",
+            "llmroute serve --simulator",
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"llmroute {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in _COMMANDS:
+        command.register(commands)
+    add_debug_everywhere(parser)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="llmroute",
-        description="llmroute: the first token of an LLM answer, sooner and more reliably.",
-    )
-    parser.add_argument("--version", action="version", version=f"llmroute {__version__}")
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of an unexpected error"
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    for command in _COMMANDS:
-        command.register(commands)
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
     if "--" in argv:

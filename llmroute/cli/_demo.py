@@ -33,6 +33,7 @@ from ._format import (
     require,
     table,
 )
+from ._parser import examples
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,6 +74,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo = commands.add_parser(
         "demo",
         help="hedged routing over three simulated providers, live (no keys needed)",
+        epilog=examples(
+            "llmroute demo",
+            "llmroute demo --requests 60 --no-tiers",
+            "llmroute demo --real --targets openai:gpt-6-luna,deepseek:deepseek-v4-flash",
+        ),
         description=(
             "Start three simulated providers on 127.0.0.1 (fast with a stall tail, steady-slow, "
             "flaky), route a workload through a hedge route with a cache under a live table, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,6 +17,7 @@ import anyio.to_thread
 from .._streaming import AsyncStream
 from ._format import add_tls_options, error_text, tls_verify
 from ._format import ms as _ms
+from ._parser import examples
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
@@ -34,6 +36,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor = commands.add_parser(
         "doctor",
         help="probe each routed target and say where its time to first token goes",
+        epilog=examples(
+            "llmroute doctor --config llmroute.toml",
+            "llmroute doctor --config llmroute.toml --probes 2 --ca ca.pem",
+            "llmroute doctor --json",
+        ),
         description=(
             "Probe every target of every route with a few streamed requests and say where its "
             "time to first token goes; then, per catalog vendor, when the catalog's facts were "
@@ -46,6 +53,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor.add_argument("--probes", type=int, default=5, help="streamed probes per target (5)")
     doctor.add_argument(
         "--timeout", type=float, default=30.0, help="seconds one probe may take (30)"
+    )
+    doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as one JSON document on stdout (failures still on stderr)",
     )
     add_tls_options(doctor)
     doctor.set_defaults(run=_run)
@@ -60,10 +72,12 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify)
+    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify, args.json)
 
 
-async def _doctor(config_path: str | None, probes: int, timeout: float, verify: bool | str) -> int:
+async def _doctor(
+    config_path: str | None, probes: int, timeout: float, verify: bool | str, as_json: bool = False
+) -> int:
     from .._config import ConfigError, load_config, resolve
     from .._simulated import SimulatedProviders
     from ._bench import _config_endpoints
@@ -84,7 +98,7 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         await anyio.to_thread.run_sync(simulated.stop)
         return 2
     try:
-        return await _report(config, resolved, endpoints, probes, timeout, verify)
+        return await _report(config, resolved, endpoints, probes, timeout, verify, as_json)
     finally:
         await anyio.to_thread.run_sync(simulated.stop)
 
@@ -96,8 +110,10 @@ async def _report(
     probes: int,
     timeout: float,
     verify: bool | str,
+    as_json: bool = False,
 ) -> int:
-    """Each target probed, and the catalog's report; 1 when a target failed."""
+    """Each target probed, and the catalog's report (as one JSON document with ``as_json``);
+    1 when a target failed."""
     import statistics
 
     from .. import AsyncOpenAI, OpenAIError
@@ -109,9 +125,10 @@ async def _report(
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")
         return 2
-    write = sys.stdout.write
+    write = (lambda _: 0) if as_json else sys.stdout.write
     write(f"{'target':40} {'client TTFT':>12} {'server TTFT':>12}  where the time goes\n")
     failed: list[str] = []
+    rows: list[dict[str, Any]] = []
     for target in resolved.targets():
         provider = resolved.providers[target.provider]
         endpoint = endpoints[target.name]
@@ -170,8 +187,25 @@ async def _report(
         suggestion = None if error else suggest_preset(diagnosis, itl)
         if suggestion is not None and provider.kind == "sglang":
             write(f"{'':40} suggestion: {suggestion}\n")
-    for line in await _catalog_report(resolved, verify, timeout):
+        else:
+            suggestion = None
+        rows.append(
+            {
+                "target": target.name,
+                "probes": len(ttfts),
+                "client_ttft": client_ttft,
+                "server_ttft": server_ttft,
+                "verdict": verdict,
+                "error": error,
+                "suggestion": None if suggestion is None else str(suggestion),
+            }
+        )
+    catalog = await _catalog_report(resolved, verify, timeout)
+    for line in catalog:
         write(f"{line}\n")
+    if as_json:
+        document = {"targets": rows, "catalog": catalog, "failed": len(failed)}
+        sys.stdout.write(json.dumps(document) + "\n")
     if failed:
         count = len(resolved.targets())
         sys.stderr.write(

@@ -9,13 +9,23 @@ import socket
 import sys
 from typing import Any
 
+from ._parser import examples
+
 __all__ = ["register"]
+
+_UPSTREAM_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+"""The HTTP clients' loggers, whose INFO lines repeat each request the gateway logs itself."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "serve",
         help="an OpenAI-compatible gateway with the routing and cache behind it",
+        epilog=examples(
+            "llmroute serve --simulator",
+            "llmroute serve --config llmroute.toml --port 8000",
+            "llmroute serve --config llmroute.toml --certfile cert.pem --keyfile key.pem",
+        ),
         description=(
             "Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, "
             "/v1/models) plus /health and /metrics, with the config's routes and cache behind "
@@ -139,6 +149,13 @@ def _run(args: argparse.Namespace) -> int:
     hpack = logging.getLogger("hpack")
     level = hpack.level
     hpack.setLevel(max(logging.INFO, logging.getLogger().level))
+    # httpx and httpcore log each upstream request at INFO: one request would be logged twice
+    # (theirs and the gateway's own access line). Their lines stay at --log-level debug.
+    quieted = {name: logging.getLogger(name) for name in _UPSTREAM_LOGGERS}
+    levels = {name: logger.level for name, logger in quieted.items()}
+    if logging.getLogger().level > logging.DEBUG:
+        for logger in quieted.values():
+            logger.setLevel(logging.WARNING)
     try:
         if args.workers > 1:
             return _serve_workers(args)
@@ -151,6 +168,8 @@ def _run(args: argparse.Namespace) -> int:
             return runner.run(_serve(args))
     finally:
         hpack.setLevel(level)  # main() may run inside another program (or a test)
+        for name, logger in quieted.items():
+            logger.setLevel(levels[name])
 
 
 def _serve_workers(args: argparse.Namespace) -> int:

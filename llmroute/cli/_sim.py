@@ -16,6 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._format import MissingExtra, require
+from ._parser import examples
 
 if TYPE_CHECKING:
     from ..testing import Profile, Simulator
@@ -33,6 +34,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "Serve simulated OpenAI-compatible providers on 127.0.0.1 and print each one's base "
             "URL and the CA file that trusts all of them. A config needs none of this: a "
             'provider with kind = "simulator" starts with its client (docs/simulator.md).'
+        ),
+        epilog=examples(
+            "llmroute sim",
+            "llmroute sim --profile fast=fast-but-spiky --profile slow=steady-slow",
+            "llmroute sim --no-tls --port 9000 --json",
         ),
     )
     sim.add_argument(
@@ -66,7 +72,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sim.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object per simulator (name, base_url, ca_pem_path, profile) instead",
+        help=(
+            "print one JSON document instead: the simulators, each with its name, base_url, "
+            "ca_pem_path and profile"
+        ),
     )
     sim.set_defaults(run=_run)
 
@@ -160,19 +169,17 @@ def _announce(sims: dict[str, Simulator], as_json: bool) -> str:
     """The simulators' addresses, the CA that trusts them all, and how to use them."""
     first = next(iter(sims.values()))
     ca = first.ca_pem_path if first.tls else None
-    if as_json:
-        return "".join(
-            json.dumps(
-                {
-                    "name": name,
-                    "base_url": sim.base_url,
-                    "ca_pem_path": ca,
-                    "profile": sim.profile.to_dict(),
-                }
-            )
-            + "\n"
+    if as_json:  # one document, on one line, as soon as they listen
+        simulators = [
+            {
+                "name": name,
+                "base_url": sim.base_url,
+                "ca_pem_path": ca,
+                "profile": sim.profile.to_dict(),
+            }
             for name, sim in sims.items()
-        )
+        ]
+        return json.dumps({"simulators": simulators}) + "\n"
     wire = "TLS + HTTP/2" if first.tls else "plain HTTP/1.1"
     width = max(len(name) for name in sims)
     lines = [f"llmroute sim: {len(sims)} simulated provider(s) on 127.0.0.1 ({wire}):"]

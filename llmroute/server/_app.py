@@ -24,6 +24,7 @@ from .._client import NOT_ROUTED, AsyncOpenAI
 from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
+from .._sizes import format_size
 from .._timeouts import (
     BETWEEN_TOKENS_HEADER,
     CONNECT_HEADER,
@@ -1184,7 +1185,7 @@ class GatewayApp:
         return _Refused(
             413,
             _error(
-                f"The request body is larger than the gateway allows ({limit} bytes).",
+                f"The request body is larger than the gateway allows ({format_size(limit)}).",
                 "invalid_request_error",
                 "request_too_large",
             ),
