@@ -9,7 +9,7 @@ import datetime
 import json
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
