@@ -74,6 +74,8 @@ __all__ = [
     "explained",
     "make_status_error",
     "map_transport_errors",
+    "stream_ended",
+    "stream_ended_with_text",
 ]
 
 _QUOTE_LIMIT = 200
@@ -127,6 +129,35 @@ class StreamInterrupted(APIError):
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.partial_text = partial_text
         self.cause = cause
+
+
+_UNFINISHED = "(no [DONE] and no finish_reason)"
+
+
+def stream_ended(
+    request: httpx.Request, *, before_first_token: str | None = None
+) -> APIConnectionError:
+    """The error of a stream whose body ended before its answer was whole (neither ``[DONE]``
+    nor every choice's ``finish_reason``): an ``APIConnectionError``, as a connection lost
+    (another target may answer, or continue it). ``before_first_token``: the target whose
+    stream ended before a first token."""
+    if before_first_token is not None:
+        what = f"The stream of target {before_first_token!r} ended before its first token"
+    else:
+        what = "The stream ended before the answer was complete"
+    message = f"{what} {_UNFINISHED}"
+    return APIConnectionError(message=message, request=request)  # type: ignore[arg-type]
+
+
+def stream_ended_with_text(request: httpx.Request, partial_text: str) -> StreamInterrupted:
+    """:func:`stream_ended` for a stream whose caller got its text so far (a stream llmroute
+    does not route, hence does not continue): :class:`StreamInterrupted` with that text."""
+    return StreamInterrupted(
+        f"{stream_ended(request).message}; the text so far is in .partial_text.",
+        request,
+        partial_text=partial_text,
+        cause=None,
+    )
 
 
 class FirstTokenTimeout(APITimeoutError):
