@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from ._prices import ModelPrice, UsageFields, default_usage
+from ._prices import ModelPrice, UsageFields
+from .protocols import adapter_for
 
 __all__ = [
     "SOURCE_CLAIMS",
@@ -245,7 +246,7 @@ class ProviderSpec(BaseModel):
     @property
     def usage_fields(self) -> UsageFields:
         """Where this vendor reports billed tokens: its own ``[usage]`` or its protocol's."""
-        return self.usage if self.usage is not None else default_usage(self.protocol)
+        return self.usage if self.usage is not None else adapter_for(self.protocol).usage_fields
 
     def window_for(self, model: str) -> int | None:
         """The context window of ``model`` on this provider, in tokens; ``None`` if unknown."""

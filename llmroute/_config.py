@@ -66,6 +66,9 @@ __all__ = [
     "ConnectionSettings",
     "GatewaySettings",
     "KeySettings",
+    "ManagedKeyEntry",
+    "ManagedTeamEntry",
+    "ModelLimits",
     "ProviderConfig",
     "RedisSettings",
     "Resolved",
@@ -76,12 +79,14 @@ __all__ = [
     "SimulatorAddress",
     "SimulatorPhase",
     "Target",
+    "TeamSettings",
     "TierClass",
     "TieredConfig",
     "TieredSettings",
     "load_config",
     "load_keys_file",
     "parse_duration",
+    "read_keys_file",
     "resolve",
     "resolve_provider",
     "route_config",
@@ -799,6 +804,65 @@ def _period_input(value: Any) -> Any:
 
 BudgetPeriod = Annotated[str | float, BeforeValidator(_period_input)]
 
+MAX_COUNT = 10**15
+"""The largest limit or budget a key or team may have: a Redis script's numbers are doubles,
+exact only below 2**53."""
+KeyName = Annotated[str, Field(pattern=_KEY_NAME)]
+
+
+def timestamp_input(value: Any) -> Any:
+    """A moment as Unix seconds: a number, a TOML or ISO 8601 date-time (UTC unless it says
+    otherwise: ``2027-01-31T00:00:00Z``), or ``None``."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        if value is not None and not (math.isfinite(value) and 0 <= value < 2**40):
+            raise _invalid("expected a Unix time in seconds or a date-time (2027-01-31T00:00:00Z)")
+        return value
+    moment = value
+    if isinstance(value, str):
+        try:
+            moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            moment = None
+    if isinstance(moment, datetime.date) and not isinstance(moment, datetime.datetime):
+        moment = datetime.datetime(moment.year, moment.month, moment.day)
+    if not isinstance(moment, datetime.datetime):
+        raise _invalid(
+            f"expected a date-time such as 2027-01-31T00:00:00Z or Unix seconds, got {_show(value)}"
+        )
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+Timestamp = Annotated[float, BeforeValidator(timestamp_input)]
+
+
+class ModelLimits(BaseModel):
+    """One model name's own limits within a key or a team (``model_limits.<model>``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """Requests per minute to this model name."""
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """Tokens per minute to this model name."""
+
+
+class TeamSettings(BaseModel):
+    """A team's limits (``[gateway.teams.<name>]``, a keys file's ``[teams.<name>]``, or the
+    admin API): every key of the team counts against them, beside its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    budget_period: BudgetPeriod | None = None
+    model_limits: dict[str, ModelLimits] | None = None
+    soft_limit: float | None = Field(default=None, gt=0, lt=1)
+    """The share of the budget at which the gateway says so, once per period (a webhook, a log
+    line and a metric)."""
+
 
 class KeySettings(BaseModel):
     """What one gateway key may do: ``[gateway.limits]`` for every key, ``[gateway.tenants.
@@ -807,12 +871,12 @@ class KeySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Requests per minute (a sliding minute, shared by every replica with Redis)."""
-    tpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Tokens per minute: a request counts its estimate (prompt and ``max_tokens``) when it is
     admitted, corrected to its answer's ``usage`` when it ends."""
-    budget_tokens: int | None = Field(default=None, ge=1)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Tokens per ``budget_period``; once spent, requests get 429 ``insufficient_quota``."""
     budget_period: BudgetPeriod | None = None
     """``"day"`` (a UTC day), ``"month"`` (a UTC calendar month) or a duration (``"12h"``;
@@ -832,7 +896,13 @@ class KeySettings(BaseModel):
     within this many milliseconds (docs/gateway.md, "Latency objectives")."""
     slo_percentile: float = Field(default=95.0, gt=0, lt=100)
     admin: bool = False
-    """May read every key's usage (``GET /admin/usage``)."""
+    """May read every key's usage (``GET /admin/usage``) and manage keys (``/admin/keys``)."""
+    team: KeyName | None = None
+    """The team whose limits and budget the key shares with the team's other keys."""
+    model_limits: dict[str, ModelLimits] | None = None
+    """Limits of the key's requests to one model name (``rpm``, ``tpm``), beside its own."""
+    soft_limit: float | None = Field(default=None, gt=0, lt=1)
+    """The share of ``budget_tokens`` at which the gateway says so, once per period."""
 
 
 def merge_key_settings(base: KeySettings, own: KeySettings | None) -> KeySettings:
@@ -863,13 +933,32 @@ def key_settings_problem(settings: KeySettings, routes: Iterable[str]) -> tuple[
             f"default_max_tokens ({settings.default_max_tokens}) is above max_tokens "
             f"({settings.max_tokens})"
         )
+    return _routes_problem(settings.models, settings.model_limits, routes)
+
+
+def team_settings_problem(settings: TeamSettings, routes: Iterable[str]) -> tuple[str, str] | None:
+    """The first mistake of a team's settings, as ``(field, sentence)`` (see
+    :func:`key_settings_problem`); ``None`` when there is none."""
+    if (settings.budget_tokens is None) != (settings.budget_period is None):
+        if settings.budget_period is None:
+            return "budget_period", "budget_tokens needs a budget_period ('day', 'month', '12h')"
+        return "budget_tokens", "budget_period needs budget_tokens (the tokens per period)"
+    return _routes_problem(None, settings.model_limits, routes)
+
+
+def _routes_problem(
+    models: Iterable[str] | None,
+    model_limits: Mapping[str, ModelLimits] | None,
+    routes: Iterable[str],
+) -> tuple[str, str] | None:
     known = list(routes)
-    for name in settings.models or ():
-        if name not in known:
-            return (
-                "models",
-                f"{_show(name)} is not a model name of this config{_suggest(name, known)}",
-            )
+    for field_name, names in (("models", models or ()), ("model_limits", model_limits or {})):
+        for name in names:
+            if name not in known:
+                return (
+                    field_name,
+                    f"{_show(name)} is not a model name of this config{_suggest(name, known)}",
+                )
     return None
 
 
@@ -883,14 +972,19 @@ def _digest_input(value: Any) -> str:
     )
 
 
+Digest = Annotated[str, BeforeValidator(_digest_input)]
+
+
 class KeyEntry(KeySettings):
     """A key of ``keys_file``: where its value is (``env``) or its digest (``sha256``), and
     its settings."""
 
     env: Annotated[str | None, BeforeValidator(_env_var_input)] = None
     """The environment variable holding the key (read when the file is read)."""
-    sha256: Annotated[str | None, BeforeValidator(_digest_input)] = None
+    sha256: Digest | None = Field(default=None, repr=False)
     """The key's SHA-256 digest (hex): the key itself is in no file."""
+    expires_at: Timestamp | None = None
+    """When the key stops being accepted (Unix seconds, or a date-time; UTC unless given)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyEntry:
@@ -899,27 +993,79 @@ class KeyEntry(KeySettings):
         return self
 
     def settings(self) -> KeySettings:
-        """The settings this table gives (``env`` and ``sha256`` left out)."""
-        data = self.model_dump(exclude_unset=True, exclude={"env", "sha256"})
+        """The settings this table gives (``env``, ``sha256`` and ``expires_at`` left out)."""
+        data = self.model_dump(exclude_unset=True, exclude={"env", "sha256", "expires_at"})
         return KeySettings.model_validate(data)
 
 
-class KeysFile(BaseModel):
-    """``keys_file``: ``[keys.<name>]`` tables (docs/gateway.md)."""
+class PreviousDigest(BaseModel):
+    """A rotated key's former value, accepted until ``until``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    keys: dict[Annotated[str, Field(pattern=_KEY_NAME)], KeyEntry] = Field(default_factory=dict)
+    sha256: Digest = Field(repr=False)
+    until: Timestamp
 
 
-def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
-    """The keys of ``keys_file`` at ``path``, each checked with ``config``'s ``[gateway.limits]``
-    merged in; :class:`ConfigError` naming the file, the key and the field (never a key's
-    value) for any mistake, or a name ``gateway.keys`` already has."""
+MANAGED_FIELDS = frozenset(
+    {"sha256", "prefix", "previous", "expires_at", "created_at", "updated_at"}
+)
+"""A managed key's fields that are not settings."""
+
+
+class ManagedKeyEntry(KeySettings):
+    """A key made by the gateway's admin API (stored in Redis, or as ``[api_keys.<name>]`` in
+    ``keys_file``): its digest, the digests of its former values still in their overlap, and
+    its settings. The key itself is stored nowhere."""
+
+    sha256: Digest = Field(repr=False)
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{0,16}$")] = ""
+    """The key's first characters, shown to tell it from others (never enough to use it)."""
+    previous: list[PreviousDigest] = Field(default_factory=list)
+    expires_at: Timestamp | None = None
+    created_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+    def settings(self) -> KeySettings:
+        data = self.model_dump(exclude_unset=True, exclude=set(MANAGED_FIELDS))
+        return KeySettings.model_validate(data)
+
+
+class ManagedTeamEntry(TeamSettings):
+    """A team made by the admin API (in Redis, or ``[api_teams.<name>]`` in ``keys_file``)."""
+
+    created_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+    def settings(self) -> TeamSettings:
+        data = self.model_dump(exclude_unset=True, exclude={"created_at", "updated_at"})
+        return TeamSettings.model_validate(data)
+
+
+class KeysFile(BaseModel):
+    """``keys_file``: ``[keys.<name>]`` and ``[teams.<name>]`` tables written by people, and
+    the ``[api_keys.<name>]`` and ``[api_teams.<name>]`` the admin API writes when the gateway
+    has no Redis (docs/gateway.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: dict[KeyName, KeyEntry] = Field(default_factory=dict)
+    teams: dict[KeyName, TeamSettings] = Field(default_factory=dict)
+    api_keys: dict[KeyName, ManagedKeyEntry] = Field(default_factory=dict)
+    api_teams: dict[KeyName, ManagedTeamEntry] = Field(default_factory=dict)
+
+
+def read_keys_file(path: str, config: Config) -> KeysFile:
+    """Every table of ``keys_file`` at ``path``, each key's settings checked with ``config``'s
+    ``[gateway.limits]`` merged in; :class:`ConfigError` naming the file, the table and the
+    field (never a key's value) for any mistake, or a name ``gateway.keys`` already has."""
     data = _read_toml(path, missing=f"{path}: no such file (gateway.keys_file)")
     # Every message below shows the names: a key pasted as one is refused first, unshown.
-    tables = data.get("keys")
-    for name in [*data, *(tables if isinstance(tables, dict) else ())]:
+    names: list[str] = list(data)
+    for table in ("keys", "teams", "api_keys", "api_teams"):
+        tables = data.get(table)
+        names += list(tables) if isinstance(tables, dict) else []
+    for name in names:
         if name.lower().startswith("sk-"):
             raise ConfigError(f"{path}: a key's name looks like a key: name it, e.g. [keys.app]")
         if not re.fullmatch(_KEY_NAME, name):
@@ -928,23 +1074,35 @@ def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
                 "key's name in [keys.<name>] is (it is not shown: it may be a key)"
             )
     try:
-        keys = KeysFile.model_validate(data).keys
+        contents = KeysFile.model_validate(data)
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
     gateway = config.gateway or GatewaySettings()
-    names = [*config.models, *config.tiered]
-    for name, entry in keys.items():
-        where = f"{path}: keys.{_key([name])}"
-        if name in gateway.keys:
-            raise ConfigError(f"{where}: gateway.keys has a key of this name already")
-        try:
-            merged = merge_key_settings(gateway.limits, entry.settings())
-        except pydantic.ValidationError as exc:
-            raise ConfigError(_describe(exc, where)) from None
-        problem = key_settings_problem(merged, names)
-        if problem is not None:
-            raise ConfigError(f"{where}.{problem[0]}: {problem[1]}")
-    return keys
+    routes = [*config.models, *config.tiered]
+    for table, entries in (("keys", contents.keys), ("api_keys", contents.api_keys)):
+        for name, entry in entries.items():
+            where = f"{path}: {table}.{_key([name])}"
+            if table == "keys" and name in gateway.keys:
+                raise ConfigError(f"{where}: gateway.keys has a key of this name already")
+            try:
+                merged = merge_key_settings(gateway.limits, entry.settings())
+            except pydantic.ValidationError as exc:
+                raise ConfigError(_describe(exc, where)) from None
+            problem = key_settings_problem(merged, routes)
+            if problem is not None:
+                raise ConfigError(f"{where}.{problem[0]}: {problem[1]}")
+    for table, teams in (("teams", contents.teams), ("api_teams", contents.api_teams)):
+        for name, team in teams.items():
+            problem = team_settings_problem(team, routes)
+            if problem is not None:
+                raise ConfigError(f"{path}: {table}.{_key([name])}.{problem[0]}: {problem[1]}")
+    return contents
+
+
+def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
+    """The keys of ``keys_file`` at ``path`` (its ``[keys.<name>]`` tables; see
+    :func:`read_keys_file`)."""
+    return dict(read_keys_file(path, config).keys)
 
 
 class RouteObjective(BaseModel):
@@ -987,6 +1145,14 @@ class GatewaySettings(BaseModel):
     ``limits``'s."""
     slos: dict[str, RouteObjective] = Field(default_factory=dict)
     """Latency objectives by route (``[gateway.slos.<model name>]``)."""
+    teams: dict[KeyName, TeamSettings] = Field(default_factory=dict)
+    """Teams (``[gateway.teams.<name>]``): limits and budgets their keys share."""
+    soft_limit_webhook: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """An ``http(s)://`` URL the gateway POSTs to when a key or team reaches its
+    ``soft_limit`` share of a budget (once per period), beside a log line and a metric."""
+    keys_sync_interval: Annotated[Duration, Field(gt=0)] = 0.25
+    """With ``limits_backend = "redis"``: how often a replica asks Redis whether the admin
+    API's keys changed (a key made on one replica works on every other within this long)."""
     limits_on_redis_error: Literal["local", "refuse"] = "local"
     """With ``limits_backend = "redis"`` and Redis unreachable: count in this replica
     (``local``) or refuse requests with 503 (``refuse``); logged once per outage."""
@@ -1089,6 +1255,13 @@ class GatewaySettings(BaseModel):
                     name,
                 )
         return self
+
+    @field_validator("soft_limit_webhook")
+    @classmethod
+    def _check_webhook(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+            raise _invalid("expected an http:// or https:// URL")
+        return value
 
     @model_validator(mode="after")
     def _check_lease(self) -> GatewaySettings:
@@ -1215,6 +1388,10 @@ class Config(BaseModel):
         for route in gateway.slos:
             if route not in names:
                 raise _invalid(_unknown_route(route, names), "gateway", "slos", route)
+        for team, settings in gateway.teams.items():
+            problem = team_settings_problem(settings, names)
+            if problem is not None:
+                raise _invalid(f"team {team!r}: {problem[1]}", "gateway", "teams", team, problem[0])
         for key in gateway.keys:
             merged = merge_key_settings(gateway.limits, gateway.tenants.get(key))
             problem = key_settings_problem(merged, names)

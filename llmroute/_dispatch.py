@@ -76,12 +76,13 @@ from .cache import (
 from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
 from .metrics import ClientMetrics
+from .protocols import adapter_for
 from .routing.backoff import retry_delay, should_retry_status
-from .routing.engine import Route, Sender
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
 )
+from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.tierhedge import HEDGE_QUANTILE, tier_hedge_route
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
@@ -214,7 +215,7 @@ def _serves(provider: ResolvedProvider, kind: str) -> bool:
     """Whether ``provider`` serves the endpoint ``kind`` (chat is served by every one)."""
     if kind == "chat":
         return True
-    if provider.spec.protocol == "anthropic":
+    if not adapter_for(provider.spec.protocol).serves(kind):
         return False
     if kind == "responses":
         return provider.spec.responses

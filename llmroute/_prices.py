@@ -22,7 +22,6 @@ __all__ = [
     "PerMillion",
     "PriceTier",
     "UsageFields",
-    "default_usage",
 ]
 
 ANY_MODEL = "*"
@@ -154,7 +153,8 @@ class ModelPrice(_Rates):
 class UsageFields(BaseModel):
     """Where a vendor's ``usage`` object reports each class of tokens it bills (dotted paths
     into the object), and how the counts overlap: the catalog's ``[usage]`` table. A provider
-    without one uses its protocol's (:func:`default_usage`)."""
+    without one uses its protocol's (its adapter's ``usage_fields``,
+    :func:`llmroute.protocols.adapter_for`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -174,25 +174,3 @@ class UsageFields(BaseModel):
     output_from_total: str | None = None
     """A total-tokens path: the answer is ``total - all prompt tokens`` rather than
     ``completion`` (Gemini's OpenAI endpoint has left thinking out of ``completion_tokens``)."""
-
-
-_OPENAI_USAGE = UsageFields(
-    prompt="prompt_tokens",
-    prompt_includes_cache=True,
-    cache_read="prompt_tokens_details.cached_tokens",
-    completion="completion_tokens",
-    reasoning="completion_tokens_details.reasoning_tokens",
-)
-_ANTHROPIC_USAGE = UsageFields(
-    prompt="input_tokens",
-    prompt_includes_cache=False,
-    cache_read="cache_read_input_tokens",
-    cache_write="cache_creation_input_tokens",
-    cache_write_1h="cache_creation.ephemeral_1h_input_tokens",
-    completion="output_tokens",
-)
-
-
-def default_usage(protocol: Literal["openai", "anthropic"]) -> UsageFields:
-    """The usage fields of a wire protocol: OpenAI's Chat Completions or Anthropic's Messages."""
-    return _ANTHROPIC_USAGE if protocol == "anthropic" else _OPENAI_USAGE

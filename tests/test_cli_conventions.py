@@ -35,14 +35,21 @@ COMMANDS = {
     "doctor",
     "tiers",
     "top",
+    "keys",
     "completion",
 }
 
 TABLE_COMMANDS = {("bench",), ("cache",), ("chat",), ("doctor",), ("tiers", "eval"), ("top",)}
 """The commands that print a table (or a report) and so take ``--json``. ``demo`` is a live
 show of tables, not data: ``bench --routed --json`` gives its figures."""
-JSON_COMMANDS = {*TABLE_COMMANDS, ("sim",)}
-"""Every command with ``--json``: those above, and ``sim`` (its addresses)."""
+KEYS_COMMANDS = {
+    ("keys", action) for action in ("create", "show", "update", "rotate", "revoke", "team")
+}
+"""``llmroute keys``'s commands that print the gateway's answer (``--json``: its JSON);
+``keys list`` and ``keys teams`` print tables."""
+TABLE_COMMANDS |= {("keys", "list"), ("keys", "teams")}
+JSON_COMMANDS = {*TABLE_COMMANDS, ("sim",), *KEYS_COMMANDS}
+"""Every command with ``--json``: those above, ``sim`` (its addresses) and ``keys``'s."""
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

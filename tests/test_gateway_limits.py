@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import KeySettings, load_config
+from llmroute._config import KeySettings, TeamSettings, load_config
 from llmroute.routing.windows import MAX_TOKENS_CAP
 from llmroute.server._limits import (
     BUCKET,
     BUCKETS,
+    MAX_TOKENS,
     Counts,
     Grant,
     Limits,
@@ -29,7 +30,7 @@ from llmroute.server._limits import (
     period_of,
     reset_text,
 )
-from llmroute.server._tenants import Tenant, Tenants
+from llmroute.server._tenants import Team, Tenant, Tenants
 from tests.clock import FakeClock
 
 START = 1_800_000_000.0  # a bucket's start (a multiple of 10 s)
@@ -165,6 +166,69 @@ async def test_a_refusal_on_tokens_spends_no_request(counted: tuple[Limits, Fake
     assert isinstance(await limits.admit(app, 0), Grant)
 
 
+def _member(name: str, team: Team | None, **settings: Any) -> Tenant:
+    return Tenant(name, KeySettings(**settings), 64, team)
+
+
+async def test_a_teams_limit_is_shared_by_its_keys(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    team = Team("ml", TeamSettings(rpm=3))
+    one, two = _member("one", team, rpm=10), _member("two", team)
+    decided = [await limits.admit((one, two)[i % 2], 0) for i in range(5)]
+    assert [isinstance(d, Grant) for d in decided] == [True] * 3 + [False] * 2
+    refused = decided[-1]
+    assert isinstance(refused, Refusal) and refused.reason == "requests"
+    assert "team 'ml' (key 'one')" in refused.message
+    assert refused.headers["x-ratelimit-limit-requests"] == "3"  # the tighter scope's
+    # Refused by the team: nothing counted in the key's own scope either.
+    assert (await limits.peek(one)).requests == 2
+    assert (await limits.peek_scope(one.scopes[1])).requests == 3
+    assert await _admitted(limits, _member("other", Team("ops", TeamSettings(rpm=3))), 3) == 3
+
+
+async def test_a_models_limit_within_a_key(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    app = _tenant(rpm=10, model_limits={"big": {"rpm": 1, "tpm": 50}})
+    assert isinstance(await limits.admit(app, 40, model="big"), Grant)
+    refused = await limits.admit(app, 0, model="big")
+    assert isinstance(refused, Refusal)
+    assert "model 'big' in key 'app'" in refused.message
+    too_large = await limits.admit(app, 51, model="big")
+    assert isinstance(too_large, Refusal) and too_large.reason == "too_large"
+    assert await _admitted(limits, app, 3) == 3  # other models: the key's own room
+    assert (await limits.peek(app)).requests == 4
+
+
+async def test_a_soft_limit_is_said_once_per_period(counted: tuple[Limits, FakeClock]) -> None:
+    limits, clock = counted
+    team = Team("ml", TeamSettings(budget_tokens=100, budget_period="1h", soft_limit=0.5))
+    app = _member("app", team)
+    clock.now = 3600.0 * 500_000 + 10
+    first = await limits.admit(app, 30)
+    assert isinstance(first, Grant) and first.alerts == ()
+    second = await limits.admit(app, 30)  # 60 of 100: past the half
+    assert isinstance(second, Grant)
+    assert [(a.scope.owner, a.scope.kind, a.spent) for a in second.alerts] == [("ml", "team", 60)]
+    assert second.alerts[0].ends == 3600.0 * 500_001
+    third = await limits.admit(app, 10)
+    assert isinstance(third, Grant) and third.alerts == ()
+    assert await limits.settle(third, 30) == ()  # still this period: said already
+    clock.advance(3600)  # the next period: said again when reached, here by a correction
+    fourth = await limits.admit(app, 10)
+    assert isinstance(fourth, Grant) and fourth.alerts == ()
+    alerts = await limits.settle(fourth, 55)
+    assert [a.spent for a in alerts] == [55]
+
+
+async def test_what_enters_a_counter_is_clamped(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    app = _tenant(budget_tokens=10**15, budget_period="day")
+    grant = await limits.admit(app, 10**17)  # a Lua double would write 1e+17: refused by HINCRBY
+    assert isinstance(grant, Grant) and grant.reserved == MAX_TOKENS
+    await limits.settle(grant, 10**18)
+    assert (await limits.peek(app)).spent == MAX_TOKENS
+
+
 def test_periods_and_resets_read_as_the_vendors_write_them() -> None:
     march = calendar.timegm((2026, 3, 31, 23, 0, 0))
     index, end = period_of("month", march)
@@ -271,7 +335,7 @@ async def test_the_admission_script_writes_nothing_when_an_argument_is_wrong(
     try:
         for tokens in (10**17, 10**18, 10**400):
             with pytest.raises(redis.exceptions.ResponseError):
-                await limits._run(app, tokens, clock.now, False)  # pyright: ignore[reportPrivateUsage]
+                await limits._script(app.name, app.scopes, tokens, None, False)  # pyright: ignore[reportPrivateUsage]
         assert await limits.peek(app) == Counts()
         grant = await limits.admit(app, 10)
         assert isinstance(grant, Grant)
@@ -296,21 +360,21 @@ async def test_a_script_error_is_not_an_outage(
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     limits = RedisLimits(redis_url, prefix=prefix, timeout=2.0, on_error=policy, clock=clock)
     app = _tenant(rpm=10)
-    real_run, real_correct = limits._run, limits._correct  # pyright: ignore[reportPrivateUsage]
+    real_run, real_correct = limits._script, limits.finish  # pyright: ignore[reportPrivateUsage]
 
     async def broken(*args: Any) -> Any:
         raise redis.exceptions.ResponseError("user_script:1: Script attempted to access nil")
 
     try:
         with caplog.at_level(logging.INFO, logger="llmroute.server"):
-            monkeypatch.setattr(limits, "_run", broken)
+            monkeypatch.setattr(limits, "_script", broken)
             refused = await limits.admit(app, 5)
-            monkeypatch.setattr(limits, "_run", real_run)
+            monkeypatch.setattr(limits, "_script", real_run)
             grant = await limits.admit(app, 5)
-            monkeypatch.setattr(limits, "_correct", broken)
+            monkeypatch.setattr(limits, "finish", broken)
             assert isinstance(grant, Grant)
             await limits.settle(grant, 50)
-            monkeypatch.setattr(limits, "_correct", real_correct)
+            monkeypatch.setattr(limits, "finish", real_correct)
         assert isinstance(refused, Refusal)
         assert (refused.status, refused.reason, refused.type) == (
             500,

@@ -1,7 +1,7 @@
 """The ``llmroute`` command line.
 
 ``demo``, ``bench``, ``chat``, ``serve``, ``sim``, ``cache stats|clear``, ``sglang launch``,
-``doctor``, ``tiers fit|eval`` and ``top``; each command is one module here with a
+``doctor``, ``tiers fit|eval``, ``top`` and ``keys``; each command is one module here with a
 ``register(commands)`` function that adds its parser and sets ``run`` (a function of the parsed
 arguments returning the exit status).
 
@@ -22,6 +22,7 @@ from . import (
     _completion,
     _demo,
     _doctor,
+    _keys,
     _serve,
     _sglang,
     _sim,
@@ -43,6 +44,7 @@ _COMMANDS = (
     _doctor,
     _tiers,
     _top,
+    _keys,
     _completion,
 )
 

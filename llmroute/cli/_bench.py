@@ -581,6 +581,7 @@ def _config_endpoints(
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
     from .._config import resolve, route_config
+    from ..protocols import adapter_for
     from ..server._secrets import provider_secrets
 
     resolved = resolve(config, simulated=simulated)
@@ -589,7 +590,7 @@ def _config_endpoints(
         provider = resolved.providers[target.provider]
         # Its key and the values of its credential headers (api-key, x-api-key, ...).
         secrets = tuple(provider_secrets([provider]))
-        if provider.spec.protocol == "openai":
+        if adapter_for(provider.spec.protocol).speaks_openai:
             client_args: dict[str, Any] = {
                 "api_key": provider.api_key or "none",
                 "base_url": str(provider.base_url),

@@ -325,6 +325,7 @@ def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str],
 
 def real_setup(targets: list[str]) -> Setup:
     from .._config import Target, resolve_provider
+    from ..protocols import adapter_for
 
     providers: dict[str, dict[str, Any]] = {}
     alone: dict[str, dict[str, Any]] = {}
@@ -332,7 +333,7 @@ def real_setup(targets: list[str]) -> Setup:
         target = Target.parse(text)
         providers[target.provider] = {}
         resolved = resolve_provider(target.provider, {})
-        if resolved.spec.protocol == "openai":
+        if adapter_for(resolved.spec.protocol).speaks_openai:
             alone[target.name] = {
                 "client": {"base_url": str(resolved.base_url), "api_key": resolved.api_key},
                 "model": target.model,

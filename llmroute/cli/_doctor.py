@@ -308,17 +308,12 @@ async def _list_models(
     (a sentence without the key)."""
     import httpx
 
+    from ..protocols import adapter_for
     from ..server._secrets import masked_forms, provider_secrets, scrub
     from ..transport import make_ssl_context
 
-    headers: dict[str, str] = dict(provider.headers)
-    params: dict[str, Any] = {}
-    key = provider.api_key or ""
-    if provider.spec.protocol == "anthropic":
-        headers["x-api-key"] = key
-        params["limit"] = 1000  # Anthropic pages its list, 20 by default
-    else:
-        headers["authorization"] = f"Bearer {key}"
+    auth, params = adapter_for(provider.spec.protocol).models_request(provider.api_key or "")
+    headers: dict[str, str] = {**provider.headers, **auth}
     secrets = provider_secrets([provider])
     masked = masked_forms(secrets)
     url = provider.base_url.join("models")
