@@ -365,8 +365,8 @@ class CommonPrefixes:
         if held >= len(blocks) or not whole:  # the same prompt again, or a very short one
             return
         held = min(held, whole)
-        end = blocks[held - 1] if held else None
-        answered = ends.get(end) if end is not None else None
+        end = blocks[held - 1] if held else 0
+        answered = ends.get(end) if held else None
         if answered or (answered is not None and whole > held):
             del ends[end]
         else:
