@@ -18,9 +18,9 @@ from llmroute import AsyncOpenAI, ConfigError, StreamInterrupted
 from llmroute.cache import CacheRequest, CacheUnavailable, ResponseCache
 from llmroute.testing import Profile, Simulator
 
-from .clock import FakeClock
-from .conftest import KEY
-from .settle import settled, stored
+from ..clock import FakeClock
+from ..conftest import KEY
+from ..settle import settled, stored
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import pytest
 from llmroute.cache import CacheEntry, CorruptEntry, is_deterministic, request_key, tenant_namespace
 from llmroute.protocols.openai import build_chunk
 
-from .conftest import KEY
+from ..conftest import KEY
 
 BODY: dict[str, Any] = {
     "model": "gpt-x",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 COUNTER = """
 import sys, anyio

@@ -27,7 +27,7 @@ from llmroute.cache._stores import (
     StoreStats,
 )
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 MAX_BYTES = 1 << 20
 StoreFactory = Callable[..., CacheStore]

@@ -15,7 +15,7 @@ import pytest
 from llmroute.cli import main
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytest.importorskip("matplotlib")
 numpy = pytest.importorskip("numpy")  # matplotlib's own dependency

@@ -15,7 +15,7 @@ from llmroute.cli import main
 from llmroute.cli._bench import LENGTHS, prompt_for
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -14,7 +14,7 @@ import pytest
 from llmroute import AsyncOpenAI
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

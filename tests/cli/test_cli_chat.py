@@ -17,7 +17,7 @@ import pytest
 from llmroute import AsyncOpenAI
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 MODEL = "sim-small"
 

@@ -22,7 +22,7 @@ from llmroute.cli._completion import script
 from llmroute.cli._parser import walk
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 COMMANDS = {
     "demo",

@@ -25,7 +25,7 @@ from llmroute.cli._doctor import (
 )
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 CHECKED = datetime.date(2026, 11, 30)
 ACME = ProviderSpec.model_validate(

@@ -14,7 +14,7 @@ from llmroute import __version__
 from llmroute.cli import main
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ import pytest
 from llmroute.sglang import install_commands
 from llmroute.testing import Simulator, sglang_standin_path
 
-from .conftest import KEY
+from ..conftest import KEY
 
 
 def standin_env(**knobs: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ import pytest
 from llmroute import AsyncOpenAI, ConfigError
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ import pytest
 import llmroute
 from llmroute.testing import Simulator
 
-from .conftest import KEY
-from .settle import settled
+from ..conftest import KEY
+from ..settle import settled
 
 MESSAGES = [{"role": "user", "content": "Hello there"}]
 

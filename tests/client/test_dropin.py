@@ -16,7 +16,7 @@ import llmroute
 from llmroute import AsyncOpenAI
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

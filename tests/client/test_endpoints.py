@@ -22,7 +22,7 @@ import llmroute
 from llmroute.protocols.openai import parse_body
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

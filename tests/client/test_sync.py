@@ -24,8 +24,8 @@ import llmroute
 from llmroute._sync import ClientClosedError, Stream
 from llmroute.testing import Simulator
 
-from .conftest import KEY
-from .settle import settled_sync
+from ..conftest import KEY
+from ..settle import settled_sync
 
 MESSAGES = [{"role": "user", "content": "Hello from a thread"}]
 

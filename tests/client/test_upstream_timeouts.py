@@ -29,7 +29,7 @@ from llmroute.routing.engine import Route, RouteTarget
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
 
-from .settle import settled
+from ..settle import settled
 
 UPSTREAM_KEY = "sk-upstream-timeouts-0123456789"
 GW_KEY = "gw-timeouts-key-0123456789abcdef"

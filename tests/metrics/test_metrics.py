@@ -17,7 +17,7 @@ from llmroute.metrics._prometheus import MAX_MODEL_LABELS, RequestRecord
 from llmroute.routing.stats import TargetSnapshot
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

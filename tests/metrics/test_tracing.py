@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 from .test_metrics import MESSAGES, config, read
 
 pytestmark = pytest.mark.anyio

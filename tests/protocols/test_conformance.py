@@ -21,7 +21,7 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI, RouteReport, StreamInterrupted
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY, fault
+from ..conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 

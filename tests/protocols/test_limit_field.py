@@ -19,7 +19,7 @@ from llmroute import AsyncOpenAI
 from llmroute.protocols.openai import rename_limit
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

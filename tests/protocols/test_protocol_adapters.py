@@ -17,7 +17,7 @@ from llmroute.protocols.anthropic import AnthropicStreamDecoder
 from llmroute.protocols.openai import ChatStreamDecoder, ResponsesStreamDecoder
 from llmroute.protocols.reader import StreamReader
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 REQUEST = httpx.Request("POST", "https://example.invalid/v1/chat/completions")

@@ -29,7 +29,7 @@ from llmroute.routing.stats import (
     placement_p,
 )
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 STEADY_SAMPLES = 20_000
 SPACING = 0.05  # seconds between samples: 20 a second, a target serving concurrency 8

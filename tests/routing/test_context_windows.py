@@ -31,7 +31,7 @@ from llmroute.routing.windows import (
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

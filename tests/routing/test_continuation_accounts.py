@@ -18,7 +18,7 @@ from llmroute._config import Config, resolve
 from llmroute.cli._chat import route_lines
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

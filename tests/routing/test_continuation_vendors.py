@@ -20,7 +20,7 @@ from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute._catalog import load_catalog
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 

@@ -21,8 +21,8 @@ from llmroute.routing.shared import RedisStatsBackend, StatsSync
 from llmroute.routing.stats import LiveStats
 from llmroute.testing import Profile, Simulator
 
-from .clock import FakeClock
-from .conftest import KEY
+from ..clock import FakeClock
+from ..conftest import KEY
 
 SLOW_TTFT = 0.4
 

@@ -15,7 +15,7 @@ from llmroute.routing.goal import LatencyGoal, meet_goal, read_goal
 from llmroute.routing.policies import Plan
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Tell me about routing."}]
 MEDIANS = {"a": 0.20, "b": 0.45, "c": 0.90}

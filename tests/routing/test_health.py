@@ -6,7 +6,7 @@ import pytest
 
 from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 
 def open_breaker(

@@ -22,7 +22,7 @@ from llmroute.routing.policies import (
 )
 from llmroute.routing.stats import LiveStats, StatsSettings
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 # Recorded TTFTs (seconds) of three targets: A is fast but stalls 1 in 10, B is steady and a bit
 # slower, C is slow and steady. Each list repeats to 100 samples.

@@ -14,7 +14,7 @@ from llmroute.routing.engine import REMEASURE_AFTER, Route, Router, RouteTarget
 from llmroute.routing.policies import COLD_EXPLORE_UNANSWERED, HedgePolicy, Plan, RacePolicy
 from llmroute.routing.stats import first_token_deadline
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "Hi"}]}
 A, B, C = "a:m", "b:m", "c:m"

@@ -38,8 +38,8 @@ from llmroute.routing.prefix import (
 from llmroute.routing.stats import IN_FLIGHT_HISTORY, ServerMetrics
 from llmroute.testing import Simulator
 
-from .clock import FakeClock
-from .conftest import KEY
+from ..clock import FakeClock
+from ..conftest import KEY
 
 WORKERS = ["w0", "w1", "w2", "w3"]
 

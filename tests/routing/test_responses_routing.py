@@ -15,8 +15,8 @@ import llmroute
 from llmroute import AsyncOpenAI, StreamInterrupted
 from llmroute.testing import Simulator
 
-from .conftest import KEY, fault
-from .settle import settled, stored
+from ..conftest import KEY, fault
+from ..settle import settled, stored
 
 pytestmark = pytest.mark.anyio
 

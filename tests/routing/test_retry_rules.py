@@ -12,7 +12,7 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute.testing import Profile, Simulator
 
-from .conftest import KEY, fault
+from ..conftest import KEY, fault
 
 pytestmark = pytest.mark.anyio
 

@@ -14,9 +14,9 @@ import pytest
 from llmroute import AllTargetsFailed, AsyncOpenAI, RequestBodyError, StreamInterrupted
 from llmroute.testing import Profile, Simulator
 
-from .clock import FakeClock
-from .conftest import KEY, fault
-from .settle import settled
+from ..clock import FakeClock
+from ..conftest import KEY, fault
+from ..settle import settled
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ from llmroute.routing.shared import (
 )
 from llmroute.routing.stats import LiveStats, SampleEvent, StatsSettings
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 LOGGER = "llmroute.routing.shared"
 PASSWORD = "s3cret-Pw-0123"

@@ -30,7 +30,7 @@ from llmroute.routing.stats import (
     prompt_class,
 )
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 
 def reference_quantile(values: list[float], q: float) -> float:

@@ -21,8 +21,8 @@ from llmroute.routing.policies import FailoverPolicy
 from llmroute.routing.trials import CircuitTrials
 from llmroute.testing import Profile, Simulator
 
-from .clock import FakeClock
-from .conftest import KEY
+from ..clock import FakeClock
+from ..conftest import KEY
 
 MESSAGES: Any = [{"role": "user", "content": "Tell me about routing."}]
 PRIMARY, FALLBACK = "primary:sim-small", "fallback:sim-small"

@@ -31,7 +31,7 @@ from llmroute.server._app import key_namespace
 from llmroute.testing import Profile, Simulator
 from llmroute.testing._wire import masked_key
 
-from .settle import settled
+from ..settle import settled
 
 # Under trio, openai's own AsyncStream leaves its SSE generators to the garbage collector when it
 # stops at [DONE] or is closed (as for httpx's in pyproject.toml); llmroute's streams do not.

@@ -29,7 +29,7 @@ import pytest
 from llmroute.server import Gateway
 from llmroute.testing import Simulator
 from tests.clock import FakeClock
-from tests.test_gateway_tenants import (
+from tests.server.test_gateway_tenants import (
     DEADLINE,
     ENVIRON,
     KEYS,

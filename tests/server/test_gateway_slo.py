@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from llmroute.server._metrics import GatewayMetrics
 from llmroute.server._slo import ALL_ROUTES, WINDOWS, Objective, SloTracker
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 P95 = Objective(ttft_ms=300, percentile=95)
 P99 = Objective(ttft_ms=300, percentile=99)

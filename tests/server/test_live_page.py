@@ -27,7 +27,7 @@ from llmroute.server import Gateway
 from llmroute.server._live import LiveView
 from llmroute.testing import Profile, Simulator
 
-from .clock import FakeClock
+from ..clock import FakeClock
 
 KEYS = {"app": "gw-live-app-0123456789", "ops": "gw-live-ops-0123456789"}
 ENVIRON = {"GW_APP": KEYS["app"], "GW_OPS": KEYS["ops"]}

@@ -24,8 +24,8 @@ from llmroute.testing import Simulator
 from llmroute.tiers._model import Decision
 
 from . import test_tiers_routing
-from .clock import FakeClock
-from .conftest import KEY
+from ..clock import FakeClock
+from ..conftest import KEY
 from .test_tiers_routing import (
     HARD,
     LARGE,

@@ -25,7 +25,7 @@ from llmroute.server import Gateway
 from llmroute.testing import Simulator
 from llmroute.tiers import fit, read_examples
 
-from .conftest import KEY
+from ..conftest import KEY
 
 DATA = Path(__file__).parent / "data" / "tiers_small.jsonl"
 SIMPLE = [{"role": "user", "content": "hi there, how are you?"}]

@@ -19,8 +19,8 @@ from h2.errors import ErrorCodes
 import llmroute
 from llmroute.testing import Simulator
 
-from .conftest import KEY
-from .h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
+from ..conftest import KEY
+from ..h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from llmroute.protocols.openai import build_chunk
 from llmroute.testing import Profile, Simulator
 from llmroute.transport import Transport, _h2
 
-from .conftest import KEY
-from .settle import stored
+from ..conftest import KEY
+from ..settle import stored
 
 pytestmark = pytest.mark.anyio
 

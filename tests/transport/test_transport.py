@@ -13,8 +13,8 @@ import pytest
 import llmroute
 from llmroute.testing import Simulator
 
-from .conftest import KEY
-from .settle import settled
+from ..conftest import KEY
+from ..settle import settled
 
 pytestmark = pytest.mark.anyio
 

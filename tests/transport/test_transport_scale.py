@@ -19,8 +19,8 @@ from openai.types.chat import ChatCompletionMessageParam
 import llmroute
 from llmroute.transport import _h2
 
-from .conftest import KEY
-from .h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
+from ..conftest import KEY
+from ..h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
 
 pytestmark = pytest.mark.anyio
 
