@@ -397,7 +397,7 @@ async def test_disk_is_shared_across_processes(tmp_path: Path) -> None:
     with anyio.fail_after(60):
         child = await anyio.run_process(
             [sys.executable, "-c", WRITER, str(tmp_path), key(1), key(2)],
-            cwd=Path(__file__).parent.parent,
+            cwd=Path(__file__).parents[2],
         )
     assert child.stdout.decode().strip() == "from the parent"
     assert await store.get(key(2)) == b"from the child"

@@ -28,7 +28,7 @@ from llmroute.cli._bench_plot import (  # noqa: E402  (after the skip: the plot 
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ROUTED = Path(__file__).parent / "data" / "bench_routed.json"
+ROUTED = Path(__file__).parents[1] / "data" / "bench_routed.json"
 """A routed run written by hand: 12 requests over fast:m, slow:m, flaky:m with 3 hedged, 2
 failed over, 1 continued, 2 cache hits and 2 failures (each request's route report)."""
 

@@ -166,7 +166,7 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     # From this checkout, the command that works here: llmroute is not on PyPI yet.
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert f"matplotlib is not installed: pip install -e '{root}[plot]'" in done.stderr
     assert done.stdout == ""  # it says so before any probe
     assert not png.exists()

@@ -125,7 +125,7 @@ def test_show_route_lists_winner_attempts_and_timings(
 
 def test_show_route_explains_a_tiered_names_decision(sim: Simulator, tmp_path: Path) -> None:
     pytest.importorskip("wordllama")
-    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    data = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
     path = tmp_path / "llmroute.toml"
     path.write_text(
         f"""

@@ -215,7 +215,7 @@ def test_cache_stats_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 
 def test_tiers_eval_json(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("wordllama")  # the tiers extra
-    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    data = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
     argv = ["tiers", "eval", str(data), "--folds", "2", "--no-embedding", "--json"]
     status, out, _ = run(capsys, *argv)
     assert status == 0
@@ -277,7 +277,7 @@ def test_sim_json_is_one_document() -> None:
     import signal
     import sys
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, "-m", "llmroute", "sim", "--no-tls", "--json"]
     argv += ["--profile", "a=instant", "--profile", "b=flaky"]

@@ -17,7 +17,7 @@ from llmroute.cli import _demo, main
 from llmroute.cli._demo import REAL_MODELS, TIER_PROMPTS, workload
 from llmroute.testing import Simulator
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("fast-but-spiky:sim-small", "steady-slow:sim-small", "flaky:sim-small")
 REQUESTS = 60
 

@@ -207,7 +207,7 @@ def test_without_sglang_the_launch_says_how_to_get_it(tmp_path: Path) -> None:
 
 def test_the_install_commands_are_the_docs_recipe() -> None:
     """The launcher's install hint and docs/sglang.md's recipe are one text."""
-    docs = (Path(__file__).parent.parent / "docs" / "sglang.md").read_text("utf-8")
+    docs = (Path(__file__).parents[2] / "docs" / "sglang.md").read_text("utf-8")
     for step in install_commands("~/sglang-venv/bin/python"):
         assert f"\n{step}\n" in docs, step
 

@@ -655,7 +655,7 @@ def test_q_or_ctrl_c_quits_the_live_view_on_a_terminal(typed: bytes) -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     master, slave = pty.openpty()
-    root_dir = Path(__file__).resolve().parent.parent
+    root_dir = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root_dir), "COLUMNS": "120", "LINES": "40"}
     url = f"http://127.0.0.1:{server.server_port}/metrics"
     process = subprocess.Popen(

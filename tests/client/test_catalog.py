@@ -22,7 +22,7 @@ from llmroute._catalog import (
 )
 from llmroute._config import ConfigError, resolve_provider
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROVIDERS = ROOT / "providers"
 
 REQUIRED = {

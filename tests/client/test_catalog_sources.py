@@ -11,7 +11,7 @@ import pytest
 
 from llmroute._catalog import CatalogError, ProviderSpec, load_catalog, parse_provider
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "providers.md"
 BEGIN, END = "<!-- sources table: begin -->", "<!-- sources table: end -->"
 CORE = ("base_url", "api_key_env", "continuation", "prompt_caching", "stream_usage", "responses")

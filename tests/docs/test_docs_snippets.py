@@ -37,7 +37,7 @@ import pytest
 
 from llmroute.testing import Simulator
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)([^\n]*)\n(.*?)^```[ \t]*$", flags=re.MULTILINE | re.DOTALL)
 KEY = "sk-docs-0123456789"

@@ -161,7 +161,7 @@ async def test_a_tiered_request_carries_its_decision(
     sim: Simulator, spans: InMemorySpanExporter, stream: bool
 ) -> None:
     pytest.importorskip("wordllama")
-    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    data = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
     config = {
         "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
         "models": {

@@ -13,7 +13,7 @@ from types import ModuleType
 from llmroute.routing.policies import PrefixPolicy, RoundRobinPolicy
 from llmroute.testing._sglang import prompt_token_list
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 SEED = 8
 """One of ten seeds on which the policy before common prefixes and the recent-work tie-break
 put 1.53x an even share of the requests on its busiest replica (1.22x now)."""

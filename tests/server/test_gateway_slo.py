@@ -24,7 +24,7 @@ FAST = 0.1  # seconds: meets a 300 ms target
 SLOW = 0.5  # seconds: misses it
 START = 36_000.0  # a multiple of every bucket width (10 s, 60 s, 300 s)
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "gateway.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "gateway.md"
 
 
 def tracker(**kwargs: int) -> tuple[SloTracker, FakeClock, CollectorRegistry]:

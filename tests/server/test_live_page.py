@@ -383,7 +383,7 @@ def test_the_page_in_a_browser_follows_a_target_made_slow(sims: dict[str, Simula
 
 
 def test_the_docs_example_turns_the_page_on_for_an_admin_key() -> None:
-    text = (Path(__file__).resolve().parent.parent / "docs" / "observability.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
     (block,) = [b for b in re.findall(r"```toml\n(.*?)```", text, re.S) if "live_page" in b]
     example = tomllib.loads(block)
     example["providers"] = {"a": {"base_url": "https://a.invalid/v1", "api_key": "x"}}

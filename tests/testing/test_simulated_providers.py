@@ -22,7 +22,7 @@ from llmroute import AsyncOpenAI, ConfigError
 from llmroute._config import load_config
 from llmroute.testing import ca_pem_path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MESSAGES = [{"role": "user", "content": "Hello!"}]
 
 SIMULATED = """

@@ -31,8 +31,8 @@ from llmroute.tiers._eval import cross_validate
 from llmroute.tiers._features import capped, embed, ngram_vector
 from llmroute.tiers._model import _temperature
 
-DATA = Path(__file__).parent / "data" / "tiers_small.jsonl"
-ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def chat(text: str, **extra: object) -> dict[str, object]:

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("wordllama")
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def load_benchmark() -> ModuleType:
@@ -49,7 +49,7 @@ def test_quick_run_prints_three_arms_and_the_goals(
 ) -> None:
     bench = load_benchmark()
     # Tiny: 8 prompts once per arm, TTFTs of 5 and 15 ms; the 48 test examples to fit on.
-    train = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    train = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
     status = bench.main(
         [
             "--quick",

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("wordllama")  # the tiers extra (numpy): not in the openai 2.x environment
 pytest.importorskip("yaml")  # the tiers extra brings it (huggingface-hub); the script reads YAML
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "tiers_datasets.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "tiers_datasets.py"
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_routing_shares_trade_simple_for_hard_as_the_band_rises(
 ):
     from llmroute.tiers import FeatureSpec, examples_from, fit
 
-    data = Path(__file__).parent / "data" / "tiers_small.jsonl"
+    data = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
     rows = [json.loads(line) for line in data.read_text("utf-8").splitlines() if line.strip()]
     pairs = [(row["text"], row["label"]) for row in rows if "text" in row]
     train, test = datasets.split(pairs)

@@ -438,7 +438,7 @@ def test_a_wrong_allowed_tier_is_a_sentence_naming_the_key() -> None:
     # allow alone (beside a fitted classifier or an examples file) is no empty class
     _load(
         {
-            "examples": str(Path(__file__).parent / "data" / "tiers_small.jsonl"),
+            "examples": str(Path(__file__).parents[1] / "data" / "tiers_small.jsonl"),
             "classes": {"hard": {"allow": ["chat-small"]}},
         }
     )

@@ -11,7 +11,7 @@ from llmroute.cli import main
 
 pytest.importorskip("wordllama")  # the tiers extra: not in the openai 2.x environment
 
-DATA = Path(__file__).parent / "data" / "tiers_small.jsonl"
+DATA = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
 
 
 @pytest.fixture(scope="module")

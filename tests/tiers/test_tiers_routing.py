@@ -27,7 +27,7 @@ from llmroute.tiers import fit, read_examples
 
 from ..conftest import KEY
 
-DATA = Path(__file__).parent / "data" / "tiers_small.jsonl"
+DATA = Path(__file__).parents[1] / "data" / "tiers_small.jsonl"
 SIMPLE = [{"role": "user", "content": "hi there, how are you?"}]
 HARD = [
     {
