@@ -33,7 +33,7 @@ FRAMEWORKS_instructor := instructor
 # would double make test's time (the whole suite on openai 2.x took 20 min on a loaded 2-core
 # machine, this part about a third of it). New test modules run on both majors by default.
 OPENAI2_SKIP := $(FRAMEWORKS) \
-	tests/sglang/test_sglang_launcher.py tests/testing/test_sglang_standin.py \
+	tests/sglang/test_sglang_launcher.py tests/sglang/test_sglang_standin.py \
 	tests/sglang/test_sglang_gateway.py tests/sglang/test_sglang_presets.py \
 	tests/sglang/test_sglang_metrics.py tests/cli/test_cli_sglang.py tests/cli/test_cli_cache.py \
 	tests/cli/test_cli_demo.py tests/cli/test_cli_bench.py tests/cli/test_cli_chat.py \
