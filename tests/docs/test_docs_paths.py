@@ -2,8 +2,8 @@
 
 In README.md and docs/*.md, every relative link (``[text](../x)``) and every path whose first
 part is one of the repository's top-level folders (``llmroute/server/_app.py``,
-``benchmarks/x.py``, ``tests/test_*.py``), in prose, backticks or code blocks, names a file or
-folder that exists (a pattern: one that matches). Such a path is read from the repository's
+``benchmarks/x.py``, ``tests/routing/test_*.py``), in prose, backticks or code blocks, names a
+file or folder that exists (a pattern: one that matches). Such a path is read from the repository's
 root; one that starts with ``../`` from the doc's own folder, and it must stay in the repository.
 A link to a heading (``[x](routing.md#mid-stream-breaks)``, ``[x](#options)``) names a heading
 of that page, by GitHub's rule for a heading's anchor.

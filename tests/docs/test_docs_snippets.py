@@ -14,7 +14,7 @@ only parsed. Every other block is checked as a reader would use it (tests/README
   ``LLMROUTE_GATEWAY_KEY`` set (docs/gateway.md tells the reader to set it); sockets
   reach loopback only. A README block is a program (``asyncio.run(main())``); a docs/ block may
   use a top-level ``await``, run as ``python -m asyncio`` runs it. A block that begins with
-  ``# examples/NAME.py`` is that file's text (tests/test_examples.py runs the file). A
+  ``# examples/NAME.py`` is that file's text (tests/docs/test_examples.py runs the file). A
   ```` ```text output ```` block after a Python block (prose between them, no other block) is
   what that block prints: its output must be exactly that.
 """

@@ -71,7 +71,7 @@ def test_no_doc_names_an_internal_issue() -> None:
     ]
     assert len(DOCS) > 10  # the docs were found
     assert not named, (
-        "say what the thing is, not which issue asked for it (tests/test_docs_words.py):\n"
+        "say what the thing is, not which issue asked for it (tests/docs/test_docs_words.py):\n"
         + "\n".join(named)
     )
 

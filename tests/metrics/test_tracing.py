@@ -36,7 +36,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 
 def requests(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
-    """The requests' spans, without their attempts' child spans (tests/test_trace_hops.py)."""
+    """The requests' spans, not their attempts' child spans (tests/metrics/test_trace_hops.py)."""
     return [s for s in exporter.get_finished_spans() if not is_attempt(s)]
 
 
