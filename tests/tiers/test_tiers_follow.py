@@ -23,9 +23,9 @@ from llmroute.server import Gateway
 from llmroute.testing import Simulator
 from llmroute.tiers._model import Decision
 
-from . import test_tiers_routing
 from ..clock import FakeClock
 from ..conftest import KEY
+from . import test_tiers_routing
 from .test_tiers_routing import (
     HARD,
     LARGE,
