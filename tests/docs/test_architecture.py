@@ -16,6 +16,10 @@ The doc's checked parts, read here with ``ast`` only (nothing of llmroute is imp
 - **the upward imports**: the one fenced block whose info string is ``text upward`` lists, as
   ``A -> B  why``, each import that goes to a higher layer, which the doc names as an exception
   to "a module imports only modules of its own layer or a lower one".
+- **the names**: anywhere in the doc, a ``Class.attr`` in backticks whose class is defined in
+  llmroute/ names something that class (or an llmroute base of it) defines, and a private name
+  (``_serve``, ``_Run``) is defined somewhere in llmroute/; other names (openai's, httpx's) are
+  not checked.
 
 The test says what the code has and the doc does not (and the reverse), all at once, each line
 saying what to change in the doc.
@@ -181,13 +185,13 @@ class Code:
             elif path.endswith("/__init__.py") and path.rsplit("/", 1)[0] in by_file:
                 self.doors.add(path)
             else:
-                package = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+                package = path.rsplit("/", 1)[0] + "/" if "/" in path else ""  # drawn by file
                 self.problems.append(
                     f"add a row for `{path}` (one line: what it is) to its layer's table under "
                     "## Layers"
                     + (
                         f", or draw `{package}` whole"
-                        if package and package not in self.rows
+                        if package and package.rstrip("/") not in by_file
                         else ""
                     )
                 )
@@ -235,6 +239,11 @@ class Code:
             for source in sources
             for t in self.edges[source]
         )
+
+
+def _exists(module: str) -> bool:
+    """Whether the map's ``module`` (a file, or a package ending in ``/``) is in llmroute/."""
+    return (PACKAGE / module).is_file() or (PACKAGE / module / "__init__.py").is_file()
 
 
 def check(text: str) -> list[str]:
@@ -285,6 +294,12 @@ def check(text: str) -> list[str]:
                 for w in (a, b)
                 if w not in layer
             )
+        elif not (_exists(a) and _exists(b)):
+            problems.append(
+                f"{WHERE}:{line}: `{a} -> {b}`: "
+                + " and ".join(f"`{w}`" for w in (a, b) if not _exists(w))
+                + " is not in llmroute/ any more; name the module that took its place"
+            )
         elif not code.imports(a, b):
             problems.append(
                 f"{WHERE}:{line}: remove `{a} -> {b}` from the upward imports: {a} does not "
@@ -303,6 +318,73 @@ def check(text: str) -> list[str]:
                     f"move one of them to another layer, or add `{source} -> {target}  why` to "
                     "the ```text upward``` block"
                 )
+    return problems + misnamed(text)
+
+
+NAMED = re.compile(r"`((?:[A-Za-z_]\w*\.)?_?[A-Za-z_]\w*)(?:\([^`]*\))?`")
+
+
+@functools.cache
+def definitions() -> tuple[dict[str, set[str]], frozenset[str]]:
+    """Each class of llmroute/ with the names defined in it (methods, class attributes,
+    ``self.x`` set in its methods, and its llmroute bases' names), and every name defined
+    anywhere in llmroute/ (functions, methods, classes, module-level assignments)."""
+    classes: dict[str, set[str]] = {}
+    bases: dict[str, set[str]] = {}
+    names: set[str] = set()
+    for path in modules():
+        tree = ast.parse((PACKAGE / path).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                own = classes.setdefault(node.name, set())
+                bases.setdefault(node.name, set()).update(
+                    b.id for b in node.bases if isinstance(b, ast.Name)
+                )
+                for item in ast.walk(node):
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                        own.add(item.name)
+                    elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
+                        own.add(item.attr)
+                    elif isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store):
+                        own.add(item.id)
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AnnAssign):
+                targets = [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    for name in classes:  # a class's llmroute bases' names are its own too
+        todo, seen = list(bases[name]), set()
+        while todo:
+            base = todo.pop()
+            if base in classes and base not in seen:
+                seen.add(base)
+                classes[name] |= classes[base]
+                todo.extend(bases[base])
+    return classes, frozenset(names)
+
+
+def misnamed(text: str) -> list[str]:
+    """The doc's names of llmroute's code that the code does not have: ``Class.attr`` of a class
+    defined in llmroute/, and private names (``_serve``, ``_Run``) anywhere."""
+    classes, names = definitions()
+    problems = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        for match in NAMED.finditer(line):
+            written = match.group(1)
+            owner, _, attr = written.rpartition(".")
+            if owner and owner in classes and attr not in classes[owner]:
+                problems.append(
+                    f"{WHERE}:{number}: `{written}`: llmroute's class {owner} has no {attr}; "
+                    "name what the code calls it, or remove it"
+                )
+            elif not owner and written.startswith("_") and not written.startswith("__"):
+                if written not in names:
+                    problems.append(
+                        f"{WHERE}:{number}: `{written}` is defined nowhere in llmroute/; name what "
+                        "the code calls it, or remove it"
+                    )
     return problems
 
 
@@ -321,7 +403,10 @@ def test_the_check_finds_a_missing_module_a_false_arrow_and_an_upward_import() -
     module = ROW.match(first_row).group(1)  # type: ignore[union-attr]
     broken = text.replace(first_row + "\n", "", 1)
     broken += "\n```text imports\ntransport/ -> server/  a false arrow\n```\n"
+    broken += "\n`Dispatch.no_such_stage` and `_no_such_helper()`\n"
     problems = check(broken)
+    assert any("class Dispatch has no no_such_stage" in p for p in problems)
+    assert any("`_no_such_helper` is defined nowhere" in p for p in problems)
     assert any(f"add a row for `{module}`" in p or f"draw `{module}`" in p for p in problems)
     assert any("transport/ does not import server/" in p for p in problems)
     upward = drawn.upward
