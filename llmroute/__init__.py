@@ -1,7 +1,6 @@
 """llmroute: a drop-in OpenAI client that gets the first token sooner."""
 
 from ._client import AsyncOpenAI
-from ._config import Config, ConfigError
 from ._errors import (
     AllTargetsFailed,
     APIConnectionError,
@@ -30,6 +29,7 @@ from ._streaming import AsyncStream
 from ._sync import OpenAI, Stream
 from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._version import __version__
+from .config import Config, ConfigError
 from .routing.policies import (
     FailoverPolicy,
     FastestPolicy,

@@ -8,7 +8,9 @@ import httpx
 import pytest
 
 from llmroute._catalog import Continuation, load_catalog
-from llmroute._config import (
+from llmroute._errors import OpenAIError
+from llmroute._routes import route_for
+from llmroute.config import (
     Config,
     ConfigError,
     ProviderConfig,
@@ -19,8 +21,6 @@ from llmroute._config import (
     parse_duration,
     resolve,
 )
-from llmroute._errors import OpenAIError
-from llmroute._routes import route_for
 
 SECRET = "sk-llmroute-test-7f3a9c-DO-NOT-SHOW"
 ENV = {"DEEPSEEK_API_KEY": "sk-deepseek", "OPENAI_API_KEY": "sk-openai", "MINE_KEY": "sk-mine"}

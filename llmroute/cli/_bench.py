@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from .. import AsyncOpenAI
-    from .._config import Config, SimulatorAddress
     from .._simulated import SimulatedProviders
+    from ..config import Config, SimulatorAddress
 
 __all__ = ["LENGTHS", "Sample", "prompt_for", "register", "summarize"]
 
@@ -458,8 +458,8 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             if missing:
                 return _missing(missing, endpoints)
             return await _measure(console, selected, lengths, args, "simulated providers")
-    from .._config import ConfigError, load_config
     from .._simulated import SimulatedProviders
+    from ..config import ConfigError, load_config
 
     try:
         config = load_config(args.config)
@@ -484,7 +484,7 @@ async def _bench_config(
     lengths: list[str],
     args: argparse.Namespace,
 ) -> int:
-    from .._config import ConfigError
+    from ..config import ConfigError
 
     try:
         endpoints = _config_endpoints(config, args.verify, simulated.addresses)
@@ -515,7 +515,7 @@ def _routed_endpoint(
 ) -> tuple[_Endpoint, list[str]]:
     """The route ``name`` of ``config`` (or its only route when ``name`` is empty) as one
     endpoint, with the targets it may send to. Raises ConfigError naming the routes there are."""
-    from .._config import ConfigError, resolve
+    from ..config import ConfigError, resolve
 
     resolved = resolve(config, simulated=simulated)
     names = [*resolved.routes, *config.tiered]
@@ -580,7 +580,7 @@ def _config_endpoints(
 
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
-    from .._config import resolve, route_config
+    from ..config import resolve, route_config
     from ..protocols import adapter_for
     from ..server._secrets import provider_secrets
 
