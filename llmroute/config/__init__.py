@@ -21,8 +21,8 @@ file, the dotted key and what was expected; API keys never appear in errors or r
 
 The modules: ``_sdk`` (the SDK's tables and :class:`Config`), ``_providers`` (provider tables),
 ``_gateway`` (``[gateway]``, its keys, tenants and teams, ``keys_file``), ``_resolve`` (reading a
-config and resolving it), ``_values`` (durations, sizes, targets) and ``_messages`` (the error
-sentences).
+config and resolving it), ``_values`` (durations, sizes, targets), ``_messages`` (the error
+sentences) and ``_retired`` (keys that no longer do anything: a warning, not an error).
 """
 
 from __future__ import annotations

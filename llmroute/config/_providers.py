@@ -89,14 +89,12 @@ class ProviderConfig(BaseModel):
     """Response headers naming the vendor's request id, tried before ``x-request-id``."""
     continuation: Continuation | None = None
     protocol: Literal["openai", "anthropic"] | None = None
-    prompt_caching: Literal["none", "automatic", "explicit"] | None = None
     stream_usage: bool | None = None
     stream_usage_continuous: bool | None = None
     responses: bool | None = None
     responses_stored: bool | None = None
     self_hosted: bool | None = None
     display_name: str | None = None
-    docs: str | None = None
     verify: Annotated[bool | str | None, BeforeValidator(verify_input)] = None
     """TLS trust of this provider's ``https://`` base URL: ``true`` (the system's roots or
     ``SSL_CERT_FILE``), ``false`` (no verification: for a test server only), or the path of a CA

@@ -18,6 +18,7 @@ import pydantic
 from .._catalog import ProviderSpec, format_validation_error, load_catalog
 from ._messages import DEFAULT_SOURCE, ConfigError, describe, dotted, read_toml, show
 from ._providers import SIMULATOR, ProviderConfig
+from ._retired import drop_retired
 from ._sdk import (
     CacheSettings,
     Config,
@@ -396,7 +397,7 @@ def _load_file(path: str, *, missing: str) -> Config:
 def _validate(data: Mapping[str, Any], source: str) -> Config:
     load_catalog()
     try:
-        config = Config.model_validate(data)
+        config = Config.model_validate(drop_retired(data, source))
     except pydantic.ValidationError as exc:
         raise ConfigError(describe(exc, source, fields_at)) from None
     config._source = source
