@@ -41,7 +41,7 @@ from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
-from ..routing.seam import REASONING_FIELDS
+from ..routing.splice import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._admin import AdminError, KeysAdmin
