@@ -13,7 +13,7 @@ from typing import Any
 
 import pydantic
 from openai import OpenAIError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from .._catalog import format_validation_error
 
@@ -123,62 +123,73 @@ def describe(
     for index, err in enumerate(errors):
         given = err["loc"]
         loc = ("models", *given[1:]) if given[:1] == ("tiered",) else given  # as written
-        kind = err["type"]
-        ctx: dict[str, Any] = err.get("ctx") or {}
-        key = dotted(loc)
-        # A key pasted in the wrong place must not be echoed: inputs under api_key, api_key_env
-        # or headers, and whole provider entries, are never shown.
-        secret = (
-            "api_key" in loc
-            or "api_key_env" in loc
-            or "api_key_env_fallbacks" in loc
-            or "headers" in loc
-            or "sha256" in loc
-            or "env" in loc
-            or (len(loc) == 2 and loc[0] == "providers")
-        )
-        got = "" if secret else f", got {show(err.get('input'))}"
         if "[key]" in loc and loc[:2] in (("gateway", "keys"), ("gateway", "tenants")):
             # A gateway key's name that is no name may be the key itself: never echoed.
-            where = dotted(loc[:2])
             lines.append(
-                f"{source}: {where}: a key's name is letters, digits, '.', '_' and '-' (at "
-                "most 64); one is not (it is not shown: it may be a key)"
+                f"{source}: {dotted(loc[:2])}: a key's name is letters, digits, '.', '_' and '-' "
+                "(at most 64); one is not (it is not shown: it may be a key)"
             )
             continue
-        if kind == _ERROR_TYPE:
-            key = _join(key, str(ctx.get("key", "")))
-            what = str(ctx.get("message", err["msg"]))
-        elif kind == "literal_error":
-            expected = str(ctx.get("expected", ""))
-            what = f"expected {expected}{got}"
-            if not secret:
-                what += suggest(err.get("input"), re.findall(r"'([^']*)'", expected))
-        elif kind == "missing":
-            what = "required key is missing"
-        elif kind == "extra_forbidden":
-            known = fields_at(given[:-1]) if fields_at is not None else []
-            what = "unknown key" + suggest(loc[-1], known)
-        elif kind in _EXPECTED:
-            what = _EXPECTED[kind] + got
-        elif kind in _BOUNDS:
-            name, words = _BOUNDS[kind]
-            bound = ctx.get(name)
-            if isinstance(bound, float) and bound.is_integer():
-                bound = int(bound)
-            what = f"expected a number {words} {bound}{got}"
-        elif kind == "too_short":
-            what = (
-                f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
-            )
-        else:
+        key = dotted(loc)
+        if err["type"] == _ERROR_TYPE:
+            key = _join(key, str((err.get("ctx") or {}).get("key", "")))
+        what = _fault(err, loc, fields_at)
+        if what is None:  # pydantic's own words, where they show no secret
             written = ".".join(str(part) for part in loc if part != "")
             prefix = f"{source}: {written or '(top level)'}: "
             line = base[index] if len(base) == len(errors) else ""
-            safe = not secret and not isinstance(err.get("input"), Mapping | list)
+            safe = not _secret(loc) and not isinstance(err.get("input"), Mapping | list)
             what = line.removeprefix(prefix) if safe and line.startswith(prefix) else err["msg"]
         lines.append(f"{source}: {key or '(top level)'}: {what}")
     return "\n".join(lines)
+
+
+def _secret(loc: Sequence[str | int]) -> bool:
+    """A key pasted in the wrong place must not be echoed: inputs under api_key, api_key_env,
+    headers, sha256 or env, and whole provider entries, are never shown."""
+    return (
+        "api_key" in loc
+        or "api_key_env" in loc
+        or "api_key_env_fallbacks" in loc
+        or "headers" in loc
+        or "sha256" in loc
+        or "env" in loc
+        or (len(loc) == 2 and loc[0] == "providers")
+    )
+
+
+def _fault(
+    err: ErrorDetails,
+    loc: Sequence[str | int],
+    fields_at: Callable[[Sequence[str | int]], list[str]] | None,
+) -> str | None:
+    """One error's fault in a config's words; ``None`` for a kind without words of ours."""
+    kind = err["type"]
+    ctx: dict[str, Any] = err.get("ctx") or {}
+    secret = _secret(loc)
+    got = "" if secret else f", got {show(err.get('input'))}"
+    if kind == _ERROR_TYPE:
+        return str(ctx.get("message", err["msg"]))
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", ""))
+        hint = "" if secret else suggest(err.get("input"), re.findall(r"'([^']*)'", expected))
+        return f"expected {expected}{got}{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        known = fields_at(err["loc"][:-1]) if fields_at is not None else []
+        return "unknown key" + suggest(loc[-1], known)
+    if kind in _EXPECTED:
+        return _EXPECTED[kind] + got
+    if kind in _BOUNDS:
+        name, words = _BOUNDS[kind]
+        bound = ctx.get(name)
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"expected a number {words} {bound}{got}"
+    if kind == "too_short":
+        return f"expected at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    return None
 
 
 def read_toml(path: str, *, missing: str) -> dict[str, Any]:
