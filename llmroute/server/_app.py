@@ -54,6 +54,7 @@ from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
+from ._spend import Prices, PriceUnknown, money_problem
 from ._tenants import Managed, Tenant, Tenants, file_stamp
 from ._usage import fleet_exposition, usage_report
 from ._usage import new_usage as _new_usage
@@ -336,6 +337,9 @@ class GatewayApp:
         self._namespaces = _namespaces(self.settings, self.tenants.names)
         self.client = AsyncOpenAI(config=loaded, **client_options)  # its simulators start
         resolved = self.client._llmroute.resolved
+        self.prices = Prices(loaded, resolved.providers)  # money budgets and spend
+        if (problem := money_problem(loaded, self.tenants, self.prices)) is not None:
+            raise ConfigError(problem)
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
@@ -715,13 +719,14 @@ class GatewayApp:
         model: str,
         estimate: Callable[[], int],
         work: Callable[[], Awaitable[None]],
+        money: Callable[[], int] | None = None,
     ) -> None:
         """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
         limits (its own, its team's, the model's), or refuse (429; 503 without Redis)."""
         key = exchange.key
         tenant = exchange.tenant
         assert tenant is not None
-        decided = await self.admission.enter(tenant, model, estimate)
+        decided = await self.admission.enter(tenant, model, estimate, money)
         if isinstance(decided, Refusal):
             self.metrics.rejections.labels(key, decided.reason).inc()
             raise _Refused(
@@ -812,6 +817,9 @@ class GatewayApp:
         def estimate() -> int:
             return _prompt_estimate(body, kind) + answer_room(body, kind)
 
+        def money() -> int:
+            return self.prices.estimate(model, body, kind)
+
         async def work() -> None:
             tally = _Tally(body, kind)
             admitted = time.monotonic()
@@ -822,7 +830,7 @@ class GatewayApp:
                 assert exchange.ticket is not None
                 await self._settle(exchange, exchange.ticket, tally)
 
-        await self._enter(exchange, model, estimate, work)
+        await self._enter(exchange, model, estimate, work, money)
 
     def _usable(self, tenant: Tenant) -> list[str]:
         """The routes ``tenant`` may use: the only names its 404 may suggest (a key limited to
@@ -906,6 +914,7 @@ class GatewayApp:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "cache_hits": int(tally.cache_hit),
+            "spend_nanos": (cost := self._cost(exchange, tally, prompt, completion)) or 0,
         }
         for name, value in added.items():
             usage[name] += value
@@ -915,8 +924,19 @@ class GatewayApp:
             self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
         if completion:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
-        alerts = await self.admission.leave(ticket, prompt + completion, usage_increments(added))
+        alerts = await self.admission.leave(
+            ticket, prompt + completion, usage_increments(added), cost
+        )
         self._alerted(alerts)
+
+    def _cost(self, exchange: _Exchange, tally: _Tally, prompt: int, completion: int) -> int | None:
+        """What the request cost (nano-dollars; ``None`` when it cannot be priced)."""
+        report = exchange.report
+        winner = report.winner if report is not None else None
+        try:
+            return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
+        except PriceUnknown:
+            return None
 
     def _count_call(self, exchange: _Exchange) -> None:
         """An API call of a key that did not reach an answer's accounting (refused before it,
