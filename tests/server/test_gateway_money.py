@@ -138,6 +138,12 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"{what}: not seen in {TRIES} polls")
 
 
+def streamed_usage(answer: httpx.Response) -> dict[str, Any]:
+    """A stream's last ``usage``."""
+    events = [json.loads(line[6:]) for line in answer.text.splitlines() if line[6:7] == "{"]
+    return [e["usage"] for e in events if e.get("usage")][-1]
+
+
 def dearest(body: dict[str, Any]) -> int:
     """The estimate the gateway admits ``body`` on: a token a byte of its JSON and its
     ``max_tokens``, at ``dear``'s prices (the dearer target of ``chat``)."""
@@ -227,7 +233,13 @@ def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
     """Eight requests at once, four on each replica, each held before its first token: the
     budget holds three dearest costs and a half, so exactly three are admitted (the admission
     script is atomic across replicas), and once they answer their real costs are counted."""
-    held = {"model": "held", "messages": MESSAGES, "max_tokens": 50}
+    held = {
+        "model": "held",
+        "messages": MESSAGES,
+        "max_tokens": 50,
+        "stream": True,  # held before its first token (a whole answer is not)
+        "stream_options": {"include_usage": True},
+    }
     size = len(json.dumps(held, ensure_ascii=False).encode())
     estimate = 1000 * size + 2000 * 50
     budget = estimate * 7 // 2
@@ -248,7 +260,7 @@ def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
         sim.release()
         answers = [f.result() for f in futures if f.result().status_code == 200]
         assert len(answers) == 3
-        cost = sum(1000 * a.json()["usage"]["prompt_tokens"] + 2000 * REPLY for a in answers)
+        cost = sum(1000 * streamed_usage(a)["prompt_tokens"] + 2000 * REPLY for a in answers)
         wait_for(lambda: spent(second) == cost, "the real costs counted")
         assert spent(first) == cost <= budget
 
