@@ -297,3 +297,73 @@ def test_budget_usd_needs_its_period() -> None:
     problem = key_settings_problem(KeySettings(budget_usd="0.5"), [])
     assert problem is not None and problem[0] == "budget_period"
     assert "budget_usd needs a budget_period" in problem[1]
+
+
+def test_a_team_made_over_the_admin_api_with_budget_usd_is_never_served_free(
+    redis_url: str, sims: dict[str, Simulator]
+) -> None:
+    """A team with ``budget_usd`` made over the admin API (the start could not check it),
+    its key's requests to a route with a priced target and an unpriced one: 400
+    ``model_not_priced`` naming the target, nothing sent; to a priced route, served and
+    counted. The team reads back with its budget as an exact decimal string, on either
+    replica."""
+    config = config_for(sims, {}, redis_url)
+    config["providers"]["dear"]["prices"] = {}
+    admin = {"authorization": f"Bearer {KEYS['admin']}"}
+    with (
+        Gateway(config, environ=ENVIRON, max_retries=0) as first,
+        Gateway(config, environ=ENVIRON, max_retries=0) as second,
+        httpx.Client(timeout=DEADLINE) as client,
+    ):
+        team = {"budget_usd": "0.01", "budget_period": PERIOD}
+        made = client.put(root(first) + "/admin/teams/spenders", json=team, headers=admin)
+        assert made.status_code in (200, 201), made.text
+        key = client.post(
+            root(first) + "/admin/keys", json={"name": "spender", "team": "spenders"}, headers=admin
+        )
+        assert key.status_code == 201, key.text
+        secret = key.json()["key"]
+        wait_for(
+            lambda: (
+                client.get(root(second) + "/admin/teams/spenders", headers=admin)
+                .json()
+                .get("limits", {})
+                .get("budget_usd")
+                == "0.01"
+            ),
+            "the team on the other replica",
+        )
+        shown = client.get(root(second) + "/admin/teams/spenders", headers=admin).json()
+        assert shown["limits"]["budget_usd"] == "0.01"
+        asked = {"model": "chat", "messages": MESSAGES, "max_tokens": 10}
+        sent = sims["cheap"].stats()["requests"]
+
+        def ask(replica: Gateway, body: dict[str, Any]) -> httpx.Response:
+            return client.post(
+                replica.base_url + "/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {secret}"},
+            )
+
+        wait_for(lambda: ask(second, asked).status_code == 400, "the key on the other replica")
+        refused = ask(second, asked)
+        error = refused.json()["error"]
+        assert error["code"] == "model_not_priced"
+        assert "Team 'spenders' (key 'spender') has a budget in USD" in error["message"]
+        assert "no price is known for target 'dear:sim-small'" in error["message"]
+        assert sims["cheap"].stats()["requests"] == sent
+        served = ask(first, {**asked, "model": "slow", "max_tokens": 3})
+        assert served.status_code == 200, served.text
+        tokens = served.json()["usage"]
+        cost = 1000 * tokens["prompt_tokens"] + 2000 * tokens["completion_tokens"]
+        wait_for(
+            lambda: (
+                client.get(root(second) + "/admin/usage", headers=admin).json()["teams"][
+                    "spenders"
+                ]["limits"]["budget_spent_nanos"]
+                == cost
+            ),
+            "the team's spend",
+        )
+        used = client.get(root(second) + "/admin/usage", headers=admin).json()
+        assert used["teams"]["spenders"]["spend_nanos"] == cost
