@@ -172,11 +172,17 @@ class Admission:
             await self._leases.renew(ticket.key, ticket.slot)
 
     async def leave(
-        self, ticket: Ticket, tokens: int, usage: Sequence[int], money: int | None = None
+        self,
+        ticket: Ticket,
+        tokens: int,
+        usage: Sequence[int],
+        money: int | None = None,
+        target: str = "",
     ) -> tuple[Alert, ...]:
         """The request ended having used ``tokens`` and cost ``money`` (nano-dollars): its
         slot freed, its scopes corrected, ``usage`` (:data:`~._limits.USAGE_FIELDS`'
-        increments) counted for the fleet. Returns the soft limits the correction reached."""
+        increments) counted for the fleet, its spend under ``target``. Returns the soft limits
+        the correction reached."""
         grant = ticket.grant
         if ticket.local:
             await self._slots.release(ticket.key, ticket.slot)
@@ -185,7 +191,7 @@ class Admission:
         alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                alerts = await self._shared.finish(grant, tokens, usage, money)
+                alerts = await self._shared.finish(grant, tokens, usage, money, target)
         except self._shared.unreachable as exc:
             self._shared.failed(exc)  # the slot's lease ends by itself; the estimate stands
         except self._shared.errors as exc:

@@ -49,7 +49,7 @@ from ._admission import Admission, Ticket, usage_increments
 from ._alerts import SoftLimits
 from ._auth import KeyRing
 from ._keystore import FileKeyStore, KeyStore, RedisKeyStore, StoreConflict, StoreUnavailable
-from ._limits import Alert, Refusal
+from ._limits import TARGET_SPEND, Alert, Refusal
 from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
@@ -916,8 +916,11 @@ class GatewayApp:
             "cache_hits": int(tally.cache_hit),
             "spend_nanos": (cost := self._cost(exchange, tally, prompt, completion)) or 0,
         }
+        target = _priced_target(exchange.report) if cost else ""
         for name, value in added.items():
             usage[name] += value
+        if target:
+            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + (cost or 0)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:
@@ -925,14 +928,13 @@ class GatewayApp:
         if completion:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
         alerts = await self.admission.leave(
-            ticket, prompt + completion, usage_increments(added), cost
+            ticket, prompt + completion, usage_increments(added), cost, target
         )
         self._alerted(alerts)
 
     def _cost(self, exchange: _Exchange, tally: _Tally, prompt: int, completion: int) -> int | None:
         """What the request cost (nano-dollars; ``None`` when it cannot be priced)."""
-        report = exchange.report
-        winner = report.winner if report is not None else None
+        winner = _priced_target(exchange.report)
         try:
             return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
         except PriceUnknown:
@@ -1630,6 +1632,12 @@ class _Tally:
         prompt = self.prompt if self.prompt is not None else _prompt_estimate(self.body, self.kind)
         completion = self.completion if self.completion is not None else self.chunks
         return prompt, completion
+
+
+def _priced_target(report: RouteReport | None) -> str:
+    """The target whose answer a request is charged at (``""``: none known)."""
+    winner = report.winner if report is not None else None
+    return winner if winner is not None and winner != "cache" else ""
 
 
 def _key_store(config: Config) -> tuple[KeyStore | None, Managed | None]:

@@ -709,7 +709,8 @@ return out
 #       hash, budget counter (or ''), soft-limit flag, money budget counter (or '').
 # ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's six
 #       increments (USAGE_FIELDS), the money's correction (nano-dollars, signed), the key's
-#       name; then per scope: soft-limit tokens (0: none), budget's ttl.
+#       name, the target its spend is counted under ('': none); then per scope: soft-limit
+#       tokens (0: none), budget's ttl.
 # Corrects an estimate where it is still counted (never below 0), frees the slot and counts the
 # usage. Returns per scope {soft limit reached (1), spent}. Every argument is checked (whole
 # numbers of at most 15 digits, the corrections signed) before the first write: an error
@@ -728,10 +729,10 @@ end
 if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
   return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
 end
-if #ARGV ~= 13 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
+if #ARGV ~= 14 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
   return redis.error_reply('llmroute limits: arguments do not match the scopes')
 end
-for i = 14, #ARGV do
+for i = 15, #ARGV do
   if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
   end
@@ -743,12 +744,15 @@ if ARGV[5] == '1' then
   for i = 1, 6 do
     if ARGV[5 + i] ~= '0' then redis.call('HINCRBY', KEYS[2], names[i], ARGV[5 + i]) end
   end
+  if ARGV[14] ~= '' and ARGV[11] ~= '0' then
+    redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[14], ARGV[11])
+  end
   redis.call('SADD', KEYS[3], ARGV[13])
 end
 local delta, change = tonumber(ARGV[3]), tonumber(ARGV[12])
 local out = {}
 for i = 0, tonumber(ARGV[4]) - 1 do
-  local k, a = 4 + 4 * i, 14 + 2 * i
+  local k, a = 4 + 4 * i, 15 + 2 * i
   local reached, spent = 0, -1
   if delta ~= 0 then
     if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
@@ -788,6 +792,8 @@ USAGE_FIELDS = (
 )
 """A key's usage counters, in Redis and in ``GET /admin/usage`` (``spend_nanos``: what its
 requests cost, in nano-dollars, where its model names' targets have prices)."""
+TARGET_SPEND = "spend_nanos@"
+"""A key's usage counter of its spend at one target: this and the target's name."""
 
 
 class RedisLimits:
@@ -946,10 +952,12 @@ class RedisLimits:
         tokens: int,
         usage: Sequence[int] | None = None,
         money: int | None = None,
+        target: str = "",
     ) -> tuple[Alert, ...]:
         """One script when a request ends: its tokens (and its ``money``, nano-dollars)
         corrected in each scope, its slot freed, ``usage`` (:data:`USAGE_FIELDS`' increments)
-        added to the key's; raises :attr:`errors` when Redis cannot be reached."""
+        added to the key's (its spend under ``target`` too); raises :attr:`errors` when Redis
+        cannot be reached."""
         delta = clamp(tokens) - grant.reserved
         change = clamp_money(money) - grant.money if money is not None else 0
         keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
@@ -957,7 +965,7 @@ class RedisLimits:
         if usage is not None:
             counts = [str(clamp(n)) for n in usage[:-1]] + [str(clamp_money(usage[-1]))]
         args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
-        args += ["1" if usage is not None else "0", *counts, change, grant.key]
+        args += ["1" if usage is not None else "0", *counts, change, grant.key, target]
         now = self._clock()
         for scope, period in grant.counted:
             own = self._scope_keys(scope.id, period)
@@ -992,6 +1000,11 @@ class RedisLimits:
         hashes: list[dict[bytes, bytes]] = await self._calls.run(read) if keys else []
         return {
             name: {f: int(counters.get(f.encode(), 0)) for f in USAGE_FIELDS}
+            | {
+                f.decode(): int(v)
+                for f, v in counters.items()
+                if f.startswith(TARGET_SPEND.encode())
+            }
             for name, counters in zip(names, hashes, strict=True)
         }
 

@@ -125,9 +125,9 @@ class Prices:
                 dearest = max(dearest, self._cost(target, usage, day))
         return dearest
 
-    def request_cost(self, model: str, winner: str | None, prompt: int, completion: int) -> int:
+    def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``
-        tokens at the price of ``winner`` (the target that answered; unknown: the dearest).
+        tokens at the price of ``winner`` (the target that answered; ``""``: the dearest).
 
         The one place a request's cost is reckoned: the cost of its cancelled hedges, retries
         and continuations is to be added here once the route report carries them (today the

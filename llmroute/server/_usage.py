@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from ._admission import Admission
-from ._limits import USAGE_FIELDS, Counts
+from ._limits import TARGET_SPEND, USAGE_FIELDS, Counts
 from ._tenants import NANOS, Scope, Tenants, team_scope
 
 __all__ = ["fleet_exposition", "new_usage", "usage_report"]
@@ -49,6 +49,19 @@ def _limits(scope: Scope, counts: Counts) -> dict[str, Any]:
     return out
 
 
+def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
+    """A key's figures with its spend in dollars, in all and by target (``spend_by_target``:
+    the target that answered -> its cost, a decimal string)."""
+    by_target = {
+        name[len(TARGET_SPEND) :]: usd(int(figures.pop(name)))
+        for name in sorted(figures)
+        if name.startswith(TARGET_SPEND)
+    }
+    figures["spend_usd"] = usd(int(figures.get("spend_nanos", 0)))
+    figures["spend_by_target"] = by_target
+    return figures
+
+
 def usd(nanos: int) -> str:
     """Nano-dollars as a decimal string of dollars (``"0.000123"``): exact, unlike a float."""
     return f"{(Decimal(nanos) / NANOS).normalize():f}"
@@ -73,10 +86,9 @@ async def usage_report(
     figures: Mapping[str, Mapping[str, int]] = fleet if fleet is not None else replica
     keys: dict[str, Any] = {}
     for name, tenant in tenants.by_name.items():
-        entry: dict[str, Any] = dict(figures.get(name) or new_usage())
-        entry["spend_usd"] = usd(int(entry.get("spend_nanos", 0)))
+        entry = _with_spend(dict(figures.get(name) or new_usage()))
         if fleet is not None:
-            entry["replica"] = dict(replica.get(name) or new_usage())
+            entry["replica"] = _with_spend(dict(replica.get(name) or new_usage()))
         if tenant.team is not None:
             entry["team"] = tenant.team.name
         own = next((s for s in tenant.scopes if s.id == name), None)
@@ -93,7 +105,7 @@ async def usage_report(
         keys[name] = entry
     for name, gone in figures.items():  # keys revoked since
         if name not in keys:
-            keys[name] = dict(gone) | {"revoked": True}
+            keys[name] = _with_spend(dict(gone)) | {"revoked": True}
     teams: dict[str, Any] = {}
     for team_name, team in tenants.teams.items():
         members = sorted(

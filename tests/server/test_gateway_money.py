@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -223,6 +224,10 @@ def test_a_money_budget_is_spent_to_its_limit_and_no_further(
         assert fleet["limits"]["budget_spent_nanos"] == used == fleet["spend_nanos"]
         assert fleet["limits"]["budget_spent_usd"] == fleet["spend_usd"]
         assert priced(fleet) == used
+        # By target: the stream's at slow, the answers' at cheap (never at dear, the estimate's).
+        by_target = fleet["spend_by_target"]
+        assert set(by_target) == {"slow:sim-small", "cheap:sim-small"}
+        assert sum(Decimal(v) for v in by_target.values()) * 10**9 == used
     mine = [usage(replica, "replica")["spend_nanos"] for replica in two_replicas]
     assert sum(mine) == used
 
