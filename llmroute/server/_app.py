@@ -55,7 +55,7 @@ from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
 from ._spend import Prices, PriceUnknown, money_problem
-from ._tenants import Managed, Tenant, Tenants, file_stamp
+from ._tenants import NANOS, Managed, Tenant, Tenants, file_stamp
 from ._usage import fleet_exposition, usage_report
 from ._usage import new_usage as _new_usage
 from ._validate import InvalidField, check, load, shown
@@ -919,8 +919,9 @@ class GatewayApp:
         target = _priced_target(exchange.report) if cost else ""
         for name, value in added.items():
             usage[name] += value
-        if target:
-            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + (cost or 0)
+        if target and cost:
+            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + cost
+            self.metrics.spend.labels(exchange.key, target).inc(cost / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:

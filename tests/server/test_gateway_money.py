@@ -230,6 +230,20 @@ def test_a_money_budget_is_spent_to_its_limit_and_no_further(
         assert sum(Decimal(v) for v in by_target.values()) * 10**9 == used
     mine = [usage(replica, "replica")["spend_nanos"] for replica in two_replicas]
     assert sum(mine) == used
+    assert sum(spend_metric(replica) for replica in two_replicas) == pytest.approx(used / 10**9)
+
+
+def spend_metric(gateway: Gateway) -> float:
+    """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets."""
+    text = httpx.get(
+        root(gateway) + "/metrics",
+        headers={"authorization": f"Bearer {KEYS['admin']}"},
+        timeout=DEADLINE,
+    ).text
+    lines = [
+        line for line in text.splitlines() if line.startswith("llmroute_gateway_spend_usd_total{")
+    ]
+    return sum(float(line.rpartition(" ")[2]) for line in lines if 'key="payer"' in line)
 
 
 def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
