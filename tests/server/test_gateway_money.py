@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from llmroute import ConfigError
+from llmroute.cli import main
 from llmroute.server import Gateway, GatewayApp
 from llmroute.testing import Profile, Simulator
 
@@ -153,7 +154,9 @@ def dearest(body: dict[str, Any]) -> int:
 
 
 def test_a_money_budget_is_spent_to_its_limit_and_no_further(
-    two_replicas: tuple[Gateway, Gateway], sims: dict[str, Simulator]
+    two_replicas: tuple[Gateway, Gateway],
+    sims: dict[str, Simulator],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A stream its client cuts after five tokens is charged its prompt and what was sent;
     then whole answers, alternating replicas, each admitted on its dearest cost and charged
@@ -231,6 +234,10 @@ def test_a_money_budget_is_spent_to_its_limit_and_no_further(
     mine = [usage(replica, "replica")["spend_nanos"] for replica in two_replicas]
     assert sum(mine) == used
     assert sum(spend_metric(replica) for replica in two_replicas) == pytest.approx(used / 10**9)
+    # llmroute top shows a replica's spend per key.
+    assert main(["top", "--once", "--key", KEYS["admin"], root(first)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("payer ")]
+    assert rows[0].split()[-1] == f"${spend_metric(first):.4g}"
 
 
 def spend_metric(gateway: Gateway) -> float:
