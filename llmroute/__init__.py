@@ -30,6 +30,7 @@ from ._streaming import AsyncStream
 from ._sync import OpenAI, Stream
 from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._version import __version__
+from .routing.cheapest import CheapestPolicy
 from .routing.policies import (
     FailoverPolicy,
     FastestPolicy,
@@ -54,6 +55,7 @@ __all__ = [
     "AttemptReport",
     "AuthenticationError",
     "BadRequestError",
+    "CheapestPolicy",
     "Config",
     "ConfigError",
     "ConflictError",
