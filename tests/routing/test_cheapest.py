@@ -311,3 +311,35 @@ async def test_a_cheapest_route_buys_the_cheap_target_when_it_meets_the_goal(
         report = await ask(client, "chat", extra_body={"llmroute": {"ttft_target_ms": 150}})
         assert report.attempts[0].target == "dear:sim-small"
         assert report.winner == "dear:sim-small"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fast_priced", [True, False])
+async def test_a_hedge_in_money_goes_out_only_to_a_priced_target(
+    cheap_slow: Simulator, dear_fast: Simulator, fast_priced: bool
+) -> None:
+    def provider(sim: Simulator, priced: bool) -> dict[str, Any]:
+        prices = {"*": {"input": 1.0, "output": 4.0}} if priced else {}
+        return {"base_url": sim.base_url, "api_key": KEY, "prices": prices}
+
+    cfg = {
+        "providers": {"slow": provider(cheap_slow, True), "fast": provider(dear_fast, fast_priced)},
+        "models": {
+            "chat": {
+                "targets": ["slow:sim-small", "fast:sim-small"],
+                "policy": "fastest",
+                "hedge_budget_cost": 1.0,
+            }
+        },
+        "routing": {"explore": 0},
+    }
+    async with AsyncOpenAI(api_key=KEY, config=cfg, verify=dear_fast.ssl_context()) as client:
+        # Both unmeasured: the configured order, slow first; a goal of 100 ms is at risk at
+        # once, so a hedge to fast is wanted, and the budget in money decides.
+        report = await ask(client, "chat", extra_body={"llmroute": {"ttft_target_ms": 100}})
+    if fast_priced:
+        assert (report.hedges, report.hedges_denied) == (1, 0)
+        assert report.winner == "fast:sim-small"
+    else:  # a hedge of unknown price could cost anything: refused
+        assert (report.hedges, report.hedges_denied) == (0, 1)
+        assert report.winner == "slow:sim-small"
