@@ -62,7 +62,15 @@ __all__ = [
 ]
 
 Policy = Literal[
-    "fastest", "hedge", "race", "failover", "weighted", "prefix", "least-loaded", "round-robin"
+    "fastest",
+    "hedge",
+    "race",
+    "failover",
+    "weighted",
+    "prefix",
+    "least-loaded",
+    "round-robin",
+    "cheapest",
 ]
 Statistic = Literal["p50", "p95", "p99", "mean"]
 
@@ -81,6 +89,10 @@ class RouteConfig(BaseModel):
     """A percentile of the first target's live TTFT, or seconds."""
     hedge_budget: float = Field(default=0.1, ge=0, le=1)
     """The fraction of extra requests hedging may add."""
+    hedge_budget_cost: float | None = Field(default=None, ge=0, le=1)
+    """Instead of ``hedge_budget``: the fraction of extra spend hedging may add (0.1: about
+    10% more money than the first attempts' expected cost); a hedge to a dearer target takes
+    more of it, and a hedge to a target without a known price is refused."""
     max_hedges: int = Field(default=1, ge=0)
     """Extra attempts hedging may start per request."""
     race: int = Field(default=2, ge=1)
@@ -170,6 +182,17 @@ class RouteConfig(BaseModel):
         if self.weights is not None and len(self.weights) != count:
             raise invalid(
                 f"expected {count} numbers (one per target), got {len(self.weights)}", "weights"
+            )
+        if self.hedge_budget_cost is not None and "hedge_budget" in self.model_fields_set:
+            raise invalid(
+                "set hedge_budget (extra requests) or hedge_budget_cost (extra spend), not both",
+                "hedge_budget_cost",
+            )
+        if self.policy == "cheapest" and self.ttft_target is None:
+            raise invalid(
+                "required by policy = 'cheapest': the TTFT its cheapest target must meet, "
+                'e.g. "800ms"',
+                "ttft_target",
             )
         if self.policy == "weighted" and self.weights is None:
             raise invalid(

@@ -48,6 +48,8 @@ def _zero_stats() -> dict[str, Any]:
         "streams_started": 0,
         "streams_completed": 0,
         "streams_cancelled": 0,
+        "prompt_tokens": 0,
+        "tokens_streamed": 0,
         "in_flight": 0,
         "peak_in_flight": 0,
         "held": 0,
@@ -379,6 +381,7 @@ class SimApp:
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
+        self._stats["prompt_tokens"] += prompt_tokens  # what a vendor bills once it prefills
         gone = asyncio.Event()
         self._gone.add(gone)
         watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
@@ -559,6 +562,7 @@ class SimApp:
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
         for frame in wire.first():
             await emit(frame)
+        tokens, per = len(pieces), max(1, self.profile.tokens_per_chunk)
         pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
         itl = self.profile.inter_token
         for i in range(len(pieces) + 1):
@@ -592,6 +596,7 @@ class SimApp:
                 if gone.is_set():
                     return self._ended_early()
             await emit(wire.piece(pieces[i]))
+            self._stats["tokens_streamed"] += min(per, tokens - i * per)
         closing = wire.closing()
         if self.profile.frame_per_event:  # each event in a frame of its own, the last ones too
             closing = [e + b"\n\n" for part in closing for e in part.split(b"\n\n") if e]

@@ -398,7 +398,7 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-l
         (
             ROUTE + 'policy = "hegde"\n',
             "llmroute.toml: models.chat.policy: expected 'fastest', 'hedge', 'race', 'failover', "
-            "'weighted', 'prefix', 'least-loaded' or 'round-robin', got 'hegde' "
+            "'weighted', 'prefix', 'least-loaded', 'round-robin' or 'cheapest', got 'hegde' "
             "(did you mean 'hedge'?)",
         ),
         (
