@@ -3,7 +3,7 @@
 :class:`Dispatch` is the state one client shares with its copies (``with_options``): the
 resolved config, the routing engine and its live stats, the cache, the transport and the
 upstream request builder. The client's ``request()`` hands it openai's request options; it
-answers with an :class:`Outcome` (the result, the HTTP response behind it, the retries) that the
+answers with a :class:`Served` (the result, the HTTP response behind it, the retries) that the
 client wraps in openai's own response classes. It calls only downward: cache, routing engine,
 upstream requests, protocols, transport.
 """
@@ -88,7 +88,7 @@ from .routing.tierhedge import HEDGE_QUANTILE, tier_hedge_route
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
 from .transport import Transport
 
-__all__ = ["CACHE_HEADER", "Call", "Dispatch", "Outcome", "Posted"]
+__all__ = ["CACHE_HEADER", "Call", "Dispatch", "Posted", "Served"]
 
 log = logging.getLogger("llmroute")
 
@@ -191,9 +191,10 @@ class Posted:
 
 
 @dataclass
-class Outcome:
-    """What a routed call produced: ``result`` (``None``: openai's machinery parses
-    ``response``), the HTTP response behind it and the retries taken."""
+class Served:
+    """What llmroute served a call with: ``result`` (``None``: openai's machinery parses
+    ``response``), the HTTP response behind it and the retries taken. (Not a target's
+    outcome in the stats, ``routing.stats.Outcome``.)"""
 
     result: Any
     response: httpx.Response
@@ -325,7 +326,6 @@ class Dispatch:
         """Tiered model names (docs/tiers.md), each with its classifier, built on first use."""
         self.tier_hedges: dict[tuple[str, str], Route] = {}
         """The routes that hedge an unsure call across two tiers, by (smaller, larger)."""
-        self.warm_urls: dict[str, httpx.URL] = {}
         self.pins: dict[str, str] = {}
         """Responses API ids by the target that holds them (``previous_response_id``)."""
         self.closed = False
@@ -462,7 +462,7 @@ class Dispatch:
         except GoalError as exc:
             raise _bad_request(str(exc), param=exc.param) from None
 
-    async def answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
+    async def answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Served | Any:
         """A chat call, or a Responses call on a route: the cache if it may answer, else
         ``live()`` (a direct chat call, openai's machinery) or the route's engine. Metrics
         count it either way."""
@@ -475,10 +475,10 @@ class Dispatch:
         try:
             result = await self._answer(call, live)
         except BaseException as exc:
-            self._served(call, exc)  # AllTargetsFailed's report
+            self._tier_answered(call, exc)  # AllTargetsFailed's report
             telemetry.failed(exc)
             raise
-        self._served(call, result)
+        self._tier_answered(call, result)
         _observe(telemetry, result)
         return result
 
@@ -542,7 +542,7 @@ class Dispatch:
             route = self.tier_hedges[key] = tier_hedge_route(small, large)
         return route
 
-    def _served(self, call: Call, result: Outcome | Any) -> TierDecision | None:
+    def _tier_answered(self, call: Call, result: Served | Any) -> TierDecision | None:
         """A tiered call's decision once answered (or failed), put on its route report: a
         hedged call's ``tier`` is the one whose target won; a chat turn's tier is
         remembered for its conversation's follow-ups."""
@@ -550,7 +550,7 @@ class Dispatch:
         decision = choice.decision if choice is not None else None
         if choice is None or decision is None:
             return None
-        value = result.result if isinstance(result, Outcome) else result
+        value = result.result if isinstance(result, Served) else result
         report = getattr(value, "route", None)
         if not isinstance(report, RouteReport):
             report = getattr(value, "report", None)
@@ -596,7 +596,7 @@ class Dispatch:
 
     async def from_cache(
         self, call: Call
-    ) -> tuple[Outcome | None, tuple[str, Flight | None] | None]:
+    ) -> tuple[Served | None, tuple[str, Flight | None] | None]:
         """A chat call's stored answer, looked up before openai's machinery builds its
         request (the client's ``chat.completions.create`` asks, for a body that is plain
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
@@ -621,7 +621,7 @@ class Dispatch:
         outcome = self._hit(cache, hit, request, call, started)
         if decision is not None:  # a miss is counted by answer(), which decides again
             self.metrics.tier_decided(decision)
-            self._served(call, outcome)
+            self._tier_answered(call, outcome)
         _observe(telemetry, outcome)
         return outcome, (request.key, pending)
 
@@ -631,8 +631,8 @@ class Dispatch:
             call.body["model"], call.body, stream=call.stream, host=host, headers=call.headers
         )
 
-    async def _answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Outcome | Any:
-        async def answer() -> Outcome | Any:
+    async def _answer(self, call: Call, live: Callable[[], Awaitable[Any]]) -> Served | Any:
+        async def answer() -> Served | Any:
             if call.route is not None:
                 return await self._routed(call, call.route)
             return await live()
@@ -643,7 +643,7 @@ class Dispatch:
                 return await self._cached(self.cache, request, call, answer)
         return await answer()
 
-    async def _routed(self, call: Call, route: Route) -> Outcome:
+    async def _routed(self, call: Call, route: Route) -> Served:
         """A chat or Responses call on a route, through the routing engine."""
         await self._fresh_stats()
         self._background()
@@ -670,7 +670,7 @@ class Dispatch:
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
             if kind == "responses":
                 stream._iterator = self._pinning(stream._iterator, routed.report.winner)
-            return Outcome(stream, stream.response, stream.timings.retries)
+            return Served(stream, stream.response, stream.timings.retries)
         done = await self.router.complete(
             route, call.body, send, kind=kind, unservable=unservable, goal=self.goal(call)
         )
@@ -681,7 +681,7 @@ class Dispatch:
             attach(completion, done.timings, done.report)
             if kind == "responses" and done.report.winner is not None:
                 self.pin(completion.id, done.report.winner)
-        return Outcome(completion, done.response, done.timings.retries)
+        return Served(completion, done.response, done.timings.retries)
 
     def _unservable(self, call: Call, route: Route) -> set[str]:
         """The route's targets that cannot serve ``call``: those whose vendor lacks its API,
@@ -825,8 +825,8 @@ class Dispatch:
         cache: ResponseCache,
         request: CacheRequest,
         call: Call,
-        live: Callable[[], Awaitable[Outcome | Any]],
-    ) -> Outcome | Any:
+        live: Callable[[], Awaitable[Served | Any]],
+    ) -> Served | Any:
         """A call the cache may answer: a stored answer, a shared call, or a live one."""
         started = time.monotonic()
         route = call.route
@@ -848,7 +848,7 @@ class Dispatch:
 
         async def result_of_live() -> Any:
             value = await live()
-            return value.result if isinstance(value, Outcome) else value
+            return value.result if isinstance(value, Served) else value
 
         seat, leader = cache.join(request, result_of_live)
         try:
@@ -867,18 +867,18 @@ class Dispatch:
                 measure=not leader,
                 complete=lambda: seat.flight.complete,
             )
-            return Outcome(stream, stream.response)
+            return Served(stream, stream.response)
         seat.leave()
         response = getattr(result, "_llmroute_response", None) or self._cache_response(call)
         if leader:
-            return Outcome(result, response)
+            return Served(result, response)
         completion = result.model_copy(deep=True)  # each caller may change its own
         attach(completion, Timings(started_at=started), shared, started)
-        return Outcome(completion, response)
+        return Served(completion, response)
 
     def _hit(
         self, cache: ResponseCache, hit: Hit, request: CacheRequest, call: Call, started: float
-    ) -> Outcome:
+    ) -> Served:
         """The outcome of a call the cache answers: the stored answer, or its replay."""
         route = call.route
         policy = route.policy.name if route is not None else "direct"
@@ -891,15 +891,15 @@ class Dispatch:
             stream: AsyncStream[Any] = AsyncStream._from_chunks(
                 cache.replay(hit, request), response=response, timings=timings, route=report
             )
-            return Outcome(stream, response)
+            return Served(stream, response)
         attach(hit.completion, timings, report, started)
         hit.completion._request_id = None  # openai's attribute: no vendor answered this call
         report.ttft = timings.first_token
-        return Outcome(hit.completion, response)
+        return Served(hit.completion, response)
 
     # -- the other routable endpoints: failover across the route's targets -------------------
 
-    async def other(self, call: Call) -> Outcome:
+    async def other(self, call: Call) -> Served:
         """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
         the policy's order, each tried before the next (failover before the answer starts;
         openai's machinery parses the winner's response)."""
@@ -971,7 +971,7 @@ class Dispatch:
                 report.winner, report.ttft = target.name, time.monotonic() - started
                 object.__setattr__(response, "_llmroute_route", report)
                 object.__setattr__(response, "_llmroute_timings", timings)
-                return Outcome(None, response, retries)
+                return Served(None, response, retries)
         stub = httpx.Request("POST", f"llmroute://route/{route.name}")
         raise AllTargetsFailed(route.name, failures, stub, report=report)
 
@@ -1077,9 +1077,9 @@ class Dispatch:
             await anyio.to_thread.run_sync(self.simulated.stop)
 
 
-def _observe(telemetry: Any, result: Outcome | Any) -> None:
+def _observe(telemetry: Any, result: Served | Any) -> None:
     """Count a call that returned: a stream when it ends, a whole answer now."""
-    value = result.result if isinstance(result, Outcome) else result
+    value = result.result if isinstance(result, Served) else result
     telemetry.returned(value)
     if isinstance(value, AsyncStream):
         value._on_end = telemetry.stream_ended

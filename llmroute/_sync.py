@@ -47,7 +47,7 @@ from ._client import (
     wrap_raw,
 )
 from ._config import Config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
+from ._dispatch import LOOKED_UP, Call, Dispatch, Served, attach, missing_key_error
 from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
 from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
@@ -645,7 +645,7 @@ class OpenAI(openai.OpenAI):
                 result = post_parse(result, options)
             if is_raw(options):  # openai's sync response classes read the body: bridge it
                 response = bridged(runtime, outcome.response)
-                outcome = Outcome(outcome.result, response, outcome.retries)
+                outcome = Served(outcome.result, response, outcome.retries)
             return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         outcome = runtime.call(dispatch.other, call)
         response = bridged(runtime, outcome.response)
