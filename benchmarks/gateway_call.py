@@ -22,7 +22,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmroute._dispatch import Served
+from llmroute._call import Served
 from llmroute.server import GatewayApp
 
 CONFIG = {

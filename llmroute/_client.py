@@ -33,8 +33,10 @@ from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, ext
 from openai.resources.chat import AsyncChat, AsyncCompletions
 from openai.resources.responses import AsyncResponses
 
+from ._call import Call, Posted, Served, attach
+from ._call_cache import LOOKED_UP
 from ._config import Config, load_config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Posted, Served, attach, missing_key_error
+from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout

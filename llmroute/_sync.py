@@ -30,6 +30,8 @@ from openai.resources.chat import Chat, Completions
 from openai.resources.responses import Responses
 from openai.types.chat import ChatCompletionChunk
 
+from ._call import Call, Served, attach
+from ._call_cache import LOOKED_UP
 from ._client import (
     _MISS,  # pyright: ignore[reportPrivateUsage]
     DEFAULT_TIMEOUT,
@@ -47,7 +49,7 @@ from ._client import (
     wrap_raw,
 )
 from ._config import Config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Served, attach, missing_key_error
+from ._dispatch import Dispatch, missing_key_error
 from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
 from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
