@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -38,11 +36,8 @@ from ._config import (
     route_config,
 )
 from ._errors import (
-    AllTargetsFailed,
     APIConnectionError,
-    APIStatusError,
     OpenAIError,
-    describe_error,
     map_transport_errors,
 )
 from ._model_names import check_model_name
@@ -53,12 +48,12 @@ from ._streaming import AsyncStream
 from ._tiering import Tiering, tier_option
 from ._tiers import TieredModel
 from ._timeouts import TimeoutHeaderError, request_timeouts, with_timeouts
-from ._types import AttemptReport, RouteReport, TierDecision
+from ._types import TierDecision
 from ._upstream import Upstream, no_cookies, proxy_for
 from .cache import CacheUnavailable, ResponseCache, open_cache
 from .cache._flight import Flight
 from .metrics import ClientMetrics
-from .routing.backoff import retry_delay, should_retry_status
+from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import WeightedPolicy
 from .routing.route import Route, Sender
@@ -406,79 +401,34 @@ class Dispatch:
 
     async def other(self, call: Call) -> Served:
         """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
-        the policy's order, each tried before the next (failover before the answer starts;
-        openai's machinery parses the winner's response)."""
+        the policy's order, failing over by the engine's rules (:mod:`.routing.failover`);
+        openai's machinery parses the winner's response."""
         route = call.route
         assert route is not None
         await self._fresh_stats()
         self._background()
-        body = call.body
-        targets = [t for t in route.targets if serves(self.providers[t.provider], call.kind)]
-        order = {name: i for i, name in enumerate(self.router.order(route, body, call.kind))}
-        targets.sort(key=lambda t: order.get(t.name, len(order)))
-        # Targets whose circuit is open or that cool down after a 429 go last.
-        targets.sort(key=lambda t: not self.router.health(t.name).available())
-        report = RouteReport(route=route.name, policy=route.policy.name)
-        failures: dict[str, BaseException] = {}
-        started = time.monotonic()
-        retries = 0
-        for target in targets:
-            # One retry of the same target for a retryable failure, if the client allows any.
-            for attempt in range(1 + min(1, self.router.max_retries)):
-                record = AttemptReport(
-                    target=target.name,
-                    started=time.monotonic() - started,
-                    reason="first" if not report.attempts else ("retry" if attempt else "failover"),
-                )
-                report.attempts.append(record)
-                request = self.upstream.build(
-                    self.providers[target.provider],
-                    call.path,
-                    {**body, "model": target.model},
-                    headers=call.headers,
-                    query=call.query,
-                    timeout=call.timeout,
-                    http=call.http,
-                )
-                try:
-                    response, timings = await self.upstream.send(
-                        request, read_body=not call.stream, http=call.http
-                    )
-                except (APIStatusError, APIConnectionError) as exc:
-                    record.outcome, record.error = "error", describe_error(exc)
-                    failures[target.name] = exc
-                    self.router.record_call(target.name, elapsed=None, exc=exc, kind=call.kind)
-                    if isinstance(exc, APIStatusError) and not should_retry_status(
-                        exc.status_code, exc.response.headers, now=time.time()
-                    ):
-                        if 400 <= exc.status_code < 500 and exc.status_code not in (401, 403, 429):
-                            raise  # the call itself is at fault: another target will not help
-                        break
-                    if attempt == 0:
-                        retries += 1
-                        await anyio.sleep(
-                            retry_delay(
-                                retries_done=0,
-                                max_retries=1,
-                                headers=exc.response.headers
-                                if isinstance(exc, APIStatusError)
-                                else None,
-                                now=time.time(),
-                                rand=random.random(),
-                            )
-                        )
-                    continue
-                record.outcome = "won"
-                record.ttft = timings.headers
-                self.router.record_call(
-                    target.name, elapsed=None if call.stream else timings.total, exc=None
-                )
-                report.winner, report.ttft = target.name, time.monotonic() - started
-                object.__setattr__(response, "_llmroute_route", report)
-                object.__setattr__(response, "_llmroute_timings", timings)
-                return Served(None, response, retries)
-        stub = httpx.Request("POST", f"llmroute://route/{route.name}")
-        raise AllTargetsFailed(route.name, failures, stub, report=report)
+        send = self.upstream.sender(
+            headers=call.headers,
+            query=call.query,
+            timeout=call.timeout,
+            path=call.path,
+            http=call.http,
+        )
+        unservable = self.pins.unservable(call, route)
+        done = await fail_over(
+            self.router,
+            route,
+            call.body,
+            send,
+            kind=call.kind,
+            stream=call.stream,
+            unservable=unservable,
+        )
+        object.__setattr__(done.response, "_llmroute_route", done.report)
+        object.__setattr__(done.response, "_llmroute_timings", done.timings)
+        return Served(None, done.response, done.retries)
+
+    # -- the client's own methods ----------------------------------------------------------
 
     async def warmup(self, default: httpx.URL | None, connect_timeout: float | None) -> None:
         urls = {str(default): default} if default is not None else {}
