@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import openai
 import pytest
 
@@ -25,6 +26,21 @@ KINDS = ["completions", "embeddings"]
 def sim() -> Iterator[Simulator]:
     with Simulator(profile=Profile(reply_tokens=6, ttft_median=0.01), tls=True) as server:
         yield server
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every ``anyio.sleep`` delay asked for during the test (still slept): a wait is checked by
+    what was asked, not by a clock."""
+    asked: list[float] = []
+    real = anyio.sleep
+
+    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
+        asked.append(delay)
+        await real(delay, *args, **kwargs)
+
+    monkeypatch.setattr(anyio, "sleep", recording)
+    return asked
 
 
 def client_for(sim: Simulator, policy: str, max_retries: int = 0, **route: Any) -> AsyncOpenAI:
@@ -86,7 +102,7 @@ async def test_an_ordered_route_retries_its_primary_once_after_a_5xx(
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_429_on_a_latency_route_fails_over_and_the_target_cools_down(
-    sim: Simulator, kind: str
+    sim: Simulator, kind: str, sleeps: list[float]
 ) -> None:
     """At once: no wait for the Retry-After (it used to be waited out even when no retry
     followed)."""
@@ -97,6 +113,7 @@ async def test_a_429_on_a_latency_route_fails_over_and_the_target_cools_down(
         assert client._llmroute.router.health(first).cooling() > 0  # pyright: ignore[reportPrivateUsage]
         again = await ask(client, kind, {})
     assert attempts(again) == [(second, "first", "won")]  # the cooling target is passed over
+    assert not [delay for delay in sleeps if delay >= 1]
 
 
 @pytest.mark.parametrize("kind", KINDS)
