@@ -25,37 +25,23 @@ from openai.types.responses import Response
 from ._background import spawn
 from ._call import ROUTABLE, Call, Posted, Served, TierCall, attach, bad_request, serves
 from ._call_cache import CallCache
-from ._config import (
-    Config,
-    ConfigError,
-    ResolvedProvider,
-    RouteConfig,
-    Target,
-    resolve,
-    resolve_provider,
-    route_config,
-)
-from ._errors import (
-    APIConnectionError,
-    OpenAIError,
-    map_transport_errors,
-)
+from ._config import Config, Resolved, ResolvedProvider, resolve, resolve_provider
+from ._errors import APIConnectionError, BadRequestError, OpenAIError, map_transport_errors
 from ._model_names import check_model_name
 from ._response_pins import ResponsePins
-from ._routes import ServerPolling, build_router, route_for, stats_sync_for
+from ._routes import ServerPolling, add_targets, build_router, stats_sync_for
 from ._simulated import SimulatedProviders
 from ._streaming import AsyncStream
 from ._tiering import Tiering, tier_option
 from ._tiers import TieredModel
-from ._timeouts import TimeoutHeaderError, request_timeouts, with_timeouts
+from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, with_timeouts
 from ._types import TierDecision
-from ._upstream import Upstream, no_cookies, proxy_for
+from ._upstream import Upstream, no_cookies, openai_http
 from .cache import CacheUnavailable, ResponseCache, open_cache
 from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
-from .routing.policies import WeightedPolicy
 from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
@@ -101,19 +87,9 @@ class Dispatch:
         self.metrics = ClientMetrics(self.router.snapshot, trials=lambda: self.trials.verdicts)
         self.servers = ServerPolling()
         self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
-        self.cache: ResponseCache | None = None
-        if config is not None and resolved.cache is not None and resolved.cache.backend != "off":
-            try:
-                self.cache = open_cache(resolved.cache, resolved.redis)
-            except CacheUnavailable as exc:
-                log.warning("cache: %s; the client runs without a cache", exc)
+        self.cache = _open_cache(resolved) if config is not None else None
         self.verify = verify
-        self.transport = Transport(
-            verify=verify,
-            verify_by_origin=resolved.verify_by_origin(),
-            max_connections=resolved.connections.max_per_origin,
-            max_streams_per_connection=resolved.connections.max_streams,
-        )
+        self.transport = _transport(resolved, verify)
         # Routed calls keep no cookies: a vendor's Set-Cookie never rides on another call.
         self.http = httpx.AsyncClient(transport=self.transport, timeout=None, cookies=no_cookies())
         self.upstream = Upstream(self.providers, self.http, self.transport)
@@ -157,24 +133,8 @@ class Dispatch:
         return self.providers.get(name) if name is not None else None
 
     def http_client(self, base_url: httpx.URL, timeout: Any) -> httpx.AsyncClient:
-        """The ``httpx.AsyncClient`` openai's machinery sends with: llmroute's transport,
-        or, when the environment sets a proxy for ``base_url``, httpx's own with the proxy."""
-        proxy = proxy_for(base_url)
-        if proxy is not None:
-            log.warning(
-                "A proxy is configured for %s: requests go through httpx's own transport "
-                "and the proxy, without llmroute's stream resets and per-stream deadlines",
-                base_url.host,
-            )
-            from .transport import make_ssl_context
-
-            client = httpx.AsyncClient(
-                proxy=proxy, verify=make_ssl_context(self.verify), timeout=timeout
-            )
-        else:
-            client = httpx.AsyncClient(
-                transport=self.transport, timeout=timeout, follow_redirects=True
-            )
+        """The ``httpx.AsyncClient`` openai's machinery sends with (:func:`openai_http`)."""
+        client = openai_http(base_url, timeout, transport=self.transport, verify=self.verify)
         client._llmroute_owned = True  # type: ignore[attr-defined]
         client._llmroute_of = self  # type: ignore[attr-defined]  # (a copy of its own builds its own)
         return client
@@ -206,12 +166,7 @@ class Dispatch:
         goal_options, forced = tier_option(goal_options, tiered, model)
         if kind is None:
             if route is not None:
-                raise bad_request(
-                    f"model {model!r} is a route of llmroute's config; /{path} cannot be routed "
-                    "(routes serve chat/completions, responses, completions and embeddings): "
-                    "use a model name of the provider",
-                    param="model",
-                )
+                raise _unroutable(model, path)
             return None
         if route is None and isinstance(model, str) and self.configured:
             # A typo of a route ("caht") must not leave the machine for the default provider.
@@ -228,10 +183,7 @@ class Dispatch:
         tier_call = None
         if route is not None:
             self._check_servable(route, kind, path)
-            try:
-                own = request_timeouts(headers)
-            except TimeoutHeaderError as exc:
-                raise bad_request(str(exc), param=exc.header) from None
+            own = _own_timeouts(headers)
             if tiered is not None:
                 tier_call = TierCall(tiered, forced, own, timeout)
             route, timeout = with_timeouts(route, timeout, own)
@@ -463,33 +415,8 @@ class Dispatch:
             self.transport.set_origin_verify(host, port, provider.verify)
 
     def add_targets(self, model: str, targets: Iterable[str], **route: Any) -> None:
-        parsed = [Target.parse(text) for text in targets]
-        for target in parsed:
-            if target.provider not in self.providers:
-                raise ConfigError(
-                    f"models.{model}: unknown provider {target.provider!r} "
-                    "(add it with add_provider() first)"
-                )
-        if model in self.tiered:
-            raise ConfigError(f"models.{model}: a tiered model name, not a route")
-        routes = self.router.routes
-        existing = routes.get(model)
-        self.tiering.hedges.clear()  # built over routes whose targets may change here
-        if existing is None:
-            config = route_config(model, {"targets": [str(t) for t in parsed], **route})
-            routes[model] = route_for(model, config, parsed, self.providers)
-            return
-        if route:
-            raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
-        if isinstance(existing.policy, WeightedPolicy):
-            raise ConfigError(
-                f"models.{model}: a weighted route takes no new targets (each needs a weight)"
-            )
-        new = route_for(
-            model, RouteConfig(targets=[str(t) for t in parsed]), parsed, self.providers
-        )
-        known = {t.name for t in existing.targets}
-        existing.targets += tuple(t for t in new.targets if t.name not in known)
+        add_targets(self.router, self.providers, model, targets, tiered=self.tiered, **route)
+        self.tiering.hedges.clear()  # built over routes whose targets may have changed
 
     def stats(self) -> dict[str, TargetSnapshot]:
         return self.router.snapshot()
@@ -509,6 +436,30 @@ class Dispatch:
             await anyio.to_thread.run_sync(self.simulated.stop)
 
 
+def _transport(resolved: Resolved, verify: Any) -> Transport:
+    """llmroute's transport for the config's connections, checking certificates by ``verify``
+    (and each provider's own ``verify``)."""
+    return Transport(
+        verify=verify,
+        verify_by_origin=resolved.verify_by_origin(),
+        max_connections=resolved.connections.max_per_origin,
+        max_streams_per_connection=resolved.connections.max_streams,
+    )
+
+
+def _open_cache(resolved: Resolved) -> ResponseCache | None:
+    """The config's response cache, if it has one that opens (else a warning: the client
+    runs without it)."""
+    settings = resolved.cache
+    if settings is None or settings.backend == "off":
+        return None
+    try:
+        return open_cache(settings, resolved.redis)
+    except CacheUnavailable as exc:
+        log.warning("cache: %s; the client runs without a cache", exc)
+        return None
+
+
 def _observe(telemetry: Any, result: Served | Any) -> None:
     """Count a call that returned: a stream when it ends, a whole answer now."""
     value = result.result if isinstance(result, Served) else result
@@ -517,6 +468,24 @@ def _observe(telemetry: Any, result: Served | Any) -> None:
         value._on_end = telemetry.stream_ended
     else:
         telemetry.completed(value)
+
+
+def _unroutable(model: object, path: str) -> BadRequestError:
+    """The error of a route's name on an endpoint llmroute does not route."""
+    return bad_request(
+        f"model {model!r} is a route of llmroute's config; /{path} cannot be routed "
+        "(routes serve chat/completions, responses, completions and embeddings): "
+        "use a model name of the provider",
+        param="model",
+    )
+
+
+def _own_timeouts(headers: Mapping[str, Any]) -> RequestTimeouts:
+    """The call's ``x-llmroute-timeout-*`` headers; a wrong one is a ``BadRequestError``."""
+    try:
+        return request_timeouts(headers)
+    except TimeoutHeaderError as exc:
+        raise bad_request(str(exc), param=exc.header) from None
 
 
 def _take_own_options(options: Any) -> object:
