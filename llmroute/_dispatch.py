@@ -302,14 +302,7 @@ class Dispatch:
         """A chat or Responses call on a route, through the routing engine."""
         await self._fresh_stats()
         self._background()
-        send = self.upstream.sender(
-            headers=call.headers,
-            query=call.query,
-            timeout=call.timeout,
-            path=call.path,
-            http=call.http,
-            trace=call.trace,
-        )
+        send = self._sender(call)
         kind = call.kind
         unservable = self.pins.unservable(call, route)
         if call.stream:
@@ -338,6 +331,18 @@ class Dispatch:
                 self.pins.pin(completion.id, done.report.winner)
         return Served(completion, done.response, done.timings.retries)
 
+    def _sender(self, call: Call) -> Sender:
+        """The engine's sender for the call's attempts: its headers, query, timeout, endpoint,
+        the application's own HTTP client if it gave one, and its trace."""
+        return self.upstream.sender(
+            headers=call.headers,
+            query=call.query,
+            timeout=call.timeout,
+            path=call.path,
+            http=call.http,
+            trace=call.trace,
+        )
+
     async def _fresh_stats(self) -> None:
         """Route on the fleet's statistics: a view older than the sync interval (or never
         read) is refreshed first, waiting at most the Redis timeout (then the local stats)."""
@@ -359,19 +364,12 @@ class Dispatch:
         assert route is not None
         await self._fresh_stats()
         self._background()
-        send = self.upstream.sender(
-            headers=call.headers,
-            query=call.query,
-            timeout=call.timeout,
-            path=call.path,
-            http=call.http,
-        )
         unservable = self.pins.unservable(call, route)
         done = await fail_over(
             self.router,
             route,
             call.body,
-            send,
+            self._sender(call),
             kind=call.kind,
             stream=call.stream,
             unservable=unservable,

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
 import openai
 import pytest
 
@@ -26,21 +25,6 @@ KINDS = ["completions", "embeddings"]
 def sim() -> Iterator[Simulator]:
     with Simulator(profile=Profile(reply_tokens=6, ttft_median=0.01), tls=True) as server:
         yield server
-
-
-@pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every ``anyio.sleep`` delay asked for during the test (still slept): a wait is checked by
-    what was asked, not by a clock."""
-    asked: list[float] = []
-    real = anyio.sleep
-
-    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
-        asked.append(delay)
-        await real(delay, *args, **kwargs)
-
-    monkeypatch.setattr(anyio, "sleep", recording)
-    return asked
 
 
 def client_for(sim: Simulator, policy: str, max_retries: int = 0, **route: Any) -> AsyncOpenAI:

@@ -51,7 +51,6 @@ from ..protocols.reader import StreamReader
 from ..transport import body_receiver, close_quietly, replay_head
 from .accounts import TokenAccount
 from .answer import Answer, Ready, plain_answer, won_attempt
-from .backoff import retry_delay
 from .causes import (
     REQUEST_CAUSES,
     any_retryable,
@@ -61,6 +60,7 @@ from .causes import (
     is_health_failure,
     outcome,
     react,
+    round_delay,
 )
 from .continuation import (
     continuation_body,
@@ -83,7 +83,7 @@ from .stats import (
     prompt_class,
 )
 from .tokens import visible_tokens
-from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
+from .windows import answer_room, larger_windows, needed_tokens, refused_window, too_long
 
 __all__ = [
     "MAX_WAIT_UNAVAILABLE",
@@ -617,16 +617,13 @@ class _Run:
         """After ``target`` answered a context-length error: whether a target of the route
         with a larger declared window may still take the request (then only such targets
         are tried next, see ``_Race.refused_at``). The refusing target's window is its
-        declared one, else the one its error names (:func:`.windows.refused_sizes`), else
-        the request's own estimate (which errs low); a need the error names raises it."""
-        window = self.route.target(target).context_window
-        said, needed = refused_sizes(error_message(exc))
-        if window is None:
-            window = said
-        if window is None:
-            window = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
-        if needed is not None:
-            window = max(window, needed - 1)  # a window must hold ``needed`` at least
+        declared one, else the one its error names, else the request's own estimate
+        (:func:`.windows.refused_window`)."""
+        window = refused_window(
+            self.route.target(target).context_window,
+            error_message(exc),
+            needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind)),
+        )
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
             name: w
@@ -772,16 +769,12 @@ class _Run:
         return self.router.soonest_available(names, trials=trials)
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
-        headers = None
-        for exc in failures.values():
-            if isinstance(exc, APIStatusError):
-                headers = exc.response.headers
-        return retry_delay(
-            retries_done=rounds,
-            max_retries=self.router.max_retries,
-            headers=headers,
-            now=time.time(),
-            rand=self.router._rng.random(),
+        router = self.router
+        return round_delay(
+            failures.values(),
+            rounds=rounds,
+            max_retries=router.max_retries,
+            rand=router._rng.random(),
         )
 
     def _failed(

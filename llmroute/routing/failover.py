@@ -34,12 +34,18 @@ from .._errors import (
 )
 from .._types import AttemptReport, RouteReport, Timings
 from . import engine
-from .backoff import retry_delay
-from .causes import any_retryable, error_message, is_health_failure, outcome, react
+from .causes import (
+    any_retryable,
+    error_message,
+    is_health_failure,
+    outcome,
+    react,
+    round_delay,
+)
 from .engine import RETRY_SLACK, Router, prompt_messages, unavailable, vendor_request_id
 from .route import Route, Sender
 from .stats import estimate_prompt_tokens
-from .windows import answer_room, needed_tokens, refused_sizes
+from .windows import answer_room, needed_tokens, refused_window
 
 __all__ = ["FailedOver", "fail_over"]
 
@@ -127,7 +133,13 @@ class _Failover:
             else:
                 if rounds >= self.router.max_retries:
                     break
-                await anyio.sleep(self._retry_delay(rounds))
+                delay = round_delay(
+                    self.failures.values(),
+                    rounds=rounds,
+                    max_retries=self.router.max_retries,
+                    rand=random.random(),
+                )
+                await anyio.sleep(delay)
                 rounds += 1
                 self.retries += 1
             reason = "retry"
@@ -205,15 +217,14 @@ class _Failover:
         windows = self.route.windows
         if not windows:
             return False
-        window = self.route.target(name).context_window
-        said, needed = refused_sizes(error_message(exc))
-        if window is None:
-            window = said
-        if window is None:
-            prompt = estimate_prompt_tokens(prompt_messages(self.body, self.kind))
-            window = needed_tokens(prompt, answer_room(self.body, self.kind))
-        if needed is not None:
-            window = max(window, needed - 1)  # a window must hold ``needed`` at least
+        window = refused_window(
+            self.route.target(name).context_window,
+            error_message(exc),
+            needed_tokens(
+                estimate_prompt_tokens(prompt_messages(self.body, self.kind)),
+                answer_room(self.body, self.kind),
+            ),
+        )
         self.refused_at = max(window, self.refused_at or 0)
         return self._prune()
 
@@ -226,21 +237,6 @@ class _Failover:
             kept = [n for n in self.pending if (windows.get(n) or 0) > floor]
             self.pending = deque(kept)
         return bool(self.pending)
-
-    def _retry_delay(self, rounds: int) -> float:
-        """openai's backoff before round ``rounds + 1``, or the last status error's
-        Retry-After."""
-        headers = None
-        for exc in self.failures.values():
-            if isinstance(exc, APIStatusError):
-                headers = exc.response.headers
-        return retry_delay(
-            retries_done=rounds,
-            max_retries=self.router.max_retries,
-            headers=headers,
-            now=time.time(),
-            rand=random.random(),
-        )
 
     def _stub(self) -> httpx.Request:
         return httpx.Request("POST", f"llmroute://route/{self.route.name}")
