@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 from openai import NOT_GIVEN, BadRequestError
 
-from ._config import ResolvedProvider
 from ._tiers import Conversation, TieredModel
 from ._timeouts import RequestTimeouts
 from ._types import RouteReport, TierDecision, Timings
+from .config import ResolvedProvider
 from .protocols import adapter_for
 from .routing.route import Route
 

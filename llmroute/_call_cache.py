@@ -20,7 +20,6 @@ from typing import Any
 import httpx
 
 from ._call import Call, Served, attach
-from ._config import CacheSettings, ConfigError
 from ._streaming import AsyncStream
 from ._types import RouteReport, Timings
 from ._upstream import Upstream, credentials, merge_headers
@@ -34,6 +33,7 @@ from .cache import (
 )
 from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
+from .config import CacheSettings, ConfigError
 from .routing.engine import Router
 from .routing.route import RouteTarget
 

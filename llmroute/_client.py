@@ -35,12 +35,12 @@ from openai.resources.responses import AsyncResponses
 
 from ._call import Call, Posted, Served, attach
 from ._call_cache import LOOKED_UP
-from ._config import Config, load_config
 from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
 from .cache._flight import Flight
+from .config import Config, load_config
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot

@@ -25,7 +25,6 @@ from openai.types.responses import Response
 from ._background import spawn
 from ._call import ROUTABLE, Call, Posted, Served, TierCall, attach, bad_request, serves
 from ._call_cache import CallCache
-from ._config import Config, Resolved, ResolvedProvider, resolve, resolve_provider
 from ._errors import APIConnectionError, BadRequestError, OpenAIError, map_transport_errors
 from ._model_names import check_model_name
 from ._response_pins import ResponsePins
@@ -39,6 +38,7 @@ from ._types import TierDecision
 from ._upstream import Upstream, no_cookies, openai_http
 from .cache import CacheUnavailable, ResponseCache, open_cache
 from .cache._flight import Flight
+from .config import Config, Resolved, ResolvedProvider, resolve, resolve_provider
 from .metrics import ClientMetrics
 from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from ._call import Call, bad_request, serves
-from ._config import ResolvedProvider
+from .config import ResolvedProvider
 from .routing.route import Route
 
 __all__ = ["ResponsePins"]

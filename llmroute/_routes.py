@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ._background import spawn
-from ._config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
+from .config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
 from .routing.budget import HedgeBudget
 from .routing.engine import Router
 from .routing.goal import LatencyGoal

@@ -18,11 +18,11 @@ from typing import Any
 from openai import BadRequestError
 
 from ._call import Call, Served, bad_request, serves
-from ._config import ResolvedProvider
 from ._response_pins import ResponsePins
 from ._tiers import TieredModel, TierError, conversation_of
 from ._timeouts import with_timeouts
 from ._types import RouteReport, TierDecision
+from .config import ResolvedProvider
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.goal import LatencyGoal

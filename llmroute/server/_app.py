@@ -22,7 +22,6 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import NOT_ROUTED, AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
 from .._sizes import format_size
@@ -36,12 +35,13 @@ from .._timeouts import (
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
+from ..config import Config, ConfigError, GatewaySettings, load_config
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
-from ..routing.seam import REASONING_FIELDS
+from ..routing.splice import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._admin import AdminError, KeysAdmin
