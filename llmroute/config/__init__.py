@@ -28,6 +28,7 @@ sentences) and ``_retired`` (keys that no longer do anything: a warning, not an 
 from __future__ import annotations
 
 from ._gateway import (
+    MAX_COUNT,
     GatewaySettings,
     KeyEntry,
     KeySettings,
@@ -73,6 +74,7 @@ from ._values import CACHE_DIR_ENV, Target, default_cache_dir, parse_duration, p
 __all__ = [
     "CACHE_DIR_ENV",
     "ENV_VAR",
+    "MAX_COUNT",
     "SIMULATOR",
     "CacheSettings",
     "Config",

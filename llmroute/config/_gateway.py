@@ -7,11 +7,13 @@ import datetime
 import math
 import re
 from collections.abc import Iterable, Mapping
+from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from .._prices import _decimal_input
 from ._messages import ConfigError, describe, dotted, invalid, read_toml, show, suggest
 from ._values import (
     KEY_NAME,
@@ -69,6 +71,14 @@ MAX_COUNT = 10**15
 """The largest limit or budget a key or team may have: a Redis script's numbers are doubles,
 exact only below 2**53."""
 KeyName = Annotated[str, Field(pattern=KEY_NAME)]
+MAX_BUDGET_USD = Decimal(10**6)
+"""The largest money budget: counted in nano-dollars (10**-9 USD), 10**15 of them at most."""
+BudgetUsd = Annotated[
+    Decimal,
+    BeforeValidator(_decimal_input),
+    Field(gt=0, le=MAX_BUDGET_USD, decimal_places=9, allow_inf_nan=False, strict=False),
+]
+"""A money budget in USD: more than 0, at most a million, to the nano-dollar."""
 
 
 def timestamp_input(value: Any) -> Any:
@@ -123,6 +133,8 @@ class TeamSettings(BaseModel):
     soft_limit: float | None = Field(default=None, gt=0, lt=1)
     """The share of the budget at which the gateway says so, once per period (a webhook, a log
     line and a metric)."""
+    budget_usd: BudgetUsd | None = None
+    """Money per ``budget_period`` (USD, at the targets' prices), shared by the team's keys."""
 
 
 class KeySettings(BaseModel):
@@ -164,6 +176,9 @@ class KeySettings(BaseModel):
     """Limits of the key's requests to one model name (``rpm``, ``tpm``), beside its own."""
     soft_limit: float | None = Field(default=None, gt=0, lt=1)
     """The share of ``budget_tokens`` at which the gateway says so, once per period."""
+    budget_usd: BudgetUsd | None = None
+    """Money per ``budget_period`` (USD, at the targets' prices): a request is admitted only if
+    its dearest possible cost fits in what is left, then counted at its real cost."""
 
 
 def merge_key_settings(base: KeySettings, own: KeySettings | None) -> KeySettings:
@@ -179,12 +194,14 @@ def key_settings_problem(settings: KeySettings, routes: Iterable[str]) -> tuple[
     """The first mistake of a key's merged settings, as ``(field, sentence)``: a budget
     without its period or the reverse, a default ``max_tokens`` above the maximum, a model
     name that is not a route; ``None`` when there is none."""
-    if (settings.budget_tokens is None) != (settings.budget_period is None):
+    budgeted = settings.budget_tokens is not None or settings.budget_usd is not None
+    if budgeted != (settings.budget_period is not None):
         if settings.budget_period is None:
+            given = "budget_tokens" if settings.budget_tokens is not None else "budget_usd"
             return "budget_period", (
-                "budget_tokens needs a budget_period ('day', 'month' or a duration such as '12h')"
+                f"{given} needs a budget_period ('day', 'month' or a duration such as '12h')"
             )
-        return "budget_tokens", "budget_period needs budget_tokens (the tokens per period)"
+        return "budget_tokens", "budget_period needs budget_tokens or budget_usd (per period)"
     if (
         settings.default_max_tokens is not None
         and settings.max_tokens is not None
@@ -200,10 +217,12 @@ def key_settings_problem(settings: KeySettings, routes: Iterable[str]) -> tuple[
 def team_settings_problem(settings: TeamSettings, routes: Iterable[str]) -> tuple[str, str] | None:
     """The first mistake of a team's settings, as ``(field, sentence)`` (see
     :func:`key_settings_problem`); ``None`` when there is none."""
-    if (settings.budget_tokens is None) != (settings.budget_period is None):
+    budgeted = settings.budget_tokens is not None or settings.budget_usd is not None
+    if budgeted != (settings.budget_period is not None):
         if settings.budget_period is None:
-            return "budget_period", "budget_tokens needs a budget_period ('day', 'month', '12h')"
-        return "budget_tokens", "budget_period needs budget_tokens (the tokens per period)"
+            given = "budget_tokens" if settings.budget_tokens is not None else "budget_usd"
+            return "budget_period", f"{given} needs a budget_period ('day', 'month', '12h')"
+        return "budget_tokens", "budget_period needs budget_tokens or budget_usd (per period)"
     return _routes_problem(None, settings.model_limits, routes)
 
 

@@ -163,6 +163,8 @@ class _Context:
 def _settings_view(settings: pydantic.BaseModel) -> dict[str, Any]:
     data = settings.model_dump(exclude_none=True, exclude_defaults=True)
     data.pop("team", None)
+    if "budget_usd" in data:
+        data["budget_usd"] = format(data["budget_usd"], "f")  # exact, as a string
     return data
 
 

@@ -20,6 +20,7 @@ import tempfile
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
@@ -293,6 +294,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, Decimal):  # a budget in money: exact, as a TOML number
+        return format(value, "f")
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string
     if isinstance(value, list):

@@ -356,6 +356,8 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     # The key ci's 6 + 1 API calls (4 streamed, 2 not), and not top's scrapes of /metrics.
     assert row_of(lines, "ci").split()[1] == "7"
     assert row_of(lines, "other").split()[1] == "1"
+    assert row_of(lines, "key").split()[-1] == "spend"
+    assert row_of(lines, "ci").split()[-1] == "-"  # its targets have no price
     assert "\x1b" not in out
     assert GW_KEY not in out and UPSTREAM_KEY not in out
 
