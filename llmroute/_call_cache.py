@@ -37,7 +37,7 @@ from .config import CacheSettings, ConfigError
 from .routing.engine import Router
 from .routing.route import RouteTarget
 
-__all__ = ["CACHE_HEADER", "LOOKED_UP", "CallCache"]
+__all__ = ["CACHE_HEADER", "LOOKED_UP", "CallCache", "LookedUp"]
 
 CACHE_HEADER = "x-llmroute-cache"
 """Per request (``extra_headers``) or per client (``default_headers``): ``auto``, ``on``,
@@ -49,7 +49,10 @@ _REPLAY_MODES = ("immediate", "paced")
 _STATEFUL = ("previous_response_id", "conversation", "background")
 """Responses API fields whose answer depends on what the vendor keeps (never cached)."""
 
-LOOKED_UP: contextvars.ContextVar[tuple[str, Flight | None] | None] = contextvars.ContextVar(
+LookedUp = tuple[str, Flight | None]
+"""A cache key a call was looked up under, with the identical call pending then, if any."""
+
+LOOKED_UP: contextvars.ContextVar[LookedUp | None] = contextvars.ContextVar(
     "llmroute_looked_up", default=None
 )
 """The cache key a call was already looked up under, and missed, before openai's machinery
@@ -128,9 +131,7 @@ class CallCache:
         self.upstream = upstream
         """Who a call would be sent as: each target's keys and headers."""
 
-    async def look_up(
-        self, request: CacheRequest, call: Call
-    ) -> tuple[Served | None, tuple[str, Flight | None]]:
+    async def look_up(self, request: CacheRequest, call: Call) -> tuple[Served | None, LookedUp]:
         """The stored answer for ``request``, looked up before openai's machinery builds the
         call's request (:meth:`Dispatch.from_cache`), with the key and the identical call that
         was pending then (what :data:`LOOKED_UP` holds on a miss)."""

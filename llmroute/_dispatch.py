@@ -24,7 +24,7 @@ from openai.types.responses import Response
 
 from ._background import spawn
 from ._call import ROUTABLE, Call, Posted, Served, TierCall, attach, bad_request, serves
-from ._call_cache import CallCache
+from ._call_cache import CallCache, LookedUp
 from ._errors import APIConnectionError, BadRequestError, OpenAIError, map_transport_errors
 from ._model_names import check_model_name
 from ._response_pins import ResponsePins
@@ -37,7 +37,6 @@ from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, wi
 from ._types import TierDecision
 from ._upstream import Upstream, no_cookies, openai_http
 from .cache import CacheUnavailable, ResponseCache, open_cache
-from .cache._flight import Flight
 from .config import Config, Resolved, ResolvedProvider, resolve, resolve_provider
 from .metrics import ClientMetrics
 from .routing.failover import fail_over
@@ -251,9 +250,7 @@ class Dispatch:
         the call (:meth:`Tiering.decide`); ``None`` for any other call."""
         return await self.tiering.decide(call)
 
-    async def from_cache(
-        self, call: Call
-    ) -> tuple[Served | None, tuple[str, Flight | None] | None]:
+    async def from_cache(self, call: Call) -> tuple[Served | None, LookedUp | None]:
         """A chat call's stored answer, looked up before openai's machinery builds its
         request (the client's ``chat.completions.create`` asks, for a body that is plain
         JSON): ``(outcome, key)`` on a hit, ``(None, key)`` on a miss (the call then goes the
