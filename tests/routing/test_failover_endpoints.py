@@ -5,6 +5,7 @@ target each attempt went to."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,14 +73,23 @@ async def test_a_latency_route_fails_over_at_once_after_a_5xx(sim: Simulator, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_an_ordered_route_retries_its_primary_once_after_a_5xx(
-    sim: Simulator, kind: str
+@pytest.mark.parametrize(
+    ("headers", "outcome"),
+    [
+        (fault("500"), "error"),
+        (fault("429", **{"x-sim-retry-after": "0.2"}), "rate_limited"),
+    ],
+    ids=["500", "429-short-retry-after"],
+)
+async def test_an_ordered_route_retries_its_primary_once(
+    sim: Simulator, kind: str, headers: dict[str, str], outcome: str
 ) -> None:
-    """``server_error_retries`` (1) says so, whatever ``max_retries`` (0 here) says."""
+    """After a 5xx (``server_error_retries``, 1) or a Retry-After within ``retry_after_max``,
+    whatever ``max_retries`` (0 here) says."""
     async with client_for(sim, "failover") as client:
-        route = await ask(client, kind, fault("500"))
+        route = await ask(client, kind, dict(headers, **{"x-sim-fault-key": uuid.uuid4().hex}))
     assert attempts(route) == [
-        ("primary:sim-small", "first", "error"),
+        ("primary:sim-small", "first", outcome),
         ("primary:sim-small", "retry", "won"),
     ]
 
