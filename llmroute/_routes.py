@@ -23,9 +23,9 @@ from .routing.policies import (
     WeightedPolicy,
 )
 from .routing.route import Route, RouteTarget
+from .routing.server_metrics import MetricsPoller
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings
-from .sglang import MetricsPoller
 
 __all__ = ["ServerPolling", "build_router", "policy_for", "route_for", "stats_sync_for"]
 
