@@ -11,7 +11,7 @@ import pytest
 import llmroute
 from llmroute.testing import Simulator
 
-from .conftest import KEY
+from ..conftest import KEY
 
 pytestmark = pytest.mark.anyio
 
