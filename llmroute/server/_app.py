@@ -377,7 +377,7 @@ class GatewayApp:
             tally = Tally(body, kind)
             admitted = time.monotonic()
             try:
-                await self._answer(path, body, extra_headers, exchange, receive, total, tally)
+                await self.relay.answer(path, body, extra_headers, exchange, receive, total, tally)
             finally:
                 self.gate.objectives(tenant, model, exchange, admitted)
                 await self.gate.settle(exchange, tally)
@@ -421,18 +421,6 @@ class GatewayApp:
         )
 
     # -- the routed call ------------------------------------------------------------------------
-
-    async def _answer(
-        self,
-        path: str,
-        body: dict[str, Any],
-        extra_headers: dict[str, str],
-        exchange: Exchange,
-        receive: Receive,
-        total: float | None = None,
-        tally: Tally | None = None,
-    ) -> None:
-        await self.relay.answer(path, body, extra_headers, exchange, receive, total, tally)
 
     async def _call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
         """The client's call for ``path``: the hand-off ``benchmarks/gateway_call.py`` times."""

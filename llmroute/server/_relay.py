@@ -191,7 +191,7 @@ class Relay:
         answer: _Answer,
     ) -> None:
         """The client's call; a stream's events written to the client as they come."""
-        answer.result = await self.call(path, body, extra_headers)
+        answer.result = await call_client(self.client, path, body, extra_headers, self.timeout)
         if not isinstance(answer.result, openai.AsyncStream):  # llmroute's for chat
             return
         stream = answer.stream = answer.result
