@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from ._background import spawn
-from ._config import Resolved, ResolvedProvider, RouteConfig, Target
+from .config import Resolved, ResolvedProvider, RouteConfig, Target
 from .routing.budget import HedgeBudget
 from .routing.engine import Router
 from .routing.goal import LatencyGoal

@@ -5,8 +5,8 @@ leaving their scopes, which resets their HTTP/2 streams while the connections st
 a first token, a failing attempt hands over to the next target (failover) and a slow one is
 hedged when the plan says so and the route's hedge budget allows. After the first token the
 caller reads the winner (:mod:`.answer`); if it breaks mid-answer, the engine races the
-targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on without
-a seam, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
+targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on as one
+answer, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
 tokens are counted in its account (:mod:`.accounts`).
 
 The engine sends through a :data:`~.route.Sender` the client gives it (request building, keys
@@ -74,7 +74,7 @@ from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, explore
 from .route import SENDING, Route, RouteTarget, Sender
-from .seam import ContinuationMismatch
+from .splice import ContinuationMismatch
 from .stats import (
     LiveStats,
     StatsReport,
@@ -550,7 +550,7 @@ class _Run:
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
         self.mismatched: set[str] = set()
-        """Targets whose continuation did not begin as their vendor documents (:mod:`.seam`):
+        """Targets whose continuation did not begin as their vendor documents (:mod:`.splice`):
         not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 
-from .._config import GatewaySettings, RedisSettings
+from ..config import GatewaySettings, RedisSettings
 from ._limits import (
     USAGE_FIELDS,
     Alert,

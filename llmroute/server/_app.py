@@ -21,9 +21,9 @@ from typing import Any
 import anyio
 
 from .._client import AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
+from ..config import Config, ConfigError, GatewaySettings, load_config
 from ..metrics._traceparent import REQUEST_ID_HEADER
 from ..routing import estimate_request
 from ._admin import KeysAdmin

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._config import Config
 from .._timeouts import TimeoutHeaderError, request_timeouts
+from ..config import Config
 from ..routing.goal import TTFT_TARGET_HEADER
 from ._calls import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from ._errors import Refused, error_body, invalid_field, missing, model_not_found

@@ -20,9 +20,9 @@ from typing import Any
 
 import openai
 
-from .._config import ConfigError
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
+from ..config import ConfigError
 from ._secrets import masked_forms, scrub
 from ._validate import InvalidField
 

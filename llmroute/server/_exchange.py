@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import pydantic
 
-from .._config import GatewaySettings
 from .._sizes import format_size
 from .._types import RouteReport
+from ..config import GatewaySettings
 from ._admission import Ticket
 from ._errors import Refused, error_body, invalid_field, too_deep
 from ._metrics import ANONYMOUS

@@ -10,8 +10,8 @@ from collections.abc import Callable, Mapping
 
 import anyio
 
-from .._config import Config, ConfigError, GatewaySettings
 from ..cache import NAMESPACE_PATTERN
+from ..config import Config, ConfigError, GatewaySettings
 from ._keystore import FileKeyStore, KeyStore, RedisKeyStore, StoreUnavailable
 from ._metrics import GatewayMetrics
 from ._tenants import Managed, Tenants, file_stamp

@@ -25,8 +25,8 @@ from typing import Any, Protocol, TypeVar
 import anyio.to_thread
 import pydantic
 
-from .._config import ManagedKeyEntry, ManagedTeamEntry
 from .._redis import RedisCaller, RedisConnection
+from ..config import ManagedKeyEntry, ManagedTeamEntry
 from ._tenants import Managed, file_stamp
 
 __all__ = [

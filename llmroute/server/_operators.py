@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from .._config import GatewaySettings
+from ..config import GatewaySettings
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import ClientMetrics
 from ._admin import AdminError, KeysAdmin

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..routing import estimate_request
-from ..routing.seam import REASONING_FIELDS
+from ..routing.splice import REASONING_FIELDS
 from ._exchange import cache_hit
 
 __all__ = ["Tally"]

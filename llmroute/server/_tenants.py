@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pydantic
 
-from .._config import (
+from ..config import (
     Config,
     ConfigError,
     GatewaySettings,

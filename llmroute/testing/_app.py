@@ -279,7 +279,7 @@ class SimApp:
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
         profile = self.profile
-        plan = _Plan.build(
+        plan = _Reply.build(
             req,
             model,
             messages,
@@ -690,7 +690,7 @@ class _ChatStream:
     ``[DONE]``, the last three in one frame. With ``stream_options.continuous_usage_stats``
     (vLLM's and SGLang's option), every content chunk also carries the usage so far."""
 
-    def __init__(self, plan: _Plan, include_usage: bool, continuous: bool = False) -> None:
+    def __init__(self, plan: _Reply, include_usage: bool, continuous: bool = False) -> None:
         self.plan = plan
         self.include_usage = include_usage
         self.continuous = continuous
@@ -767,7 +767,7 @@ class _ResponsesStream:
 
 
 @dataclass
-class _Plan:
+class _Reply:
     """What one request will answer: text tokens or tool-call argument fragments."""
 
     model: str
@@ -806,7 +806,7 @@ class _Plan:
         echo: bool = False,
         echo_counted: bool = False,
         reasoning: tuple[str, ...] = (),
-    ) -> _Plan:
+    ) -> _Reply:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
         n_prompt = _reply.prompt_tokens(messages)

@@ -20,7 +20,7 @@ import pytest
 import trustme
 
 from llmroute.cli import main
-from llmroute.cli._top import ONCE_REQUESTS, TopError, _View, metrics_url
+from llmroute.cli._top import ONCE_REQUESTS, TopError, _Screen, metrics_url
 from llmroute.cli._topframe import (
     Exposition,
     NotMetrics,
@@ -220,7 +220,7 @@ def test_the_live_view_compares_each_scrape_with_the_one_before() -> None:
         return item
 
     out = io.StringIO()
-    view = _View(out=out, interval=0.001, once=False, frames=3)
+    view = _Screen(out=out, interval=0.001, once=False, frames=3)
     assert anyio.run(view.watch, scrape, "recorded") == 0
     frames = out.getvalue().split("llmroute top: recorded")[1:]
     assert len(frames) == 3 and not scrapes

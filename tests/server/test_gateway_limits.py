@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import KeySettings, TeamSettings, load_config
+from llmroute.config import KeySettings, TeamSettings, load_config
 from llmroute.routing.windows import MAX_TOKENS_CAP
 from llmroute.server._limits import (
     BUCKET,
