@@ -24,7 +24,6 @@ from .._client import AsyncOpenAI
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..config import Config, ConfigError, GatewaySettings, load_config
-from ..metrics._traceparent import REQUEST_ID_HEADER
 from ..routing import estimate_request
 from ._admin import KeysAdmin
 from ._admission import Admission
@@ -368,9 +367,11 @@ class GatewayApp:
         if tenant.settings.ttft_target_ms is not None and path in ROUTABLE:
             default_goal(body, headers, tenant.settings.ttft_target_ms)
         total = total_timeout(self.config, headers, model, reject)
-        extra_headers = upstream_headers(headers, self._keys.namespaces.get(exchange.key))
-        if path in ROUTABLE and model in self.routes:  # on its route report and span
-            extra_headers[REQUEST_ID_HEADER] = exchange.request_id
+        routed = path in ROUTABLE and model in self.routes  # its id on its report and span
+        namespace = self._keys.namespaces.get(exchange.key)
+        extra_headers = upstream_headers(
+            headers, namespace, exchange.request_id if routed else None
+        )
         kind = KINDS[path]
 
         async def work() -> None:

@@ -14,7 +14,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import AsyncOpenAI
 from .._timeouts import BETWEEN_TOKENS_HEADER, CONNECT_HEADER, FIRST_TOKEN_HEADER
-from ..metrics._traceparent import TRACEPARENT, TRACESTATE
+from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.goal import TTFT_TARGET_HEADER
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES", "ROUTABLE", "call_client", "upstream_headers"]
@@ -44,12 +44,16 @@ _FORWARDED = (
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 
 
-def upstream_headers(headers: Mapping[str, str], namespace: str | None) -> dict[str, str]:
+def upstream_headers(
+    headers: Mapping[str, str], namespace: str | None, request_id: str | None = None
+) -> dict[str, str]:
     """The cache settings a client may give, its W3C trace context; the key's cache
-    ``namespace`` when it has one."""
+    ``namespace`` when it has one; the gateway's ``request_id`` for a routed call's report."""
     out = {name: headers[name] for name in _FORWARDED if name in headers}
     if namespace is not None:
         out[_NAMESPACE_HEADER] = namespace
+    if request_id is not None:
+        out[REQUEST_ID_HEADER] = request_id
     return out
 
 
