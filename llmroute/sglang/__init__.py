@@ -44,8 +44,7 @@ from ._presets import (
 )
 
 Sample = PrometheusSample
-"""The name :class:`PrometheusSample` had before (``llmroute.cli``'s benchmark has a
-``Sample`` of its own)."""
+"""The name :class:`PrometheusSample` had before (kept for code that imports it)."""
 
 __all__ = [
     "GATEWAY_POLICIES",
