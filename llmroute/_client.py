@@ -223,7 +223,8 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 _MAX_DEPTH = 32
 _MISS: Any = object()
 NOT_ROUTED: Any = object()
-"""What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route."""
+"""What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route (kept for
+callers of that private method; :meth:`AsyncOpenAI.route_json` returns ``None``)."""
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -534,24 +535,48 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             return _MISS, key
         return post_parse(outcome.result, options), key
 
-    async def _routed_call(
-        self, url: str, body: dict[str, Any], headers: Mapping[str, str], timeout: httpx.Timeout
+    async def route_json(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | openai.NotGiven | None = _NOT_GIVEN,
     ) -> Any:
-        """llmroute's gateway hands a chat or Responses call with its checked JSON body here,
-        straight to the dispatch as the seam would send it (openai's ``post()`` would build
-        request options only for the seam to take the call out of openai's path again).
-        ``NOT_ROUTED``: the model is not a route; the gateway posts it the usual way."""
+        """Route a chat or Responses call given as its JSON body, as the same call through
+        ``chat.completions.create(**body)`` or ``responses.create(**body)`` is routed (tiers,
+        cache, policy, hedges, failover, continuation), without openai's request machinery.
+
+        For a server that already holds a checked JSON body (llmroute's gateway hands every
+        call on a route here). ``path`` is ``"/chat/completions"`` or ``"/responses"``;
+        ``body`` goes on as it is (openai's argument checks do not run: check it first);
+        ``headers`` are the call's extra headers (``x-llmroute-*``, ``traceparent``);
+        ``timeout`` the upstream timeouts (the client's own when not given).
+
+        Returns what ``create`` would: an :class:`llmroute.AsyncStream` for a streamed call,
+        else openai's ``ChatCompletion`` or ``Response``, each with ``.route``; ``None`` when
+        ``body["model"]`` is not a route (send that call through openai's methods). Raises
+        openai's and llmroute's errors as ``create`` does."""
         dispatch = self._llmroute
-        call = dispatch.classify(Posted(url, body, headers), timeout=timeout)
+        call = dispatch.classify(Posted(path, body, headers), timeout=self._timeout_given(timeout))
         if call is None or call.route is None:
-            return NOT_ROUTED
+            return None
         self._describe(call)
         with body_errors():
             outcome = await dispatch.answer(call, _unreachable)
         return outcome.result if isinstance(outcome, Served) else outcome
 
+    async def _routed_call(
+        self, url: str, body: dict[str, Any], headers: Mapping[str, str], timeout: httpx.Timeout
+    ) -> Any:
+        """:meth:`route_json`, with ``NOT_ROUTED`` for a model that is not a route."""
+        result = await self.route_json(url, body, headers=headers, timeout=timeout)
+        return NOT_ROUTED if result is None else result
+
     def _timeout_of(self, options: Any) -> httpx.Timeout:
-        timeout = options.timeout
+        return self._timeout_given(options.timeout)
+
+    def _timeout_given(self, timeout: object) -> httpx.Timeout:
         if not isinstance(timeout, type(_NOT_GIVEN)):
             return to_timeout(timeout)
         own = self.timeout  # converted once (openai 3's is an httpx2 Timeout)

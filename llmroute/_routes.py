@@ -28,9 +28,9 @@ from .routing.policies import (
 )
 from .routing.price import TargetPrice, target_price
 from .routing.route import Route, RouteTarget
+from .routing.server_metrics import MetricsPoller
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings
-from .sglang import MetricsPoller
 
 __all__ = [
     "ServerPolling",

@@ -69,6 +69,7 @@ from .continuation import (
     no_continuation_target,
     not_continuable,
 )
+from .estimate import prompt_messages
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, explore
@@ -1335,24 +1336,6 @@ def unavailable(name: str, health: TargetHealth, request: httpx.Request) -> Targ
 def _awaits_trial(health: TargetHealth) -> bool:
     """Whether the target's circuit is open until a background trial closes it."""
     return health.breaker.in_background and health.breaker.shared_state != "closed"
-
-
-def prompt_messages(body: Mapping[str, Any], kind: str) -> list[Any]:
-    """The messages of a call's prompt, for its size: a chat call's ``messages``; a Responses
-    call's ``instructions`` and ``input`` (a string, or a list of items)."""
-    if kind != "responses":
-        messages = body.get("messages")
-        return messages if isinstance(messages, list) else []
-    out: list[Any] = []
-    instructions = body.get("instructions")
-    if isinstance(instructions, str):
-        out.append({"role": "system", "content": instructions})
-    given = body.get("input")
-    if isinstance(given, str):
-        out.append({"role": "user", "content": given})
-    elif isinstance(given, list):
-        out.extend(item for item in given if isinstance(item, Mapping))
-    return out
 
 
 class RoutedStream:
