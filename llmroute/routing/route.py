@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from .._catalog import Continuation
+from .._prices import ModelPrice, UsageFields
 from .._types import AttemptReport, Timings
 from .budget import HedgeBudget
 from .causes import CauseRules
@@ -67,6 +68,10 @@ class RouteTarget:
     max_tokens_field: str | None = None
     """The field the vendor takes for the answer's length limit (the catalog's): a caller's
     ``max_tokens`` / ``max_completion_tokens`` is renamed to it; ``None``: sent as written."""
+    price: ModelPrice | None = field(default=None, compare=False, hash=False)
+    """The model's price (the config's, else the catalog's); ``None``: unknown (docs/cost.md)."""
+    usage_fields: UsageFields | None = field(default=None, compare=False, hash=False)
+    """Where the vendor's ``usage`` reports each billed token class; ``None``: the protocol's."""
 
     @property
     def name(self) -> str:

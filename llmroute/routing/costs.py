@@ -1,0 +1,163 @@
+"""What a routed request cost: each attempt's usage priced, the attempts summed by kind.
+
+An attempt's cost comes from the usage its vendor reported for it (:attr:`AttemptReport.usage`,
+read as its provider's ``[usage]`` fields say, :func:`llmroute.pricing.read_usage`). Where the
+vendor reported none, llmroute counts (docs/cost.md, "What llmroute assumes"):
+
+- an attempt cancelled before its first token (a losing hedge or race, a first-token timeout)
+  was billed its whole prompt, as uncached input, and no answer tokens;
+- an attempt cancelled after its first token (it lost the race as it answered) was billed its
+  prompt and the answer tokens it streamed before it was closed;
+- an attempt that broke mid-answer was billed its prompt and the tokens it delivered;
+- a continuation's prompt is the request's prompt and the answer so far;
+- an attempt that failed before its first token (an error status, a refused connection) was
+  not billed.
+
+Every such figure is an estimate and says so (``Cost.estimated``). Prompt tokens are llmroute's
+own count (four characters a token) unless the vendor reported them.
+
+The engine gives each request's report a pricer (:func:`pricer_for`); nothing is priced until
+``route.cost`` is read (the metrics read it once, when the request ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from .._prices import UsageFields
+from .._types import AttemptReport, RouteCost, RouteReport
+from ..pricing import Cost, TokenUsage, UsageError, cost_of, read_usage
+from ..protocols import adapter_for
+from .route import Route, RouteTarget
+
+__all__ = ["attempt_kind", "lost_cost", "pricer_for", "route_cost"]
+
+NO_USAGE = "no usage from the vendor: llmroute's count of the tokens"
+CANCELLED = "cancelled before its first token: its prompt assumed billed, no answer tokens"
+LOST = "cancelled as it answered: its prompt and the tokens it streamed assumed billed"
+BROKE = "broke mid-answer: its answer tokens counted by llmroute"
+FAILED = "failed before its first token: assumed not billed"
+_GROWING = frozenset({"won", "interrupted", "pending"})
+"""Outcomes whose usage may still change (an answer being read): priced again when read."""
+
+
+def attempt_kind(record: AttemptReport) -> str:
+    """``"answer"``, ``"continuation"``, ``"hedge"`` or ``"retry"`` (:class:`RouteCost`)."""
+    if record.reason == "continuation":
+        return "continuation"
+    if record.outcome in ("won", "interrupted"):
+        return "answer"
+    if record.outcome in ("cancelled", "pending"):
+        return "hedge"
+    return "retry"
+
+
+def _fields(target: RouteTarget) -> UsageFields:
+    return target.usage_fields or adapter_for(target.protocol).usage_fields
+
+
+def _as_json(usage: Any) -> Mapping[str, Any] | None:
+    if isinstance(usage, Mapping):
+        return usage
+    dump = getattr(usage, "model_dump", None)
+    return dump() if dump is not None else None
+
+
+def _today() -> datetime.date:
+    return datetime.datetime.now(datetime.UTC).date()
+
+
+def _priced(target: RouteTarget, tokens: TokenUsage, *why: str) -> Cost:
+    cost = cost_of(tokens, target.price, model=target.model, day=_today())
+    if why and cost.amount is not None:
+        cost = dataclasses.replace(cost, estimated=(*why, *cost.estimated))
+    return cost
+
+
+def _vendor_tokens(target: RouteTarget, usage: Any) -> TokenUsage | str:
+    """The vendor's usage sorted into token classes, or why it cannot be."""
+    data = _as_json(usage)
+    if data is None:
+        return f"usage of an unknown shape ({type(usage).__name__})"
+    try:
+        return read_usage(data, _fields(target))
+    except UsageError as exc:
+        return str(exc)
+
+
+def lost_cost(target: RouteTarget, usage: Any, prompt: int, streamed: int | None) -> Cost:
+    """An attempt that reached its first token after another won: its prompt (the vendor's
+    count, where it sent one before the answer: Anthropic does) and ``streamed`` answer tokens;
+    ``streamed=None``: a whole answer (not streamed), its ``usage`` exact."""
+    tokens = _vendor_tokens(target, usage) if usage is not None else None
+    if isinstance(tokens, str):
+        return Cost(None, unknown=tokens)
+    if streamed is None:
+        return (
+            _priced(target, tokens)
+            if tokens is not None
+            else _priced(target, TokenUsage(input=prompt), NO_USAGE)
+        )
+    if tokens is None:
+        tokens = TokenUsage(input=prompt)
+    return _priced(target, dataclasses.replace(tokens, output=max(tokens.output, streamed)), LOST)
+
+
+def _cost(record: AttemptReport, target: RouteTarget, prompt: int) -> Cost:
+    """The cost of an attempt the engine did not price when it ended."""
+    if record.outcome not in ("won", "interrupted"):
+        if record.outcome in ("cancelled", "timeout"):
+            return _priced(target, TokenUsage(input=prompt), CANCELLED)
+        return Cost(Decimal(0), estimated=(FAILED,))
+    delivered = record.tokens_estimate or record.tokens or 0
+    if record.usage is None:
+        return _priced(target, TokenUsage(input=prompt, output=delivered), NO_USAGE)
+    tokens = _vendor_tokens(target, record.usage)
+    if isinstance(tokens, str):
+        return Cost(None, unknown=tokens)
+    if record.outcome == "interrupted" and delivered > tokens.output:
+        return _priced(target, dataclasses.replace(tokens, output=delivered), BROKE)
+    return _priced(target, tokens)
+
+
+def route_cost(route: Route, prompt_tokens: int, report: RouteReport) -> RouteCost:
+    """Every attempt of ``report`` priced (each once) and summed by kind."""
+    kinds: dict[str, Decimal] = {}
+    unknown: list[str] = []
+    estimated: list[str] = []
+    currencies: set[str] = set()
+    delivered = 0  # the answer so far, which a continuation's prompt repeats
+    for record in report.attempts:
+        cost = record.cost
+        if cost is None or record.outcome in _GROWING:
+            try:
+                target = route.target(record.target)
+            except KeyError:
+                cost = Cost(None, unknown=f"not a target of {route.name!r}")
+            else:
+                prompt = prompt_tokens + (delivered if record.reason == "continuation" else 0)
+                cost = record.cost = _cost(record, target, prompt)
+        if record.outcome == "interrupted":
+            delivered += record.tokens or 0
+        if cost.amount is None:
+            unknown.append(f"{record.target}: {cost.unknown}")
+            continue
+        if cost.currency is not None:
+            currencies.add(cost.currency)
+        kind = attempt_kind(record)
+        kinds[kind] = kinds.get(kind, Decimal(0)) + cost.amount
+        estimated.extend(f"{record.target}: {why}" for why in cost.estimated if cost.amount)
+    if len(currencies) > 1:
+        unknown.append(f"attempts priced in several currencies ({', '.join(sorted(currencies))})")
+    amount = None if unknown else sum(kinds.values(), Decimal(0))
+    currency = currencies.pop() if len(currencies) == 1 else None
+    return RouteCost(amount, currency, kinds, tuple(unknown), tuple(dict.fromkeys(estimated)))
+
+
+def pricer_for(route: Route, prompt_tokens: int) -> Any:
+    """The report's pricer (:attr:`RouteReport.pricer`) for a request to ``route``."""
+    return lambda report: route_cost(route, prompt_tokens, report)
