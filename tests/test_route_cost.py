@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmroute import AsyncOpenAI
 from llmroute.routing.costs import CANCELLED, NO_USAGE
@@ -19,6 +20,8 @@ from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
 from .settle import settled
+from .test_tracing import only
+from .test_tracing import spans as spans  # the fixture
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +59,7 @@ async def test_a_cancelled_hedge_a_broken_answer_and_its_continuation_are_all_pr
 ) -> None:
     cfg = config(
         {
-            "slow": provider(sim_stall, prices={"*": PRICE}),
+            "slow": {"base_url": sim_stall.base_url, "api_key": KEY, "prices": {"*": PRICE}},
             "a": provider(cached_sim, prices={"*": PRICE}),
             "b": provider(cached_sim, prices={"*": PRICE}),
         },
@@ -73,12 +76,15 @@ async def test_a_cancelled_hedge_a_broken_answer_and_its_continuation_are_all_pr
                 model="chat", messages=MESSAGES, stream=True, extra_headers=fault
             )
             chunks = [chunk async for chunk in stream]
+        summed = client.metrics.costs()
+        exposition = client.metrics.exposition().decode()
     route = stream.route
     assert route is not None and route.hedges == 1
     slow, hedge, continuation = route.attempts
     assert (slow.target, slow.outcome) == ("slow:sim-small", "cancelled")
     assert (hedge.reason, hedge.outcome) == ("hedge", "interrupted")
     assert (continuation.reason, continuation.outcome) == ("continuation", "won")
+    assert continuation.target == "b:sim-small"  # slow cannot continue (no continuation)
     cost = route.cost
     assert cost is not None and cost.currency == "USD"
     prompt = estimate_prompt_tokens(MESSAGES)
@@ -90,11 +96,15 @@ async def test_a_cancelled_hedge_a_broken_answer_and_its_continuation_are_all_pr
     delivered = hedge.tokens_estimate or hedge.tokens or 0
     assert delivered > 0 and hedge.cost.amount == usd(prompt, 2) + usd(delivered, 8)
     # The continuation: the vendor's own usage, its repeated prompt (the answer so far
-    # included), exact.
+    # included; the part the vendor cached at the cached price), exact.
     usage = continuation.usage
     assert usage is not None and chunks
     assert continuation.cost is not None and not continuation.cost.estimated
-    assert continuation.cost.amount == usd(usage.prompt_tokens, 2) + usd(usage.completion_tokens, 8)
+    cached = usage.prompt_tokens_details.cached_tokens  # the user's message, read again
+    assert cached > 0
+    assert continuation.cost.amount == (
+        usd(usage.prompt_tokens - cached, 2) + usd(cached, 0.5) + usd(usage.completion_tokens, 8)
+    )
     assert usage.prompt_tokens > prompt  # the continuation's prompt repeats the answer so far
     assert dict(cost.kinds) == {
         "hedge": slow.cost.amount,
@@ -102,6 +112,14 @@ async def test_a_cancelled_hedge_a_broken_answer_and_its_continuation_are_all_pr
         "continuation": continuation.cost.amount,
     }
     assert cost.amount == slow.cost.amount + hedge.cost.amount + continuation.cost.amount
+    # Summed on the client's metrics, exact, and as Prometheus counters by target and kind.
+    assert summed == {
+        ("slow:sim-small", "hedge", "USD"): slow.cost.amount,
+        ("a:sim-small", "answer", "USD"): hedge.cost.amount,
+        ("b:sim-small", "continuation", "USD"): continuation.cost.amount,
+    }
+    line = 'llmroute_cost_total{kind="continuation",target="b:sim-small"} '
+    assert f"{line}{float(continuation.cost.amount)!r}" in exposition
     assert cost.estimated  # the cancelled and broken attempts are llmroute's estimates
     assert str(cost).startswith(f"cost {cost.amount.normalize():f} USD (")
 
@@ -170,3 +188,20 @@ async def test_anthropic_cache_writes_are_priced_by_lifetime(sim: Simulator) -> 
     written, read = costs
     assert written.get("cache_write_1h", 0) > 0 and "cache_write" not in written
     assert read.get("cache_read") == written["cache_write_1h"] and "cache_write_1h" not in read
+
+
+async def test_the_cost_is_on_the_request_span(
+    cached_sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        summed = client.metrics.costs()
+    assert completion.route is not None and completion.route.cost is not None
+    amount = completion.route.cost.amount
+    assert amount is not None and amount > 0
+    assert summed == {("a:sim-small", "answer", "USD"): amount}
+    attributes = dict(only(spans).attributes or {})
+    assert attributes["llmroute.cost"] == str(amount)
+    assert attributes["llmroute.cost.currency"] == "USD"
+    assert "llmroute.cost.estimated" not in attributes  # the vendor's usage, priced
