@@ -36,6 +36,7 @@ from llmroute.testing import Profile, SimulatorProcess
 KEY = "sk-bench"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CLIENTS = ("httpx", "openai", "llmroute", "llmroute-routed")
+PRICE = {"input": 1.25, "cached_input": 0.125, "output": 10}
 
 Call = Callable[[], Awaitable[None]]
 
@@ -49,7 +50,10 @@ def calls(sim: SimulatorProcess, stream: bool) -> tuple[dict[str, Call], list[An
     )
     direct = llmroute.AsyncOpenAI(api_key=KEY, base_url=sim.base_url, verify=sim.ssl_context())
     config = {
-        "providers": {"sim": {"base_url": sim.base_url, "api_key": KEY}},
+        "providers": {
+            # Priced, so that each call's cost is computed (route.cost, the metrics).
+            "sim": {"base_url": sim.base_url, "api_key": KEY, "prices": {"*": PRICE}},
+        },
         "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
         "routing": {"explore": 0},
     }

@@ -13,8 +13,13 @@ import anyio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmroute import AsyncOpenAI
-from llmroute.routing.costs import CANCELLED, NO_USAGE
+from llmroute import AsyncOpenAI, AttemptReport, RouteReport
+from llmroute._catalog import load_catalog
+from llmroute.pricing import attempt_cost, find_price
+from llmroute.protocols.openai import build_chunk
+from llmroute.routing.costs import CANCELLED, NO_USAGE, RoutePricer
+from llmroute.routing.policies import FastestPolicy
+from llmroute.routing.route import Route, RouteTarget
 from llmroute.routing.stats import estimate_prompt_tokens
 from llmroute.testing import Profile, Simulator
 
@@ -205,3 +210,63 @@ async def test_the_cost_is_on_the_request_span(
     assert attributes["llmroute.cost"] == str(amount)
     assert attributes["llmroute.cost.currency"] == "USD"
     assert "llmroute.cost.estimated" not in attributes  # the vendor's usage, priced
+
+
+USAGES = [  # (vendor, model, usage as the vendor sends it)
+    (
+        "openai",
+        "gpt-6.1-sol",
+        {
+            "prompt_tokens": 1486,
+            "completion_tokens": 651,
+            "prompt_tokens_details": {"cached_tokens": 1408},
+            "completion_tokens_details": {"reasoning_tokens": 512},
+        },
+    ),
+    (
+        "anthropic",
+        "claude-opus-5",
+        {
+            "input_tokens": 40,
+            "cache_creation_input_tokens": 3000,
+            "cache_read_input_tokens": 12000,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": 1000,
+                "ephemeral_1h_input_tokens": 2000,
+            },
+            "output_tokens": 700,
+        },
+    ),
+    (
+        "deepseek",
+        "deepseek-v4-pro",
+        {
+            "prompt_tokens": 5000,
+            "prompt_cache_hit_tokens": 4800,
+            "prompt_cache_miss_tokens": 200,
+            "completion_tokens": 900,
+            "completion_tokens_details": {"reasoning_tokens": 600},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("vendor", "model", "usage"), USAGES, ids=[u[0] for u in USAGES])
+def test_the_metrics_fast_pricing_is_the_full_pricing(
+    vendor: str, model: str, usage: dict[str, Any]
+) -> None:
+    spec = load_catalog()[vendor]
+    target = RouteTarget(
+        vendor, model, price=find_price(spec.prices, model), usage_fields=spec.usage_fields
+    )
+    full = attempt_cost(spec, model, usage)
+    assert full.amount is not None and full.amount > 0
+    fast = RoutePricer(Route("chat", (target,), FastestPolicy()), 10)
+    record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
+    report = RouteReport("chat", "fastest", attempts=[record])
+    assert fast.amounts(report) == [(record, full.amount, "USD")]
+    assert record.cost is None  # the fast path builds no Cost
+    as_object = build_chunk({"id": "x", "choices": [], "usage": usage}).usage
+    if vendor != "anthropic":  # openai's object, unknown fields (DeepSeek's) included
+        record.usage = as_object
+        assert fast.amounts(report) == [(record, full.amount, "USD")]

@@ -178,7 +178,7 @@ class Tracer:
                 attributes["llmroute.left_out"] = list(report.left_out)
             if report.tier is not None:
                 attributes.update(tier_attributes(report.tier))
-            cost = record.cost
+            cost = report.cost if report.attempts else None
             if cost is not None:
                 attributes.update(_cost_attributes(cost))
             if report.winner is not None:

@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .._types import RouteReport, TierDecision, Timings
+from .._types import AttemptReport, TierDecision, Timings
 from ..routing.costs import attempt_kind
 from ..routing.stats import TargetSnapshot
 from ._otel import Tracer
@@ -219,6 +219,7 @@ class ClientMetrics:
             registry=registry,
         )
         self._cost_sums: dict[tuple[str, str, str], Decimal] = {}
+        self._cost_children: dict[tuple[str, str, str], Any] = {}
         self._cache = Counter(
             "llmroute_cache_hits",
             "Requests answered without asking a target: from the cache (cache) or from an "
@@ -364,8 +365,9 @@ class ClientMetrics:
                 self._latency.labels(attempt.target).observe(attempt.ttft)
             if attempt.outcome == "won" and attempt.reason == "hedge":
                 self._hedges_won.labels(route).inc()
-        if record.cost is not None:
-            self._count_cost(report)
+        amounts = getattr(report.pricer, "amounts", None)
+        if amounts is not None:
+            self._count_cost(amounts(report))
         if report.hedges:
             self._hedges.labels(route).inc(report.hedges)
         if report.hedges_denied:
@@ -379,20 +381,20 @@ class ClientMetrics:
             if itl is not None and not report.continued_on:
                 self._itl.labels(report.winner).observe(itl)
 
-    def _count_cost(self, report: RouteReport) -> None:
+    def _count_cost(self, amounts: list[tuple[AttemptReport, Decimal | None, str]]) -> None:
         """Each priced attempt's cost, by target and kind (unknown ones counted apart)."""
-        sums = self._cost_sums
-        for attempt in report.attempts:
-            cost = attempt.cost
-            if cost is None:
-                continue
-            if cost.amount is None:
+        sums, children = self._cost_sums, self._cost_children
+        for attempt, amount, currency in amounts:
+            if amount is None:
                 self._cost_unknown.labels(attempt.target).inc()
-            elif cost.amount:
+            elif amount:
                 kind = attempt_kind(attempt)
-                self._cost.labels(attempt.target, kind).inc(float(cost.amount))
-                key = (attempt.target, kind, cost.currency or "")
-                sums[key] = sums.get(key, Decimal(0)) + cost.amount
+                key = (attempt.target, kind, currency)
+                child = children.get(key)
+                if child is None:
+                    child = children[key] = self._cost.labels(attempt.target, kind)
+                child.inc(float(amount))
+                sums[key] = sums.get(key, Decimal(0)) + amount
 
     def _direct(self, record: RequestRecord, target: str, timings: Timings) -> None:
         outcome = {"ok": "won", "cancelled": "cancelled", "interrupted": "interrupted"}.get(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._types import RouteCost, RouteReport, Timings
+from .._types import RouteReport, Timings
 
 __all__ = ["RequestRecord"]
 
@@ -22,8 +22,6 @@ class RequestRecord:
     timings: Timings | None = None
     target: str | None = None
     """The target of a request that is not routed (``report`` then has no attempts)."""
-    cost: RouteCost | None = None
-    """The request's cost, every attempt priced (``report.cost``, read once as it ended)."""
 
     @property
     def source(self) -> str:

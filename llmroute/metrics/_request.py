@@ -109,14 +109,7 @@ class RequestTelemetry:
         if self._done:
             return
         self._done = True
-        try:
-            cost = report.cost if report is not None and report.attempts else None
-        except Exception:  # telemetry must never fail a request
-            log.warning("llmroute: pricing a request failed", exc_info=True)
-            cost = None
-        record = RequestRecord(
-            self._route, outcome, self._stream, report, timings, self._target, cost
-        )
+        record = RequestRecord(self._route, outcome, self._stream, report, timings, self._target)
         try:
             self._metrics.observe(record)
             if self._span is not None:

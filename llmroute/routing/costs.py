@@ -34,7 +34,7 @@ from ..pricing import Cost, TokenUsage, UsageError, cost_of, read_usage
 from ..protocols import adapter_for
 from .route import Route, RouteTarget
 
-__all__ = ["attempt_kind", "lost_cost", "pricer_for", "route_cost"]
+__all__ = ["RoutePricer", "attempt_kind", "lost_cost", "pricer_for", "route_cost"]
 
 NO_USAGE = "no usage from the vendor: llmroute's count of the tokens"
 CANCELLED = "cancelled before its first token: its prompt assumed billed, no answer tokens"
@@ -72,7 +72,9 @@ def _today() -> datetime.date:
 
 
 def _priced(target: RouteTarget, tokens: TokenUsage, *why: str) -> Cost:
-    cost = cost_of(tokens, target.price, model=target.model, day=_today())
+    price = target.price
+    day = _today() if price is not None and price.valid_until is not None else None
+    cost = cost_of(tokens, price, model=target.model, day=day)
     if why and cost.amount is not None:
         cost = dataclasses.replace(cost, estimated=(*why, *cost.estimated))
     return cost
@@ -158,6 +160,133 @@ def route_cost(route: Route, prompt_tokens: int, report: RouteReport) -> RouteCo
     return RouteCost(amount, currency, kinds, tuple(unknown), tuple(dict.fromkeys(estimated)))
 
 
-def pricer_for(route: Route, prompt_tokens: int) -> Any:
+class _Rates:
+    """A target's flat price, read once, for pricing a whole answer's usage without building
+    a :class:`~llmroute.pricing.Cost` (the metrics' path: a few microseconds a request). A price
+    with long-prompt tiers, a GPU-hour rate or an end date is not flat: ``None`` instead."""
+
+    __slots__ = ("cache_read", "cache_write", "cache_write_1h", "currency", "fields", "paths")
+    __slots__ += ("input", "output", "reasoning", "tier_above")
+
+    def __init__(self, target: RouteTarget) -> None:
+        price = target.price
+        assert price is not None
+        fields = _fields(target)
+        self.fields = fields
+        self.paths = tuple(
+            tuple(path.split(".")) if path is not None else None
+            for path in (
+                fields.prompt,
+                fields.cache_read,
+                fields.cache_write,
+                fields.cache_write_1h,
+                fields.completion,
+                fields.reasoning,
+            )
+        )
+        self.currency = price.currency
+        self.input, self.output = price.input, price.output
+        self.cache_read, self.cache_write = price.cached_input, price.cache_write
+        self.cache_write_1h = price.cache_write_1h
+        self.reasoning = price.reasoning if price.reasoning is not None else price.output
+        self.tier_above = price.tiers[0].above_prompt_tokens if price.tiers else None
+        """Prompts longer than this have a tier's price: the full pricing decides."""
+
+    def amount(self, usage: Any) -> Decimal | None:
+        """What ``usage`` costs; ``None`` where the full pricing must decide (a count that is
+        not a whole number, tokens of a class without a price)."""
+        counts: list[int] = []
+        for path in self.paths:
+            value: Any = 0
+            if path is not None:
+                value = usage
+                for part in path:
+                    value = value.get(part) if type(value) is dict else getattr(value, part, None)
+                    if value is None:
+                        value = 0
+                        break
+            if type(value) is not int or value < 0:
+                return None
+            counts.append(value)
+        prompt, read, writes, writes_1h, output, reasoning = counts
+        fresh = prompt - read - writes if self.fields.prompt_includes_cache else prompt
+        if self.fields.output_from_total is not None or fresh < 0 or writes_1h > writes:
+            return None
+        if reasoning > output:
+            return None
+        above = self.tier_above
+        if above is not None and fresh + read + writes > above:
+            return None
+        total = Decimal(0)
+        for tokens, rate in (
+            (fresh, self.input),
+            (read, self.cache_read),
+            (writes - writes_1h, self.cache_write),
+            (writes_1h, self.cache_write_1h),
+            (output - reasoning, self.output),
+            (reasoning, self.reasoning),
+        ):
+            if tokens:
+                if rate is None:
+                    return None
+                total += tokens * rate
+        return total / _MILLION
+
+
+def _rates(route: Route, target: RouteTarget) -> _Rates | None:
+    book = route.price_book
+    try:
+        return book[target.name]
+    except KeyError:
+        price = target.price
+        flat = price is not None and price.gpu_hour is None and price.valid_until is None
+        rates = book[target.name] = _Rates(target) if flat else None
+        return rates
+
+
+class RoutePricer:
+    """Prices one request's attempts (:attr:`RouteReport.pricer`): called, the whole
+    :class:`RouteCost`; :meth:`amounts`, only what the metrics count."""
+
+    __slots__ = ("prompt_tokens", "route")
+
+    def __init__(self, route: Route, prompt_tokens: int) -> None:
+        self.route, self.prompt_tokens = route, prompt_tokens
+
+    def __call__(self, report: RouteReport) -> RouteCost:
+        return route_cost(self.route, self.prompt_tokens, report)
+
+    def amounts(self, report: RouteReport) -> list[tuple[AttemptReport, Decimal | None, str]]:
+        """Each attempt with its amount (``None``: unknown) and currency. A whole answer of a
+        flat price is priced from its usage at once; anything else by :func:`route_cost`."""
+        attempts = report.attempts
+        if len(attempts) == 1:
+            record = attempts[0]
+            if record.outcome == "won" and record.usage is not None and record.cost is None:
+                route = self.route
+                target = route.price_book.get(record.target, _UNREAD)
+                if target is _UNREAD:
+                    try:
+                        target = _rates(route, route.target(record.target))
+                    except KeyError:
+                        target = None
+                if target is not None:
+                    amount = target.amount(record.usage)
+                    if amount is not None:
+                        return [(record, amount, target.currency)]
+        self(report)
+        out: list[tuple[AttemptReport, Decimal | None, str]] = []
+        for record in attempts:
+            cost = record.cost
+            if cost is not None:
+                out.append((record, cost.amount, cost.currency or ""))
+        return out
+
+
+_UNREAD = object()
+_MILLION = Decimal(1_000_000)
+
+
+def pricer_for(route: Route, prompt_tokens: int) -> RoutePricer:
     """The report's pricer (:attr:`RouteReport.pricer`) for a request to ``route``."""
-    return lambda report: route_cost(route, prompt_tokens, report)
+    return RoutePricer(route, prompt_tokens)

@@ -106,6 +106,8 @@ class Route:
     goal: LatencyGoal | None = None
     """The route's latency goal (``ttft_target``, ``min_tokens_per_s``); a request's own
     options override it (:mod:`.goal`)."""
+    price_book: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Each target's price, read once for the fast pricing of answers (:mod:`.costs`)."""
 
     def rules(self) -> CauseRules:
         """How the route reacts to each cause of failure (:mod:`.causes`)."""
