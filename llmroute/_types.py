@@ -248,8 +248,3 @@ class RouteReport:
             f"cache hit {'yes' if self.cache_hit else 'no'}"
             + (", shared an identical request's call" if self.shared else "")
         )
-
-    def cost_line(self) -> str:
-        """The cost as one line (``llmroute chat --show-route``): ``""`` when not priced."""
-        cost = self.cost
-        return "" if cost is None else str(cost)

@@ -15,6 +15,7 @@ from ._parser import examples
 
 if TYPE_CHECKING:
     from .._types import RouteReport, TierDecision, Timings
+    from ..pricing import Cost
 
 __all__ = ["register", "route_lines", "tier_line"]
 
@@ -275,6 +276,14 @@ def tier_line(decision: TierDecision) -> str:
     return line
 
 
+def _money(cost: Cost) -> str:
+    """An attempt's cost, short: ``cost 0.000236 USD``, ``~`` before an estimate."""
+    if cost.amount is None:
+        return "cost unknown"
+    approx = "~" if cost.estimated and cost.amount else ""
+    return f"cost {approx}{cost.amount.normalize():f} {cost.currency or ''}".rstrip()
+
+
 def route_lines(route: RouteReport | None, timings: Timings | None, model: str) -> list[str]:
     """A human summary of how one request was served: the route report, then the timings."""
     lines: list[str] = []
@@ -294,6 +303,9 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             lines.append(f"  left out: {target} ({why})")
         if route.usage_estimated:
             lines.append(f"  usage counted by llmroute: {', '.join(route.usage_estimated)}")
+        cost = route.cost
+        if cost is not None:
+            lines.append(f"  {cost}")
         width = max((len(a.target) for a in route.attempts), default=0)
         for index, attempt in enumerate(route.attempts, 1):
             line = (
@@ -306,6 +318,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
                 estimate = attempt.tokens_estimate
                 if estimate is not None and estimate != attempt.tokens:
                     line += f" (~{estimate} estimated)"
+            if attempt.cost is not None:
+                line += f"  {_money(attempt.cost)}"
             if attempt.request_id:
                 line += f"  request id {attempt.request_id}"
             if attempt.error:
