@@ -78,6 +78,7 @@ from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .protocols import adapter_for
 from .routing.backoff import retry_delay, should_retry_status
+from .routing.costs import saved_by
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
@@ -885,6 +886,7 @@ class Dispatch:
         report = RouteReport(
             route=call.body["model"], policy=policy, cache_hit=True, winner="cache"
         )
+        report.saved = saved_by(route, hit.entry) if route is not None else None
         timings = Timings(started_at=started)
         response = self._cache_response(call)
         if hit.completion is None:

@@ -270,3 +270,30 @@ def test_the_metrics_fast_pricing_is_the_full_pricing(
     if vendor != "anthropic":  # openai's object, unknown fields (DeepSeek's) included
         record.usage = as_object
         assert fast.amounts(report) == [(record, full.amount, "USD")]
+
+
+async def test_a_cache_hit_costs_zero_and_says_what_it_saved(cached_sim: Simulator) -> None:
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    cfg["cache"] = {"backend": "memory", "min_hits": 1}
+    messages = [{"role": "user", "content": f"Cache me {uuid.uuid4().hex}"}]
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        reports = []
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=messages,
+                stream=True,
+                temperature=0,
+                stream_options={"include_usage": True},  # kept with the answer in the cache
+            )
+            [chunk async for chunk in stream]
+            reports.append(stream.route)
+        summed = client.metrics.costs()
+    live, hit = reports[0], reports[-1]
+    assert live is not None and hit is not None and hit.cache_hit and not live.cache_hit
+    paid, replayed = live.cost, hit.cost
+    assert paid is not None and replayed is not None and paid.amount
+    assert replayed.amount == 0 and replayed.saved == paid.amount
+    assert str(replayed) == f"cost 0, saved {paid.amount.normalize():f}"
+    live_ones = [r for r in reports if r is not None and not r.cache_hit]
+    assert summed == {("a:sim-small", "answer", "USD"): paid.amount * len(live_ones)}

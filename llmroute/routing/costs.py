@@ -34,7 +34,7 @@ from ..pricing import Cost, TokenUsage, UsageError, cost_of, read_usage
 from ..protocols import adapter_for
 from .route import Route, RouteTarget
 
-__all__ = ["RoutePricer", "attempt_kind", "lost_cost", "pricer_for", "route_cost"]
+__all__ = ["RoutePricer", "attempt_kind", "lost_cost", "pricer_for", "route_cost", "saved_by"]
 
 NO_USAGE = "no usage from the vendor: llmroute's count of the tokens"
 CANCELLED = "cancelled before its first token: its prompt assumed billed, no answer tokens"
@@ -290,3 +290,33 @@ _MILLION = Decimal(1_000_000)
 def pricer_for(route: Route, prompt_tokens: int) -> RoutePricer:
     """The report's pricer (:attr:`RouteReport.pricer`) for a request to ``route``."""
     return RoutePricer(route, prompt_tokens)
+
+
+def _stored_usage(chunks: list[dict[str, Any]] | None, completion: Any) -> Any:
+    """The usage a stored chat answer carries (openai's shape, as the cache keeps it)."""
+    if isinstance(completion, Mapping):
+        return completion.get("usage")
+    for chunk in reversed(chunks or ()):
+        if isinstance(chunk, Mapping) and chunk.get("usage"):
+            return chunk["usage"]
+    return None
+
+
+def saved_by(route: Route, entry: Any) -> Any:
+    """For a cache hit's report (:attr:`RouteReport.saved`): what the stored answer cost when
+    its target (``entry.origin``) made it, priced when read; ``None`` when unknown. The cache
+    keeps openai's usage object, so a vendor's cache writes count as input (an estimate)."""
+
+    def saved() -> Decimal | None:
+        usage = _stored_usage(entry.chunks, entry.completion)
+        if usage is None or entry.kind != "chat" or entry.origin is None:
+            return None
+        try:
+            target = route.target(entry.origin)
+        except KeyError:
+            return None
+        target = dataclasses.replace(target, usage_fields=adapter_for("openai").usage_fields)
+        tokens = _vendor_tokens(target, usage)
+        return None if isinstance(tokens, str) else _priced(target, tokens).amount
+
+    return saved
