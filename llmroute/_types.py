@@ -219,6 +219,9 @@ class RouteReport:
     request_id: str | None = None
     """The request's own id: the gateway's ``x-request-id`` (``gw-...``) for a request that
     came through ``llmroute serve``, else the call's ``x-llmroute-request-id`` header."""
+    prompt_tokens: int = field(default=0, repr=False, compare=False)
+    """llmroute's estimate of the prompt's tokens (four characters a token): what an attempt
+    without the vendor's usage is priced with (docs/cost.md)."""
     pricer: Callable[[RouteReport], RouteCost] | None = field(
         default=None, repr=False, compare=False
     )

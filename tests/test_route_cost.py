@@ -261,7 +261,7 @@ def test_the_metrics_fast_pricing_is_the_full_pricing(
     )
     full = attempt_cost(spec, model, usage)
     assert full.amount is not None and full.amount > 0
-    fast = RoutePricer(Route("chat", (target,), FastestPolicy()), 10)
+    fast = RoutePricer(Route("chat", (target,), FastestPolicy()))
     record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
     report = RouteReport("chat", "fastest", attempts=[record])
     assert fast.amounts(report) == [(record, full.amount, "USD")]

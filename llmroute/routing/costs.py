@@ -17,7 +17,10 @@ Every such figure is an estimate and says so (``Cost.estimated``). Prompt tokens
 own count (four characters a token) unless the vendor reported them.
 
 The engine gives each request's report a pricer (:func:`pricer_for`); nothing is priced until
-``route.cost`` is read (the metrics read it once, when the request ends).
+``route.cost`` is read. The metrics, which count every request as it ends, take
+:meth:`RoutePricer.amounts`: a whole answer at a flat price is priced from its usage without
+building a :class:`~llmroute.pricing.Cost` (a few microseconds), anything else by
+:func:`route_cost`.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def lost_cost(target: RouteTarget, usage: Any, prompt: int, streamed: int | None
 def _cost(record: AttemptReport, target: RouteTarget, prompt: int) -> Cost:
     """The cost of an attempt the engine did not price when it ended."""
     if record.outcome not in ("won", "interrupted"):
-        if record.outcome in ("cancelled", "timeout"):
+        if record.outcome in ("cancelled", "timeout", "pending"):
             return _priced(target, TokenUsage(input=prompt), CANCELLED)
         return Cost(Decimal(0), estimated=(FAILED,))
     delivered = record.tokens_estimate or record.tokens or 0
@@ -245,16 +248,17 @@ def _rates(route: Route, target: RouteTarget) -> _Rates | None:
 
 
 class RoutePricer:
-    """Prices one request's attempts (:attr:`RouteReport.pricer`): called, the whole
-    :class:`RouteCost`; :meth:`amounts`, only what the metrics count."""
+    """Prices the attempts of a route's requests (:attr:`RouteReport.pricer`, one per route):
+    called with a report, the whole :class:`RouteCost`; :meth:`amounts`, only what the metrics
+    count."""
 
-    __slots__ = ("prompt_tokens", "route")
+    __slots__ = ("route",)
 
-    def __init__(self, route: Route, prompt_tokens: int) -> None:
-        self.route, self.prompt_tokens = route, prompt_tokens
+    def __init__(self, route: Route) -> None:
+        self.route = route
 
     def __call__(self, report: RouteReport) -> RouteCost:
-        return route_cost(self.route, self.prompt_tokens, report)
+        return route_cost(self.route, report.prompt_tokens, report)
 
     def amounts(self, report: RouteReport) -> list[tuple[AttemptReport, Decimal | None, str]]:
         """Each attempt with its amount (``None``: unknown) and currency. A whole answer of a
@@ -287,9 +291,17 @@ _UNREAD = object()
 _MILLION = Decimal(1_000_000)
 
 
-def pricer_for(route: Route, prompt_tokens: int) -> RoutePricer:
-    """The report's pricer (:attr:`RouteReport.pricer`) for a request to ``route``."""
-    return RoutePricer(route, prompt_tokens)
+def pricer_for(route: Route) -> RoutePricer:
+    """The pricer of ``route``'s reports (:attr:`RouteReport.pricer`), made once per route."""
+    book = route.price_book
+    try:
+        return book[_PRICER]
+    except KeyError:
+        pricer = book[_PRICER] = RoutePricer(route)
+        return pricer
+
+
+_PRICER = ""  # its key in the route's price book (no target is named "")
 
 
 def _stored_usage(chunks: list[dict[str, Any]] | None, completion: Any) -> Any:

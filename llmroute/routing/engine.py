@@ -330,7 +330,8 @@ class Router:
             route=route.name,
             policy=route.policy.name,
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
-            pricer=pricer_for(route, tokens),
+            pricer=pricer_for(route),
+            prompt_tokens=tokens,
         )
         run = _Run(self, route, body, send, report, tokens, stream, kind)
         run.goal = goal.over(route.goal) if goal is not None else route.goal
