@@ -240,8 +240,19 @@ class _Collector:
 
 
 def _plain(record: Any) -> Any:
-    """A route report or timings as plain data for JSON (``None`` stays ``None``)."""
-    return None if record is None else dataclasses.asdict(record)
+    """A route report or timings as plain data for JSON (``None`` stays ``None``); a report's
+    ``cost`` is added (amounts as decimal strings), its pricing machinery left out."""
+    if record is None:
+        return None
+    cost = getattr(record, "cost", None)  # a report's: prices its attempts first
+    if hasattr(record, "pricer"):
+        record = dataclasses.replace(record, pricer=None, saved=None)
+    data = dataclasses.asdict(record)
+    for machinery in ("pricer", "saved", "prompt_tokens"):
+        data.pop(machinery, None)
+    if hasattr(record, "pricer"):
+        data["cost"] = None if cost is None else dataclasses.asdict(cost)
+    return data
 
 
 def _json_default(value: Any) -> Any:
