@@ -168,8 +168,18 @@ class _Rates:
     a :class:`~llmroute.pricing.Cost` (the metrics' path: a few microseconds a request). A price
     with long-prompt tiers, a GPU-hour rate or an end date is not flat: ``None`` instead."""
 
-    __slots__ = ("cache_read", "cache_write", "cache_write_1h", "currency", "fields", "paths")
-    __slots__ += ("input", "output", "reasoning", "tier_above")
+    __slots__ = (
+        "cache_read",
+        "cache_write",
+        "cache_write_1h",
+        "currency",
+        "fields",
+        "input",
+        "output",
+        "paths",
+        "reasoning",
+        "tier_above",
+    )
 
     def __init__(self, target: RouteTarget) -> None:
         price = target.price
