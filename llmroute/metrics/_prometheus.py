@@ -218,7 +218,7 @@ class ClientMetrics:
             ["target"],
             registry=registry,
         )
-        self._cost_sums: dict[tuple[str, str, str], Decimal] = {}
+        self._cost_sums: dict[tuple[str, str, str], tuple[int, int]] = {}
         self._cost_children: dict[tuple[str, str, str], Any] = {}
         self._cache = Counter(
             "llmroute_cache_hits",
@@ -300,7 +300,10 @@ class ClientMetrics:
         """What routed requests cost so far, exact: by target, kind of attempt (``answer``,
         ``hedge``, ``retry``, ``continuation``) and currency; the Prometheus counter
         ``llmroute_cost_total`` is the same sums as floats."""
-        return dict(self._cost_sums)
+        return {
+            key: Decimal(units).scaleb(exponent)
+            for key, (units, exponent) in self._cost_sums.items()
+        }
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""
@@ -381,20 +384,29 @@ class ClientMetrics:
             if itl is not None and not report.continued_on:
                 self._itl.labels(report.winner).observe(itl)
 
-    def _count_cost(self, amounts: list[tuple[AttemptReport, Decimal | None, str]]) -> None:
-        """Each priced attempt's cost, by target and kind (unknown ones counted apart)."""
+    def _count_cost(self, amounts: list[tuple[AttemptReport, int | None, int, str]]) -> None:
+        """Each priced attempt's cost (whole ``10**exponent`` units), by target and kind;
+        unknown ones counted apart. The sums stay integers: exact, and cheap."""
         sums, children = self._cost_sums, self._cost_children
-        for attempt, amount, currency in amounts:
-            if amount is None:
+        for attempt, units, exponent, currency in amounts:
+            if units is None:
                 self._cost_unknown.labels(attempt.target).inc()
-            elif amount:
+            elif units:
                 kind = attempt_kind(attempt)
                 key = (attempt.target, kind, currency)
                 child = children.get(key)
                 if child is None:
                     child = children[key] = self._cost.labels(attempt.target, kind)
-                child.inc(float(amount))
-                sums[key] = sums.get(key, Decimal(0)) + amount
+                child.inc(units / 10**-exponent if exponent < 0 else units * 10**exponent)
+                held = sums.get(key)
+                if held is None:
+                    sums[key] = (units, exponent)
+                elif held[1] == exponent:
+                    sums[key] = (held[0] + units, exponent)
+                else:
+                    low = min(held[1], exponent)
+                    total = held[0] * 10 ** (held[1] - low) + units * 10 ** (exponent - low)
+                    sums[key] = (total, low)
 
     def _direct(self, record: RequestRecord, target: str, timings: Timings) -> None:
         outcome = {"ok": "won", "cancelled": "cancelled", "interrupted": "interrupted"}.get(

@@ -165,85 +165,79 @@ def route_cost(route: Route, prompt_tokens: int, report: RouteReport) -> RouteCo
 
 class _Rates:
     """A target's flat price, read once, for pricing a whole answer's usage without building
-    a :class:`~llmroute.pricing.Cost` (the metrics' path: a few microseconds a request). A price
-    with long-prompt tiers, a GPU-hour rate or an end date is not flat: ``None`` instead."""
+    a :class:`~llmroute.pricing.Cost` (the metrics' path: a few microseconds a request). Each
+    rate is kept as a whole number of ``10**exponent`` currency units per token, so an answer's
+    cost is integer arithmetic, exact. A price with a GPU-hour rate or an end date is not flat:
+    ``None`` instead (a long prompt's tier goes to the full pricing too)."""
 
-    __slots__ = (
-        "cache_read",
-        "cache_write",
-        "cache_write_1h",
-        "currency",
-        "fields",
-        "input",
-        "output",
-        "paths",
-        "reasoning",
-        "tier_above",
-    )
+    __slots__ = ("currency", "exponent", "includes_cache", "paths", "rates", "tier_above")
 
     def __init__(self, target: RouteTarget) -> None:
         price = target.price
         assert price is not None
         fields = _fields(target)
-        self.fields = fields
+        self.includes_cache = fields.prompt_includes_cache
+        paths = (
+            fields.prompt,
+            fields.cache_read,
+            fields.cache_write,
+            fields.cache_write_1h,
+            fields.completion,
+            fields.reasoning,
+        )
         self.paths = tuple(
-            tuple(path.split(".")) if path is not None else None
-            for path in (
-                fields.prompt,
-                fields.cache_read,
-                fields.cache_write,
-                fields.cache_write_1h,
-                fields.completion,
-                fields.reasoning,
-            )
+            (index, tuple(path.split("."))) for index, path in enumerate(paths) if path is not None
         )
         self.currency = price.currency
-        self.input, self.output = price.input, price.output
-        self.cache_read, self.cache_write = price.cached_input, price.cache_write
-        self.cache_write_1h = price.cache_write_1h
-        self.reasoning = price.reasoning if price.reasoning is not None else price.output
+        reasoning = price.reasoning if price.reasoning is not None else price.output
+        rates = (
+            price.input,
+            price.cached_input,
+            price.cache_write,
+            price.cache_write_1h,
+            price.output,
+            reasoning,
+        )
+        per_token = [None if r is None else r / _MILLION for r in rates]
+        exponent = min((int(r.as_tuple().exponent) for r in per_token if r is not None), default=0)
+        self.exponent = exponent
+        self.rates = tuple(None if r is None else int(r.scaleb(-exponent)) for r in per_token)
         self.tier_above = price.tiers[0].above_prompt_tokens if price.tiers else None
         """Prompts longer than this have a tier's price: the full pricing decides."""
 
-    def amount(self, usage: Any) -> Decimal | None:
-        """What ``usage`` costs; ``None`` where the full pricing must decide (a count that is
-        not a whole number, tokens of a class without a price)."""
-        counts: list[int] = []
-        for path in self.paths:
-            value: Any = 0
-            if path is not None:
-                value = usage
-                for part in path:
-                    value = value.get(part) if type(value) is dict else getattr(value, part, None)
-                    if value is None:
-                        value = 0
-                        break
-            if type(value) is not int or value < 0:
-                return None
-            counts.append(value)
+    def units(self, usage: Any) -> int | None:
+        """What ``usage`` costs in ``10**exponent`` units; ``None`` where the full pricing must
+        decide (a count that is not a whole number, tokens of a class without a price)."""
+        counts = [0, 0, 0, 0, 0, 0]
+        for index, path in self.paths:
+            value = usage
+            for part in path:
+                value = value.get(part) if type(value) is dict else getattr(value, part, None)
+                if value is None:
+                    break
+            else:
+                if type(value) is not int or value < 0:
+                    return None
+                counts[index] = value
         prompt, read, writes, writes_1h, output, reasoning = counts
-        fresh = prompt - read - writes if self.fields.prompt_includes_cache else prompt
-        if self.fields.output_from_total is not None or fresh < 0 or writes_1h > writes:
-            return None
-        if reasoning > output:
+        fresh = prompt - read - writes if self.includes_cache else prompt
+        if fresh < 0 or writes_1h > writes or reasoning > output:
             return None
         above = self.tier_above
         if above is not None and fresh + read + writes > above:
             return None
-        total = Decimal(0)
-        for tokens, rate in (
-            (fresh, self.input),
-            (read, self.cache_read),
-            (writes - writes_1h, self.cache_write),
-            (writes_1h, self.cache_write_1h),
-            (output - reasoning, self.output),
-            (reasoning, self.reasoning),
-        ):
-            if tokens:
-                if rate is None:
-                    return None
-                total += tokens * rate
-        return total / _MILLION
+        r_input, r_read, r_write, r_write_1h, r_output, r_reasoning = self.rates
+        try:
+            return (
+                (fresh * r_input if fresh else 0)
+                + (read * r_read if read else 0)
+                + ((writes - writes_1h) * r_write if writes > writes_1h else 0)
+                + (writes_1h * r_write_1h if writes_1h else 0)
+                + ((output - reasoning) * r_output if output > reasoning else 0)
+                + (reasoning * r_reasoning if reasoning else 0)
+            )
+        except TypeError:  # tokens of a class without a price (None)
+            return None
 
 
 def _rates(route: Route, target: RouteTarget) -> _Rates | None:
@@ -270,30 +264,37 @@ class RoutePricer:
     def __call__(self, report: RouteReport) -> RouteCost:
         return route_cost(self.route, report.prompt_tokens, report)
 
-    def amounts(self, report: RouteReport) -> list[tuple[AttemptReport, Decimal | None, str]]:
-        """Each attempt with its amount (``None``: unknown) and currency. A whole answer of a
-        flat price is priced from its usage at once; anything else by :func:`route_cost`."""
+    def amounts(self, report: RouteReport) -> list[tuple[AttemptReport, int | None, int, str]]:
+        """Each attempt with its cost as a whole number of ``10**exponent`` units (``None``:
+        unknown), the exponent and the currency. A whole answer of a flat price is priced
+        from its usage in integers; anything else by :func:`route_cost`."""
         attempts = report.attempts
         if len(attempts) == 1:
             record = attempts[0]
             if record.outcome == "won" and record.usage is not None and record.cost is None:
                 route = self.route
-                target = route.price_book.get(record.target, _UNREAD)
-                if target is _UNREAD:
+                rates = route.price_book.get(record.target, _UNREAD)
+                if rates is _UNREAD:
                     try:
-                        target = _rates(route, route.target(record.target))
+                        rates = _rates(route, route.target(record.target))
                     except KeyError:
-                        target = None
-                if target is not None:
-                    amount = target.amount(record.usage)
-                    if amount is not None:
-                        return [(record, amount, target.currency)]
+                        rates = None
+                if rates is not None:
+                    units = rates.units(record.usage)
+                    if units is not None:
+                        return [(record, units, rates.exponent, rates.currency)]
         self(report)
-        out: list[tuple[AttemptReport, Decimal | None, str]] = []
+        out: list[tuple[AttemptReport, int | None, int, str]] = []
         for record in attempts:
             cost = record.cost
-            if cost is not None:
-                out.append((record, cost.amount, cost.currency or ""))
+            if cost is None:
+                continue
+            amount = cost.amount
+            if amount is None:
+                out.append((record, None, 0, ""))
+            else:
+                exponent = int(amount.as_tuple().exponent)
+                out.append((record, int(amount.scaleb(-exponent)), exponent, cost.currency or ""))
         return out
 
 

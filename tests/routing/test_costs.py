@@ -264,12 +264,14 @@ def test_the_metrics_fast_pricing_is_the_full_pricing(
     fast = RoutePricer(Route("chat", (target,), FastestPolicy()))
     record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
     report = RouteReport("chat", "fastest", attempts=[record])
-    assert fast.amounts(report) == [(record, full.amount, "USD")]
+    ((same, units, exponent, currency),) = fast.amounts(report)
+    assert same is record and currency == "USD" and type(units) is int
+    assert Decimal(units).scaleb(exponent) == full.amount  # exact, in whole units
     assert record.cost is None  # the fast path builds no Cost
     as_object = build_chunk({"id": "x", "choices": [], "usage": usage}).usage
     if vendor != "anthropic":  # openai's object, unknown fields (DeepSeek's) included
         record.usage = as_object
-        assert fast.amounts(report) == [(record, full.amount, "USD")]
+        assert fast.amounts(report) == [(record, units, exponent, "USD")]
 
 
 async def test_a_cache_hit_costs_zero_and_says_what_it_saved(cached_sim: Simulator) -> None:
@@ -297,3 +299,19 @@ async def test_a_cache_hit_costs_zero_and_says_what_it_saved(cached_sim: Simulat
     assert str(replayed) == f"cost 0, saved {paid.amount.normalize():f}"
     live_ones = [r for r in reports if r is not None and not r.cache_hit]
     assert summed == {("a:sim-small", "answer", "USD"): paid.amount * len(live_ones)}
+
+
+def test_a_long_prompts_tier_and_an_unpriced_class_go_to_the_full_pricing() -> None:
+    spec = load_catalog()["anthropic"]
+    model = "claude-haiku-5-5"  # five times the price above 100,000 prompt tokens
+    target = RouteTarget(
+        "anthropic", model, price=find_price(spec.prices, model), usage_fields=spec.usage_fields
+    )
+    pricer = RoutePricer(Route("chat", (target,), FastestPolicy()))
+    usage = {"input_tokens": 150_000, "output_tokens": 10}
+    record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
+    ((_, units, exponent, _),) = pricer.amounts(RouteReport("chat", "fastest", attempts=[record]))
+    full = attempt_cost(spec, model, usage).amount
+    assert record.cost is not None and record.cost.amount == full  # priced in full, once
+    assert full is not None and Decimal(units).scaleb(exponent) == full
+    assert full == usd(150_000, 0.5) + usd(10, 2.5)  # the tier's prices, every token
