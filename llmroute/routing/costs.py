@@ -201,7 +201,9 @@ class _Rates:
         per_token = [None if r is None else r / _MILLION for r in rates]
         exponent = min((int(r.as_tuple().exponent) for r in per_token if r is not None), default=0)
         self.exponent = exponent
-        self.rates = tuple(None if r is None else int(r.scaleb(-exponent)) for r in per_token)
+        self.rates: tuple[Any, ...] = tuple(  # int, or None: no price (a TypeError in units)
+            None if r is None else int(r.scaleb(-exponent)) for r in per_token
+        )
         self.tier_above = price.tiers[0].above_prompt_tokens if price.tiers else None
         """Prompts longer than this have a tier's price: the full pricing decides."""
 
