@@ -78,7 +78,7 @@ sys.path.insert(0, str(ROOT))
 import anyio.to_thread
 
 from llmroute import AsyncOpenAI
-from llmroute._config import KeySettings
+from llmroute.config import KeySettings
 from llmroute.server._limits import Counts, Grant, LocalLimits, RedisLimits, _headers
 from llmroute.server._slots import RedisSlots
 from llmroute.server._tenants import Tenant

@@ -29,17 +29,6 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from ._background import spawn
-from ._config import (
-    CacheSettings,
-    Config,
-    ConfigError,
-    ResolvedProvider,
-    RouteConfig,
-    Target,
-    resolve,
-    resolve_provider,
-    route_config,
-)
 from ._errors import (
     AllTargetsFailed,
     APIConnectionError,
@@ -75,6 +64,17 @@ from .cache import (
 )
 from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
+from .config import (
+    CacheSettings,
+    Config,
+    ConfigError,
+    ResolvedProvider,
+    RouteConfig,
+    Target,
+    resolve,
+    resolve_provider,
+    route_config,
+)
 from .metrics import ClientMetrics
 from .protocols import adapter_for
 from .routing.backoff import retry_delay, should_retry_status

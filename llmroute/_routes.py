@@ -3,13 +3,15 @@ the reading of self-hosted servers' ``/metrics`` and the exchange of stats throu
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 
 from ._background import spawn
-from ._config import Resolved, ResolvedProvider, RouteConfig, Target
+from .config import Resolved, ResolvedProvider, RouteConfig, Target
 from .pricing import find_price
-from .routing.budget import HedgeBudget
+from .routing.budget import CostBudget, HedgeBudget
+from .routing.cheapest import CheapestPolicy
 from .routing.engine import Router
 from .routing.goal import LatencyGoal
 from .routing.policies import (
@@ -23,14 +25,23 @@ from .routing.policies import (
     RoundRobinPolicy,
     WeightedPolicy,
 )
+from .routing.price import TargetPrice, target_price
 from .routing.route import Route, RouteTarget
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings
 from .sglang import MetricsPoller
 
-__all__ = ["ServerPolling", "build_router", "policy_for", "route_for", "stats_sync_for"]
+__all__ = [
+    "ServerPolling",
+    "build_router",
+    "policy_for",
+    "prices_for",
+    "route_for",
+    "stats_sync_for",
+]
 
 METRICS_INTERVAL = 1.0  # seconds between reads of a self-hosted server's /metrics
+_log = logging.getLogger("llmroute")
 
 
 def policy_for(config: RouteConfig) -> Policy:
@@ -57,7 +68,36 @@ def policy_for(config: RouteConfig) -> Policy:
         return RacePolicy(k=config.race, rank_by=config.rank_by)
     if config.policy == "weighted":
         return WeightedPolicy(weights=tuple(config.weights or ()))
+    if config.policy == "cheapest":
+        return CheapestPolicy(rank_by=config.rank_by, max_hedges=config.max_hedges)
     return FailoverPolicy()
+
+
+def prices_for(
+    name: str,
+    config: RouteConfig,
+    targets: Iterable[Target],
+    providers: Mapping[str, ResolvedProvider],
+) -> dict[str, TargetPrice]:
+    """The known prices of a route's targets, for policy ``cheapest`` and a hedge budget in
+    money (empty for other routes); a target without one is logged once, here."""
+    if config.policy != "cheapest" and config.hedge_budget_cost is None:
+        return {}
+    prices: dict[str, TargetPrice] = {}
+    for t in targets:
+        spec = providers[t.provider].spec
+        price, why = target_price(find_price(spec.prices, t.model), t.model)
+        if price is None:
+            _log.warning(
+                "route %r: %s (target %s): it goes after every priced target that meets the "
+                "goal, and the hedge budget in money never hedges to it",
+                name,
+                why,
+                t.name,
+            )
+        else:
+            prices[t.name] = price
+    return prices
 
 
 def route_for(
@@ -67,6 +107,7 @@ def route_for(
     providers: Mapping[str, ResolvedProvider],
 ) -> Route:
     """The engine's route for one ``[models.<name>]`` table."""
+    targets = list(targets)
     return Route(
         name=name,
         targets=tuple(
@@ -90,6 +131,10 @@ def route_for(
         ),
         policy=policy_for(config),
         budget=HedgeBudget(ratio=config.hedge_budget),
+        prices=prices_for(name, config, targets, providers),
+        cost_budget=None
+        if config.hedge_budget_cost is None
+        else CostBudget(ratio=config.hedge_budget_cost),
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
         retry_after_max=config.retry_after_max,

@@ -46,12 +46,12 @@ from ._client import (
     signs_late,
     wrap_raw,
 )
-from ._config import Config
 from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
 from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
 from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
 from ._upstream import body_errors, to_timeout
+from .config import Config
 from .metrics import ClientMetrics
 from .protocols.openai import ChatStreamDecoder
 from .protocols.reader import StreamReader

@@ -28,8 +28,8 @@ from typing import Any
 
 import anyio
 
-from ._config import TieredSettings
 from ._types import TierDecision
+from .config import TieredSettings
 
 __all__ = [
     "MEMORY_SIZE",

@@ -21,7 +21,6 @@ from typing import Any, cast
 
 import httpx
 
-from ._config import ResolvedProvider
 from ._errors import (
     APIConnectionError,
     RequestBodyError,
@@ -31,6 +30,7 @@ from ._errors import (
 )
 from ._types import Timings
 from ._version import __version__
+from .config import ResolvedProvider
 from .protocols import adapter_for
 from .routing.engine import vendor_request_id
 from .routing.route import SENDING, RouteTarget, Sender

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .._config import CacheSettings, RedisSettings
+from ..config import CacheSettings, RedisSettings
 from ._cache import CacheRequest, Hit, ResponseCache
 from ._entry import CacheEntry, CorruptEntry
 from ._key import NAMESPACE_PATTERN, is_deterministic, request_key, tenant_namespace

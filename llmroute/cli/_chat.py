@@ -131,7 +131,7 @@ async def _chat(
     args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
 ) -> int:
     from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
-    from .._config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     out: TextIO | _Collector = sys.stdout
     err = sys.stderr

@@ -346,7 +346,7 @@ def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str],
 
 
 def real_setup(targets: list[str]) -> Setup:
-    from .._config import Target, resolve_provider
+    from ..config import Target, resolve_provider
     from ..protocols import adapter_for
 
     providers: dict[str, dict[str, Any]] = {}
@@ -395,7 +395,7 @@ def demo_simulators() -> Iterator[dict[str, Any]]:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .._config import ConfigError
+    from ..config import ConfigError
 
     console = make_console()
     if args.real:

@@ -31,6 +31,7 @@ _LIMITS = (
     ("rpm", int, "requests per minute"),
     ("tpm", int, "tokens per minute"),
     ("budget_tokens", int, "tokens per budget period"),
+    ("budget_usd", str, "USD per budget period (25.50), at the targets' prices"),
     ("budget_period", str, "the budget's period: day, month or a duration such as 12h"),
     ("soft_limit", float, "the share of the budget (0.8) at which the gateway says so"),
 )

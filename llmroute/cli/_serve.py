@@ -87,7 +87,7 @@ def _port(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    from .._config import parse_duration
+    from ..config import parse_duration
 
     try:
         return parse_duration(text)
@@ -179,7 +179,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     import os
     import signal
 
-    from .._config import ConfigError, GatewaySettings, load_config
+    from ..config import ConfigError, GatewaySettings, load_config
     from ..server import listen
 
     if not hasattr(os, "fork"):
@@ -246,7 +246,7 @@ async def _serve(
     import signal
     import ssl
 
-    from .._config import ConfigError, GatewaySettings
+    from ..config import ConfigError, GatewaySettings
     from ..server import GatewayApp, base_url, listen, serve
 
     key = None

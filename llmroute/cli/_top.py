@@ -266,7 +266,7 @@ def _run(args: argparse.Namespace) -> int:
         err.write(f"{exc}\n" if isinstance(exc, ValueError) else f"llmroute top: {exc}\n")
         return 2 if isinstance(exc, ValueError) else exc.status
     once = args.once or args.json
-    view = _View(
+    view = _Screen(
         out=sys.stdout,
         interval=interval,
         once=once,
@@ -286,7 +286,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _remote(
-    view: _View, url: str, key: str | None, verify: bool | str, timeout: float
+    view: _Screen, url: str, key: str | None, verify: bool | str, timeout: float
 ) -> int:
     scraper = _Scraper(url, key, verify, timeout)
     try:
@@ -297,7 +297,7 @@ async def _remote(
 
 
 @dataclass
-class _View:
+class _Screen:
     """The loop: scrape, build a frame against the scrape before, draw; bounded by ``frames``
     when given (tests), else by the user (Ctrl-C)."""
 
@@ -433,7 +433,7 @@ class _View:
 
 async def _quit_on_q(fd: int, scope: anyio.CancelScope) -> None:
     """Cancel ``scope`` when ``q`` is typed on the terminal ``fd`` (put in cbreak mode by
-    :meth:`_View.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
+    :meth:`_Screen.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
     while True:
         await anyio.wait_readable(fd)
         typed = os.read(fd, 64)
@@ -454,7 +454,7 @@ def _keyboard() -> int | None:
 # -- --simulator -------------------------------------------------------------------------------
 
 
-async def _simulated(view: _View) -> int:
+async def _simulated(view: _Screen) -> int:
     from .. import AsyncOpenAI
     from ..testing import Simulator
     from ._demo import ROUTE, _demo_profiles, simulated_setup

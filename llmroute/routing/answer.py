@@ -5,7 +5,7 @@ stream unread). :class:`Answer` reads on from there: it passes each chunk to the
 moment it is decoded (one id for the whole answer, usage the caller did not ask for left out),
 bounds the pauses between chunks (the stall deadline), and decides at the stream's end whether
 the answer is whole. A stream that breaks first is handed to the engine's continuation (the
-``proceed`` callable it was given), whose stream the caller then reads on without a seam; the
+``proceed`` callable it was given), whose stream the caller then reads on without a splice; the
 answer's tokens are kept in its :class:`~.accounts.TokenAccount`. Live stats get the stream's
 pace and pauses once it completes.
 """
@@ -37,9 +37,9 @@ from ..protocols.openai import (
 from ..protocols.reader import StreamReader
 from ..transport import bound_wait, close_quietly
 from .accounts import TokenAccount
-from .continuation import seam_for
+from .continuation import splice_for
 from .route import Route, RouteTarget
-from .seam import REASONING_FIELDS, ContinuationMismatch, Seam
+from .splice import REASONING_FIELDS, ContinuationMismatch, Splice
 from .stats import (
     STALL_STREAM_GAPS,
     LiveStats,
@@ -85,7 +85,7 @@ class Ready:
 
 def content_kind(delta: Any) -> Literal["text", "reasoning"] | None:
     """What a delta (or message) carries: plain ``"text"``, ``"reasoning"`` beside or instead
-    of it (:data:`.seam.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
+    of it (:data:`.splice.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
     that cannot be continued as text)."""
     if delta.tool_calls or delta.function_call or delta.refusal:
         return None
@@ -247,7 +247,7 @@ class Answer:
         self._template: ChatCompletionChunk | None = None
         self._skipping = False
         """A continuation's opening chunks repeat what the caller has: they are skipped."""
-        self._seam: Seam | None = None
+        self._splice: Splice | None = None
         """A continuing stream's reasoning and echo, stripped."""
 
     async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
@@ -312,7 +312,7 @@ class Answer:
 
     def _switch(self, new: Ready, on_switch: Callable[[httpx.Response], None]) -> Ready:
         """A continuation took over: the caller reads on from ``new``, past what it repeats."""
-        self._seam = seam_for(new.target, new.response.request, self.account.text)
+        self._splice = splice_for(new.target, new.response.request, self.account.text)
         on_switch(new.response)
         self._skipping = True
         return new
@@ -323,10 +323,10 @@ class Answer:
         if type(chunk) is not ChatCompletionChunk:
             return self._event(chunk)
         account = self.account
-        seam = self._seam
-        if seam is not None:
-            admitted = seam.admit(chunk)
-            account.uncounted = account.uncounted or seam.stripped
+        splice = self._splice
+        if splice is not None:
+            admitted = splice.admit(chunk)
+            account.uncounted = account.uncounted or splice.stripped
             if not admitted:
                 return False
         if self._skipping:
@@ -413,9 +413,9 @@ class Answer:
     def _verdict(self, read: _Read, failure: APIError | None) -> APIError | None:
         """At a stream's end: ``None`` if the answer is whole (recorded as such), else why not."""
         decoder, ready = read.reader.decoder, read.ready
-        seam = self._seam
-        if seam is not None and failure is None and (decoder.finished or decoder.done):
-            failure = seam.unfinished()  # it ended inside the echo: not spliced
+        splice = self._splice
+        if splice is not None and failure is None and (decoder.finished or decoder.done):
+            failure = splice.unfinished()  # it ended inside the echo: not spliced
         if not isinstance(failure, ContinuationMismatch) and (
             decoder.finished or (decoder.done and failure is None)
         ):

@@ -5,8 +5,8 @@ leaving their scopes, which resets their HTTP/2 streams while the connections st
 a first token, a failing attempt hands over to the next target (failover) and a slow one is
 hedged when the plan says so and the route's hedge budget allows. After the first token the
 caller reads the winner (:mod:`.answer`); if it breaks mid-answer, the engine races the
-targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on without
-a seam, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
+targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on as one
+answer, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
 tokens are counted in its account (:mod:`.accounts`).
 
 The engine sends through a :data:`~.route.Sender` the client gives it (request building, keys
@@ -73,8 +73,9 @@ from .costs import lost_cost, pricer_for
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, explore
+from .price import EXPECTED_ANSWER_TOKENS, TargetPrice, answer_tokens
 from .route import SENDING, Route, RouteTarget, Sender
-from .seam import ContinuationMismatch
+from .splice import ContinuationMismatch
 from .stats import (
     LiveStats,
     StatsReport,
@@ -115,6 +116,8 @@ _MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
+_LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
+"""Policies that rank by live TTFT: their plans are explored (stale, cold targets re-measured)."""
 
 
 async def _sending(record: AttemptReport, opening: Awaitable[Ready]) -> Ready:
@@ -334,7 +337,10 @@ class Router:
             prompt_tokens=tokens,
         )
         run = _Run(self, route, body, send, report, tokens, stream, kind)
-        run.goal = goal.over(route.goal) if goal is not None else route.goal
+        run.goal = run.view.goal = goal.over(route.goal) if goal is not None else route.goal
+        if route.prices:
+            run.view.prices = route.prices
+            run.view.answer_tokens = answer_tokens(body)
         run.refuse_unservable(unservable)
         route.budget.on_request()
         return run
@@ -478,6 +484,9 @@ class _View:
         self._tokens = prompt_tokens
         self._stream = stream
         self._messages = messages
+        self.goal: LatencyGoal | None = None
+        self.prices: Mapping[str, TargetPrice] = {}
+        self.answer_tokens = EXPECTED_ANSWER_TOKENS
 
     def predict(self, target: str, q: float | None) -> float:
         stats = self._router.stats.target(target)
@@ -516,6 +525,17 @@ class _View:
     def messages(self) -> Sequence[Mapping[str, Any]]:
         return self._messages
 
+    def ttft_target(self) -> float | None:
+        """The request's TTFT goal in seconds (its own over the route's), if any."""
+        goal = self.goal
+        return None if goal is None else goal.ttft_target
+
+    def price(self, target: str) -> float | None:
+        """The expected cost of this request on ``target`` in USD (:mod:`.price`); ``None``
+        when its price is not known."""
+        known = self.prices.get(target)
+        return None if known is None else known.estimate(self._tokens, self.answer_tokens)
+
 
 class _Run:
     """The state of one routed request: its plan, its attempts and the answer's account."""
@@ -552,7 +572,7 @@ class _Run:
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
         self.mismatched: set[str] = set()
-        """Targets whose continuation did not begin as their vendor documents (:mod:`.seam`):
+        """Targets whose continuation did not begin as their vendor documents (:mod:`.splice`):
         not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
@@ -639,7 +659,7 @@ class _Run:
                 speed=lambda t: router.stats.target(t).decode_speed(),
                 available=view.available,
             )
-        if route.policy.name in ("fastest", "hedge", "race"):
+        if route.policy.name in _LATENCY_POLICIES:
             delay = getattr(route.policy, "delay", None)
             max_age = min(router.stats.settings.window / 4, REMEASURE_AFTER)
             plan = explore(
@@ -658,8 +678,27 @@ class _Run:
         if left_out:
             plan = _without(plan, left_out, names)
             self.report.explored = plan.explored if self.report.explored else None
+        if route.cost_budget is not None and plan.order:
+            route.cost_budget.on_request(self.view.price(plan.order[0]))
         self._probe_open_circuits()
         return plan
+
+    def spend_on_hedge(self, target: str) -> bool:
+        """Whether the route's hedge budget allows a hedge to ``target`` (and takes it): in
+        money when the route has ``hedge_budget_cost`` (a hedge of unknown price is refused),
+        else in requests."""
+        money = self.route.cost_budget
+        if money is None:
+            return self.route.budget.try_spend()
+        return money.try_spend(self.view.price(target))
+
+    def refund_hedge(self, target: str) -> None:
+        """A hedge to ``target`` answered first: its budget is given back."""
+        money = self.route.cost_budget
+        if money is None:
+            self.route.budget.refund()
+        else:
+            money.refund(self.view.price(target))
 
     def _probe_open_circuits(self) -> None:
         """The request itself is planned without the targets whose circuit is open and never
@@ -1059,7 +1098,7 @@ class _Coordinator:
                 if not self._available_first():
                     return  # nothing to hedge on: no request, no budget spent
                 report = self.run.report
-                if self.run.route.budget.try_spend():
+                if self.run.spend_on_hedge(self.pending[0]):
                     report.hedges += 1
                     self.hedged += 1
                     self._launch("hedge")
@@ -1212,7 +1251,7 @@ class _Attempt:
         record.ttft = elapsed
         record.request_id = vendor_request_id(target, ready.response.headers)
         if record.reason == "hedge":
-            run.route.budget.refund()  # it saved the request: no extra request lost
+            run.refund_hedge(target.name)  # it saved the request: no extra request lost
         if run.report.winner is None:
             run.report.winner = target.name
         self.health.breaker.record_success()

@@ -33,7 +33,7 @@ from typing import Any
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from .._config import (
+from ..config import (
     Config,
     GatewaySettings,
     KeySettings,
@@ -41,7 +41,7 @@ from .._config import (
     ManagedTeamEntry,
     PreviousDigest,
     TeamSettings,
-    _describe,
+    describe,
     key_settings_problem,
     merge_key_settings,
     parse_duration,
@@ -85,7 +85,7 @@ def _invalid(message: str, param: str | None, code: str = "invalid_value") -> Ad
 def _validation(exc: pydantic.ValidationError) -> AdminError:
     error = exc.errors()[0]
     param = ".".join(str(part) for part in error["loc"]) or None
-    line = _describe(exc, "body").split("\n")[0].removeprefix("body: ")
+    line = describe(exc, "body").split("\n")[0].removeprefix("body: ")
     line = line.replace(": unknown key", ": unknown field")
     return _invalid(f"Invalid request: {line}.", param)
 
@@ -163,6 +163,8 @@ class _Context:
 def _settings_view(settings: pydantic.BaseModel) -> dict[str, Any]:
     data = settings.model_dump(exclude_none=True, exclude_defaults=True)
     data.pop("team", None)
+    if "budget_usd" in data:
+        data["budget_usd"] = format(data["budget_usd"], "f")  # exact, as a string
     return data
 
 

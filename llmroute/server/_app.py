@@ -22,7 +22,6 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import NOT_ROUTED, AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
 from .._sizes import format_size
@@ -36,12 +35,13 @@ from .._timeouts import (
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..cache import NAMESPACE_PATTERN
+from ..config import Config, ConfigError, GatewaySettings, load_config
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
-from ..routing.seam import REASONING_FIELDS
+from ..routing.splice import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
 from ._admin import AdminError, KeysAdmin
@@ -49,12 +49,13 @@ from ._admission import Admission, Ticket, usage_increments
 from ._alerts import SoftLimits
 from ._auth import KeyRing
 from ._keystore import FileKeyStore, KeyStore, RedisKeyStore, StoreConflict, StoreUnavailable
-from ._limits import Alert, Refusal
+from ._limits import TARGET_SPEND, Alert, Refusal
 from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
-from ._tenants import Managed, Tenant, Tenants, file_stamp
+from ._spend import Prices, PriceUnknown, money_problem
+from ._tenants import NANOS, Managed, Tenant, Tenants, file_stamp
 from ._usage import fleet_exposition, usage_report
 from ._usage import new_usage as _new_usage
 from ._validate import InvalidField, check, load, shown
@@ -336,6 +337,9 @@ class GatewayApp:
         self._namespaces = _namespaces(self.settings, self.tenants.names)
         self.client = AsyncOpenAI(config=loaded, **client_options)  # its simulators start
         resolved = self.client._llmroute.resolved
+        self.prices = Prices(loaded, resolved.providers)  # money budgets and spend
+        if (problem := money_problem(loaded, self.tenants, self.prices)) is not None:
+            raise ConfigError(problem)
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
@@ -715,13 +719,14 @@ class GatewayApp:
         model: str,
         estimate: Callable[[], int],
         work: Callable[[], Awaitable[None]],
+        money: Callable[[], int] | None = None,
     ) -> None:
         """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
         limits (its own, its team's, the model's), or refuse (429; 503 without Redis)."""
         key = exchange.key
         tenant = exchange.tenant
         assert tenant is not None
-        decided = await self.admission.enter(tenant, model, estimate)
+        decided = await self.admission.enter(tenant, model, estimate, money)
         if isinstance(decided, Refusal):
             self.metrics.rejections.labels(key, decided.reason).inc()
             raise _Refused(
@@ -812,6 +817,9 @@ class GatewayApp:
         def estimate() -> int:
             return _prompt_estimate(body, kind) + answer_room(body, kind)
 
+        def money() -> int:
+            return self.prices.estimate(model, body, kind)
+
         async def work() -> None:
             tally = _Tally(body, kind)
             admitted = time.monotonic()
@@ -822,7 +830,7 @@ class GatewayApp:
                 assert exchange.ticket is not None
                 await self._settle(exchange, exchange.ticket, tally)
 
-        await self._enter(exchange, model, estimate, work)
+        await self._enter(exchange, model, estimate, work, money)
 
     def _usable(self, tenant: Tenant) -> list[str]:
         """The routes ``tenant`` may use: the only names its 404 may suggest (a key limited to
@@ -906,17 +914,32 @@ class GatewayApp:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "cache_hits": int(tally.cache_hit),
+            "spend_nanos": (cost := self._cost(exchange, tally, prompt, completion)) or 0,
         }
+        target = _priced_target(exchange.report) if cost else ""
         for name, value in added.items():
             usage[name] += value
+        if target and cost:
+            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + cost
+            self.metrics.spend.labels(exchange.key, target).inc(cost / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:
             self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
         if completion:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
-        alerts = await self.admission.leave(ticket, prompt + completion, usage_increments(added))
+        alerts = await self.admission.leave(
+            ticket, prompt + completion, usage_increments(added), cost, target
+        )
         self._alerted(alerts)
+
+    def _cost(self, exchange: _Exchange, tally: _Tally, prompt: int, completion: int) -> int | None:
+        """What the request cost (nano-dollars; ``None`` when it cannot be priced)."""
+        winner = _priced_target(exchange.report)
+        try:
+            return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
+        except PriceUnknown:
+            return None
 
     def _count_call(self, exchange: _Exchange) -> None:
         """An API call of a key that did not reach an answer's accounting (refused before it,
@@ -1610,6 +1633,12 @@ class _Tally:
         prompt = self.prompt if self.prompt is not None else _prompt_estimate(self.body, self.kind)
         completion = self.completion if self.completion is not None else self.chunks
         return prompt, completion
+
+
+def _priced_target(report: RouteReport | None) -> str:
+    """The target whose answer a request is charged at (``""``: none known)."""
+    winner = report.winner if report is not None else None
+    return winner if winner is not None and winner != "cache" else ""
 
 
 def _key_store(config: Config) -> tuple[KeyStore | None, Managed | None]:

@@ -53,13 +53,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, Protocol
 
 import anyio
 
 from .._redis import RedisCaller, RedisConnection
 from ..routing.windows import MAX_TOKENS_CAP
-from ._tenants import Scope, Tenant
+from ._tenants import NANOS, Scope, Tenant
 
 __all__ = [
     "BUCKET",
@@ -94,6 +95,16 @@ def clamp(tokens: int) -> int:
     return max(0, min(int(tokens), MAX_TOKENS))
 
 
+MAX_MONEY = 10**15
+"""The most nano-dollars one request is counted at, or corrected by (a million dollars, as
+the largest budget): exact in a Lua number."""
+
+
+def clamp_money(nanos: int) -> int:
+    """``nanos`` within ``0..MAX_MONEY``."""
+    return max(0, min(int(nanos), MAX_MONEY))
+
+
 @dataclass(frozen=True, slots=True)
 class Counts:
     """A scope's counters as one admission read them (after counting it, when admitted)."""
@@ -105,6 +116,8 @@ class Counts:
     tokens_oldest: int | None = None
     spent: int = 0
     """Of the budget, in the current period."""
+    money: int = 0
+    """Of the money budget (nano-dollars), in the current period."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +159,8 @@ class Grant:
     """The concurrency slot taken with it (:class:`SlotClaim`'s token)."""
     alerts: tuple[Alert, ...] = ()
     """Soft limits this admission reached."""
+    money: int = 0
+    """Nano-dollars counted at admission in the money budgets (its dearest cost)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +179,17 @@ class Refusal:
 
 class Limits(Protocol):
     async def admit(
-        self, tenant: Tenant, tokens: int, *, model: str | None = None
+        self, tenant: Tenant, tokens: int, *, model: str | None = None, money: int = 0
     ) -> Grant | Refusal:
-        """Count one request of ``tenant`` to ``model`` estimated at ``tokens``, or refuse it."""
+        """Count one request of ``tenant`` to ``model`` estimated at ``tokens`` (and at
+        ``money`` nano-dollars in money budgets), or refuse it."""
         ...
 
-    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
-        """The request ended having used ``tokens``: correct its estimate."""
+    async def settle(
+        self, grant: Grant, tokens: int, money: int | None = None
+    ) -> tuple[Alert, ...]:
+        """The request ended having used ``tokens`` (and cost ``money``): correct its
+        estimates."""
         ...
 
     async def peek(self, tenant: Tenant) -> Counts:
@@ -203,7 +222,7 @@ def period_of(period: str | float, now: float) -> tuple[int, float]:
 
 def _period(scope: Scope, now: float) -> tuple[int | None, float | None]:
     """The scope's budget period now and its end (``None, None`` without a budget)."""
-    if scope.budget_tokens is None or scope.budget_period is None:
+    if scope.budget_period is None or (scope.budget_tokens is None and not scope.budget_nanos):
         return None, None
     return period_of(scope.budget_period, now)
 
@@ -258,7 +277,17 @@ def _headers(settings: Any, counts: Counts, now: float, end: float | None) -> di
             max(0, settings.budget_tokens - counts.spent)
         )
         out["x-llmroute-budget-reset"] = reset_text(end - now)
+    nanos = getattr(settings, "budget_nanos", None)
+    if nanos is not None and end is not None:
+        out["x-llmroute-budget-limit-usd"] = _usd(nanos)
+        out["x-llmroute-budget-remaining-usd"] = _usd(max(0, nanos - counts.money))
+        out["x-llmroute-budget-reset-usd"] = reset_text(end - now)
     return out
+
+
+def _usd(nanos: int) -> str:
+    """Nano-dollars as a decimal figure of dollars (``0.000123``, ``5``)."""
+    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 def _rows_headers(rows: Sequence[_Row], now: float) -> dict[str, str]:
@@ -268,10 +297,19 @@ def _rows_headers(rows: Sequence[_Row], now: float) -> dict[str, str]:
         scope, counts, end = rows[0]
         return _headers(scope, counts, now, end)
     out: dict[str, str] = {}
-    kinds = (
-        ("rpm", lambda s, c: (s.rpm or 0) - c.requests, "-requests"),
-        ("tpm", lambda s, c: (s.tpm or 0) - c.tokens, "-tokens"),
-        ("budget_tokens", lambda s, c: (s.budget_tokens or 0) - c.spent, "x-llmroute-budget"),
+    kinds: tuple[tuple[str, Callable[[Any, Counts], int], Callable[[str], bool]], ...] = (
+        ("rpm", lambda s, c: (s.rpm or 0) - c.requests, lambda k: k.endswith("-requests")),
+        ("tpm", lambda s, c: (s.tpm or 0) - c.tokens, lambda k: k.endswith("-tokens")),
+        (
+            "budget_tokens",
+            lambda s, c: (s.budget_tokens or 0) - c.spent,
+            lambda k: k.startswith("x-llmroute-budget") and not k.endswith("-usd"),
+        ),
+        (
+            "budget_nanos",
+            lambda s, c: (s.budget_nanos or 0) - c.money,
+            lambda k: k.startswith("x-llmroute-budget") and k.endswith("-usd"),
+        ),
     )
     for attribute, left, mark in kinds:
         candidates = [r for r in rows if getattr(r[0], attribute) is not None]
@@ -279,12 +317,12 @@ def _rows_headers(rows: Sequence[_Row], now: float) -> dict[str, str]:
             continue
         scope, counts, end = min(candidates, key=lambda r: left(r[0], r[1]))
         own = _headers(scope, counts, now, end)
-        out.update((k, v) for k, v in own.items() if mark in k)
+        out.update((k, v) for k, v in own.items() if mark(k))
     return out
 
 
 # What an admission decided: admitted, or refused on one limit.
-_ADMITTED, _REQUESTS, _TOKENS, _TOO_LARGE, _BUDGET, _CONCURRENCY = range(6)
+_ADMITTED, _REQUESTS, _TOKENS, _TOO_LARGE, _BUDGET, _CONCURRENCY, _MONEY = range(7)
 
 
 def _upper(label: str) -> str:
@@ -299,8 +337,10 @@ def _decide(
     now: float,
     end: float | None,
     headers: dict[str, str],
+    money: int = 0,
 ) -> Refusal:
-    """The refusal for ``verdict`` on ``scope``; ``headers``: the answer's limits headers."""
+    """The refusal for ``verdict`` on ``scope``; ``headers``: the answer's limits headers;
+    ``money``: the request's dearest cost (nano-dollars)."""
     s = scope
     if verdict == _REQUESTS:
         wait = _leaves(counts.requests_oldest, now)
@@ -336,6 +376,20 @@ def _decide(
             headers | _retry(wait),
         )
     wait = (end or now) - now
+    if verdict == _MONEY:
+        budget = s.budget_nanos or 0
+        whole = "" if money <= budget else " (more than the whole budget)"
+        return Refusal(
+            429,
+            "budget",
+            "insufficient_quota",
+            "insufficient_quota",
+            f"{_upper(s.label)} has ${_usd(max(0, budget - counts.money))} left of its budget "
+            f"of ${_usd(budget)} for this period, and this request may cost up to "
+            f"${_usd(money)}{whole}; the budget renews in {reset_text(wait)}. A smaller "
+            "max_tokens costs less.",
+            headers | _retry(wait) | {"x-should-retry": "false"},
+        )
     return Refusal(
         429,
         "budget",
@@ -347,7 +401,9 @@ def _decide(
     )
 
 
-def _verdict(scopes: Sequence[Scope], rows: Sequence[Counts], tokens: int) -> tuple[int, int]:
+def _verdict(
+    scopes: Sequence[Scope], rows: Sequence[Counts], tokens: int, money: int = 0
+) -> tuple[int, int]:
     """The first limit a request of ``tokens`` would pass, and its scope's index (``_ADMITTED,
     -1`` when none): too large for any scope first (it can never be admitted), then each
     scope's requests, tokens and budget in order."""
@@ -361,6 +417,8 @@ def _verdict(scopes: Sequence[Scope], rows: Sequence[Counts], tokens: int) -> tu
             return _TOKENS, i
         if s.budget_tokens is not None and c.spent >= s.budget_tokens:
             return _BUDGET, i
+        if s.budget_nanos is not None and c.money + money > s.budget_nanos:
+            return _MONEY, i
     return _ADMITTED, -1
 
 
@@ -377,6 +435,7 @@ class LocalLimits:
         self._requests: dict[str, dict[int, int]] = {}
         self._tokens: dict[str, dict[int, int]] = {}
         self._budgets: dict[str, tuple[int, int]] = {}  # scope id -> (period, spent)
+        self._money: dict[str, tuple[int, int]] = {}  # scope id -> (period, nano-dollars)
         self._soft: dict[str, int] = {}  # scope id -> the period its soft limit was said in
 
     @staticmethod
@@ -393,7 +452,10 @@ class LocalLimits:
         own_period, spent = self._budgets.get(scope.id, (period, 0))
         if own_period != period:
             spent = 0
-        return Counts(used, oldest, taken, taken_oldest, spent)
+        money_period, money = self._money.get(scope.id, (period, 0))
+        if money_period != period:
+            money = 0
+        return Counts(used, oldest, taken, taken_oldest, spent, money)
 
     def _add(
         self,
@@ -403,14 +465,19 @@ class LocalLimits:
         period: int | None,
         end: float | None,
         tokens: int,
+        money: int = 0,
     ) -> tuple[Counts, Alert | None]:
         requests, taken = self._requests[scope.id], self._tokens[scope.id]
         requests[bucket] = requests.get(bucket, 0) + 1
         taken[bucket] = taken.get(bucket, 0) + tokens
         alert = None
-        if period is not None:
+        if period is not None and scope.budget_tokens is not None:
             self._budgets[scope.id] = (period, counts.spent + tokens)
             alert = self._alert(scope, period, end, counts.spent, counts.spent + tokens)
+        spent_money = counts.money
+        if period is not None and scope.budget_nanos is not None:
+            spent_money += money
+            self._money[scope.id] = (period, spent_money)
         return (
             Counts(
                 counts.requests + 1,
@@ -418,6 +485,7 @@ class LocalLimits:
                 counts.tokens + tokens,
                 bucket if counts.tokens_oldest is None and tokens else counts.tokens_oldest,
                 counts.spent + tokens,
+                spent_money,
             ),
             alert,
         )
@@ -432,28 +500,29 @@ class LocalLimits:
         return Alert(scope, after, end)
 
     async def admit(
-        self, tenant: Tenant, tokens: int, *, model: str | None = None
+        self, tenant: Tenant, tokens: int, *, model: str | None = None, money: int = 0
     ) -> Grant | Refusal:
-        return self.admit_now(tenant, tokens, model=model)
+        return self.admit_now(tenant, tokens, model=model, money=money)
 
     def admit_now(
-        self, tenant: Tenant, tokens: int, *, model: str | None = None
+        self, tenant: Tenant, tokens: int, *, model: str | None = None, money: int = 0
     ) -> Grant | Refusal:
-        tokens = clamp(tokens)
+        tokens, money = clamp(tokens), clamp_money(money)
         scopes = tenant.scopes_for(model)
         now = self._clock()
         bucket = int(now // BUCKET)
         periods = [_period(s, now) for s in scopes]
         rows = [self._read(s, bucket, p) for s, (p, _) in zip(scopes, periods, strict=True)]
-        verdict, at = _verdict(scopes, rows, tokens)
+        verdict, at = _verdict(scopes, rows, tokens, money)
         if verdict != _ADMITTED:
             listed = [(s, c, e) for s, c, (_, e) in zip(scopes, rows, periods, strict=True)]
             headers = _rows_headers(listed, now)
-            return _decide(scopes[at], tokens, rows[at], verdict, now, periods[at][1], headers)
+            end = periods[at][1]
+            return _decide(scopes[at], tokens, rows[at], verdict, now, end, headers, money)
         alerts: list[Alert] = []
         counted: list[_Row] = []
         for s, c, (p, e) in zip(scopes, rows, periods, strict=True):
-            after, alert = self._add(s, c, bucket, p, e, tokens)
+            after, alert = self._add(s, c, bucket, p, e, tokens, money)
             counted.append((s, after, e))
             if alert is not None:
                 alerts.append(alert)
@@ -466,12 +535,21 @@ class LocalLimits:
             local=True,
             counted=tuple((s, p) for s, (p, _) in zip(scopes, periods, strict=True)),
             alerts=tuple(alerts),
+            money=money,
         )
 
-    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
-        return self.settle_now(grant, tokens)
+    async def settle(
+        self, grant: Grant, tokens: int, money: int | None = None
+    ) -> tuple[Alert, ...]:
+        return self.settle_now(grant, tokens, money)
 
-    def settle_now(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
+    def settle_now(self, grant: Grant, tokens: int, money: int | None = None) -> tuple[Alert, ...]:
+        if money is not None and clamp_money(money) != grant.money:
+            change = clamp_money(money) - grant.money
+            for scope, period in grant.counted:
+                held = self._money.get(scope.id)
+                if period is not None and held is not None and held[0] == period:
+                    self._money[scope.id] = (period, max(0, held[1] + change))
         delta = clamp(tokens) - grant.reserved
         if not delta:
             return ()
@@ -505,17 +583,18 @@ class LocalLimits:
 
 
 # KEYS: the key's slots (a sorted set), then per scope: requests hash, tokens hash, budget
-#       counter, soft-limit flag.
+#       counter, soft-limit flag, money budget counter.
 # ARGV: bucket, buckets summed, tokens, hashes' ttl, dry (1: count nothing), now, lease,
-#       slot limit (0: no slot), slot token, scopes; then per scope: rpm, tpm, budget (0: none),
-#       budget's ttl, soft-limit tokens (0: none).
+#       slot limit (0: no slot), slot token, scopes, money (nano-dollars); then per scope: rpm,
+#       tpm, budget (0: none), budget's ttl, soft-limit tokens (0: none), money budget (0: none).
 # Returns {verdict, scope index (0-based, -1: none), then per scope: requests, oldest request
-#          bucket (-1: none), tokens, oldest tokens bucket, spent, soft limit reached (1)}.
+#          bucket (-1: none), tokens, oldest tokens bucket, spent, soft limit reached (1),
+#          money spent}. A money budget admits a request only if its money fits in what is left.
 # Every argument is checked (whole numbers, tokens of at most 15 digits; now and lease
 # numbers) before anything is read or written: an error writes nothing. Every write happens
 # after every check, so a refused request has changed nothing.
 _ADMIT = """
-local whole = {1, 2, 3, 4, 5, 8, 10}
+local whole = {1, 2, 3, 4, 5, 8, 10, 11}
 for _, i in ipairs(whole) do
   if not string.match(ARGV[i], '^%d+$') then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
@@ -527,10 +606,11 @@ for _, i in ipairs({6, 7}) do
   end
 end
 if #ARGV[3] > 15 then return redis.error_reply('llmroute limits: tokens of more than 15 digits') end
-if #ARGV ~= 10 + 5 * tonumber(ARGV[10]) or #KEYS ~= 1 + 4 * tonumber(ARGV[10]) then
+if #ARGV[11] > 16 then return redis.error_reply('llmroute limits: money of more than 16 digits') end
+if #ARGV ~= 11 + 6 * tonumber(ARGV[10]) or #KEYS ~= 1 + 5 * tonumber(ARGV[10]) then
   return redis.error_reply('llmroute limits: arguments do not match the scopes')
 end
-for i = 11, #ARGV do
+for i = 12, #ARGV do
   if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
   end
@@ -540,6 +620,7 @@ local span = tonumber(ARGV[2])
 local tokens, ttl, dry = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
 local now, lease, slots = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local n = tonumber(ARGV[10])
+local money = tonumber(ARGV[11])
 local function window(key)
   local used, oldest = 0, -1
   local fields = redis.call('HGETALL', key)
@@ -560,25 +641,28 @@ if slots > 0 then
 end
 local rows = {}
 for i = 0, n - 1 do
-  local k, a = 2 + 4 * i, 11 + 5 * i
+  local k, a = 2 + 5 * i, 12 + 6 * i
   local used, oldest = window(KEYS[k])
   local taken, taken_oldest = window(KEYS[k + 1])
-  local spent = 0
+  local spent, paid = 0, 0
   if tonumber(ARGV[a + 2]) > 0 then spent = tonumber(redis.call('GET', KEYS[k + 2]) or '0') end
-  rows[i] = {used, oldest, taken, taken_oldest, spent, 0}
+  if tonumber(ARGV[a + 5]) > 0 then paid = tonumber(redis.call('GET', KEYS[k + 4]) or '0') end
+  rows[i] = {used, oldest, taken, taken_oldest, spent, 0, paid}
 end
 local verdict, at = 0, -1
 for i = 0, n - 1 do
-  local tpm = tonumber(ARGV[12 + 5 * i])
+  local tpm = tonumber(ARGV[13 + 6 * i])
   if tpm > 0 and tokens > tpm then verdict, at = 3, i break end
 end
 if verdict == 0 then
   for i = 0, n - 1 do
-    local a, r = 11 + 5 * i, rows[i]
+    local a, r = 12 + 6 * i, rows[i]
     local rpm, tpm, budget = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local purse = tonumber(ARGV[a + 5])
     if rpm > 0 and r[1] + 1 > rpm then verdict, at = 1, i break end
     if tpm > 0 and r[3] + tokens > tpm then verdict, at = 2, i break end
     if budget > 0 and r[5] >= budget then verdict, at = 4, i break end
+    if purse > 0 and r[7] + money > purse then verdict, at = 6, i break end
   end
 end
 if verdict == 0 and not dry then
@@ -587,7 +671,7 @@ if verdict == 0 and not dry then
     redis.call('EXPIRE', KEYS[1], math.ceil(lease) + 1)
   end
   for i = 0, n - 1 do
-    local k, a, r = 2 + 4 * i, 11 + 5 * i, rows[i]
+    local k, a, r = 2 + 5 * i, 12 + 6 * i, rows[i]
     redis.call('HINCRBY', KEYS[k], ARGV[1], 1)
     redis.call('EXPIRE', KEYS[k], ttl)
     r[1] = r[1] + 1
@@ -607,56 +691,68 @@ if verdict == 0 and not dry then
         r[6] = 1
       end
     end
+    if tonumber(ARGV[a + 5]) > 0 then
+      redis.call('INCRBY', KEYS[k + 4], ARGV[11])
+      redis.call('EXPIRE', KEYS[k + 4], tonumber(ARGV[a + 3]))
+      r[7] = r[7] + money
+    end
   end
 end
 local out = {verdict, at}
 for i = 0, n - 1 do
-  for j = 1, 6 do out[#out + 1] = rows[i][j] end
+  for j = 1, 7 do out[#out + 1] = rows[i][j] end
 end
 return out
 """
 
 # KEYS: the key's slots, its usage hash, the set of keys with usage, then per scope: tokens
-#       hash, budget counter (or ''), soft-limit flag.
-# ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's five
-#       increments (requests, errors, prompt_tokens, completion_tokens, cache_hits), the key's
-#       name; then per scope: soft-limit tokens (0: none), budget's ttl.
+#       hash, budget counter (or ''), soft-limit flag, money budget counter (or '').
+# ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's six
+#       increments (USAGE_FIELDS), the money's correction (nano-dollars, signed), the key's
+#       name, the target its spend is counted under ('': none); then per scope: soft-limit
+#       tokens (0: none), budget's ttl.
 # Corrects an estimate where it is still counted (never below 0), frees the slot and counts the
 # usage. Returns per scope {soft limit reached (1), spent}. Every argument is checked (whole
-# numbers of at most 15 digits, the delta signed) before the first write: an error writes
-# nothing.
+# numbers of at most 15 digits, the corrections signed) before the first write: an error
+# writes nothing.
 _SETTLE = """
-if not string.match(ARGV[3], '^%-?%d+$') or #ARGV[3] > 16 then
-  return redis.error_reply('llmroute limits: the correction is not a whole number of 15 digits')
+for _, i in ipairs({3, 12}) do
+  if not string.match(ARGV[i], '^%-?%d+$') or #ARGV[i] > 17 then
+    return redis.error_reply('llmroute limits: a correction is not a whole number of 16 digits')
+  end
 end
-for i = 6, 10 do
-  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 15 then
-    return redis.error_reply('llmroute limits: a usage count is not a whole number of 15 digits')
+for i = 6, 11 do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+    return redis.error_reply('llmroute limits: a usage count is not a whole number of 16 digits')
   end
 end
 if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
   return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
 end
-if #ARGV ~= 11 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 3 * tonumber(ARGV[4]) then
+if #ARGV ~= 14 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
   return redis.error_reply('llmroute limits: arguments do not match the scopes')
 end
-for i = 12, #ARGV do
+for i = 15, #ARGV do
   if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
   end
 end
 if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 if ARGV[5] == '1' then
-  local names = {'requests', 'errors', 'prompt_tokens', 'completion_tokens', 'cache_hits'}
-  for i = 1, 5 do
+  local names = {'requests', 'errors', 'prompt_tokens', 'completion_tokens', 'cache_hits',
+                 'spend_nanos'}
+  for i = 1, 6 do
     if ARGV[5 + i] ~= '0' then redis.call('HINCRBY', KEYS[2], names[i], ARGV[5 + i]) end
   end
-  redis.call('SADD', KEYS[3], ARGV[11])
+  if ARGV[14] ~= '' and ARGV[11] ~= '0' then
+    redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[14], ARGV[11])
+  end
+  redis.call('SADD', KEYS[3], ARGV[13])
 end
-local delta = tonumber(ARGV[3])
+local delta, change = tonumber(ARGV[3]), tonumber(ARGV[12])
 local out = {}
 for i = 0, tonumber(ARGV[4]) - 1 do
-  local k, a = 4 + 3 * i, 12 + 2 * i
+  local k, a = 4 + 4 * i, 15 + 2 * i
   local reached, spent = 0, -1
   if delta ~= 0 then
     if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
@@ -675,14 +771,29 @@ for i = 0, tonumber(ARGV[4]) - 1 do
       end
     end
   end
+  if change ~= 0 and KEYS[k + 3] ~= '' and redis.call('EXISTS', KEYS[k + 3]) == 1 then
+    if redis.call('INCRBY', KEYS[k + 3], ARGV[12]) < 0 then
+      redis.call('SET', KEYS[k + 3], 0, 'KEEPTTL')
+    end
+  end
   out[#out + 1] = reached
   out[#out + 1] = spent
 end
 return out
 """
 
-USAGE_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits")
-"""A key's usage counters, in Redis and in ``GET /admin/usage``."""
+USAGE_FIELDS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cache_hits",
+    "spend_nanos",
+)
+"""A key's usage counters, in Redis and in ``GET /admin/usage`` (``spend_nanos``: what its
+requests cost, in nano-dollars, where its model names' targets have prices)."""
+TARGET_SPEND = "spend_nanos@"
+"""A key's usage counter of its spend at one target: this and the target's name."""
 
 
 class RedisLimits:
@@ -725,6 +836,7 @@ class RedisLimits:
             base + "tokens",
             base + "budget:" + suffix,
             base + "soft:" + suffix,
+            base + "budget-usd:" + suffix,
         ]
 
     def _keys(self, name: str, period: int | None) -> list[str]:
@@ -751,6 +863,7 @@ class RedisLimits:
         tokens: int,
         slot: SlotClaim | None,
         dry: bool,
+        money: int = 0,
     ) -> tuple[
         int, int, list[Counts], list[bool], list[tuple[int | None, float | None]], float, int
     ]:
@@ -762,11 +875,12 @@ class RedisLimits:
         keys = [self.slot_key(name)]
         args: list[Any] = [bucket, BUCKETS + 1, tokens, int(WINDOW + 2 * BUCKET), 1 if dry else 0]
         args += [time.time(), slot.lease if slot else 0, slot.limit if slot else 0]
-        args += [slot.token if slot else "", len(scopes)]
+        args += [slot.token if slot else "", len(scopes), money]
         for s, (period, end) in zip(scopes, periods, strict=True):
             keys += self._scope_keys(s.id, period)
             budget_ttl = max(1, math.ceil((end or now) - now) + 60)
             args += [s.rpm or 0, s.tpm or 0, s.budget_tokens or 0, budget_ttl, s.soft_at or 0]
+            args += [s.budget_nanos or 0]
         reply: list[Any] = await self._calls.run(
             lambda client, scripts: scripts["admit"](keys=keys, args=args, client=client)
         )
@@ -775,8 +889,8 @@ class RedisLimits:
         reached: list[bool] = []
         if verdict != _CONCURRENCY:
             for i in range(len(scopes)):
-                used, oldest, taken, taken_oldest, spent, soft = (
-                    int(v) for v in reply[2 + 6 * i : 8 + 6 * i]
+                used, oldest, taken, taken_oldest, spent, soft, paid = (
+                    int(v) for v in reply[2 + 7 * i : 9 + 7 * i]
                 )
                 rows.append(
                     Counts(
@@ -785,6 +899,7 @@ class RedisLimits:
                         taken,
                         taken_oldest if taken_oldest >= 0 else None,
                         spent,
+                        paid,
                     )
                 )
                 reached.append(soft == 1)
@@ -797,21 +912,23 @@ class RedisLimits:
         *,
         model: str | None = None,
         slot: SlotClaim | None = None,
+        money: int = 0,
     ) -> Grant | Refusal:
-        """One admission script: the slot (if claimed) and every scope's limits; raises
-        :attr:`errors` when Redis cannot be reached. Refused for the slot: reason
-        ``concurrency`` (the caller words it)."""
-        tokens = clamp(tokens)
+        """One admission script: the slot (if claimed) and every scope's limits, ``money``
+        (nano-dollars) in their money budgets; raises :attr:`errors` when Redis cannot be
+        reached. Refused for the slot: reason ``concurrency`` (the caller words it)."""
+        tokens, money = clamp(tokens), clamp_money(money)
         scopes = tenant.scopes_for(model)
         verdict, at, rows, reached, periods, now, bucket = await self._script(
-            tenant.name, scopes, tokens, slot, False
+            tenant.name, scopes, tokens, slot, False, money
         )
         if verdict == _CONCURRENCY:
             return Refusal(429, "concurrency", "rate_limit_exceeded", "requests", "")
         listed = [(s, c, e) for s, c, (_, e) in zip(scopes, rows, periods, strict=True)]
         headers = _rows_headers(listed, now) if listed else {}
         if verdict != _ADMITTED:
-            return _decide(scopes[at], tokens, rows[at], verdict, now, periods[at][1], headers)
+            end = periods[at][1]
+            return _decide(scopes[at], tokens, rows[at], verdict, now, end, headers, money)
         alerts = tuple(
             Alert(s, c.spent, e)
             for s, c, (_, e), hit in zip(scopes, rows, periods, reached, strict=True)
@@ -826,23 +943,35 @@ class RedisLimits:
             counted=tuple((s, p) for s, (p, _) in zip(scopes, periods, strict=True)),
             slot=slot.token if slot else None,
             alerts=alerts,
+            money=money,
         )
 
     async def finish(
-        self, grant: Grant, tokens: int, usage: Sequence[int] | None = None
+        self,
+        grant: Grant,
+        tokens: int,
+        usage: Sequence[int] | None = None,
+        money: int | None = None,
+        target: str = "",
     ) -> tuple[Alert, ...]:
-        """One script when a request ends: its tokens corrected in each scope, its slot freed,
-        ``usage`` (:data:`USAGE_FIELDS`' increments) added to the key's; raises :attr:`errors`
-        when Redis cannot be reached."""
+        """One script when a request ends: its tokens (and its ``money``, nano-dollars)
+        corrected in each scope, its slot freed, ``usage`` (:data:`USAGE_FIELDS`' increments)
+        added to the key's (its spend under ``target`` too); raises :attr:`errors` when Redis
+        cannot be reached."""
         delta = clamp(tokens) - grant.reserved
+        change = clamp_money(money) - grant.money if money is not None else 0
         keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
-        counts = [str(clamp(n)) for n in usage] if usage is not None else ["0"] * 5
+        counts = ["0"] * len(USAGE_FIELDS)
+        if usage is not None:
+            counts = [str(clamp(n)) for n in usage[:-1]] + [str(clamp_money(usage[-1]))]
         args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
-        args += ["1" if usage is not None else "0", *counts, grant.key]
+        args += ["1" if usage is not None else "0", *counts, change, grant.key, target]
         now = self._clock()
         for scope, period in grant.counted:
             own = self._scope_keys(scope.id, period)
-            keys += [own[1], own[2] if period is not None else "", own[3]]
+            budget = own[2] if period is not None and scope.budget_tokens is not None else ""
+            money_key = own[4] if period is not None and scope.budget_nanos is not None else ""
+            keys += [own[1], budget, own[3], money_key]
             end = _period(scope, now)[1]
             args += [scope.soft_at or 0, max(1, math.ceil((end or now) - now) + 60)]
         reply: list[Any] = await self._calls.run(
@@ -871,6 +1000,11 @@ class RedisLimits:
         hashes: list[dict[bytes, bytes]] = await self._calls.run(read) if keys else []
         return {
             name: {f: int(counters.get(f.encode(), 0)) for f in USAGE_FIELDS}
+            | {
+                f.decode(): int(v)
+                for f, v in counters.items()
+                if f.startswith(TARGET_SPEND.encode())
+            }
             for name, counters in zip(names, hashes, strict=True)
         }
 
@@ -945,30 +1079,33 @@ class RedisLimits:
         )
 
     async def admit(
-        self, tenant: Tenant, tokens: int, *, model: str | None = None
+        self, tenant: Tenant, tokens: int, *, model: str | None = None, money: int = 0
     ) -> Grant | Refusal:
         try:
-            decided = await self.count(tenant, tokens, model=model)
+            decided = await self.count(tenant, tokens, model=model, money=money)
         except self._redis.unreachable as exc:
             self.failed(exc)
             if self._on_error == "refuse":
                 return self.unavailable()
-            return self._local.admit_now(tenant, tokens, model=model)
+            return self._local.admit_now(tenant, tokens, model=model, money=money)
         except self._redis.errors as exc:
             self.broken(exc, "admission")
             return self.limits_error()
         self.answered()
         return decided
 
-    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
+    async def settle(
+        self, grant: Grant, tokens: int, money: int | None = None
+    ) -> tuple[Alert, ...]:
         if grant.local:
-            return self._local.settle_now(grant, tokens)
-        if clamp(tokens) == grant.reserved:
+            return self._local.settle_now(grant, tokens, money)
+        same_money = money is None or clamp_money(money) == grant.money
+        if clamp(tokens) == grant.reserved and same_money:
             return ()
         alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                alerts = await self.finish(grant, tokens)
+                alerts = await self.finish(grant, tokens, None, money)
         except self._redis.unreachable as exc:
             self.failed(exc)  # the estimate stands
         except self._redis.errors as exc:

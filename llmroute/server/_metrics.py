@@ -65,6 +65,13 @@ class GatewayMetrics:
             ["key", "kind"],
             registry=self.registry,
         )
+        self.spend = Counter(
+            "llmroute_gateway_spend_usd",
+            "What requests cost in USD, by key name and the target that answered, at the "
+            "targets' prices (requests whose targets have none: not counted).",
+            ["key", "target"],
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
             "llmroute_gateway_cache_hits",
             "Answers replayed from the cache, by key name.",

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from .._config import Config
+from ..config import Config
 from ._app import GatewayApp
 
 __all__ = ["LOOPS", "Gateway", "listen", "loop_factory", "serve"]

@@ -17,10 +17,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 import pydantic
 
-from .._config import (
+from ..config import (
     Config,
     ConfigError,
     GatewaySettings,
@@ -36,7 +37,17 @@ from .._config import (
 )
 from ._auth import KeyRing, bearer_digest
 
-__all__ = ["Managed", "Scope", "Team", "Tenant", "Tenants", "file_stamp", "team_scope"]
+__all__ = [
+    "NANOS",
+    "Managed",
+    "Scope",
+    "Team",
+    "Tenant",
+    "Tenants",
+    "file_stamp",
+    "team_scope",
+    "to_nanos",
+]
 
 log = logging.getLogger("llmroute.server")
 
@@ -69,6 +80,8 @@ class Scope:
     """The key's or the team's name (soft-limit alerts name it)."""
     kind: str = "key"
     """``key`` or ``team``."""
+    budget_nanos: int | None = None
+    """The money budget (``budget_usd``) in nano-dollars, over ``budget_period``."""
 
     @property
     def soft_at(self) -> int | None:
@@ -88,8 +101,18 @@ class Team:
     """``config`` (``[gateway.teams]``), ``file`` (``keys_file``) or ``api``."""
 
 
+NANOS = 10**9
+"""Nano-dollars in a dollar: the unit money budgets are counted in."""
+
+
 def _has_limits(s: KeySettings | TeamSettings) -> bool:
-    return s.rpm is not None or s.tpm is not None or s.budget_tokens is not None
+    budgets = s.budget_tokens is not None or s.budget_usd is not None
+    return s.rpm is not None or s.tpm is not None or budgets
+
+
+def to_nanos(usd: Decimal | None) -> int | None:
+    """A budget in USD as nano-dollars (``None`` stays ``None``)."""
+    return None if usd is None else int(usd * NANOS)
 
 
 def _scopes(
@@ -109,6 +132,7 @@ def _scopes(
                 settings.budget_period,
                 settings.soft_limit,
                 name,
+                budget_nanos=to_nanos(settings.budget_usd),
             )
         )
     shared = team_scope(team, name) if team is not None else None
@@ -153,6 +177,7 @@ def team_scope(team: Team, key: str | None = None) -> Scope | None:
         t.soft_limit,
         team.name,
         "team",
+        to_nanos(t.budget_usd),
     )
 
 

@@ -11,11 +11,12 @@ figures are this replica's (``"scope": "replica"``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from ._admission import Admission
-from ._limits import USAGE_FIELDS, Counts
-from ._tenants import Scope, Tenants, team_scope
+from ._limits import TARGET_SPEND, USAGE_FIELDS, Counts
+from ._tenants import NANOS, Scope, Tenants, team_scope
 
 __all__ = ["fleet_exposition", "new_usage", "usage_report"]
 
@@ -39,7 +40,31 @@ def _limits(scope: Scope, counts: Counts) -> dict[str, Any]:
         }
         if scope.soft_limit is not None:
             out["soft_limit"] = scope.soft_limit
+        if scope.budget_nanos is not None:
+            out |= {
+                "budget_usd": usd(scope.budget_nanos),
+                "budget_spent_usd": usd(counts.money),
+                "budget_spent_nanos": counts.money,
+            }
     return out
+
+
+def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
+    """A key's figures with its spend in dollars, in all and by target (``spend_by_target``:
+    the target that answered -> its cost, a decimal string)."""
+    by_target = {
+        name[len(TARGET_SPEND) :]: usd(int(figures.pop(name)))
+        for name in sorted(figures)
+        if name.startswith(TARGET_SPEND)
+    }
+    figures["spend_usd"] = usd(int(figures.get("spend_nanos", 0)))
+    figures["spend_by_target"] = by_target
+    return figures
+
+
+def usd(nanos: int) -> str:
+    """Nano-dollars as a decimal string of dollars (``"0.000123"``): exact, unlike a float."""
+    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 async def _scope_limits(
@@ -61,9 +86,9 @@ async def usage_report(
     figures: Mapping[str, Mapping[str, int]] = fleet if fleet is not None else replica
     keys: dict[str, Any] = {}
     for name, tenant in tenants.by_name.items():
-        entry: dict[str, Any] = dict(figures.get(name) or new_usage())
+        entry = _with_spend(dict(figures.get(name) or new_usage()))
         if fleet is not None:
-            entry["replica"] = dict(replica.get(name) or new_usage())
+            entry["replica"] = _with_spend(dict(replica.get(name) or new_usage()))
         if tenant.team is not None:
             entry["team"] = tenant.team.name
         own = next((s for s in tenant.scopes if s.id == name), None)
@@ -80,7 +105,7 @@ async def usage_report(
         keys[name] = entry
     for name, gone in figures.items():  # keys revoked since
         if name not in keys:
-            keys[name] = dict(gone) | {"revoked": True}
+            keys[name] = _with_spend(dict(gone)) | {"revoked": True}
     teams: dict[str, Any] = {}
     for team_name, team in tenants.teams.items():
         members = sorted(
@@ -90,7 +115,7 @@ async def usage_report(
         for member in members:
             for field_name in USAGE_FIELDS:
                 entry[field_name] += int(keys[member].get(field_name, 0))
-        out: dict[str, Any] = {"keys": members, **entry}
+        out: dict[str, Any] = {"keys": members, **entry, "spend_usd": usd(entry["spend_nanos"])}
         shared = team_scope(team)
         if shared is not None:
             out["limits"] = _limits(shared, await admission.peek(shared))

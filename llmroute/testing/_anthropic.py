@@ -198,7 +198,7 @@ class AnthropicSimApp:
         if fault.kind in STATUS_FAULTS:
             await _status_fault(send, fault.kind, retry_after, rid)
             return
-        plan = _Plan.build(req, self._cached, self.profile.reply_tokens)
+        plan = _AnthropicReply.build(req, self._cached, self.profile.reply_tokens)
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, plan.input_tokens)
@@ -215,7 +215,13 @@ class AnthropicSimApp:
             watcher.cancel()
 
     async def _stream(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        plan: _AnthropicReply,
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
         start = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -286,7 +292,13 @@ class AnthropicSimApp:
         await send({"type": "http.response.body", "body": tail})
 
     async def _complete(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        plan: _AnthropicReply,
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
         delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
         if fault.stall_after is not None:
@@ -379,7 +391,7 @@ def _one_hour(req: dict[str, Any]) -> bool:
 
 
 @dataclass
-class _Plan:
+class _AnthropicReply:
     model: str
     seed: int
     input_tokens: int
@@ -393,7 +405,7 @@ class _Plan:
     """The cache write is to the 1-hour cache (``cache_control.ttl = "1h"``)."""
 
     @classmethod
-    def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _Plan:
+    def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _AnthropicReply:
         model: str = req["model"]
         messages: list[dict[str, Any]] = [
             {"role": m.get("role"), "content": _text(m.get("content"))} for m in req["messages"]

@@ -49,6 +49,8 @@ def _zero_stats() -> dict[str, Any]:
         "streams_started": 0,
         "streams_completed": 0,
         "streams_cancelled": 0,
+        "prompt_tokens": 0,
+        "tokens_streamed": 0,
         "in_flight": 0,
         "peak_in_flight": 0,
         "held": 0,
@@ -306,7 +308,7 @@ class SimApp:
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
         profile = self.profile
-        plan = _Plan.build(
+        plan = _Reply.build(
             req,
             model,
             messages,
@@ -409,6 +411,7 @@ class SimApp:
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
+        self._stats["prompt_tokens"] += prompt_tokens  # what a vendor bills once it prefills
         gone = asyncio.Event()
         self._gone.add(gone)
         watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
@@ -589,6 +592,7 @@ class SimApp:
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
         for frame in wire.first():
             await emit(frame)
+        tokens, per = len(pieces), max(1, self.profile.tokens_per_chunk)
         pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
         itl = self.profile.inter_token
         for i in range(len(pieces) + 1):
@@ -622,6 +626,7 @@ class SimApp:
                 if gone.is_set():
                     return self._ended_early()
             await emit(wire.piece(pieces[i]))
+            self._stats["tokens_streamed"] += min(per, tokens - i * per)
         closing = wire.closing()
         if self.profile.frame_per_event:  # each event in a frame of its own, the last ones too
             closing = [e + b"\n\n" for part in closing for e in part.split(b"\n\n") if e]
@@ -720,7 +725,7 @@ class _ChatStream:
     ``[DONE]``, the last three in one frame. With ``stream_options.continuous_usage_stats``
     (vLLM's and SGLang's option), every content chunk also carries the usage so far."""
 
-    def __init__(self, plan: _Plan, include_usage: bool, continuous: bool = False) -> None:
+    def __init__(self, plan: _Reply, include_usage: bool, continuous: bool = False) -> None:
         self.plan = plan
         self.include_usage = include_usage
         self.continuous = continuous
@@ -793,7 +798,7 @@ class _ResponsesStream:
 
 
 @dataclass
-class _Plan:
+class _Reply:
     """What one request will answer: text tokens or tool-call argument fragments."""
 
     model: str
@@ -843,7 +848,7 @@ class _Plan:
         echo: bool = False,
         echo_counted: bool = False,
         reasoning: tuple[str, ...] = (),
-    ) -> _Plan:
+    ) -> _Reply:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
         n_prompt = _reply.prompt_tokens(messages)

@@ -105,7 +105,7 @@ from typing import TYPE_CHECKING, Any, cast
 import llmroute.testing._reply as _reply
 import llmroute.testing._server as _server
 
-from ._app import _Plan
+from ._app import _Reply
 from ._wire import STATUS_FAULTS, Fault, read_body, status_fault, watch_disconnect
 
 if TYPE_CHECKING:
@@ -1067,7 +1067,7 @@ class _Generation:
         self.app, self.req, self.entry, self.fault, self.gone = app, req, entry, fault, gone
         self.send = send
         self.model: str = req.get("model") or "default"
-        self.plan = _Plan.build(
+        self.plan = _Reply.build(
             {**req, "tools": None}, self.model, req["messages"], app.knobs.reply_tokens
         )
         self.rid = uuid.uuid4().hex

@@ -14,10 +14,10 @@ import openai
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
-from llmroute._config import ConfigError, RouteConfig, load_config
 from llmroute._routes import policy_for as _policy
 from llmroute._types import Timings
 from llmroute.cli._chat import route_lines
+from llmroute.config import ConfigError, RouteConfig, load_config
 from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (
     LeastLoadedPolicy,

@@ -39,8 +39,8 @@ import openai
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import load_config
 from llmroute.cli import main
+from llmroute.config import load_config
 from llmroute.server import Gateway, GatewayApp
 from llmroute.testing import Profile, Simulator
 from tests import redis_server
