@@ -880,7 +880,7 @@ def summarize(
     return rows
 
 
-def _cost_per_1000(group: Sequence[Sample]) -> dict[str, Any]:
+def _cost_per_1000(group: Sequence[Probe]) -> dict[str, Any]:
     """What 1,000 of the group's routed requests cost, on their mean (hedges, retries and
     continuations included; failed requests too, since their attempts were billed)."""
     routed = [s for s in group if s.route is not None]
