@@ -22,7 +22,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmroute._dispatch import Outcome
+from llmroute._call import Served
 from llmroute.server import GatewayApp
 
 CONFIG = {
@@ -42,9 +42,9 @@ async def main(args: argparse.Namespace) -> None:
     dispatch: Any = app.client._llmroute  # pyright: ignore[reportPrivateUsage]
     reached = [0]
 
-    async def answer(call: Any, live: Any) -> Outcome:
+    async def answer(call: Any, live: Any) -> Served:
         reached[0] += 1
-        return Outcome(None, None)  # type: ignore[arg-type]
+        return Served(None, None)  # type: ignore[arg-type]
 
     dispatch.answer = answer
     headers: dict[str, str] = {}

@@ -33,7 +33,9 @@ from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, ext
 from openai.resources.chat import AsyncChat, AsyncCompletions
 from openai.resources.responses import AsyncResponses
 
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missing_key_error
+from ._call import Call, Posted, Served, attach
+from ._call_cache import LOOKED_UP
+from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
@@ -161,7 +163,7 @@ def post_parse(result: Any, options: Any) -> Any:
 
 def wrap_raw(
     client: Any,
-    outcome: Outcome,
+    outcome: Served,
     result: Any,
     cast_to: Any,
     options: Any,
@@ -493,7 +495,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 chunk_cls = AsyncStream[Any] if stream else stream_cls
                 return await super().request(cast_to, options, stream=stream, stream_cls=chunk_cls)
             outcome = await dispatch.answer(call, lambda: self._direct(cast_to, options, stream))
-            result = outcome.result if isinstance(outcome, Outcome) else outcome
+            result = outcome.result if isinstance(outcome, Served) else outcome
             return post_parse(result, options)
         cast_to = self._maybe_override_cast_to(cast_to, options)
         if call.kind in ("chat", "responses"):
@@ -546,7 +548,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         self._describe(call)
         with body_errors():
             outcome = await dispatch.answer(call, _unreachable)
-        return outcome.result if isinstance(outcome, Outcome) else outcome
+        return outcome.result if isinstance(outcome, Served) else outcome
 
     def _timeout_of(self, options: Any) -> httpx.Timeout:
         timeout = options.timeout

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ._background import spawn
-from .config import Resolved, ResolvedProvider, RouteConfig, Target
+from .config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
 from .pricing import find_price
 from .routing.budget import CostBudget, HedgeBudget
 from .routing.cheapest import CheapestPolicy
@@ -33,6 +34,7 @@ from .sglang import MetricsPoller
 
 __all__ = [
     "ServerPolling",
+    "add_targets",
     "build_router",
     "policy_for",
     "prices_for",
@@ -173,6 +175,45 @@ def build_router(resolved: Resolved, *, max_retries: int) -> Router:
         explore_share=settings.explore,
         max_retries=max_retries,
     )
+
+
+def add_targets(
+    router: Router,
+    providers: Mapping[str, ResolvedProvider],
+    model: str,
+    targets: Iterable[str],
+    *,
+    tiered: Iterable[str] = (),
+    **route: Any,
+) -> None:
+    """Add ``targets`` (``"provider:model"``) to the route ``model``, made with the ``route``
+    settings if it does not exist yet (``client.add_targets``); a ``ConfigError`` names what
+    cannot be done: an unknown provider, a ``tiered`` name, new settings for an existing route,
+    new targets for a weighted one."""
+    parsed = [Target.parse(text) for text in targets]
+    for target in parsed:
+        if target.provider not in providers:
+            raise ConfigError(
+                f"models.{model}: unknown provider {target.provider!r} "
+                "(add it with add_provider() first)"
+            )
+    if model in tiered:
+        raise ConfigError(f"models.{model}: a tiered model name, not a route")
+    routes = router.routes
+    existing = routes.get(model)
+    if existing is None:
+        config = route_config(model, {"targets": [str(t) for t in parsed], **route})
+        routes[model] = route_for(model, config, parsed, providers)
+        return
+    if route:
+        raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
+    if isinstance(existing.policy, WeightedPolicy):
+        raise ConfigError(
+            f"models.{model}: a weighted route takes no new targets (each needs a weight)"
+        )
+    new = route_for(model, RouteConfig(targets=[str(t) for t in parsed]), parsed, providers)
+    known = {t.name for t in existing.targets}
+    existing.targets += tuple(t for t in new.targets if t.name not in known)
 
 
 class ServerPolling:

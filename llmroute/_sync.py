@@ -30,6 +30,8 @@ from openai.resources.chat import Chat, Completions
 from openai.resources.responses import Responses
 from openai.types.chat import ChatCompletionChunk
 
+from ._call import Call, Served, attach
+from ._call_cache import LOOKED_UP
 from ._client import (
     _MISS,  # pyright: ignore[reportPrivateUsage]
     DEFAULT_TIMEOUT,
@@ -46,7 +48,7 @@ from ._client import (
     signs_late,
     wrap_raw,
 )
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
+from ._dispatch import Dispatch, missing_key_error
 from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
 from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
@@ -645,7 +647,7 @@ class OpenAI(openai.OpenAI):
                 result = post_parse(result, options)
             if is_raw(options):  # openai's sync response classes read the body: bridge it
                 response = bridged(runtime, outcome.response)
-                outcome = Outcome(outcome.result, response, outcome.retries)
+                outcome = Served(outcome.result, response, outcome.retries)
             return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         outcome = runtime.call(dispatch.other, call)
         response = bridged(runtime, outcome.response)

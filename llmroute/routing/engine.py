@@ -51,7 +51,6 @@ from ..protocols.reader import StreamReader
 from ..transport import body_receiver, close_quietly, replay_head
 from .accounts import TokenAccount
 from .answer import Answer, Ready, plain_answer, won_attempt
-from .backoff import retry_delay
 from .causes import (
     REQUEST_CAUSES,
     any_retryable,
@@ -61,6 +60,7 @@ from .causes import (
     is_health_failure,
     outcome,
     react,
+    round_delay,
 )
 from .continuation import (
     continuation_body,
@@ -85,10 +85,12 @@ from .stats import (
     prompt_class,
 )
 from .tokens import visible_tokens
-from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
+from .windows import answer_room, larger_windows, needed_tokens, refused_window, too_long
 
 __all__ = [
+    "MAX_WAIT_UNAVAILABLE",
     "REMEASURE_AFTER",
+    "RETRY_SLACK",
     "SENDING",
     "SERVER_METRICS_MAX_AGE",
     "Route",
@@ -97,6 +99,8 @@ __all__ = [
     "RoutedStream",
     "Router",
     "Sender",
+    "prompt_messages",
+    "unavailable",
     "vendor_request_id",
 ]
 
@@ -109,10 +113,10 @@ explored since, may be re-measured (one request in ``1 / explore`` goes to it fi
 seconds of being fast again. 10 s until issue 26: a recovered target then waited up to ~12 s
 for its first re-measure, and the p95 of the half-minute after its recovery was 1.3-1.6x the
 per-request best (``benchmarks/routing.py --scenarios``, recover)."""
-_RETRY_SLACK = 0.05
+RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
-_MAX_WAIT_UNAVAILABLE = 2.0
+MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
@@ -288,6 +292,20 @@ class Router:
         health.failed(exc)
         health.breaker.record_failure()
         return "failed"
+
+    def soonest_available(self, targets: Iterable[str], *, trials: bool = True) -> float | None:
+        """Seconds until the first of ``targets`` that is cooling down or has its circuit open
+        may be tried again; ``None`` if none of them will be (or all are unknown).
+        ``trials=False`` leaves out the circuits that wait for a background trial: only the
+        trial's answer opens them to requests, and no request waits on a trial."""
+        now = self._clock()
+        times = [
+            retry_at
+            for name in targets
+            if (trials or not _awaits_trial(self.health(name)))
+            and (retry_at := self.health(name).retry_at()) is not None
+        ]
+        return max(0.0, min(times) - now) if times else None
 
     def load(self, target: str) -> float:
         """The requests ``target`` is working on, per data-parallel rank.
@@ -622,16 +640,13 @@ class _Run:
         """After ``target`` answered a context-length error: whether a target of the route
         with a larger declared window may still take the request (then only such targets
         are tried next, see ``_Race.refused_at``). The refusing target's window is its
-        declared one, else the one its error names (:func:`.windows.refused_sizes`), else
-        the request's own estimate (which errs low); a need the error names raises it."""
-        window = self.route.target(target).context_window
-        said, needed = refused_sizes(error_message(exc))
-        if window is None:
-            window = said
-        if window is None:
-            window = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
-        if needed is not None:
-            window = max(window, needed - 1)  # a window must hold ``needed`` at least
+        declared one, else the one its error names, else the request's own estimate
+        (:func:`.windows.refused_window`)."""
+        window = refused_window(
+            self.route.target(target).context_window,
+            error_message(exc),
+            needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind)),
+        )
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
             name: w
@@ -791,31 +806,17 @@ class _Run:
         return record
 
     def _soonest_available(self, targets: Sequence[str], *, trials: bool = True) -> float | None:
-        """Seconds until the first of ``targets`` that is cooling down or has its circuit open
-        may be tried again; ``None`` if none of them will be (or all are unknown).
-        ``trials=False`` leaves out the circuits that wait for a background trial: only the
-        trial's answer opens them to requests, and no request waits on a trial."""
-        now = self.clock()
-        times = [
-            retry_at
-            for name in targets
-            if name not in self.refused
-            and (trials or not _awaits_trial(self.router.health(name)))
-            and (retry_at := self.router.health(name).retry_at()) is not None
-        ]
-        return max(0.0, min(times) - now) if times else None
+        """:meth:`Router.soonest_available` of ``targets`` that may serve this request."""
+        names = [name for name in targets if name not in self.refused]
+        return self.router.soonest_available(names, trials=trials)
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
-        headers = None
-        for exc in failures.values():
-            if isinstance(exc, APIStatusError):
-                headers = exc.response.headers
-        return retry_delay(
-            retries_done=rounds,
-            max_retries=self.router.max_retries,
-            headers=headers,
-            now=time.time(),
-            rand=self.router._rng.random(),
+        router = self.router
+        return round_delay(
+            failures.values(),
+            rounds=rounds,
+            max_retries=router.max_retries,
+            rand=router._rng.random(),
         )
 
     def _failed(
@@ -960,7 +961,7 @@ class _Coordinator:
         self.hedge_at: float | None = None
         self.launched = self.hedged = 0
         budget = run.route.first_token_timeout if run.stream else None
-        budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
+        budget = min(budget or MAX_WAIT_UNAVAILABLE, MAX_WAIT_UNAVAILABLE)
         # On the event loop's clock, which the waits below run on (the router's may be a test's).
         self.give_up_at = anyio.current_time() + budget - (run.clock() - run.t0)
         first = "continuation" if prefix is not None else "first"
@@ -1052,7 +1053,7 @@ class _Coordinator:
             return True
         state.again = None
         soon = self.run._soonest_available([name])
-        if soon is not None and soon > _RETRY_SLACK:  # its circuit opened: move on
+        if soon is not None and soon > RETRY_SLACK:  # its circuit opened: move on
             return False
         await anyio.sleep(soon or 0.0)
         if name in self.pending:
@@ -1166,17 +1167,7 @@ class _Attempt:
 
     def _unavailable(self) -> None:
         """Its target may not be asked now (cooling down, its circuit open)."""
-        health, name = self.health, self.target.name
-        exc = TargetUnavailable(
-            f"target {name!r} is unavailable: {health.describe()}",
-            self.run.request_stub(),
-            target=name,
-            cause=health.cause
-            if health.misconfiguration is not None
-            else health.failure  # what opened the circuit (or failed its last trial)
-            if _awaits_trial(health)
-            else None,
-        )
+        exc = unavailable(self.target.name, self.health, self.run.request_stub())
         self.run._failed(self.record, self.state, exc, "error", count=False)
 
     def _release(self) -> None:
@@ -1337,6 +1328,21 @@ def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | 
         if value := headers.get(name):
             return value
     return adapter_for(target.protocol).request_id(headers)
+
+
+def unavailable(name: str, health: TargetHealth, request: httpx.Request) -> TargetUnavailable:
+    """Why the target ``name`` may not be asked now (cooling down, its circuit open), as the
+    attempt's failure."""
+    return TargetUnavailable(
+        f"target {name!r} is unavailable: {health.describe()}",
+        request,
+        target=name,
+        cause=health.cause
+        if health.misconfiguration is not None
+        else health.failure  # what opened the circuit (or failed its last trial)
+        if _awaits_trial(health)
+        else None,
+    )
 
 
 def _awaits_trial(health: TargetHealth) -> bool:

@@ -27,7 +27,8 @@ A trailing assistant message that is a prefix of the reply makes the simulator a
 rest (like greedy decoding with an assistant prefill). ``max_tokens`` cuts with
 ``finish_reason="length"``.
 
-Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``slow:0.2,drop:3``):
+Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``slow:0.2,drop:3``;
+legacy completions and embeddings take the status faults, ``429`` to ``404``, only):
 
 ``429``                   429 with Retry-After and retry-after-ms (OpenAI's rate-limit JSON)
 ``500`` / ``503``         server_error JSON (503 also carries Retry-After)

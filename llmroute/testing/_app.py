@@ -213,9 +213,11 @@ class SimApp:
         elif path == "/v1/responses" and method == "POST":
             await self._responses(payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
-            await self._text_completion(payload, send, rid)
+            if not await self._status_fault(headers, send, rid):
+                await self._text_completion(payload, send, rid)
         elif path == "/v1/embeddings" and method == "POST":
-            await self._embeddings(payload, send, rid)
+            if not await self._status_fault(headers, send, rid):
+                await self._embeddings(payload, send, rid)
         elif path.startswith("/v1/models/") and method == "GET":
             model = path[len("/v1/models/") :]
             if model in self.models:
@@ -396,6 +398,19 @@ class SimApp:
             self._count_fault(fault.kind)
         return fault
 
+    async def _status_fault(self, headers: dict[str, str], send: Send, rid: str) -> bool:
+        """For legacy completions and embeddings, which have no latency or stream faults: a
+        status fault the request's ``x-sim-fault`` header names, answered; whether it was
+        (the profile's drawn faults never hit these endpoints)."""
+        spec = headers.get("x-sim-fault")
+        try:
+            kind = Fault.parse(spec, self.rng).kind if spec else None
+        except ValueError:  # answered as a 400 by _fault, as on every endpoint
+            return await self._fault(headers, send, rid) is None
+        if kind not in STATUS_FAULTS:
+            return False
+        return await self._fault(headers, send, rid) is None
+
     async def _serve(
         self,
         pieces: list[str],
@@ -468,7 +483,7 @@ class SimApp:
 
         await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
 
-    # -- legacy completions and embeddings (no latency or faults) -------------------------------
+    # -- legacy completions and embeddings (status faults only, no latency) ---------------------
     async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
         problem = _validate_other(req, "prompt")
         if problem is not None:

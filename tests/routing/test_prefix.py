@@ -959,7 +959,7 @@ async def test_waiting_for_a_cooling_target_ends_even_when_the_routers_clock_sta
 ) -> None:
     import llmroute.routing.engine as engine
 
-    monkeypatch.setattr(engine, "_MAX_WAIT_UNAVAILABLE", 0.3)
+    monkeypatch.setattr(engine, "MAX_WAIT_UNAVAILABLE", 0.3)
     clock = FakeClock()
     router, route = scripted_route(RoundRobinPolicy(), ["a"], clock=clock)
     router.health("a:m").cool_down(0.05)  # on a clock that never moves: cooling for ever
