@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CLIENTS = ("httpx", "openai", "llmroute", "llmroute-routed")
+PRICE = {"input": 1.25, "cached_input": 0.125, "output": 10}
 
 Call = Callable[[], Awaitable[None]]
 
@@ -69,7 +70,10 @@ def calls(base_url: str, ca: str, stream: bool) -> tuple[dict[str, Call], list[A
     )
     direct = llmroute.AsyncOpenAI(api_key=KEY, base_url=base_url, verify=trust())
     config = {
-        "providers": {"sim": {"base_url": base_url, "api_key": KEY}},
+        "providers": {
+            # Priced, so that each call's cost is computed (route.cost, the metrics).
+            "sim": {"base_url": base_url, "api_key": KEY, "prices": {"*": PRICE}},
+        },
         "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
         "routing": {"explore": 0},
     }

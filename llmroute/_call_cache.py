@@ -34,6 +34,7 @@ from .cache import (
 from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
 from .config import CacheSettings, ConfigError
+from .routing.costs import saved_by
 from .routing.engine import Router
 from .routing.route import RouteTarget
 
@@ -297,6 +298,7 @@ class CallCache:
         report = RouteReport(
             route=call.body["model"], policy=policy, cache_hit=True, winner="cache"
         )
+        report.saved = saved_by(route, hit.entry) if route is not None else None
         timings = Timings(started_at=started)
         response = self.response(call)
         if hit.completion is None:

@@ -126,6 +126,8 @@ def route_for(
                 trial=providers[t.provider].spec.trial.body,
                 request_id_headers=providers[t.provider].spec.request_id_headers,
                 max_tokens_field=providers[t.provider].spec.max_tokens_field,
+                price=find_price(providers[t.provider].spec.prices, t.model),
+                usage_fields=providers[t.provider].spec.usage_fields,
             )
             for t in targets
         ),

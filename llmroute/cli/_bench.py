@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -214,6 +215,10 @@ class Probe:
     route: dict[str, Any] | None = None
     """A routed probe's route report, compactly (:func:`compact_report`); ``None`` for a probe
     sent to one target directly."""
+    cost: str | None = None
+    """A routed probe's cost (``route.cost``, every attempt), an exact decimal; ``None`` when
+    unknown (no price for a target's model) or not routed."""
+    currency: str | None = None
 
 
 def compact_report(report: Any) -> dict[str, Any]:
@@ -682,6 +687,9 @@ async def _routed_probe(
         report = getattr(stream, "route", None)
     if report is not None:
         sample.route = compact_report(report)
+        cost = report.cost
+        if cost is not None and cost.amount is not None:
+            sample.cost, sample.currency = str(cost.amount), cost.currency
     replayed = sample.route is not None and (sample.route["cache_hit"] or sample.route["shared"])
     if sample.ttft is not None and sample.error is None and sample.tokens > 1 and not replayed:
         decode = sample.total - sample.ttft
@@ -845,7 +853,9 @@ async def _warm(client: AsyncOpenAI) -> None:
 def summarize(
     samples: Sequence[Probe], targets: Sequence[str], lengths: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """One row per target and length class: probes, errors, TTFT p50/p95/p99, mean tokens/s."""
+    """One row per target and length class: probes, errors, TTFT p50/p95/p99, mean tokens/s,
+    and for routed probes what 1,000 such requests cost (``None`` unless every one's cost is
+    known)."""
     rows: list[dict[str, Any]] = []
     for target in targets:
         for length in lengths:
@@ -864,15 +874,50 @@ def summarize(
                     "ttft_p95": p95,
                     "ttft_p99": p99,
                     "tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
+                    **_cost_per_1000(group),
                 }
             )
     return rows
+
+
+def _cost_per_1000(group: Sequence[Probe]) -> dict[str, Any]:
+    """What 1,000 of the group's routed requests cost, on their mean (hedges, retries and
+    continuations included; failed requests too, since their attempts were billed)."""
+    routed = [s for s in group if s.route is not None]
+    currencies = {s.currency for s in routed}
+    if not routed or any(s.cost is None for s in routed) or len(currencies) != 1:
+        return {"cost_per_1000": None, "currency": None}
+    total = sum((Decimal(s.cost or 0) for s in routed), Decimal(0))
+    return {"cost_per_1000": str(total * 1000 / len(routed)), "currency": currencies.pop()}
 
 
 def _summary_table(summary: list[dict[str, Any]], *, routed: bool = False) -> Any:
     def speed(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}"
 
+    def money(row: dict[str, Any]) -> str:
+        value = row.get("cost_per_1000")
+        return "unknown" if value is None else f"{Decimal(value):.4f} {row['currency']}"
+
+    if routed:
+        return table(
+            "Time to first token through the route, as the caller saw it",
+            ["route", "length", "n", "errors", "p50", "p95", "p99", "tokens/s", "cost/1k"],
+            [
+                [
+                    row["target"],
+                    f"{row['length']} (~{LENGTHS[row['length']]} tok)",
+                    row["ok"],
+                    row["errors"],
+                    ms(row["ttft_p50"]),
+                    ms(row["ttft_p95"]),
+                    ms(row["ttft_p99"]),
+                    speed(row["tokens_per_s_mean"]),
+                    money(row),
+                ]
+                for row in summary
+            ],
+        )
     return table(
         "Time to first token through the route, as the caller saw it"
         if routed

@@ -93,3 +93,8 @@ class ProtocolAdapter:
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         """The vendor's id of a request, from its response's headers."""
         raise NotImplementedError
+
+    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
+        """The vendor's own ``usage`` of a whole answer, as :attr:`usage_fields` read it (the
+        priced one; ``None`` when it sent none): openai's object, as the vendor sent it."""
+        return getattr(completion, "usage", None)

@@ -676,6 +676,11 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         """openai's usage object for what arrived so far (None before ``message_start``)."""
         return usage_of(self._raw_usage) if self._raw_usage else None
 
+    @property
+    def vendor_usage(self) -> dict[str, Any] | None:
+        """Anthropic's own usage object so far (cache writes by lifetime included)."""
+        return dict(self._raw_usage) if self._raw_usage else None
+
     def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
         chunks: list[ChatCompletionChunk] = []
         for sse in events:
@@ -887,6 +892,14 @@ class AnthropicAdapter(ProtocolAdapter):
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         return headers.get(REQUEST_ID_HEADER) or headers.get(OPENAI_REQUEST_ID_HEADER)
+
+    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
+        try:  # the completion's usage is openai's, without the cache writes' lifetimes
+            data = json.loads(response.content)
+        except ValueError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return usage if isinstance(usage, dict) else None
 
 
 def _chat_only(kind: str) -> None:

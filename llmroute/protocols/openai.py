@@ -216,6 +216,12 @@ class ChatStreamDecoder:
         """How many token chunks (see :func:`is_token_chunk`) were decoded."""
 
     @property
+    def vendor_usage(self) -> Any:
+        """The vendor's own usage object so far, where the protocol's chunks do not carry it
+        as the vendor sent it (Anthropic's); ``None`` here: a chunk's ``usage`` is the vendor's."""
+        return None
+
+    @property
     def text(self) -> str:
         """The content of choice 0 decoded so far."""
         if len(self._text) > 1:

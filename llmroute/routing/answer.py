@@ -75,6 +75,8 @@ class Ready:
     receive: Callable[[], Awaitable[bytes | None]] | None = None
     buffered: list[ChatCompletionChunk] = field(default_factory=list)
     completion: Any = None
+    completion_usage: Any = None
+    """A whole answer's usage as its vendor sent it (:meth:`ProtocolAdapter.answer_usage`)."""
 
     @property
     def decoder(self) -> ChatStreamDecoder | None:
@@ -155,6 +157,7 @@ class _Read:
         "stall",
         "strip_continuous",
         "unbounded",
+        "usage",
     )
 
     def __init__(self, answer: Answer, ready: Ready) -> None:
@@ -180,6 +183,8 @@ class _Read:
         self.strip_continuous = target.stream_usage_continuous and not account.continuous_asked
         self.gaps, self.longest = 0, 0.0
         self.kept = account.delivered  # the tokens of the answer so far, counted low
+        self.usage: Any = None
+        """This attempt's newest usage, as its vendor sent it (before it is combined)."""
 
     def timed_out(self, exc: APITimeoutError) -> APIError:
         """The failure of a read that timed out: a stall when the wait's bound was the stall's."""
@@ -274,7 +279,7 @@ class Answer:
                 except _AtLimit as end:  # past the caller's limit: the answer ends here
                     for chunk in end.chunks:
                         yield chunk
-                    self._completed(ready)
+                    self._completed(read)
                     return
                 except APITimeoutError as exc:
                     failure = read.timed_out(exc)
@@ -283,6 +288,7 @@ class Answer:
                 failure = self._verdict(read, failure)
                 if failure is None:
                     return
+                self._bill(read)
                 new = await self._proceed(ready, failure, self._continuable)
                 if new is None:  # the answer already holds the tokens the caller asked for
                     for chunk in self._ended_at_limit():
@@ -359,6 +365,7 @@ class Answer:
     def _usage(self, chunk: ChatCompletionChunk, read: _Read) -> bool:
         """A chunk with the vendor's usage: counted, then shown only as the caller asked;
         whether the chunk is still for the caller."""
+        read.usage = chunk.usage
         self.account.usage_seen(chunk, chunk.usage)
         if read.hide_usage:
             if not chunk.choices:
@@ -415,7 +422,7 @@ class Answer:
             # Every choice has its finish_reason: the answer is whole, even if the
             # connection broke before the usage chunk or [DONE]. (A decoder that
             # raised is done too, but its answer is not whole.)
-            self._completed(ready)
+            self._completed(read)
             if self._continuable:  # one choice of plain text
                 name = ready.target.name
                 self.account.calibrate(decoder, self.stats.target(name).token_counts)
@@ -424,12 +431,21 @@ class Answer:
             return None
         return stream_ended(read.request) if failure is None else failure
 
-    def _completed(self, ready: Ready) -> None:
+    def _bill(self, read: _Read) -> AttemptReport | None:
+        """The attempt's own usage as its vendor sent it, on its record (what it is priced
+        from: :mod:`.costs`)."""
+        record = won_attempt(self.report, read.ready.target.name)
+        if record is not None:
+            vendor = read.reader.decoder.vendor_usage
+            record.usage = vendor if vendor is not None else read.usage
+        return record
+
+    def _completed(self, read: _Read) -> None:
         self.complete = True
-        name = ready.target.name
-        stats = self.stats.target(name)
+        ready = read.ready
+        stats = self.stats.target(ready.target.name)
         account = self.account
-        record = won_attempt(self.report, name)
+        record = self._bill(read)
         if record is not None:
             record.tokens, record.tokens_counted, record.tokens_estimate = account.delivered_by(
                 ready.decoder, stats.token_counts

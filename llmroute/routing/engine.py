@@ -69,6 +69,7 @@ from .continuation import (
     no_continuation_target,
     not_continuable,
 )
+from .costs import lost_cost, pricer_for
 from .estimate import prompt_messages
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
@@ -351,6 +352,8 @@ class Router:
             route=route.name,
             policy=route.policy.name,
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
+            pricer=pricer_for(route),
+            prompt_tokens=tokens,
         )
         run = _Run(self, route, body, send, report, tokens, stream, kind)
         run.goal = run.view.goal = goal.over(route.goal) if goal is not None else route.goal
@@ -1225,6 +1228,13 @@ class _Attempt:
             stats.record_ttft(elapsed, run.prompt_tokens)  # a first token all the same
         stats.finished()
         self._release()
+        decoder = ready.decoder
+        self.record.cost = lost_cost(
+            self.target,
+            decoder.vendor_usage if decoder is not None else ready.completion_usage,
+            run.prompt_tokens,
+            ready.timings.tokens if decoder is not None else None,
+        )
         await close_quietly(ready.response)
 
     def _won(self, ready: Ready, elapsed: float) -> None:
@@ -1287,10 +1297,13 @@ class _Attempt:
         run = self.run
         body = run.body_for(target, None)
         response, timings = await run.send(target, body, stream=False, continuation=False)
-        completion = adapter_for(target.protocol).parse_answer(
-            run.kind, response, target=target.name, body=body
-        )
-        return Ready(target, response, timings, completion=completion)
+        adapter = adapter_for(target.protocol)
+        completion = adapter.parse_answer(run.kind, response, target=target.name, body=body)
+        ready = Ready(target, response, timings, completion=completion)
+        if run.kind == "chat":  # the usage fields are chat's (a Response's are its own)
+            ready.completion_usage = adapter.answer_usage(completion, response)
+            self.record.usage = ready.completion_usage
+        return ready
 
 
 def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:

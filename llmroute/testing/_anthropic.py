@@ -377,6 +377,19 @@ def _cache_prefix(req: dict[str, Any]) -> tuple[str, int] | None:
     return key, sum(_words(u if isinstance(u, str) else [u]) for u in prefix)
 
 
+def _one_hour(req: dict[str, Any]) -> bool:
+    """Whether the request's last ``cache_control`` asks for the 1-hour cache (``ttl``)."""
+    blocks = [req.get("system")] + [m.get("content") for m in req["messages"]]
+    marks = [
+        b["cache_control"]
+        for content in blocks
+        if isinstance(content, list)
+        for b in content
+        if isinstance(b, dict) and isinstance(b.get("cache_control"), dict)
+    ]
+    return bool(marks) and marks[-1].get("ttl") == "1h"
+
+
 @dataclass
 class _AnthropicReply:
     model: str
@@ -388,6 +401,8 @@ class _AnthropicReply:
     stop_reason: str
     stop_sequence: str | None = None
     tool: dict[str, Any] | None = None
+    one_hour: bool = False
+    """The cache write is to the 1-hour cache (``cache_control.ttl = "1h"``)."""
 
     @classmethod
     def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _AnthropicReply:
@@ -423,7 +438,9 @@ class _AnthropicReply:
         tool = _reply.pick_tool(tools, openai_choice)
         if tool is not None:
             pieces = _reply.split_fragments(_reply.tool_arguments(tool, seed))
-            return cls(model, seed, input_tokens, creation, read, pieces, "tool_use", None, tool)
+            plan = cls(model, seed, input_tokens, creation, read, pieces, "tool_use", None, tool)
+            plan.one_hour = _one_hour(req)
+            return plan
         full = _reply.full_reply(seed, reply_tokens)
         _, prefill = _reply.split_prefill(messages)
         pieces = list(full)
@@ -446,7 +463,9 @@ class _AnthropicReply:
                     break
         if len(pieces) > req["max_tokens"]:
             pieces, stop_reason, stop_sequence = pieces[: req["max_tokens"]], "max_tokens", None
-        return cls(model, seed, input_tokens, creation, read, pieces, stop_reason, stop_sequence)
+        plan = cls(model, seed, input_tokens, creation, read, pieces, stop_reason, stop_sequence)
+        plan.one_hour = _one_hour(req)
+        return plan
 
     def block_start(self) -> dict[str, Any]:
         if self.tool is None:
@@ -484,6 +503,10 @@ class _AnthropicReply:
                 "input_tokens": self.input_tokens,
                 "cache_creation_input_tokens": self.cache_creation,
                 "cache_read_input_tokens": self.cache_read,
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": 0 if self.one_hour else self.cache_creation,
+                    "ephemeral_1h_input_tokens": self.cache_creation if self.one_hour else 0,
+                },
                 "output_tokens": len(self.pieces) if output_tokens is None else output_tokens,
             },
         }

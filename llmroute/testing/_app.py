@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import json
 import random
@@ -57,6 +58,31 @@ def _zero_stats() -> dict[str, Any]:
     }
 
 
+class PromptCache:
+    """A vendor's automatic prompt cache, as the simulator keeps it: the longest run of leading
+    messages an earlier request of the same model began with is read from the cache (its
+    tokens, the simulator's count); every request's leading runs are remembered after."""
+
+    LIMIT = 100_000
+    """Runs remembered at most (then it starts again, as an evicted cache does)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def read(self, model: str, messages: list[dict[str, Any]]) -> int:
+        """The cached prompt tokens of a request for ``model`` with ``messages``."""
+        keys: list[str] = []
+        digest = hashlib.sha256(model.encode())
+        for message in messages:
+            digest.update(json.dumps(message, sort_keys=True).encode())
+            keys.append(digest.hexdigest())
+        hit = next((n for n in range(len(keys) - 1, 0, -1) if keys[n - 1] in self._seen), 0)
+        if len(self._seen) > self.LIMIT:
+            self._seen.clear()
+        self._seen.update(keys)
+        return _reply.prompt_tokens(messages[:hit]) if hit else 0
+
+
 class SimApp:
     """ASGI app of one simulated provider. Counters are read from other threads."""
 
@@ -70,6 +96,7 @@ class SimApp:
         self.issued = _responses.IssuedIds()
         """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
         self._fault_uses: dict[str, int] = {}
+        self._prompt_cache = PromptCache()
         self._gone: set[asyncio.Event] = set()
         self._release = asyncio.Event()  # set by release(): the streams held now go on
         self._closing = False
@@ -293,6 +320,9 @@ class SimApp:
             echo_counted=profile.echo_counted,
             reasoning=_reasoning_words(profile, req),
         )
+        if profile.prompt_cache:
+            plan.cache = profile.prompt_cache
+            plan.cached = self._prompt_cache.read(model, messages)
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -737,9 +767,7 @@ class _ChatStream:
             length += len(pieces[self.sent])
             self.sent += 1
         done = max(0, self.sent - self.plan.uncounted)
-        thought = len(self.plan.reasoning)
-        usage = _reply.usage(self.plan.prompt_tokens, done + thought, thought)
-        return self.writer.content(text, usage)
+        return self.writer.content(text, self.plan.usage(done))
 
     def error(self) -> bytes:
         msg = "The server had an error while processing your request."
@@ -755,9 +783,7 @@ class _ChatStream:
     def closing(self) -> list[bytes]:
         tail = self.writer.event({}, self.plan.finish)
         if self.include_usage:
-            tail += self.writer.usage_event(
-                self.plan.prompt_tokens, self.plan.generated, len(self.plan.reasoning)
-            )
+            tail += self.writer.usage_event(self.plan.usage(self.plan.generated))
         return [tail + b"data: [DONE]\n\n"]
 
 
@@ -803,6 +829,17 @@ class _Reply:
     """The echoed pieces count in the usage all the same (``Profile.echo_counted``)."""
     reasoning: tuple[str, ...] = ()
     """Reasoning words streamed before the answer (``Profile.reasoning_tokens``)."""
+    cached: int = 0
+    """Prompt tokens read from the simulated prompt cache (``Profile.prompt_cache``)."""
+    cache: str = ""
+    """How the usage reports them (``Profile.prompt_cache``)."""
+
+    def usage(self, answered: int) -> dict[str, Any]:
+        """The usage after ``answered`` answer tokens, the reasoning streamed first included."""
+        thought = len(self.reasoning)
+        return _reply.usage(
+            self.prompt_tokens, answered + thought, thought, self.cached, self.cache
+        )
 
     @property
     def uncounted(self) -> int:
@@ -901,7 +938,7 @@ class _Reply:
                 }
             ]
         return _reply.completion(
-            self.model, self.seed, message, self.finish, self.prompt_tokens, self.generated
+            self.model, self.seed, message, self.finish, self.usage(self.generated)
         )
 
 
