@@ -106,7 +106,7 @@ import llmroute.testing._reply as _reply
 import llmroute.testing._server as _server
 
 from ._app import _Reply
-from ._wire import STATUS_FAULTS, Fault, read_body, status_fault, watch_disconnect
+from ._wire import STATUS_FAULTS, Fault, pause, read_body, status_fault, watch_disconnect
 
 if TYPE_CHECKING:
     from ._app import SimApp
@@ -631,20 +631,6 @@ async def _send(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _sleep_unless(seconds: float, gone: asyncio.Event) -> bool:
-    """Sleep unless the client goes away first (or the server closes); True when it did."""
-    if gone.is_set():
-        return True
-    if seconds <= 0:
-        return False
-    try:
-        async with asyncio.timeout(seconds):
-            await gone.wait()
-    except TimeoutError:
-        return False
-    return True
-
-
 class SGLangApp:
     """The ASGI app of one stand-in server (one "GPU worker" with its own prefix cache)."""
 
@@ -1115,7 +1101,7 @@ class _Generation:
             delay = app.knobs.ttft + app.knobs.prefill_ms_per_1k * uncached / 1e6
         if self.fault.kind == "hang":
             delay = _HANG_MAX
-        if await _sleep_unless(delay, self.gone) or self.fault.kind == "hang":
+        if await pause(delay, self.gone) or self.fault.kind == "hang":
             return False
         if app.radix:
             app.cache.insert(tokens)
@@ -1162,8 +1148,8 @@ class _Generation:
         pieces, fault, itl = self.plan.pieces, self.fault, self.app.knobs.inter_token
         last = self._token_sent(0.0)
         for i in range(1, len(pieces)):
-            pause = fault.stall_seconds if i == fault.stall_after else itl
-            if await _sleep_unless(pause, self.gone):
+            gap = fault.stall_seconds if i == fault.stall_after else itl
+            if await pause(gap, self.gone):
                 return False
             last = self._token_sent(last)
         if fault.kind == "stream-error":
@@ -1249,7 +1235,7 @@ class _Generation:
                 fault.after, len(pieces)
             ):
                 if held:  # the tokens before the fault go out first
-                    if await _sleep_unless(waited, self.gone):
+                    if await pause(waited, self.gone):
                         return False
                     last, held, waited = await self._send_tokens(i - held, i, last), 0, 0.0
                 if fault.kind == "drop":
@@ -1267,7 +1253,7 @@ class _Generation:
                 waited += fault.stall_seconds if i == fault.stall_after else itl
             held += 1
             if held == interval or i == len(pieces) - 1:
-                if await _sleep_unless(waited, self.gone):
+                if await pause(waited, self.gone):
                     return False
                 last, held, waited = await self._send_tokens(i + 1 - held, i + 1, last), 0, 0.0
         tail = self._chunk({}, self.plan.finish)
