@@ -1402,18 +1402,6 @@ def main(argv: Sequence[str], *, entry: str, version: str) -> int:
         _stop_children(children)
 
 
-async def _loading(seconds: float, shutdown: asyncio.Event) -> bool:
-    """Spend ``seconds`` loading; True when a signal asked for shutdown meanwhile."""
-    if seconds <= 0:
-        return shutdown.is_set()
-    try:
-        async with asyncio.timeout(seconds):
-            await shutdown.wait()
-    except TimeoutError:
-        return False
-    return True
-
-
 async def _serve(
     args: dict[str, Any],
     version: str,
@@ -1445,7 +1433,7 @@ async def _serve(
     # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
     # the HTTP server bind its port (a server that took the port meanwhile answers instead).
     log.info("Load weight begin. avail mem=78.50 GB")
-    if await _loading(knobs.load * 0.7, shutdown):
+    if await pause(knobs.load * 0.7, shutdown):
         return 0
     log.info(
         f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
@@ -1453,7 +1441,7 @@ async def _serve(
     )
     if not args.get("disable_cuda_graph"):
         log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
-        if await _loading(knobs.load * 0.3, shutdown):
+        if await pause(knobs.load * 0.3, shutdown):
             return 0
         log.info(
             f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"
