@@ -9,7 +9,7 @@ import socket
 import sys
 from typing import Any
 
-from ._parser import examples
+from ._parser import examples, port
 
 __all__ = ["register"]
 
@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
     )
     parser.add_argument(
-        "--port", type=_port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
+        "--port", type=port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
     )
     parser.add_argument("--certfile", help="a PEM certificate: HTTPS, HTTP/2 by ALPN")
     parser.add_argument("--keyfile", help="the certificate's PEM private key")
@@ -74,16 +74,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "docs/benchmarks.md for what it changes)",
     )
     parser.set_defaults(run=_run)
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return port
 
 
 def _seconds(text: str) -> float:

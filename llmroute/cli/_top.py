@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from ._format import MissingExtra, add_tls_options, require, tls_verify
+from ._format import MissingExtra, add_tls_options, http_url, require, tls_verify
 from ._parser import examples
 from ._topframe import SORTS, Exposition, Frame, NotMetrics, build_frame, render
 
@@ -62,19 +62,10 @@ class TopError(Exception):
 def metrics_url(url: str) -> str:
     """``url`` with a scheme and a path: a bare host:port or a gateway's base URL (``.../v1``)
     means its ``/metrics``; :class:`TopError` (status 2) when it is not an http(s) URL."""
-    import httpx
-
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
     try:
-        parsed = httpx.URL(text)
-    except (httpx.InvalidURL, ValueError):
-        raise TopError(f"{url!r} is not a URL; give one such as http://127.0.0.1:8000", 2) from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise TopError(
-            f"{url!r} is not an http(s) URL; give one such as http://127.0.0.1:8000/metrics", 2
-        )
+        parsed = http_url(url, "http://127.0.0.1:8000/metrics")
+    except ValueError as exc:
+        raise TopError(str(exc), 2) from None
     path = parsed.path.rstrip("/")
     if path in ("", "/v1"):
         parsed = parsed.copy_with(path="/metrics")

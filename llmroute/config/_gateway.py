@@ -21,8 +21,8 @@ from ._values import (
     Size,
     empty_is_none,
     env_var_input,
-    parse_duration,
     path_input,
+    word_or_duration,
 )
 
 if TYPE_CHECKING:
@@ -52,14 +52,9 @@ _PERIODS = ("day", "month")
 def _period_input(value: Any) -> Any:
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lower() in _PERIODS:
-        return value.strip().lower()
-    try:
-        seconds = parse_duration(value)
-    except ValueError:
-        raise invalid(
-            f"expected 'day', 'month' or a duration such as '12h', got {show(value)}"
-        ) from None
+    seconds = word_or_duration(value, _PERIODS, "12h")
+    if isinstance(seconds, str):
+        return seconds
     if not seconds >= 1:
         raise invalid(f"expected a period of at least 1 s, got {show(value)}")
     return seconds

@@ -101,15 +101,25 @@ def _duration_input(value: Any) -> float:
         raise invalid(str(exc)) from None
 
 
-def stall_input(value: Any) -> str | float:
-    if isinstance(value, str) and value.strip().lower() in ("auto", "off"):
+def word_or_duration(value: Any, words: tuple[str, ...], example: str) -> str | float:
+    """One of ``words`` (any case, returned lower-case) or a duration in seconds; an error
+    listing the words and ``example`` (with a did-you-mean for a near word) otherwise."""
+    if isinstance(value, str) and value.strip().lower() in words:
         return value.strip().lower()
     try:
-        seconds = parse_duration(value)
+        return parse_duration(value)
     except ValueError:
+        hint = suggest(value, words) if isinstance(value, str) else ""
+        listed = ", ".join(repr(word) for word in words)
         raise invalid(
-            f"expected 'auto', 'off' or a duration such as '5s', got {show(value)}"
+            f"expected {listed} or a duration such as {example!r}, got {show(value)}{hint}"
         ) from None
+
+
+def stall_input(value: Any) -> str | float:
+    seconds = word_or_duration(value, ("auto", "off"), "5s")
+    if isinstance(seconds, str):
+        return seconds
     if not seconds > 0:
         raise invalid(f"expected a positive duration, got {show(value)}")
     return seconds
@@ -123,16 +133,7 @@ def _size_input(value: Any) -> int:
 
 
 def hedge_after_input(value: Any) -> str | float:
-    if isinstance(value, str) and value.strip().lower() in _PERCENTILES:
-        return value.strip().lower()
-    try:
-        return parse_duration(value)
-    except ValueError:
-        hint = suggest(value, _PERCENTILES) if isinstance(value, str) else ""
-        raise invalid(
-            f"expected 'p50', 'p90', 'p95', 'p99' or a duration such as '400ms', "
-            f"got {show(value)}{hint}"
-        ) from None
+    return word_or_duration(value, _PERCENTILES, "400ms")
 
 
 def target_input(value: Any) -> str:

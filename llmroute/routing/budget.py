@@ -8,6 +8,16 @@ __all__ = ["CostBudget", "HedgeBudget"]
 _SLACK = 1e-9  # so that ten deposits of 0.1 buy one request despite float rounding
 
 
+def _checked(ratio: float, burst: float) -> tuple[float, float]:
+    """A budget's ``ratio`` and ``burst`` as floats; a ``ValueError`` naming the one out of
+    range."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"ratio must be in [0, 1], got {ratio!r}")
+    if not burst >= 1.0:
+        raise ValueError(f"burst must be at least 1, got {burst!r}")
+    return float(ratio), float(burst)
+
+
 class HedgeBudget:
     """Allows extra requests at ``ratio`` per primary request, with up to ``burst`` saved up.
 
@@ -21,12 +31,7 @@ class HedgeBudget:
     __slots__ = ("_burst", "_ratio", "_tokens")
 
     def __init__(self, ratio: float = 0.1, burst: float = 5.0) -> None:
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"ratio must be in [0, 1], got {ratio!r}")
-        if not burst >= 1.0:
-            raise ValueError(f"burst must be at least 1, got {burst!r}")
-        self._ratio = float(ratio)
-        self._burst = float(burst)
+        self._ratio, self._burst = _checked(ratio, burst)
         self._tokens = self._burst if ratio > 0 else 0.0
 
     @property
@@ -79,12 +84,7 @@ class CostBudget:
     __slots__ = ("_burst", "_dearest_first", "_dearest_hedge", "_ratio", "_tokens")
 
     def __init__(self, ratio: float = 0.1, burst: float = 5.0) -> None:
-        if not 0.0 <= ratio <= 1.0:
-            raise ValueError(f"ratio must be in [0, 1], got {ratio!r}")
-        if not burst >= 1.0:
-            raise ValueError(f"burst must be at least 1, got {burst!r}")
-        self._ratio = float(ratio)
-        self._burst = float(burst)
+        self._ratio, self._burst = _checked(ratio, burst)
         self._tokens = 0.0
         self._dearest_first = 0.0
         self._dearest_hedge = 0.0

@@ -443,6 +443,11 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-l
             "such as '5s', got '-1s'",
         ),
         (
+            ROUTE + 'stall_timeout = "autoo"\n',
+            "llmroute.toml: models.chat.stall_timeout: expected 'auto', 'off' or a duration "
+            "such as '5s', got 'autoo' (did you mean 'auto'?)",
+        ),
+        (
             ROUTE + "stall_timeout = 0\n",
             "llmroute.toml: models.chat.stall_timeout: expected a positive duration, got 0",
         ),

@@ -449,6 +449,7 @@ def _config(tmp_path: Path, keys_file: str, **gateway: Any) -> Any:
         ('[keys.app]\nenv = "APP"\nmodels = ["chta"]\n', "did you mean 'chat'?"),
         ('[keys.app]\nenv = "APP"\nbudget_tokens = 10\n', "keys.app.budget_period: budget_tokens"),
         ('[keys.app]\nenv = "APP"\nbudget_period = "week"\n', "keys.app.budget_period: expected"),
+        ('[keys.app]\nenv = "APP"\nbudget_period = "mont"\n', "did you mean 'month'?"),
         (f'[keys.app]\nsha256 = "{PASTED}"\n', "keys.app.sha256: expected the key's SHA-256"),
         (f'[keys.app]\nenv = "{PASTED}"\n', "keys.app.env: expected the name of an environment"),
         ("[keys.app]\nrpm = 5\n", "give the key as env"),
