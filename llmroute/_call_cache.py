@@ -26,13 +26,13 @@ from ._upstream import Upstream, credentials, merge_headers
 from .cache import (
     NAMESPACE_PATTERN,
     CacheRequest,
+    Flight,
     Hit,
     ResponseCache,
     is_deterministic,
     request_key,
 )
 from .cache import tenant_namespace as _tenant_namespace
-from .cache._flight import Flight
 from .config import CacheSettings, ConfigError
 from .routing.costs import saved_by
 from .routing.engine import Router

@@ -39,7 +39,7 @@ from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
-from .cache._flight import Flight
+from .cache import Flight
 from .config import Config, load_config
 from .metrics import ClientMetrics
 from .routing.engine import Router
@@ -221,7 +221,7 @@ _CHAT_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) 
 _ABSENT = (openai.NotGiven, openai.Omit)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 _MAX_DEPTH = 32
-_MISS: Any = object()
+MISS: Any = object()
 NOT_ROUTED: Any = object()
 """What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route (kept for
 callers of that private method; :meth:`AsyncOpenAI.route_json` returns ``None``)."""
@@ -323,7 +323,7 @@ async def _create_early(
     if body is None:
         return await create(*args, **kwargs)
     found, key = await client._cache_first(early.path, body)
-    if found is not _MISS:
+    if found is not MISS:
         return found
     token = LOOKED_UP.set(key)
     try:
@@ -521,18 +521,18 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         self, path: str, body: dict[str, Any]
     ) -> tuple[Any, tuple[str, Flight | None] | None]:
         """A call's cached answer, as :meth:`request` would return it, before openai's
-        machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
+        machinery builds the request; ``MISS`` (with the key looked up, if any) when the
         call must go the usual way."""
         options = Posted(path, body)
         with body_errors():
             dispatch = self._llmroute
             call = dispatch.classify(options, timeout=self._timeout_of(options))
             if call is None or (call.route is None and self._missing_key):
-                return _MISS, None
+                return MISS, None
             self._describe(call)
             outcome, key = await dispatch.from_cache(call)
         if outcome is None:
-            return _MISS, key
+            return MISS, key
         return post_parse(outcome.result, options), key
 
     async def route_json(

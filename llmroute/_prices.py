@@ -28,7 +28,7 @@ ANY_MODEL = "*"
 """The ``prices`` key that prices every model a provider has no own price for (self-hosted)."""
 
 
-def _decimal_input(value: Any) -> Any:
+def decimal_input(value: Any) -> Any:
     if isinstance(value, bool):
         return value  # refused below: true is not a price
     if isinstance(value, float | int):
@@ -40,7 +40,7 @@ def _decimal_input(value: Any) -> Any:
 
 PerMillion = Annotated[
     Decimal,
-    BeforeValidator(_decimal_input),
+    BeforeValidator(decimal_input),
     Field(ge=0, allow_inf_nan=False, strict=False),
 ]
 """A price per million tokens, in the price's currency: zero or more, never NaN."""

@@ -43,8 +43,7 @@ class SimulatedProviders:
                     f"simulator, whose dependency {module} is not installed: "
                     f"{install_hint('testing')}"
                 )
-        from .testing import Simulator
-        from .testing._profile import profile_of
+        from .testing import Simulator, profile_of
 
         try:
             for name in names:

@@ -33,8 +33,8 @@ from openai.types.chat import ChatCompletionChunk
 from ._call import Call, Served, attach
 from ._call_cache import LOOKED_UP
 from ._client import (
-    _MISS,  # pyright: ignore[reportPrivateUsage]
     DEFAULT_TIMEOUT,
+    MISS,
     NO_KEY,
     AsyncOpenAI,
     EarlyCheck,
@@ -463,7 +463,7 @@ def _create_early(
     if body is None:
         return create(*args, **kwargs)
     found, key = client._cache_first(early.path, body)
-    if found is not _MISS:
+    if found is not MISS:
         return found
     token = LOOKED_UP.set(key)  # the loop's task runs in a copy of this context
     try:
@@ -675,14 +675,14 @@ class OpenAI(openai.OpenAI):
     def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
         """A call's cached answer before openai's machinery builds its request (see
         :meth:`AsyncOpenAI._cache_first`), looked up on the loop by the async twin;
-        ``_MISS`` when the call must go the usual way (as every call does when the twin
+        ``MISS`` when the call must go the usual way (as every call does when the twin
         cannot carry this client's calls)."""
         runtime = self._llmroute
         if self._llmroute_closed or runtime.closed or runtime.pid != os.getpid():
-            return _MISS, None  # the seam raises ClientClosedError
+            return MISS, None  # the seam raises ClientClosedError
         inner = self._inner()
         if inner is None:
-            return _MISS, None
+            return MISS, None
         found, key = runtime.call(inner._cache_first, path, body)
         if isinstance(found, AsyncStream):
             found = Stream._over(runtime, found)

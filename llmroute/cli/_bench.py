@@ -585,9 +585,9 @@ def _config_endpoints(
 
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
+    from .._secrets import provider_secrets
     from ..config import resolve, route_config
     from ..protocols import adapter_for
-    from ..server._secrets import provider_secrets
 
     resolved = resolve(config, simulated=simulated)
     endpoints: list[_Endpoint] = []

@@ -308,8 +308,8 @@ async def _list_models(
     (a sentence without the key)."""
     import httpx
 
+    from .._secrets import masked_forms, provider_secrets, scrub
     from ..protocols import adapter_for
-    from ..server._secrets import masked_forms, provider_secrets, scrub
     from ..transport import make_ssl_context
 
     auth, params = adapter_for(provider.spec.protocol).models_request(provider.api_key or "")

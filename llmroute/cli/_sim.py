@@ -25,7 +25,7 @@ __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ..testing._profile import PRESETS
+    from ..testing import PRESETS
 
     sim = commands.add_parser(
         "sim",
@@ -85,7 +85,7 @@ def parse_profiles(given: list[str] | None, seed: int | None) -> dict[str, Profi
     import dataclasses
     import zlib
 
-    from ..testing._profile import profile_of
+    from ..testing import profile_of
 
     profiles: dict[str, Profile] = {}
     for index, text in enumerate(given or ["instant"], start=1):

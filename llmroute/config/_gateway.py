@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from .._prices import _decimal_input
+from .._prices import decimal_input
 from ._messages import ConfigError, describe, dotted, invalid, read_toml, show, suggest
 from ._values import (
     KEY_NAME,
@@ -70,7 +70,7 @@ MAX_BUDGET_USD = Decimal(10**6)
 """The largest money budget: counted in nano-dollars (10**-9 USD), 10**15 of them at most."""
 BudgetUsd = Annotated[
     Decimal,
-    BeforeValidator(_decimal_input),
+    BeforeValidator(decimal_input),
     Field(gt=0, le=MAX_BUDGET_USD, decimal_places=9, allow_inf_nan=False, strict=False),
 ]
 """A money budget in USD: more than 0, at most a million, to the nano-dollar."""

@@ -36,7 +36,7 @@ def _profile_input(value: Any) -> Any:
     seconds; its fields are checked with the provider (``ProviderConfig._check_simulator``)."""
     if not isinstance(value, Mapping):
         return value
-    from ..testing._profile import DURATION_FIELDS
+    from ..testing import DURATION_FIELDS
 
     table = dict(value)
     for name in DURATION_FIELDS:
@@ -135,7 +135,7 @@ class ProviderConfig(BaseModel):
                     f"client, with the simulators' CA): remove {name}",
                     name,
                 )
-        from ..testing._profile import check_fields, profile_of
+        from ..testing import check_fields, profile_of
 
         try:
             profile_of(self.profile, "profile")

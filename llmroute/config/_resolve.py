@@ -289,7 +289,7 @@ def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
 def _simulator_spec(name: str, settings: ProviderConfig, address: SimulatorAddress) -> ProviderSpec:
     """What a simulated provider is, as a catalog entry would say: llmroute's simulator serves
     both wire protocols, continues an assistant prefix, streams usage and the Responses API."""
-    from ..testing._profile import profile_of
+    from ..testing import profile_of
 
     return ProviderSpec.model_validate(
         {

@@ -50,7 +50,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, make_status_error
 from .._prices import UsageFields
-from ..transport._sse import ServerSentEvent
+from ..transport import ServerSentEvent
 from ._adapter import ProtocolAdapter
 from .openai import REQUEST_ID_HEADER as OPENAI_REQUEST_ID_HEADER
 from .openai import ChatStreamDecoder, build_chunk, load_json

@@ -27,7 +27,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from .._errors import MalformedStreamError, quote
 from .._prices import UsageFields
-from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from ..transport import ServerSentEvent, SSEDecodeError, SSEDecoder
 from ._adapter import ProtocolAdapter
 
 try:

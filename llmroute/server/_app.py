@@ -21,6 +21,7 @@ from typing import Any
 import anyio
 
 from .._client import AsyncOpenAI
+from .._secrets import provider_secrets
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..config import Config, ConfigError, GatewaySettings, load_config
@@ -70,7 +71,6 @@ from ._operators import (
     Operators,
 )
 from ._relay import InFlight, Relay
-from ._secrets import provider_secrets
 from ._slo import Objective, SloTracker
 from ._spend import Prices, money_problem
 from ._tally import Tally

@@ -14,7 +14,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import AsyncOpenAI
 from .._timeouts import BETWEEN_TOKENS_HEADER, CONNECT_HEADER, FIRST_TOKEN_HEADER
-from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
+from ..metrics import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.goal import TTFT_TARGET_HEADER
 
 __all__ = ["CHAT", "COMPLETIONS", "RESPONSES", "ROUTABLE", "call_client", "upstream_headers"]

@@ -22,8 +22,8 @@ import openai
 
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
+from .._secrets import masked_forms, scrub
 from ..config import ConfigError
-from ._secrets import masked_forms, scrub
 from ._validate import InvalidField
 
 __all__ = [

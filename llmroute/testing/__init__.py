@@ -68,18 +68,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._profile import PRESETS, Profile, profile_of
+from ._profile import DURATION_FIELDS, PRESETS, Profile, check_fields, profile_of
 
 if TYPE_CHECKING:
     from ._server import Simulator, SimulatorProcess, ca_pem_path
     from ._sglang import sglang_standin_path
 
 __all__ = [
+    "DURATION_FIELDS",
     "PRESETS",
     "Profile",
     "Simulator",
     "SimulatorProcess",
     "ca_pem_path",
+    "check_fields",
     "profile_of",
     "sglang_standin_path",
 ]
