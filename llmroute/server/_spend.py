@@ -35,16 +35,30 @@ from decimal import Decimal
 from typing import Any
 
 from .._prices import ModelPrice
+from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
 from ..pricing import TokenUsage, cost_of, find_price
+from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = ["NANOS", "PriceUnknown", "Prices", "money_problem", "to_nanos", "usd_text"]
+__all__ = [
+    "NANOS",
+    "PriceUnknown",
+    "Prices",
+    "extra_nanos",
+    "money_problem",
+    "to_nanos",
+    "usd_text",
+]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
 CURRENCY = "USD"
+LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
+"""Policies that may start more than one attempt before a first token (a race, hedges, an
+exploration beside the first choice)."""
+MAX_CONTINUATIONS = Route.__dataclass_fields__["max_continuations"].default
 
 
 class PriceUnknown(Exception):
@@ -54,6 +68,22 @@ class PriceUnknown(Exception):
 def nanos_of(amount: Decimal) -> int:
     """An amount in USD as whole nano-dollars, rounded up, within ``0..MAX_NANOS``."""
     return max(0, min(math.ceil(amount * NANOS), MAX_NANOS))
+
+
+EXTRA_KINDS = ("hedge", "retry", "continuation")
+"""The kinds of a route report's attempts (:class:`~llmroute.RouteCost`) a request is charged
+beside its answer."""
+
+
+def extra_nanos(report: RouteReport | None) -> int:
+    """What a routed request's attempts other than its answer cost (its hedges, retries and
+    continuations, as its route report prices them), in nano-dollars rounded up; 0 when the
+    call was not routed or the report has no amount in USD."""
+    cost = report.cost if report is not None else None
+    if cost is None or cost.currency != CURRENCY:
+        return 0
+    extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
+    return nanos_of(extra) if extra > 0 else 0
 
 
 def usd_text(nanos: int) -> str:
@@ -103,16 +133,40 @@ class Prices:
         provider = self._providers.get(target.provider)
         return provider.spec.window_for(target.model) if provider is not None else None
 
+    def attempts(self, model: str, body: Mapping[str, Any], kind: str) -> tuple[int, int]:
+        """The most attempts a request to ``model`` may be billed for, over the routes it may
+        use: those that may run at once before a first token (the first, a race's others,
+        hedges and an exploration, at most the route's targets) and the continuations of a
+        broken stream (each re-sends the prompt and the answer so far)."""
+        config = self._config
+        tiered = config.tiered.get(model)
+        routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
+        streamed = kind == "chat" and body.get("stream") is True
+        first, continuations = 1, 0
+        for name in routes:
+            route = config.models.get(name)
+            if route is None:
+                continue
+            if route.policy in LATENCY_POLICIES:
+                start = route.race if route.policy == "race" else 1
+                first = max(first, min(len(route.targets), start + route.max_hedges + 1))
+            if streamed and route.continue_on_break:
+                continuations = MAX_CONTINUATIONS
+        return first, continuations
+
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
-        """The most a request to ``model`` may cost, in nano-dollars (at its dearest target);
-        :class:`PriceUnknown` when a target has no price, or the answer has no bound."""
+        """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
+        billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
+        the whole answer; :class:`PriceUnknown` when a target has no price, or the answer has
+        no bound."""
         targets = self.targets(model)
         if not targets:
             raise PriceUnknown(f"no target of model {model!r} is known")
         day = datetime.datetime.now(datetime.UTC).date()
         prompt = min(len(json.dumps(body, ensure_ascii=False).encode()), MAX_TOKENS_CAP)
         room = answer_room(body, kind)
-        dearest = 0
+        first, continuations = self.attempts(model, body, kind)
+        dearest = continued = 0
         for target in targets:
             answer = room or self._window(target)
             if not answer:
@@ -123,7 +177,10 @@ class Prices:
             for reasoning in (0, answer):  # reasoning may be dearer than other output
                 usage = TokenUsage(input=prompt, output=answer, reasoning=reasoning)
                 dearest = max(dearest, self._cost(target, usage, day))
-        return dearest
+                if continuations:
+                    again = TokenUsage(input=prompt + answer, output=answer, reasoning=reasoning)
+                    continued = max(continued, self._cost(target, again, day))
+        return min(first * dearest + continuations * continued, MAX_NANOS)
 
     def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``

@@ -72,8 +72,9 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
         "providers": providers,
         "models": {
             "chat": {"targets": ["cheap:sim-small", "dear:sim-small"], "policy": "failover"},
-            "slow": {"targets": ["slow:sim-small"]},
-            "held": {"targets": ["held:sim-small"]},
+            # Not continued (a continuation's bound would be counted in its estimate).
+            "slow": {"targets": ["slow:sim-small"], "continue_on_break": False},
+            "held": {"targets": ["held:sim-small"], "continue_on_break": False},
         },
         "routing": {"explore": 0},
         "redis": {"url": redis, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
