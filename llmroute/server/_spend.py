@@ -135,21 +135,24 @@ class Prices:
 
     def attempts(self, model: str, body: Mapping[str, Any], kind: str) -> tuple[int, int]:
         """The most attempts a request to ``model`` may be billed for, over the routes it may
-        use: those that may run at once before a first token (the first, a race's others,
-        hedges and an exploration, at most the route's targets) and the continuations of a
-        broken stream (each re-sends the prompt and the answer so far)."""
+        use: those that may run at once before a first token, at most the route's targets
+        (a race's ``race``, else the first and its hedges: ``max_hedges``, at least the one a
+        latency goal may add; and an exploration while ``routing.explore`` is above 0), and
+        the continuations of a broken stream (each re-sends the prompt and the answer so
+        far)."""
         config = self._config
         tiered = config.tiered.get(model)
         routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
         streamed = kind == "chat" and body.get("stream") is True
         first, continuations = 1, 0
+        explore = int(config.routing.explore > 0)
         for name in routes:
             route = config.models.get(name)
             if route is None:
                 continue
             if route.policy in LATENCY_POLICIES:
-                start = route.race if route.policy == "race" else 1
-                first = max(first, min(len(route.targets), start + route.max_hedges + 1))
+                start = route.race if route.policy == "race" else 1 + max(route.max_hedges, 1)
+                first = max(first, min(len(route.targets), start + explore))
             if streamed and route.continue_on_break:
                 continuations = MAX_CONTINUATIONS
         return first, continuations

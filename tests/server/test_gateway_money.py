@@ -447,3 +447,38 @@ def test_a_team_made_over_the_admin_api_with_budget_usd_is_never_served_free(
         )
         used = client.get(root(second) + "/admin/usage", headers=admin).json()
         assert used["teams"]["spenders"]["spend_nanos"] == cost
+
+
+@pytest.mark.parametrize(
+    ("route", "stream", "attempts"),
+    [
+        ({"policy": "failover"}, False, (1, 0)),
+        ({"policy": "hedge"}, False, (2, 0)),  # 1 + max_hedges (explore is 0 here)
+        ({"policy": "hedge", "max_hedges": 0}, False, (2, 0)),  # a latency goal's hedge
+        ({"policy": "failover", "ttft_target": "1s"}, False, (1, 0)),
+        ({"policy": "race"}, False, (2, 0)),
+        ({"policy": "hedge"}, True, (2, 3)),  # a stream may be continued three times
+        ({"policy": "hedge", "continue_on_break": False}, True, (2, 0)),
+    ],
+)
+def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
+    sims: dict[str, Simulator],
+    redis_url: str,
+    route: dict[str, Any],
+    stream: bool,
+    attempts: tuple[int, int],
+) -> None:
+    """The admission's estimate: the dearest single attempt times the attempts the policy may
+    start before a first token, and a stream's continuations, each re-sending the prompt and
+    the whole answer."""
+    config = config_for(sims, {}, redis_url)
+    config["models"]["chat"] = {"targets": ["cheap:sim-small", "dear:sim-small"], **route}
+    prices = GatewayApp(config, environ=ENVIRON).prices
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 100, "stream": stream}
+    assert prices.attempts("chat", body, "chat") == attempts
+    size = len(json.dumps(body, ensure_ascii=False).encode())
+    first, continuations = attempts
+    continued = 3000 * (size + 100) + 6000 * 100
+    assert (
+        prices.estimate("chat", body, "chat") == first * dearest(body) + continuations * continued
+    )
