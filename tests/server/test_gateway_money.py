@@ -77,7 +77,11 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
             "slow": {"targets": ["slow:sim-small"], "continue_on_break": False},
             "held": {"targets": ["held:sim-small"], "continue_on_break": False},
             # Both started at once: cheap answers, late (priced as dear) is cancelled.
-            "raced": {"targets": ["cheap:sim-small", "late:sim-small"], "policy": "race"},
+            "raced": {
+                "targets": ["cheap:sim-small", "late:sim-small"],
+                "policy": "race",
+                "continue_on_break": False,
+            },
         },
         "routing": {"explore": 0},
         "redis": {"url": redis, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
@@ -292,6 +296,37 @@ def test_a_racing_route_spends_its_budget_to_the_limit_hedges_counted(
     assert [line.split()[-2:] for line in lines if line.startswith("key ")] == [["hedged", "spend"]]
     row = next(line for line in lines if line.startswith("payer "))
     assert row.split()[-2] == f"{mine['hedge_nanos'] / mine['spend_nanos'] * 100:.0f}%"
+
+
+def test_a_raced_stream_its_client_cuts_is_charged_what_was_sent_and_the_racer(
+    two_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A stream of the racing route, cut by its client after its first token: charged the
+    prompt and what was delivered at cheap's price, and the cancelled racer's prompt at
+    late's, counted as its ``hedge_nanos``; within its estimate, on both replicas."""
+    first, second = two_replicas
+    body = {"model": "raced", "messages": MESSAGES, "stream": True, "max_tokens": 100}
+    with (
+        httpx.Client(timeout=DEADLINE) as client,
+        client.stream(
+            "POST",
+            first.base_url + "/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {KEYS['payer']}"},
+        ) as reply,
+    ):
+        assert reply.status_code == 200
+        held = BUDGET - remaining(reply)
+        assert held == 2 * dearest(body)  # both racers at dear's prices, not continued
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                break  # the client leaves at its first event
+    wait_for(lambda: 0 < spent(second) < held, "the cut stream settled")
+    for replica in two_replicas:
+        fleet = usage(replica)
+        assert fleet["limits"]["budget_spent_nanos"] == fleet["spend_nanos"]
+        assert fleet["spend_nanos"] == priced(fleet) + fleet["hedge_nanos"]
+        assert fleet["hedge_nanos"] > 0 and fleet["hedge_nanos"] % 3000 == 0
 
 
 def spend_metric(gateway: Gateway) -> float:
