@@ -7,7 +7,7 @@ counted after it, and whether it met the key's and the route's latency objective
 ``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
 callable, read only when a limit counts tokens, and its dearest cost in money the same way,
 read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
-target that answered (:class:`~._spend.Prices`).
+target that answered and what its other attempts cost (:class:`~._spend.Prices`).
 """
 
 from __future__ import annotations

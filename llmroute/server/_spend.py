@@ -4,7 +4,9 @@ A key's or team's ``budget_usd`` is counted in whole **nano-dollars** (10^-9 USD
 :data:`NANOS`, so a Redis script adds and compares it exactly (a budget of at most a million
 dollars is at most 10^15 of them, within a Lua number's exact integers).
 
-**Admitted on the most it may cost.** A request is priced before it is sent at every target
+**Admitted on the most it may cost.** Every attempt it may be billed for
+(:meth:`Prices.attempts`: a race's racers or the first and its hedges, an exploration, a
+stream's continuations) is priced before it is sent at every target
 its model name may use (a route's targets, a tiered name's routes' targets, or
 ``default_provider``'s model), and counted at the dearest
 (:meth:`Prices.estimate`): its prompt at most one token per byte of its JSON body (a token is
@@ -16,8 +18,8 @@ scope's spend and that estimate fit in the budget.
 **Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
 else the gateway's count of what it delivered: a stream its client cut is charged its prompt
 and the tokens sent) at the price of the target that answered, the dearest when none is known.
-Each request's cost is rounded up to the next nano-dollar: never free, never more than a
-nano-dollar over.
+Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
+key's ``hedge_nanos``). Each part is rounded up to the next nano-dollar: never free.
 
 **Never free.** A target without a price in USD under a money budget is refused at start
 (:func:`money_problem`, a :class:`~llmroute.ConfigError` naming ``budget_usd``) and, for what
@@ -189,9 +191,9 @@ class Prices:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``
         tokens at the price of ``winner`` (the target that answered; ``""``: the dearest).
 
-        The one place a request's cost is reckoned: the cost of its cancelled hedges, retries
-        and continuations is to be added here once the route report carries them (today the
-        answer's usage alone is priced, at the target that answered)."""
+        Its answer's part: :func:`extra_nanos` adds what its other attempts cost (its
+        cancelled hedges and racers, retries and continuations, as its route report prices
+        them)."""
         if not prompt and not completion:
             return 0
         day = datetime.datetime.now(datetime.UTC).date()
