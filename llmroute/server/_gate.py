@@ -7,7 +7,7 @@ counted after it, and whether it met the key's and the route's latency objective
 ``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
 callable, read only when a limit counts tokens, and its dearest cost in money the same way,
 read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
-target that answered (:class:`~._spend.Prices`).
+target that answered and what its other attempts cost (:class:`~._spend.Prices`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ._exchange import Exchange
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
-from ._spend import Prices, PriceUnknown
+from ._spend import MAX_NANOS, Prices, PriceUnknown, extra_nanos
 from ._tally import Tally
 from ._tenants import NANOS, Tenant, Tenants
 from ._usage import new_usage
@@ -112,13 +112,18 @@ class Gate:
             "completion_tokens": completion,
             "cache_hits": int(tally.cache_hit),
             "spend_nanos": (cost := self.cost(exchange, tally, prompt, completion)) or 0,
+            "hedge_nanos": extra_nanos(exchange.report) if cost else 0,
         }
+        if cost:
+            cost = added["spend_nanos"] = min(cost + added["hedge_nanos"], MAX_NANOS)
         target = _priced_target(exchange.report) if cost else ""
         for name, value in added.items():
             usage[name] += value
         if target and cost:
             usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + cost
             self.metrics.spend.labels(exchange.key, target).inc(cost / NANOS)
+            if added["hedge_nanos"]:
+                self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:
@@ -131,7 +136,8 @@ class Gate:
         self.alerted(alerts)
 
     def cost(self, exchange: Exchange, tally: Tally, prompt: int, completion: int) -> int | None:
-        """What the request cost (nano-dollars; ``None`` when it cannot be priced)."""
+        """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced):
+        :func:`extra_nanos` adds its other attempts'."""
         winner = _priced_target(exchange.report)
         try:
             return self.prices.request_cost(tally.body["model"], winner, prompt, completion)

@@ -707,7 +707,7 @@ return out
 
 # KEYS: the key's slots, its usage hash, the set of keys with usage, then per scope: tokens
 #       hash, budget counter (or ''), soft-limit flag, money budget counter (or '').
-# ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's six
+# ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's seven
 #       increments (USAGE_FIELDS), the money's correction (nano-dollars, signed), the key's
 #       name, the target its spend is counted under ('': none); then per scope: soft-limit
 #       tokens (0: none), budget's ttl.
@@ -716,12 +716,12 @@ return out
 # numbers of at most 15 digits, the corrections signed) before the first write: an error
 # writes nothing.
 _SETTLE = """
-for _, i in ipairs({3, 12}) do
+for _, i in ipairs({3, 13}) do
   if not string.match(ARGV[i], '^%-?%d+$') or #ARGV[i] > 17 then
     return redis.error_reply('llmroute limits: a correction is not a whole number of 16 digits')
   end
 end
-for i = 6, 11 do
+for i = 6, 12 do
   if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
     return redis.error_reply('llmroute limits: a usage count is not a whole number of 16 digits')
   end
@@ -729,10 +729,10 @@ end
 if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
   return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
 end
-if #ARGV ~= 14 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
+if #ARGV ~= 15 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
   return redis.error_reply('llmroute limits: arguments do not match the scopes')
 end
-for i = 15, #ARGV do
+for i = 16, #ARGV do
   if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
   end
@@ -740,19 +740,19 @@ end
 if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
 if ARGV[5] == '1' then
   local names = {'requests', 'errors', 'prompt_tokens', 'completion_tokens', 'cache_hits',
-                 'spend_nanos'}
-  for i = 1, 6 do
+                 'spend_nanos', 'hedge_nanos'}
+  for i = 1, 7 do
     if ARGV[5 + i] ~= '0' then redis.call('HINCRBY', KEYS[2], names[i], ARGV[5 + i]) end
   end
-  if ARGV[14] ~= '' and ARGV[11] ~= '0' then
-    redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[14], ARGV[11])
+  if ARGV[15] ~= '' and ARGV[11] ~= '0' then
+    redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[15], ARGV[11])
   end
-  redis.call('SADD', KEYS[3], ARGV[13])
+  redis.call('SADD', KEYS[3], ARGV[14])
 end
-local delta, change = tonumber(ARGV[3]), tonumber(ARGV[12])
+local delta, change = tonumber(ARGV[3]), tonumber(ARGV[13])
 local out = {}
 for i = 0, tonumber(ARGV[4]) - 1 do
-  local k, a = 4 + 4 * i, 15 + 2 * i
+  local k, a = 4 + 4 * i, 16 + 2 * i
   local reached, spent = 0, -1
   if delta ~= 0 then
     if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
@@ -772,7 +772,7 @@ for i = 0, tonumber(ARGV[4]) - 1 do
     end
   end
   if change ~= 0 and KEYS[k + 3] ~= '' and redis.call('EXISTS', KEYS[k + 3]) == 1 then
-    if redis.call('INCRBY', KEYS[k + 3], ARGV[12]) < 0 then
+    if redis.call('INCRBY', KEYS[k + 3], ARGV[13]) < 0 then
       redis.call('SET', KEYS[k + 3], 0, 'KEEPTTL')
     end
   end
@@ -789,9 +789,11 @@ USAGE_FIELDS = (
     "completion_tokens",
     "cache_hits",
     "spend_nanos",
+    "hedge_nanos",
 )
 """A key's usage counters, in Redis and in ``GET /admin/usage`` (``spend_nanos``: what its
-requests cost, in nano-dollars, where its model names' targets have prices)."""
+requests cost, in nano-dollars, where its model names' targets have prices; ``hedge_nanos``:
+the part of it their hedges, retries and continuations cost)."""
 TARGET_SPEND = "spend_nanos@"
 """A key's usage counter of its spend at one target: this and the target's name."""
 
@@ -963,7 +965,7 @@ class RedisLimits:
         keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
         counts = ["0"] * len(USAGE_FIELDS)
         if usage is not None:
-            counts = [str(clamp(n)) for n in usage[:-1]] + [str(clamp_money(usage[-1]))]
+            counts = [str(clamp(n)) for n in usage[:-2]] + [str(clamp_money(n)) for n in usage[-2:]]
         args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
         args += ["1" if usage is not None else "0", *counts, change, grant.key, target]
         now = self._clock()

@@ -72,6 +72,13 @@ class GatewayMetrics:
             ["key", "target"],
             registry=self.registry,
         )
+        self.hedge_spend = Counter(
+            "llmroute_gateway_hedge_spend_usd",
+            "The part of llmroute_gateway_spend_usd_total that requests' hedges, retries and "
+            "continuations cost, by key name.",
+            ["key"],
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
             "llmroute_gateway_cache_hits",
             "Answers replayed from the cache, by key name.",

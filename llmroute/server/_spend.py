@@ -4,7 +4,9 @@ A key's or team's ``budget_usd`` is counted in whole **nano-dollars** (10^-9 USD
 :data:`NANOS`, so a Redis script adds and compares it exactly (a budget of at most a million
 dollars is at most 10^15 of them, within a Lua number's exact integers).
 
-**Admitted on the most it may cost.** A request is priced before it is sent at every target
+**Admitted on the most it may cost.** Every attempt it may be billed for
+(:meth:`Prices.attempts`: a race's racers or the first and its hedges, an exploration, a
+stream's continuations) is priced before it is sent at every target
 its model name may use (a route's targets, a tiered name's routes' targets, or
 ``default_provider``'s model), and counted at the dearest
 (:meth:`Prices.estimate`): its prompt at most one token per byte of its JSON body (a token is
@@ -16,8 +18,8 @@ scope's spend and that estimate fit in the budget.
 **Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
 else the gateway's count of what it delivered: a stream its client cut is charged its prompt
 and the tokens sent) at the price of the target that answered, the dearest when none is known.
-Each request's cost is rounded up to the next nano-dollar: never free, never more than a
-nano-dollar over.
+Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
+key's ``hedge_nanos``). Each part is rounded up to the next nano-dollar: never free.
 
 **Never free.** A target without a price in USD under a money budget is refused at start
 (:func:`money_problem`, a :class:`~llmroute.ConfigError` naming ``budget_usd``) and, for what
@@ -35,16 +37,30 @@ from decimal import Decimal
 from typing import Any
 
 from .._prices import ModelPrice
+from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
 from ..pricing import TokenUsage, cost_of, find_price
+from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = ["NANOS", "PriceUnknown", "Prices", "money_problem", "to_nanos", "usd_text"]
+__all__ = [
+    "NANOS",
+    "PriceUnknown",
+    "Prices",
+    "extra_nanos",
+    "money_problem",
+    "to_nanos",
+    "usd_text",
+]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
 CURRENCY = "USD"
+LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
+"""Policies that may start more than one attempt before a first token (a race, hedges, an
+exploration beside the first choice)."""
+MAX_CONTINUATIONS = Route.__dataclass_fields__["max_continuations"].default
 
 
 class PriceUnknown(Exception):
@@ -54,6 +70,22 @@ class PriceUnknown(Exception):
 def nanos_of(amount: Decimal) -> int:
     """An amount in USD as whole nano-dollars, rounded up, within ``0..MAX_NANOS``."""
     return max(0, min(math.ceil(amount * NANOS), MAX_NANOS))
+
+
+EXTRA_KINDS = ("hedge", "retry", "continuation")
+"""The kinds of a route report's attempts (:class:`~llmroute.RouteCost`) a request is charged
+beside its answer."""
+
+
+def extra_nanos(report: RouteReport | None) -> int:
+    """What a routed request's attempts other than its answer cost (its hedges, retries and
+    continuations, as its route report prices them), in nano-dollars rounded up; 0 when the
+    call was not routed or the report has no amount in USD."""
+    cost = report.cost if report is not None else None
+    if cost is None or cost.currency != CURRENCY:
+        return 0
+    extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
+    return nanos_of(extra) if extra > 0 else 0
 
 
 def usd_text(nanos: int) -> str:
@@ -103,16 +135,43 @@ class Prices:
         provider = self._providers.get(target.provider)
         return provider.spec.window_for(target.model) if provider is not None else None
 
+    def attempts(self, model: str, body: Mapping[str, Any], kind: str) -> tuple[int, int]:
+        """The most attempts a request to ``model`` may be billed for, over the routes it may
+        use: those that may run at once before a first token, at most the route's targets
+        (a race's ``race``, else the first and its hedges: ``max_hedges``, at least the one a
+        latency goal may add; and an exploration while ``routing.explore`` is above 0), and
+        the continuations of a broken stream (each re-sends the prompt and the answer so
+        far)."""
+        config = self._config
+        tiered = config.tiered.get(model)
+        routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
+        streamed = kind == "chat" and body.get("stream") is True
+        first, continuations = 1, 0
+        explore = int(config.routing.explore > 0)
+        for name in routes:
+            route = config.models.get(name)
+            if route is None:
+                continue
+            if route.policy in LATENCY_POLICIES:
+                start = route.race if route.policy == "race" else 1 + max(route.max_hedges, 1)
+                first = max(first, min(len(route.targets), start + explore))
+            if streamed and route.continue_on_break:
+                continuations = MAX_CONTINUATIONS
+        return first, continuations
+
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
-        """The most a request to ``model`` may cost, in nano-dollars (at its dearest target);
-        :class:`PriceUnknown` when a target has no price, or the answer has no bound."""
+        """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
+        billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
+        the whole answer; :class:`PriceUnknown` when a target has no price, or the answer has
+        no bound."""
         targets = self.targets(model)
         if not targets:
             raise PriceUnknown(f"no target of model {model!r} is known")
         day = datetime.datetime.now(datetime.UTC).date()
         prompt = min(len(json.dumps(body, ensure_ascii=False).encode()), MAX_TOKENS_CAP)
         room = answer_room(body, kind)
-        dearest = 0
+        first, continuations = self.attempts(model, body, kind)
+        dearest = continued = 0
         for target in targets:
             answer = room or self._window(target)
             if not answer:
@@ -123,15 +182,18 @@ class Prices:
             for reasoning in (0, answer):  # reasoning may be dearer than other output
                 usage = TokenUsage(input=prompt, output=answer, reasoning=reasoning)
                 dearest = max(dearest, self._cost(target, usage, day))
-        return dearest
+                if continuations:
+                    again = TokenUsage(input=prompt + answer, output=answer, reasoning=reasoning)
+                    continued = max(continued, self._cost(target, again, day))
+        return min(first * dearest + continuations * continued, MAX_NANOS)
 
     def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``
         tokens at the price of ``winner`` (the target that answered; ``""``: the dearest).
 
-        The one place a request's cost is reckoned: the cost of its cancelled hedges, retries
-        and continuations is to be added here once the route report carries them (today the
-        answer's usage alone is priced, at the target that answered)."""
+        Its answer's part: :func:`extra_nanos` adds what its other attempts cost (its
+        cancelled hedges and racers, retries and continuations, as its route report prices
+        them)."""
         if not prompt and not completion:
             return 0
         day = datetime.datetime.now(datetime.UTC).date()

@@ -59,6 +59,9 @@ def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
     }
     figures["spend_usd"] = usd(int(figures.get("spend_nanos", 0)))
     figures["spend_by_target"] = by_target
+    figures["hedge_usd"] = usd(hedge := int(figures.get("hedge_nanos", 0)))
+    spend = int(figures.get("spend_nanos", 0))
+    figures["hedge_share"] = round(hedge / spend, 4) if spend else None
     return figures
 
 
@@ -116,6 +119,7 @@ async def usage_report(
             for field_name in USAGE_FIELDS:
                 entry[field_name] += int(keys[member].get(field_name, 0))
         out: dict[str, Any] = {"keys": members, **entry, "spend_usd": usd(entry["spend_nanos"])}
+        out["hedge_usd"] = usd(entry["hedge_nanos"])
         shared = team_scope(team)
         if shared is not None:
             out["limits"] = _limits(shared, await admission.peek(shared))

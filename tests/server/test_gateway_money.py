@@ -51,6 +51,7 @@ def sims() -> Iterator[dict[str, Simulator]]:
         "dear": Profile(reply_tokens=REPLY),
         "slow": Profile(reply_tokens=LONG, inter_token=0.01),
         "held": Profile(reply_tokens=REPLY, hold_first_token=True, hang_max=60),
+        "late": Profile(reply_tokens=REPLY, ttft_median=5.0),
     }
     with ExitStack() as stack:
         yield {
@@ -64,7 +65,7 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
         name: {
             "base_url": sim.base_url,
             "api_key": "sk-money-upstream",
-            "prices": {"*": DEAR if name == "dear" else CHEAP},
+            "prices": {"*": DEAR if name in ("dear", "late") else CHEAP},
         }
         for name, sim in sims.items()
     }
@@ -72,8 +73,15 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
         "providers": providers,
         "models": {
             "chat": {"targets": ["cheap:sim-small", "dear:sim-small"], "policy": "failover"},
-            "slow": {"targets": ["slow:sim-small"]},
-            "held": {"targets": ["held:sim-small"]},
+            # Not continued (a continuation's bound would be counted in its estimate).
+            "slow": {"targets": ["slow:sim-small"], "continue_on_break": False},
+            "held": {"targets": ["held:sim-small"], "continue_on_break": False},
+            # Both started at once: cheap answers, late (priced as dear) is cancelled.
+            "raced": {
+                "targets": ["cheap:sim-small", "late:sim-small"],
+                "policy": "race",
+                "continue_on_break": False,
+            },
         },
         "routing": {"explore": 0},
         "redis": {"url": redis, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
@@ -240,6 +248,87 @@ def test_a_money_budget_is_spent_to_its_limit_and_no_further(
     assert rows[0].split()[-1] == f"${spend_metric(first):.4g}"
 
 
+def test_a_racing_route_spends_its_budget_to_the_limit_hedges_counted(
+    two_replicas: tuple[Gateway, Gateway],
+    sims: dict[str, Simulator],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every request of a route that races two targets is admitted on both attempts' dearest
+    cost and charged its answer and the cancelled attempt (its prompt, at late's price), on
+    alternating replicas, until the next estimate does not fit: the budget spent to the
+    nano-dollar and no further, the racing's part counted as the key's ``hedge_nanos`` and
+    shown as its share in ``/admin/usage`` and ``llmroute top``."""
+    first, second = two_replicas
+    raced = {"model": "raced", "messages": MESSAGES, "max_tokens": 100}
+    estimate = 2 * dearest(raced)  # two attempts, each at most at dear's prices
+    used = admitted = 0
+    for i in range(40):  # bounded: the budget is met within a few requests
+        replica, other = (first, second) if i % 2 == 0 else (second, first)
+        answer = post(replica, raced)
+        if answer.status_code == 429:
+            break
+        assert answer.status_code == 200, answer.text
+        assert remaining(answer) == BUDGET - used - estimate
+        wait_for(lambda other=other, was=used: spent(other) > was, "the request charged")
+        cost = spent(other) - used
+        tokens = answer.json()["usage"]
+        answered = 1000 * tokens["prompt_tokens"] + 2000 * tokens["completion_tokens"]
+        assert cost > answered  # the cancelled attempt's prompt too
+        assert (cost - answered) % 3000 == 0  # at late's input price
+        assert cost <= estimate
+        used += cost
+        admitted += 1
+    else:
+        raise AssertionError("no request was refused")
+    assert answer.json()["error"]["code"] == "insufficient_quota"
+    assert used + estimate > BUDGET >= used
+    assert admitted >= 2
+    for replica in two_replicas:
+        fleet = usage(replica)
+        assert fleet["limits"]["budget_spent_nanos"] == used == fleet["spend_nanos"]
+        assert 0 < fleet["hedge_nanos"] == used - priced(fleet)
+        assert fleet["hedge_nanos"] % (3000 * admitted) == 0  # the same prompt each time
+        assert Decimal(fleet["hedge_usd"]) * 10**9 == fleet["hedge_nanos"]
+        assert fleet["hedge_share"] == round(fleet["hedge_nanos"] / used, 4)
+    mine = usage(first, "replica")
+    assert main(["top", "--once", "--key", KEYS["admin"], root(first)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-2:] for line in lines if line.startswith("key ")] == [["hedged", "spend"]]
+    row = next(line for line in lines if line.startswith("payer "))
+    assert row.split()[-2] == f"{mine['hedge_nanos'] / mine['spend_nanos'] * 100:.0f}%"
+
+
+def test_a_raced_stream_its_client_cuts_is_charged_what_was_sent_and_the_racer(
+    two_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A stream of the racing route, cut by its client after its first token: charged the
+    prompt and what was delivered at cheap's price, and the cancelled racer's prompt at
+    late's, counted as its ``hedge_nanos``; within its estimate, on both replicas."""
+    first, second = two_replicas
+    body = {"model": "raced", "messages": MESSAGES, "stream": True, "max_tokens": 100}
+    with (
+        httpx.Client(timeout=DEADLINE) as client,
+        client.stream(
+            "POST",
+            first.base_url + "/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {KEYS['payer']}"},
+        ) as reply,
+    ):
+        assert reply.status_code == 200
+        held = BUDGET - remaining(reply)
+        assert held == 2 * dearest(body)  # both racers at dear's prices, not continued
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                break  # the client leaves at its first event
+    wait_for(lambda: 0 < spent(second) < held, "the cut stream settled")
+    for replica in two_replicas:
+        fleet = usage(replica)
+        assert fleet["limits"]["budget_spent_nanos"] == fleet["spend_nanos"]
+        assert fleet["spend_nanos"] == priced(fleet) + fleet["hedge_nanos"]
+        assert fleet["hedge_nanos"] > 0 and fleet["hedge_nanos"] % 3000 == 0
+
+
 def spend_metric(gateway: Gateway) -> float:
     """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets."""
     text = httpx.get(
@@ -393,3 +482,38 @@ def test_a_team_made_over_the_admin_api_with_budget_usd_is_never_served_free(
         )
         used = client.get(root(second) + "/admin/usage", headers=admin).json()
         assert used["teams"]["spenders"]["spend_nanos"] == cost
+
+
+@pytest.mark.parametrize(
+    ("route", "stream", "attempts"),
+    [
+        ({"policy": "failover"}, False, (1, 0)),
+        ({"policy": "hedge"}, False, (2, 0)),  # 1 + max_hedges (explore is 0 here)
+        ({"policy": "hedge", "max_hedges": 0}, False, (2, 0)),  # a latency goal's hedge
+        ({"policy": "failover", "ttft_target": "1s"}, False, (1, 0)),
+        ({"policy": "race"}, False, (2, 0)),
+        ({"policy": "hedge"}, True, (2, 3)),  # a stream may be continued three times
+        ({"policy": "hedge", "continue_on_break": False}, True, (2, 0)),
+    ],
+)
+def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
+    sims: dict[str, Simulator],
+    redis_url: str,
+    route: dict[str, Any],
+    stream: bool,
+    attempts: tuple[int, int],
+) -> None:
+    """The admission's estimate: the dearest single attempt times the attempts the policy may
+    start before a first token, and a stream's continuations, each re-sending the prompt and
+    the whole answer."""
+    config = config_for(sims, {}, redis_url)
+    config["models"]["chat"] = {"targets": ["cheap:sim-small", "dear:sim-small"], **route}
+    prices = GatewayApp(config, environ=ENVIRON).prices
+    body = {"model": "chat", "messages": MESSAGES, "max_tokens": 100, "stream": stream}
+    assert prices.attempts("chat", body, "chat") == attempts
+    size = len(json.dumps(body, ensure_ascii=False).encode())
+    first, continuations = attempts
+    continued = 3000 * (size + 100) + 6000 * 100
+    assert (
+        prices.estimate("chat", body, "chat") == first * dearest(body) + continuations * continued
+    )
