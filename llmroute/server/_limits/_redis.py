@@ -37,7 +37,7 @@ __all__ = ["TARGET_SPEND", "USAGE_FIELDS", "RedisLimits"]
 
 log = logging.getLogger("llmroute.server")
 
-_SCRIPTS = resources.files(__package__)
+_SCRIPTS = resources.files("llmroute.server._limits")
 _ADMIT = (_SCRIPTS / "admit.lua").read_text(encoding="utf-8")
 _SETTLE = (_SCRIPTS / "settle.lua").read_text(encoding="utf-8")
 

@@ -179,28 +179,34 @@ def refusal(
             f"{reset_text(wait)}.",
             headers | retry_headers(wait),
         )
-    wait = (end or now) - now
+    return _budget_refusal(s, counts, verdict, (end or now) - now, headers, money)
+
+
+def _budget_refusal(
+    scope: Scope, counts: Counts, verdict: int, wait: float, headers: dict[str, str], money: int
+) -> Refusal:
+    """A spent budget (``BUDGET``, or ``MONEY`` when ``money`` does not fit): OpenAI's
+    ``insufficient_quota``, not to be retried before the period ends in ``wait`` seconds."""
     if verdict == MONEY:
-        budget = s.budget_nanos or 0
+        budget = scope.budget_nanos or 0
         whole = "" if money <= budget else " (more than the whole budget)"
-        return Refusal(
-            429,
-            "budget",
-            "insufficient_quota",
-            "insufficient_quota",
-            f"{_upper(s.label)} has ${_usd(max(0, budget - counts.money))} left of its budget "
-            f"of ${_usd(budget)} for this period, and this request may cost up to "
+        message = (
+            f"{_upper(scope.label)} has ${_usd(max(0, budget - counts.money))} left of its "
+            f"budget of ${_usd(budget)} for this period, and this request may cost up to "
             f"${_usd(money)}{whole}; the budget renews in {reset_text(wait)}. A smaller "
-            "max_tokens costs less.",
-            headers | retry_headers(wait) | {"x-should-retry": "false"},
+            "max_tokens costs less."
+        )
+    else:
+        message = (
+            f"{_upper(scope.label)} has used its budget of {scope.budget_tokens} tokens for "
+            f"this period; it renews in {reset_text(wait)}."
         )
     return Refusal(
         429,
         "budget",
         "insufficient_quota",
         "insufficient_quota",
-        f"{_upper(s.label)} has used its budget of {s.budget_tokens} tokens for this period; "
-        f"it renews in {reset_text(wait)}.",
+        message,
         headers | retry_headers(wait) | {"x-should-retry": "false"},
     )
 
