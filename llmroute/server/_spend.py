@@ -40,7 +40,7 @@ from ..pricing import TokenUsage, cost_of, find_price
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = ["NANOS", "PriceUnknown", "Prices", "money_problem", "to_nanos", "usd_text"]
+__all__ = ["NANOS", "PriceUnknown", "Prices", "money_problem", "to_nanos"]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
@@ -54,12 +54,6 @@ class PriceUnknown(Exception):
 def nanos_of(amount: Decimal) -> int:
     """An amount in USD as whole nano-dollars, rounded up, within ``0..MAX_NANOS``."""
     return max(0, min(math.ceil(amount * NANOS), MAX_NANOS))
-
-
-def usd_text(nanos: int) -> str:
-    """Nano-dollars as a dollar figure: ``$0.000123``, ``$5``."""
-    shown = (Decimal(nanos) / NANOS).normalize()
-    return f"${shown:f}"
 
 
 class Prices:

@@ -47,6 +47,7 @@ __all__ = [
     "file_stamp",
     "team_scope",
     "to_nanos",
+    "usd",
 ]
 
 log = logging.getLogger("llmroute.server")
@@ -113,6 +114,12 @@ def _has_limits(s: KeySettings | TeamSettings) -> bool:
 def to_nanos(usd: Decimal | None) -> int | None:
     """A budget in USD as nano-dollars (``None`` stays ``None``)."""
     return None if usd is None else int(usd * NANOS)
+
+
+def usd(nanos: int) -> str:
+    """Nano-dollars as a decimal string of dollars (``"0.000123"``, ``"5"``): exact, unlike a
+    float."""
+    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 def _scopes(

@@ -11,12 +11,11 @@ figures are this replica's (``"scope": "replica"``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any
 
 from ._admission import Admission
 from ._limits import TARGET_SPEND, USAGE_FIELDS, Counts
-from ._tenants import NANOS, Scope, Team, Tenant, Tenants, team_scope
+from ._tenants import Scope, Team, Tenant, Tenants, team_scope, usd
 
 __all__ = ["fleet_exposition", "new_usage", "usage_report"]
 
@@ -60,11 +59,6 @@ def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
     figures["spend_usd"] = usd(int(figures.get("spend_nanos", 0)))
     figures["spend_by_target"] = by_target
     return figures
-
-
-def usd(nanos: int) -> str:
-    """Nano-dollars as a decimal string of dollars (``"0.000123"``): exact, unlike a float."""
-    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 async def _scope_limits(

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from typing import Any
 
-from .._tenants import NANOS, Scope
+from .._tenants import Scope, usd
 from ._counts import BUCKET, BUCKETS, Counts, Refusal
 
 __all__ = [
@@ -83,15 +82,10 @@ def scope_headers(settings: Any, counts: Counts, now: float, end: float | None) 
         out["x-llmroute-budget-reset"] = reset_text(end - now)
     nanos = getattr(settings, "budget_nanos", None)
     if nanos is not None and end is not None:
-        out["x-llmroute-budget-limit-usd"] = _usd(nanos)
-        out["x-llmroute-budget-remaining-usd"] = _usd(max(0, nanos - counts.money))
+        out["x-llmroute-budget-limit-usd"] = usd(nanos)
+        out["x-llmroute-budget-remaining-usd"] = usd(max(0, nanos - counts.money))
         out["x-llmroute-budget-reset-usd"] = reset_text(end - now)
     return out
-
-
-def _usd(nanos: int) -> str:
-    """Nano-dollars as a decimal figure of dollars (``0.000123``, ``5``)."""
-    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 def least_left_headers(rows: Sequence[Row], now: float) -> dict[str, str]:
@@ -191,9 +185,9 @@ def _budget_refusal(
         budget = scope.budget_nanos or 0
         whole = "" if money <= budget else " (more than the whole budget)"
         message = (
-            f"{_upper(scope.label)} has ${_usd(max(0, budget - counts.money))} left of its "
-            f"budget of ${_usd(budget)} for this period, and this request may cost up to "
-            f"${_usd(money)}{whole}; the budget renews in {reset_text(wait)}. A smaller "
+            f"{_upper(scope.label)} has ${usd(max(0, budget - counts.money))} left of its "
+            f"budget of ${usd(budget)} for this period, and this request may cost up to "
+            f"${usd(money)}{whole}; the budget renews in {reset_text(wait)}. A smaller "
             "max_tokens costs less."
         )
     else:
