@@ -142,15 +142,8 @@ def refusal(
     s = scope
     if verdict == REQUESTS:
         wait = leaves(counts.requests_oldest, now)
-        return Refusal(
-            429,
-            "requests",
-            "rate_limit_exceeded",
-            "requests",
-            f"Rate limit reached for {s.label} on requests per minute (RPM): "
-            f"Limit {s.rpm}, Used {counts.requests}. Please try again in {reset_text(wait)}.",
-            headers | retry_headers(wait),
-        )
+        used = f"Limit {s.rpm}, Used {counts.requests}"
+        return _rate_refusal("requests", s.label, used, wait, headers)
     if verdict == TOO_LARGE:
         return Refusal(
             429,
@@ -163,17 +156,26 @@ def refusal(
         )
     if verdict == TOKENS:
         wait = leaves(counts.tokens_oldest, now)
-        return Refusal(
-            429,
-            "tokens",
-            "rate_limit_exceeded",
-            "tokens",
-            f"Rate limit reached for {s.label} on tokens per minute (TPM): Limit "
-            f"{s.tpm}, Used {counts.tokens}, Requested {tokens}. Please try again in "
-            f"{reset_text(wait)}.",
-            headers | retry_headers(wait),
-        )
+        used = f"Limit {s.tpm}, Used {counts.tokens}, Requested {tokens}"
+        return _rate_refusal("tokens", s.label, used, wait, headers)
     return _budget_refusal(s, counts, verdict, (end or now) - now, headers, money)
+
+
+def _rate_refusal(
+    kind: str, label: str, used: str, wait: float, headers: dict[str, str]
+) -> Refusal:
+    """Over ``rpm`` (``kind`` ``requests``) or ``tpm`` (``tokens``): OpenAI's
+    ``rate_limit_exceeded``, to be retried in ``wait`` seconds."""
+    per_minute = "requests per minute (RPM)" if kind == "requests" else "tokens per minute (TPM)"
+    return Refusal(
+        429,
+        kind,
+        "rate_limit_exceeded",
+        kind,
+        f"Rate limit reached for {label} on {per_minute}: {used}. Please try again in "
+        f"{reset_text(wait)}.",
+        headers | retry_headers(wait),
+    )
 
 
 def _budget_refusal(
