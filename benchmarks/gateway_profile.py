@@ -112,7 +112,7 @@ STAGES: list[tuple[str, str, str | None]] = [
     ("gateway app: auth, validation, per-key slots", "server/_checks.py", None),
     ("gateway app: auth, validation, per-key slots", "server/_gate.py", None),
     ("gateway app: auth, validation, per-key slots", "server/_admission.py", None),
-    ("gateway app: auth, validation, per-key slots", "server/_limits.py", None),
+    ("gateway app: auth, validation, per-key slots", "server/_limits/", None),
     ("upstream client: openai's request machinery", "openai/", None),
     ("upstream client: llmroute's seam and dispatch", "llmroute/_client.py", None),
     ("upstream client: llmroute's seam and dispatch", "llmroute/_dispatch.py", None),

@@ -159,6 +159,17 @@ class _Context:
     def routes(self) -> list[str]:
         return [*self.config.models, *self.config.tiered]
 
+    def refuse_declared_team(self, name: str) -> None:
+        """409 ``team_declared`` when team ``name`` is the config's or the keys file's."""
+        declared = self.tenants.teams.get(name)
+        if declared is not None and declared.source != "api":
+            raise AdminError(
+                409,
+                f"Team {name!r} is declared in the config or keys file; change it there.",
+                "team_declared",
+                "name",
+            )
+
 
 def _settings_view(settings: pydantic.BaseModel) -> dict[str, Any]:
     data = settings.model_dump(exclude_none=True, exclude_defaults=True)
@@ -469,14 +480,7 @@ class KeysAdmin:
             raise _invalid(f"Invalid '{problem[0]}': {problem[1]}.", problem[0])
 
         def edit(managed: Managed) -> tuple[Managed, None]:
-            declared = context.tenants.teams.get(name)
-            if declared is not None and declared.source != "api":
-                raise AdminError(
-                    409,
-                    f"Team {name!r} is declared in the config or keys file; change it there.",
-                    "team_declared",
-                    "name",
-                )
+            context.refuse_declared_team(name)
             before = managed.teams.get(name)
             created = before.created_at if before is not None else context.now
             entry = ManagedTeamEntry.model_validate(
@@ -493,14 +497,7 @@ class KeysAdmin:
         context = self._context()
 
         def edit(managed: Managed) -> tuple[Managed, None]:
-            declared = context.tenants.teams.get(name)
-            if declared is not None and declared.source != "api":
-                raise AdminError(
-                    409,
-                    f"Team {name!r} is declared in the config or keys file; change it there.",
-                    "team_declared",
-                    "name",
-                )
+            context.refuse_declared_team(name)
             if name not in managed.teams:
                 raise AdminError(404, "No team of that name.", "team_not_found", "name")
             users = sorted(n for n, t in context.tenants.by_name.items() if t.settings.team == name)

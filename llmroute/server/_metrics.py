@@ -18,6 +18,11 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._count_traffic()
+        self._count_usage()
+
+    def _count_traffic(self) -> None:
+        """Requests, refusals, requests in flight, durations, disconnects, stream errors."""
         self.requests = Counter(
             "llmroute_gateway_requests",
             "Requests answered by the gateway, by key name, path and HTTP status.",
@@ -58,6 +63,8 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+    def _count_usage(self) -> None:
+        """Tokens, spend and cache hits; the keys, their reloads and changes; soft limits."""
         self.tokens = Counter(
             "llmroute_gateway_tokens",
             "Tokens of upstream answers by key name and kind (prompt, completion): the "

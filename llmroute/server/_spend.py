@@ -44,15 +44,7 @@ from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = [
-    "NANOS",
-    "PriceUnknown",
-    "Prices",
-    "extra_nanos",
-    "money_problem",
-    "to_nanos",
-    "usd_text",
-]
+__all__ = ["NANOS", "PriceUnknown", "Prices", "extra_nanos", "money_problem", "to_nanos"]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
@@ -86,12 +78,6 @@ def extra_nanos(report: RouteReport | None) -> int:
         return 0
     extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
     return nanos_of(extra) if extra > 0 else 0
-
-
-def usd_text(nanos: int) -> str:
-    """Nano-dollars as a dollar figure: ``$0.000123``, ``$5``."""
-    shown = (Decimal(nanos) / NANOS).normalize()
-    return f"${shown:f}"
 
 
 class Prices:
