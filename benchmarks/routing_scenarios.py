@@ -46,7 +46,7 @@ Every run's cost is priced at ``PRICES`` (USD per million tokens: A 2 / 8, B 0.5
 0.4, input / output) from the tokens each simulator counted, per 1,000 requests.
 
 The phases are shorter than issue 16's (60 s after a change, at concurrency 4): at concurrency 8
-as many requests fall in each 5% tail, and the whole command takes ~17 minutes. The targets
+as many requests fall in each 5% tail, and the whole command takes ~25 minutes. The targets
 against the oracle (steady p95 <= 1.10x the oracle's at amplification <= 1.10, <= 1.2x after a
 shift) and a fresh client's (:data:`FROM_COLD`: every weather's whole-run p95 <= 1.10x its best
 schedule, <= 1.05x after the first 50 requests, amplification <= 1.10) are checked at the end.
