@@ -9,6 +9,7 @@ arithmetic lives in :mod:`llmroute.pricing`.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -174,3 +175,29 @@ class UsageFields(BaseModel):
     output_from_total: str | None = None
     """A total-tokens path: the answer is ``total - all prompt tokens`` rather than
     ``completion`` (Gemini's OpenAI endpoint has left thinking out of ``completion_tokens``)."""
+
+
+@dataclass(frozen=True)
+class CostLine:
+    """One token class of a cost: ``tokens`` at ``per_million`` make ``amount``."""
+
+    token_class: str
+    tokens: int
+    per_million: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What an attempt cost: ``amount`` in ``currency``, or ``None`` with the reason in
+    ``unknown``. ``estimated`` says why a known amount may differ from the vendor's bill."""
+
+    amount: Decimal | None
+    currency: str | None = None
+    lines: tuple[CostLine, ...] = ()
+    unknown: str = ""
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.amount is not None

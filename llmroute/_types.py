@@ -8,7 +8,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .pricing import Cost
+    from ._prices import Cost
 
 __all__ = ["AttemptReport", "RouteCost", "RouteReport", "TierDecision", "Timings"]
 

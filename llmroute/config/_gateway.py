@@ -8,7 +8,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
@@ -24,9 +24,6 @@ from ._values import (
     path_input,
     word_or_duration,
 )
-
-if TYPE_CHECKING:
-    from ._sdk import Config
 
 __all__ = [
     "GatewaySettings",
@@ -330,7 +327,19 @@ class KeysFile(BaseModel):
     api_teams: dict[KeyName, ManagedTeamEntry] = Field(default_factory=dict)
 
 
-def read_keys_file(path: str, config: Config) -> KeysFile:
+class RoutedConfig(Protocol):
+    """What a keys file is checked against: a :class:`~llmroute.config.Config`'s gateway
+    settings and route names (a protocol, so this module needs nothing above it)."""
+
+    @property
+    def gateway(self) -> GatewaySettings | None: ...
+    @property
+    def models(self) -> Mapping[str, Any]: ...
+    @property
+    def tiered(self) -> Mapping[str, Any]: ...
+
+
+def read_keys_file(path: str, config: RoutedConfig) -> KeysFile:
     """Every table of ``keys_file`` at ``path``, each key's settings checked with ``config``'s
     ``[gateway.limits]`` merged in; :class:`ConfigError` naming the file, the table and the
     field (never a key's value) for any mistake, or a name ``gateway.keys`` already has."""
@@ -374,7 +383,7 @@ def read_keys_file(path: str, config: Config) -> KeysFile:
     return contents
 
 
-def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
+def load_keys_file(path: str, config: RoutedConfig) -> dict[str, KeyEntry]:
     """The keys of ``keys_file`` at ``path`` (its ``[keys.<name>]`` tables; see
     :func:`read_keys_file`)."""
     return dict(read_keys_file(path, config).keys)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from ._flags import _flag_name
 from ._presets import preset_args
 from ._process import _url_host
 
@@ -45,16 +46,6 @@ _CONTAINER_HF_CACHE: Final = "/root/.cache/huggingface"
 _HF_TOKENS: Final = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 """Passed into a container by name when set (``-e NAME``): gated models need them."""
 
-_ALIASES: Final = {"--model": "--model-path"}
-"""Spellings SGLang accepts for the same option (``--model`` is ``--model-path``'s alias)."""
-
-_PARALLEL_SPELLINGS: Final = {
-    "--tp-size": ("--tp-size", "--tensor-parallel-size", "--tp"),
-    "--dp-size": ("--dp-size", "--data-parallel-size", "--dp"),
-}
-"""SGLang's spellings of the parallel sizes; ``--tp`` and ``--dp`` are argparse's prefix
-matches of ``--tp-size`` and ``--dp-size``, which users write."""
-
 
 def parse_release(version: str) -> tuple[int, ...]:
     """The numeric release part of a version string: ``"0.5.4.post3"`` -> ``(0, 5, 4)``.
@@ -64,42 +55,6 @@ def parse_release(version: str) -> tuple[int, ...]:
     """
     match = re.match(r"\s*v?(\d+(?:\.\d+)*)", version)
     return tuple(int(part) for part in match.group(1).split(".")) if match else ()
-
-
-def _flag_name(token: str) -> str | None:
-    if not token.startswith("--") or token == "--":
-        return None
-    name = token.split("=", 1)[0]
-    return _ALIASES.get(name, name)
-
-
-def _user_value(args: Sequence[str], flag: str) -> str | None:
-    """The value ``args`` give ``flag`` (``--flag value`` or ``--flag=value``; the last wins)."""
-    value: str | None = None
-    for i, token in enumerate(args):
-        if _flag_name(token) != flag:
-            continue
-        if "=" in token:
-            value = token.split("=", 1)[1]
-        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-    return value
-
-
-def _parallel_size(args: Sequence[str], flag: str) -> int | None:
-    """The value ``args`` give a parallel size under any of its spellings (the last wins)."""
-    value: int | None = None
-    spellings = _PARALLEL_SPELLINGS[flag]
-    for i, token in enumerate(args):
-        name, _, inline = token.partition("=")
-        if name not in spellings:
-            continue
-        text = inline if "=" in token else (args[i + 1] if i + 1 < len(args) else "")
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"{name} takes a whole number, got {text!r}") from None
-    return value
 
 
 def _gpu_names(gpus: Sequence[int]) -> str:

@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import anyio
 import anyio.to_thread
@@ -24,9 +24,6 @@ import httpx
 
 from ._command import _gpu_names
 from ._process import SGLangStartupError, _describe_status
-
-if TYPE_CHECKING:
-    from ._launcher import SGLangServer
 
 __all__ = ["STARTUP_PHASES", "StartupProgress", "startup_phase", "wait_ready"]
 
@@ -99,8 +96,27 @@ class _Worker:
         return f"worker {self.index}" + (f" ({_gpu_names(self.gpus)})" if self.gpus else "")
 
 
+class Starting(Protocol):
+    """What the readiness waits read of the server they watch (an
+    :class:`~llmroute.sglang.SGLangServer`; a protocol, so this module needs nothing above it)."""
+
+    _workers: list[_Worker]
+
+    @property
+    def startup_timeout(self) -> float: ...
+    @property
+    def urls(self) -> list[str]: ...
+    @property
+    def api_key(self) -> str: ...
+    @property
+    def model_path(self) -> str: ...
+    def log_tail(self, worker: int = 0, lines: int = ...) -> list[str]: ...
+    def phases(self) -> dict[int, str]: ...
+    def worker_env(self, worker: int = 0) -> dict[str, str]: ...
+
+
 def startup_error(
-    server: SGLangServer, w: _Worker, what: str, returncode: int | None
+    server: Starting, w: _Worker, what: str, returncode: int | None
 ) -> SGLangStartupError:
     quoted = "\n".join("  | " + line for line in server.log_tail(w.index))
     message = (
@@ -111,7 +127,7 @@ def startup_error(
 
 
 async def _report_progress(
-    server: SGLangServer, progress: Callable[[StartupProgress], object], every: float
+    server: Starting, progress: Callable[[StartupProgress], object], every: float
 ) -> None:
     began = last_report = anyio.current_time()
     labels = {w.index: w.label() for w in server._workers}
@@ -126,7 +142,7 @@ async def _report_progress(
 
 
 async def wait_ready(
-    server: SGLangServer,
+    server: Starting,
     progress: Callable[[StartupProgress], object] | None = None,
     every: float = 10.0,
 ) -> None:
@@ -160,7 +176,7 @@ async def wait_ready(
         )
 
 
-async def _wait_worker(server: SGLangServer, w: _Worker, http: httpx.AsyncClient) -> None:
+async def _wait_worker(server: Starting, w: _Worker, http: httpx.AsyncClient) -> None:
     process = w.process  # stop() clears w.process: this wait keeps its own
     assert process is not None
     root = server.urls[w.index].removesuffix("/v1")
@@ -186,7 +202,7 @@ async def _wait_worker(server: SGLangServer, w: _Worker, http: httpx.AsyncClient
         interval = min(interval * 1.5, 1.0)
 
 
-def _check_running(server: SGLangServer, w: _Worker, process: subprocess.Popen[bytes]) -> None:
+def _check_running(server: Starting, w: _Worker, process: subprocess.Popen[bytes]) -> None:
     returncode = process.poll()
     if returncode is not None:
         raise startup_error(
@@ -195,7 +211,7 @@ def _check_running(server: SGLangServer, w: _Worker, process: subprocess.Popen[b
 
 
 async def _confirm_identity(
-    server: SGLangServer,
+    server: Starting,
     w: _Worker,
     process: subprocess.Popen[bytes],
     http: httpx.AsyncClient,
@@ -259,7 +275,7 @@ async def _refuses_a_wrong_key(http: httpx.AsyncClient, root: str) -> Literal[Tr
     )
 
 
-def _same_model(server: SGLangServer, w: _Worker, served: str) -> bool:
+def _same_model(server: Starting, w: _Worker, served: str) -> bool:
     if served.rstrip("/") == server.model_path.rstrip("/"):
         return True
     with contextlib.suppress(OSError):

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypedDict
 
-from ._command import _parallel_size, _user_value
+from ._flags import _parallel_size, _user_value
 from ._presets import Preset
 
 __all__ = [
