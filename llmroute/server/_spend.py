@@ -19,7 +19,8 @@ scope's spend and that estimate fit in the budget.
 else the gateway's count of what it delivered: a stream its client cut is charged its prompt
 and the tokens sent) at the price of the target that answered, the dearest when none is known.
 Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
-key's ``hedge_nanos``). Each part is rounded up to the next nano-dollar: never free.
+key's ``hedge_nanos``), each filed under the target that billed it. Each target's part is
+rounded up to the next nano-dollar: never free, and the parts add up to the request's cost.
 
 **Never free.** A target without a price in USD under a money budget is refused at start
 (:func:`money_problem`, a :class:`~llmroute.ConfigError` naming ``budget_usd``) and, for what
@@ -40,6 +41,7 @@ from .._prices import ModelPrice
 from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
 from ..pricing import TokenUsage, cost_of, find_price
+from ..routing.costs import attempt_kind
 from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
@@ -69,15 +71,22 @@ EXTRA_KINDS = ("hedge", "retry", "continuation")
 beside its answer."""
 
 
-def extra_nanos(report: RouteReport | None) -> int:
+def extra_nanos(report: RouteReport | None) -> dict[str, int]:
     """What a routed request's attempts other than its answer cost (its hedges, retries and
-    continuations, as its route report prices them), in nano-dollars rounded up; 0 when the
-    call was not routed or the report has no amount in USD."""
+    continuations, as its route report prices each), by the target that billed them, in
+    nano-dollars rounded up per target; empty when the call was not routed or the report has
+    no amount in USD."""
     cost = report.cost if report is not None else None
-    if cost is None or cost.currency != CURRENCY:
-        return 0
-    extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
-    return nanos_of(extra) if extra > 0 else 0
+    if report is None or cost is None or cost.currency != CURRENCY:
+        return {}
+    by_target: dict[str, Decimal] = {}
+    for record in report.attempts:
+        priced = record.cost
+        if priced is None or not priced.amount or priced.currency != CURRENCY:
+            continue
+        if attempt_kind(record) in EXTRA_KINDS:
+            by_target[record.target] = by_target.get(record.target, Decimal(0)) + priced.amount
+    return {target: nanos_of(amount) for target, amount in by_target.items() if amount > 0}
 
 
 class Prices:

@@ -28,6 +28,7 @@ import pytest
 from llmroute import ConfigError
 from llmroute.cli import main
 from llmroute.server import Gateway, GatewayApp
+from llmroute.server._tenants import usd
 from llmroute.testing import Profile, Simulator
 
 KEYS = {"payer": "gw-money-payer-0123456789", "admin": "gw-money-admin-0123456789"}
@@ -290,6 +291,15 @@ def test_a_racing_route_spends_its_budget_to_the_limit_hedges_counted(
         assert fleet["hedge_nanos"] % (3000 * admitted) == 0  # the same prompt each time
         assert Decimal(fleet["hedge_usd"]) * 10**9 == fleet["hedge_nanos"]
         assert fleet["hedge_share"] == round(fleet["hedge_nanos"] / used, 4)
+        # Each attempt filed under the target that billed it: the answers at cheap, the
+        # cancelled racers at late; together the key's spend, to the nano-dollar.
+        assert fleet["spend_by_target"] == {
+            "cheap:sim-small": usd(priced(fleet)),
+            "late:sim-small": usd(fleet["hedge_nanos"]),
+        }
+    assert sum(spend_metric(replica, "late:sim-small") for replica in two_replicas) == (
+        pytest.approx(fleet["hedge_nanos"] / 10**9)
+    )
     mine = usage(first, "replica")
     assert main(["top", "--once", "--key", KEYS["admin"], root(first)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -329,8 +339,9 @@ def test_a_raced_stream_its_client_cuts_is_charged_what_was_sent_and_the_racer(
         assert fleet["hedge_nanos"] > 0 and fleet["hedge_nanos"] % 3000 == 0
 
 
-def spend_metric(gateway: Gateway) -> float:
-    """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets."""
+def spend_metric(gateway: Gateway, target: str = "") -> float:
+    """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets (or
+    at ``target``)."""
     text = httpx.get(
         root(gateway) + "/metrics",
         headers={"authorization": f"Bearer {KEYS['admin']}"},
@@ -339,7 +350,8 @@ def spend_metric(gateway: Gateway) -> float:
     lines = [
         line for line in text.splitlines() if line.startswith("llmroute_gateway_spend_usd_total{")
     ]
-    return sum(float(line.rpartition(" ")[2]) for line in lines if 'key="payer"' in line)
+    mine = [line for line in lines if 'key="payer"' in line and f'target="{target}' in line]
+    return sum(float(line.rpartition(" ")[2]) for line in mine)
 
 
 def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
