@@ -24,7 +24,7 @@ from ._exchange import Exchange
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
-from ._spend import MAX_NANOS, Prices, PriceUnknown, extra_nanos
+from ._spend import MAX_NANOS, Prices, PriceUnknown, continued_nanos, extra_nanos
 from ._tally import Tally
 from ._tenants import NANOS, Tenant, Tenants
 from ._usage import new_usage
@@ -139,6 +139,9 @@ class Gate:
     def cost(self, exchange: Exchange, tally: Tally, prompt: int, completion: int) -> int | None:
         """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced):
         :func:`extra_nanos` adds its other attempts'."""
+        continued = continued_nanos(exchange.report)
+        if continued is not None:
+            return continued
         winner = _priced_target(exchange.report)
         try:
             return self.prices.request_cost(tally.body["model"], winner, prompt, completion)

@@ -17,7 +17,8 @@ scope's spend and that estimate fit in the budget.
 
 **Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
 else the gateway's count of what it delivered: a stream its client cut is charged its prompt
-and the tokens sent) at the price of the target that answered, the dearest when none is known.
+and the tokens sent) at the price of the target that answered, the dearest when none is known;
+a continued answer, its first attempt as its route report prices it (:func:`continued_nanos`).
 Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
 key's ``hedge_nanos``), each filed under the target that billed it. Each target's part is
 rounded up to the next nano-dollar: never free, and the parts add up to the request's cost.
@@ -46,7 +47,15 @@ from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = ["NANOS", "PriceUnknown", "Prices", "extra_nanos", "money_problem", "to_nanos"]
+__all__ = [
+    "NANOS",
+    "PriceUnknown",
+    "Prices",
+    "continued_nanos",
+    "extra_nanos",
+    "money_problem",
+    "to_nanos",
+]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
@@ -87,6 +96,22 @@ def extra_nanos(report: RouteReport | None) -> dict[str, int]:
         if attempt_kind(record) in EXTRA_KINDS:
             by_target[record.target] = by_target.get(record.target, Decimal(0)) + priced.amount
     return {target: nanos_of(amount) for target, amount in by_target.items() if amount > 0}
+
+
+def continued_nanos(report: RouteReport | None) -> int | None:
+    """A continued answer's own part: what its first attempt cost (its prompt and the tokens it
+    streamed before it broke, as its route report prices it), in nano-dollars rounded up;
+    ``None`` when the answer was not continued or that cost is not known in USD. A continued
+    stream's usage adds every attempt's answer tokens together, with the continuation's prompt
+    (which holds the answer so far): priced at the first target, it would charge the
+    continuation's part twice."""
+    cost = report.cost if report is not None else None
+    if report is None or cost is None or cost.currency != CURRENCY:
+        return None
+    if not any(attempt_kind(record) == "continuation" for record in report.attempts):
+        return None
+    answer = cost.answer
+    return nanos_of(answer) if answer is not None else None
 
 
 class Prices:

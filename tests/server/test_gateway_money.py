@@ -27,6 +27,7 @@ import pytest
 
 from llmroute import ConfigError
 from llmroute.cli import main
+from llmroute.routing.stats import estimate_prompt_tokens
 from llmroute.server import Gateway, GatewayApp
 from llmroute.server._tenants import usd
 from llmroute.testing import Profile, Simulator
@@ -39,6 +40,7 @@ TRIES = 200
 PAUSE = 0.05
 REPLY = 20
 LONG = 1000
+CUT = 5  # tokens cutter streams before its stream breaks
 CHEAP = {"input": 1, "output": 2}  # USD per million tokens
 DEAR = {"input": 3, "output": 6}
 BUDGET = 2_200_000  # nano-dollars: $0.0022
@@ -70,6 +72,9 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
         }
         for name, sim in sims.items()
     }
+    # cutter's streams break after CUT tokens (at dear's price); mender continues them.
+    cutter = {**providers["dear"], "headers": {"x-sim-fault": f"drop:{CUT}"}}
+    providers |= {"cutter": cutter, "mender": {**providers["cheap"], "continuation": {}}}
     return {
         "providers": providers,
         "models": {
@@ -83,6 +88,7 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
                 "policy": "race",
                 "continue_on_break": False,
             },
+            "mended": {"targets": ["cutter:sim-small", "mender:sim-small"], "policy": "failover"},
         },
         "routing": {"explore": 0},
         "redis": {"url": redis, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
@@ -96,7 +102,19 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
 
 @pytest.fixture
 def two_replicas(redis_url: str, sims: dict[str, Simulator]) -> Iterator[tuple[Gateway, Gateway]]:
-    budget = {"budget_usd": f"{BUDGET / 10**9:.9f}", "budget_period": PERIOD}
+    yield from replicas(redis_url, sims, BUDGET)
+
+
+@pytest.fixture
+def rich_replicas(redis_url: str, sims: dict[str, Simulator]) -> Iterator[tuple[Gateway, Gateway]]:
+    """Two replicas under a budget of ten times BUDGET (a continued stream's estimate)."""
+    yield from replicas(redis_url, sims, 10 * BUDGET)
+
+
+def replicas(
+    redis_url: str, sims: dict[str, Simulator], nanos: int
+) -> Iterator[tuple[Gateway, Gateway]]:
+    budget = {"budget_usd": f"{nanos / 10**9:.9f}", "budget_period": PERIOD}
     config = config_for(sims, {"payer": budget}, redis_url)
     with ExitStack() as stack:
         first = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
@@ -337,6 +355,46 @@ def test_a_raced_stream_its_client_cuts_is_charged_what_was_sent_and_the_racer(
         assert fleet["limits"]["budget_spent_nanos"] == fleet["spend_nanos"]
         assert fleet["spend_nanos"] == priced(fleet) + fleet["hedge_nanos"]
         assert fleet["hedge_nanos"] > 0 and fleet["hedge_nanos"] % 3000 == 0
+
+
+def test_a_continued_stream_is_charged_each_target_its_own_part_once(
+    rich_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A stream broken after CUT tokens and continued on another target is charged what each
+    vendor billed, once: the broken attempt its prompt and the CUT tokens it streamed (at
+    dear's price), the continuation its own prompt (the answer so far included) and the rest
+    of the answer (at cheap's), never the whole answer at the first target's price as well."""
+    first, second = rich_replicas
+    body = {
+        "model": "mended",
+        "messages": MESSAGES,
+        "stream": True,
+        "max_tokens": 100,
+        "stream_options": {"include_usage": True},
+    }
+    answer = post(first, body)
+    assert answer.status_code == 200, answer.text
+    text = "".join(
+        chunk["choices"][0]["delta"].get("content") or ""
+        for line in answer.text.splitlines()
+        if line[6:7] == "{" and (chunk := json.loads(line[6:]))["choices"]
+    )
+    assert len(text.split()) == REPLY  # the whole answer, continued
+    combined = streamed_usage(answer)
+    assert combined["completion_tokens"] == REPLY  # the caller's usage: the whole answer
+    # What each vendor billed: cutter its prompt (llmroute's count: it sent no usage) and the
+    # tokens it streamed; mender its prompt (the answer so far in it) and the rest.
+    cut = 3000 * estimate_prompt_tokens(MESSAGES) + 6000 * CUT
+    mended = 1000 * combined["prompt_tokens"] + 2000 * (REPLY - CUT)
+    wait_for(lambda: spent(second) > 0, "the continued stream charged")
+    for replica in rich_replicas:
+        fleet = usage(replica)
+        assert fleet["limits"]["budget_spent_nanos"] == fleet["spend_nanos"] == cut + mended
+        assert fleet["hedge_nanos"] == mended  # the continuation's part
+        assert fleet["spend_by_target"] == {
+            "cutter:sim-small": usd(cut),
+            "mender:sim-small": usd(mended),
+        }
 
 
 def spend_metric(gateway: Gateway, target: str = "") -> float:
