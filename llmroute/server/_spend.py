@@ -182,8 +182,8 @@ class Prices:
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
         """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
         billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
-        the whole answer; :class:`PriceUnknown` when a target has no price, or the answer has
-        no bound."""
+        the whole answer (an embedding has none); :class:`PriceUnknown` when a target has no
+        price, or the answer has no bound."""
         targets = self.targets(model)
         if not targets:
             raise PriceUnknown(f"no target of model {model!r} is known")
@@ -192,9 +192,10 @@ class Prices:
         room = answer_room(body, kind)
         first, continuations = self.attempts(model, body, kind)
         dearest = continued = 0
+        vector = kind == "embeddings"  # an embedding bills its input alone
         for target in targets:
-            answer = room or self._window(target)
-            if not answer:
+            answer = 0 if vector else room or self._window(target)
+            if not answer and not vector:
                 raise PriceUnknown(
                     f"the request names no max_tokens and target {target.name!r} has no known "
                     "context window to bound its answer"

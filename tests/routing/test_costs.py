@@ -331,6 +331,7 @@ async def test_every_routed_api_is_priced_from_its_vendors_usage(cached_sim: Sim
         events = [event async for event in stream]
         response = await client.responses.create(model="chat", input=text)
         summed = client.metrics.costs()
+        exposition = client.metrics.exposition().decode()
     streamed = next(e.response for e in events if e.type == "response.completed")
     answers = [
         (completion.route, completion.usage.prompt_tokens, completion.usage.completion_tokens),
@@ -352,6 +353,9 @@ async def test_every_routed_api_is_priced_from_its_vendors_usage(cached_sim: Sim
     )
     total = sum((route.cost.amount for route, _, _ in answers), Decimal(0))
     assert summed == {("a:sim-small", "answer", "USD"): total}
+    line = 'llmroute_cost_total{kind="answer",target="a:sim-small"} '
+    counted = next(x for x in exposition.splitlines() if x.startswith(line))
+    assert float(counted.removeprefix(line)) == pytest.approx(float(total))
 
 
 def test_a_responses_usage_is_read_with_its_cached_and_reasoning_tokens() -> None:

@@ -69,6 +69,7 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
             "base_url": sim.base_url,
             "api_key": "sk-money-upstream",
             "prices": {"*": DEAR if name in ("dear", "late") else CHEAP},
+            "responses": True,
         }
         for name, sim in sims.items()
     }
@@ -126,10 +127,10 @@ def root(gateway: Gateway) -> str:
     return gateway.base_url.removesuffix("/v1")
 
 
-def post(gateway: Gateway, body: dict[str, Any]) -> httpx.Response:
+def post(gateway: Gateway, body: dict[str, Any], path: str = "chat/completions") -> httpx.Response:
     with httpx.Client(timeout=DEADLINE) as client:
         return client.post(
-            root(gateway) + "/v1/chat/completions",
+            root(gateway) + f"/v1/{path}",
             json=body,
             headers={"authorization": f"Bearer {KEYS['payer']}"},
         )
@@ -395,6 +396,32 @@ def test_a_continued_stream_is_charged_each_target_its_own_part_once(
             "cutter:sim-small": usd(cut),
             "mender:sim-small": usd(mended),
         }
+
+
+def test_every_api_on_a_route_is_charged_its_vendors_usage(
+    rich_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A Responses API call, a legacy completion and an embedding on route ``chat`` are each
+    charged the usage their vendor sent, at cheap's price (the target that answered), to the
+    nano-dollar; an embedding, which has no answer, is admitted without a max_tokens."""
+    first, second = rich_replicas
+    text = "Tell me about money, briefly."
+    calls = [
+        ("responses", {"input": text, "max_output_tokens": 50}, "input_tokens", "output_tokens"),
+        ("completions", {"prompt": text, "max_tokens": 50}, "prompt_tokens", "completion_tokens"),
+        ("embeddings", {"input": text}, "prompt_tokens", "completion_tokens"),
+    ]
+    used = 0
+    for i, (path, body, prompt, completion) in enumerate(calls):
+        answer = post((first, second)[i % 2], {"model": "chat", **body}, path)
+        assert answer.status_code == 200, answer.text
+        tokens = answer.json()["usage"]
+        used += 1000 * tokens[prompt] + 2000 * tokens.get(completion, 0)
+        wait_for(lambda want=used: spent(second) == want, f"{path} charged its usage")
+    for replica in rich_replicas:
+        fleet = usage(replica)
+        assert fleet["spend_nanos"] == fleet["limits"]["budget_spent_nanos"] == used
+        assert fleet["spend_by_target"] == {"cheap:sim-small": usd(used)}
 
 
 def spend_metric(gateway: Gateway, target: str = "") -> float:
