@@ -31,6 +31,7 @@ from .routing.price import TargetPrice, target_price
 from .routing.route import Route, RouteTarget
 from .routing.server_metrics import MetricsPoller
 from .routing.shared import StatsSync
+from .routing.snapshot import StatsFile
 from .routing.stats import LiveStats, StatsSettings
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "policy_for",
     "prices_for",
     "route_for",
+    "stats_file_for",
     "stats_sync_for",
 ]
 
@@ -284,5 +286,36 @@ def stats_sync_for(resolved: Resolved, router: Router) -> StatsSync | None:
         router.stats,
         backend,
         interval=settings.stats_sync,
-        targets={t.name for route in router.routes.values() for t in route.targets},
+        targets=routed_targets(router),
     )
+
+
+def routed_targets(router: Router) -> set[str]:
+    """The names of every route's targets now."""
+    return {t.name for route in router.routes.values() for t in route.targets}
+
+
+def stats_file_for(resolved: Resolved, router: Router) -> StatsFile | None:
+    """With ``[routing] stats_file``: the file, its samples of the config's targets already
+    seeded into the router's stats (a fresh client starts from what the last one learnt)."""
+    settings = resolved.routing
+    if settings.stats_file is None:
+        return None
+    stats_file = StatsFile(settings.stats_file, settings.stats_max_age, clock=router._clock)
+    seeded = stats_file.load(router.stats, routed_targets(router))
+    if seeded:
+        _log.info("llmroute: %d samples read from the stats file %s", seeded, stats_file.path)
+    return stats_file
+
+
+def save_stats(stats_file: StatsFile, router: Router) -> None:
+    """Write the router's samples of its targets to the stats file; a failure is logged (the
+    file is a cache: closing the client never fails on it)."""
+    try:
+        stats_file.save(router.stats, routed_targets(router))
+    except OSError as exc:
+        _log.warning(
+            "llmroute: cannot write the stats file %s (%s): the next client starts cold",
+            stats_file.path,
+            exc,
+        )
