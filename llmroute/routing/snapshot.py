@@ -62,6 +62,8 @@ class StatsFile:
         self.max_age = max_age
         self._wall = wall
         self._clock = clock
+        self._read_at: float | None = None  # the stats' clock when load() seeded them
+        self._oldest: dict[str, float] = {}  # each target's oldest sample's age, then
 
     def _cold(self, why: str) -> None:
         logger.warning(
@@ -114,14 +116,17 @@ class StatsFile:
     def load(self, stats: LiveStats, targets: Collection[str]) -> int:
         """Seed ``stats`` (a fresh client's) with the file's samples of ``targets`` that are
         young enough (:meth:`LiveStats.seed`); returns how many were recorded."""
+        read = {name: samples for name, samples in self.read().items() if name in targets}
         events = [
             event
-            for name, samples in self.read().items()
-            if name in targets
+            for name, samples in read.items()
             for _, event in samples
             if event and event[0] == name
         ]
-        return stats.seed(events, targets)
+        seeded = stats.seed(events, targets)
+        self._read_at = self._clock()
+        self._oldest = {name: max(age for age, _ in samples) for name, samples in read.items()}
+        return seeded
 
     def save(self, stats: LiveStats, targets: Collection[str]) -> int:
         """Write the samples ``stats`` holds of ``targets``, atomically (a temporary file
@@ -134,7 +139,7 @@ class StatsFile:
             if name not in targets:
                 continue
             entries[name] = {
-                "ages": [round(max(0.0, now - when), 3) for when, _ in samples],
+                "ages": [round(self._age(name, when, now), 3) for when, _ in samples],
                 "events": [list(event) for _, event in samples],
             }
             count += len(samples)
@@ -154,6 +159,17 @@ class StatsFile:
                 os.unlink(temporary)
             raise
         return count
+
+    def _age(self, name: str, when: float, now: float) -> float:
+        """A sample's age: since it was recorded; for one read from the file (recorded when the
+        file was read), plus the age its target's oldest sample had then. So a sample written
+        back is never younger than it is (older by at most the spread of its target's ages in
+        the file: a window), and clients that start and close without a request do not make
+        the file's samples young again: they expire at ``max_age`` or sooner."""
+        age = max(0.0, now - when)
+        if self._read_at is not None and when <= self._read_at:
+            age += self._oldest.get(name, 0.0)
+        return age
 
 
 def _number(value: object) -> bool:

@@ -234,6 +234,30 @@ def test_samples_older_than_the_max_age_are_not_read(tmp_path: Path) -> None:
     assert stats_file.load(fresh, {"a:m", "b:m"}) == 0 and fresh.names() == []
 
 
+def test_samples_read_and_written_back_keep_their_age(tmp_path: Path) -> None:
+    """Clients that start and close without a request (CLI calls) do not make the file's
+    samples young again: they still expire at the max age after they were recorded."""
+    clock, wall = FakeClock(), FakeClock(1_800_000_000.0)
+    stats = LiveStats(clock=clock)
+    stats.target("a:m").record_ttft(0.5, 10)
+    path = tmp_path / "s.json"
+    StatsFile(path, 3600, wall=wall, clock=clock).save(stats, {"a:m"})
+    for run in range(3):  # three runs, 15 minutes apart, each reading and writing the file
+        wall.advance(900)
+        stats_file = StatsFile(path, 3600, wall=wall, clock=clock)
+        fresh = LiveStats(clock=clock)
+        assert stats_file.load(fresh, {"a:m"}) == 1
+        clock.advance(1)
+        if run == 2:
+            fresh.target("a:m").record_latency(0.4)  # a live one (in its own window)
+        stats_file.save(fresh, {"a:m"})
+    ages = json.loads(path.read_text())["targets"]["a:m"]["ages"]
+    assert ages[0] >= 3 * 900 and ages[1] < 60  # the first sample is 45 minutes old
+    wall.advance(3600 - 3 * 900)
+    later = StatsFile(path, 3600, wall=wall, clock=clock).read()
+    assert [len(samples) for samples in later.values()] == [1]  # only the live one is read
+
+
 @pytest.mark.parametrize("seeded", [20, 200])
 def test_samples_from_the_file_are_replaced_by_live_ones_and_a_slowdown_shows_at_once(
     seeded: int,
