@@ -496,7 +496,7 @@ def _cause(probe: Probe) -> BaseException:
     if isinstance(error, AllTargetsFailed):
         return error.errors.get(probe.target, error)
     if isinstance(error, TimeoutError):
-        return APITimeoutError(request=_WARMUP_REQUEST)
+        return APITimeoutError(request=_WARMUP_REQUEST)  # type: ignore[arg-type]
     assert error is not None
     return error
 
