@@ -82,7 +82,7 @@ def config(sims: dict[str, SimulatorProcess], policy: str, stats_file: Path | No
 
 
 async def one(client: llmroute.AsyncOpenAI, i: int) -> dict[str, Any]:
-    messages = [{"role": "user", "content": f"request {i}: tell me something"}]
+    messages: Any = [{"role": "user", "content": f"request {i}: tell me something"}]
     began = time.perf_counter()
     ttft = None
     stream = await client.chat.completions.create(model=ROUTE, messages=messages, stream=True)
