@@ -478,7 +478,7 @@ class Dispatch:
         if self.stats_sync is not None:
             await self.stats_sync.aclose()
         if self.stats_file is not None:
-            await anyio.to_thread.run_sync(save_stats, self.stats_file, self.router)
+            await save_stats(self.stats_file, self.router)
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()

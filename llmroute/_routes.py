@@ -9,6 +9,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from ._background import spawn
 from .config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
 from .pricing import find_price
@@ -308,11 +311,12 @@ def stats_file_for(resolved: Resolved, router: Router) -> StatsFile | None:
     return stats_file
 
 
-def save_stats(stats_file: StatsFile, router: Router) -> None:
-    """Write the router's samples of its targets to the stats file; a failure is logged (the
-    file is a cache: closing the client never fails on it)."""
+async def save_stats(stats_file: StatsFile, router: Router) -> None:
+    """Write the router's samples of its targets to the stats file (read here, written in a
+    worker thread); a failure is logged (the file is a cache: closing never fails on it)."""
+    text, _ = stats_file.dump(router.stats, routed_targets(router))
     try:
-        stats_file.save(router.stats, routed_targets(router))
+        await anyio.to_thread.run_sync(stats_file.write, text)
     except OSError as exc:
         _log.warning(
             "llmroute: cannot write the stats file %s (%s): the next client starts cold",

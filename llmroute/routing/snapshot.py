@@ -129,9 +129,15 @@ class StatsFile:
         return seeded
 
     def save(self, stats: LiveStats, targets: Collection[str]) -> int:
-        """Write the samples ``stats`` holds of ``targets``, atomically (a temporary file
-        renamed over the file, mode 0600); returns how many. Raises ``OSError`` when the file
-        cannot be written."""
+        """Write the samples ``stats`` holds of ``targets`` (:meth:`dump`, :meth:`write`);
+        returns how many. Raises ``OSError`` when the file cannot be written."""
+        text, count = self.dump(stats, targets)
+        self.write(text)
+        return count
+
+    def dump(self, stats: LiveStats, targets: Collection[str]) -> tuple[str, int]:
+        """The file's text for the samples ``stats`` holds of ``targets``, and how many (read
+        where the stats are kept: the event loop's thread)."""
         now, wall = self._clock(), self._wall()
         entries: dict[str, dict[str, list[Any]]] = {}
         count = 0
@@ -144,7 +150,11 @@ class StatsFile:
             }
             count += len(samples)
         data = {"version": STATS_FILE_VERSION, "written_at": wall, "targets": entries}
-        text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+        return json.dumps(data, separators=(",", ":"), allow_nan=False), count
+
+    def write(self, text: str) -> None:
+        """Replace the file with ``text`` atomically: a temporary file beside it (mode 0600),
+        synced, renamed over it; its folder made if missing. Raises ``OSError``."""
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=directory)
@@ -158,7 +168,6 @@ class StatsFile:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
-        return count
 
     def _age(self, name: str, when: float, now: float) -> float:
         """A sample's age: since it was recorded; for one read from the file (recorded when the

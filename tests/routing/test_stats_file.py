@@ -199,6 +199,20 @@ async def test_a_corrupt_or_foreign_file_starts_cold_with_a_warning_and_is_rewri
 
 
 @pytest.mark.anyio
+async def test_a_file_that_cannot_be_written_is_a_warning_never_an_error(
+    sims: tuple[Simulator, Simulator], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "plain").write_text("a file, where the stats file's folder should be")
+    path = tmp_path / "plain" / "stats.json"
+    caplog.set_level(logging.WARNING)
+    async with AsyncOpenAI(config=config(sims, path), verify=sims[0].ssl_context()) as client:
+        await ask(client, "fast_only")
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("cannot write the stats file" in m and str(path) in m for m in warned), warned
+    assert os.listdir(tmp_path) == ["plain"]
+
+
+@pytest.mark.anyio
 async def test_a_target_no_longer_in_the_config_is_ignored(
     sims: tuple[Simulator, Simulator], tmp_path: Path
 ) -> None:
