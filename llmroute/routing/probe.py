@@ -14,17 +14,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
+import httpx
 
-from .._types import RouteReport
+from .._types import AttemptReport, RouteReport, Timings
 from .budget import HedgeBudget
+from .costs import pricer_for
 from .engine import Router
 from .policies import FailoverPolicy
-from .route import Route, RouteTarget, Sender
-from .stats import TIMEOUT
+from .route import SENDING, Route, RouteTarget, Sender
+from .stats import TIMEOUT, estimate_prompt_tokens
 from .trials import trial_body
 
 __all__ = ["PROBE", "PROBE_TIMEOUT", "Probe", "probe_targets"]
@@ -81,11 +84,22 @@ async def probe_targets(
         target = route.targets[0]
         probe = Probe(target.name)
         probes.append(probe)
+        sent: list[AttemptReport] = []  # the attempts, as they start: a timeout leaves no report
+
+        def sending(
+            target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
+        ) -> Awaitable[tuple[httpx.Response, Timings]]:
+            record = SENDING.get()
+            if record is not None:
+                sent.append(record)
+            return send(target, body, stream=stream, continuation=continuation)
+
         try:
             with anyio.fail_after(timeout):
-                await _probe(router, route, target, send, probe)
-        except TimeoutError as exc:
-            probe.error = exc
+                await _probe(router, route, target, sending, probe)
+        except TimeoutError:
+            probe.error = TimeoutError(f"no answer within the probe's {timeout:g} s")
+            probe.report = _timed_out(route, sent)
             router.stats.target(target.name).record_outcome(TIMEOUT)
         except Exception as exc:  # the engine recorded the failure in the target's stats
             probe.error = exc
@@ -102,6 +116,22 @@ async def probe_targets(
         for route in probed_routes(router).values():
             tg.start_soon(one, route)
     return probes
+
+
+def _timed_out(route: Route, sent: list[AttemptReport]) -> RouteReport:
+    """The report of a probe cut by its timeout: its attempts, those still waiting for their
+    first token counted as timed out (priced as cancelled before it: the prompt billed)."""
+    for record in sent:
+        if record.outcome in ("pending", "cancelled") and record.ttft is None:
+            record.outcome = TIMEOUT
+    body = trial_body(route.targets[0], "chat")
+    return RouteReport(
+        route=route.name,
+        policy=route.policy.name,
+        attempts=sent,
+        pricer=pricer_for(route),
+        prompt_tokens=estimate_prompt_tokens(body["messages"]),
+    )
 
 
 async def _probe(

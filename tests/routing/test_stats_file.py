@@ -172,6 +172,29 @@ async def test_a_failing_probe_is_a_failure_and_only_all_failing_raise(
 
 
 @pytest.mark.anyio
+async def test_a_probe_that_does_not_answer_in_time_is_a_timeout(
+    sims: tuple[Simulator, Simulator],
+) -> None:
+    with Simulator(profile=Profile(reply_tokens=4, rate_hang=1.0), tls=True) as hung:
+        cfg = config(sims, None)
+        cfg["providers"]["hung"] = {
+            "base_url": hung.base_url,
+            "api_key": KEY,
+            "prices": {"*": PRICE},
+        }
+        cfg["models"]["chat"]["targets"].append("hung:sim-small")
+        async with AsyncOpenAI(config=cfg, verify=sims[0].ssl_context()) as client:
+            await client.warmup(probe=True, probe_timeout=0.5)  # the others answered
+            stats = client.stats()
+            assert stats["hung:sim-small"].outcomes["timeout"] == 1
+            assert stats["hung:sim-small"].n == 0 and stats[FAST].n == 1
+            attempts = client.metrics.counts()["attempts"]
+            assert attempts[("hung:sim-small", "probe", "timeout")] == 1.0
+            costs = client.metrics.costs()  # its prompt, assumed billed
+            assert costs[("hung:sim-small", "probe", "USD")] > 0
+
+
+@pytest.mark.anyio
 async def test_a_corrupt_or_foreign_file_starts_cold_with_a_warning_and_is_rewritten(
     sims: tuple[Simulator, Simulator], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
