@@ -43,6 +43,7 @@ from .cache import Flight
 from .config import Config, load_config
 from .metrics import ClientMetrics
 from .routing.engine import Router
+from .routing.probe import PROBE_TIMEOUT
 from .routing.stats import TargetSnapshot
 from .transport import response_timings
 
@@ -660,7 +661,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     # -- llmroute's own methods ----------------------------------------------------------------
 
-    async def warmup(self) -> None:
+    async def warmup(self, *, probe: bool = False, probe_timeout: float = PROBE_TIMEOUT) -> None:
         """Open the connections now, so the first requests find them warm.
 
         A plain client opens its base URL's connection (and raises if it cannot). A routed one
@@ -668,6 +669,13 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         to the routing, and only if none can be reached does this raise. With shared stats
         (``stats_backend = "redis"``) it also reads the fleet's, so the first request routes
         where the fleet learned (an unreachable Redis is logged, never raised).
+
+        ``probe=True``: then, every routed target gets one small real request (one output
+        token, streamed), all at once, each within ``probe_timeout`` seconds, and its TTFT is
+        recorded as a sample (a failure as a failure); what they cost is in
+        ``client.metrics.costs()`` under the kind ``"probe"`` (docs/routing.md, "Starting
+        warm"). A target whose probe fails is logged and left to the routing; only if every
+        probe fails does this raise ``AllTargetsFailed`` (each target's cause in ``errors``).
         """
         # The base URL is warmed only over llmroute's own transport (not a user's http_client,
         # nor httpx's transport through a proxy).
@@ -676,7 +684,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         if default is None and not self._llmroute.providers:
             return
         connect = to_timeout(self.timeout).connect
-        await self._llmroute.warmup(default, connect)
+        await self._llmroute.warmup(default, connect, probe=probe, probe_timeout=probe_timeout)
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time, from a ``[providers.<name>]`` table, e.g.

@@ -25,10 +25,25 @@ from openai.types.responses import Response
 from ._background import spawn
 from ._call import ROUTABLE, Call, Posted, Served, TierCall, attach, bad_request, serves
 from ._call_cache import CallCache, LookedUp
-from ._errors import APIConnectionError, BadRequestError, OpenAIError, map_transport_errors
+from ._errors import (
+    AllTargetsFailed,
+    APIConnectionError,
+    APITimeoutError,
+    BadRequestError,
+    OpenAIError,
+    describe_error,
+    map_transport_errors,
+)
 from ._model_names import check_model_name
 from ._response_pins import ResponsePins
-from ._routes import ServerPolling, add_targets, build_router, stats_sync_for
+from ._routes import (
+    ServerPolling,
+    add_targets,
+    build_router,
+    save_stats,
+    stats_file_for,
+    stats_sync_for,
+)
 from ._simulated import SimulatedProviders
 from ._streaming import AsyncStream
 from ._tiering import Tiering, tier_option
@@ -41,6 +56,7 @@ from .config import Config, Resolved, ResolvedProvider, resolve, resolve_provide
 from .metrics import ClientMetrics
 from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
+from .routing.probe import PROBE_TIMEOUT, Probe, probe_targets
 from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
@@ -86,6 +102,7 @@ class Dispatch:
         self.metrics = ClientMetrics(self.router.snapshot, trials=lambda: self.trials.verdicts)
         self.servers = ServerPolling()
         self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
+        self.stats_file = stats_file_for(resolved, self.router) if config is not None else None
         self.cache = _open_cache(resolved) if config is not None else None
         self.verify = verify
         self.transport = _transport(resolved, verify)
@@ -388,7 +405,43 @@ class Dispatch:
 
     # -- the client's own methods ----------------------------------------------------------
 
-    async def warmup(self, default: httpx.URL | None, connect_timeout: float | None) -> None:
+    async def warmup(
+        self,
+        default: httpx.URL | None,
+        connect_timeout: float | None,
+        *,
+        probe: bool = False,
+        probe_timeout: float = PROBE_TIMEOUT,
+    ) -> None:
+        await self._connect(default, connect_timeout)
+        if probe and self.router.routes:
+            await self._probe(probe_timeout)
+
+    async def _probe(self, timeout: float) -> None:
+        """One small request to every routed target at once (:mod:`.routing.probe`), each
+        counted in the metrics as it ends; raises only when every one failed."""
+        sender = self.upstream.sender(
+            headers=None,
+            query=None,
+            timeout=httpx.Timeout(timeout),
+            path="chat/completions",
+            http=self.trial_http,
+        )
+
+        def done(probe: Probe) -> None:
+            if probe.report is not None:
+                self.metrics.probed(probe.report)
+            if probe.error is not None:
+                log.warning(
+                    "warmup: the probe of %s failed: %s", probe.target, describe_error(probe.error)
+                )
+
+        probes = await probe_targets(self.router, sender, timeout=timeout, on_done=done)
+        errors = {p.target: _cause(p) for p in probes if p.error is not None}
+        if probes and len(errors) == len(probes):
+            raise AllTargetsFailed("warmup(probe=True)", errors, _WARMUP_REQUEST)
+
+    async def _connect(self, default: httpx.URL | None, connect_timeout: float | None) -> None:
         urls = {str(default): default} if default is not None else {}
         for provider in self.providers.values():
             urls.setdefault(str(provider.base_url), provider.base_url)
@@ -435,11 +488,28 @@ class Dispatch:
         await self.servers.aclose()
         if self.stats_sync is not None:
             await self.stats_sync.aclose()
+        if self.stats_file is not None:
+            await save_stats(self.stats_file, self.router)
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
         if self.simulated:
             await anyio.to_thread.run_sync(self.simulated.stop)
+
+
+_WARMUP_REQUEST = httpx.Request("POST", "llmroute://warmup/probe")
+
+
+def _cause(probe: Probe) -> BaseException:
+    """Why a probe failed: its target's own failure (the engine wraps it), a timeout as
+    openai's ``APITimeoutError``."""
+    error = probe.error
+    if isinstance(error, AllTargetsFailed):
+        return error.errors.get(probe.target, error)
+    if isinstance(error, TimeoutError):
+        return APITimeoutError(request=_WARMUP_REQUEST)  # type: ignore[arg-type]
+    assert error is not None
+    return error
 
 
 def _transport(resolved: Resolved, verify: Any) -> Transport:

@@ -9,6 +9,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
 from ._background import spawn
 from .config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
 from .pricing import find_price
@@ -31,6 +34,7 @@ from .routing.price import TargetPrice, target_price
 from .routing.route import Route, RouteTarget
 from .routing.server_metrics import MetricsPoller
 from .routing.shared import StatsSync
+from .routing.snapshot import StatsFile
 from .routing.stats import LiveStats, StatsSettings
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "policy_for",
     "prices_for",
     "route_for",
+    "stats_file_for",
     "stats_sync_for",
 ]
 
@@ -284,5 +289,37 @@ def stats_sync_for(resolved: Resolved, router: Router) -> StatsSync | None:
         router.stats,
         backend,
         interval=settings.stats_sync,
-        targets={t.name for route in router.routes.values() for t in route.targets},
+        targets=routed_targets(router),
     )
+
+
+def routed_targets(router: Router) -> set[str]:
+    """The names of every route's targets now."""
+    return {t.name for route in router.routes.values() for t in route.targets}
+
+
+def stats_file_for(resolved: Resolved, router: Router) -> StatsFile | None:
+    """With ``[routing] stats_file``: the file, its samples of the config's targets already
+    seeded into the router's stats (a fresh client starts from what the last one learnt)."""
+    settings = resolved.routing
+    if settings.stats_file is None:
+        return None
+    stats_file = StatsFile(settings.stats_file, settings.stats_max_age, clock=router._clock)
+    seeded = stats_file.load(router.stats, routed_targets(router))
+    if seeded:
+        _log.info("llmroute: %d samples read from the stats file %s", seeded, stats_file.path)
+    return stats_file
+
+
+async def save_stats(stats_file: StatsFile, router: Router) -> None:
+    """Write the router's samples of its targets to the stats file (read here, written in a
+    worker thread); a failure is logged (the file is a cache: closing never fails on it)."""
+    text, _ = stats_file.dump(router.stats, routed_targets(router))
+    try:
+        await anyio.to_thread.run_sync(stats_file.write, text)
+    except OSError as exc:
+        _log.warning(
+            "llmroute: cannot write the stats file %s (%s): the next client starts cold",
+            stats_file.path,
+            exc,
+        )

@@ -57,6 +57,7 @@ from .config import Config
 from .metrics import ClientMetrics
 from .protocols.openai import ChatStreamDecoder
 from .protocols.reader import StreamReader
+from .routing.probe import PROBE_TIMEOUT
 from .routing.stats import TargetSnapshot
 from .transport import response_timings
 
@@ -703,8 +704,9 @@ class OpenAI(openai.OpenAI):
             self.__dict__["_llmroute_inner"] = inner
         return inner
 
-    def warmup(self) -> None:
-        """Open the connections now (see :meth:`AsyncOpenAI.warmup`)."""
+    def warmup(self, *, probe: bool = False, probe_timeout: float = PROBE_TIMEOUT) -> None:
+        """Open the connections now; ``probe=True``: and measure every routed target with one
+        small request (see :meth:`AsyncOpenAI.warmup`)."""
         dispatch = self._llmroute.dispatch
         default = (
             httpx.URL(str(self.base_url))
@@ -712,7 +714,9 @@ class OpenAI(openai.OpenAI):
             else None
         )
         connect = to_timeout(self.timeout).connect
-        self._llmroute.call(dispatch.warmup, default, connect)
+        self._llmroute.call(
+            dispatch.warmup, default, connect, probe=probe, probe_timeout=probe_timeout
+        )
 
     def stats(self) -> dict[str, TargetSnapshot]:
         """A snapshot of every routed target's live stats (see :meth:`AsyncOpenAI.stats`)."""

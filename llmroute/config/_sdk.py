@@ -45,6 +45,7 @@ from ._values import (
     empty_is_none,
     hedge_after_input,
     stall_input,
+    stats_file_input,
     target_input,
 )
 
@@ -338,6 +339,11 @@ class RoutingSettings(BaseModel):
     """``redis``: app instances share their TTFT samples through ``[redis]``."""
     stats_sync: Annotated[Duration, Field(gt=0)] = 1.0
     """Seconds between exchanges of samples with the other instances."""
+    stats_file: Annotated[str | None, BeforeValidator(stats_file_input)] = None
+    """A file the client writes its samples to when it closes and reads when it starts, so a
+    fresh client routes on what the last one learnt (docs/routing.md, "Starting warm")."""
+    stats_max_age: Annotated[Duration, Field(gt=0)] = 3600.0
+    """Samples in ``stats_file`` older than this are not read."""
 
     @field_validator("prompt_classes")
     @classmethod

@@ -198,3 +198,16 @@ def path_input(value: Any) -> Any:
     if isinstance(value, str) and value:
         return os.path.expanduser(value)
     return empty_is_none(value)
+
+
+def stats_file_input(value: Any) -> Any:
+    """``[routing] stats_file``: a file's path (``~`` expanded); a directory is refused."""
+    value = path_input(value)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(f"expected the path of a file, got {show(value)}")
+    if os.path.isdir(value):
+        example = os.path.join(value, "stats.json")
+        raise invalid(f"{value!r} is a directory; expected a file's path, such as {example!r}")
+    return value

@@ -27,7 +27,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .._types import AttemptReport, TierDecision, Timings
+from .._types import AttemptReport, RouteReport, TierDecision, Timings
 from ..routing.costs import attempt_kind
 from ..routing.stats import TargetSnapshot
 from ._otel import Tracer
@@ -208,7 +208,8 @@ class ClientMetrics:
             "every price of the catalog), by target and kind (answer: the attempt whose text "
             "the caller got first; hedge: attempts that lost a race or hedge; retry: attempts "
             "that failed before a first token; continuation: attempts that continued a broken "
-            "answer); estimates included (docs/cost.md)",
+            "answer; probe: warmup(probe=True)'s one-token requests); estimates included "
+            "(docs/cost.md)",
             ["target", "kind"],
             registry=registry,
         )
@@ -298,8 +299,8 @@ class ClientMetrics:
 
     def costs(self) -> dict[tuple[str, str, str], Decimal]:
         """What routed requests cost so far, exact: by target, kind of attempt (``answer``,
-        ``hedge``, ``retry``, ``continuation``) and currency; the Prometheus counter
-        ``llmroute_cost_total`` is the same sums as floats."""
+        ``hedge``, ``retry``, ``continuation``; ``probe`` for ``warmup(probe=True)``) and
+        currency; the Prometheus counter ``llmroute_cost_total`` is the same sums as floats."""
         return {
             key: Decimal(units).scaleb(exponent)
             for key, (units, exponent) in self._cost_sums.items()
@@ -383,6 +384,18 @@ class ClientMetrics:
             itl = _mean_gap(timings)
             if itl is not None and not report.continued_on:
                 self._itl.labels(report.winner).observe(itl)
+
+    def probed(self, report: RouteReport) -> None:
+        """Count a probe of ``warmup(probe=True)``: its attempts (reason ``probe``), the TTFT
+        of the one that answered, and its cost (kind ``probe``). Not a request: the request
+        counters do not count it."""
+        for attempt in report.attempts:
+            self._attempts.labels(attempt.target, attempt.reason, attempt.outcome).inc()
+            if attempt.ttft is not None and attempt.outcome == "won":
+                self._ttft.labels(attempt.target).observe(attempt.ttft)
+        amounts = getattr(report.pricer, "amounts", None)
+        if amounts is not None:
+            self._count_cost(amounts(report))
 
     def _count_cost(self, amounts: list[tuple[AttemptReport, int | None, int, str]]) -> None:
         """Each priced attempt's cost (whole ``10**exponent`` units), by target and kind;

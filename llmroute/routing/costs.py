@@ -49,7 +49,10 @@ _GROWING = frozenset({"won", "interrupted", "pending"})
 
 
 def attempt_kind(record: AttemptReport) -> str:
-    """``"answer"``, ``"continuation"``, ``"hedge"`` or ``"retry"`` (:class:`RouteCost`)."""
+    """``"answer"``, ``"continuation"``, ``"hedge"`` or ``"retry"`` (:class:`RouteCost`); a
+    probe of ``warmup(probe=True)``'s, whatever its outcome: ``"probe"``."""
+    if record.reason == "probe":
+        return "probe"
     if record.reason == "continuation":
         return "continuation"
     if record.outcome in ("won", "interrupted"):

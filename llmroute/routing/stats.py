@@ -239,6 +239,7 @@ class LatencyWindow:
         "_clock",
         "_max_samples",
         "_samples",
+        "_seeded",
         "_values",
         "_window",
         "changed",
@@ -271,6 +272,7 @@ class LatencyWindow:
         self.left_median: float | None = None
         """Kept by ``TargetStats``: after a change to slower, the median of the regime the
         window left; a change back is to samples nearer that than the slow regime's median."""
+        self._seeded = 0  # the oldest samples that came from a stats file (:meth:`mark_seeded`)
 
     def _expire(self, now: float) -> None:
         cutoff = now - self._window
@@ -280,6 +282,7 @@ class LatencyWindow:
 
     def _drop_oldest(self) -> None:
         _, value, censored = self._samples.popleft()
+        self._seeded = max(0, self._seeded - 1)
         self._values.remove(value)
         if censored:
             self._censored.remove(value)
@@ -292,8 +295,8 @@ class LatencyWindow:
         value = float(value)
         now = self._clock()
         self._expire(now)
-        if len(self._samples) >= self._max_samples:
-            self._drop_oldest()
+        if len(self._samples) >= self._max_samples or self._seeded:
+            self._drop_oldest()  # beyond the count, or a sample from a stats file it replaces
         self._samples.append((now, value, censored))
         self._values.add(value)
         if censored:
@@ -426,6 +429,24 @@ class LatencyWindow:
     def __len__(self) -> int:
         self._expire(self._clock())
         return len(self._samples)
+
+    def timed(self) -> list[tuple[float, float, bool]]:
+        """The live samples as ``(clock time, value, censored)``, oldest first."""
+        self._expire(self._clock())
+        return list(self._samples)
+
+    def mark_seeded(self) -> None:
+        """Count every sample held now as older evidence (read from a stats file, before any
+        live sample): each sample added from now on replaces the oldest of them, so after as
+        many live samples as there were seeded ones, none is left."""
+        self._expire(self._clock())
+        self._seeded = len(self._samples)
+
+    @property
+    def seeded(self) -> int:
+        """Samples from a stats file still held (:meth:`mark_seeded`)."""
+        self._expire(self._clock())
+        return self._seeded
 
 
 class OutcomeWindow:
@@ -1248,6 +1269,31 @@ class TargetStats:
             server=self.server,
         )
 
+    def saved_samples(self) -> list[tuple[float, SampleEvent]]:
+        """What a stats file keeps of this target (:mod:`.snapshot`), as ``(clock time,
+        event)``, oldest first: every TTFT sample of each prompt-length class (a censored one as
+        ``"c"``), each at the class's smallest prompt length; each stream's inter-token latency
+        and tokens per second; each whole-response latency. Outcomes, pauses between chunks,
+        requests in flight and server readings are not kept: they describe the moment."""
+        bounds = self.settings.prompt_classes
+        timed: list[tuple[float, SampleEvent]] = []
+        for index, window in enumerate(self._ttft_by_class):
+            tokens = bounds[index - 1] if index else 0
+            for when, value, censored in window.timed():
+                timed.append((when, (self.name, "c" if censored else "t", value, tokens)))
+        timed += [(when, (self.name, "s", v, None)) for when, v, _ in self._itl.timed()]
+        timed += [(when, (self.name, "s", None, v)) for when, v, _ in self._tokens_per_s.timed()]
+        timed += [(when, (self.name, "l", v)) for when, v, _ in self._latency.timed()]
+        timed.sort(key=lambda item: item[0])
+        return timed
+
+    def mark_seeded(self) -> None:
+        """Count every sample held now as read from a stats file (``LatencyWindow.mark_seeded``):
+        live samples replace them one for one."""
+        windows = (*self._ttft_by_class, self._ttft, self._itl, self._tokens_per_s, self._latency)
+        for window in windows:
+            window.mark_seeded()
+
 
 class LiveStats:
     """The stats of every target, each created on first use.
@@ -1333,3 +1379,17 @@ class LiveStats:
     def snapshot(self) -> StatsReport:
         """A snapshot of every target, by name (a dict that prints as a table)."""
         return StatsReport((name, stats.snapshot()) for name, stats in self._targets.items())
+
+    def seed(self, events: Iterable[SampleEvent], targets: Collection[str] | None = None) -> int:
+        """Record a stats file's samples (oldest first, before any live sample) as older
+        evidence: as :meth:`apply`, then every sample held counts as seeded
+        (``LatencyWindow.mark_seeded``). Returns how many were recorded."""
+        applied = self.apply(events, targets)
+        for stats in self._targets.values():
+            stats.mark_seeded()
+        return applied
+
+    def saved_samples(self) -> dict[str, list[tuple[float, SampleEvent]]]:
+        """Every target's :meth:`TargetStats.saved_samples`, by name (those with none left out)."""
+        saved = {name: stats.saved_samples() for name, stats in self._targets.items()}
+        return {name: samples for name, samples in saved.items() if samples}
