@@ -4,9 +4,9 @@ concurrency slot and its place in every limit of its scopes before the call
 (:class:`~._admission.Admission`: the key's, its team's, the model's), what the answer used
 counted after it, and whether it met the key's and the route's latency objectives.
 
-``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
-callable, read only when a limit counts tokens, and its dearest cost in money the same way,
-read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
+``enter`` takes the checked call (:class:`~._calls.ApiCall`) and estimates it
+(:func:`llmroute.routing.estimate_request`) only when a limit counts tokens, its dearest cost
+in money only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
 target that answered and what its other attempts cost (:class:`~._spend.Prices`).
 """
 
@@ -16,8 +16,10 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from .._types import RouteReport
+from ..routing import estimate_request
 from ._admission import Admission, usage_increments
 from ._alerts import SoftLimits
+from ._calls import ApiCall
 from ._errors import Refused, error_body
 from ._exchange import Exchange
 from ._limits import TARGET_SPEND, Alert, Refusal
@@ -55,21 +57,19 @@ class Gate:
         self.usage: dict[str, dict[str, int]] = {}
         """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
 
-    async def enter(
-        self,
-        exchange: Exchange,
-        model: str,
-        estimate: Callable[[], int],
-        work: Callable[[], Awaitable[None]],
-        money: Callable[[], int] | None = None,
-    ) -> None:
+    async def enter(self, call: ApiCall, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
-        limits (its own, its team's, the model's), or refuse (429; 503 without Redis).
-        ``money`` is the request's dearest cost in nano-dollars, read under a money budget."""
+        limits (its own, its team's, the model's), or refuse (429; 503 without Redis)."""
+        exchange = call.exchange
+
+        def estimate() -> int:
+            return estimate_request(call.body, call.kind).tokens
+
+        def money() -> int:  # its dearest cost in nano-dollars, read under a money budget
+            return self.prices.estimate(call.model, call.body, call.kind)
+
         key = exchange.key
-        tenant = exchange.tenant
-        assert tenant is not None
-        decided = await self.admission.enter(tenant, model, estimate, money)
+        decided = await self.admission.enter(call.tenant, call.model, estimate, money)
         if isinstance(decided, Refusal):
             self.metrics.rejections.labels(key, decided.reason).inc()
             raise Refused(
@@ -158,8 +158,9 @@ class Gate:
             usage["errors"] += 1
         self.admission.count_call(exchange.key, error)
 
-    def objectives(self, tenant: Tenant, model: str, exchange: Exchange, admitted: float) -> None:
+    def objectives(self, call: ApiCall, admitted: float) -> None:
         """Whether the request met the key's and the route's latency objectives."""
+        tenant, model, exchange = call.tenant, call.model, call.exchange
         route = self.route_slos.get(model)
         own = tenant.settings.slo_ttft_ms
         if route is None and own is None:
