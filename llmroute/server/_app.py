@@ -138,15 +138,17 @@ class GatewayApp:
         self.admission = Admission(self.settings, loaded.redis)
         self.soft_limits = SoftLimits(self.settings.soft_limit_webhook, self.metrics)
         slos = {r: Objective(o.ttft_ms, o.percentile) for r, o in self.settings.slos.items()}
-        accounting = (self.metrics, self.slo, self.soft_limits, slos, self.prices)
-        self.gate = Gate(self.admission, *accounting)
+        self.gate = Gate(
+            self.admission, self.metrics, self.slo, self.soft_limits, slos, self.prices
+        )
         keys = self._keys
         self.keys_admin = KeysAdmin(
             loaded, keys.store, lambda: keys.tenants, lambda: self.clock(), keys.apply_managed
         )
         self._in_flight = InFlight()
-        parts = (self.metrics, self._keys, self.gate, self._in_flight, self.errors)
-        self.relay = Relay(self.client, self._timeout, *parts)
+        self.relay = Relay(
+            self.client, self._timeout, self.metrics, keys, self.gate, self._in_flight, self.errors
+        )
         self.door = Door(lambda: keys.tenants, lambda: self.clock(), self.metrics)
         self.live: LiveView | None = None
         """The live page's samples (``live_page = true``), else None."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from .._types import RouteReport
 from ..routing import estimate_request
@@ -35,27 +36,19 @@ __all__ = ["Door", "Gate"]
 log = logging.getLogger("llmroute.server")
 
 
+@dataclass(eq=False)
 class Gate:
     """Admission and accounting of a gateway's requests (see the module's docstring)."""
 
-    def __init__(
-        self,
-        admission: Admission,
-        metrics: GatewayMetrics,
-        slo: SloTracker,
-        soft_limits: SoftLimits,
-        route_slos: Mapping[str, Objective],
-        prices: Prices,
-    ) -> None:
-        self.admission = admission
-        self.prices = prices
-        """Money budgets' estimates and each answer's cost."""
-        self.metrics = metrics
-        self.slo = slo
-        self.soft_limits = soft_limits
-        self.route_slos = route_slos
-        self.usage: dict[str, dict[str, int]] = {}
-        """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
+    admission: Admission
+    metrics: GatewayMetrics
+    slo: SloTracker
+    soft_limits: SoftLimits
+    route_slos: Mapping[str, Objective]
+    prices: Prices
+    """Money budgets' estimates and each answer's cost."""
+    usage: dict[str, dict[str, int]] = field(default_factory=dict, init=False)
+    """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
 
     async def enter(self, call: ApiCall, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its

@@ -9,6 +9,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import GatewaySettings
@@ -37,31 +38,23 @@ LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
 
 
+@dataclass(eq=False)
 class Operators:
     """Answers the operators' paths (see the module's docstring)."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        door: Door,
-        errors: ErrorAnswers,
-        metrics: GatewayMetrics,
-        client_metrics: ClientMetrics,
-        admission: Admission,
-        keys_admin: KeysAdmin,
-        usage: Callable[[str], Awaitable[dict[str, Any]]],
-        live: LiveView | None,
-    ) -> None:
-        self.settings = settings
-        self.door = door
-        self.errors = errors
-        self.metrics = metrics
-        self.client_metrics = client_metrics
-        self.admission = admission
-        self.keys_admin = keys_admin
-        self.usage = usage
-        self.live = live
-        self.live_page = LivePage() if live is not None else None
+    settings: GatewaySettings
+    door: Door
+    errors: ErrorAnswers
+    metrics: GatewayMetrics
+    client_metrics: ClientMetrics
+    admission: Admission
+    keys_admin: KeysAdmin
+    usage: Callable[[str], Awaitable[dict[str, Any]]]
+    live: LiveView | None
+    live_page: LivePage | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.live_page = LivePage() if self.live is not None else None
 
     def serves(self, path: str) -> bool:
         return path == "/metrics" or path.startswith("/admin/")

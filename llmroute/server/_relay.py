@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -86,27 +87,18 @@ class _Answer:
         self.sequence: object = None  # the last Responses stream event's sequence_number
 
 
+@dataclass(eq=False)
 class Relay:
     """Answers a checked, admitted request through the gateway's client (see the module's
     docstring)."""
 
-    def __init__(
-        self,
-        client: AsyncOpenAI,
-        timeout: httpx.Timeout,
-        metrics: GatewayMetrics,
-        keys: LiveKeys,
-        gate: Gate,
-        in_flight: InFlight,
-        errors: ErrorAnswers,
-    ) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.metrics = metrics
-        self.keys = keys
-        self.gate = gate
-        self.in_flight = in_flight
-        self.errors = errors
+    client: AsyncOpenAI
+    timeout: httpx.Timeout
+    metrics: GatewayMetrics
+    keys: LiveKeys
+    gate: Gate
+    in_flight: InFlight
+    errors: ErrorAnswers
 
     async def call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
         """The client's call for ``path`` (:func:`~._calls.call_client`)."""
