@@ -74,17 +74,15 @@ class InFlight:
                 scope.cancel()
 
 
+@dataclass(slots=True, eq=False)
 class _Answer:
     """What the routed call gave: a stream or a whole answer, or the failure it ended in."""
 
-    __slots__ = ("complete", "failure", "result", "sequence", "stream")
-
-    def __init__(self) -> None:
-        self.stream: openai.AsyncStream[Any] | None = None
-        self.result: object = None
-        self.failure: Exception | None = None
-        self.complete = False  # the stream was read to its end
-        self.sequence: object = None  # the last Responses stream event's sequence_number
+    stream: openai.AsyncStream[Any] | None = None
+    result: object = None
+    failure: Exception | None = None
+    complete: bool = False  # the stream was read to its end
+    sequence: object = None  # the last Responses stream event's sequence_number
 
 
 @dataclass(eq=False)
