@@ -332,7 +332,7 @@ class GatewayApp:
             return
         if not path.startswith("/v1/"):
             raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
-        self.door.authenticate(request.headers, request.exchange)
+        self.door.authenticate(request)
         if self._closing:
             raise Refused(503, error_body("The gateway is shutting down.", "server_error"))
         await self._v1(request)

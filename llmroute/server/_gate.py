@@ -22,7 +22,7 @@ from ._admission import Admission, usage_increments
 from ._alerts import SoftLimits
 from ._calls import ApiCall
 from ._errors import Refused, error_body
-from ._exchange import Exchange
+from ._exchange import Exchange, Request
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
@@ -192,8 +192,9 @@ class Door:
         """Whether any key accepted now is an admin's."""
         return self._tenants().admins
 
-    def authenticate(self, headers: Mapping[str, str], exchange: Exchange) -> Tenant:
+    def authenticate(self, request: Request) -> Tenant:
         """The request's tenant, by its ``Authorization: Bearer <key>``; else 401."""
+        headers, exchange = request.headers, request.exchange
         tenant = self._tenants().match(headers.get("authorization"), self._clock())
         if tenant is None:
             if exchange.label.startswith("/v1/"):  # rejections are of API calls
@@ -214,11 +215,11 @@ class Door:
         exchange.tenants = self._tenants()
         return tenant
 
-    def admin(self, headers: Mapping[str, str], exchange: Exchange, what: str) -> Tenant:
+    def admin(self, request: Request, what: str) -> Tenant:
         """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
         kept by a cache on the way."""
         try:
-            tenant = self.authenticate(headers, exchange)
+            tenant = self.authenticate(request)
         except Refused as refused:
             refused.headers.update(_NO_STORE)
             raise

@@ -68,7 +68,7 @@ class Operators:
         exchange.headers["cache-control"] = "no-store"  # answers with secrets, 401s too
         if path == ADMIN_USAGE:
             not_allowed(method, "GET")
-            self.door.admin(request.headers, exchange, "read usage")
+            self.door.admin(request, "read usage")
             scope = _usage_scope(exchange.query)
             await exchange.whole(200, json.dumps(await self.usage(scope)).encode())
             return
@@ -81,26 +81,25 @@ class Operators:
         raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
 
     async def _metrics(self, request: Request) -> None:
-        headers, exchange = request.headers, request.exchange
         if not self.settings.metrics_public:
             # Every key's figures are in it: with an admin key configured, a tenant's key
             # does not read them.
             if self.door.admins:
-                self.door.admin(headers, exchange, "read the metrics")
+                self.door.admin(request, "read the metrics")
             else:
-                self.door.authenticate(headers, exchange)
+                self.door.authenticate(request)
         data = self.client_metrics.exposition() + self.metrics.exposition()
         fleet = await self.admission.fleet_usage()
         if fleet is not None:
             data += fleet_exposition(fleet)
         # No label can carry an upstream key, whole or masked, whatever an upstream said.
         data = self.errors.scrub(data.decode()).encode()
-        await exchange.whole(200, data, METRICS_CONTENT_TYPE)
+        await request.exchange.whole(200, data, METRICS_CONTENT_TYPE)
 
     async def _keys_api(self, request: Request) -> None:
         """``/admin/keys`` and ``/admin/teams`` (llmroute/server/_admin.py), for admin keys."""
         path, method, exchange = request.path, request.method, request.exchange
-        self.door.admin(request.headers, exchange, "manage keys")
+        self.door.admin(request, "manage keys")
 
         async def body() -> Any:
             reject = self.metrics.rejecter(exchange.key)
@@ -139,7 +138,7 @@ class Operators:
         path, exchange = request.path, request.exchange
         not_allowed(request.method, "GET")
         if path == LIVE_DATA:
-            self.door.admin(request.headers, exchange, "read the live page's data")
+            self.door.admin(request, "read the live page's data")
             since = since_of(request.headers.get(_SINCE_HEADER, ""))
             data = json.dumps(await self.live.data(since)).encode()
             await exchange.whole(

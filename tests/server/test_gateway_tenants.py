@@ -845,9 +845,9 @@ def test_a_request_whose_body_was_arriving_when_its_key_was_revoked(
         authenticated = threading.Event()  # set when the gateway has authenticated it
         check = app.door.authenticate
 
-        def seen(headers: Any, exchange: Any) -> Any:
-            tenant = check(headers, exchange)
-            if headers.get("content-length") == str(len(body)):
+        def seen(request: Any) -> Any:
+            tenant = check(request)
+            if request.headers.get("content-length") == str(len(body)):
                 authenticated.set()
             return tenant
 
