@@ -6,7 +6,7 @@ openai's own methods, with the headers a gateway client may send on."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -56,7 +56,7 @@ _FORWARDED = (
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class ApiCall:
     """A ``/v1`` POST once its checks passed, built once (``GatewayApp._v1``) and read by its
     admission, the relay, the client's call and the accounting: the ``request`` it came as,
@@ -68,8 +68,8 @@ class ApiCall:
     tenant: Tenant
     model: str
     kind: str
-    body: dict[str, Any]
-    upstream: dict[str, str]
+    body: dict[str, Any] = field(repr=False)
+    upstream: dict[str, str] = field(repr=False)
     total: float | None
 
     @property

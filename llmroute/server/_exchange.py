@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -157,17 +157,18 @@ class Exchange:
 # -- the request ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Request:
     """One HTTP request as the gateway's phases read it, built once at the edge
-    (``GatewayApp.__call__``): its path, method and headers (names in lower case), the
-    :class:`Exchange` its answer goes through and the channel its body comes on."""
+    (``GatewayApp.__call__``): its path, method and headers (names in lower case; never in its
+    repr, which would show the key), the :class:`Exchange` its answer goes through and the
+    channel its body comes on."""
 
     path: str
     method: str
-    headers: Mapping[str, str]
-    exchange: Exchange
-    receive: Receive
+    headers: Mapping[str, str] = field(repr=False)
+    exchange: Exchange = field(repr=False)
+    receive: Receive = field(repr=False)
 
 
 async def read_json(

@@ -36,7 +36,7 @@ __all__ = ["Door", "Gate"]
 log = logging.getLogger("llmroute.server")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Gate:
     """Admission and accounting of a gateway's requests (see the module's docstring)."""
 

@@ -38,7 +38,7 @@ LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Operators:
     """Answers the operators' paths (see the module's docstring)."""
 

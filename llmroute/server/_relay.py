@@ -74,7 +74,7 @@ class InFlight:
                 scope.cancel()
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, repr=False)
 class _Answer:
     """What the routed call gave: a stream or a whole answer, or the failure it ended in."""
 
@@ -85,7 +85,7 @@ class _Answer:
     sequence: object = None  # the last Responses stream event's sequence_number
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, repr=False)
 class Relay:
     """Answers a checked, admitted request through the gateway's client (see the module's
     docstring)."""
