@@ -5,7 +5,8 @@ own: the exchange (``_exchange.py``: the body read, the answer written back, who
 streamed), the key (``_keys.py``, ``_tenants.py``), the request's checks (``_checks.py``),
 admission and accounting (``_gate.py``: slots, limits, usage), the client's call
 (``_calls.py``: the public hand-off to the routing) and the errors (``_errors.py``: OpenAI's
-error bodies).
+error bodies). The phases read one :class:`~._exchange.Request`, built as the request comes in,
+and, for an API call once its checks passed, one :class:`~._calls.ApiCall`.
 """
 
 from __future__ import annotations
