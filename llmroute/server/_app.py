@@ -5,7 +5,8 @@ own: the exchange (``_exchange.py``: the body read, the answer written back, who
 streamed), the key (``_keys.py``, ``_tenants.py``), the request's checks (``_checks.py``),
 admission and accounting (``_gate.py``: slots, limits, usage), the client's call
 (``_calls.py``: the public hand-off to the routing) and the errors (``_errors.py``: OpenAI's
-error bodies).
+error bodies). The phases read one :class:`~._exchange.Request`, built as the request comes in,
+and, for an API call once its checks passed, one :class:`~._calls.ApiCall`.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ from .._secrets import provider_secrets
 from .._types import RouteReport
 from .._upstream import no_cookies, to_timeout
 from ..config import Config, ConfigError, GatewaySettings, load_config
-from ..routing import estimate_request
 from ._admin import KeysAdmin
 from ._admission import Admission
 from ._alerts import SoftLimits
 from ._auth import KeyRing
-from ._calls import ROUTABLE, upstream_headers
+from ._calls import ROUTABLE, ApiCall, upstream_headers
 from ._checks import (
     KINDS,
     POSTS,
+    Reject,
     checked_model,
     default_goal,
     key_max_tokens,
@@ -51,6 +52,7 @@ from ._errors import (
 from ._exchange import (
     Exchange,
     Receive,
+    Request,
     Scope,
     Send,
     Stalled,
@@ -137,15 +139,17 @@ class GatewayApp:
         self.admission = Admission(self.settings, loaded.redis)
         self.soft_limits = SoftLimits(self.settings.soft_limit_webhook, self.metrics)
         slos = {r: Objective(o.ttft_ms, o.percentile) for r, o in self.settings.slos.items()}
-        accounting = (self.metrics, self.slo, self.soft_limits, slos, self.prices)
-        self.gate = Gate(self.admission, *accounting)
+        self.gate = Gate(
+            self.admission, self.metrics, self.slo, self.soft_limits, slos, self.prices
+        )
         keys = self._keys
         self.keys_admin = KeysAdmin(
             loaded, keys.store, lambda: keys.tenants, lambda: self.clock(), keys.apply_managed
         )
         self._in_flight = InFlight()
-        parts = (self.metrics, self._keys, self.gate, self._in_flight, self.errors)
-        self.relay = Relay(self.client, self._timeout, *parts)
+        self.relay = Relay(
+            self.client, self._timeout, self.metrics, keys, self.gate, self._in_flight, self.errors
+        )
         self.door = Door(lambda: keys.tenants, lambda: self.clock(), self.metrics)
         self.live: LiveView | None = None
         """The live page's samples (``live_page = true``), else None."""
@@ -274,10 +278,11 @@ class GatewayApp:
         exchange = Exchange(send, label, self.settings.write_timeout)
         exchange.query = scope.get("query_string", b"")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request = Request(path, method, headers, exchange, receive)
         began = time.monotonic()
         try:
             try:
-                await self._route(path, method, headers, exchange, receive)
+                await self._route(request)
             except Refused as refused:
                 await self._refuse(exchange, refused)
             except Stalled:
@@ -317,38 +322,26 @@ class GatewayApp:
             " (client went away)" if exchange.gone else "",
         )
 
-    async def _route(
-        self,
-        path: str,
-        method: str,
-        headers: Mapping[str, str],
-        exchange: Exchange,
-        receive: Receive,
-    ) -> None:
+    async def _route(self, request: Request) -> None:
+        path = request.path
         if path == "/health":
-            not_allowed(method, "GET")
-            await exchange.whole(200, json.dumps(self._health()).encode())
+            not_allowed(request.method, "GET")
+            await request.exchange.whole(200, json.dumps(self._health()).encode())
             return
         if self.operators.serves(path):
-            await self.operators.answer(path, method, headers, exchange, receive)
+            await self.operators.answer(request)
             return
         if not path.startswith("/v1/"):
             raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
-        self.door.authenticate(headers, exchange)
+        self.door.authenticate(request)
         if self._closing:
             raise Refused(503, error_body("The gateway is shutting down.", "server_error"))
-        await self._v1(path, method, headers, exchange, receive)
+        await self._v1(request)
 
     # -- the API ------------------------------------------------------------------------------
 
-    async def _v1(
-        self,
-        path: str,
-        method: str,
-        headers: Mapping[str, str],
-        exchange: Exchange,
-        receive: Receive,
-    ) -> None:
+    async def _v1(self, request: Request) -> None:
+        path, method, exchange = request.path, request.method, request.exchange
         tenant = exchange.tenant
         assert tenant is not None
         if path == _MODELS or path.startswith(_MODELS + "/"):
@@ -362,8 +355,27 @@ class GatewayApp:
         not_allowed(method, "POST")
         # The body is read (within body_timeout) before the key's slot is taken: a client
         # trickling its body holds no slot.
-        body = await self._read_json(headers, exchange, receive)
-        reject = self._rejecter(exchange)
+        reject = self.metrics.rejecter(exchange.key)
+        body = await read_json(request, self.settings, reject)
+        call = self._checked(request, tenant, body, reject)
+
+        async def work() -> None:
+            tally = Tally(call.body, call.kind)
+            admitted = time.monotonic()
+            try:
+                await self.relay.answer(call, tally)
+            finally:
+                self.gate.objectives(call, admitted)
+                await self.gate.settle(exchange, tally)
+
+        await self.gate.enter(call, work)
+
+    def _checked(
+        self, request: Request, tenant: Tenant, body: dict[str, Any], reject: Reject
+    ) -> ApiCall:
+        """The body's checks (``_checks.py``), and the call they leave: its model, its
+        headers sent on, its total timeout."""
+        path, headers, exchange = request.path, request.headers, request.exchange
         model = checked_model(path, body, reject)
         if model not in self.routes and self.config.default_provider is None:
             raise model_not_found(model, usable(self.routes, tenant))
@@ -374,26 +386,8 @@ class GatewayApp:
         total = total_timeout(self.config, headers, model, reject)
         routed = path in ROUTABLE and model in self.routes  # its id on its report and span
         namespace = self._keys.namespaces.get(exchange.key)
-        extra_headers = upstream_headers(
-            headers, namespace, exchange.request_id if routed else None
-        )
-        kind = KINDS[path]
-
-        async def work() -> None:
-            tally = Tally(body, kind)
-            admitted = time.monotonic()
-            try:
-                await self.relay.answer(path, body, extra_headers, exchange, receive, total, tally)
-            finally:
-                self.gate.objectives(tenant, model, exchange, admitted)
-                await self.gate.settle(exchange, tally)
-
-        def money() -> int:
-            return self.prices.estimate(model, body, kind)
-
-        await self.gate.enter(
-            exchange, model, lambda: estimate_request(body, kind).tokens, work, money
-        )
+        upstream = upstream_headers(headers, namespace, exchange.request_id if routed else None)
+        return ApiCall(request, tenant, model, KINDS[path], body, upstream, total)
 
     async def _models(self, path: str, tenant: Tenant, exchange: Exchange) -> None:
         """``/v1/models`` (the routes the key may use) and ``/v1/models/{model}``."""
@@ -405,23 +399,6 @@ class GatewayApp:
         if name not in self.routes or not tenant.may_use(name):
             raise model_not_found(name, usable(self.routes, tenant))
         await exchange.whole(200, json.dumps(self._model(name)).encode())
-
-    def _rejecter(self, exchange: Exchange) -> Callable[[str], None]:
-        """Counts a refusal of the request by its reason."""
-        return lambda reason: self.metrics.rejections.labels(exchange.key, reason).inc()
-
-    async def _read_json(
-        self,
-        headers: Mapping[str, str],
-        exchange: Exchange,
-        receive: Receive,
-        *,
-        allow_empty: bool = False,
-    ) -> dict[str, Any]:
-        reject = self._rejecter(exchange)
-        return await read_json(
-            receive, headers, exchange, self.settings, reject, allow_empty=allow_empty
-        )
 
     async def usage(self, scope: str = "fleet") -> dict[str, Any]:
         """Every key's and team's usage (requests, errors, tokens, cache hits) — the fleet's

@@ -1,10 +1,12 @@
-"""The gateway's call of its client for a checked request: a chat or Responses call on a route
-through the client's public hand-off (:meth:`llmroute.AsyncOpenAI.route_json`), any other call
-through openai's own methods, with the headers a gateway client may send on."""
+"""The gateway's call of its client for a checked request (:class:`ApiCall`, what the relay,
+the accounting and the client's call read): a chat or Responses call on a route through the
+client's public hand-off (:meth:`llmroute.AsyncOpenAI.route_json`), any other call through
+openai's own methods, with the headers a gateway client may send on."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -16,8 +18,18 @@ from .._client import AsyncOpenAI
 from .._timeouts import BETWEEN_TOKENS_HEADER, CONNECT_HEADER, FIRST_TOKEN_HEADER
 from ..metrics import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.goal import TTFT_TARGET_HEADER
+from ._exchange import Exchange, Request
+from ._tenants import Tenant
 
-__all__ = ["CHAT", "COMPLETIONS", "RESPONSES", "ROUTABLE", "call_client", "upstream_headers"]
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "RESPONSES",
+    "ROUTABLE",
+    "ApiCall",
+    "call_client",
+    "upstream_headers",
+]
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -42,6 +54,31 @@ _FORWARDED = (
     TRACESTATE,
 )
 _NAMESPACE_HEADER = "x-llmroute-cache-namespace"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ApiCall:
+    """A ``/v1`` POST once its checks passed, built once (``GatewayApp._v1``) and read by its
+    admission, the relay, the client's call and the accounting: the ``request`` it came as,
+    its key's ``tenant``, the ``model`` it names, its endpoint's ``kind`` (``chat``,
+    ``completions``, ``embeddings``, ``responses``), its ``body``, the ``upstream`` headers
+    sent on (:func:`upstream_headers`) and its ``total`` timeout in seconds (``None``: none)."""
+
+    request: Request
+    tenant: Tenant
+    model: str
+    kind: str
+    body: dict[str, Any] = field(repr=False)
+    upstream: dict[str, str] = field(repr=False)
+    total: float | None
+
+    @property
+    def path(self) -> str:
+        return self.request.path
+
+    @property
+    def exchange(self) -> Exchange:
+        return self.request.exchange
 
 
 def upstream_headers(

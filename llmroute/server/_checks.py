@@ -19,6 +19,7 @@ from ._validate import InvalidField, check, shown
 __all__ = [
     "KINDS",
     "POSTS",
+    "Reject",
     "checked_model",
     "default_goal",
     "key_max_tokens",
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 Reject = Callable[[str], None]
+"""Counts a refusal of the request by its reason."""
 
 POSTS = {CHAT: "messages", COMPLETIONS: "prompt", EMBEDDINGS: "input", RESPONSES: "input"}
 """The API's POST paths and the field each needs beside ``model``."""

@@ -1,5 +1,6 @@
-"""One request and its answer on the wire: the :class:`Exchange` (what was sent, whether the
-client left), its JSON body read within the gateway's bounds, and an answer written back,
+"""One request and its answer on the wire: the :class:`Request` (what came: its path, method,
+headers and body channel), the :class:`Exchange` (what was sent, whether the client left), its
+JSON body read within the gateway's bounds, and an answer written back,
 whole or streamed as server-sent events, with a watcher beside it for a client that leaves or
 stops reading."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -27,6 +29,7 @@ __all__ = [
     "TIER_HEADER",
     "Exchange",
     "Receive",
+    "Request",
     "Scope",
     "Send",
     "Stalled",
@@ -154,10 +157,22 @@ class Exchange:
 # -- the request ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Request:
+    """One HTTP request as the gateway's phases read it, built once at the edge
+    (``GatewayApp.__call__``): its path, method and headers (names in lower case; never in its
+    repr, which would show the key), the :class:`Exchange` its answer goes through and the
+    channel its body comes on."""
+
+    path: str
+    method: str
+    headers: Mapping[str, str] = field(repr=False)
+    exchange: Exchange = field(repr=False)
+    receive: Receive = field(repr=False)
+
+
 async def read_json(
-    receive: Receive,
-    headers: Mapping[str, str],
-    exchange: Exchange,
+    request: Request,
     settings: GatewaySettings,
     reject: Callable[[str], None],
     *,
@@ -166,8 +181,9 @@ async def read_json(
     """The request's body as a JSON object, read within ``max_body_bytes`` and
     ``body_timeout``, or a refusal (413, 408, 400; 499 when the client left). ``reject`` counts
     a refusal by its reason."""
+    receive, exchange = request.receive, request.exchange
     limit = settings.max_body_bytes
-    declared = headers.get("content-length", "")
+    declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         if int(declared) <= _DRAIN_BYTES:
             await _discard(receive, _DRAIN_BYTES)
@@ -258,8 +274,7 @@ async def _discard(receive: Receive, budget: int) -> None:
 
 
 async def watch(
-    receive: Receive,
-    exchange: Exchange,
+    request: Request,
     gone: Callable[[], None],
     stalled: Callable[[], None],
     renew: Callable[[Exchange], Awaitable[None]],
@@ -267,6 +282,7 @@ async def watch(
     """Beside a request's work: call ``gone`` when the client disconnects, ``stalled`` when a
     chunk's write has waited ``write_timeout`` (checked every quarter of it, so the answer is
     cut within 1.25 times ``write_timeout``), and renew the request's shared slot meanwhile."""
+    receive, exchange = request.receive, request.exchange
     interval = exchange.write_timeout / 4
     while True:
         with anyio.move_on_after(interval):

@@ -4,23 +4,26 @@ concurrency slot and its place in every limit of its scopes before the call
 (:class:`~._admission.Admission`: the key's, its team's, the model's), what the answer used
 counted after it, and whether it met the key's and the route's latency objectives.
 
-``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
-callable, read only when a limit counts tokens, and its dearest cost in money the same way,
-read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
-target that answered and what its other attempts cost, each under the target that billed it
-(:class:`~._spend.Prices`).
+``enter`` takes the checked call (:class:`~._calls.ApiCall`) and estimates it
+(:func:`llmroute.routing.estimate_request`) only when a limit counts tokens, its dearest cost
+in money only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at
+the target that answered and what its other attempts cost, each under the target that billed
+it (:class:`~._spend.Prices`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 from .._types import RouteReport
+from ..routing import estimate_request
 from ._admission import Admission, usage_increments
 from ._alerts import SoftLimits
+from ._calls import ApiCall
 from ._errors import Refused, error_body
-from ._exchange import Exchange
+from ._exchange import Exchange, Request
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
@@ -34,43 +37,33 @@ __all__ = ["Door", "Gate"]
 log = logging.getLogger("llmroute.server")
 
 
+@dataclass(eq=False, repr=False)
 class Gate:
     """Admission and accounting of a gateway's requests (see the module's docstring)."""
 
-    def __init__(
-        self,
-        admission: Admission,
-        metrics: GatewayMetrics,
-        slo: SloTracker,
-        soft_limits: SoftLimits,
-        route_slos: Mapping[str, Objective],
-        prices: Prices,
-    ) -> None:
-        self.admission = admission
-        self.prices = prices
-        """Money budgets' estimates and each answer's cost."""
-        self.metrics = metrics
-        self.slo = slo
-        self.soft_limits = soft_limits
-        self.route_slos = route_slos
-        self.usage: dict[str, dict[str, int]] = {}
-        """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
+    admission: Admission
+    metrics: GatewayMetrics
+    slo: SloTracker
+    soft_limits: SoftLimits
+    route_slos: Mapping[str, Objective]
+    prices: Prices
+    """Money budgets' estimates and each answer's cost."""
+    usage: dict[str, dict[str, int]] = field(default_factory=dict, init=False)
+    """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
 
-    async def enter(
-        self,
-        exchange: Exchange,
-        model: str,
-        estimate: Callable[[], int],
-        work: Callable[[], Awaitable[None]],
-        money: Callable[[], int] | None = None,
-    ) -> None:
+    async def enter(self, call: ApiCall, work: Callable[[], Awaitable[None]]) -> None:
         """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
-        limits (its own, its team's, the model's), or refuse (429; 503 without Redis).
-        ``money`` is the request's dearest cost in nano-dollars, read under a money budget."""
+        limits (its own, its team's, the model's), or refuse (429; 503 without Redis)."""
+        exchange = call.exchange
+
+        def estimate() -> int:
+            return estimate_request(call.body, call.kind).tokens
+
+        def money() -> int:  # its dearest cost in nano-dollars, read under a money budget
+            return self.prices.estimate(call.model, call.body, call.kind)
+
         key = exchange.key
-        tenant = exchange.tenant
-        assert tenant is not None
-        decided = await self.admission.enter(tenant, model, estimate, money)
+        decided = await self.admission.enter(call.tenant, call.model, estimate, money)
         if isinstance(decided, Refusal):
             self.metrics.rejections.labels(key, decided.reason).inc()
             raise Refused(
@@ -162,8 +155,9 @@ class Gate:
             usage["errors"] += 1
         self.admission.count_call(exchange.key, error)
 
-    def objectives(self, tenant: Tenant, model: str, exchange: Exchange, admitted: float) -> None:
+    def objectives(self, call: ApiCall, admitted: float) -> None:
         """Whether the request met the key's and the route's latency objectives."""
+        tenant, model, exchange = call.tenant, call.model, call.exchange
         route = self.route_slos.get(model)
         own = tenant.settings.slo_ttft_ms
         if route is None and own is None:
@@ -202,8 +196,9 @@ class Door:
         """Whether any key accepted now is an admin's."""
         return self._tenants().admins
 
-    def authenticate(self, headers: Mapping[str, str], exchange: Exchange) -> Tenant:
+    def authenticate(self, request: Request) -> Tenant:
         """The request's tenant, by its ``Authorization: Bearer <key>``; else 401."""
+        headers, exchange = request.headers, request.exchange
         tenant = self._tenants().match(headers.get("authorization"), self._clock())
         if tenant is None:
             if exchange.label.startswith("/v1/"):  # rejections are of API calls
@@ -224,11 +219,11 @@ class Door:
         exchange.tenants = self._tenants()
         return tenant
 
-    def admin(self, headers: Mapping[str, str], exchange: Exchange, what: str) -> Tenant:
+    def admin(self, request: Request, what: str) -> Tenant:
         """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
         kept by a cache on the way."""
         try:
-            tenant = self.authenticate(headers, exchange)
+            tenant = self.authenticate(request)
         except Refused as refused:
             refused.headers.update(_NO_STORE)
             raise

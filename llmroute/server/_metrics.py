@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 __all__ = ["GatewayMetrics"]
@@ -117,6 +119,10 @@ class GatewayMetrics:
             ["action"],
             registry=self.registry,
         )
+
+    def rejecter(self, key: str) -> Callable[[str], None]:
+        """Counts a refusal of ``key``'s request by its reason (the checks' ``reject``)."""
+        return lambda reason: self.rejections.labels(key, reason).inc()
 
     def exposition(self) -> bytes:
         """These metrics in the Prometheus text format."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import GatewaySettings
@@ -17,7 +18,7 @@ from ..metrics import ClientMetrics
 from ._admin import AdminError, KeysAdmin
 from ._admission import Admission
 from ._errors import ErrorAnswers, Refused, error_body, not_allowed
-from ._exchange import Exchange, Receive, read_json
+from ._exchange import Request, read_json
 from ._gate import Door
 from ._keystore import StoreConflict, StoreUnavailable
 from ._live import PAGE_HEADERS, LivePage, LiveView, since_of
@@ -37,101 +38,72 @@ LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
 
 
+@dataclass(eq=False, repr=False)
 class Operators:
     """Answers the operators' paths (see the module's docstring)."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        door: Door,
-        errors: ErrorAnswers,
-        metrics: GatewayMetrics,
-        client_metrics: ClientMetrics,
-        admission: Admission,
-        keys_admin: KeysAdmin,
-        usage: Callable[[str], Awaitable[dict[str, Any]]],
-        live: LiveView | None,
-    ) -> None:
-        self.settings = settings
-        self.door = door
-        self.errors = errors
-        self.metrics = metrics
-        self.client_metrics = client_metrics
-        self.admission = admission
-        self.keys_admin = keys_admin
-        self.usage = usage
-        self.live = live
-        self.live_page = LivePage() if live is not None else None
+    settings: GatewaySettings
+    door: Door
+    errors: ErrorAnswers
+    metrics: GatewayMetrics
+    client_metrics: ClientMetrics
+    admission: Admission
+    keys_admin: KeysAdmin
+    usage: Callable[[str], Awaitable[dict[str, Any]]]
+    live: LiveView | None
+    live_page: LivePage | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.live_page = LivePage() if self.live is not None else None
 
     def serves(self, path: str) -> bool:
         return path == "/metrics" or path.startswith("/admin/")
 
-    async def answer(
-        self,
-        path: str,
-        method: str,
-        headers: Mapping[str, str],
-        exchange: Exchange,
-        receive: Receive,
-    ) -> None:
+    async def answer(self, request: Request) -> None:
+        path, method, exchange = request.path, request.method, request.exchange
         if path == "/metrics":
             not_allowed(method, "GET")
-            await self._metrics(headers, exchange)
+            await self._metrics(request)
             return
         exchange.headers["cache-control"] = "no-store"  # answers with secrets, 401s too
         if path == ADMIN_USAGE:
             not_allowed(method, "GET")
-            self.door.admin(headers, exchange, "read usage")
+            self.door.admin(request, "read usage")
             scope = _usage_scope(exchange.query)
             await exchange.whole(200, json.dumps(await self.usage(scope)).encode())
             return
         if path in (ADMIN_KEYS, ADMIN_TEAMS) or path.startswith(ADMIN_KEYS_UNDER):
-            await self._keys_api(path, method, headers, exchange, receive)
+            await self._keys_api(request)
             return
         if self.live_page is not None and path.startswith(_LIVE):
-            await self._live(path, method, headers, exchange)
+            await self._live(request)
             return
         raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
 
-    def _rejecter(self, exchange: Exchange) -> Callable[[str], None]:
-        return lambda reason: self.metrics.rejections.labels(exchange.key, reason).inc()
-
-    async def _metrics(self, headers: Mapping[str, str], exchange: Exchange) -> None:
+    async def _metrics(self, request: Request) -> None:
         if not self.settings.metrics_public:
             # Every key's figures are in it: with an admin key configured, a tenant's key
             # does not read them.
             if self.door.admins:
-                self.door.admin(headers, exchange, "read the metrics")
+                self.door.admin(request, "read the metrics")
             else:
-                self.door.authenticate(headers, exchange)
+                self.door.authenticate(request)
         data = self.client_metrics.exposition() + self.metrics.exposition()
         fleet = await self.admission.fleet_usage()
         if fleet is not None:
             data += fleet_exposition(fleet)
         # No label can carry an upstream key, whole or masked, whatever an upstream said.
         data = self.errors.scrub(data.decode()).encode()
-        await exchange.whole(200, data, METRICS_CONTENT_TYPE)
+        await request.exchange.whole(200, data, METRICS_CONTENT_TYPE)
 
-    async def _keys_api(
-        self,
-        path: str,
-        method: str,
-        headers: Mapping[str, str],
-        exchange: Exchange,
-        receive: Receive,
-    ) -> None:
+    async def _keys_api(self, request: Request) -> None:
         """``/admin/keys`` and ``/admin/teams`` (llmroute/server/_admin.py), for admin keys."""
-        self.door.admin(headers, exchange, "manage keys")
+        path, method, exchange = request.path, request.method, request.exchange
+        self.door.admin(request, "manage keys")
 
         async def body() -> Any:
-            return await read_json(
-                receive,
-                headers,
-                exchange,
-                self.settings,
-                self._rejecter(exchange),
-                allow_empty=True,
-            )
+            reject = self.metrics.rejecter(exchange.key)
+            return await read_json(request, self.settings, reject, allow_empty=True)
 
         try:
             status, answer = await self.keys_admin.handle(method, path, body)
@@ -159,16 +131,15 @@ class Operators:
             log.info("gateway keys: %s by key=%s: %s", action, exchange.key, changed)
         await exchange.whole(status, json.dumps(answer).encode())
 
-    async def _live(
-        self, path: str, method: str, headers: Mapping[str, str], exchange: Exchange
-    ) -> None:
+    async def _live(self, request: Request) -> None:
         """The live page: its static files to anyone (they hold no data), its data to an admin
         key only (given in ``Authorization``, never in the URL)."""
         assert self.live_page is not None and self.live is not None
-        not_allowed(method, "GET")
+        path, exchange = request.path, request.exchange
+        not_allowed(request.method, "GET")
         if path == LIVE_DATA:
-            self.door.admin(headers, exchange, "read the live page's data")
-            since = since_of(headers.get(_SINCE_HEADER, ""))
+            self.door.admin(request, "read the live page's data")
+            since = since_of(request.headers.get(_SINCE_HEADER, ""))
             data = json.dumps(await self.live.data(since)).encode()
             await exchange.whole(
                 200, self.errors.scrub(data.decode()).encode(), headers=PAGE_HEADERS

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -17,12 +18,10 @@ import pydantic
 from .._client import AsyncOpenAI
 from .._types import RouteReport
 from ..routing.health import failure_party
-from ._calls import RESPONSES, call_client
-from ._checks import KINDS
+from ._calls import RESPONSES, ApiCall, call_client
 from ._errors import ErrorAnswers, Refused, TotalTimeout, error_body
 from ._exchange import (
     Exchange,
-    Receive,
     answer_headers,
     cache_hit,
     dump_json,
@@ -75,80 +74,51 @@ class InFlight:
                 scope.cancel()
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class _Answer:
     """What the routed call gave: a stream or a whole answer, or the failure it ended in."""
 
-    __slots__ = ("complete", "failure", "result", "sequence", "stream")
-
-    def __init__(self) -> None:
-        self.stream: openai.AsyncStream[Any] | None = None
-        self.result: object = None
-        self.failure: Exception | None = None
-        self.complete = False  # the stream was read to its end
-        self.sequence: object = None  # the last Responses stream event's sequence_number
+    stream: openai.AsyncStream[Any] | None = None
+    result: object = None
+    failure: Exception | None = None
+    complete: bool = False  # the stream was read to its end
+    sequence: object = None  # the last Responses stream event's sequence_number
 
 
+@dataclass(eq=False, repr=False)
 class Relay:
     """Answers a checked, admitted request through the gateway's client (see the module's
     docstring)."""
 
-    def __init__(
-        self,
-        client: AsyncOpenAI,
-        timeout: httpx.Timeout,
-        metrics: GatewayMetrics,
-        keys: LiveKeys,
-        gate: Gate,
-        in_flight: InFlight,
-        errors: ErrorAnswers,
-    ) -> None:
-        self.client = client
-        self.timeout = timeout
-        self.metrics = metrics
-        self.keys = keys
-        self.gate = gate
-        self.in_flight = in_flight
-        self.errors = errors
+    client: AsyncOpenAI
+    timeout: httpx.Timeout
+    metrics: GatewayMetrics
+    keys: LiveKeys
+    gate: Gate
+    in_flight: InFlight
+    errors: ErrorAnswers
 
     async def call(self, path: str, body: dict[str, Any], extra_headers: dict[str, str]) -> object:
         """The client's call for ``path`` (:func:`~._calls.call_client`)."""
         return await call_client(self.client, path, body, extra_headers, self.timeout)
 
-    async def answer(
-        self,
-        path: str,
-        body: dict[str, Any],
-        extra_headers: dict[str, str],
-        exchange: Exchange,
-        receive: Receive,
-        total: float | None = None,
-        tally: Tally | None = None,
-    ) -> None:
-        """The call and its answer, within ``total`` seconds if given; what it used goes in
-        ``tally``. Failures of this request count against its key first
+    async def answer(self, call: ApiCall, tally: Tally) -> None:
+        """The call and its answer, within its total timeout if it has one; what it used goes
+        in ``tally``. Failures of this request count against its key first
         (routing/health.py): one key's bad requests open that key's breakers, not
         everyone's."""
-        party = failure_party.set(exchange.key)
+        party = failure_party.set(call.exchange.key)
         try:
-            tally = tally if tally is not None else Tally(body, KINDS[path])
-            answer = await self._run(path, body, extra_headers, exchange, receive, total, tally)
-            await self._answer_back(path, exchange, tally, answer)
+            answer = await self._run(call, tally)
+            await self._answer_back(call, tally, answer)
         finally:
             failure_party.reset(party)
 
-    async def _run(
-        self,
-        path: str,
-        body: dict[str, Any],
-        extra_headers: dict[str, str],
-        exchange: Exchange,
-        receive: Receive,
-        total: float | None,
-        tally: Tally,
-    ) -> _Answer:
+    async def _run(self, call: ApiCall, tally: Tally) -> _Answer:
         """The call, and a stream's chunks relayed, beside a watch on the client; cut when
-        the client leaves or stalls, the key is revoked, the gateway shuts down or ``total``
-        passes."""
+        the client leaves or stalls, the key is revoked, the gateway shuts down or its total
+        timeout passes."""
+        exchange, total = call.exchange, call.total
         answer = _Answer()
         async with anyio.create_task_group() as tg:
             scope = tg.cancel_scope
@@ -162,7 +132,7 @@ class Relay:
                 exchange.gone = exchange.stalled = True
                 scope.cancel()
 
-            tg.start_soon(watch, receive, exchange, client_gone, client_stalled, self.gate.renew)
+            tg.start_soon(watch, call.request, client_gone, client_stalled, self.gate.renew)
             self.in_flight.add(scope, exchange)
             if self.keys.revoked_since(exchange.tenants, exchange.key):
                 exchange.revoked = True  # while its body came, or it was admitted
@@ -170,7 +140,7 @@ class Relay:
             deadline = anyio.current_time() + total if total is not None else math.inf
             try:
                 with anyio.CancelScope(deadline=deadline) as limit:
-                    await self._relay(path, body, extra_headers, exchange, tally, answer)
+                    await self._relay(call, tally, answer)
                 if limit.cancelled_caught and total is not None:
                     answer.result = None
                     answer.failure = TotalTimeout(total)
@@ -181,19 +151,14 @@ class Relay:
                 scope.cancel()
         return answer
 
-    async def _relay(
-        self,
-        path: str,
-        body: dict[str, Any],
-        extra_headers: dict[str, str],
-        exchange: Exchange,
-        tally: Tally,
-        answer: _Answer,
-    ) -> None:
+    async def _relay(self, call: ApiCall, tally: Tally, answer: _Answer) -> None:
         """The client's call; a stream's events written to the client as they come."""
-        answer.result = await call_client(self.client, path, body, extra_headers, self.timeout)
+        answer.result = await call_client(
+            self.client, call.path, call.body, call.upstream, self.timeout
+        )
         if not isinstance(answer.result, openai.AsyncStream):  # llmroute's for chat
             return
+        exchange = call.exchange
         stream = answer.stream = answer.result
         tally.cache_hit = cache_hit(stream)
         await exchange.start(
@@ -201,7 +166,7 @@ class Relay:
             "text/event-stream; charset=utf-8",
             {"cache-control": "no-cache"} | answer_headers(stream, tally.cache_hit),
         )
-        if path == RESPONSES:  # named events, as OpenAI sends them
+        if call.path == RESPONSES:  # named events, as OpenAI sends them
             async for event in stream:
                 answer.sequence = getattr(event, "sequence_number", answer.sequence)
                 tally.event(event)
@@ -212,11 +177,10 @@ class Relay:
                 await exchange.chunk(b"data: " + dump_json(chunk) + b"\n\n")
         answer.complete = True
 
-    async def _answer_back(
-        self, path: str, exchange: Exchange, tally: Tally, answer: _Answer
-    ) -> None:
+    async def _answer_back(self, call: ApiCall, tally: Tally, answer: _Answer) -> None:
         """After the call: the stream closed and ended (``[DONE]`` or an error event), the
         whole answer sent, or the failure as OpenAI's error."""
+        exchange = call.exchange
         stream, result, failure = answer.stream, answer.result, answer.failure
         report = getattr(stream if stream is not None else result, "route", None)
         report = report if report is not None else getattr(failure, "report", None)
@@ -238,7 +202,7 @@ class Relay:
         if exchange.gone:
             return
         if stream is not None:
-            await self._end_stream(path, exchange, answer)
+            await self._end_stream(call, answer)
             return
         if failure is not None:
             raise self.errors.map_error(failure)
@@ -253,9 +217,10 @@ class Relay:
         headers = answer_headers(result, tally.cache_hit)
         await exchange.whole(200, dump_json(result), headers=headers)
 
-    async def _end_stream(self, path: str, exchange: Exchange, answer: _Answer) -> None:
+    async def _end_stream(self, call: ApiCall, answer: _Answer) -> None:
         """A stream's last event: ``[DONE]`` (a Responses stream's own last event ends it), or,
         for one that broke, an error event in the API's shape, never a whole-looking end."""
+        path, exchange = call.path, call.exchange
         if answer.complete:
             await exchange.body(b"" if path == RESPONSES else b"data: [DONE]\n\n")
             return

@@ -361,16 +361,23 @@ def _teams(
         for name, entry in file_api.teams.items():
             teams.setdefault(name, Team(name, entry.settings(), "file"))
     for name, entry in managed.teams.items():
-        if name in teams:
-            log.warning(
-                "gateway: team %r of the admin API is declared too: the declared one is used",
-                name,
-            )
+        if _declared_too("team", name, teams):
             continue
         settings_of = _checked_team(name, entry, routes)
         if settings_of is not None:
             teams[name] = Team(name, settings_of, "api")
     return teams
+
+
+def _declared_too(kind: str, name: str, declared: Mapping[str, object]) -> bool:
+    """Whether the admin API's ``kind`` (``key``, ``team``) ``name`` is declared too: then the
+    declared one is used, and a warning says so."""
+    if name not in declared:
+        return False
+    log.warning(
+        "gateway: %s %r of the admin API is declared too: the declared one is used", kind, name
+    )
+    return True
 
 
 def _declared_tenants(
@@ -410,11 +417,7 @@ def _add_managed_keys(
     (and their previous secrets', with when each stops working)."""
     api_digests: dict[bytes, tuple[str, float | None]] = {}
     for name, entry in managed.keys.items():
-        if name in by_name:
-            log.warning(
-                "gateway: key %r of the admin API is declared too: the declared one is used",
-                name,
-            )
+        if _declared_too("key", name, by_name):
             continue
         tenant = _managed_tenant(name, entry, settings, teams, routes)
         if tenant is None:

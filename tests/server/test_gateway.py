@@ -495,6 +495,28 @@ def test_masked_forms_of_upstream_keys_are_scrubbed(gateway: Gateway) -> None:
     assert app._scrub(plain) == plain
 
 
+def test_the_request_and_its_call_show_neither_key_nor_prompt_in_a_repr(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the gateway passes along a request's path (its ``Request``, its checked
+    ``ApiCall``) names the path and model in a repr, never the key or the prompt."""
+    relay = gateway.app.relay
+    answer = relay.answer
+    shown: list[str] = []
+
+    async def seen(call: Any, tally: Any) -> None:
+        shown.extend((repr(call), repr(call.request)))
+        await answer(call, tally)
+
+    monkeypatch.setattr(relay, "answer", seen)
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=GW_KEY, max_retries=0)
+    client.chat.completions.create(model="chat", messages=MESSAGES)  # type: ignore[arg-type]
+    assert len(shown) == 2
+    assert "'chat'" in shown[0] and "/v1/chat/completions" in shown[1]
+    for text in shown:
+        assert GW_KEY not in text and "gateways" not in text
+
+
 @pytest.mark.anyio
 async def test_an_upstream_401_echoing_the_masked_key_leaks_it_nowhere(
     sim: Simulator, slow: Simulator, caplog: pytest.LogCaptureFixture

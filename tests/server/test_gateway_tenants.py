@@ -40,8 +40,9 @@ import pytest
 
 from llmroute import ConfigError
 from llmroute.cli import main
-from llmroute.config import load_config
+from llmroute.config import ManagedKeyEntry, ManagedTeamEntry, load_config
 from llmroute.server import Gateway, GatewayApp
+from llmroute.server._tenants import Managed, Tenants
 from llmroute.testing import Profile, Simulator
 from tests import redis_server
 
@@ -844,9 +845,9 @@ def test_a_request_whose_body_was_arriving_when_its_key_was_revoked(
         authenticated = threading.Event()  # set when the gateway has authenticated it
         check = app.door.authenticate
 
-        def seen(headers: Any, exchange: Any) -> Any:
-            tenant = check(headers, exchange)
-            if headers.get("content-length") == str(len(body)):
+        def seen(request: Any) -> Any:
+            tenant = check(request)
+            if request.headers.get("content-length") == str(len(body)):
                 authenticated.set()
             return tenant
 
@@ -1123,3 +1124,24 @@ def test_a_reload_of_a_broken_keys_file_keeps_the_keys(
     assert len(failed) == 1
     assert f"{keys_file}: keys.alpha.rpm" in failed[0]
     assert PASTED not in caplog.text and PASTED[3:20] not in caplog.text
+
+
+def test_a_key_or_team_of_the_admin_api_that_is_declared_too_is_the_declared_one(
+    fast: Simulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key and a team the admin API's store holds under names the config declares: the
+    declared ones are used, and a warning names each."""
+    settings = {"keys": keys("alpha"), "teams": {"ops": {"rpm": 5}}}
+    config = load_config(config_for(fast, settings))
+    stored = ManagedKeyEntry(sha256=hashlib.sha256(b"gw-stored-alpha").hexdigest(), rpm=1)
+    managed = Managed({"alpha": stored}, {"ops": ManagedTeamEntry(rpm=1)})
+    with caplog.at_level(logging.WARNING, "llmroute.server"):
+        tenants = Tenants.load(config, ENVIRON, managed)
+    assert tenants.by_name["alpha"].source == "config"
+    assert tenants.teams["ops"].source == "config"
+    assert tenants.match(f"Bearer {KEYS['alpha']}") is tenants.by_name["alpha"]
+    assert tenants.match("Bearer gw-stored-alpha") is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "gateway: team 'ops' of the admin API is declared too: the declared one is used",
+        "gateway: key 'alpha' of the admin API is declared too: the declared one is used",
+    ]
