@@ -290,7 +290,7 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
     console = make_console(sys.stderr if args.json_path == "-" else None)
     if args.simulator:
         from ..testing import Simulator
-        from ._demo import SIM_MODEL, _demo_profiles
+        from ._demo_setup import SIM_MODEL, _demo_profiles
 
         with contextlib.ExitStack() as stack:
             endpoints: list[_Endpoint] = []
@@ -312,7 +312,7 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                     )
                 )
             if args.routed is not None:
-                from ._demo import ROUTE, simulated_setup
+                from ._demo_setup import ROUTE, simulated_setup
 
                 if args.routed not in ("", ROUTE):
                     sys.stderr.write(

@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._streaming import AsyncStream
-from ._format import (
-    error_text,
-)
+from ._format import error_text
 
 if TYPE_CHECKING:
     from .. import AsyncOpenAI

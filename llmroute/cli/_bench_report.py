@@ -15,11 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._bench_probe import LENGTHS, Probe, _Endpoint, _scrub
-from ._format import (
-    ms,
-    percentiles,
-    table,
-)
+from ._format import ms, percentiles, table
 
 if TYPE_CHECKING:
     pass
