@@ -12,13 +12,10 @@ import time
 from collections.abc import Sequence
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ._bench_probe import LENGTHS, Probe, _Endpoint, _scrub
 from ._format import ms, percentiles, table
-
-if TYPE_CHECKING:
-    pass
 
 
 def _saved_run_problem(data: Any) -> str | None:
