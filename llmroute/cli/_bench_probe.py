@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 LENGTHS: dict[str, int] = {"short": 50, "medium": 1000, "long": 4000}
 """The prompt-length classes and their approximate prompt size in tokens (4 characters each)."""
 
-
 _QUESTIONS = (
     "Summarize the text above in one sentence.",
     "Which component does the text above describe first?",

@@ -16,11 +16,7 @@ if TYPE_CHECKING:
 
 
 ROUTE = "chat"
-
-
 SIM_MODEL = "sim-small"
-
-
 DEMO_PRICES: dict[str, dict[str, float]] = {
     # Made up for the simulated providers (USD per million tokens), so the demo shows costs.
     "fast-but-spiky": {"input": 0.4, "cached_input": 0.04, "output": 1.6},

@@ -45,7 +45,6 @@ TIER_EXAMPLES: dict[str, list[str]] = {
 }
 """The classes of the tiered name ``auto``: a few examples each, inline in its config."""
 
-
 TIER_PROMPTS: dict[str, list[str]] = {
     "simple": [
         "Hello there!",
@@ -77,7 +76,6 @@ TIER_PROMPTS: dict[str, list[str]] = {
     ],
 }
 """The prompts the tiers part sends (none of them is an example)."""
-
 
 TIER_SIMS = {"small-fast": 0.08, "large-slow": 0.4}
 """The tiers part's simulated models and their median TTFT in seconds."""
