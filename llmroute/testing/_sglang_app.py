@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from ._app import _Reply
+from ._answer import _Reply
 from ._sglang_metrics import _SCHEDULER_GAUGES, _Exposition, _Stats
 from ._sglang_prefix import BLOCK_TOKENS, PrefixCache, prompt_token_list
 from ._sglang_settings import _V036, _V040, _V050, _V054, StandInKnobs, parse_version
