@@ -84,6 +84,30 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--targets", help="only these targets, comma-separated provider:model (default: all)"
     )
+    _add_probe_options(parser)
+    _add_output_options(parser)
+    parser.add_argument(
+        "--routed",
+        nargs="?",
+        const="",
+        metavar="ROUTE",
+        help=(
+            "send the probes through this route of the config (with --simulator: the demo's "
+            "hedge route over the three, with a memory cache), not to each target alone"
+        ),
+    )
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="draw --plot again from a saved --json run, without sending anything",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
+    add_tls_options(parser)
+    parser.set_defaults(run=_run)
+
+
+def _add_probe_options(parser: argparse.ArgumentParser) -> None:
+    """How many probes, how many at once, of which lengths, how long each may take."""
     parser.add_argument(
         "--probes", type=int, default=20, help="probes per target and length class (20)"
     )
@@ -113,6 +137,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "route's cache, a vendor's prompt cache can answer them); 0 by default"
         ),
     )
+
+
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    """Where the run goes besides the tables: ``--json``, ``--plot``."""
     parser.add_argument(
         "--json",
         dest="json_path",
@@ -140,24 +168,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             f"{HEAVY_TAIL:g}x the median or more; the default)"
         ),
     )
-    parser.add_argument(
-        "--routed",
-        nargs="?",
-        const="",
-        metavar="ROUTE",
-        help=(
-            "send the probes through this route of the config (with --simulator: the demo's "
-            "hedge route over the three, with a memory cache), not to each target alone"
-        ),
-    )
-    parser.add_argument(
-        "--replot",
-        metavar="JSON",
-        help="draw --plot again from a saved --json run, without sending anything",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the probe order (0)")
-    add_tls_options(parser)
-    parser.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -391,10 +401,37 @@ async def _measure(
 ) -> int:
     """Probe ``endpoints`` (or, with ``route_targets``, one routed endpoint whose route sends
     to them), print the tables, and write ``--json`` and ``--plot``."""
-    from contextlib import AsyncExitStack
+    plan, fresh = _plan(endpoints, lengths, args)
+    _announce(console, endpoints, lengths, args, source, route_targets, fresh)
+    began = time.perf_counter()
+    samples = await _probe_all(console, endpoints, plan, fresh, args, began)
+    wall = time.perf_counter() - began
+    summary = summarize(samples, [e.target for e in endpoints], lengths)
+    console.print(_summary_table(summary, routed=route_targets is not None))
+    if route_targets is not None:
+        console.print(_served_table(samples, route_targets))
+    _print_failures(console, samples)
+    console.print(f"{len(samples)} probes in {wall:.1f} s")
+    data = _run_data(samples, summary, endpoints, lengths, args, wall, route_targets)
+    try:
+        if args.json_path == "-":
+            sys.stdout.write(_json_text(data, endpoints) + "\n")
+        elif args.json_path:
+            _write_json(Path(args.json_path), data, endpoints)
+            console.print(f"wrote {args.json_path}")
+        if args.plot:
+            _plot(Path(args.plot), data, args.plot_scale)
+            console.print(f"wrote {args.plot}")
+    except OSError as exc:
+        sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
+        return 1
+    return 0
 
-    from .. import AsyncOpenAI
 
+def _plan(
+    endpoints: list[_Endpoint], lengths: list[str], args: argparse.Namespace
+) -> tuple[list[tuple[_Endpoint, str, int]], list[bool]]:
+    """The probes in the order they are sent, and for each whether it gets a nonce."""
     plan = [
         (endpoint, length, index)
         for index in range(args.probes)
@@ -411,6 +448,19 @@ async def _measure(
     # Which probes repeat a prompt (no nonce): drawn once, in plan order, from the seed.
     repeats = random.Random(args.seed + 1)
     fresh = [args.nonce and repeats.random() >= args.repeat for _ in plan]
+    return plan, fresh
+
+
+def _announce(
+    console: Console,
+    endpoints: list[_Endpoint],
+    lengths: list[str],
+    args: argparse.Namespace,
+    source: str,
+    route_targets: list[str] | None,
+    fresh: list[bool],
+) -> None:
+    """The run's first line: what is probed, from where, how."""
     what = (
         f"route {endpoints[0].target!r} over {len(route_targets)} targets"
         if route_targets is not None
@@ -428,7 +478,22 @@ async def _measure(
         f"{per} ({', '.join(lengths)}), {args.concurrency} at a time, "
         f"max_tokens {args.max_tokens}, {nonces}"
     )
-    began = time.perf_counter()
+
+
+async def _probe_all(
+    console: Console,
+    endpoints: list[_Endpoint],
+    plan: list[tuple[_Endpoint, str, int]],
+    fresh: list[bool],
+    args: argparse.Namespace,
+    began: float,
+) -> list[Probe]:
+    """Send the ``plan``'s probes, ``--concurrency`` at a time, each endpoint's client warmed
+    first; a progress bar on a terminal, a line every quarter elsewhere."""
+    from contextlib import AsyncExitStack
+
+    from .. import AsyncOpenAI
+
     samples: list[Probe] = []
     step = max(1, len(plan) // 4)
     async with AsyncExitStack() as stack:
@@ -465,34 +530,19 @@ async def _measure(
             async with anyio.create_task_group() as tg:
                 for _ in range(min(args.concurrency, len(plan))):
                     tg.start_soon(worker)
-    wall = time.perf_counter() - began
-    summary = summarize(samples, [e.target for e in endpoints], lengths)
-    console.print(_summary_table(summary, routed=route_targets is not None))
-    if route_targets is not None:
-        console.print(_served_table(samples, route_targets))
+    return samples
+
+
+def _print_failures(console: Console, samples: list[Probe]) -> None:
+    """How many probes failed, and the first few distinct causes (per target)."""
     errors = [s for s in samples if s.error is not None]
-    if errors:
-        console.print(f"{len(errors)} of {len(samples)} probes failed; first causes:")
-        seen: set[tuple[str, str]] = set()
-        for sample in errors:
-            cause = sample.error or ""
-            if (sample.target, cause[:60]) in seen or len(seen) >= 6:
-                continue
-            seen.add((sample.target, cause[:60]))
-            console.print(f"  {sample.target}: {cause[:160]}")
-    console.print(f"{len(samples)} probes in {wall:.1f} s")
-    status = 0
-    data = _run_data(samples, summary, endpoints, lengths, args, wall, route_targets)
-    try:
-        if args.json_path == "-":
-            sys.stdout.write(_json_text(data, endpoints) + "\n")
-        elif args.json_path:
-            _write_json(Path(args.json_path), data, endpoints)
-            console.print(f"wrote {args.json_path}")
-        if args.plot:
-            _plot(Path(args.plot), data, args.plot_scale)
-            console.print(f"wrote {args.plot}")
-    except OSError as exc:
-        sys.stderr.write(f"llmroute bench: cannot write {exc.filename}: {exc.strerror or exc}\n")
-        status = 1
-    return status
+    if not errors:
+        return
+    console.print(f"{len(errors)} of {len(samples)} probes failed; first causes:")
+    seen: set[tuple[str, str]] = set()
+    for sample in errors:
+        cause = sample.error or ""
+        if (sample.target, cause[:60]) in seen or len(seen) >= 6:
+            continue
+        seen.add((sample.target, cause[:60]))
+        console.print(f"  {sample.target}: {cause[:160]}")
