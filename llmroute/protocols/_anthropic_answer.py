@@ -341,42 +341,9 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         if kind in _MESSAGE_EVENTS and not self._begun:
             raise self._malformed(f"{kind} event before message_start", sse)
         if kind == "content_block_delta":
-            delta = self._member(data, "delta", dict, sse) or {}
-            dtype = delta.get("type")
-            if dtype == "text_delta":
-                return self._content_chunk(delta, sse)
-            if dtype == "input_json_delta":
-                fragment = self._member(delta, "partial_json", str, sse)
-                call = self._tools.get(self._index(data, sse))
-                if not fragment or call is None:
-                    return None
-                tool = {"index": call, "function": {"arguments": fragment}}
-                return self._make({"tool_calls": [tool]})
-            if dtype == "thinking_delta":
-                return self._reasoning_chunk(delta, sse)
-            return None  # signature_delta, citations_delta: nothing openai has
+            return self._block_delta(data, sse)
         if kind == "content_block_start":
-            block = self._member(data, "content_block", dict, sse) or {}
-            index = self._index(data, sse)
-            self._open.add(index)
-            btype = block.get("type")
-            if btype == "tool_use":
-                call_id = self._member(block, "id", str, sse)
-                name = self._member(block, "name", str, sse)
-                call_index = self._tools[index] = self._calls
-                self._calls += 1
-                call = {
-                    "index": call_index,
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": ""},
-                }
-                return self._make({"tool_calls": [call]})
-            if btype == "text":
-                return self._content_chunk(block, sse)
-            if btype == "thinking":
-                return self._reasoning_chunk(block, sse)
-            return None
+            return self._block_start(data, sse)
         if kind == "content_block_stop":
             self._open.discard(self._index(data, sse))
             return None
@@ -406,3 +373,48 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         if kind == "error":
             raise _stream_error(data, self.request)
         return None  # event types added later: ignored, as Anthropic's docs ask
+
+    def _block_delta(
+        self, data: dict[str, Any], sse: ServerSentEvent
+    ) -> ChatCompletionChunk | None:
+        """A ``content_block_delta``: text, tool-input JSON or thinking (others: nothing)."""
+        delta = self._member(data, "delta", dict, sse) or {}
+        dtype = delta.get("type")
+        if dtype == "text_delta":
+            return self._content_chunk(delta, sse)
+        if dtype == "input_json_delta":
+            fragment = self._member(delta, "partial_json", str, sse)
+            call = self._tools.get(self._index(data, sse))
+            if not fragment or call is None:
+                return None
+            tool = {"index": call, "function": {"arguments": fragment}}
+            return self._make({"tool_calls": [tool]})
+        if dtype == "thinking_delta":
+            return self._reasoning_chunk(delta, sse)
+        return None  # signature_delta, citations_delta: nothing openai has
+
+    def _block_start(
+        self, data: dict[str, Any], sse: ServerSentEvent
+    ) -> ChatCompletionChunk | None:
+        """A ``content_block_start``: a tool call's id and name, or a block's first text."""
+        block = self._member(data, "content_block", dict, sse) or {}
+        index = self._index(data, sse)
+        self._open.add(index)
+        btype = block.get("type")
+        if btype == "tool_use":
+            call_id = self._member(block, "id", str, sse)
+            name = self._member(block, "name", str, sse)
+            call_index = self._tools[index] = self._calls
+            self._calls += 1
+            call = {
+                "index": call_index,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": ""},
+            }
+            return self._make({"tool_calls": [call]})
+        if btype == "text":
+            return self._content_chunk(block, sse)
+        if btype == "thinking":
+            return self._reasoning_chunk(block, sse)
+        return None
