@@ -295,22 +295,8 @@ async def _serve(
     else:
         loop.add_signal_handler(signal.SIGTERM, on_signal, "SIGTERM")
     loop.add_signal_handler(signal.SIGINT, on_signal, "SIGINT")
-    # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
-    # the HTTP server bind its port (a server that took the port meanwhile answers instead).
-    log.info("Load weight begin. avail mem=78.50 GB")
-    if await pause(knobs.load * 0.7, shutdown):
+    if await _load(args, knobs, log, shutdown):
         return 0
-    log.info(
-        f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
-        f"mem usage=15.30 GB. model={args['model_path']}"
-    )
-    if not args.get("disable_cuda_graph"):
-        log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
-        if await pause(knobs.load * 0.3, shutdown):
-            return 0
-        log.info(
-            f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"
-        )
     try:
         sock = _server._listen(args["host"], args["port"])
     except OSError as exc:
@@ -322,35 +308,9 @@ async def _serve(
     )
     log.info(f"Uvicorn running on http://{args['host']}:{args['port']} (Press CTRL+C to quit)")
 
-    async def until_exists(path: str) -> None:
-        for _ in range(15_000):  # at most 300 s, as the grandchild's safety net
-            if os.path.exists(path):  # noqa: ASYNC240 - a stat, in a test server
-                return
-            await asyncio.sleep(0.02)
-
-    async def warm_up() -> None:
-        if knobs.warm_file is None:
-            await asyncio.sleep(knobs.warmup)
-        else:
-            await until_exists(knobs.warm_file)
-        app.set_warm()
-        log.info("The server is fired up and ready to roll!")
-
-    async def crash() -> None:
-        if knobs.exit_file is not None:
-            await until_exists(knobs.exit_file)
-        else:
-            assert knobs.exit_after is not None
-            await asyncio.sleep(knobs.exit_after)
-        log.error(_OOM_TRACEBACK.rstrip())
-        log.error("Received sigquit from a child process. It usually means the child failed.")
-        _stop_children(children)
-        logging.shutdown()
-        os._exit(1)
-
-    background = [asyncio.ensure_future(warm_up())]
+    background = [asyncio.ensure_future(_warm_up(app, knobs, log))]
     if knobs.exit_after is not None or knobs.exit_file is not None:
-        background.append(asyncio.ensure_future(crash()))
+        background.append(asyncio.ensure_future(_crash(knobs, log, children)))
     try:
         await _server._serve(asgi, sock, tls=False, http2=False, shutdown=shutdown)
     finally:
@@ -358,3 +318,60 @@ async def _serve(
             task.cancel()
     log.info("Shutdown complete.")
     return 0
+
+
+async def _load(
+    args: dict[str, Any], knobs: StandInKnobs, log: logging.Logger, shutdown: asyncio.Event
+) -> bool:
+    """Log the weights' loading and the CUDA graphs' capture, taking ``knobs.load`` seconds;
+    True when a signal ended it (the server then exits 0 without binding its port)."""
+    # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
+    # the HTTP server bind its port (a server that took the port meanwhile answers instead).
+    log.info("Load weight begin. avail mem=78.50 GB")
+    if await pause(knobs.load * 0.7, shutdown):
+        return True
+    log.info(
+        f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
+        f"mem usage=15.30 GB. model={args['model_path']}"
+    )
+    if not args.get("disable_cuda_graph"):
+        log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
+        if await pause(knobs.load * 0.3, shutdown):
+            return True
+        log.info(
+            f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"
+        )
+    return False
+
+
+async def _until_exists(path: str) -> None:
+    for _ in range(15_000):  # at most 300 s, as the grandchild's safety net
+        if os.path.exists(path):  # noqa: ASYNC240 - a stat, in a test server
+            return
+        await asyncio.sleep(0.02)
+
+
+async def _warm_up(
+    app: SGLangApp | DataParallelApp, knobs: StandInKnobs, log: logging.Logger
+) -> None:
+    if knobs.warm_file is None:
+        await asyncio.sleep(knobs.warmup)
+    else:
+        await _until_exists(knobs.warm_file)
+    app.set_warm()
+    log.info("The server is fired up and ready to roll!")
+
+
+async def _crash(
+    knobs: StandInKnobs, log: logging.Logger, children: list[subprocess.Popen[bytes]]
+) -> None:
+    if knobs.exit_file is not None:
+        await _until_exists(knobs.exit_file)
+    else:
+        assert knobs.exit_after is not None
+        await asyncio.sleep(knobs.exit_after)
+    log.error(_OOM_TRACEBACK.rstrip())
+    log.error("Received sigquit from a child process. It usually means the child failed.")
+    _stop_children(children)
+    logging.shutdown()
+    os._exit(1)
