@@ -210,9 +210,10 @@ class SimApp:
             body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
             await respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
-            await self._chat(payload, headers, receive, send, rid)
+            await self._counted("chat_requests", self._chat, payload, headers, receive, send, rid)
         elif path == "/v1/responses" and method == "POST":
-            await self._responses(payload, headers, receive, send, rid)
+            handle = self._responses
+            await self._counted("responses_requests", handle, payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
             if not await self._status_fault(headers, send, rid):
                 await self._text_completion(payload, send, rid)
@@ -278,18 +279,26 @@ class SimApp:
         else:
             await respond(send, 404, error_body("not found", "invalid_request_error"), rid)
 
-    # -- chat completions ---------------------------------------------------------------------
-    async def _chat(
-        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    async def _counted(
+        self,
+        kind: str,
+        handle: Callable[[Any, dict[str, str], Receive, Send, str], Awaitable[None]],
+        req: Any,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        rid: str,
     ) -> None:
-        self._stats["chat_requests"] += 1
+        """``handle`` one request, counted under ``kind`` and in flight while it runs."""
+        self._stats[kind] += 1
         self._enter()
         try:
-            await self._chat_inner(req, headers, receive, send, rid)
+            await handle(req, headers, receive, send, rid)
         finally:
             self._stats["in_flight"] -= 1
 
-    async def _chat_inner(
+    # -- chat completions ---------------------------------------------------------------------
+    async def _chat(
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _validate(req)
@@ -442,16 +451,6 @@ class SimApp:
 
     # -- the Responses API ----------------------------------------------------------------------
     async def _responses(
-        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
-    ) -> None:
-        self._stats["responses_requests"] += 1
-        self._enter()
-        try:
-            await self._responses_inner(req, headers, receive, send, rid)
-        finally:
-            self._stats["in_flight"] -= 1
-
-    async def _responses_inner(
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _responses.validate(req)
