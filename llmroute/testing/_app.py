@@ -506,13 +506,7 @@ class SimApp:
             body = _reply.text_completion(model, choices, usage)
             await respond(send, 200, json.dumps(body).encode(), rid)
             return
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        self._stats["streams_started"] += 1
+        await self._start_stream(send, rid)
         id_, created = f"cmpl-{self.rng.getrandbits(64):016x}", int(time.time())
 
         def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
@@ -566,6 +560,16 @@ class SimApp:
         }
         await respond(send, 200, json.dumps(body).encode(), rid)
 
+    async def _start_stream(self, send: Send, rid: str) -> None:
+        """Open a 200 event stream (the response's head) and count it as started."""
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", rid.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._stats["streams_started"] += 1
+
     def _random_fault(self) -> Fault:
         kind = self.profile.sample_fault(self.rng)
         return Fault(kind=kind, after=self.profile.fault_after)
@@ -584,13 +588,7 @@ class SimApp:
         send: Send,
         rid: str,
     ) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        self._stats["streams_started"] += 1
+        await self._start_stream(send, rid)
 
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
