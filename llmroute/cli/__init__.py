@@ -66,6 +66,9 @@ def build_parser() -> Parser:
     for command in _COMMANDS:
         command.register(commands)
     add_debug_everywhere(parser)
+    # ``llmroute completion`` reads the whole parser from its arguments (importing this package
+    # from _completion.py would be an import circle).
+    parser.set_defaults(root_parser=parser)
     return parser
 
 

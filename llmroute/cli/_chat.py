@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
-    from ._demo import demo_simulators, simulated_setup
+    from ._demo_setup import demo_simulators, simulated_setup
 
     with demo_simulators() as sims:
         setup = simulated_setup(sims)

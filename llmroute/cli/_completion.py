@@ -37,9 +37,7 @@ def register(commands: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import build_parser
-
-    sys.stdout.write(script(args.shell, build_parser()))
+    sys.stdout.write(script(args.shell, args.root_parser))
     return 0
 
 

@@ -22,7 +22,7 @@ from ._parser import examples
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
     from ..config import Config, Resolved, ResolvedProvider
-    from ._bench import _Endpoint
+    from ._bench_probe import _Endpoint
 
 __all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register", "retired_lines"]
 
@@ -80,7 +80,7 @@ async def _doctor(
 ) -> int:
     from .._simulated import SimulatedProviders
     from ..config import ConfigError, load_config, resolve
-    from ._bench import _config_endpoints
+    from ._bench_targets import _config_endpoints
 
     try:
         config = load_config(config_path)
@@ -120,7 +120,7 @@ async def _report(
     from ..routing.causes import classify
     from ..routing.stats import LiveStats
     from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
-    from ._bench import _scrub
+    from ._bench_probe import _scrub
 
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")

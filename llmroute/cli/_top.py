@@ -448,7 +448,7 @@ def _keyboard() -> int | None:
 async def _simulated(view: _Screen) -> int:
     from .. import AsyncOpenAI
     from ..testing import Simulator
-    from ._demo import ROUTE, _demo_profiles, simulated_setup
+    from ._demo_setup import ROUTE, _demo_profiles, simulated_setup
 
     with contextlib.ExitStack() as stack:
         sims = {
@@ -516,7 +516,8 @@ class _Traffic:
     done: int = 0
 
     async def run(self) -> None:
-        from ._demo import ROUTE, ask_once, workload
+        from ._demo_setup import ROUTE
+        from ._demo_workload import ask_once, workload
 
         asks = workload(200, 0.3, 7)
 

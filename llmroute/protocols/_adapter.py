@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import httpx
 
 from .._prices import UsageFields
+from ._decoder import ChatStreamDecoder
 
 __all__ = ["ProtocolAdapter"]
 
@@ -76,11 +77,10 @@ class ProtocolAdapter:
         target: str,
         body: Mapping[str, Any],
         include_usage: bool,
-    ) -> Any:
+    ) -> ChatStreamDecoder:
         """The decoder of a streamed answer to ``body`` (as sent, before :meth:`wire_request`):
-        a :class:`~llmroute.protocols.openai.ChatStreamDecoder` or a subclass (named here as
-        ``Any``: this interface sits below the protocols that implement it);
-        ``include_usage``: the caller asked for a usage chunk."""
+        a :class:`ChatStreamDecoder` or a subclass; ``include_usage``: the caller asked for a
+        usage chunk."""
         raise NotImplementedError
 
     def parse_answer(

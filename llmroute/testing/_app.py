@@ -12,15 +12,16 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qsl
 
 import llmroute.testing._reply as _reply
 import llmroute.testing._responses as _responses
 
+from ._answer import _ChatStream, _Reply, _ResponsesStream, _Wire
 from ._anthropic import AnthropicSimApp
 from ._profile import Profile
+from ._requests import _reasoning_words, _validate, _validate_other, _vendor_refusal
 from ._wire import (
     STATUS_FAULTS,
     STREAM_FAULTS,
@@ -209,9 +210,10 @@ class SimApp:
             body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
             await respond(send, 401, body401, rid)
         elif path == "/v1/chat/completions" and method == "POST":
-            await self._chat(payload, headers, receive, send, rid)
+            await self._counted("chat_requests", self._chat, payload, headers, receive, send, rid)
         elif path == "/v1/responses" and method == "POST":
-            await self._responses(payload, headers, receive, send, rid)
+            handle = self._responses
+            await self._counted("responses_requests", handle, payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
             if not await self._status_fault(headers, send, rid):
                 await self._text_completion(payload, send, rid)
@@ -277,18 +279,26 @@ class SimApp:
         else:
             await respond(send, 404, error_body("not found", "invalid_request_error"), rid)
 
-    # -- chat completions ---------------------------------------------------------------------
-    async def _chat(
-        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
+    async def _counted(
+        self,
+        kind: str,
+        handle: Callable[[Any, dict[str, str], Receive, Send, str], Awaitable[None]],
+        req: Any,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        rid: str,
     ) -> None:
-        self._stats["chat_requests"] += 1
+        """``handle`` one request, counted under ``kind`` and in flight while it runs."""
+        self._stats[kind] += 1
         self._enter()
         try:
-            await self._chat_inner(req, headers, receive, send, rid)
+            await handle(req, headers, receive, send, rid)
         finally:
             self._stats["in_flight"] -= 1
 
-    async def _chat_inner(
+    # -- chat completions ---------------------------------------------------------------------
+    async def _chat(
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
         problem = _validate(req)
@@ -443,16 +453,6 @@ class SimApp:
     async def _responses(
         self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
     ) -> None:
-        self._stats["responses_requests"] += 1
-        self._enter()
-        try:
-            await self._responses_inner(req, headers, receive, send, rid)
-        finally:
-            self._stats["in_flight"] -= 1
-
-    async def _responses_inner(
-        self, req: Any, headers: dict[str, str], receive: Receive, send: Send, rid: str
-    ) -> None:
         problem = _responses.validate(req)
         if problem is not None:
             message, param = problem
@@ -506,13 +506,7 @@ class SimApp:
             body = _reply.text_completion(model, choices, usage)
             await respond(send, 200, json.dumps(body).encode(), rid)
             return
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        self._stats["streams_started"] += 1
+        await self._start_stream(send, rid)
         id_, created = f"cmpl-{self.rng.getrandbits(64):016x}", int(time.time())
 
         def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
@@ -566,6 +560,16 @@ class SimApp:
         }
         await respond(send, 200, json.dumps(body).encode(), rid)
 
+    async def _start_stream(self, send: Send, rid: str) -> None:
+        """Open a 200 event stream (the response's head) and count it as started."""
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", rid.encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        self._stats["streams_started"] += 1
+
     def _random_fault(self) -> Fault:
         kind = self.profile.sample_fault(self.rng)
         return Fault(kind=kind, after=self.profile.fault_after)
@@ -584,13 +588,7 @@ class SimApp:
         send: Send,
         rid: str,
     ) -> None:
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        self._stats["streams_started"] += 1
+        await self._start_stream(send, rid)
 
         async def emit(data: bytes) -> None:
             await send({"type": "http.response.body", "body": data, "more_body": True})
@@ -721,304 +719,6 @@ class SimApp:
             return None
         await send({"type": "http.response.body", "body": body})
         return None
-
-
-class _Wire(Protocol):
-    """The SSE framing of one streamed answer (chat chunks or Responses events)."""
-
-    def opening(self) -> list[bytes]: ...
-    def first(self) -> list[bytes]: ...
-    def piece(self, text: str) -> bytes: ...
-    def error(self) -> bytes: ...
-    def malformed(self) -> bytes: ...
-    def closing(self) -> list[bytes]: ...
-
-
-class _ChatStream:
-    """Chat completion chunks: the role chunk, one chunk per token (or per
-    ``Profile.tokens_per_chunk``), the finish reason chunk, the usage chunk (when asked) and
-    ``[DONE]``, the last three in one frame. With ``stream_options.continuous_usage_stats``
-    (vLLM's and SGLang's option), every content chunk also carries the usage so far."""
-
-    def __init__(self, plan: _Reply, include_usage: bool, continuous: bool = False) -> None:
-        self.plan = plan
-        self.include_usage = include_usage
-        self.continuous = continuous
-        self.sent = 0  # tokens of plan.pieces sent so far
-        self.writer = _reply.ChunkWriter(plan.model, include_usage, plan.seed)
-
-    def opening(self) -> list[bytes]:
-        return []
-
-    def first(self) -> list[bytes]:
-        thinking = [
-            self.writer.event({"content": None, "reasoning_content": word})
-            for word in self.plan.reasoning
-        ]
-        return [self.writer.event(self.plan.first_delta()), *thinking]
-
-    def piece(self, text: str) -> bytes:
-        if self.plan.tool:
-            return self.writer.arguments(text)
-        if not self.continuous:
-            return self.writer.content(text)
-        pieces, length = self.plan.pieces, 0
-        while self.sent < len(pieces) and length < len(text):  # the tokens this text joins
-            length += len(pieces[self.sent])
-            self.sent += 1
-        done = max(0, self.sent - self.plan.uncounted)
-        return self.writer.content(text, self.plan.usage(done))
-
-    def error(self) -> bytes:
-        msg = "The server had an error while processing your request."
-        return (
-            b"data: "
-            + json.dumps({"error": {"message": msg, "type": "server_error"}}).encode()
-            + b"\n\n"
-        )
-
-    def malformed(self) -> bytes:
-        return b"data: {not json\n\n"
-
-    def closing(self) -> list[bytes]:
-        tail = self.writer.event({}, self.plan.finish)
-        if self.include_usage:
-            tail += self.writer.usage_event(self.plan.usage(self.plan.generated))
-        return [tail + b"data: [DONE]\n\n"]
-
-
-class _ResponsesStream:
-    """Responses API events, one per frame (see :mod:`._responses`)."""
-
-    def __init__(self, plan: _responses.ResponsePlan) -> None:
-        self.events = _responses.ResponseEvents(plan)
-
-    def opening(self) -> list[bytes]:
-        return self.events.opening()
-
-    def first(self) -> list[bytes]:
-        return self.events.first()
-
-    def piece(self, text: str) -> bytes:
-        return self.events.delta(text)
-
-    def error(self) -> bytes:
-        return self.events.error()
-
-    def malformed(self) -> bytes:
-        return b"event: response.output_text.delta\ndata: {not json\n\n"
-
-    def closing(self) -> list[bytes]:
-        return self.events.closing()
-
-
-@dataclass
-class _Reply:
-    """What one request will answer: text tokens or tool-call argument fragments."""
-
-    model: str
-    seed: int
-    prompt_tokens: int
-    pieces: list[str]
-    finish: str
-    tool: dict[str, Any] | None = None
-    call_id: str = ""
-    echoed: int = 0
-    """Pieces at the start that repeat the prefix (``Profile.echo_prefix``): not generated."""
-    echo_counted: bool = False
-    """The echoed pieces count in the usage all the same (``Profile.echo_counted``)."""
-    reasoning: tuple[str, ...] = ()
-    """Reasoning words streamed before the answer (``Profile.reasoning_tokens``)."""
-    cached: int = 0
-    """Prompt tokens read from the simulated prompt cache (``Profile.prompt_cache``)."""
-    cache: str = ""
-    """How the usage reports them (``Profile.prompt_cache``)."""
-
-    def usage(self, answered: int) -> dict[str, Any]:
-        """The usage after ``answered`` answer tokens, the reasoning streamed first included."""
-        thought = len(self.reasoning)
-        return _reply.usage(
-            self.prompt_tokens, answered + thought, thought, self.cached, self.cache
-        )
-
-    @property
-    def uncounted(self) -> int:
-        """The pieces at the start the usage leaves out (an echoed prefix is the prompt's)."""
-        return 0 if self.echo_counted else self.echoed
-
-    @property
-    def generated(self) -> int:
-        """The completion tokens of the answer."""
-        return len(self.pieces) - self.uncounted
-
-    @classmethod
-    def build(
-        cls,
-        req: dict[str, Any],
-        model: str,
-        messages: list[dict[str, Any]],
-        reply_tokens: int,
-        token_bytes: int = 0,
-        *,
-        echo: bool = False,
-        echo_counted: bool = False,
-        reasoning: tuple[str, ...] = (),
-    ) -> _Reply:
-        seed = _reply.reply_seed(model, messages)
-        _, prefill = _reply.split_prefill(messages)
-        n_prompt = _reply.prompt_tokens(messages)
-        tool = _reply.pick_tool(req.get("tools") or [], req.get("tool_choice"), messages)
-        if tool is not None:
-            args = _reply.tool_arguments(tool, seed)
-            return cls(
-                model,
-                seed,
-                n_prompt,
-                _reply.split_fragments(args),
-                "tool_calls",
-                tool,
-                f"call_{seed:016x}",
-            )
-        structured = _reply.structured_text(req.get("response_format"), messages, seed)
-        if structured is not None:
-            full = tuple(_reply.split_fragments(structured))
-        else:
-            full = _reply.full_reply(seed, reply_tokens)
-            if token_bytes > 0:
-                full = tuple(t.ljust(token_bytes, "x") for t in full)
-        pieces = list(full)
-        echoed: list[str] = []
-        if prefill is not None:
-            rest = _reply.continue_after(full, prefill)
-            if rest is not None:
-                pieces = rest
-                if echo and prefill:
-                    echoed = _reply.split_like(full, prefill)
-        finish = "stop"
-        limit = req.get("max_completion_tokens") or req.get("max_tokens")
-        if limit is not None and len(pieces) > limit:
-            pieces, finish = pieces[:limit], "length"
-        return cls(
-            model,
-            seed,
-            n_prompt,
-            echoed + pieces,
-            finish,
-            echoed=len(echoed),
-            echo_counted=echo_counted,
-            reasoning=reasoning,
-        )
-
-    def first_delta(self) -> dict[str, Any]:
-        if self.tool is None:
-            return {"role": "assistant", "content": ""}
-        call = {
-            "index": 0,
-            "id": self.call_id,
-            "type": "function",
-            "function": {"name": self.tool.get("name", ""), "arguments": ""},
-        }
-        return {"role": "assistant", "content": None, "tool_calls": [call]}
-
-    def completion(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": None, "refusal": None}
-        if self.tool is None:
-            message["content"] = "".join(self.pieces)
-            if self.reasoning:
-                message["reasoning_content"] = "".join(self.reasoning)
-        else:
-            message["tool_calls"] = [
-                {
-                    "id": self.call_id,
-                    "type": "function",
-                    "function": {
-                        "name": self.tool.get("name", ""),
-                        "arguments": "".join(self.pieces),
-                    },
-                }
-            ]
-        return _reply.completion(
-            self.model, self.seed, message, self.finish, self.usage(self.generated)
-        )
-
-
-def _validate(req: Any) -> str | None:
-    if not isinstance(req, dict):
-        return "The request body must be a JSON object."
-    if not isinstance(req.get("model"), str) or not req["model"]:
-        return "you must provide a model parameter"
-    if not isinstance(req.get("messages"), list) or not req["messages"]:
-        return "'messages' must be a non-empty array"
-    if req.get("n") not in (None, 1):
-        return "the simulator supports only n=1"
-    for key in ("max_tokens", "max_completion_tokens"):
-        value = req.get(key)
-        if value is not None and (not isinstance(value, int) or value < 1):
-            return f"'{key}' must be a positive integer"
-    return None
-
-
-def _vendor_refusal(profile: Profile, req: dict[str, Any]) -> tuple[int, bytes] | None:
-    """The status and body a vendor of this profile answers a request it refuses: a field it
-    does not know (Mistral's 422, pydantic's ``extra_forbidden``), or a trailing assistant
-    message without the flag that marks a prefix (Mistral's 400)."""
-    accepted = profile.accepted_fields
-    unknown = [key for key in req if key not in accepted] if accepted else []
-    if unknown:
-        detail = [
-            {
-                "type": "extra_forbidden",
-                "loc": ["body", key],
-                "msg": "Extra inputs are not permitted",
-                "input": req[key],
-            }
-            for key in unknown
-        ]
-        body = {
-            "object": "error",
-            "message": {"detail": detail},
-            "type": "invalid_request_error",
-            "param": None,
-            "code": None,
-        }
-        return 422, json.dumps(body).encode()
-    flag = profile.prefix_flag
-    last = req["messages"][-1]
-    if flag and isinstance(last, dict) and last.get("role") == "assistant" and not last.get(flag):
-        message = (
-            "Expected last role User or Tool (or Assistant with prefix True) for serving but "
-            "got assistant"
-        )
-        return 400, error_body(message, "invalid_request_error")
-    return None
-
-
-def _reasoning_words(profile: Profile, req: dict[str, Any]) -> tuple[str, ...]:
-    """The reasoning a model that thinks by default streams first (none when the request
-    turns thinking off as the profile's vendor documents)."""
-    if profile.reasoning_tokens <= 0:
-        return ()
-    off = profile.thinking_off
-    if off and all(req.get(key) == value for key, value in off.items()):
-        return ()
-    seed = _reply.reply_seed("reasoning", req["messages"])
-    return _reply.full_reply(seed, profile.reasoning_tokens)
-
-
-def _validate_other(req: Any, field: str) -> str | None:
-    """Check a completions (``prompt``) or embeddings (``input``) request."""
-    if not isinstance(req, dict):
-        return "The request body must be a JSON object."
-    if not isinstance(req.get("model"), str) or not req["model"]:
-        return "you must provide a model parameter"
-    if req.get(field) is None:
-        return f"'{field}' is a required property"
-    if req.get("n") not in (None, 1):
-        return "the simulator supports only n=1"
-    value = req.get("max_tokens")
-    if value is not None and (not isinstance(value, int) or value < 1):
-        return "'max_tokens' must be a positive integer"
-    return None
 
 
 def _renamed_id_header(send: Send, name: bytes) -> Send:

@@ -270,7 +270,7 @@ targets = ["azure:gpt"]
 def test_cancelling_a_probe_is_not_counted_as_its_error() -> None:
     import anyio
 
-    from llmroute.cli._bench import Probe, _Endpoint, _probe  # pyright: ignore[reportPrivateUsage]
+    from llmroute.cli._bench_probe import Probe, _Endpoint, _probe  # pyright: ignore[reportPrivateUsage]
 
     class Hanging:
         async def create(self, **_: Any) -> Any:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from llmroute.cli import _demo, main
-from llmroute.cli._demo import REAL_MODELS, TIER_PROMPTS, workload
+from llmroute.cli import _demo, _demo_tiers, main
+from llmroute.cli._demo_setup import REAL_MODELS
+from llmroute.cli._demo_tiers import TIER_PROMPTS
+from llmroute.cli._demo_workload import workload
 from llmroute.testing import Simulator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +164,7 @@ def test_real_without_keys_exits_2_naming_the_variables(
 
 
 def test_real_names_one_target_per_vendor_with_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmroute.cli._demo import real_targets
+    from llmroute.cli._demo_setup import real_targets
 
     targets, looked = real_targets({"DEEPSEEK_API_KEY": "sk-x", "GROQ_API_KEY": ""})
     assert targets == [f"deepseek:{REAL_MODELS['deepseek']}"]
@@ -197,6 +199,6 @@ def test_tiers_part_without_the_classifier_says_which_extra(
     monkeypatch.setattr(Simulator, "start", lambda self: started.append("a simulator") or self)
     out = io.StringIO()
     args = argparse.Namespace(seed=7, concurrency=8, max_tokens=16)
-    assert anyio.run(_demo._tiers_demo, make_console(out), args) == 0
+    assert anyio.run(_demo_tiers._tiers_demo, make_console(out), args) == 0
     assert "tiers part skipped" in out.getvalue() and "[tiers]" in out.getvalue()
     assert started == []

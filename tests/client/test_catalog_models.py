@@ -31,7 +31,7 @@ from llmroute._catalog import (
     load_provider_file,
 )
 from llmroute.cli._chat import PLAIN_MODEL
-from llmroute.cli._demo import REAL_MODELS
+from llmroute.cli._demo_setup import REAL_MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (

@@ -554,7 +554,7 @@ def test_a_model_with_typed_extras_is_left_to_openais_construction() -> None:
     recognised without building their deferred schema."""
     from openai._models import BaseModel
 
-    from llmroute.protocols.openai import _supported
+    from llmroute.protocols._construct import _supported
 
     class Typed(BaseModel):
         __pydantic_extra__: dict[str, int]  # pyright: ignore[reportIncompatibleVariableOverride]

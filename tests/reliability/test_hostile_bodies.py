@@ -186,7 +186,7 @@ def test_anthropic_prefill_skip_is_linear() -> None:
     """A prefill ending in a lot of whitespace, answered one character at a time: the lines run
     and the characters copied out of the prefill grow linearly (slicing the rest of it at every
     character, as _skip once did, copies n**2 / 2 characters)."""
-    from llmroute.protocols.anthropic import _skip
+    from llmroute.protocols._anthropic_request import _skip
 
     def make(n: int) -> Callable[[], int]:
         def work() -> int:
