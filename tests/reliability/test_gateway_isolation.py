@@ -186,6 +186,65 @@ def test_numbers_json_cannot_carry_are_refused_naming_where(
     assert sim.stats()["requests"] == before
 
 
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        (
+            "/chat/completions",
+            '"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]',
+            "model",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "a \\udfff"}]',
+            "messages[0].content",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\uDC00"]',
+            "stop[0]",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "user": "\\ud83d"',
+            "user",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "\\ud800": 1',
+            "\\ud800",
+        ),
+        ("/responses", '"model": "sim", "input": "hi \\ud800"', "input"),
+        ("/completions", '"model": "\\udc00", "prompt": "hi"', "model"),
+        ("/embeddings", '"model": "sim", "input": ["ok", "\\ud800"]', "input[1]"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_it(
+    plain: Gateway, sim: Simulator, path: str, fields: str, param: str
+) -> None:
+    """JSON's \\ud800 escape without its pair reads as a string no UTF-8 encoder writes: it
+    was a 500 wherever the gateway encoded it (the cache key, an error echoing the model name,
+    the price estimate), with an empty body for an unknown model."""
+    before = sim.stats()["requests"]
+    with httpx.Client(timeout=DEADLINE) as client:
+        reply = client.post(
+            plain.base_url + path,
+            content=b"{" + fields.encode() + b"}",
+            headers={"authorization": f"Bearer {KEYS['alpha']}"},
+        )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert "lone UTF-16 surrogate" in error["message"]
+    assert sim.stats()["requests"] == before
+
+
+def test_a_surrogate_pair_is_text_and_passes(plain: Gateway) -> None:
+    """An escaped pair is one character (an emoji here): it goes upstream as UTF-8."""
+    body = b'{"model": "sim", "messages": [{"role": "user", "content": "hi \\ud83d\\ude00"}]}'
+    assert _post(plain, KEYS["alpha"], body).status_code == 200
+
+
 def test_a_huge_max_tokens_is_passed_on_not_refused(plain: Gateway) -> None:
     """No upper bound of OpenAI's own: the route's target decides (the simulator answers)."""
     assert (
