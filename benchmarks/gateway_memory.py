@@ -6,9 +6,9 @@ opens N streamed requests that each get their first token and then wait (the sim
 10 minutes before the next token: every stream is open mid-answer at once), and reads its RSS
 again. Reported per N: (RSS with N open - RSS before) / N, from /proc/<pid>/status (VmRSS), after
 every stream has its first chunk and a 2 s settle; then the RSS once they are closed. Each N
-runs on a fresh gateway. ``--http 2`` opens the client side as h2c streams (at most
-``h2_max_concurrent_streams``, 256, per connection), ``--http 1.1`` one connection per stream
-(openai's default client).
+runs on a fresh gateway. ``--http 2`` opens the client side as h2c streams (90 per connection:
+httpx takes at most 100 at once on one), ``--http 1.1`` one connection per stream (openai's
+default client).
 
 The route turns the stall timeout off and waits up to 10 minutes for a first token: with its
 defaults the gateway ends a stream silent for 10 s after its first token (a stall, continued
@@ -51,6 +51,8 @@ BODY = {"model": "chat", "messages": [{"role": "user", "content": "Hello"}], "st
 HOLD_SECONDS = 600  # the simulator's pause after the first token; the route's first-token bound
 WARM_SECONDS = 120  # the 50 warm-up requests, together
 EXIT_SECONDS = 30  # the gateway's exit after SIGTERM (it drains for 10 s)
+METRICS_SECONDS = 30  # the gateway's /metrics, read while the N streams are open
+SPARE_SECONDS = 120  # a run's whole bound: the warm-up, --open-timeout, then this
 
 
 class Bound(Exception):
@@ -96,13 +98,14 @@ async def hold_streams(
     headers = {"Authorization": f"Bearer {KEY}"}
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
     h2 = http == "2"
-    # httpx queues streams past a connection's SETTINGS_MAX_CONCURRENT_STREAMS (256 here)
-    # rather than open another connection: over h2c, one client per 200 streams.
+    # httpx queues a connection's streams past 100 (httpcore's own SETTINGS_MAX_CONCURRENT_STREAMS,
+    # whatever the server allows) rather than open another connection: over h2c, one client
+    # per 90 streams, so the first also has room for the /metrics read.
     clients = [
         httpx.AsyncClient(
             base_url=base_url, http1=not h2, http2=h2, limits=limits, timeout=120, headers=headers
         )
-        for _ in range(-(-n // 200) if h2 else 1)
+        for _ in range(-(-n // 90) if h2 else 1)
     ]
     async with contextlib.AsyncExitStack() as stack:
         for each in clients:
@@ -150,7 +153,11 @@ async def hold_streams(
             await _until_open(all_open, tasks, open_timeout, lambda: opened)
             await asyncio.sleep(2)
             held = rss(pid)
-            in_flight = await _in_flight(client)
+            try:
+                async with asyncio.timeout(METRICS_SECONDS):
+                    in_flight = await _in_flight(client)
+            except TimeoutError:
+                raise Bound(f"no /metrics from the gateway in {METRICS_SECONDS} s") from None
             if in_flight != n:
                 raise Bound(
                     f"the gateway had {in_flight:g} of the {n} streams in flight when its RSS "
@@ -219,7 +226,11 @@ def measure(
         gateway, base_url = start_gateway(sim, Path(folder))
         try:
             run = hold_streams(base_url, n, http, gateway.pid, open_timeout, opening)
-            row = asyncio.run(run)
+            bound = WARM_SECONDS + open_timeout + SPARE_SECONDS
+            try:
+                row = asyncio.run(asyncio.wait_for(run, bound))
+            except TimeoutError:
+                raise Bound(f"the run took over {bound:g} s (warm-up, opening, the rest)") from None
         except BaseException:
             stop(gateway)
             raise
