@@ -245,6 +245,30 @@ def test_a_surrogate_pair_is_text_and_passes(plain: Gateway) -> None:
     assert _post(plain, KEYS["alpha"], body).status_code == 200
 
 
+def test_embeddings_take_openai_s_2048_inputs_and_no_more(plain: Gateway, sim: Simulator) -> None:
+    """100,000 inputs (a 500 KB body) held the gateway's event loop about 3 s while openai's
+    types were built for them, every other key's request waiting; OpenAI refuses past 2,048."""
+    before = sim.stats()["requests"]
+    with httpx.Client(timeout=DEADLINE) as client:
+
+        def embed(inputs: int) -> httpx.Response:
+            return client.post(
+                plain.base_url + "/embeddings",
+                json={"model": "sim", "input": ["a"] * inputs},
+                headers={"authorization": f"Bearer {KEYS['alpha']}"},
+            )
+
+        refused = embed(100_000)
+        assert refused.status_code == 400, refused.text[:300]
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("input", "array_above_max_length")
+        assert "at most 2048 items, but got 100000" in error["message"]
+        assert sim.stats()["requests"] == before
+        answered = embed(2048)
+    assert answered.status_code == 200, answered.text[:300]
+    assert len(answered.json()["data"]) == 2048
+
+
 def test_a_huge_max_tokens_is_passed_on_not_refused(plain: Gateway) -> None:
     """No upper bound of OpenAI's own: the route's target decides (the simulator answers)."""
     assert (
