@@ -6,11 +6,14 @@
 arguments returning the exit status).
 
 A command's mistakes are sentences on stderr and a non-zero status; an unexpected exception is
-one line too (``--debug`` shows its traceback), never a traceback by default.
+one line too (``--debug`` shows its traceback), never a traceback by default. When whatever reads
+stdout goes away (``llmroute top --once | head -1``), the command stops at once, silently, with
+status 141, as git and the coreutils do when SIGPIPE ends them.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,7 +34,11 @@ from . import (
 )
 from ._parser import DEBUG_HELP, Parser, add_debug_everywhere, examples
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CLOSED_PIPE", "build_parser", "main"]
+
+CLOSED_PIPE = 141
+"""The status when stdout's reader has gone: 128 + SIGPIPE, what a shell reports for git, cat
+or yes ended by the signal (Python ignores SIGPIPE, so a write raises BrokenPipeError instead)."""
 
 _COMMANDS = (
     _demo,
@@ -79,7 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except BrokenPipeError as exc:  # --help or --version into a closed pipe
+        if _stdout_gone(exc):
+            return _stop_writing()
+        raise
     if extra and not getattr(args, "takes_extra", False):
         parser.error("arguments after -- are for llmroute sglang launch")
     args.extra = extra
@@ -89,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"\nllmroute {args.command}: interrupted\n")
         return 130
     except Exception as exc:
+        if _stdout_gone(exc):
+            return _stop_writing()
         if args.debug:
             raise
         message = " ".join(str(exc).split()) or "(no message)"
@@ -98,3 +112,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"'llmroute --debug {args.command} ...' for the traceback)\n"
         )
         return 1
+
+
+def _stdout_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is (or groups) a BrokenPipeError and stdout's reader has gone: a broken
+    socket to a server is an error to report, not a closed pipe."""
+    if isinstance(exc, BaseExceptionGroup):
+        if exc.subgroup(BrokenPipeError) is None:
+            return False
+    elif not isinstance(exc, BrokenPipeError):
+        return False
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stdout (tests) cannot break
+        return False
+    if not hasattr(select, "poll"):  # Windows: the likeliest pipe to break is stdout
+        return True
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _stop_writing() -> int:
+    """Point stdout at /dev/null, so what is still buffered cannot fail again when Python flushes
+    it at exit (which would print "Exception ignored ... BrokenPipeError")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return CLOSED_PIPE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -196,13 +197,22 @@ def make_console(file: TextIO | None = None, *, width: int = 120) -> Console:
 
     out = file if file is not None else sys.stdout
     terminal = out.isatty()
-    return Console(
+    console = Console(
         file=out,
         force_terminal=terminal,
         no_color=not terminal,
         highlight=False,
         width=None if terminal else width,
     )
+    console.on_broken_pipe = _broken_pipe  # type: ignore[method-assign]
+    return console
+
+
+def _broken_pipe() -> None:
+    """Instead of rich's own exit (status 1, stdout swapped for /dev/null even when the console
+    writes to stderr): the error goes up to the command line's entry, which handles every
+    command's closed pipe the same way."""
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def progress_bar(console: Console, *, disable: bool = False) -> Progress:

@@ -6,12 +6,16 @@ which names the field the way OpenAI's own 400s do (``messages[2].role``).
 
 Numbers from JSON are unbounded: :func:`load` reads ``NaN``, ``Infinity``, ``1e400`` and an
 integer of any length without failing, then refuses each one no JSON encoder could send on,
-naming its field; a number is range-checked before it is ever formatted (:func:`shown`)."""
+naming its field; a number is range-checked before it is ever formatted (:func:`shown`). Strings
+are not always text either: JSON's ``\\ud800`` escape reads as a lone UTF-16 surrogate, which no
+UTF-8 encoder writes (a cache key, a price estimate, an error echoing a model name would fail on
+it); :func:`load` refuses it too, naming its field."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +30,11 @@ class InvalidField(ValueError):
         self.param = param
         self.message = message
         self.code = code
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A ``\\uD800``-``\\uDFFF`` escape: only a body with one can hold a lone surrogate (raw
+surrogate bytes are not UTF-8, and the body is refused before it is read as JSON)."""
 
 
 class _Unsendable(float):
@@ -81,7 +90,44 @@ def load(data: bytes) -> Any:
             "numbers beyond a 64-bit float are refused).",
             "invalid_value",
         )
+    if _SURROGATE_ESCAPE.search(data) is not None:
+        where = _first_lone_surrogate(body)
+        if where is not None:
+            raise InvalidField(
+                where,
+                f"Invalid '{where}': it holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                "escape without its pair), which is not text.",
+                "invalid_value",
+            )
     return body
+
+
+def _first_lone_surrogate(body: Any) -> str | None:
+    """Where the first string (or object key) holding a lone surrogate is in ``body``
+    (``messages[0].content``; ``body`` for the document itself), if one does."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if not _is_text(value):
+                return where or "body"
+        elif isinstance(value, dict):
+            prefix = f"{where}." if where else ""
+            for key in value:
+                if not _is_text(key):
+                    return f"{prefix}{key.encode('utf-8', 'backslashreplace').decode()}"
+            stack.extend(reversed([(f"{prefix}{k}", v) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(value)]))
+    return None
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _first_unsendable(body: Any) -> tuple[str, _Unsendable]:
@@ -192,15 +238,19 @@ def _stop(param: str, value: object) -> None:
         return
     if not isinstance(value, list):
         raise _wrong_type(param, "a string or an array of strings", value)
-    if len(value) > 4:
+    _at_most(param, value, 4)
+    for i, item in enumerate(value):
+        _string(f"{param}[{i}]", item)
+
+
+def _at_most(param: str, value: list[Any], limit: int) -> None:
+    if len(value) > limit:
         raise InvalidField(
             param,
-            f"Invalid '{param}': array too long. Expected at most 4 items, "
+            f"Invalid '{param}': array too long. Expected at most {limit} items, "
             f"but got {len(value)} instead.",
             "array_above_max_length",
         )
-    for i, item in enumerate(value):
-        _string(f"{param}[{i}]", item)
 
 
 def _list_of_objects(param: str, value: object) -> None:
@@ -280,6 +330,18 @@ def _prompt_like(param: str, value: object) -> None:
         ):
             continue
         raise _wrong_type(f"{param}[{i}]", expected, item)
+
+
+_EMBEDDING_INPUTS = 2048
+"""OpenAI's bound on the inputs of one embeddings request: beyond it, turning a request's
+inputs into openai's types and back holds the gateway's event loop for seconds (100,000 inputs,
+a 500 KB body: about 3 s, every other request waiting)."""
+
+
+def _embedding_input(param: str, value: object) -> None:
+    _prompt_like(param, value)
+    if isinstance(value, list):
+        _at_most(param, value, _EMBEDDING_INPUTS)
 
 
 def _encoding_format(param: str, value: object) -> None:
@@ -366,7 +428,7 @@ _FIELDS: Mapping[str, Mapping[str, Callable[[str, object], None]]] = {
         "truncation": _string,
     },
     "embeddings": {
-        "input": _prompt_like,
+        "input": _embedding_input,
         "encoding_format": _encoding_format,
         "dimensions": _number(1, None, integer=True),
         "user": _string,

@@ -186,6 +186,89 @@ def test_numbers_json_cannot_carry_are_refused_naming_where(
     assert sim.stats()["requests"] == before
 
 
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        (
+            "/chat/completions",
+            '"model": "\\ud800", "messages": [{"role": "user", "content": "hi"}]',
+            "model",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "a \\udfff"}]',
+            "messages[0].content",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\uDC00"]',
+            "stop[0]",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "user": "\\ud83d"',
+            "user",
+        ),
+        (
+            "/chat/completions",
+            '"model": "sim", "messages": [{"role": "user", "content": "hi"}], "\\ud800": 1',
+            "\\ud800",
+        ),
+        ("/responses", '"model": "sim", "input": "hi \\ud800"', "input"),
+        ("/completions", '"model": "\\udc00", "prompt": "hi"', "model"),
+        ("/embeddings", '"model": "sim", "input": ["ok", "\\ud800"]', "input[1]"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_a_400_naming_it(
+    plain: Gateway, sim: Simulator, path: str, fields: str, param: str
+) -> None:
+    """JSON's \\ud800 escape without its pair reads as a string no UTF-8 encoder writes: it
+    was a 500 wherever the gateway encoded it (the cache key, an error echoing the model name,
+    the price estimate), with an empty body for an unknown model."""
+    before = sim.stats()["requests"]
+    with httpx.Client(timeout=DEADLINE) as client:
+        reply = client.post(
+            plain.base_url + path,
+            content=b"{" + fields.encode() + b"}",
+            headers={"authorization": f"Bearer {KEYS['alpha']}"},
+        )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert "lone UTF-16 surrogate" in error["message"]
+    assert sim.stats()["requests"] == before
+
+
+def test_a_surrogate_pair_is_text_and_passes(plain: Gateway) -> None:
+    """An escaped pair is one character (an emoji here): it goes upstream as UTF-8."""
+    body = b'{"model": "sim", "messages": [{"role": "user", "content": "hi \\ud83d\\ude00"}]}'
+    assert _post(plain, KEYS["alpha"], body).status_code == 200
+
+
+def test_embeddings_take_openai_s_2048_inputs_and_no_more(plain: Gateway, sim: Simulator) -> None:
+    """100,000 inputs (a 500 KB body) held the gateway's event loop about 3 s while openai's
+    types were built for them, every other key's request waiting; OpenAI refuses past 2,048."""
+    before = sim.stats()["requests"]
+    with httpx.Client(timeout=DEADLINE) as client:
+
+        def embed(inputs: int) -> httpx.Response:
+            return client.post(
+                plain.base_url + "/embeddings",
+                json={"model": "sim", "input": ["a"] * inputs},
+                headers={"authorization": f"Bearer {KEYS['alpha']}"},
+            )
+
+        refused = embed(100_000)
+        assert refused.status_code == 400, refused.text[:300]
+        error = refused.json()["error"]
+        assert (error["param"], error["code"]) == ("input", "array_above_max_length")
+        assert "at most 2048 items, but got 100000" in error["message"]
+        assert sim.stats()["requests"] == before
+        answered = embed(2048)
+    assert answered.status_code == 200, answered.text[:300]
+    assert len(answered.json()["data"]) == 2048
+
+
 def test_a_huge_max_tokens_is_passed_on_not_refused(plain: Gateway) -> None:
     """No upper bound of OpenAI's own: the route's target decides (the simulator answers)."""
     assert (
