@@ -451,15 +451,20 @@ def _schedule_p95_exact(x: Sequence[float], y: Sequence[float], d: float, q: flo
         s = _survival(x, t)
         return s * _survival(y, t - d + 1e-9) if t >= d else s  # 1e-9: (d + v) - d != v
 
-    candidates = sorted({*x, *(d + v for v in y)})
-    lo, hi = 0, len(candidates) - 1
-    while lo < hi:  # survival is non-increasing in t
-        mid = (lo + hi) // 2
-        if survival(candidates[mid]) <= 1 - q + 1e-12:
-            hi = mid
-        else:
-            lo = mid + 1
-    return candidates[lo]
+    def first(values: Sequence[float], shift: float) -> float:
+        """The smallest ``shift + v`` (v in sorted ``values``) where the survival is low
+        enough (it is non-increasing in t); ``inf`` if none."""
+        lo, hi = 0, len(values)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if survival(shift + values[mid]) <= 1 - q + 1e-12:
+                hi = mid
+            else:
+                lo = mid + 1
+        return shift + values[lo] if lo < len(values) else math.inf
+
+    # The answer is a sample of X or d plus a sample of Y: the smallest of either that passes.
+    return min(first(x, 0.0), first(y, d))
 
 
 def _schedule_p95_paired(x: Sequence[float], y: Sequence[float], d: float, q: float) -> float:
@@ -475,20 +480,31 @@ def hedging_bound(
     step: float = 0.001,
     paired: bool = False,
 ) -> Schedule:
-    """The best p95 of "start X; if no token by d start Y" with amplification <= the cap."""
+    """The best p95 of "start X; if no token by d start Y" with amplification <= the cap.
+
+    A sample of ``inf`` is a request the target never answered (an error, a hang): the
+    schedule waits out its delay then, as it does for a slow answer."""
     ordered = {name: sorted(v) for name, v in samples.items() if v}
     best: Schedule | None = None
     for first, x in ordered.items():
         alone = Schedule(first, None, None, pct(x, q), 1.0)
         if best is None or alone.p95 < best.p95:
             best = alone
+        finite = [v for v in x if math.isfinite(v)]
+        if not finite:
+            continue
+        # The earliest delay the cap allows: fewer than that share of X's samples beyond it.
+        allowed = [v for v in finite if _survival(x, v) <= max_amplification - 1.0 + 1e-12]
+        if not allowed:
+            continue
+        start = math.floor(min(allowed) / step) * step
         for second, y in ordered.items():
             if second == first:
                 continue
             ys = samples[second] if paired else y
             xs = samples[first] if paired else x
-            d = 0.0
-            while d <= x[-1]:
+            d = round(start, 6)
+            while d <= finite[-1]:
                 amp = 1.0 + _survival(x, d)
                 if amp <= max_amplification + 1e-12:
                     p95 = (

@@ -3,8 +3,9 @@ the reading of self-hosted servers' ``/metrics`` and the exchange of stats throu
 
 from __future__ import annotations
 
+import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ._background import spawn
 from ._config import Resolved, ResolvedProvider, RouteConfig, Target
@@ -99,8 +100,15 @@ def route_for(
     )
 
 
-def build_router(resolved: Resolved, *, max_retries: int) -> Router:
-    """The routing engine for a resolved config: its routes, live stats and health."""
+def build_router(
+    resolved: Resolved,
+    *,
+    max_retries: int,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Router:
+    """The routing engine for a resolved config: its routes, live stats and health (``clock``
+    and ``rng``: a test's, or a virtual run's)."""
     settings = resolved.routing
     stats = LiveStats(
         StatsSettings(
@@ -109,6 +117,7 @@ def build_router(resolved: Resolved, *, max_retries: int) -> Router:
             prompt_classes=tuple(settings.prompt_classes),
             prior_ttft=settings.ttft_prior,
         ),
+        clock,
         journal=settings.stats_backend == "redis",
     )
     routes = {
@@ -123,6 +132,8 @@ def build_router(resolved: Resolved, *, max_retries: int) -> Router:
         breaker_max_cooldown=settings.breaker_max_cooldown,
         explore_share=settings.explore,
         max_retries=max_retries,
+        rng=rng,
+        clock=clock,
     )
 
 
