@@ -33,6 +33,7 @@ import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletionChunk
 
+from .._background import spawn
 from .._catalog import Continuation
 from .._errors import (
     AllTargetsFailed,
@@ -84,6 +85,7 @@ from .tokens import estimate_tokens, visible_tokens
 from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
 
 __all__ = [
+    "PROBE_PATIENCE",
     "REMEASURE_AFTER",
     "SENDING",
     "SERVER_METRICS_MAX_AGE",
@@ -105,6 +107,11 @@ explored since, may be re-measured (one request in ``1 / explore`` goes to it fi
 seconds of being fast again. 10 s until issue 26: a recovered target then waited up to ~12 s
 for its first re-measure, and the p95 of the half-minute after its recovery was 1.3-1.6x the
 per-request best (``benchmarks/routing.py --scenarios``, recover)."""
+PROBE_PATIENCE = 0.99
+"""A probe that lost its race runs on to its first token for at most its target's predicted
+quantile this high (the prior's while it has no samples: 3.2 s with ``ttft_prior = "1s"``), then
+is cancelled as a censored sample: a target that slow is known to be slow without waiting out
+a stall."""
 _RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
@@ -269,7 +276,16 @@ class _Race:
         self.continuing = False
         """A race for a continuation: a target that refuses the request (a 400 or 422 for
         its form) hands over to the next continuation target instead of ending the race."""
+        self.running_on: list[tuple[anyio.CancelScope, float]] = []
+        """Probes in tasks of their own, each with the time (the event loop's clock) it gives
+        up at once the race is decided (:meth:`decided`)."""
         self._event = anyio.Event()
+
+    def decided(self) -> None:
+        """The race has its winner (or has failed): its probes wait no longer than their
+        patience."""
+        for scope, until in self.running_on:
+            scope.deadline = until
 
     def notify(self) -> None:
         self._event.set()
@@ -607,8 +623,30 @@ class _View:
     def available(self, target: str) -> bool:
         return self._router.health(target).available()
 
+    def rank(self, target: str, q: float) -> float:
+        """What ``target`` is ranked by for the ``q`` quantile (``TargetStats.rank``)."""
+        if not self._stream:
+            return self.predict(target, q)
+        return self._router.stats.target(target).rank(q, self._tokens)
+
+    def hedge_delay(self, target: str, q: float, backup: float) -> float:
+        """When to hedge an attempt on ``target`` (``TargetStats.hedge_delay``), its live
+        ``q`` quantile at the earliest; a hedge to a target answering in ``backup`` seconds."""
+        if not self._stream:
+            return self.predict(target, q)
+        return self._router.stats.target(target).hedge_delay(q, backup, self._tokens)
+
+    @property
+    def probes(self) -> bool:
+        """Whether an attempt on a cold target runs on to its first token whoever wins (a
+        stream's: its TTFT is the sample; :meth:`_Run.runs_on`)."""
+        return self._stream
+
     def cold(self, target: str) -> bool:
-        return self._router.stats.target(target).cold(streamed=self._stream)
+        stats = self._router.stats.target(target)
+        if self._stream:  # the samples on their way (probes running on) count
+            return stats.needs_samples()
+        return stats.cold(streamed=False)
 
     def improving(self, target: str) -> bool:
         """Whether the target's newest TTFT sample is below the range of its older ones."""
@@ -973,7 +1011,10 @@ class _Run:
         state = _Race()
         state.continuing = prefix is not None
         try:
-            await self._coordinate(plan, state, retries=retries, prefix=prefix)
+            try:
+                await self._coordinate(plan, state, retries=retries, prefix=prefix)
+            finally:
+                state.decided()
         except BaseException:
             winner = state.winner
             if winner is not None:  # the caller gave up after a first token: release it too
@@ -1053,7 +1094,10 @@ class _Run:
                 delay = plan.hedge_delay(launched)
                 hedge_at = anyio.current_time() + delay if delay is not None else None
                 launched += 1
-                tg.start_soon(self._attempt, record, state, prefix)
+                if reason == "probe":
+                    self._run_on(record, state)
+                else:
+                    tg.start_soon(self._attempt, record, state, prefix)
 
             def prune() -> bool:
                 """Leave out the pending targets a context-length error ruled out (a window
@@ -1065,7 +1109,8 @@ class _Run:
                 return bool(pending)
 
             for _ in range(0 if inline else min(plan.start, len(pending))):
-                launch("explore" if pending[0] == plan.explored else opening)
+                explored = pending[0] == plan.explored
+                launch("probe" if explored and plan.probe else "explore" if explored else opening)
             while state.winner is None and state.final is None:
                 prune()
                 if state.again is not None and state.live < plan.start + hedged:
@@ -1133,6 +1178,30 @@ class _Run:
                         continue
                 await state.wait(wait)
             tg.cancel_scope.cancel()
+
+    def _run_on(self, record: AttemptReport, state: _Race) -> None:
+        """Run a probe (an attempt on a cold target, started beside the first choice to
+        measure it) in a task of its own, outside the race's task group, which the winner's
+        first token cancels: a probe that lost runs on to its own first token, and
+        :meth:`_attempt` records that TTFT (a lost race is only a lower bound, and too low to
+        be recorded: ``TargetStats.record_censored``) and closes its stream. Once the race is
+        decided it waits at most until its target's predicted :data:`PROBE_PATIENCE` quantile
+        (a censored sample then). It costs no request more than the probe itself: the
+        server's work until that first token."""
+        stats = self.router.stats.target(record.target)
+        stats.probing += 1
+        scope = anyio.CancelScope()
+        patience = self.view.predict(record.target, PROBE_PATIENCE)
+        state.running_on.append((scope, anyio.current_time() + patience))
+
+        async def attempt() -> None:
+            try:
+                with scope:
+                    await self._attempt(record, state, None)
+            finally:
+                stats.probing -= 1
+
+        spawn(attempt, name=f"probe {record.target}")
 
     def _begin_attempt(self, name: str, reason: str, state: _Race) -> AttemptReport:
         """An attempt on ``name`` starting now: in the route report, and in flight in ``state``
@@ -1215,7 +1284,7 @@ class _Run:
             record.outcome = "cancelled"
             stats.record_outcome("cancelled")
             if self.stream:
-                raced = record.reason == "race"
+                raced = record.reason in ("race", "probe")
                 stats.record_censored(clock() - started, self.prompt_tokens, raced=raced)
             stats.finished()
             if probe:

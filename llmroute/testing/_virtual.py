@@ -22,7 +22,7 @@ import math
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx
@@ -96,28 +96,43 @@ def _event(model: str, delta: dict[str, Any], finish: str | None = None) -> byte
 class _Body(httpx.AsyncByteStream):
     """An event stream: nothing for ``ttft`` seconds, then ``tokens`` words ``inter`` apart;
     a hang sends nothing more and breaks after ``profile.hang_max``; a drop ends the stream
-    after ``profile.fault_after`` words, without its end."""
+    after ``profile.fault_after`` words, without its end. Read through :meth:`receive` (the
+    engine's reader, ``transport.body_receiver``, takes it from the response's
+    ``llmroute.body`` extension, as from llmroute's own transport): no generator is left
+    open when an attempt is cancelled."""
 
     def __init__(self, model: str, ttft: float, profile: Profile, fault: str | None) -> None:
         self._model, self._ttft, self._profile, self._fault = model, ttft, profile, fault
+        self._sent = -1  # -1: nothing yet
+        self._words = profile.reply_tokens
+        if fault == "drop":
+            self._words = min(self._words, profile.fault_after)
+        self.events: Any = None  # the reader's event deadline (unused: no read timeout here)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def receive(self) -> bytes | None:
         profile = self._profile
-        await anyio.sleep(self._ttft)
-        if self._fault == "hang":
-            await anyio.sleep(profile.hang_max)
-            raise httpx.RemoteProtocolError("the stream was reset")
-        words = profile.reply_tokens
-        if self._fault == "drop":
-            words = min(words, profile.fault_after)
-        for i in range(words):
-            if i and profile.inter_token:
-                await anyio.sleep(profile.inter_token)
-            delta = {"content": f"w{i} "}
-            yield _event(self._model, {"role": "assistant", **delta} if i == 0 else delta)
-        if self._fault == "drop":
-            raise httpx.RemoteProtocolError("the stream was reset")
-        yield _event(self._model, {}, "stop") + b"data: [DONE]\n\n"
+        if self._sent == -1:
+            await anyio.sleep(self._ttft)
+            if self._fault == "hang":
+                await anyio.sleep(profile.hang_max)
+                raise httpx.RemoteProtocolError("the stream was reset")
+        elif self._sent >= self._words:
+            if self._fault == "drop":
+                raise httpx.RemoteProtocolError("the stream was reset")
+            if self._sent > self._words:
+                return None
+            self._sent += 1
+            return _event(self._model, {}, "stop") + b"data: [DONE]\n\n"
+        elif profile.inter_token:
+            await anyio.sleep(profile.inter_token)
+        i = max(0, self._sent)
+        self._sent = i + 1
+        delta = {"content": f"w{i} "}
+        return _event(self._model, {"role": "assistant", **delta} if i == 0 else delta)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:  # httpx's own reading (unused here)
+        while (data := await self.receive()) is not None:
+            yield data
 
     async def aclose(self) -> None:
         return None
@@ -150,9 +165,13 @@ class VirtualSender:
         if fault in _ERRORS:
             headers = {"retry-after": f"{profile.retry_after:g}"} if fault != "500" else {}
             response = httpx.Response(int(fault), headers=headers, request=request)
-            raise _ERRORS[fault](f"status {fault}", response=response, body=None)
+            # (openai 3 types its errors' response for httpx2; the engine reads either)
+            raise _ERRORS[fault](f"status {fault}", response=cast(Any, response), body=None)
         body_stream = _Body(target.model, ttft, profile, fault)
-        return httpx.Response(200, stream=body_stream, request=request), timings
+        response = httpx.Response(
+            200, stream=body_stream, request=request, extensions={"llmroute.body": body_stream}
+        )
+        return response, timings
 
 
 @dataclass
@@ -267,6 +286,10 @@ class VirtualRun:
         return [r.ttft if r.ttft is not None else math.inf for r in self.requests[start:stop]]
 
 
+def _seed(profile: Profile, seed: int, index: int) -> int:
+    return profile.seed if profile.seed is not None else seed * 10 + index
+
+
 def run_fresh_client(
     config: Mapping[str, Any],
     profiles: Mapping[str, Profile],
@@ -281,7 +304,9 @@ def run_fresh_client(
     """A fresh client of ``config`` (its providers named as ``profiles``' keys; their base URLs
     and keys are never used) sending ``prompt(i)`` for i = 0, 1, ... (see :func:`drive`), in
     trio's virtual time: the router's clock and every wait are the event loop's, which jumps
-    ahead whenever every task waits. ``seed`` seeds the router and each target's generator."""
+    ahead whenever every task waits. ``seed`` seeds the router; each target's generator is
+    seeded with its profile's ``seed`` (as a simulator process is), or from ``seed`` when the
+    profile has none."""
     import trio
     import trio.testing
 
@@ -296,7 +321,7 @@ def run_fresh_client(
             resolved, max_retries=2, clock=trio.current_time, rng=random.Random(seed)
         )
         targets = {
-            name: VirtualTarget(profile, seed * 10 + k)
+            name: VirtualTarget(profile, _seed(profile, seed, k))
             for k, (name, profile) in enumerate(profiles.items())
         }
         sender = VirtualSender(targets, trio.current_time)
