@@ -1,7 +1,17 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# One environment, .venv, and two stamps in it, for two kinds of people:
+#   USER_STAMP  what a user needs, .[all] (the command line, the simulator, the gateway, plots,
+#               Redis, OpenTelemetry, the request classifier): make demo. About 370 MB.
+#   STAMP       what a developer needs, .[dev,tiers]: all of .[all], plus the test, lint and
+#               deployment tools and SGLang's gateway: make test, lint, bench. About 760 MB.
+# .[dev,tiers] holds every package of .[all], so a developer's current environment serves the
+# demo without another install, and make test after make demo adds only the developer's tools.
+# One environment (not two) because the README's commands name .venv/bin/llmroute whichever
+# the reader ran first.
 STAMP := $(VENV)/.installed
+USER_STAMP := $(VENV)/.installed-all
 
 # Test environments of their own, one per tests/compat/requirements-NAME.txt, in .venvs/NAME:
 #   openai2     the newest openai 2.x (httpx, no httpx2) and llama-index-llms-openai (openai<3)
@@ -33,7 +43,7 @@ OPENAI2_SKIP := $(FRAMEWORKS) tests/test_sglang_launcher.py tests/test_sglang_st
 	tests/reliability/test_fuzz_sse.py tests/reliability/test_fuzz_anthropic.py \
 	tests/reliability/test_fuzz_config.py tests/reliability/test_load.py \
 	tests/reliability/test_soak.py tests/reliability/test_secrets.py tests/test_tiers.py \
-	tests/test_docs_paths.py tests/test_docs_snippets.py
+	tests/test_docs_paths.py tests/test_docs_snippets.py tests/test_deploy.py
 # (The docs' blocks are checked once, in the main environment: it has every extra they use,
 # tiers' wordllama included, which .venvs/openai2 does not install.)
 # Anthropic's wire format only, and a ratio of two timings that a loaded machine can upset.
@@ -41,15 +51,28 @@ OPENAI2_DESELECT := tests/reliability/test_hostile_bodies.py::test_anthropic_pre
 OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \
 	$(addprefix --deselect=,$(OPENAI2_DESELECT))
 
+# Real Helm for tests/test_deploy.py: the Helm v4 library inside PyPI's helm-sdkpy wheel, unpacked
+# (no helm binary ships in a registry package; the wheel asks for Python 3.12, and its library,
+# loaded with ctypes, needs none). tests/deploy_tools.py says how it renders the chart.
+HELM_SDK := helm-sdkpy==0.1.32
+HELM_DIR := $(VENVS)/helm
+
 .PHONY: demo test test-main envs test-openai2 test-frameworks lint bench bench-litellm-env clean
 # The environments outlive a run (make would delete a stamp built through two pattern rules).
 .PRECIOUS: $(VENVS)/%/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml  # the developer's environment (see the top)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,tiers]'
 	touch $(STAMP)
+
+$(HELM_DIR)/.installed: $(STAMP)
+	rm -rf $(HELM_DIR)
+	$(BIN)/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--dest $(HELM_DIR) '$(HELM_SDK)'
+	cd $(HELM_DIR) && $(CURDIR)/$(BIN)/python -m zipfile -e helm_sdkpy-*.whl .
+	touch $@
 
 $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
 	rm -rf $(VENVS)/$*
@@ -58,7 +81,21 @@ $(VENVS)/%/.installed: pyproject.toml $(REQS)-%.txt
 	$(VENVS)/$*/bin/python -m pip install --quiet -r $(REQS)-$*.txt
 	touch $@
 
-demo: $(STAMP)
+# A line per step, and pip's own lines (no --quiet): a first install takes a while.
+$(USER_STAMP): pyproject.toml
+	@echo "make demo: 1/3: the environment $(VENV)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then \
+		echo "make demo: 2/3: $(VENV) has the developer's extras, which include .[all]"; \
+	else \
+		echo "make demo: 2/3: pip install -e '.[all]': llmroute and what a user needs" \
+			"(about 370 MB; pip's lines follow)"; \
+		$(BIN)/python -m pip install --disable-pip-version-check -e '.[all]'; \
+	fi
+	@touch $@
+
+demo: $(USER_STAMP)
+	@echo "make demo: 3/3: llmroute demo"
 	$(BIN)/llmroute demo
 
 # After the main suite: the three environments install side by side (they are independent;
@@ -69,7 +106,7 @@ test: test-main
 
 envs: $(VENVS)/openai2/.installed $(VENVS)/fw3/.installed $(VENVS)/instructor/.installed
 
-test-main: $(STAMP)
+test-main: $(STAMP) $(HELM_DIR)/.installed
 	$(BIN)/ruff check llmroute tests benchmarks
 	$(BIN)/python -m pytest -q
 

@@ -1,10 +1,10 @@
-"""What per-key limits cost per request (issue 28), in memory and in Redis, beside the gateway's
-cost today, in one run.
+"""What per-key limits (and a team's, and a model's) cost per request, in memory and in Redis,
+beside the gateway's cost without them, in one run.
 
 One zero-latency simulator in its own process (``SimulatorProcess``, TLS + HTTP/2, one SSE event
 per DATA frame as vendors that flush each token send them, ``--tokens`` per reply), one
 redis-server started here on a free loopback port (``tests/redis_server.py``'s helpers: the
-server answering must name its own pid), and four ``llmroute serve`` processes
+server answering must name its own pid), and six ``llmroute serve`` processes
 (benchmarks/gateway.py's ``gateway_process``: HTTPS, HTTP/2), the same route ``chat`` -> the
 simulator, the same key, differing only in their limits:
 
@@ -13,8 +13,10 @@ simulator, the same key, differing only in their limits:
        what the run uses (nothing is refused), counted in memory
 ``c``  Redis, no limits: ``limits_backend = "redis"``, so the concurrency slot is a Redis
        script (acquire) and a ``ZREM`` (release) per request: today's shared cost
-``d``  Redis limits: ``c`` plus ``b``'s limits, counted in Redis (an admission script and a
-       settle script per request, beside the slot's two calls)
+``d``  Redis limits: ``c`` plus ``b``'s limits, counted in Redis (the slot and the limits in
+       one admission script, and one script when the request ends)
+``e``  ``d`` plus a team (``[gateway.teams]``, the same limits) and a per-model limit on
+       ``chat``: four scopes counted per request, in the same two scripts
 ``a2`` ``a`` again in another process: how far two identical gateways differ (each process's
        routing state, its place in memory), the floor under every difference above
 
@@ -26,7 +28,11 @@ all alike. Per case:
 - the gateway process's CPU (user + system from ``/proc``, its threads included: the Redis
   calls run in anyio's worker threads) over its own batches, per request, and what it adds
   over ``a``'s; its ratio to ``a``'s in each round (the median and the range over rounds);
-- the redis-server's CPU and the commands it processed (``INFO stats``) per request;
+- the redis-server's CPU per request;
+- the Redis round trips of a request, in all and before its first token: 20 streams one after
+  another under ``MONITOR`` before the measured rounds (a command a script runs is not a round
+  trip, nor is a replica's poll of its key store's change counter, four a second whatever the
+  traffic);
 - TTFT (``create()`` to the first chunk with content; every stream is read to its end),
   nearest-rank p50 and p95, and what each adds over ``a``.
 
@@ -87,14 +93,20 @@ LIMITS = (
     f"\n[gateway.limits]\nrpm = {RPM}\ntpm = {TPM}\nbudget_tokens = {BUDGET}\n"
     'budget_period = "day"\n'
 )
-CASES = ("a", "a2", "b", "c", "d")
-LIMITED, REDIS = {"b", "d"}, {"c", "d"}
+TEAM = (
+    f"\n[gateway.teams.bench]\nrpm = {RPM}\ntpm = {TPM}\nbudget_tokens = {BUDGET}\n"
+    'budget_period = "day"\n'
+)
+SCOPES = f'team = "bench"\nmodel_limits = {{ chat = {{ rpm = {RPM}, tpm = {TPM} }} }}\n'
+CASES = ("a", "a2", "b", "c", "d", "e")
+LIMITED, REDIS = {"b", "d", "e"}, {"c", "d", "e"}
 TITLES = {
     "a": "a: memory, no limits (today)",
     "a2": "a2: a again, another process (noise floor)",
     "b": "b: memory limits",
     "c": "c: Redis slots, no limits",
     "d": "d: Redis limits",
+    "e": "e: d + team + model limits",
 }
 
 
@@ -105,6 +117,8 @@ def gateway_lines(case: str, redis_url: str) -> str:
     idle = "idle_timeout = 600\n"
     redis = 'limits_backend = "redis"\n' if case in REDIS else ""
     limits = LIMITS if case in LIMITED else ""
+    if case == "e":
+        limits += SCOPES + TEAM
     table = f'\n[redis]\nurl = "{redis_url}"\nprefix = "bench-{case}"\n' if case in REDIS else ""
     return idle + redis + limits + table
 
@@ -135,19 +149,97 @@ def redis_process(folder: str) -> Iterator[str]:
         _stop(proc)
 
 
-# The commands a client sends to the gateway's Redis: its scripts' EVALSHA (and an EVAL when a
-# script is not loaded yet) and the slot's release (ZREM); commands run inside a script are
-# counted by Redis too, so they are not counted here.
-_CLIENT_COMMANDS = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_zrem")
-
-
 def redis_usage(client: Any) -> tuple[float, int]:
     """The redis-server's CPU seconds so far (its own ``INFO cpu``, in microseconds) and the
-    scripts and ZREMs it has been sent."""
+    commands it has run (``INFO stats``; a script's own commands included)."""
     cpu = client.info("cpu")
-    stats = client.info("commandstats")
-    calls = sum(int(stats.get(name, {}).get("calls", 0)) for name in _CLIENT_COMMANDS)
+    calls = int(client.info("stats")["total_commands_processed"])
     return float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]), calls
+
+
+_STOP = "llmroute-bench-monitor-stop"
+_OWN = {"ECHO", "INFO", "MONITOR", "PING"}  # this process's own commands
+_SETUP = {"CLIENT", "HELLO", "AUTH", "SELECT"}  # a new connection's, not a request's
+
+
+@contextmanager
+def monitored(redis_url: str) -> Iterator[list[dict[str, Any]]]:
+    """Every command the redis-server runs meanwhile, as ``MONITOR`` shows it: its time, its
+    client (``lua`` for a script's own commands) and its words."""
+    import threading
+
+    import redis
+
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+    listener = redis.Redis.from_url(redis_url)
+
+    def listen() -> None:
+        with listener.monitor() as monitor:
+            ready.set()
+            for item in monitor.listen():
+                if _STOP in item["command"]:
+                    return
+                seen.append(item)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    if not ready.wait(30):
+        raise RuntimeError("MONITOR did not start")
+    try:
+        yield seen
+    finally:
+        stopper = redis.Redis.from_url(redis_url)
+        stopper.echo(_STOP)
+        stopper.close()
+        thread.join(30)
+        listener.close()
+
+
+def _a_round_trip(item: dict[str, Any]) -> bool:
+    """A command a client sent (not a script's own, not this process's, not a replica's poll
+    of its key store's change counter, which is not a request's)."""
+    words = item["command"].split()
+    name = words[0].upper() if words else ""
+    if item.get("client_type") == "lua" or name in _OWN or name in _SETUP:
+        return False
+    return not (name == "GET" and len(words) > 1 and words[1].endswith("gateway-keys-version"))
+
+
+async def _quiet(seen: list[dict[str, Any]], pause: float = 0.05, calm: int = 6) -> None:
+    """Wait until no round trip came for ``calm`` pauses in a row (bounded: 200 pauses)."""
+    count, still = -1, 0
+    for _ in range(200):
+        now = sum(1 for item in seen if _a_round_trip(item))
+        still = still + 1 if now == count else 0
+        if still >= calm:
+            return
+        count = now
+        await asyncio.sleep(pause)
+
+
+def _at_the_end(item: dict[str, Any]) -> bool:
+    """A round trip made when a request ends (its settle script, its slot's ZREM), not before
+    its first token."""
+    import hashlib
+
+    from llmroute.server import _limits
+
+    words = item["command"].split()
+    settle = hashlib.sha1(_limits._SETTLE.encode()).hexdigest()  # pyright: ignore[reportPrivateUsage]
+    return words[0].upper() == "ZREM" or (words[0].upper() == "EVALSHA" and words[1] == settle)
+
+
+async def round_trips(client: AsyncOpenAI, redis_url: str, requests: int) -> dict[str, float]:
+    """Redis round trips per request, in all and before its first token (those not made when
+    it ends), over ``requests`` streams under ``MONITOR`` (a probe apart from the measured
+    rounds: MONITOR slows the server)."""
+    with monitored(redis_url) as seen:
+        await batch(client, requests, 1)
+        await _quiet(seen)  # the last request's end
+    sent = [item for item in seen if _a_round_trip(item)]
+    before = [item for item in sent if not _at_the_end(item)]
+    return {"per_request": len(sent) / requests, "before_first_token": len(before) / requests}
 
 
 async def ttft(client: AsyncOpenAI) -> float:
@@ -206,11 +298,13 @@ async def measure_gateways(
         case: AsyncOpenAI(api_key=GATEWAY_KEY, base_url=url, verify=ctx, max_retries=0)
         for case, (url, ctx, _) in gateways.items()
     }
-    results: dict[str, Any] = {"headers": {}, "levels": {}}
+    results: dict[str, Any] = {"headers": {}, "levels": {}, "round_trips": {}}
     try:
         for case, client in clients.items():
             results["headers"][case] = await check_headers(client, case)
             await batch(client, 48, 8)  # warm connections, pools and scripts
+        for case, client in clients.items():
+            results["round_trips"][case] = await round_trips(client, redis_url, 20)
         for concurrency, per_batch in levels:
             samples: dict[str, list[float]] = {case: [] for case in clients}
             cpu: dict[str, list[float]] = {case: [] for case in clients}  # per round
@@ -235,7 +329,7 @@ async def measure_gateways(
                     "cpu_per_request": sum(cpu[case]) / n,
                     "cpu_per_round": [c / per_batch for c in cpu[case]],
                     "redis_cpu_per_request": redis_cpu[case] / n,
-                    "redis_round_trips_per_request": commands[case] / n,
+                    "redis_commands_per_request": commands[case] / n,
                     "ttft_p50": pct(samples[case], 0.5),
                     "ttft_p95": pct(samples[case], 0.95),
                 }
@@ -396,8 +490,8 @@ def ms(seconds: float) -> str:
 def report(result: dict[str, Any]) -> str:
     lines = [
         "| conc. | case | requests | gateway CPU / request | added CPU | vs a: median of rounds "
-        "(range) | redis CPU / request | Redis round trips / request | TTFT p50 | added p50 "
-        "| TTFT p95 | added p95 |",
+        "(range) | redis CPU / request | Redis round trips / request (before the first token) "
+        "| TTFT p50 | added p50 | TTFT p95 | added p95 |",
         "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for row in result["gateway"]["levels"].values():
@@ -410,7 +504,11 @@ def report(result: dict[str, Any]) -> str:
             cells += [ms(c["cpu_per_request"]), f"{added * 1e6:+.0f} µs"]
             median = statistics.median(ratios)
             cells += [f"{median:.3f}x ({min(ratios):.2f}..{max(ratios):.2f})"]
-            cells += [us(c["redis_cpu_per_request"]), f"{c['redis_round_trips_per_request']:.2f}"]
+            trips = result["gateway"].get("round_trips", {}).get(case)
+            shown = (
+                f"{trips['per_request']:.2f} ({trips['before_first_token']:.2f})" if trips else "-"
+            )
+            cells += [us(c["redis_cpu_per_request"]), shown]
             cells += [ms(c["ttft_p50"]), f"{(c['ttft_p50'] - base['ttft_p50']) * 1e3:+.2f} ms"]
             cells += [ms(c["ttft_p95"]), f"{(c['ttft_p95'] - base['ttft_p95']) * 1e3:+.2f} ms"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -452,6 +550,13 @@ def footer(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     levels = [(int(c), int(n)) for c, n in (lv.split(":") for lv in args.levels.split(","))]
+    asked = {c.strip() for c in args.cases.split(",") if c.strip()}
+    unknown = asked - set(CASES)
+    if unknown:
+        raise SystemExit(
+            f"--cases: unknown {', '.join(sorted(unknown))} (known: {', '.join(CASES)})"
+        )
+    cases = [case for case in CASES if case in asked | {"a"}]
     load_before = os.getloadavg()
     started = time.monotonic()
     with (
@@ -464,7 +569,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             case: stack.enter_context(
                 gateway_process(sim, folder, gateway=gateway_lines(case, redis_url))
             )
-            for case in CASES
+            for case in cases
         }
         measured = asyncio.run(measure_gateways(gateways, redis_url, levels, args.rounds))
         alone = asyncio.run(micro(redis_url, args.pairs, args.micro_rounds))
@@ -494,7 +599,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=8, help="rounds of the five cases")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of the cases")
     parser.add_argument(
         "--levels",
         default="1:60,16:128",
@@ -504,6 +609,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=1000, help="micro: pairs per round")
     parser.add_argument("--micro-rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 small rounds")
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"the cases to run, comma-separated ({','.join(CASES)}; a is always run)",
+    )
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--report", help="print the tables of an earlier run's --json file")
     args = parser.parse_args(argv)

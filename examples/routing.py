@@ -1,37 +1,40 @@
 """Routing: one model name over three simulated providers, hedged on the live P95 TTFT.
 
 "fast" answers in about 150 ms but stalls for a second on one request in five, "steady" takes
-about 300 ms, "slow" 600 ms. No API keys, nothing leaves 127.0.0.1.
+about 300 ms, "slow" 600 ms. They are providers of kind "simulator": the client starts each on
+127.0.0.1 and stops it when it closes. No API keys, nothing leaves 127.0.0.1.
 """
 
 import asyncio
 
 from llmroute import AsyncOpenAI
-from llmroute.testing import Profile, Simulator
 
-PROFILES = {
-    "fast": Profile(ttft_median=0.15, ttft_sigma=0.2, stall_prob=0.2, stall_range=(1.0, 1.0)),
-    "steady": Profile(ttft_median=0.3, ttft_sigma=0.1),
-    "slow": Profile(ttft_median=0.6),
+CONFIG = {
+    "providers": {
+        "fast": {
+            "kind": "simulator",
+            "profile": {
+                "ttft_median": "150ms",
+                "ttft_sigma": 0.2,
+                "stall_prob": 0.2,
+                "stall_range": ["1s", "1s"],
+            },
+        },
+        "steady": {"kind": "simulator", "profile": {"ttft_median": "300ms", "ttft_sigma": 0.1}},
+        "slow": {"kind": "simulator", "profile": {"ttft_median": "600ms"}},
+    },
+    "models": {
+        "chat": {
+            "targets": ["fast:sim-small", "steady:sim-small", "slow:sim-small"],
+            "policy": "hedge",  # start the best; hedge on the next best at its live p95
+            "hedge_after": "p95",
+        }
+    },
 }
 
 
-async def main(sims: dict[str, Simulator]) -> None:
-    config = {
-        "providers": {
-            name: {"base_url": sim.base_url, "api_key": "sim", "continuation": {}}
-            for name, sim in sims.items()
-        },
-        "models": {
-            "chat": {
-                "targets": [f"{name}:sim-small" for name in sims],
-                "policy": "hedge",  # start the best; hedge on the next best at its live p95
-                "hedge_after": "p95",
-            }
-        },
-    }
-    verify = next(iter(sims.values())).ssl_context()  # the simulators' test CA
-    async with AsyncOpenAI(config=config, verify=verify) as client:
+async def main() -> None:
+    async with AsyncOpenAI(config=CONFIG) as client:
         await client.warmup()
         for i in range(12):
             stream = await client.chat.completions.create(
@@ -54,9 +57,4 @@ async def main(sims: dict[str, Simulator]) -> None:
 
 
 if __name__ == "__main__":
-    started = [Simulator(profile=profile).start() for profile in PROFILES.values()]
-    try:
-        asyncio.run(main(dict(zip(PROFILES, started, strict=True))))
-    finally:
-        for sim in started:
-            sim.stop()
+    asyncio.run(main())

@@ -4,10 +4,11 @@ Each file describes how to reach a vendor and what routing may ask of it: base U
 protocol, the environment variable holding its API key, and capabilities (assistant-prefix
 continuation and how it is requested, prompt-prefix caching, usage in streams, the Responses
 API and whether it keeps responses), and the vendor's current chat models and the retired ones a
-user may still name (:func:`find_model`). The files ship inside the wheel (as
-``llmroute/_providers``); in a source checkout or an editable install they are read from
-``providers/`` beside the package. Each file ends with its ``[[sources]]``: which claims were
-checked against which page, and when.
+user may still name (:func:`find_model`), their prices per million tokens and where the vendor's
+usage reports each billed token class (``[prices]``, ``[usage]``: docs/cost.md). The files ship
+inside the wheel (as ``llmroute/_providers``); in a source checkout or an editable install they
+are read from ``providers/`` beside the package. Each file ends with its ``[[sources]]``: which
+claims were checked against which page, and when.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from typing import Annotated, Any, Literal
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from ._prices import ModelPrice, UsageFields
+from .protocols import adapter_for
 
 __all__ = [
     "SOURCE_CLAIMS",
@@ -105,6 +109,8 @@ SOURCE_CLAIMS = frozenset(
         "trial",
         "max_tokens_field",
         "models",
+        "prices",
+        "usage",
     }
 )
 """The claims a source may vouch for (mostly the catalog keys they set)."""
@@ -127,6 +133,8 @@ class Source(BaseModel):
     captured traffic, or a page that could not be read): what is still to be verified."""
     note: str = ""
     """What the page says, or what was not found."""
+    models: tuple[str, ...] = ()
+    """The models a per-model claim is about (``prices``): the ``prices`` keys this page dates."""
 
     @property
     def claims(self) -> tuple[str, ...]:
@@ -223,6 +231,10 @@ class ProviderSpec(BaseModel):
     ``context_windows`` names the model; ``None``: unknown (never a reason to skip a target)."""
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name, as the vendor's docs state them."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """What each model costs, by model name (``"*"``: any model without its own price)."""
+    usage: UsageFields | None = None
+    """Where the vendor's ``usage`` reports each token class; ``None``: the protocol's."""
     sources: tuple[Source, ...] = ()
     """Where the entry's claims come from and when each was checked (the file's ``[[sources]]``)."""
 
@@ -230,6 +242,11 @@ class ProviderSpec(BaseModel):
     def checked(self) -> datetime.date | None:
         """The oldest day any of the entry's sources was checked; ``None`` without sources."""
         return min((source.checked for source in self.sources), default=None)
+
+    @property
+    def usage_fields(self) -> UsageFields:
+        """Where this vendor reports billed tokens: its own ``[usage]`` or its protocol's."""
+        return self.usage if self.usage is not None else adapter_for(self.protocol).usage_fields
 
     def window_for(self, model: str) -> int | None:
         """The context window of ``model`` on this provider, in tokens; ``None`` if unknown."""

@@ -35,13 +35,14 @@ from openai.resources.responses import AsyncResponses
 
 from ._config import Config, load_config
 from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missing_key_error
-from ._streaming import CALL_STARTED, AsyncStream, response_timings
+from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
 from .cache._flight import Flight
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot
+from .transport import response_timings
 
 __all__ = ["DEFAULT_MAX_RETRIES", "DEFAULT_TIMEOUT", "AsyncOpenAI"]
 

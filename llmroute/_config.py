@@ -57,6 +57,7 @@ from ._catalog import (
     format_validation_error,
     load_catalog,
 )
+from ._prices import ModelPrice, UsageFields
 
 __all__ = [
     "CacheSettings",
@@ -65,6 +66,9 @@ __all__ = [
     "ConnectionSettings",
     "GatewaySettings",
     "KeySettings",
+    "ManagedKeyEntry",
+    "ManagedTeamEntry",
+    "ModelLimits",
     "ProviderConfig",
     "RedisSettings",
     "Resolved",
@@ -72,16 +76,21 @@ __all__ = [
     "RouteConfig",
     "RouteObjective",
     "RoutingSettings",
+    "SimulatorAddress",
+    "SimulatorPhase",
     "Target",
+    "TeamSettings",
     "TierClass",
     "TieredConfig",
     "TieredSettings",
     "load_config",
     "load_keys_file",
     "parse_duration",
+    "read_keys_file",
     "resolve",
     "resolve_provider",
     "route_config",
+    "used_providers",
 ]
 
 log = logging.getLogger("llmroute")
@@ -104,6 +113,11 @@ _SIZE_UNITS = {
     "gib": 2**30,
 }
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+SIMULATOR = "simulator"
+"""The built-in ``kind`` of a simulated provider, started on 127.0.0.1 with the client that uses
+the config and stopped with it (``llmroute._simulated``; docs/simulator.md)."""
+_SIMULATOR_OWN = ("base_url", "api_key", "api_key_env", "api_key_env_fallbacks", "verify")
+"""What a simulated provider brings itself: its address, its (any) key and its CA."""
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
 
 
@@ -239,6 +253,41 @@ def _verify_input(value: Any) -> bool | str | None:
 
 
 Duration = Annotated[float, BeforeValidator(_duration_input)]
+
+
+def _profile_input(value: Any) -> Any:
+    """A simulator's profile: a preset's name, or a table whose durations (``"70ms"``) become
+    seconds; its fields are checked with the provider (``ProviderConfig._check_simulator``)."""
+    if not isinstance(value, Mapping):
+        return value
+    from .testing._profile import DURATION_FIELDS
+
+    table = dict(value)
+    for name in DURATION_FIELDS:
+        given = table.get(name)
+        try:
+            if isinstance(given, str):
+                table[name] = parse_duration(given)
+            elif name == "stall_range" and isinstance(given, list):
+                table[name] = [parse_duration(v) if isinstance(v, str) else v for v in given]
+        except ValueError as exc:
+            raise _invalid(str(exc), name) from None
+    return table
+
+
+SimulatorProfile = Annotated[str | dict[str, Any] | None, BeforeValidator(_profile_input)]
+
+
+class SimulatorPhase(BaseModel):
+    """One ``[[providers.<name>.phases]]`` entry of a simulated provider: some of its profile's
+    fields replaced ``after`` the simulator started (it slows, fails or recovers mid-run)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: Duration
+    profile: Annotated[dict[str, Any], BeforeValidator(_profile_input)]
+
+
 Policy = Literal[
     "fastest", "hedge", "race", "failover", "weighted", "prefix", "least-loaded", "round-robin"
 ]
@@ -288,6 +337,49 @@ class ProviderConfig(BaseModel):
     context_windows: dict[str, ContextWindow] = Field(default_factory=dict)
     """Context windows by model name (``{ "qwen2.5-7b-instruct" = 32768 }``), added to the
     catalog's; a model named here takes its window from here, before ``context_window``."""
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
+    """Prices by model name (``[providers.<name>.prices."<model>"]``, docs/cost.md), added to
+    the catalog's: a model named here takes its price from here. ``"*"`` prices every model
+    without its own (a self-hosted server: ``gpu_hour = { usd = 2.5, tokens_per_second =
+    2400 }``, or ``input = 0, output = 0``)."""
+    usage: UsageFields | None = None
+    """Where the server's ``usage`` reports each token class; unset: the catalog's or the
+    protocol's."""
+    profile: SimulatorProfile = None
+    """``kind = "simulator"`` only: how the simulated provider behaves, a preset's name
+    (``instant``, ``fast-but-spiky``, ``steady-slow``, ``flaky``) or a table of its fields,
+    optionally on a preset (``{ preset = "flaky", rate_503 = 0.2 }``); unset: ``instant``."""
+    phases: tuple[SimulatorPhase, ...] = ()
+    """``kind = "simulator"`` only: profile changes at given times after its start."""
+
+    @model_validator(mode="after")
+    def _check_simulator(self) -> ProviderConfig:
+        given = self.model_fields_set
+        if self.kind != SIMULATOR:
+            for name in ("profile", "phases"):
+                if name in given:
+                    raise _invalid(f'{name} is for kind = "{SIMULATOR}" providers only', name)
+            return self
+        for name in _SIMULATOR_OWN:
+            if name in given:
+                raise _invalid(
+                    f"a simulated provider has its own {name} (it starts on 127.0.0.1 with the "
+                    f"client, with the simulators' CA): remove {name}",
+                    name,
+                )
+        from .testing._profile import check_fields, profile_of
+
+        try:
+            profile_of(self.profile, "profile")
+            after = -1.0
+            for index, phase in enumerate(self.phases):
+                check_fields(phase.profile, f"phases.{index}.profile")
+                if phase.after <= after:
+                    raise ValueError(f"phases.{index}.after: the phases must come in time order")
+                after = phase.after
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        return self
 
     @field_validator("continuation", mode="before")
     @classmethod
@@ -604,13 +696,42 @@ class RedisSettings(BaseModel):
         "redis://127.0.0.1:6379/0"
     )
     """A ``redis://`` URL; it may carry a password, so it is kept secret (never shown)."""
+    url_env: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """The environment variable holding ``url`` instead (read when the config is loaded), so
+    a URL with a password stays out of the file (a Kubernetes Secret, docs/deploy.md)."""
     prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "llmroute"
     """The prefix of every key llmroute writes."""
     timeout: Annotated[Duration, Field(gt=0)] = 0.25
     """Seconds a Redis call may take before the cache treats the server as unreachable."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _url_from_environment(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or data.get("url_env") in (None, ""):
+            return data
+        if "url" in data:
+            raise _invalid("give url or url_env, not both", "url_env")
+        name = data["url_env"]
+        if not isinstance(name, str) or not _ENV_VAR_NAME.fullmatch(name):  # never echoed
+            raise _invalid("expected the name of an environment variable (A-Z, 0-9, _)", "url_env")
+        value = os.environ.get(name, "")
+        if not value:
+            raise _invalid(f"{name} is not set (it should hold the Redis URL)", "url_env")
+        if not value.startswith(("redis://", "rediss://", "unix://")):  # never echoed
+            raise _invalid(f"{name}: expected a redis://, rediss:// or unix:// URL", "url_env")
+        return {**data, "url": value}
 
-def _default_cache_dir() -> str:
+
+CACHE_DIR_ENV = "LLMROUTE_CACHE_DIR"
+"""Where llmroute keeps what it can rebuild (the disk cache's default ``path``, fitted tier
+classifiers); default ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+
+
+def default_cache_dir() -> str:
+    """``$LLMROUTE_CACHE_DIR``, else ``$XDG_CACHE_HOME/llmroute``, else ``~/.cache/llmroute``."""
+    given = os.environ.get(CACHE_DIR_ENV)
+    if given:
+        return os.path.expanduser(given)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "llmroute")
 
@@ -634,7 +755,7 @@ class CacheSettings(BaseModel):
     """The store's size limit (memory and disk; Redis uses its own maxmemory)."""
     max_entry_bytes: Annotated[Size, Field(gt=0)] = 2**20
     """Answers larger than this are not stored."""
-    path: str = Field(default_factory=_default_cache_dir)
+    path: str = Field(default_factory=default_cache_dir)
     """The disk store's directory (created with mode 0700)."""
     namespace: Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = None
     """Whose answers these are; by default derived from a hash of the API keys in use."""
@@ -682,6 +803,65 @@ def _period_input(value: Any) -> Any:
 
 BudgetPeriod = Annotated[str | float, BeforeValidator(_period_input)]
 
+MAX_COUNT = 10**15
+"""The largest limit or budget a key or team may have: a Redis script's numbers are doubles,
+exact only below 2**53."""
+KeyName = Annotated[str, Field(pattern=_KEY_NAME)]
+
+
+def timestamp_input(value: Any) -> Any:
+    """A moment as Unix seconds: a number, a TOML or ISO 8601 date-time (UTC unless it says
+    otherwise: ``2027-01-31T00:00:00Z``), or ``None``."""
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        if value is not None and not (math.isfinite(value) and 0 <= value < 2**40):
+            raise _invalid("expected a Unix time in seconds or a date-time (2027-01-31T00:00:00Z)")
+        return value
+    moment = value
+    if isinstance(value, str):
+        try:
+            moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            moment = None
+    if isinstance(moment, datetime.date) and not isinstance(moment, datetime.datetime):
+        moment = datetime.datetime(moment.year, moment.month, moment.day)
+    if not isinstance(moment, datetime.datetime):
+        raise _invalid(
+            f"expected a date-time such as 2027-01-31T00:00:00Z or Unix seconds, got {_show(value)}"
+        )
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return moment.timestamp()
+
+
+Timestamp = Annotated[float, BeforeValidator(timestamp_input)]
+
+
+class ModelLimits(BaseModel):
+    """One model name's own limits within a key or a team (``model_limits.<model>``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """Requests per minute to this model name."""
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """Tokens per minute to this model name."""
+
+
+class TeamSettings(BaseModel):
+    """A team's limits (``[gateway.teams.<name>]``, a keys file's ``[teams.<name>]``, or the
+    admin API): every key of the team counts against them, beside its own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    budget_period: BudgetPeriod | None = None
+    model_limits: dict[str, ModelLimits] | None = None
+    soft_limit: float | None = Field(default=None, gt=0, lt=1)
+    """The share of the budget at which the gateway says so, once per period (a webhook, a log
+    line and a metric)."""
+
 
 class KeySettings(BaseModel):
     """What one gateway key may do: ``[gateway.limits]`` for every key, ``[gateway.tenants.
@@ -690,12 +870,12 @@ class KeySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rpm: int | None = Field(default=None, ge=1)
+    rpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Requests per minute (a sliding minute, shared by every replica with Redis)."""
-    tpm: int | None = Field(default=None, ge=1)
+    tpm: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Tokens per minute: a request counts its estimate (prompt and ``max_tokens``) when it is
     admitted, corrected to its answer's ``usage`` when it ends."""
-    budget_tokens: int | None = Field(default=None, ge=1)
+    budget_tokens: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     """Tokens per ``budget_period``; once spent, requests get 429 ``insufficient_quota``."""
     budget_period: BudgetPeriod | None = None
     """``"day"`` (a UTC day), ``"month"`` (a UTC calendar month) or a duration (``"12h"``;
@@ -715,7 +895,13 @@ class KeySettings(BaseModel):
     within this many milliseconds (docs/gateway.md, "Latency objectives")."""
     slo_percentile: float = Field(default=95.0, gt=0, lt=100)
     admin: bool = False
-    """May read every key's usage (``GET /admin/usage``)."""
+    """May read every key's usage (``GET /admin/usage``) and manage keys (``/admin/keys``)."""
+    team: KeyName | None = None
+    """The team whose limits and budget the key shares with the team's other keys."""
+    model_limits: dict[str, ModelLimits] | None = None
+    """Limits of the key's requests to one model name (``rpm``, ``tpm``), beside its own."""
+    soft_limit: float | None = Field(default=None, gt=0, lt=1)
+    """The share of ``budget_tokens`` at which the gateway says so, once per period."""
 
 
 def merge_key_settings(base: KeySettings, own: KeySettings | None) -> KeySettings:
@@ -746,13 +932,32 @@ def key_settings_problem(settings: KeySettings, routes: Iterable[str]) -> tuple[
             f"default_max_tokens ({settings.default_max_tokens}) is above max_tokens "
             f"({settings.max_tokens})"
         )
+    return _routes_problem(settings.models, settings.model_limits, routes)
+
+
+def team_settings_problem(settings: TeamSettings, routes: Iterable[str]) -> tuple[str, str] | None:
+    """The first mistake of a team's settings, as ``(field, sentence)`` (see
+    :func:`key_settings_problem`); ``None`` when there is none."""
+    if (settings.budget_tokens is None) != (settings.budget_period is None):
+        if settings.budget_period is None:
+            return "budget_period", "budget_tokens needs a budget_period ('day', 'month', '12h')"
+        return "budget_tokens", "budget_period needs budget_tokens (the tokens per period)"
+    return _routes_problem(None, settings.model_limits, routes)
+
+
+def _routes_problem(
+    models: Iterable[str] | None,
+    model_limits: Mapping[str, ModelLimits] | None,
+    routes: Iterable[str],
+) -> tuple[str, str] | None:
     known = list(routes)
-    for name in settings.models or ():
-        if name not in known:
-            return (
-                "models",
-                f"{_show(name)} is not a model name of this config{_suggest(name, known)}",
-            )
+    for field_name, names in (("models", models or ()), ("model_limits", model_limits or {})):
+        for name in names:
+            if name not in known:
+                return (
+                    field_name,
+                    f"{_show(name)} is not a model name of this config{_suggest(name, known)}",
+                )
     return None
 
 
@@ -766,14 +971,19 @@ def _digest_input(value: Any) -> str:
     )
 
 
+Digest = Annotated[str, BeforeValidator(_digest_input)]
+
+
 class KeyEntry(KeySettings):
     """A key of ``keys_file``: where its value is (``env``) or its digest (``sha256``), and
     its settings."""
 
     env: Annotated[str | None, BeforeValidator(_env_var_input)] = None
     """The environment variable holding the key (read when the file is read)."""
-    sha256: Annotated[str | None, BeforeValidator(_digest_input)] = None
+    sha256: Digest | None = Field(default=None, repr=False)
     """The key's SHA-256 digest (hex): the key itself is in no file."""
+    expires_at: Timestamp | None = None
+    """When the key stops being accepted (Unix seconds, or a date-time; UTC unless given)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyEntry:
@@ -782,27 +992,79 @@ class KeyEntry(KeySettings):
         return self
 
     def settings(self) -> KeySettings:
-        """The settings this table gives (``env`` and ``sha256`` left out)."""
-        data = self.model_dump(exclude_unset=True, exclude={"env", "sha256"})
+        """The settings this table gives (``env``, ``sha256`` and ``expires_at`` left out)."""
+        data = self.model_dump(exclude_unset=True, exclude={"env", "sha256", "expires_at"})
         return KeySettings.model_validate(data)
 
 
-class KeysFile(BaseModel):
-    """``keys_file``: ``[keys.<name>]`` tables (docs/gateway.md)."""
+class PreviousDigest(BaseModel):
+    """A rotated key's former value, accepted until ``until``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    keys: dict[Annotated[str, Field(pattern=_KEY_NAME)], KeyEntry] = Field(default_factory=dict)
+    sha256: Digest = Field(repr=False)
+    until: Timestamp
 
 
-def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
-    """The keys of ``keys_file`` at ``path``, each checked with ``config``'s ``[gateway.limits]``
-    merged in; :class:`ConfigError` naming the file, the key and the field (never a key's
-    value) for any mistake, or a name ``gateway.keys`` already has."""
+MANAGED_FIELDS = frozenset(
+    {"sha256", "prefix", "previous", "expires_at", "created_at", "updated_at"}
+)
+"""A managed key's fields that are not settings."""
+
+
+class ManagedKeyEntry(KeySettings):
+    """A key made by the gateway's admin API (stored in Redis, or as ``[api_keys.<name>]`` in
+    ``keys_file``): its digest, the digests of its former values still in their overlap, and
+    its settings. The key itself is stored nowhere."""
+
+    sha256: Digest = Field(repr=False)
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{0,16}$")] = ""
+    """The key's first characters, shown to tell it from others (never enough to use it)."""
+    previous: list[PreviousDigest] = Field(default_factory=list)
+    expires_at: Timestamp | None = None
+    created_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+    def settings(self) -> KeySettings:
+        data = self.model_dump(exclude_unset=True, exclude=set(MANAGED_FIELDS))
+        return KeySettings.model_validate(data)
+
+
+class ManagedTeamEntry(TeamSettings):
+    """A team made by the admin API (in Redis, or ``[api_teams.<name>]`` in ``keys_file``)."""
+
+    created_at: Timestamp | None = None
+    updated_at: Timestamp | None = None
+
+    def settings(self) -> TeamSettings:
+        data = self.model_dump(exclude_unset=True, exclude={"created_at", "updated_at"})
+        return TeamSettings.model_validate(data)
+
+
+class KeysFile(BaseModel):
+    """``keys_file``: ``[keys.<name>]`` and ``[teams.<name>]`` tables written by people, and
+    the ``[api_keys.<name>]`` and ``[api_teams.<name>]`` the admin API writes when the gateway
+    has no Redis (docs/gateway.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keys: dict[KeyName, KeyEntry] = Field(default_factory=dict)
+    teams: dict[KeyName, TeamSettings] = Field(default_factory=dict)
+    api_keys: dict[KeyName, ManagedKeyEntry] = Field(default_factory=dict)
+    api_teams: dict[KeyName, ManagedTeamEntry] = Field(default_factory=dict)
+
+
+def read_keys_file(path: str, config: Config) -> KeysFile:
+    """Every table of ``keys_file`` at ``path``, each key's settings checked with ``config``'s
+    ``[gateway.limits]`` merged in; :class:`ConfigError` naming the file, the table and the
+    field (never a key's value) for any mistake, or a name ``gateway.keys`` already has."""
     data = _read_toml(path, missing=f"{path}: no such file (gateway.keys_file)")
     # Every message below shows the names: a key pasted as one is refused first, unshown.
-    tables = data.get("keys")
-    for name in [*data, *(tables if isinstance(tables, dict) else ())]:
+    names: list[str] = list(data)
+    for table in ("keys", "teams", "api_keys", "api_teams"):
+        tables = data.get(table)
+        names += list(tables) if isinstance(tables, dict) else []
+    for name in names:
         if name.lower().startswith("sk-"):
             raise ConfigError(f"{path}: a key's name looks like a key: name it, e.g. [keys.app]")
         if not re.fullmatch(_KEY_NAME, name):
@@ -811,23 +1073,35 @@ def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
                 "key's name in [keys.<name>] is (it is not shown: it may be a key)"
             )
     try:
-        keys = KeysFile.model_validate(data).keys
+        contents = KeysFile.model_validate(data)
     except pydantic.ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from None
     gateway = config.gateway or GatewaySettings()
-    names = [*config.models, *config.tiered]
-    for name, entry in keys.items():
-        where = f"{path}: keys.{_key([name])}"
-        if name in gateway.keys:
-            raise ConfigError(f"{where}: gateway.keys has a key of this name already")
-        try:
-            merged = merge_key_settings(gateway.limits, entry.settings())
-        except pydantic.ValidationError as exc:
-            raise ConfigError(_describe(exc, where)) from None
-        problem = key_settings_problem(merged, names)
-        if problem is not None:
-            raise ConfigError(f"{where}.{problem[0]}: {problem[1]}")
-    return keys
+    routes = [*config.models, *config.tiered]
+    for table, entries in (("keys", contents.keys), ("api_keys", contents.api_keys)):
+        for name, entry in entries.items():
+            where = f"{path}: {table}.{_key([name])}"
+            if table == "keys" and name in gateway.keys:
+                raise ConfigError(f"{where}: gateway.keys has a key of this name already")
+            try:
+                merged = merge_key_settings(gateway.limits, entry.settings())
+            except pydantic.ValidationError as exc:
+                raise ConfigError(_describe(exc, where)) from None
+            problem = key_settings_problem(merged, routes)
+            if problem is not None:
+                raise ConfigError(f"{where}.{problem[0]}: {problem[1]}")
+    for table, teams in (("teams", contents.teams), ("api_teams", contents.api_teams)):
+        for name, team in teams.items():
+            problem = team_settings_problem(team, routes)
+            if problem is not None:
+                raise ConfigError(f"{path}: {table}.{_key([name])}.{problem[0]}: {problem[1]}")
+    return contents
+
+
+def load_keys_file(path: str, config: Config) -> dict[str, KeyEntry]:
+    """The keys of ``keys_file`` at ``path`` (its ``[keys.<name>]`` tables; see
+    :func:`read_keys_file`)."""
+    return dict(read_keys_file(path, config).keys)
 
 
 class RouteObjective(BaseModel):
@@ -870,6 +1144,14 @@ class GatewaySettings(BaseModel):
     ``limits``'s."""
     slos: dict[str, RouteObjective] = Field(default_factory=dict)
     """Latency objectives by route (``[gateway.slos.<model name>]``)."""
+    teams: dict[KeyName, TeamSettings] = Field(default_factory=dict)
+    """Teams (``[gateway.teams.<name>]``): limits and budgets their keys share."""
+    soft_limit_webhook: Annotated[str | None, BeforeValidator(_empty_is_none)] = None
+    """An ``http(s)://`` URL the gateway POSTs to when a key or team reaches its
+    ``soft_limit`` share of a budget (once per period), beside a log line and a metric."""
+    keys_sync_interval: Annotated[Duration, Field(gt=0)] = 0.25
+    """With ``limits_backend = "redis"``: how often a replica asks Redis whether the admin
+    API's keys changed (a key made on one replica works on every other within this long)."""
     limits_on_redis_error: Literal["local", "refuse"] = "local"
     """With ``limits_backend = "redis"`` and Redis unreachable: count in this replica
     (``local``) or refuse requests with 503 (``refuse``); logged once per outage."""
@@ -908,6 +1190,11 @@ class GatewaySettings(BaseModel):
     write_timeout: Annotated[Duration, Field(gt=0)] = 30.0
     """A write to a client that does not read may wait this long; then the response is cut
     (HTTP/2: the stream is reset; HTTP/1.1: the connection closed) and the upstream cancelled."""
+    drain_timeout: Annotated[Duration, Field(ge=0)] = 10.0
+    """On SIGTERM or SIGINT (``llmroute serve``), the gateway stops taking requests (503) and
+    lets those in flight finish for up to this long; then the rest are ended with a
+    ``gateway_shutdown`` error event and their upstream streams cancelled. A second signal ends
+    them at once; 0 ends them at once. ``llmroute serve --drain`` overrides it."""
     max_retry_after: Annotated[Duration, Field(ge=0)] = 60.0
     """An upstream's Retry-After passed on to a client is capped at this many seconds."""
     limits_backend: Literal["memory", "redis"] = "memory"
@@ -967,6 +1254,13 @@ class GatewaySettings(BaseModel):
                     name,
                 )
         return self
+
+    @field_validator("soft_limit_webhook")
+    @classmethod
+    def _check_webhook(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", value):
+            raise _invalid("expected an http:// or https:// URL")
+        return value
 
     @model_validator(mode="after")
     def _check_lease(self) -> GatewaySettings:
@@ -1093,6 +1387,10 @@ class Config(BaseModel):
         for route in gateway.slos:
             if route not in names:
                 raise _invalid(_unknown_route(route, names), "gateway", "slos", route)
+        for team, settings in gateway.teams.items():
+            problem = team_settings_problem(settings, names)
+            if problem is not None:
+                raise _invalid(f"team {team!r}: {problem[1]}", "gateway", "teams", team, problem[0])
         for key in gateway.keys:
             merged = merge_key_settings(gateway.limits, gateway.tenants.get(key))
             problem = key_settings_problem(merged, names)
@@ -1115,10 +1413,13 @@ class Config(BaseModel):
                 raise _invalid(
                     "a provider name must be non-empty and contain no ':'", "providers", name
                 )
-            if provider.kind is not None and provider.kind not in catalog:
+            if provider.kind is not None and provider.kind not in (*catalog, SIMULATOR):
                 raise _invalid(
                     f"unknown kind {provider.kind!r}: not in the catalog"
-                    + (_suggest(provider.kind, catalog) or f" (one of: {', '.join(catalog)})"),
+                    + (
+                        _suggest(provider.kind, [*catalog, SIMULATOR])
+                        or f" (one of: {', '.join([*catalog, SIMULATOR])})"
+                    ),
                     "providers",
                     name,
                     "kind",
@@ -1236,19 +1537,43 @@ def load_config(
     )
 
 
-def resolve(config: Config, environ: Mapping[str, str] = os.environ) -> Resolved:
+@dataclass(frozen=True)
+class SimulatorAddress:
+    """Where a running simulated provider answers, and the CA file its certificate is from."""
+
+    base_url: str
+    ca: str | None
+
+
+def used_providers(config: Config) -> list[str]:
+    """The providers some route's targets or ``default_provider`` name, in that order."""
+    used = dict.fromkeys(
+        target.provider for route in config.models.values() for target in route.target_list()
+    )
+    if config.default_provider is not None:
+        used.setdefault(config.default_provider)
+    return list(used)
+
+
+def resolve(
+    config: Config,
+    environ: Mapping[str, str] = os.environ,
+    simulated: Mapping[str, SimulatorAddress] | None = None,
+) -> Resolved:
     """Merge each used provider with its catalog entry and read its API key from ``environ``.
 
-    Only providers named by a route's targets or by ``default_provider`` are resolved. Raises
-    :class:`ConfigError` when one of them has no API key (and needs one) or speaks a wire
-    protocol llmroute does not support.
+    Only providers named by a route's targets or by ``default_provider`` are resolved. A
+    simulated provider (``kind = "simulator"``) must be running: ``simulated`` gives its
+    address (``llmroute._simulated.SimulatedProviders`` starts them). Raises
+    :class:`ConfigError` when a provider has no API key (and needs one), speaks a wire protocol
+    llmroute does not support, or is a simulator that is not running.
     """
     catalog = load_catalog()
     routes = {route: settings.target_list() for route, settings in config.models.items()}
-    used = dict.fromkeys(target.provider for targets in routes.values() for target in targets)
-    if config.default_provider is not None:
-        used.setdefault(config.default_provider)
-    providers = {name: _resolve_provider(name, config, catalog, environ) for name in used}
+    providers = {
+        name: _resolve_provider(name, config, catalog, environ, simulated or {})
+        for name in used_providers(config)
+    }
     _check_shared_origins(providers, config.source)
     _warn_retired(providers, routes, config.source)
     tiered = {name: _resolve_tiered(name, t, config.source) for name, t in config.tiered.items()}
@@ -1341,7 +1666,7 @@ def resolve_provider(
 ) -> ResolvedProvider:
     """One provider from a ``[providers.<name>]`` table given in code, ready to use."""
     config = _validate({"providers": {name: dict(table)}}, _DEFAULT_SOURCE)
-    return _resolve_provider(name, config, load_catalog(), environ)
+    return _resolve_provider(name, config, load_catalog(), environ, {})
 
 
 def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
@@ -1355,13 +1680,48 @@ def route_config(name: str, table: Mapping[str, Any]) -> RouteConfig:
         ) from None
 
 
+def _simulator_spec(name: str, settings: ProviderConfig, address: SimulatorAddress) -> ProviderSpec:
+    """What a simulated provider is, as a catalog entry would say: llmroute's simulator serves
+    both wire protocols, continues an assistant prefix, streams usage and the Responses API."""
+    from .testing._profile import profile_of
+
+    return ProviderSpec.model_validate(
+        {
+            "name": SIMULATOR,
+            "display_name": f"simulated provider {name}",
+            "base_url": address.base_url,
+            "models": profile_of(settings.profile).models,
+            "self_hosted": True,
+            "continuation": {},
+            "stream_usage_continuous": True,
+            "responses": True,
+            "responses_stored": True,
+            "docs": "docs/simulator.md",
+        }
+    )
+
+
 def _resolve_provider(
-    name: str, config: Config, catalog: Mapping[str, ProviderSpec], environ: Mapping[str, str]
+    name: str,
+    config: Config,
+    catalog: Mapping[str, ProviderSpec],
+    environ: Mapping[str, str],
+    simulated: Mapping[str, SimulatorAddress],
 ) -> ResolvedProvider:
     settings = config.providers.get(name)
     key = f"providers.{_key([name])}"
     kind = settings.kind if settings is not None and settings.kind is not None else name
     base = catalog.get(kind)
+    address = None
+    if settings is not None and kind == SIMULATOR:
+        address = simulated.get(name)
+        if address is None:
+            raise ConfigError(
+                f"{config.source}: {key}: a simulated provider runs while a client of the "
+                "config does (AsyncOpenAI(config=...), llmroute chat, serve, bench): this one "
+                "is not running"
+            )
+        base = _simulator_spec(name, settings, address)
     data: dict[str, Any] = base.model_dump() if base is not None else {}
     data["name"] = kind if base is not None else name
     if settings is not None:
@@ -1370,7 +1730,7 @@ def _resolve_provider(
             data["context_windows"] = {}
         for field_name in given & _OVERRIDES:
             value = getattr(settings, field_name)
-            if field_name in ("headers", "context_windows"):
+            if field_name in ("headers", "context_windows", "prices"):
                 value = {**data.get(field_name, {}), **value}
             data[field_name] = value
         if "api_key_env" in given and "api_key_env_fallbacks" not in given:
@@ -1380,7 +1740,7 @@ def _resolve_provider(
     except pydantic.ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source=config.source, prefix=key)) from None
 
-    api_key = None
+    api_key = "simulated" if address is not None else None  # the simulator takes any key
     if settings is not None and settings.api_key is not None:
         api_key = settings.api_key.get_secret_value() or None
     if api_key is None and spec.api_key_env is not None:
@@ -1399,7 +1759,7 @@ def _resolve_provider(
         api_key=api_key,
         headers=dict(spec.headers),
         kind=spec.name if base is not None else None,
-        verify=settings.verify if settings is not None else None,
+        verify=address.ca if address is not None else settings.verify if settings else None,
     )
 
 
@@ -1518,6 +1878,8 @@ def _fields_at(loc: Sequence[str | int]) -> list[str]:
             model = ProviderConfig
         case ("providers", str(), "continuation"):
             model = Continuation
+        case ("providers", str(), "phases", int()):
+            model = SimulatorPhase
         case ("models", str()):
             model = RouteConfig
         case ("tiered", str()):

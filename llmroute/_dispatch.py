@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import httpx
 from openai import NOT_GIVEN
 from openai._constants import RAW_RESPONSE_HEADER
@@ -50,6 +51,7 @@ from ._errors import (
 )
 from ._model_names import check_model_name
 from ._routes import ServerPolling, build_router, route_for, stats_sync_for
+from ._simulated import SimulatedProviders
 from ._streaming import AsyncStream
 from ._tiers import Conversation, TieredModel, TierError, conversation_of
 from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, with_timeouts
@@ -74,12 +76,13 @@ from .cache import (
 from .cache import tenant_namespace as _tenant_namespace
 from .cache._flight import Flight
 from .metrics import ClientMetrics
+from .protocols import adapter_for
 from .routing.backoff import retry_delay, should_retry_status
-from .routing.engine import Route, Sender
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
 from .routing.policies import (
     WeightedPolicy,
 )
+from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.tierhedge import HEDGE_QUANTILE, tier_hedge_route
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
@@ -104,8 +107,8 @@ LOOKED_UP: contextvars.ContextVar[tuple[str, Flight | None] | None] = contextvar
 )
 """The cache key a call was already looked up under, and missed, before openai's machinery
 built its request (:meth:`Dispatch.from_cache`), with the identical call that was pending then
-(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless that call's
-answer was stored in between."""
+(:meth:`ResponseCache.pending`): the seam does not look the key up twice, unless an identical
+call ended or was stored in between (:meth:`ResponseCache.after_miss`)."""
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -212,7 +215,7 @@ def _serves(provider: ResolvedProvider, kind: str) -> bool:
     """Whether ``provider`` serves the endpoint ``kind`` (chat is served by every one)."""
     if kind == "chat":
         return True
-    if provider.spec.protocol == "anthropic":
+    if not adapter_for(provider.spec.protocol).serves(kind):
         return False
     if kind == "responses":
         return provider.spec.responses
@@ -273,7 +276,15 @@ class Dispatch:
         verify: Any = True,
         max_retries: int = 2,
     ) -> None:
-        resolved = resolve(config if config is not None else Config())
+        self.simulated = SimulatedProviders(config)
+        """The config's simulated providers, running until :meth:`aclose`."""
+        try:
+            resolved = resolve(
+                config if config is not None else Config(), simulated=self.simulated.addresses
+            )
+        except BaseException:
+            self.simulated.stop()
+            raise
         self.config = config
         """The config this state was built from (a copy given a new ``verify`` reuses it)."""
         self.configured = config is not None
@@ -827,9 +838,9 @@ class Dispatch:
         else:
             pending = cache.pending(request)
             hit = await cache.lookup(request) if request.read else None
-        if hit is None and request.read and pending is not None and pending.finished:
-            # The identical answer being stored as the lookup missed is in the store now.
-            hit = await cache.lookup(request)
+        if hit is None and request.read:
+            # An identical call that ended, or was stored, as the lookup missed.
+            hit = await cache.after_miss(request, pending)
         if hit is not None:
             return self._hit(cache, hit, request, call, started)
         if not request.share and not request.write:
@@ -1062,6 +1073,8 @@ class Dispatch:
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
+        if self.simulated:
+            await anyio.to_thread.run_sync(self.simulated.stop)
 
 
 def _observe(telemetry: Any, result: Outcome | Any) -> None:

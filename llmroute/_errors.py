@@ -71,8 +71,11 @@ __all__ = [
     "TargetUnavailable",
     "UnknownModelError",
     "UnprocessableEntityError",
+    "explained",
     "make_status_error",
     "map_transport_errors",
+    "stream_ended",
+    "stream_ended_with_text",
 ]
 
 _QUOTE_LIMIT = 200
@@ -126,6 +129,35 @@ class StreamInterrupted(APIError):
         super().__init__(message, request, body=None)  # type: ignore[arg-type]
         self.partial_text = partial_text
         self.cause = cause
+
+
+_UNFINISHED = "(no [DONE] and no finish_reason)"
+
+
+def stream_ended(
+    request: httpx.Request, *, before_first_token: str | None = None
+) -> APIConnectionError:
+    """The error of a stream whose body ended before its answer was whole (neither ``[DONE]``
+    nor every choice's ``finish_reason``): an ``APIConnectionError``, as a connection lost
+    (another target may answer, or continue it). ``before_first_token``: the target whose
+    stream ended before a first token."""
+    if before_first_token is not None:
+        what = f"The stream of target {before_first_token!r} ended before its first token"
+    else:
+        what = "The stream ended before the answer was complete"
+    message = f"{what} {_UNFINISHED}"
+    return APIConnectionError(message=message, request=request)  # type: ignore[arg-type]
+
+
+def stream_ended_with_text(request: httpx.Request, partial_text: str) -> StreamInterrupted:
+    """:func:`stream_ended` for a stream whose caller got its text so far (a stream llmroute
+    does not route, hence does not continue): :class:`StreamInterrupted` with that text."""
+    return StreamInterrupted(
+        f"{stream_ended(request).message}; the text so far is in .partial_text.",
+        request,
+        partial_text=partial_text,
+        cause=None,
+    )
 
 
 class FirstTokenTimeout(APITimeoutError):
@@ -333,16 +365,58 @@ _TIMEOUTS, _TRANSPORT_ERRORS = _transport_exceptions()
 
 @contextlib.contextmanager
 def map_transport_errors(request: httpx.Request) -> Iterator[None]:
-    """Translate httpx's (and httpx2's) transport exceptions into openai's connection errors."""
+    """Translate httpx's (and httpx2's) transport exceptions into openai's connection errors,
+    whose message names the address and, for a certificate no CA here trusts, the fix."""
     try:
         yield
     except _TIMEOUTS as exc:
         raise APITimeoutError(request=request) from exc  # type: ignore[arg-type]
     except _TRANSPORT_ERRORS as exc:
-        message = _connection_message(exc)
+        message = _connection_message(exc, request)
         raise APIConnectionError(message=message, request=request) from exc  # type: ignore[arg-type]
 
 
-def _connection_message(exc: BaseException) -> str:
-    detail = str(exc)
-    return f"Connection error: {detail}" if detail else "Connection error."
+def explained(exc: APIConnectionError) -> APIConnectionError | None:
+    """openai's bare ``Connection error.`` (its own code's, for a call llmroute does not route;
+    it keeps the transport's exception as the cause) as :func:`map_transport_errors` words it,
+    for a connection that failed or a certificate that did not verify; ``None`` for anything
+    else (a timeout, a message of its own, a request httpx refused to send)."""
+    cause = exc.__cause__
+    if type(exc) is not APIConnectionError or not isinstance(cause, _TRANSPORT_ERRORS):
+        return None
+    if exc.message != "Connection error.":
+        return None
+    if "Connect" not in type(cause).__name__ and "CERTIFICATE_VERIFY_FAILED" not in str(cause):
+        return None  # e.g. a key httpx refuses as a header: openai's own words, as openai says it
+    message = _connection_message(cause, exc.request)
+    return APIConnectionError(message=message, request=exc.request)
+
+
+UNTRUSTED_CERTIFICATE = (
+    "the server's certificate is not signed by a CA this client trusts: give that CA's file "
+    'as verify = "/path/to/ca.pem" in the provider\'s table (AsyncOpenAI(verify=...) in code, '
+    "--ca FILE on llmroute's commands, or SSL_CERT_FILE for the whole process)"
+)
+"""The fix for a certificate that did not verify: a private CA (a lab server, the simulator)."""
+
+_UNTRUSTED = (
+    "unable to get local issuer certificate",
+    "self-signed certificate",
+    "self signed certificate",
+    "unable to verify the first certificate",
+)
+
+
+def _connection_message(exc: BaseException, request: Any) -> str:
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    url: Any = getattr(request, "url", None)
+    host = getattr(url, "host", None)
+    if host:
+        port = url.port or (443 if url.scheme == "https" else 80)
+        address = f"{host}:{port}"
+        if address not in detail:
+            connect = "Connect" in type(exc).__name__
+            detail = f"cannot connect to {address}: {detail}" if connect else f"{address}: {detail}"
+    if "CERTIFICATE_VERIFY_FAILED" in detail and any(u in detail for u in _UNTRUSTED):
+        detail = f"{detail}; {UNTRUSTED_CERTIFICATE}"
+    return f"Connection error: {detail}"

@@ -31,6 +31,7 @@ class RedisConnection:
     def __init__(self, url: str, *, timeout: float, purpose: str) -> None:
         try:
             import redis
+            import redis.exceptions
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:
@@ -46,6 +47,18 @@ class RedisConnection:
         passwords = [parts.password, *(v for k, v in parse_qsl(parts.query) if k == "password")]
         self._secrets = {form for p in passwords if p for form in (p, unquote(p))}
         self.errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError, TimeoutError)
+        # Of those, the ones that say the server cannot be used now (an outage); any other
+        # (a script's error, a wrong argument) is an answer from a working server.
+        self.unreachable: tuple[type[BaseException], ...] = (
+            redis.ConnectionError,
+            redis.TimeoutError,
+            redis.exceptions.InvalidResponse,
+            redis.exceptions.ReadOnlyError,
+            redis.exceptions.OutOfMemoryError,
+            redis.exceptions.ClusterDownError,
+            OSError,
+            TimeoutError,
+        )
         # One immediate retry on a fresh connection (a pooled one may have gone stale); no
         # backoff, so an unreachable server fails within about two timeouts.
         self.client: Any = redis.Redis.from_url(

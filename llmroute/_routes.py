@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from ._background import spawn
 from ._config import Resolved, ResolvedProvider, RouteConfig, Target
 from .routing.budget import HedgeBudget
-from .routing.engine import Route, Router, RouteTarget
+from .routing.engine import Router
 from .routing.goal import LatencyGoal
 from .routing.policies import (
     FailoverPolicy,
@@ -23,6 +23,7 @@ from .routing.policies import (
     RoundRobinPolicy,
     WeightedPolicy,
 )
+from .routing.route import Route, RouteTarget
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings
 from .sglang import MetricsPoller

@@ -14,13 +14,20 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionChunk
 
-from ._errors import APIConnectionError, APIError, StreamInterrupted, map_transport_errors
+from ._errors import (
+    APIConnectionError,
+    APIError,
+    StreamInterrupted,
+    map_transport_errors,
+    stream_ended_with_text,
+)
 from ._types import RouteReport, Timings
 from .protocols.openai import ChatStreamDecoder, is_output, is_preamble_chunk
+from .protocols.reader import StreamReader
 from .routing.engine import RoutedStream
-from .transport import body_receiver
+from .transport import body_receiver, response_timings
 
-__all__ = ["CALL_STARTED", "AsyncStream", "broke", "response_timings"]
+__all__ = ["CALL_STARTED", "AsyncStream", "broke"]
 
 _T = TypeVar("_T")
 RetryHook = Callable[[int, Exception], Awaitable["tuple[httpx.Response, Timings] | None"]]
@@ -33,19 +40,6 @@ CALL_STARTED: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 """When the call being made in this context began (the monotonic clock): a stream that openai's
 machinery builds measures its timings from there."""
-
-
-def response_timings(response: Any, started: float | None) -> Timings:
-    """The timings of a response that has its headers: from ``started`` (now if unknown)."""
-    now = time.monotonic()
-    timings = Timings(started_at=started if started is not None else now)
-    timings.headers = now - timings.started_at
-    ext = getattr(response, "extensions", {}) or {}
-    timings.connection_reused = ext.get("llmroute.connection_reused")
-    timings.connect = ext.get("llmroute.connect_time")
-    version = ext.get("http_version")
-    timings.http_version = version.decode() if isinstance(version, bytes) else None
-    return timings
 
 
 def broke(
@@ -131,7 +125,7 @@ class AsyncStream(openai.AsyncStream[_T]):
         def switch(response: httpx.Response) -> None:
             self.response = response
 
-        self._iterator = routed.run.chunks(switch)
+        self._iterator = routed.chunks(switch)
         return self
 
     @classmethod
@@ -226,7 +220,7 @@ class AsyncStream(openai.AsyncStream[_T]):
     def _whole(self) -> bool:
         """Whether the answer was read to its end and is complete."""
         routed = self._routed
-        return self._complete or (routed is not None and routed.run.complete)
+        return self._complete or (routed is not None and routed.complete)
 
     def __del__(self) -> None:
         # A stream left with a bare ``break`` and dropped still ends, for its telemetry.
@@ -248,7 +242,8 @@ class AsyncStream(openai.AsyncStream[_T]):
             while True:
                 response, timings = self.response, self.timings
                 decoder = self._chat_decoder = self._new_decoder()
-                request, started = response.request, timings.started_at
+                reader = StreamReader(decoder, timings)
+                request = response.request
                 skipping = skip_preamble
                 failure: APIError | None = None
                 try:
@@ -257,40 +252,24 @@ class AsyncStream(openai.AsyncStream[_T]):
                         data: bytes | None = b""
                         while data is not None:
                             data = await receive()
-                            if data is None:
-                                chunks = decoder.close()
-                            else:
-                                if timings.first_byte is None:
-                                    timings.first_byte = clock() - started
-                                chunks = decoder.feed(data)
-                            if decoder.tokens != timings.tokens:
-                                if timings.first_token is None:
-                                    timings.first_token = clock() - started
-                                timings.tokens = decoder.tokens
-                            for chunk in chunks:
+                            for chunk in reader.feed(data):
                                 if skipping:
                                     if is_preamble_chunk(chunk):
                                         continue
                                     skipping = False
                                 skip_preamble = True
                                 yield chunk
-                            if decoder.done:
+                            if reader.done:
                                 break
                 except APIConnectionError as exc:
                     if timings.tokens:
                         raise broke(exc, request, timings, decoder) from exc
                     failure = exc
-                if failure is None and (decoder.done or decoder.finished):
+                if failure is None and reader.complete:
                     self._complete = True
                     return
                 if failure is None:
-                    failure = StreamInterrupted(
-                        "The stream ended before the answer was complete (no [DONE] and no "
-                        "finish_reason); the text so far is in .partial_text.",
-                        request,
-                        partial_text=decoder.text,
-                        cause=None,
-                    )
+                    failure = stream_ended_with_text(request, decoder.text)
                 if timings.tokens or not await self._retry_before_first_token(failure):
                     raise failure
         finally:
@@ -323,7 +302,7 @@ class AsyncStream(openai.AsyncStream[_T]):
             return
         await self.response.aclose()
         if self._routed is not None:
-            self._routed.run.finish()
+            self._routed.finish()
 
     async def __aenter__(self) -> AsyncStream[_T]:  # type: ignore[override]
         return self

@@ -48,13 +48,15 @@ from ._client import (
 )
 from ._config import Config
 from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
-from ._errors import APIConnectionError, StreamInterrupted, map_transport_errors
-from ._streaming import AsyncStream, broke, response_timings
+from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
+from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
 from ._upstream import body_errors, to_timeout
 from .metrics import ClientMetrics
-from .protocols.openai import ChatStreamDecoder, is_token_chunk
+from .protocols.openai import ChatStreamDecoder
+from .protocols.reader import StreamReader
 from .routing.stats import TargetSnapshot
+from .transport import response_timings
 
 __all__ = ["ClientClosedError", "OpenAI", "Stream"]
 
@@ -416,37 +418,24 @@ def _decode(response: httpx.Response, timings: Timings, reads: _Reads) -> Iterat
     """A direct chat stream's chunks, decoded from its sync response as bytes arrive."""
     request = response.request
     decoder = ChatStreamDecoder(request=request, target=request.url.host)
-    clock, started = time.monotonic, timings.started_at
+    reader = StreamReader(decoder, timings)
     try:
         with map_transport_errors(request):
             for data in response.iter_raw():
-                if timings.first_byte is None:
-                    timings.first_byte = clock() - started
-                for chunk in decoder.feed(data):
-                    if is_token_chunk(chunk):
-                        timings.tokens += 1
-                        if timings.first_token is None:
-                            timings.first_token = clock() - started
-                    yield chunk
-                if decoder.done:
+                yield from reader.feed(data)
+                if reader.done:
                     break
-            if not decoder.done:
-                yield from decoder.close()
+            if not reader.done:
+                yield from reader.feed(None)
     except APIConnectionError as exc:
         if timings.tokens:
             raise broke(exc, request, timings, decoder) from exc
         raise
     finally:
-        timings.total = clock() - started
+        timings.total = time.monotonic() - timings.started_at
         response.close()
-    if not (decoder.done or decoder.finished) and not reads.closed:
-        raise StreamInterrupted(
-            "The stream ended before the answer was complete (no [DONE] and no "
-            "finish_reason); the text so far is in .partial_text.",
-            request,
-            partial_text=decoder.text,
-            cause=None,
-        )
+    if not reader.complete and not reads.closed:
+        raise stream_ended_with_text(request, decoder.text)
 
 
 def _close_soon(runtime: _Runtime, stream: AsyncStream[Any]) -> None:

@@ -254,7 +254,8 @@ class TieredModel:
                 )
 
     def _build(self) -> Any:
-        from .tiers import Classifier, Example, TiersError, fit, read_examples
+        from .tiers import Classifier, Example, TiersError, read_examples
+        from .tiers._cache import cached_fit
 
         settings = self.settings
         if settings.classifier is not None:
@@ -274,7 +275,7 @@ class TieredModel:
             missing = sorted(set(self.tiers) - {e.label for e in examples})
             if missing:
                 raise TiersError(f"models.{self.name}: no examples of classes {missing}")
-            classifier = fit(examples)
+            classifier = cached_fit(examples)  # fitted once per examples, then read
         unknown = sorted(set(classifier.labels) - set(self.tiers))
         if unknown:
             raise TiersError(f"{where}: classes {unknown} are not in models.{self.name}.tiers")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from ._config import parse_duration
-from .routing.engine import Route
+from .routing.route import Route
 
 __all__ = [
     "BETWEEN_TOKENS_HEADER",

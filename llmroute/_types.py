@@ -140,13 +140,13 @@ class RouteReport:
     """The answer came from an identical request's call in flight at the same time
     (single-flight); ``attempts`` are that call's."""
     left_out: dict[str, str] = field(default_factory=dict)
+    """Targets of the route this request was not sent to, each with the reason (its declared
+    context window is smaller than the request's estimated size)."""
     usage_estimated: list[str] = field(default_factory=list)
     """The fields of the answer's ``usage`` that are llmroute's counts, not a vendor's: a
     continued answer's ``"completion_tokens"`` where a broken attempt was counted one token
     per delta (a lower bound), ``"prompt_tokens"`` where llmroute ended the answer and no
     vendor had counted the prompt (its estimate, four characters a token)."""
-    """Targets of the route this request was not sent to, each with the reason (its declared
-    context window is smaller than the request's estimated size)."""
     tier: TierDecision | None = None
     """For a tiered model name: the classifier's decision (``route`` is then the tier's)."""
     usage: Any = None
@@ -161,3 +161,14 @@ class RouteReport:
     request_id: str | None = None
     """The request's own id: the gateway's ``x-request-id`` (``gw-...``) for a request that
     came through ``llmroute serve``, else the call's ``x-llmroute-request-id`` header."""
+
+    def __str__(self) -> str:
+        """One line: the route, its policy, the winner, the TTFT, hedges and the cache (what
+        ``llmroute chat --show-route`` prints first); ``repr()`` has every field."""
+        ttft = "-" if self.ttft is None else f"{self.ttft * 1000:.0f} ms"
+        return (
+            f"route {self.route!r} ({self.policy}): winner {self.winner or '-'}, "
+            f"TTFT {ttft}, hedges {self.hedges} (denied {self.hedges_denied}), "
+            f"cache hit {'yes' if self.cache_hit else 'no'}"
+            + (", shared an identical request's call" if self.shared else "")
+        )

@@ -22,11 +22,19 @@ from typing import Any, cast
 import httpx
 
 from ._config import ResolvedProvider
-from ._errors import RequestBodyError, make_status_error, map_transport_errors
+from ._errors import (
+    APIConnectionError,
+    RequestBodyError,
+    explained,
+    make_status_error,
+    map_transport_errors,
+)
 from ._types import Timings
 from ._version import __version__
-from .protocols import anthropic
-from .routing.engine import SENDING, RouteTarget, Sender, vendor_request_id
+from .protocols import adapter_for
+from .routing.engine import vendor_request_id
+from .routing.route import SENDING, RouteTarget, Sender
+from .transport import response_timings
 
 __all__ = [
     "OWN_HEADER_PREFIX",
@@ -139,9 +147,15 @@ def no_cookies() -> http.cookiejar.CookieJar:
 @contextlib.contextmanager
 def body_errors() -> Iterator[None]:
     """A call whose body cannot be encoded (openai's machinery encodes a call that is not
-    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError."""
+    routed) raises :class:`RequestBodyError`, as a routed one does, not a bare RecursionError;
+    openai's bare ``Connection error.`` names its cause, as a routed call's does."""
     try:
         yield
+    except APIConnectionError as exc:  # openai's bare "Connection error.", with its cause named
+        better = explained(exc)
+        if better is None:
+            raise
+        raise better from exc.__cause__
     except RecursionError:
         raise RequestBodyError(
             "The request body is nested too deeply to be encoded as JSON"
@@ -198,18 +212,9 @@ class Upstream:
 
     def provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
         """The headers every request to ``provider`` carries: its key and configured headers."""
-        if provider.spec.protocol == "anthropic":
-            key = provider.api_key or ""
-            return {"User-Agent": _USER_AGENT, **anthropic.headers(key), **provider.headers}
-        headers = {
-            "Accept": "application/json",
-            "Content-Type": "application/json",
-            "User-Agent": _USER_AGENT,
-            **provider.headers,
-        }
-        if provider.api_key:
-            headers["Authorization"] = f"Bearer {provider.api_key}"
-        return headers
+        return adapter_for(provider.spec.protocol).headers(
+            provider.api_key, user_agent=_USER_AGENT, configured=provider.headers
+        )
 
     def build(
         self,
@@ -257,15 +262,15 @@ class Upstream:
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
         ) -> tuple[httpx.Response, Timings]:
-            where = path
-            if target.protocol == "anthropic" and path == "chat/completions":
-                where, body = "messages", anthropic.translate_request(body, target=target.name)
+            where, sent_body = adapter_for(target.protocol).wire_request(
+                path, body, target=target.name
+            )
             record = SENDING.get() if trace is not None else None
             sent = headers if trace is None else trace.attempt(record, target.name, headers)
             request = self.build(
                 self.providers[target.provider],
                 where,
-                body,
+                sent_body,
                 headers=sent,
                 query=query,
                 timeout=timeout,
@@ -291,18 +296,12 @@ class Upstream:
         """Send once: the response (streaming unless ``read_body``) and its timings; an error
         status raises openai's status error."""
         started = time.monotonic()
-        timings = Timings(started_at=started)
         with map_transport_errors(request):
             if http is None and self.transport is not None and not request.url.userinfo:
                 response = await self._send_direct(request, self.transport)
             else:
                 response = await (http or self.http).send(request, stream=True)
-        timings.headers = time.monotonic() - started
-        ext = response.extensions
-        timings.connection_reused = ext.get("llmroute.connection_reused")
-        timings.connect = ext.get("llmroute.connect_time")
-        version = ext.get("http_version")
-        timings.http_version = version.decode() if isinstance(version, bytes) else None
+        timings = response_timings(response, started)
         if response.status_code >= 400:
             try:
                 with map_transport_errors(request):

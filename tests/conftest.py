@@ -27,6 +27,22 @@ def fault(kind: str, times: int = 1, **headers: str) -> dict[str, str]:
     }
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """What llmroute keeps in the user's cache directory (fitted tier classifiers, a disk
+    cache without a path) goes to a directory of the session's, for it and its subprocesses,
+    never to the home of whoever runs the tests."""
+    import os
+
+    previous = os.environ.get("LLMROUTE_CACHE_DIR")
+    os.environ["LLMROUTE_CACHE_DIR"] = str(tmp_path_factory.mktemp("llmroute-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("LLMROUTE_CACHE_DIR", None)
+    else:
+        os.environ["LLMROUTE_CACHE_DIR"] = previous
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return request.param

@@ -354,3 +354,34 @@ def test_a_run_where_every_request_failed_still_draws() -> None:
     assert points(routed_figure(data, "log").axes[0], "failed") == 0
     empty = {"settings": {"lengths": {"short": 50}}, "targets": ["a:m"], "samples": []}
     assert ecdf_figure(empty, "log").axes[0].get_xscale() == "log"
+
+
+@pytest.mark.parametrize("kind", ["svg", "pdf", "png"])
+def test_the_plot_format_follows_the_extension(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """``--plot bench.svg`` writes SVG (it wrote PNG bytes under any name before)."""
+    picture = tmp_path / f"routed.{kind.upper() if kind == 'pdf' else kind}"
+    assert main(["bench", "--replot", str(ROUTED), "--plot", str(picture)]) == 0
+    assert capsys.readouterr().out == f"wrote {picture}\n"
+    head = picture.read_bytes()[:400]
+    if kind == "svg":
+        assert head.startswith(b"<?xml") and b"<svg" in head
+    elif kind == "pdf":
+        assert head.startswith(b"%PDF-")
+    else:
+        assert head.startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("name", ["bench.jpeg", "bench", "bench.svg.txt"])
+def test_an_unknown_plot_extension_is_refused_before_anything_is_sent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    picture = tmp_path / name
+    for argv in (["--replot", str(ROUTED)], ["--simulator", "--probes", "1"]):
+        assert main(["bench", *argv, "--plot", str(picture)]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.startswith(f"llmroute bench: --plot {picture}: ")
+        assert captured.err.rstrip().endswith("; end the name in .png, .svg or .pdf")
+        assert not picture.exists()

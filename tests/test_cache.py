@@ -317,7 +317,7 @@ async def test_the_ask_right_after_the_popular_one_goes_no_further_than_the_stor
         answers.append(await ask_stream(c, msgs) if stream else await ask(c, msgs))
         assert upstream(sim) == second <= before + 2  # the third ask sent nothing
         third = answers[-1][0] if stream else answers[-1]
-        assert third.route.cache_hit or third.route.shared
+        assert third.route.cache_hit and not third.route.shared
         if stream:
             assert dumps(answers[-1][1]) == dumps(answers[1][1])
         else:
@@ -371,9 +371,10 @@ async def test_a_lookup_that_missed_an_answer_then_stored_looks_again(
         assert third.route.cache_hit and third.to_dict() == live.to_dict()
 
 
-async def test_an_answer_being_stored_is_shared_with_the_next_ask() -> None:
-    """Between an answer's end and its entry's arrival in the store, an identical ask joins
-    the finished call rather than calling again; once stored, it is a hit."""
+async def test_an_ask_after_an_answer_ended_waits_for_its_store_and_hits() -> None:
+    """Between an answer's end and its entry's arrival in the store, an identical ask does not
+    read the ended call (a cache hit the admission rule never counted): it waits for the
+    store, and hits once the entry is in."""
     from openai.types.chat import ChatCompletion
 
     from llmroute.cache._stores import MemoryStore
@@ -417,20 +418,72 @@ async def test_an_answer_being_stored_is_shared_with_the_next_ask() -> None:
         calls.append(1)
         return answer
 
+    hits: list[Any] = []
     with anyio.fail_after(30):  # a hang guard only
         seat, leader = cache.join(request, call)
         assert leader and (await seat.opened()) is answer
         seat.leave()
         await store.writing.wait()  # the answer is complete, its entry not in the store yet
+        pending = cache.pending(request)
+        assert pending is not None and pending.ended and not pending.joinable
         assert await cache.lookup(request) is None
-        seat, leader = cache.join(request, call)
-        assert not leader and (await seat.opened()) is answer
-        seat.leave()
-        store.release.set()
+
+        async def next_ask() -> None:
+            hits.append(await cache.after_miss(request, pending))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(next_ask)
+            await anyio.lowlevel.checkpoint()
+            assert not hits  # waiting for the store
+            store.release.set()
         await cache.aclose()
     assert calls == [1]
-    assert await store.get("ns/k") is not None
-    assert not cache._flights  # forgotten once stored: later asks are hits
+    assert hits[0] is not None and hits[0].completion.to_dict() == answer.to_dict()
+    assert not cache._flights  # forgotten once stored
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["early-check", "seam"])
+async def test_the_ask_after_an_unpopular_answer_ended_is_a_new_ask(
+    sim: Simulator, early: bool
+) -> None:
+    """Three asks one after another (min_hits 2), the second while the first is still being
+    counted (a disk or Redis store counts in a worker, after the caller has its answer). The
+    second is the prompt's second ask: it goes upstream and is counted, and the third is a
+    hit. (It used to read the first's ended call: ``shared``, counted neither as a hit nor as
+    an ask, so the README's example printed False False False with the disk store.)"""
+    async with AsyncOpenAI(
+        api_key=KEY, verify=sim.ssl_context(), config=cache_config(sim, min_hits=2)
+    ) as c:
+        assert c._cache is not None
+        store: Any = c._cache.store
+        counting, release = anyio.Event(), anyio.Event()
+        store_hit, store_get = store.hit, store.get
+
+        async def held_hit(key: str, *, window: float) -> int:
+            if not release.is_set():
+                counting.set()
+                await release.wait()
+            return int(await store_hit(key, window=window))
+
+        async def racing_get(key: str) -> bytes | None:
+            value = await store_get(key)
+            if value is None and counting.is_set():
+                release.set()  # the first ask's count ends after this lookup missed
+            return value
+
+        store.hit, store.get = held_hit, racing_get
+        headers = {} if early else {"extra_headers": {HEADER: "auto"}}
+        msgs = messages()
+        before = upstream(sim)
+        with anyio.fail_after(30):  # a hang guard only
+            answers = [await ask(c, msgs, **headers) for _ in range(3)]
+        assert release.is_set()  # the second ask came while the first was being counted
+        assert [(a.route.cache_hit, a.route.shared) for a in answers] == [
+            (False, False),
+            (False, False),
+            (True, False),
+        ]
+        assert upstream(sim) == before + 2
 
 
 async def test_a_reader_that_leaves_early_does_not_disturb_the_others(

@@ -37,8 +37,8 @@ def sources_table(catalog: dict[str, ProviderSpec]) -> list[str]:
             if source.verified:
                 day = by_day.setdefault(source.checked, [])
                 day.extend(claim for claim in source.claims if claim not in day)
-            else:
-                unverified.append(f"{', '.join(source.claims)} ({source.checked})")
+            elif (entry := f"{', '.join(source.claims)} ({source.checked})") not in unverified:
+                unverified.append(entry)
         days = sorted(by_day.items())
         verified = "; ".join(f"{day}: {', '.join(claims)}" for day, claims in days)
         missing = ", ".join(claim for claim in CORE if claim not in cited)
@@ -71,7 +71,9 @@ def test_every_entry_cites_dated_sources(name: str) -> None:
     text = (ROOT / "providers" / f"{name}.toml").read_text(encoding="utf-8")
     tail = text[text.index("[[sources]]") :]
     assert all(
-        line.startswith(("[[sources]]", "about", "url", "checked", "verified", "note", "#"))
+        line.startswith(
+            ("[[sources]]", "about", "models", "url", "checked", "verified", "note", "#")
+        )
         for line in tail.splitlines()
         if line.strip()
     ), f"{name}: only [[sources]] tables after the first one"
@@ -111,3 +113,59 @@ def test_every_page_a_comment_cites_is_a_source(name: str) -> None:
     pages = {url.rstrip(").,;:") for url in re.findall(r"https://[^\s\"]+", comments)}
     cited = {source.url for source in CATALOG[name].sources}
     assert sorted(page for page in pages - cited if not _is_endpoint(page)) == []
+
+
+COST_DOC = ROOT / "docs" / "cost.md"
+PRICES_BEGIN, PRICES_END = "<!-- prices table: begin -->", "<!-- prices table: end -->"
+
+
+def _money(value: object) -> str:
+    return "-" if value is None else f"{value}"
+
+
+def prices_table(catalog: dict[str, ProviderSpec]) -> list[str]:
+    """docs/cost.md's table of the catalog's prices, with the day each was read and whether on
+    the vendor's own page."""
+    rows = [
+        "| vendor | model | input | cached input | cache write (5m / 1h) | output | long prompts "
+        "| read | on the vendor's page |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, spec in sorted(catalog.items()):
+        for model, price in spec.prices.items():
+            source = next(s for s in spec.sources if "prices" in s.claims and model in s.models)
+            writes = f"{_money(price.cache_write)} / {_money(price.cache_write_1h)}"
+            if price.cache_write is None and price.cache_write_1h is None:
+                writes = "-"
+            tiers = "; ".join(
+                f"over {tier.above_prompt_tokens:,}: "
+                + (f"{tier.input} / {tier.output}" if tier.priced else "unknown")
+                for tier in price.tiers
+            )
+            until = f", until {price.valid_until}" if price.valid_until else ""
+            rows.append(
+                f"| `{name}` | `{model}` | {price.input} {price.currency}{until} "
+                f"| {_money(price.cached_input)} | {writes} | {price.output} | {tiers or '-'} "
+                f"| {source.checked} | {'yes' if source.verified else 'no'} |"
+            )
+    return rows
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG))
+def test_every_price_has_a_dated_source(name: str) -> None:
+    spec = CATALOG[name]
+    dated = {m for s in spec.sources if "prices" in s.claims for m in s.models}
+    assert sorted(set(spec.prices) - dated) == [], f"{name}: prices no [[sources]] entry dates"
+    assert sorted(dated - set(spec.prices)) == [], f"{name}: a prices source names no price"
+    for source in spec.sources:
+        assert not source.models or "prices" in source.claims, source
+
+
+def test_the_docs_table_of_prices_matches_the_catalog() -> None:
+    text = COST_DOC.read_text(encoding="utf-8")
+    assert PRICES_BEGIN in text and PRICES_END in text, f"{COST_DOC} lost its prices markers"
+    table = text[text.index(PRICES_BEGIN) + len(PRICES_BEGIN) : text.index(PRICES_END)]
+    expected = prices_table(dict(CATALOG))
+    assert table.strip().splitlines() == expected, (
+        "docs/cost.md's prices table is stale; it should read:\n" + "\n".join(expected)
+    )

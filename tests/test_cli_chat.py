@@ -232,3 +232,27 @@ def test_ctrl_c_stops_cleanly() -> None:
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1] == "llmroute chat: interrupted"
     assert "Traceback" not in err
+
+
+def test_a_route_report_prints_as_the_show_route_line() -> None:
+    """``print(resp.route)`` was the dataclass's repr (~600 characters); it is the line
+    ``--show-route`` prints first, and ``repr()`` keeps every field."""
+    from llmroute._types import AttemptReport, RouteReport
+    from llmroute.cli._chat import route_lines
+
+    report = RouteReport(
+        route="chat",
+        policy="hedge",
+        winner="fast:sim-small",
+        ttft=0.0734,
+        attempts=[AttemptReport(target="fast:sim-small", reason="first", started=0.0)],
+        hedges=1,
+        prompt_class="short",
+        trace_id="0" * 32,
+    )
+    line = str(report)
+    assert line == route_lines(report, None, "chat")[0]
+    assert line == (
+        "route 'chat' (hedge): winner fast:sim-small, TTFT 73 ms, hedges 1 (denied 0), cache hit no"
+    )
+    assert repr(report).startswith("RouteReport(route='chat'") and "attempts=[" in repr(report)

@@ -59,8 +59,10 @@ def test_serve_refuses_a_port_out_of_range(port: str) -> None:
         ("{bad", "--profile-json is not valid JSON"),
         ("[1]", "--profile-json must be a JSON object"),
         ('{"ttft_medain": 1}', "unknown field 'ttft_medain' (did you mean 'ttft_median'?)"),
-        ('{"ttft_median": "fast"}', "ttft_median must be a number, got 'fast'"),
-        ('{"stall_range": [1]}', "stall_range must be [low, high] seconds, got [1]"),
+        ('{"ttft_median": "fast"}', "ttft_median: expected a number, got 'fast'"),
+        ('{"stall_range": [1]}', "stall_range: expected [low, high] seconds, got [1]"),
+        ('{"rate_503": 2}', "rate_503: expected a probability from 0 to 1, got 2"),
+        ('{"preset": "flakey"}', "no preset 'flakey' (did you mean 'flaky'?)"),
     ],
 )
 def test_simulator_profile_mistakes_are_sentences(profile: str, message: str) -> None:
@@ -169,7 +171,9 @@ def test_serve_simulator_refuses_what_it_replaces(
     extra: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["serve", "--simulator", "--port", "0", *extra]) == 2
-    assert f"--simulator and {extra[0]} do not go together" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"--simulator and {extra[0]} do not go together" in err
+    assert ('kind = "simulator"' in err) == (extra[0] == "--config")  # what to write instead
 
 
 def test_serve_on_a_port_in_use_says_what_to_pass(

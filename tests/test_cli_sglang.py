@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from pathlib import Path
 
 import pytest
 
+from llmroute.sglang import install_commands
 from llmroute.testing import Simulator, sglang_standin_path
 
 from .conftest import KEY
@@ -121,7 +124,10 @@ def test_launch_prints_a_config_and_a_signal_stops_the_servers(
         proc.send_signal(stop)
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
-        assert "SGLang stopped." in out
+        # stdout is the config alone (> gpu.toml is valid TOML); the status lines on stderr.
+        assert "SGLang stopped." in err and "SGLang stopped." not in out
+        routed = tomllib.loads(text + out)
+        assert routed["models"]["chat"]["targets"] == [f"gpu:{name}", f"gpu-1:{name}"]
         assert key not in out + err
     finally:
         if proc.poll() is None:
@@ -176,16 +182,67 @@ def run_launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     )
 
 
-@pytest.mark.parametrize("dry_run", [False, True])
-def test_without_sglang_the_launch_says_how_to_get_it(tmp_path: Path, dry_run: bool) -> None:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # an interpreter without sglang
-    done = run_launch("org/m", *(["--dry-run"] if dry_run else []), env=env)
+def with_nvidia_smi(tmp_path: Path) -> dict[str, str]:
+    """An environment without sglang whose PATH has an ``nvidia-smi`` listing one GPU."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA Stand-in (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PYTHONPATH": str(tmp_path), "PATH": path}
+
+
+def test_without_sglang_the_launch_says_how_to_get_it(tmp_path: Path) -> None:
+    done = run_launch("org/m", env=with_nvidia_smi(tmp_path))  # a GPU host, no sglang
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1, done.stderr  # one paragraph
     assert "SGLang is not installed for the Python interpreter" in done.stderr
-    assert "pip install 'sglang[all]'" in done.stderr and "--image" in done.stderr
-    assert "SGLang stopped." not in done.stdout
+    for step in install_commands(sys.executable):
+        assert step in done.stderr
+    assert "--image" in done.stderr
+    assert done.stdout == ""
+
+
+def test_the_install_commands_are_the_docs_recipe() -> None:
+    """The launcher's install hint and docs/sglang.md's recipe are one text."""
+    docs = (Path(__file__).parent.parent / "docs" / "sglang.md").read_text("utf-8")
+    for step in install_commands("~/sglang-venv/bin/python"):
+        assert f"\n{step}\n" in docs, step
+
+
+@pytest.mark.parametrize("gpu_host", [True, False])
+def test_a_dry_run_needs_neither_sglang_nor_a_gpu(tmp_path: Path, gpu_host: bool) -> None:
+    """It prints each command and the config (valid TOML on stdout alone); what is missing is
+    said on stderr."""
+    env = with_nvidia_smi(tmp_path) if gpu_host else no_gpu_env(tmp_path)
+    done = run_launch("org/m", "--gpus", "0", "--dry-run", env=env)
+    assert done.returncode == 0, done.stderr
+    config = tomllib.loads(done.stdout)
+    assert config["models"]["chat"]["targets"] == ["gpu:m"]
+    assert config["providers"]["gpu"]["kind"] == "sglang"
+    assert "serve --model-path org/m" in done.stdout and "--enable-metrics" in done.stdout
+    assert "SGLang is not installed for the Python interpreter" in done.stderr
+    assert ("nvidia-smi is not on this host's PATH" in done.stderr) is not gpu_host
+    assert "Traceback" not in done.stderr
+
+
+def no_gpu_env(tmp_path: Path) -> dict[str, str]:
+    """An environment without sglang (or its stand-in) and without ``nvidia-smi``."""
+    if shutil.which("nvidia-smi") is not None:
+        pytest.skip("this host has nvidia-smi")
+    return {**os.environ, "PYTHONPATH": str(tmp_path)}
+
+
+def test_a_launch_on_a_host_without_a_gpu_is_refused_in_a_sentence(tmp_path: Path) -> None:
+    done = run_launch("org/m", env=no_gpu_env(tmp_path))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "llmroute sglang launch: nvidia-smi is not on this host's PATH, so it shows no GPU; "
+        "SGLang's server needs a CUDA GPU (NVIDIA's): launch on a host that has one (--dry-run "
+        "shows the commands anywhere)\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -3,13 +3,18 @@ gateway (simulators behind it) and against nothing, no terminal needed."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import logging
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 import trustme
@@ -105,6 +110,13 @@ llmroute_gateway_slo_burn_rate{key="app",route="chat",window="5m"} 4.0
 llmroute_tier_decisions_total{class="simple",model="auto",reason="classifier",tier="small"} 3.0
 llmroute_tier_decisions_total{class="hard",model="auto",reason="classifier",tier="large"} 1.0
 """
+
+
+def section(lines: list[str], title: str) -> list[str]:
+    """The lines of the section under ``title``, to the next blank line."""
+    start = next(index for index, line in enumerate(lines) if line.startswith(title))
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return lines[start + 1 : end]
 
 
 def row_of(lines: list[str], name: str) -> str:
@@ -276,6 +288,10 @@ def gateway(sim: Simulator, slow_sim: Simulator) -> Iterator[Gateway]:
             )
             for _ in stream:
                 pass
+        for index in range(2):  # not streamed: a time to the whole answer, no TTFT
+            client.chat.completions.create(
+                model="slow", messages=[{"role": "user", "content": f"whole {index}"}]
+            )
         other = openai.OpenAI(base_url=server.base_url, api_key=OTHER_KEY, max_retries=0)
         for caller in (client, other):  # a key's failures alone open only its own breaker
             with pytest.raises(openai.APIError):
@@ -283,7 +299,7 @@ def gateway(sim: Simulator, slow_sim: Simulator) -> Iterator[Gateway]:
                     model="broken", messages=[{"role": "user", "content": "fail"}]
                 )
             caller.close()
-        answered(server, 6)
+        answered(server, 8)
         yield server
 
 
@@ -326,6 +342,7 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     assert (status, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].startswith(f"llmroute top: {root(gateway)}/metrics")
+    lines = section(lines, "targets (3)") + section(lines, "gateway keys")
     header = row_of(lines, "target")
     assert header.split()[:7] == ["target", "answers", "share", "p50", "p95", "p99", "router"]
     p95 = header.split().index("p95")
@@ -336,8 +353,8 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     failing = row_of(lines, "failing:sim-small")
     assert failing.endswith("open") and failing.split()[-2] == "0"  # in flight
     assert row_of(lines, "failing:sim-small").split()[-3] == "2"  # its two errors
-    # The key ci's 4 + 1 requests (and the scrapes of tests before, if any ran first).
-    assert int(row_of(lines, "ci").split()[1]) >= 5
+    # The key ci's 6 + 1 API calls (4 streamed, 2 not), and not top's scrapes of /metrics.
+    assert row_of(lines, "ci").split()[1] == "7"
     assert row_of(lines, "other").split()[1] == "1"
     assert "\x1b" not in out
     assert GW_KEY not in out and UPSTREAM_KEY not in out
@@ -358,7 +375,7 @@ def test_rows_and_sort(gateway: Gateway, capsys: pytest.CaptureFixture[str]) -> 
         capsys, "--once", "--rows", "1", "--sort", "errors", "--key", GW_KEY, root(gateway)
     )
     assert status == 0
-    lines = out.splitlines()
+    lines = section(out.splitlines(), "targets (3)")
     assert row_of(lines, "failing:sim-small")
     assert not any(line.startswith(("fast:", "slow:")) for line in lines)
     assert "... 2 more (--rows or --sort shows others)" in lines
@@ -371,12 +388,54 @@ def test_a_missing_or_wrong_key_is_a_sentence(
     assert (status, out) == (2, "")
     assert err == (
         f"llmroute top: {root(gateway)}/metrics needs a key (401); give one of the gateway's "
-        "keys with --key or $LLMROUTE_GATEWAY_KEY\n"
+        "keys (its admin key, if it has one) with --key or $LLMROUTE_GATEWAY_KEY\n"
     )
     wrong = "gw-wrong-key-SHOULD-NOT-APPEAR"
     status, out, err = top(capsys, "--once", "--key", wrong, root(gateway))
-    assert status == 2 and "refused the key given (401)" in err
+    assert status == 2
+    # The live page's words: "Refused (401): that is not a key of this gateway."
+    assert "refused the key given (401): that is not a key of this gateway;" in err
     assert wrong not in err and wrong not in out
+
+
+def test_once_shows_the_time_of_answers_that_were_not_streamed(
+    gateway: Gateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two answers of route slow were not streamed: they have no TTFT, but their time to the
+    whole answer shows, for the route (the caller's) and its target."""
+    status, out, _ = top(capsys, "--once", "--key", GW_KEY, root(gateway))
+    assert status == 0
+    whole = section(out.splitlines(), "not streamed: time to the whole answer")
+    assert whole[0].split()[:4] == ["route", "/", "target", "answers"]
+    for name in ("slow", "slow:sim-small"):
+        row = row_of(whole, name).split()
+        assert row[1] == "2" and row[3] == "ms" and row[2] != "-", row
+    assert [line.split()[0] for line in whole[1:]] == ["slow", "slow:sim-small"]  # chat streamed
+
+
+def test_a_team_key_where_an_admin_key_is_needed_is_told_so(
+    sim: Simulator, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With an admin key configured, /metrics refuses a team's key (403): the sentence says an
+    admin key is needed, as the live page does ("that key is not an admin key")."""
+    config = {
+        "providers": {"p": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY}},
+        "models": {"chat": {"targets": ["p:sim-small"]}},
+        "gateway": {
+            "keys": {"team": "GW_KEY_TOP", "ops": "GW_KEY_OTHER"},
+            "tenants": {"ops": {"admin": True}},
+        },
+    }
+    environ = {"GW_KEY_TOP": GW_KEY, "GW_KEY_OTHER": OTHER_KEY}
+    with Gateway(config, environ=environ, verify=sim.ssl_context()) as server:
+        status, out, err = top(capsys, "--once", "--key", GW_KEY, server.base_url)
+        assert (status, out) == (2, "")
+        assert err == (
+            f"llmroute top: {root(server)}/metrics refused the key given (403): that key is not "
+            "an admin key; give an admin key (admin = true) with --key or $LLMROUTE_GATEWAY_KEY\n"
+        )
+        status, out, err = top(capsys, "--once", "--key", OTHER_KEY, server.base_url)
+        assert (status, err) == (0, "")
 
 
 def test_a_page_that_is_not_metrics_is_a_sentence(
@@ -388,6 +447,71 @@ def test_a_page_that_is_not_metrics_is_a_sentence(
     assert err.rstrip().endswith("it answered application/json")
     status, _, err = top(capsys, "--once", "--key", GW_KEY, root(gateway) + "/nowhere")
     assert status == 2 and "no page there (404)" in err
+
+
+ADMIN_KEY = "gw-top-admin-key-0123456789abcdef"
+
+
+def test_the_keys_table_and_admin_usage_count_api_calls_alike(
+    sim: Simulator, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key's requests are its API calls, in ``llmroute top`` as in ``/admin/usage``: not the
+    live page's files, its polls, the usage reads or /metrics scrapes (top once counted them
+    for the key that made them, or for "(no valid key)"). Reads of admin data are logged with
+    their path and key name; an admin path's 401 and 403 are not to be stored."""
+    config: dict[str, Any] = {
+        "providers": {"fast": {"base_url": sim.base_url, "api_key": UPSTREAM_KEY}},
+        "models": {"chat": {"targets": ["fast:sim-small"]}},
+        "routing": {"explore": 0},
+        "gateway": {
+            "keys": {"ci": "GW_KEY_TOP", "ops": "GW_KEY_ADMIN"},
+            "tenants": {"ops": {"admin": True}},
+            "live_page": True,
+        },
+    }
+    environ = {"GW_KEY_TOP": GW_KEY, "GW_KEY_ADMIN": ADMIN_KEY}
+    ci, ops = {"authorization": f"Bearer {GW_KEY}"}, {"authorization": f"Bearer {ADMIN_KEY}"}
+    chat = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    caplog.set_level(logging.INFO, logger="llmroute.server")
+    with (
+        Gateway(config, environ=environ, verify=sim.ssl_context(), max_retries=0) as gateway,
+        httpx.Client(base_url=root(gateway), timeout=30) as http,
+    ):
+        calls = [
+            http.post("/v1/chat/completions", json=chat, headers=ci),
+            http.post("/v1/chat/completions", json={**chat, "n": 0}, headers=ci),
+            http.post("/v1/chat/completions", json={**chat, "model": "nope"}, headers=ci),
+            http.get("/v1/models", headers=ci),
+        ]
+        assert [c.status_code for c in calls] == [200, 400, 404, 200]
+        for path in ("/admin/live", "/admin/live/live.js", "/admin/live/live.css"):
+            assert http.get(path, headers=ci).status_code == 200  # open: no data in them
+        for _ in range(3):  # the page's polls and a dashboard's reads
+            assert http.get("/admin/live/data", headers=ops).status_code == 200
+            assert http.get("/admin/usage", headers=ops).status_code == 200
+        denied = http.get("/admin/usage", headers=ci)
+        unknown = http.get("/admin/live/data", headers={"authorization": "Bearer gw-wrong-0123"})
+        assert (denied.status_code, unknown.status_code) == (403, 401)
+        assert denied.headers["cache-control"] == unknown.headers["cache-control"] == "no-store"
+        answered(gateway, 4 + 3 + 6 + 2)
+        usage = http.get("/admin/usage", headers=ops).json()["keys"]
+        status, out, _ = top(capsys, "--once", "--key", ADMIN_KEY, root(gateway))
+    assert status == 0
+    assert (usage["ci"]["requests"], usage["ci"]["errors"]) == (4, 2)
+    assert (usage["ops"]["requests"], usage["ops"]["errors"]) == (0, 0)
+    lines = out.splitlines()
+    assert row_of(lines, "ci").split()[1] == "4"  # the same count as /admin/usage's
+    assert not [line for line in lines if line.startswith(("ops ", "(no valid key)"))], out
+    logged = [r.getMessage() for r in caplog.records]
+    for line in (
+        "GET /admin/usage 200 key=ops ",
+        "GET /admin/live/data 200 key=ops ",
+        "GET /admin/usage 403 key=ci ",
+        "GET /admin/live/data 401 key=- ",
+        "GET /admin/live/live.js 200 key=- ",
+    ):
+        assert any(m.startswith(line) for m in logged), (line, logged)
+    assert not [m for m in logged if " other " in m]
 
 
 def test_an_unreachable_url_is_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:
@@ -449,8 +573,10 @@ def test_an_application_page_of_client_metrics(
         thread.join(30)  # a hang guard only
     assert (status, err) == (0, "")
     lines = out.splitlines()
-    assert row_of(lines, "p:sim-small").split()[1:3] == ["1", "100%"]
-    assert row_of(lines, "chat").split()[1] == "1"
+    assert row_of(section(lines, "targets (1)"), "p:sim-small").split()[1:3] == ["1", "100%"]
+    assert row_of(section(lines, "routes"), "chat").split()[1] == "1"
+    whole = section(lines, "not streamed")  # the one request was not streamed
+    assert row_of(whole, "chat").split()[1] == row_of(whole, "p:sim-small").split()[1] == "1"
     assert "gateway keys" not in out
 
 
@@ -492,3 +618,83 @@ def test_a_tls_gateway_with_a_private_ca(
         )
     assert (status, err) == (0, "")
     assert row_of(out.splitlines(), "p:sim-small").endswith("closed")
+
+
+def _own_terminal() -> None:
+    import fcntl
+    import termios
+
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.parametrize("typed", [b"q", b"\x03"], ids=["q", "ctrl-c"])
+def test_q_or_ctrl_c_quits_the_live_view_on_a_terminal(typed: bytes) -> None:
+    """On a terminal (a pty here) the live view takes the screen; typing q, or Ctrl-C (the
+    terminal still turns it into SIGINT while keys are read one by one), gives it back and ends
+    with status 0."""
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    text = AFTER.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/plain; version=0.0.4")
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    master, slave = pty.openpty()
+    root_dir = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root_dir), "COLUMNS": "120", "LINES": "40"}
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "llmroute", "top", "--interval", "0.5", url],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        close_fds=True,
+        start_new_session=True,
+        preexec_fn=_own_terminal,  # the pty is its terminal: Ctrl-C there is its SIGINT
+    )
+    os.close(slave)
+    seen = b""
+    try:
+        for _ in range(600):  # a hang guard only: up to 60 s for the first frame
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                seen += os.read(master, 65536)
+            if b"targets (3)" in seen:
+                break
+        assert b"\x1b[?1049h" in seen and b"targets (3)" in seen, seen[-500:]
+        os.write(master, typed)
+        status = process.wait(timeout=60)  # a hang guard only
+        for _ in range(10):
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                break
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # the other end closed
+                break
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+        os.close(master)
+        server.shutdown()
+        server.server_close()
+        thread.join(30)
+    assert status == 0
+    assert seen.rstrip().endswith(b"\x1b[?25h\x1b[?1049l")  # the screen given back

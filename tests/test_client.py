@@ -273,6 +273,55 @@ async def test_connection_refused_is_an_api_connection_error() -> None:
     assert KEY not in str(info.value)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("scheme", ["http", "https"])
+@pytest.mark.parametrize("routed", [True, False], ids=["route", "direct"])
+async def test_an_unreachable_target_is_named_in_the_error(scheme: str, routed: bool) -> None:
+    """Plain HTTP said only 'All connection attempts failed' (routed) or openai's bare
+    'Connection error.' (direct): which address failed was nowhere in the message."""
+    port = _free_port()
+    url = f"{scheme}://127.0.0.1:{port}/v1"
+    config = {
+        "providers": {"down": {"base_url": url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["down:m"]}},
+    }
+    options: dict[str, Any] = {"config": config} if routed else {"base_url": url}
+    async with llmroute.AsyncOpenAI(api_key=KEY, max_retries=0, **options) as client:
+        with anyio.fail_after(30), pytest.raises(openai.APIConnectionError) as info:
+            await client.chat.completions.create(model="chat" if routed else "m", messages=MESSAGES)
+    text = str(info.value)  # "cannot connect to ADDRESS: ..." (trio: "all attempts to connect to")
+    assert f"connect to 127.0.0.1:{port}" in text and KEY not in text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("routed", [True, False], ids=["route", "direct"])
+async def test_an_untrusted_certificate_error_says_how_to_trust_it(
+    sim: Simulator, routed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CERTIFICATE_VERIFY_FAILED alone did not say that a verify = (or --ca) fixes it."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    config = {
+        "providers": {"private": {"base_url": sim.base_url, "api_key": KEY}},
+        "models": {"chat": {"targets": ["private:sim-small"]}},
+    }
+    options: dict[str, Any] = {"config": config} if routed else {"base_url": sim.base_url}
+    async with llmroute.AsyncOpenAI(api_key=KEY, max_retries=0, **options) as client:
+        with anyio.fail_after(30), pytest.raises(openai.APIConnectionError) as info:
+            await client.chat.completions.create(
+                model="chat" if routed else "sim-small", messages=MESSAGES
+            )
+    text = str(info.value)
+    assert f"127.0.0.1:{sim.port}" in text and "CERTIFICATE_VERIFY_FAILED" in text
+    assert 'verify = "/path/to/ca.pem"' in text and "--ca FILE" in text
+    assert isinstance(info.value, llmroute.AllTargetsFailed) == routed  # openai's class kept
+
+
 @pytest.mark.anyio
 async def test_timeout_is_an_api_timeout_error(sim: Simulator) -> None:
     async with client_for(sim, max_retries=0) as client:

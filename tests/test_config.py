@@ -611,6 +611,36 @@ def test_api_key_never_shown(tmp_path: Path) -> None:
         assert info.value.__cause__ is None
 
 
+def test_redis_url_from_an_environment_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[redis] url_env``: the URL (a password in it) comes from the environment, never shows
+    in a repr or an error, and a missing, empty or malformed variable is named, not echoed."""
+    url = "redis://:pass-4f1c9e@redis.example:6379/2"
+    text = '[redis]\nurl_env = "LLMROUTE_REDIS_URL"\n[models.m]\ntargets = ["openai:y"]\n'
+    monkeypatch.setenv("LLMROUTE_REDIS_URL", url)
+    config = load_toml(tmp_path, text)
+    assert config.redis.url.get_secret_value() == url
+    assert "pass-4f1c9e" not in repr(config) + config.model_dump_json()
+
+    monkeypatch.setenv("LLMROUTE_REDIS_URL", "http://:pass-4f1c9e@redis.example")
+    message = error_of(tmp_path, text)
+    assert "redis.url_env: LLMROUTE_REDIS_URL: expected a redis://" in message
+    assert "pass-4f1c9e" not in message
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv("LLMROUTE_REDIS_URL")
+        else:
+            monkeypatch.setenv("LLMROUTE_REDIS_URL", unset)
+        assert "redis.url_env: LLMROUTE_REDIS_URL is not set" in error_of(tmp_path, text)
+    both = text.replace("url_env", 'url = "redis://x"\nurl_env')
+    assert "give url or url_env, not both" in error_of(tmp_path, both)
+    pasted = text.replace('"LLMROUTE_REDIS_URL"', f'"{url}"')
+    message = error_of(tmp_path, pasted)
+    assert "redis.url_env: expected the name of an environment variable" in message
+    assert "pass-4f1c9e" not in message
+
+
 # --- durations ---------------------------------------------------------------------------------
 
 

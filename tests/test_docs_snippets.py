@@ -5,7 +5,8 @@ of something larger (a walk through the code, a printed output, a file that need
 only parsed. Every other block is checked as a reader would use it (tests/README.md):
 
 - TOML: parses; an llmroute config loads through the config loader and resolves (every
-  environment variable it or the catalog names set to a dummy value); a keys file
+  environment variable it or the catalog names set to a dummy value, its simulated providers
+  started); a keys file
   (``# /etc/llmroute/keys.toml``) loads as ``keys_file``.
 - Python: runs, in a process of its own (tests/snippet_runner.py), in a directory whose
   ``llmroute.toml`` routes ``chat`` over the simulator, with ``OPENAI_BASE_URL`` and
@@ -13,7 +14,9 @@ only parsed. Every other block is checked as a reader would use it (tests/README
   ``LLMROUTE_GATEWAY_KEY`` set (docs/gateway.md tells the reader to set it); sockets
   reach loopback only. A README block is a program (``asyncio.run(main())``); a docs/ block may
   use a top-level ``await``, run as ``python -m asyncio`` runs it. A block that begins with
-  ``# examples/NAME.py`` is that file's text (tests/test_examples.py runs the file).
+  ``# examples/NAME.py`` is that file's text (tests/test_examples.py runs the file). A
+  ```` ```text output ```` block after a Python block (prose between them, no other block) is
+  what that block prints: its output must be exactly that.
 """
 
 from __future__ import annotations
@@ -60,20 +63,44 @@ class Block:
     lang: str
     fragment: bool
     text: str
+    output: str | None = None
+    """What the block prints, from the ```` ```text output ```` block after it."""
 
     @property
     def name(self) -> str:
         return f"{self.doc.relative_to(ROOT)}:{self.line}"
 
 
+def _is_output(match: re.Match[str]) -> bool:
+    return match.group(1) == "text" and match.group(2).split() == ["output"]
+
+
 def _blocks() -> Iterator[Block]:
     for doc in DOCS:
         text = doc.read_text()
-        for match in FENCE.finditer(text):
+        matches = list(FENCE.finditer(text))
+        for index, match in enumerate(matches):
+            after = matches[index + 1] if index + 1 < len(matches) else None
             lang, info, body = match.groups()
             if lang in ("python", "toml"):
                 line = text.count("\n", 0, match.start()) + 1
-                yield Block(doc, line, lang, "fragment" in info.split(), body)
+                output = after.group(3) if after is not None and _is_output(after) else None
+                yield Block(doc, line, lang, "fragment" in info.split(), body, output)
+
+
+def test_every_output_block_follows_a_block_that_runs() -> None:
+    """An output block after anything but a runnable Python block would be checked by nothing."""
+    seen = 0
+    for doc in DOCS:
+        text = doc.read_text()
+        matches = list(FENCE.finditer(text))
+        for index, match in enumerate(matches):
+            before = matches[index - 1] if index else None
+            if _is_output(match):
+                seen += 1
+                assert before is not None and before.group(1) == "python", (doc, match.start())
+                assert "fragment" not in before.group(2).split(), (doc, match.start())
+    assert seen >= 1
 
 
 BLOCKS = list(_blocks())
@@ -119,6 +146,7 @@ def _strings(data: object) -> Iterator[str]:
 @pytest.mark.parametrize("block", TOML, ids=_ids(TOML))
 def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from llmroute._config import ConfigError, load_config, load_keys_file, resolve
+    from llmroute._simulated import SimulatedProviders
     from llmroute.testing._server import ca_pem_path
 
     try:
@@ -149,7 +177,12 @@ def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.Monk
         try:
             config = load_config(path)
             assert config is not None
-            resolved = resolve(config, environ=_dummy_environ(block.text))
+            simulated = SimulatedProviders(config)  # its kind = "simulator" providers, if any
+            try:
+                environ = _dummy_environ(block.text)
+                resolved = resolve(config, environ=environ, simulated=simulated.addresses)
+            finally:
+                simulated.stop()
         finally:
             os.chdir(cwd)
     except ConfigError as exc:
@@ -191,13 +224,15 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             f'[providers.sim-b]\nbase_url = "{sim.base_url}"\napi_key_env = "OPENAI_API_KEY"\n'
             f'verify = "{sim.ca_pem_path}"\n\n'
             '[models.chat]\ntargets = ["sim-a:sim-small", "sim-b:sim-small"]\n'
-            'policy = "hedge"\n\n[cache]\nbackend = "memory"\nmin_hits = 2\n'
+            'policy = "hedge"\n\n'
         )
         manifest = []
         for index, block in enumerate(RUNNABLE):
             cwd = base / f"block{index}"
             cwd.mkdir()
-            (cwd / "llmroute.toml").write_text(config)
+            # The README's cache: on disk, stored on its second ask (in the block's directory).
+            cache = f'[cache]\nbackend = "disk"\nmin_hits = 2\nttl = "1h"\npath = "{cwd}/cache"\n'
+            (cwd / "llmroute.toml").write_text(config + cache)
             (cwd / "labelled.jsonl").write_text("".join(json.dumps(e) + "\n" for e in LABELLED))
             manifest.append(
                 {"name": block.name, "code": block.text, "cwd": str(cwd), "timeout": 60}
@@ -229,3 +264,8 @@ def test_python_block_runs_as_written(block: Block, results: dict[str, Any]) -> 
         f"{block.name} (mark it fragment if it is not meant to run)"
         f"{' timed out' if result['timed_out'] else ''}:\n{result['output'][-3000:]}"
     )
+    if block.output is not None:
+        assert result["output"].strip() == block.output.strip(), (
+            f"{block.name} printed:\n{result['output'][-3000:]}\nwhere its doc says:\n"
+            f"{block.output}"
+        )

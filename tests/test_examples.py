@@ -31,6 +31,60 @@ def test_make_demo_runs_the_demo_command() -> None:
     assert re.search(r"routed: hedge \+ cache +\d+ +\d+ +\d+ ms", out)
 
 
+def test_make_demo_installs_what_a_user_needs_with_a_line_per_step(tmp_path: Path) -> None:
+    """``make demo`` installed the developer's tools (.[dev,tiers], about 760 MB) quietly, over
+    a minute without a line; it installs .[all] into .venv under its own stamp, saying each
+    step and showing pip's lines, and ``make test`` still gets .[dev,tiers]. Run with a stand-in
+    .venv/bin/python and llmroute that record their arguments."""
+    import os
+    import shutil
+    import time
+
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "calls.txt"
+    for tool in ("python", "llmroute"):
+        script = bin_dir / tool
+        script.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        script.chmod(0o755)
+
+    def make(*targets: str) -> str:
+        done = subprocess.run(
+            ["make", "--no-print-directory", *targets],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    out = make("demo")
+    assert calls.read_text().splitlines() == [
+        "python -m pip install --disable-pip-version-check -e .[all]",
+        "llmroute demo",
+    ]
+    for step in ("1/3", "2/3", "3/3"):
+        assert f"make demo: {step}" in out
+    assert (tmp_path / ".venv" / ".installed-all").exists()
+    calls.unlink()
+    make("demo")  # installed: the demo only
+    assert calls.read_text().splitlines() == ["llmroute demo"]
+    # A developer's current environment (.[dev,tiers] holds .[all]) serves the demo as it is.
+    (tmp_path / ".venv" / ".installed-all").unlink()
+    (tmp_path / ".venv" / ".installed").touch()
+    later = time.time() + 5
+    os.utime(tmp_path / ".venv" / ".installed", (later, later))
+    calls.unlink()
+    assert "has the developer's extras" in make("demo")
+    assert calls.read_text().splitlines() == ["llmroute demo"]
+    dry = make("-n", "-B", "test-main")
+    assert "pip install --quiet -e '.[dev,tiers]'" in dry
+
+
 def test_routing_example_hedges_and_reports() -> None:
     out = run("examples/routing.py")
     assert len(re.findall(r"first token +\d+ ms", out)) == 12
@@ -96,6 +150,48 @@ def test_readme_one_key_routing_runs_as_written(tmp_path: Path) -> None:
     assert "TTFT p50" in done.stdout  # client.stats() printed as a table
     assert chat.returncode == 0, chat.stderr
     assert re.search(r"route 'chat' \(hedge\): winner openai:\S+", chat.stderr), chat.stderr
+
+
+def test_readme_simulated_config_runs_without_a_key(tmp_path: Path) -> None:
+    """The README's keyless config (three providers of kind "simulator"), saved as the README
+    says, serves examples/one_key.py and ``llmroute chat --config`` with no API key, no
+    SSL_CERT_FILE and no address or CA copied into it: the client starts the simulators."""
+    import os
+
+    toml = _readme_block("# llmroute.toml: three simulated providers, no key\n")
+    shell = _readme_block(".venv/bin/llmroute chat --config llmroute.toml --show-route")
+    assert "examples/one_key.py llmroute.toml" in shell
+    (tmp_path / "llmroute.toml").write_text(toml)
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    for name in ("LLMROUTE_CONFIG", "SSL_CERT_FILE", "OPENAI_BASE_URL"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    one_key = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "one_key.py"), "llmroute.toml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    argv = ["chat", "--config", "llmroute.toml", "--show-route", "Hello!"]
+    chat = subprocess.run(
+        [sys.executable, "-m", "llmroute", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+    assert one_key.returncode == 0, one_key.stderr
+    found = re.findall(
+        r"-> (fast|steady|flaky):sim-small, first token after \d+ ms", one_key.stdout
+    )
+    assert len(found) == 3, one_key.stdout
+    assert chat.returncode == 0, chat.stderr
+    assert re.search(r"route 'chat' \(hedge\): winner (fast|steady|flaky):sim-small", chat.stderr)
 
 
 def test_readme_gateway_in_three_commands() -> None:

@@ -10,6 +10,7 @@ import ssl
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -566,6 +567,7 @@ async def test_a_body_over_the_limit_is_413(gateway: Gateway) -> None:
             await client.chat.completions.create(model="chat", messages=big)
     assert refused.value.status_code == 413
     assert refused.value.code == "request_too_large"
+    assert "larger than the gateway allows (64 KiB)" in str(refused.value)  # not 65536 bytes
     async with httpx.AsyncClient() as plain:  # no Content-Length: counted as it arrives
 
         async def body() -> Any:
@@ -831,6 +833,54 @@ async def test_stopping_the_gateway_ends_streams_and_cancels_upstream(
         gateway.stop()
 
 
+@pytest.mark.anyio
+async def test_a_draining_gateway_finishes_its_streams_and_refuses_new_requests(
+    sim: Simulator, slow: Simulator
+) -> None:
+    """Stopped with a drain, the gateway answers new requests 503 while the stream in flight
+    runs to its end, whole, and its upstream is never cancelled; with a drain shorter than the
+    answer, what is left is ended as without one."""
+    config = gateway_config(sim, slow)
+    gateway = Gateway(config, environ=ENVIRON, verify=sim.ssl_context()).start()
+    try:
+        await settled(slow)
+        before = slow.stats()["streams_cancelled"]
+        async with client_for(gateway) as client:
+            stream = await client.chat.completions.create(
+                model="slow", messages=MESSAGES, stream=True
+            )
+            first = await stream.__anext__()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(anyio.to_thread.run_sync, gateway.stop, 60.0))
+                await wait_for(lambda: gateway.app._closing)
+                with pytest.raises(openai.InternalServerError) as refused:
+                    await client.chat.completions.create(model="chat", messages=MESSAGES)
+                assert refused.value.status_code == 503
+                chunks = [first] + [chunk async for chunk in stream]
+            assert gateway.app.in_flight == 0
+        tokens = [c for c in chunks if c.choices and c.choices[0].delta.content]
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert len(tokens) == 300  # the simulator's 300 tokens, none missing
+        assert slow.stats()["streams_cancelled"] == before
+    finally:
+        gateway.stop()
+
+    gateway = Gateway(config, environ=ENVIRON, verify=sim.ssl_context()).start()
+    try:
+        async with client_for(gateway) as client:
+            stream = await client.chat.completions.create(
+                model="slow", messages=MESSAGES, stream=True
+            )
+            await stream.__anext__()
+            await anyio.to_thread.run_sync(gateway.stop, 0.2)
+            with pytest.raises(openai.APIError) as ended:
+                async for _ in stream:
+                    pass
+        assert ended.value.code == "gateway_shutdown"  # type: ignore[attr-defined]
+    finally:
+        gateway.stop()
+
+
 # -- config ---------------------------------------------------------------------------------------
 
 
@@ -931,6 +981,92 @@ port = 0
             proc.communicate()
 
 
+def test_cli_serve_drains_on_sigterm_and_a_second_signal_ends_the_rest(
+    tmp_path: Path, sim: Simulator, slow: Simulator
+) -> None:
+    """``llmroute serve --drain 30s``: after SIGTERM new requests get 503 while a stream in
+    flight goes on; a second SIGTERM ends it with ``gateway_shutdown``; exit status 0."""
+    import select
+    import signal
+    import subprocess
+
+    config = tmp_path / "llmroute.toml"
+    config.write_text(
+        f"""
+[providers.sim]
+base_url = "{sim.base_url}"
+api_key_env = "SIM_UPSTREAM_KEY"
+
+[providers.slow]
+base_url = "{slow.base_url}"
+api_key_env = "SIM_UPSTREAM_KEY"
+
+[models.chat]
+targets = ["sim:sim-small"]
+
+[models.slow]
+targets = ["slow:sim-small"]
+
+[gateway]
+keys = {{ ci = "GW_KEY_CI" }}
+port = 0
+"""
+    )
+    env = {
+        **os.environ,
+        "GW_KEY_CI": GW_KEY,
+        "SIM_UPSTREAM_KEY": UPSTREAM_KEY,
+        "SSL_CERT_FILE": sim.ca_pem_path,
+    }
+    command = [sys.executable, "-m", "llmroute.cli", "serve", "--config", str(config)]
+    command += ["--drain", "30s"]
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+    try:
+        assert proc.stdout is not None
+        readable, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if readable else ""
+        assert "listening on http://127.0.0.1:" in line, line
+        url = line.split("listening on ", 1)[1].split()[0]
+        with openai.OpenAI(base_url=url, api_key=GW_KEY, max_retries=0, timeout=DEADLINE) as client:
+            stream = client.chat.completions.create(model="slow", messages=MESSAGES, stream=True)
+            next(iter(stream))
+            proc.send_signal(signal.SIGTERM)
+            statuses = []
+            for _ in range(100):  # the signal is handled on the gateway's loop, soon
+                try:
+                    client.chat.completions.create(model="chat", messages=MESSAGES)
+                    statuses.append(200)
+                except openai.APIStatusError as exc:
+                    statuses.append(exc.status_code)
+                    break
+                time.sleep(0.05)
+            assert statuses[-1] == 503, statuses
+            assert proc.poll() is None  # still draining: the stream goes on
+            proc.send_signal(signal.SIGTERM)
+            with pytest.raises(openai.APIError) as ended:
+                for _ in stream:
+                    pass
+        assert ended.value.code == "gateway_shutdown"  # type: ignore[attr-defined]
+        out, _ = proc.communicate(timeout=DEADLINE)
+        logged = log_path.read_text()
+        assert proc.returncode == 0, logged[-2000:]
+        assert "draining 1 requests in flight" in logged
+        assert "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_cli_serve_simulator_is_a_gateway_in_one_command(tmp_path: Path) -> None:
     """``llmroute serve --simulator``: the demo's three simulated providers behind the route
     'chat', with a key made for the run; the base URL and key it prints serve openai's client,
@@ -988,6 +1124,9 @@ def test_cli_serve_simulator_is_a_gateway_in_one_command(tmp_path: Path) -> None
         assert proc.returncode == 0, logged[-2000:]
         assert "stopped" in out
         assert key not in logged
+        # Each request is logged once, by the gateway's own access line (not httpx's too).
+        assert "HTTP Request:" not in logged, logged[-2000:]
+        assert logged.count(" /v1/chat/completions 200 key=") == 1, logged[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -95,6 +95,29 @@ def test_a_stream_is_counted_from_usage_the_client_never_sees(gateway: Gateway) 
     assert after["prompt_tokens"] > before["prompt_tokens"]  # the simulator's own count
 
 
+def test_a_stream_without_usage_counts_the_tokens_it_delivered(gateway: Gateway) -> None:
+    """A completions stream whose client asked no usage (none is asked upstream for it): the
+    key's completion tokens are the chunks that carried text, not every chunk (the last one
+    carries only the finish reason; counting it made 8 tokens 9)."""
+
+    def completion_tokens() -> int:
+        usage = httpx.get(
+            _root(gateway) + "/admin/usage", headers={"authorization": f"Bearer {KEYS['ops']}"}
+        ).json()
+        return usage["keys"]["app"]["completion_tokens"]
+
+    before = completion_tokens()
+    chunks = list(
+        _client(gateway).completions.create(model="chat", prompt="hi", stream=True, max_tokens=5)
+    )
+    texts = sum(1 for c in chunks if c.choices and c.choices[0].text)
+    assert texts == 5 and len(chunks) > texts  # the finish reason comes in a chunk of its own
+    for _ in range(100):  # a hang guard only: counted once the stream's request ended
+        if completion_tokens() != before:
+            break
+    assert completion_tokens() == before + texts
+
+
 def test_only_an_admin_key_reads_usage(gateway: Gateway) -> None:
     refused = httpx.get(
         _root(gateway) + "/admin/usage", headers={"authorization": f"Bearer {KEYS['app']}"}

@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import KeySettings, load_config
+from llmroute._config import KeySettings, TeamSettings, load_config
+from llmroute.routing.windows import MAX_TOKENS_CAP
 from llmroute.server._limits import (
     BUCKET,
     BUCKETS,
+    MAX_TOKENS,
+    Counts,
     Grant,
     Limits,
     LocalLimits,
@@ -27,7 +30,7 @@ from llmroute.server._limits import (
     period_of,
     reset_text,
 )
-from llmroute.server._tenants import Tenant, Tenants
+from llmroute.server._tenants import Team, Tenant, Tenants
 from tests.clock import FakeClock
 
 START = 1_800_000_000.0  # a bucket's start (a multiple of 10 s)
@@ -163,6 +166,69 @@ async def test_a_refusal_on_tokens_spends_no_request(counted: tuple[Limits, Fake
     assert isinstance(await limits.admit(app, 0), Grant)
 
 
+def _member(name: str, team: Team | None, **settings: Any) -> Tenant:
+    return Tenant(name, KeySettings(**settings), 64, team)
+
+
+async def test_a_teams_limit_is_shared_by_its_keys(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    team = Team("ml", TeamSettings(rpm=3))
+    one, two = _member("one", team, rpm=10), _member("two", team)
+    decided = [await limits.admit((one, two)[i % 2], 0) for i in range(5)]
+    assert [isinstance(d, Grant) for d in decided] == [True] * 3 + [False] * 2
+    refused = decided[-1]
+    assert isinstance(refused, Refusal) and refused.reason == "requests"
+    assert "team 'ml' (key 'one')" in refused.message
+    assert refused.headers["x-ratelimit-limit-requests"] == "3"  # the tighter scope's
+    # Refused by the team: nothing counted in the key's own scope either.
+    assert (await limits.peek(one)).requests == 2
+    assert (await limits.peek_scope(one.scopes[1])).requests == 3
+    assert await _admitted(limits, _member("other", Team("ops", TeamSettings(rpm=3))), 3) == 3
+
+
+async def test_a_models_limit_within_a_key(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    app = _tenant(rpm=10, model_limits={"big": {"rpm": 1, "tpm": 50}})
+    assert isinstance(await limits.admit(app, 40, model="big"), Grant)
+    refused = await limits.admit(app, 0, model="big")
+    assert isinstance(refused, Refusal)
+    assert "model 'big' in key 'app'" in refused.message
+    too_large = await limits.admit(app, 51, model="big")
+    assert isinstance(too_large, Refusal) and too_large.reason == "too_large"
+    assert await _admitted(limits, app, 3) == 3  # other models: the key's own room
+    assert (await limits.peek(app)).requests == 4
+
+
+async def test_a_soft_limit_is_said_once_per_period(counted: tuple[Limits, FakeClock]) -> None:
+    limits, clock = counted
+    team = Team("ml", TeamSettings(budget_tokens=100, budget_period="1h", soft_limit=0.5))
+    app = _member("app", team)
+    clock.now = 3600.0 * 500_000 + 10
+    first = await limits.admit(app, 30)
+    assert isinstance(first, Grant) and first.alerts == ()
+    second = await limits.admit(app, 30)  # 60 of 100: past the half
+    assert isinstance(second, Grant)
+    assert [(a.scope.owner, a.scope.kind, a.spent) for a in second.alerts] == [("ml", "team", 60)]
+    assert second.alerts[0].ends == 3600.0 * 500_001
+    third = await limits.admit(app, 10)
+    assert isinstance(third, Grant) and third.alerts == ()
+    assert await limits.settle(third, 30) == ()  # still this period: said already
+    clock.advance(3600)  # the next period: said again when reached, here by a correction
+    fourth = await limits.admit(app, 10)
+    assert isinstance(fourth, Grant) and fourth.alerts == ()
+    alerts = await limits.settle(fourth, 55)
+    assert [a.spent for a in alerts] == [55]
+
+
+async def test_what_enters_a_counter_is_clamped(counted: tuple[Limits, FakeClock]) -> None:
+    limits, _ = counted
+    app = _tenant(budget_tokens=10**15, budget_period="day")
+    grant = await limits.admit(app, 10**17)  # a Lua double would write 1e+17: refused by HINCRBY
+    assert isinstance(grant, Grant) and grant.reserved == MAX_TOKENS
+    await limits.settle(grant, 10**18)
+    assert (await limits.peek(app)).spent == MAX_TOKENS
+
+
 def test_periods_and_resets_read_as_the_vendors_write_them() -> None:
     march = calendar.timegm((2026, 3, 31, 23, 0, 0))
     index, end = period_of("month", march)
@@ -198,6 +264,135 @@ async def test_an_unreachable_redis_counts_locally_or_refuses(
     warnings = [r.getMessage() for r in caplog.records if "gateway limits" in r.getMessage()]
     assert len(warnings) == 2  # once per limiter, not once per request
     assert "counting in this replica" in warnings[0] and "refusing" in warnings[1]
+
+
+async def test_a_request_estimated_at_no_tokens_is_corrected_to_its_usage(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    """A completion of an empty prompt naming no max_tokens is admitted on 0 tokens; its
+    answer's usage is still counted (in Redis the correction once found no field to correct,
+    so the minute and the budget never counted what such answers used)."""
+    limits, clock = counted
+    clock.now = 3600.0 * 500_000 + 10
+    app = _tenant(tpm=1000, budget_tokens=1000, budget_period="1h")
+    grant = await limits.admit(app, 0)
+    assert isinstance(grant, Grant)
+    await limits.settle(grant, 30)
+    counts = await limits.peek(app)
+    assert (counts.requests, counts.tokens, counts.spent) == (1, 30, 30)
+
+
+async def test_a_huge_estimate_is_counted_clamped_and_corrected_to_the_usage(
+    counted: tuple[Limits, FakeClock], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``max_tokens=10**18`` on keys without ``tpm``: counted as MAX_TOKENS_CAP, corrected to
+    what was used, and a spent budget refuses the next. In Redis, 10**18 once reached HINCRBY
+    as ``1e+18`` and failed: taken for an outage, counted in this replica only, the budget
+    bypassed (its shared counter stayed 0)."""
+    limits, clock = counted
+    clock.now = 3600.0 * 500_000 + 10
+    rpm_only = _tenant("rpm-only", rpm=10)
+    budget = _tenant("budget", budget_tokens=100, budget_period="1h")
+    per_minute = _tenant("per-minute", tpm=1000)
+    local = isinstance(limits, LocalLimits)  # else every grant is counted in Redis
+    with caplog.at_level(logging.INFO, logger="llmroute.server"):
+        first = await limits.admit(rpm_only, 10**18)
+        assert isinstance(first, Grant) and first.local == local
+        assert (await limits.peek(rpm_only)).requests == 1
+        assert (await limits.peek(rpm_only)).tokens == MAX_TOKENS_CAP
+        await limits.settle(first, 120)
+        assert (await limits.peek(rpm_only)).tokens == 120
+
+        spending = await limits.admit(budget, 10**18)
+        assert isinstance(spending, Grant) and spending.local == local
+        assert (await limits.peek(budget)).spent == MAX_TOKENS_CAP
+        await limits.settle(spending, 120)  # the answer was 120 tokens long
+        assert (await limits.peek(budget)).spent == 120
+        refused = await limits.admit(budget, 1)
+        assert isinstance(refused, Refusal) and refused.reason == "budget"
+
+        too_large = await limits.admit(per_minute, 10**18)
+        assert isinstance(too_large, Refusal) and too_large.reason == "too_large"
+        assert await limits.peek(per_minute) == Counts()
+        second = await limits.admit(rpm_only, 5)
+        assert isinstance(second, Grant)
+        await limits.settle(second, 10**30)  # a vendor's absurd usage: clamped too
+        assert (await limits.peek(rpm_only)).tokens == 120 + MAX_TOKENS_CAP
+    assert [r.getMessage() for r in caplog.records if "gateway limits" in r.getMessage()] == []
+
+
+async def test_the_admission_script_writes_nothing_when_an_argument_is_wrong(
+    redis_url: str,
+) -> None:
+    """Every argument is checked before the first write: tokens the script cannot count
+    (past the clamp) leave the request uncounted too (once, the requests bucket was
+    incremented before HINCRBY on the tokens failed)."""
+    import redis.exceptions
+
+    clock = FakeClock(START)
+    limits = RedisLimits(redis_url, prefix=f"t-{uuid.uuid4().hex[:8]}", timeout=2.0, clock=clock)
+    app = _tenant(rpm=10, budget_tokens=100, budget_period="1h")
+    try:
+        for tokens in (10**17, 10**18, 10**400):
+            with pytest.raises(redis.exceptions.ResponseError):
+                await limits._script(app.name, app.scopes, tokens, None, False)  # pyright: ignore[reportPrivateUsage]
+        assert await limits.peek(app) == Counts()
+        grant = await limits.admit(app, 10)
+        assert isinstance(grant, Grant)
+        assert await limits.peek(app) == Counts(1, grant.bucket, 10, grant.bucket, 10)
+    finally:
+        await limits.aclose()
+
+
+@pytest.mark.parametrize("policy", ["local", "refuse"])
+async def test_a_script_error_is_not_an_outage(
+    redis_url: str,
+    policy: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Redis answers the scripts with an error (a bug): logged as one, the request refused
+    with a 500 saying so; the replica neither counts locally nor answers 503, and the next
+    admission is counted in Redis as before. An outage is only a server that cannot be used."""
+    import redis.exceptions
+
+    clock = FakeClock(START)
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    limits = RedisLimits(redis_url, prefix=prefix, timeout=2.0, on_error=policy, clock=clock)
+    app = _tenant(rpm=10)
+    real_run, real_correct = limits._script, limits.finish  # pyright: ignore[reportPrivateUsage]
+
+    async def broken(*args: Any) -> Any:
+        raise redis.exceptions.ResponseError("user_script:1: Script attempted to access nil")
+
+    try:
+        with caplog.at_level(logging.INFO, logger="llmroute.server"):
+            monkeypatch.setattr(limits, "_script", broken)
+            refused = await limits.admit(app, 5)
+            monkeypatch.setattr(limits, "_script", real_run)
+            grant = await limits.admit(app, 5)
+            monkeypatch.setattr(limits, "finish", broken)
+            assert isinstance(grant, Grant)
+            await limits.settle(grant, 50)
+            monkeypatch.setattr(limits, "finish", real_correct)
+        assert isinstance(refused, Refusal)
+        assert (refused.status, refused.reason, refused.type) == (
+            500,
+            "limits_error",
+            "server_error",
+        )
+        assert "not the request's" in refused.message
+        assert not grant.local  # counted in Redis: no outage mode was entered
+        assert (await limits.peek(app)).requests == 1
+        messages = [r.getMessage() for r in caplog.records]
+        assert not [m for m in messages if "unreachable" in m or "answers again" in m], messages
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert [r.getMessage().split(" (")[0] for r in errors] == [
+            "gateway limits: Redis refused the admission script",
+            "gateway limits: Redis refused the correction script",
+        ]
+    finally:
+        await limits.aclose()
 
 
 # -- settings --------------------------------------------------------------------------------

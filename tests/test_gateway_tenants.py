@@ -382,11 +382,21 @@ def test_tpm_admits_on_estimates_and_counts_the_usage(
     # ... which, counted on estimates alone, would have been at the second request.
     assert 2 * estimate > 250
     assert admitted >= 3
-    # Each replica's usage of the key (GET /admin/usage, and its metrics) holds the tokens of
-    # the answers it gave: together, all of them.
-    usages = [get(replica, "/admin/usage").json()["keys"]["alpha"] for replica in two_replicas]
+    # Each replica's own usage of the key (GET /admin/usage?scope=replica, and its metrics)
+    # holds the tokens of the answers it gave: together, all of them; the fleet's figures, on
+    # either replica, are that sum.
+    usages = [
+        get(replica, "/admin/usage?scope=replica").json()["keys"]["alpha"]
+        for replica in two_replicas
+    ]
     assert sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages) == used
     assert sum(u["completion_tokens"] for u in usages) == REPLY * admitted
+    for replica in two_replicas:
+        fleet = get(replica, "/admin/usage").json()
+        assert fleet["scope"] == "fleet"
+        alpha = fleet["keys"]["alpha"]
+        assert alpha["prompt_tokens"] + alpha["completion_tokens"] == used
+        assert alpha["requests"] == sum(u["requests"] for u in usages)
     counted = [
         metric(replica, "llmroute_gateway_tokens_total", key="alpha", kind=kind)
         for replica in two_replicas
@@ -473,6 +483,58 @@ def test_budget_is_spent_and_renewed_at_the_periods_end(
     assert statuses[-1] == 200
     assert set(statuses[:-1]) <= {429}
     assert int(time.time() // 2) > period  # renewed in a later period, not before
+
+
+def test_a_huge_max_tokens_is_counted_on_every_replica_not_taken_for_an_outage(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``max_tokens=10**18`` on keys with Redis limits but no ``tpm``. It once reached the
+    admission script as ``1e+18``, which HINCRBY refuses, and the error was read as Redis
+    down: under ``refuse`` a 503; a budget of 100 tokens streamed 120 while the shared
+    ``budget_spent`` stayed 0, and the other replica admitted the next request. Now it is
+    counted clamped, corrected to the usage, shared, and nothing is logged as an outage."""
+    gateway = {
+        "keys": keys("alpha", "beta", "admin"),
+        "tenants": {
+            "alpha": {"rpm": 100},
+            "beta": {"budget_tokens": 100, "budget_period": "8760h"},
+            "admin": {"admin": True},
+        },
+        "limits_on_redis_error": "refuse",
+    }
+    caplog.set_level(logging.INFO, logger="llmroute.server")
+    with (
+        Simulator(profile=Profile(reply_tokens=120), tls=False) as long_answers,
+        ExitStack() as stack,
+    ):
+        config = config_for(long_answers, gateway, redis=redis_url)
+        first = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        second = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        answer = post(first, "alpha", max_tokens=10**18)
+        assert answer.status_code == 200, answer.text
+        used = _usage_of(answer)
+        wait_for(
+            lambda: limits_of(second, "alpha")["tokens_this_minute"] == used,
+            "the answer's tokens counted in Redis",
+        )
+        assert limits_of(second, "alpha")["requests_this_minute"] == 1
+
+        streamed = post(
+            first,
+            "beta",
+            max_tokens=10**18,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        assert streamed.status_code == 200, streamed.text
+        spent = _usage_of(streamed)
+        assert spent > 100  # the 120 tokens of the answer: past the budget, by what it used
+        wait_for(lambda: limits_of(second, "beta")["budget_spent"] == spent, "the budget spent")
+        refused = post(second, "beta")
+        assert refused.status_code == 429, refused.text
+        assert error_of(refused)["code"] == "insufficient_quota"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []
 
 
 # -- 4. model permissions -------------------------------------------------------------------------
@@ -897,10 +959,9 @@ def test_a_redis_outage_follows_the_operators_policy(
                 assert answer.headers["retry-after"] == "1"
         messages = [r.getMessage() for r in caplog.records]
         warnings = [m for m in messages if "Redis unreachable" in m]
-        slots = [w for w in warnings if w.startswith("gateway slots")]
-        limits = [w for w in warnings if w.startswith("gateway limits")]
-        assert len(slots) == 1, warnings
-        assert len(limits) == (1 if policy == "local" else 0), warnings
+        # One script takes the slot and counts the limits: one warning for the outage.
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith("gateway limits"), warnings
         assert all(own_redis.url not in m for m in messages)
 
         # Redis back (empty: it keeps nothing on disk): counted there again, from 0.
@@ -940,7 +1001,7 @@ def test_redis_unreachable_from_the_start(
         assert [a.status_code for a in answers] == [503] * 4
         assert {error_of(a)["code"] for a in answers} == {"limits_unavailable"}
     warnings = [r.getMessage() for r in caplog.records if "Redis unreachable" in r.getMessage()]
-    assert len([w for w in warnings if w.startswith("gateway slots")]) == 1, warnings
+    assert len([w for w in warnings if w.startswith("gateway limits")]) == 1, warnings
 
 
 # -- 8. bad settings are sentences -----------------------------------------------------------------

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from llmroute import AsyncOpenAI
-from llmroute.routing.engine import _rename_limit
+from llmroute.protocols.openai import rename_limit
 from llmroute.testing import Profile, Simulator
 
 from .conftest import KEY
@@ -93,8 +93,8 @@ async def test_the_callers_limit_reaches_each_vendor_under_its_own_name(
 
 def test_both_spellings_send_the_smaller_under_the_one_name() -> None:
     body: dict[str, Any] = {"max_tokens": 9, "max_completion_tokens": 4, "model": "m"}
-    _rename_limit(body, "max_tokens")
+    rename_limit(body, "max_tokens")
     assert body == {"max_tokens": 4, "model": "m"}
     body = {"model": "m"}
-    _rename_limit(body, "max_completion_tokens")
+    rename_limit(body, "max_completion_tokens")
     assert body == {"model": "m"}  # no limit asked: none is added

@@ -562,8 +562,13 @@ def test_missing_sglang_is_a_clear_error(tmp_path: Path) -> None:
         server.command()
     message = str(info.value)
     assert str(python) in message
-    assert "pip install 'sglang[all]'" in message and "docs/sglang.md" in message
+    assert f"{python} -m uv pip install --python {python} sglang" in message
+    assert "docs/sglang.md" in message
     assert isinstance(info.value, SGLangError)
+    # Without sglang, a dry run still has a command: the newest SGLang's, every default flag.
+    planned = server.planned_command()
+    assert planned[:4] == [str(python), "-c", planned[2], "serve"] and "sglang.cli" in planned[2]
+    assert "--enable-metrics" in planned and "***" in planned
 
 
 def test_real_interpreter_without_sglang(tmp_path: Path) -> None:

@@ -694,6 +694,25 @@ def test_simulator_process() -> None:
         os.kill(pid, 0)
 
 
+def test_every_simulator_of_a_run_has_one_ca() -> None:
+    """A child process's simulator signs with its parent's CA (it made its own before), so the
+    one file ``ca_pem_path()`` names trusts in-process and child simulators alike."""
+    import ssl
+
+    from llmroute.testing import ca_pem_path
+
+    trust = ssl.create_default_context(cafile=ca_pem_path())
+    with (
+        Simulator() as here,
+        SimulatorProcess() as child,
+        SimulatorProcess(profile=Profile(reply_tokens=3)) as other,
+    ):
+        assert here.ca_pem_path == child.ca_pem_path == other.ca_pem_path == ca_pem_path()
+        for server in (here, child, other):
+            with httpx.Client(base_url=server.base_url, headers=AUTH, verify=trust) as c:
+                assert c.post("/chat/completions", json=body()).status_code == 200
+
+
 def test_held_streams_wait_for_their_first_token_until_released() -> None:
     profile = Profile(reply_tokens=5, hold_first_token=True, hang_max=60)
     with (

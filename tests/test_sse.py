@@ -99,8 +99,10 @@ def test_invalid_utf8_raises() -> None:
 def test_size_limit_whole_and_chunked() -> None:
     big = b"data: " + b"x" * 100 + b"\n\n"
     assert decode(big, max_event_bytes=106) == [ServerSentEvent("x" * 100)]
-    with pytest.raises(SSEDecodeError, match="max_event_bytes=105"):
+    with pytest.raises(SSEDecodeError, match=r"max_event_bytes=105 \(105 bytes\)"):
         decode(big, max_event_bytes=105)
+    with pytest.raises(SSEDecodeError, match=r"max_event_bytes=2048 \(2 KiB\)$"):
+        decode(b"data: " + b"y" * 3000 + b"\n\n", max_event_bytes=2048)
     with pytest.raises(SSEDecodeError, match="max_event_bytes=105"):
         decode(*(big[i : i + 7] for i in range(0, len(big), 7)), max_event_bytes=105)
     multi = b"data: " + b"x" * 40 + b"\ndata: " + b"y" * 40 + b"\n\n"

@@ -320,6 +320,84 @@ def test_artefact_round_trip(classifier: Classifier, tmp_path: Path) -> None:
     )
 
 
+def test_a_fitted_classifier_is_kept_and_the_next_process_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process refitted a tiered name's classifier (about a second of CPU before its
+    first decision); the second load reads the artefact the first one kept, by the examples'
+    hash, and other examples are fitted anew."""
+    from llmroute.tiers import _cache
+
+    fits: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Classifier:
+        fits.append(1)
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(_cache, "fit", counted)
+    monkeypatch.setenv("LLMROUTE_CACHE_DIR", str(tmp_path / "cache"))
+    examples = read_examples(DATA)
+    first = _cache.cached_fit(examples)
+    second = _cache.cached_fit(examples)
+    assert fits == [1]
+    assert second.labels == first.labels and np.allclose(second.weights, first.weights)
+    body = chat("prove that there are infinitely many primes")
+    assert second.decide(body).label == first.decide(body).label
+    [kept] = (tmp_path / "cache" / "tiers").iterdir()
+    assert kept.name == f"{_cache.examples_key(examples, FeatureSpec())}.npz"
+    assert kept.stat().st_mode & 0o077 == 0  # the user's own, like the disk cache
+    _cache.cached_fit(examples[1:])  # other examples: another key, fitted
+    assert fits == [1, 1]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"not a zip file at all", "pickle", "other examples"],
+    ids=["garbage", "a-pickle", "foreign"],
+)
+def test_a_damaged_or_foreign_cached_classifier_is_fitted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: bytes | str
+) -> None:
+    """Never trusted: a file that is not an artefact, a pickle (never loaded: a pickle could
+    run code), or an artefact of other examples under this key's name is replaced by a fit."""
+    import pickle
+
+    from llmroute.tiers import _cache
+
+    fits: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Classifier:
+        fits.append(1)
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(_cache, "fit", counted)
+    examples = read_examples(DATA)
+    key = _cache.examples_key(examples, FeatureSpec())
+    path = tmp_path / "tiers" / f"{key}.npz"
+    path.parent.mkdir()
+    if damage == "pickle":
+        path.write_bytes(pickle.dumps({"weights": [1.0]}))
+    elif damage == "other examples":
+        fit(examples[1:]).save(path, key="0" * 64)
+    else:
+        assert isinstance(damage, bytes)
+        path.write_bytes(damage)
+    rebuilt = _cache.cached_fit(examples, tmp_path)
+    assert fits == [1] and set(rebuilt.labels) == {e.label for e in examples}
+    assert Classifier.open(path, key=key).labels == rebuilt.labels  # replaced, whole
+    _cache.cached_fit(examples, tmp_path)
+    assert fits == [1]
+
+
+def test_a_cache_that_cannot_be_written_only_costs_the_fit(tmp_path: Path) -> None:
+    from llmroute.tiers import _cache
+
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the directory would be")
+    classifier = _cache.cached_fit(read_examples(DATA), blocked)
+    assert classifier.labels and blocked.read_text().startswith("a file")
+
+
 def test_a_damaged_artefact_is_a_sentence_naming_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")

@@ -76,3 +76,18 @@ def test_plot_without_matplotlib_names_the_extra(
     assert "llmroute tiers: matplotlib is not installed: pip install" in said.err
     assert "[plot]" in said.err
     assert said.out == "" and not png.exists()
+
+
+def test_eval_plot_format_follows_the_extension(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    svg = tmp_path / "eval.svg"
+    assert main(["tiers", "eval", str(DATA), "--model", str(model), "--plot", str(svg)]) == 0
+    assert b"<svg" in svg.read_bytes()[:400]
+    unknown = tmp_path / "eval.gif"
+    capsys.readouterr()
+    assert main(["tiers", "eval", str(DATA), "--model", str(model), "--plot", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert f"--plot {unknown}: .gif is not a picture format llmroute writes; end" in err
+    assert not unknown.exists()

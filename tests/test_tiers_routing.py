@@ -105,6 +105,32 @@ async def test_simple_prompts_reach_the_small_tier_and_hard_ones_the_large(
 
 
 @pytest.mark.anyio
+async def test_a_second_client_of_the_same_examples_reads_the_fitted_classifier(
+    sim: Simulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every client (every process: ``llmroute chat --model auto``) fitted its classifier anew;
+    the first keeps it in the cache directory and the next reads it."""
+    from llmroute.tiers import _cache
+
+    fits: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        fits.append(1)
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(_cache, "fit", counted)
+    monkeypatch.setenv("LLMROUTE_CACHE_DIR", str(tmp_path))
+    labels = []
+    for _ in range(2):
+        async with client_for(sim, config_for(sim, examples=str(DATA))) as client:
+            await client.warmup()
+            tiered = client._llmroute.tiered["auto"]
+            assert tiered.error is None
+            labels.append((await ask(client, HARD, False)).tier.label)
+    assert fits == [1] and labels == ["hard", "hard"]
+
+
+@pytest.mark.anyio
 async def test_inline_examples_and_a_file_build_the_classifier_at_warmup(sim: Simulator) -> None:
     classes = {"simple": {"examples": ["hello!", "thanks"], "description": "small talk"}}
     config = config_for(sim, examples=str(DATA), classes=classes)

@@ -21,6 +21,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response
 
 from .._background import spawn
+from .._sizes import format_size
 from ._entry import CacheEntry, CorruptEntry
 from ._flight import Flight, Seat
 from ._stores import CacheStore, CacheUnavailable, StoreStats
@@ -34,6 +35,7 @@ _STATS_FLUSH_EVERY = 1.0
 _MAX_REPORTED = 1024
 _DRAIN_AT_CLOSE = 5.0  # seconds aclose waits for answers being stored
 _DECODED_BYTES = 8 * 1024 * 1024  # stored bytes whose decoded entries are kept for the next hit
+_SETTLE_ROUNDS = 4  # identical calls ending one after another that a missed lookup waits for
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +200,33 @@ class ResponseCache:
     # -- single-flight ---------------------------------------------------------------------
 
     def pending(self, request: CacheRequest) -> Flight | None:
-        """The flight an identical request would join now: a call under way, or an answer
-        being stored. A lookup that missed while it was pending must look again if the flight
-        has :attr:`~Flight.finished` since (its answer may be in the store now)."""
+        """The identical call the cache knows of now: under way (a request joins it), or ended
+        and being stored (a request waits for it: :meth:`after_miss`)."""
         if not request.share:
             return None
         return self._flights.get((request.key, request.stream, request.include_usage))
+
+    async def after_miss(self, request: CacheRequest, seen: Flight | None) -> Hit | None:
+        """Look ``request`` up again where its lookup may have missed too soon.
+
+        ``seen`` is the identical call that was pending before that lookup. An identical call
+        that has ended is waited for until the cache is done with it (its answer stored, or
+        not: a few store calls), then the store is asked again; so is the store when ``seen``
+        was stored in the meantime. A request after an ended call is then a cache hit (the
+        answer was popular) or a new ask (it was not), counted as every ask is; it never
+        reads the ended call itself.
+        """
+        for _ in range(_SETTLE_ROUNDS):
+            flight = self.pending(request)
+            if flight is not None and flight.ended:
+                await flight.settled()
+            elif seen is None or not seen.finished:
+                return None
+            seen = None
+            hit = await self.lookup(request)
+            if hit is not None:
+                return hit
+        return None
 
     def join(
         self, request: CacheRequest, call: Callable[[], Awaitable[object]]
@@ -231,7 +254,7 @@ class ResponseCache:
                     self._stored.set()
                 if self._flights.get(ident) is done:
                     del self._flights[ident]
-                done.finished = True
+                done.finish()
 
         flight = Flight(request.key, stream=request.stream, on_end=ended, clock=self._clock)
         if request.share:
@@ -248,7 +271,7 @@ class ResponseCache:
             return
         data = entry.encode()
         if len(data) > self.max_entry_bytes:
-            log.debug("cache: an answer of %d bytes is over max_entry_bytes", len(data))
+            log.debug("cache: an answer of %s is over max_entry_bytes", format_size(len(data)))
             return
         try:
             asks = await self.store.hit(request.key, window=self.window)

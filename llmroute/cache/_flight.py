@@ -6,7 +6,10 @@ call and reads it to the end, keeping every chunk. Each request, the first inclu
 still gets the whole answer, and one that leaves early does not disturb the others. When the last
 seat is left before the answer is complete, the upstream call is cancelled (its stream reset).
 Errors reach every seat as they happened: before the first chunk from :meth:`Seat.opened`, after
-it from the chunk iterator, after the chunks that came before it.
+it from the chunk iterator, after the chunks that came before it. A flight takes seats only while
+its call runs: an identical request that comes after the call ended waits until the cache is done
+with it (:meth:`Flight.settled`) and looks the answer up in the store, so it is a cache hit or a
+new ask, as the admission rule counts it.
 """
 
 from __future__ import annotations
@@ -53,14 +56,14 @@ class Flight:
         """The answer ended normally (a stream read to its end, a completion returned)."""
         self.ended = False
         self.joinable = True
-        """Another identical request may take a seat: while the call runs, and once it has
-        completed, until the cache has stored its answer and forgets the flight."""
+        """Another identical request may take a seat: while the call runs, never after."""
         self.asks = 0
         """Requests that took a seat."""
         self.seats = 0
         self.finished = False
         """The cache is done with the flight: its answer is in the store now, or never will be
-        (set by the cache as it forgets the flight)."""
+        (set by :meth:`finish` as the cache forgets the flight)."""
+        self._finished = anyio.Event()
         self._opened = anyio.Event()
         self._changed = anyio.Event()
         self._scope = anyio.CancelScope()
@@ -70,6 +73,15 @@ class Flight:
     def start(self, call: Callable[[], Awaitable[Any]]) -> None:
         """Make the upstream call in a background task."""
         spawn(lambda: self._run(call), name=f"single-flight {self.key[-8:]}")
+
+    def finish(self) -> None:
+        """The cache is done with the flight (its answer stored, or never to be)."""
+        self.finished = True
+        self._finished.set()
+
+    async def settled(self) -> None:
+        """Wait until the cache is done with the flight (:meth:`finish`)."""
+        await self._finished.wait()
 
     def seat(self) -> Seat:
         """A place for one more request."""
@@ -101,10 +113,10 @@ class Flight:
                             await upstream.close()
         finally:
             self.ended = True
-            # A complete answer stays joinable while the cache stores it (until the cache
-            # forgets the flight): an ask that comes between the answer's end and its entry's
-            # arrival in the store shares it instead of calling upstream again.
-            self.joinable = self.complete
+            # An ask that comes after the answer's end waits for the cache to store it (or
+            # not) and looks it up: reading the ended call instead would answer it from a
+            # cache the admission rule never counted it for.
+            self.joinable = False
             self._opened.set()
             self._notify()
         await self._on_end(self)

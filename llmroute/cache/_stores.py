@@ -26,6 +26,7 @@ from typing import Any, Protocol, TypeVar, cast
 import anyio.to_thread
 import diskcache
 
+from .._sizes import format_size
 from ._admission import PopularityCounter
 
 __all__ = [
@@ -130,7 +131,7 @@ class MemoryStore:
         self._popularity = PopularityCounter(clock=clock)
 
     def describe(self) -> str:
-        return f"memory (this process, up to {self.max_bytes} bytes)"
+        return f"memory (this process, up to {format_size(self.max_bytes)})"
 
     async def get(self, key: str) -> bytes | None:
         entry = self._entries.get(key)
@@ -248,7 +249,7 @@ class DiskStore:
                 self._connect()
 
     def describe(self) -> str:
-        return f"disk at {self.path} (up to {self.max_bytes} bytes)"
+        return f"disk at {self.path} (up to {format_size(self.max_bytes)})"
 
     async def get(self, key: str) -> bytes | None:
         value = self._read_now(key)

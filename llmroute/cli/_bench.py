@@ -20,12 +20,13 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from .._streaming import AsyncStream
 from ._bench_plot import HEAVY_TAIL, SCALES
@@ -33,6 +34,7 @@ from ._format import (
     MissingExtra,
     add_tls_options,
     check_output_path,
+    check_plot_path,
     error_text,
     make_console,
     ms,
@@ -42,12 +44,14 @@ from ._format import (
     table,
     tls_verify,
 )
+from ._parser import examples
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from .. import AsyncOpenAI
-    from .._config import Config
+    from .._config import Config, SimulatorAddress
+    from .._simulated import SimulatedProviders
 
 __all__ = ["LENGTHS", "Sample", "prompt_for", "register", "summarize"]
 
@@ -95,6 +99,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "bench",
         help="measure each target's time to first token (P50/P95/P99 by prompt length)",
+        epilog=examples(
+            "llmroute bench --simulator --probes 5 --plot bench.svg",
+            "llmroute bench --config llmroute.toml --lengths short,long --json bench.json",
+            "llmroute bench --replot bench.json --plot bench.png --plot-scale log",
+        ),
         description=(
             "Probe every target of every route (or --targets) directly, streamed, with a fixed "
             "prompt set at several prompt lengths, and report TTFT percentiles per target and "
@@ -139,12 +148,22 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
             "route's cache, a vendor's prompt cache can answer them); 0 by default"
         ),
     )
-    parser.add_argument("--json", dest="json_path", help="write raw samples and summary here")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help=(
+            "write raw samples and summary here; without FILE (or -), print them as one JSON "
+            "document on stdout and everything else on stderr"
+        ),
+    )
     parser.add_argument(
         "--plot",
         help=(
-            "write a PNG here (needs llmroute[plot]): the TTFT distributions, or with --routed "
-            "the run over time"
+            "write a picture here, PNG, SVG or PDF by the file's extension (needs "
+            "llmroute[plot]): the TTFT distributions, or with --routed the run over time"
         ),
     )
     parser.add_argument(
@@ -272,8 +291,11 @@ def _run(args: argparse.Namespace) -> int:
             "through the route (choose one)\n"
         )
         return 2
-    for path, flag in ((args.json_path, "--json"), (args.plot, "--plot")):
-        problem = check_output_path(path, flag) if path else None
+    for path, flag, check in (
+        (args.json_path if args.json_path != "-" else None, "--json", check_output_path),
+        (args.plot, "--plot", check_plot_path),
+    ):
+        problem = check(path, flag) if path else None
         if problem:
             sys.stderr.write(f"llmroute bench: {problem}\n")
             return 2
@@ -295,7 +317,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _replot(args: argparse.Namespace) -> int:
-    """``--replot JSON --plot PNG``: the picture of a saved run, and nothing sent."""
+    """``--replot JSON --plot FILE``: the picture of a saved run, and nothing sent."""
     sending = [
         flag
         for flag, given in (
@@ -314,9 +336,9 @@ def _replot(args: argparse.Namespace) -> int:
         )
         return 2
     if not args.plot:
-        sys.stderr.write("llmroute bench: --replot needs --plot FILE (the PNG to write)\n")
+        sys.stderr.write("llmroute bench: --replot needs --plot FILE (the picture to write)\n")
         return 2
-    problem = check_output_path(args.plot, "--plot")
+    problem = check_plot_path(args.plot, "--plot")
     if problem:
         sys.stderr.write(f"llmroute bench: {problem}\n")
         return 2
@@ -389,7 +411,8 @@ def _wanted(args: argparse.Namespace) -> list[str] | None:
 async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
     import contextlib
 
-    console = make_console()
+    # --json on stdout: the JSON document alone there; the progress and tables on stderr.
+    console = make_console(sys.stderr if args.json_path == "-" else None)
     if args.simulator:
         from ..testing import Simulator
         from ._demo import SIM_MODEL, _demo_profiles
@@ -436,6 +459,7 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
                 return _missing(missing, endpoints)
             return await _measure(console, selected, lengths, args, "simulated providers")
     from .._config import ConfigError, load_config
+    from .._simulated import SimulatedProviders
 
     try:
         config = load_config(args.config)
@@ -443,9 +467,31 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             raise ConfigError(
                 "no config: pass --config FILE or set LLMROUTE_CONFIG (or use --simulator)"
             )
-        endpoints = _config_endpoints(config, args.verify)
+        simulated = SimulatedProviders(config)  # the config's simulated providers, if any
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute bench: {exc}\n")
+        return 2
+    try:
+        return await _bench_config(console, config, simulated, lengths, args)
+    finally:
+        await anyio.to_thread.run_sync(simulated.stop)
+
+
+async def _bench_config(
+    console: Console,
+    config: Config,
+    simulated: SimulatedProviders,
+    lengths: list[str],
+    args: argparse.Namespace,
+) -> int:
+    from .._config import ConfigError
+
+    try:
+        endpoints = _config_endpoints(config, args.verify, simulated.addresses)
         if args.routed is not None:
-            routed, targets = _routed_endpoint(config, args.routed, args.verify, endpoints)
+            routed, targets = _routed_endpoint(
+                config, args.routed, args.verify, endpoints, simulated.addresses
+            )
             return await _measure(console, [routed], lengths, args, config.source, targets)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute bench: {exc}\n")
@@ -461,13 +507,17 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
 
 
 def _routed_endpoint(
-    config: Config, name: str, verify: bool | str, endpoints: list[_Endpoint]
+    config: Config,
+    name: str,
+    verify: bool | str,
+    endpoints: list[_Endpoint],
+    simulated: Mapping[str, SimulatorAddress] | None = None,
 ) -> tuple[_Endpoint, list[str]]:
     """The route ``name`` of ``config`` (or its only route when ``name`` is empty) as one
     endpoint, with the targets it may send to. Raises ConfigError naming the routes there are."""
     from .._config import ConfigError, resolve
 
-    resolved = resolve(config)
+    resolved = resolve(config, simulated=simulated)
     names = [*resolved.routes, *config.tiered]
     if not name:
         if len(names) != 1:
@@ -520,21 +570,27 @@ def _missing(missing: list[str], endpoints: list[_Endpoint]) -> int:
     return 2
 
 
-def _config_endpoints(config: Config, verify: bool | str = True) -> list[_Endpoint]:
-    """Every target of every route, once, with what reaches it directly.
+def _config_endpoints(
+    config: Config,
+    verify: bool | str = True,
+    simulated: Mapping[str, SimulatorAddress] | None = None,
+) -> list[_Endpoint]:
+    """Every target of every route, once, with what reaches it directly (``simulated``: where
+    the config's running simulated providers answer).
 
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
     from .._config import resolve, route_config
+    from ..protocols import adapter_for
     from ..server._secrets import provider_secrets
 
-    resolved = resolve(config)
+    resolved = resolve(config, simulated=simulated)
     endpoints: list[_Endpoint] = []
     for target in resolved.targets():
         provider = resolved.providers[target.provider]
         # Its key and the values of its credential headers (api-key, x-api-key, ...).
         secrets = tuple(provider_secrets([provider]))
-        if provider.spec.protocol == "openai":
+        if adapter_for(provider.spec.protocol).speaks_openai:
             client_args: dict[str, Any] = {
                 "api_key": provider.api_key or "none",
                 "base_url": str(provider.base_url),
@@ -764,7 +820,9 @@ async def _measure(
     status = 0
     data = _run_data(samples, summary, endpoints, lengths, args, wall, route_targets)
     try:
-        if args.json_path:
+        if args.json_path == "-":
+            sys.stdout.write(_json_text(data, endpoints) + "\n")
+        elif args.json_path:
             _write_json(Path(args.json_path), data, endpoints)
             console.print(f"wrote {args.json_path}")
         if args.plot:
@@ -899,13 +957,16 @@ def _run_data(
     }
 
 
+def _json_text(data: dict[str, Any], endpoints: list[_Endpoint]) -> str:
+    return _scrub(json.dumps(data, indent=2), [s for e in endpoints for s in e.secrets])
+
+
 def _write_json(path: Path, data: dict[str, Any], endpoints: list[_Endpoint]) -> None:
-    text = _scrub(json.dumps(data, indent=2), [s for e in endpoints for s in e.secrets])
-    path.write_text(text + "\n", encoding="utf-8")
+    path.write_text(_json_text(data, endpoints) + "\n", encoding="utf-8")
 
 
 def _plot(path: Path, data: dict[str, Any], scale: str) -> None:
-    """The PNG of a run: per-target TTFT ECDFs, or a routed run over time."""
+    """The picture of a run: per-target TTFT ECDFs, or a routed run over time."""
     from ._bench_plot import ecdf_figure, is_routed, routed_figure, save
 
     figure = routed_figure(data, scale) if is_routed(data) else ecdf_figure(data, scale)

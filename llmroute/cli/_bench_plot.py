@@ -312,5 +312,9 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
 
 
 def save(figure: Figure, path: Path | str) -> None:
-    """Write ``figure`` as a PNG at 100 dpi."""
-    figure.savefig(os.fspath(path), dpi=100, format="png")
+    """Write ``figure`` in the format its extension names (PNG at 100 dpi, SVG or PDF; see
+    :func:`~._format.check_plot_path`)."""
+    from ._format import plot_format
+
+    where = os.fspath(path)
+    figure.savefig(where, dpi=100, format=plot_format(where) or "png")

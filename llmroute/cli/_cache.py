@@ -7,11 +7,23 @@ import sys
 
 import anyio
 
+from .._sizes import format_size
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    cache = commands.add_parser("cache", help="the response cache: its stats, or clear it")
+    cache = commands.add_parser(
+        "cache",
+        help="the response cache: its stats, or clear it",
+        description="The response cache's store (disk or redis), outside any application.",
+        epilog=examples(
+            "llmroute cache stats --config llmroute.toml",
+            "llmroute cache stats --json",
+            "llmroute cache clear --config llmroute.toml",
+        ),
+    )
     cache.add_argument("action", choices=["stats", "clear"])
     cache.add_argument(
         "--config", help="a TOML config (default: $LLMROUTE_CONFIG, else the default cache)"
@@ -72,7 +84,7 @@ async def _cache_command(action: str, config_path: str | None, as_json: bool) ->
     sys.stdout.write(
         f"{store.describe()}\n"
         f"  entries   {stats.entries}\n"
-        f"  bytes     {stats.bytes}\n"
+        f"  size      {format_size(stats.bytes)}\n"
         f"  hits      {stats.hits}\n"
         f"  misses    {stats.misses}\n"
         f"  hit rate  {'-' if rate is None else f'{rate:.1%}'}\n"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
 from ._format import MissingExtra, add_tls_options, ms, require, tls_verify
+from ._parser import examples
 
 if TYPE_CHECKING:
     from .._types import RouteReport, TierDecision, Timings
@@ -27,6 +30,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "chat",
         help="stream one answer through the routing to the terminal",
+        epilog=examples(
+            "llmroute chat --simulator 'Hello!' --show-route",
+            "llmroute chat --config llmroute.toml --model chat 'What is HTTP/2?'",
+            "echo 'Summarise this' | llmroute chat - --json",
+        ),
         description=(
             "Stream one answer to stdout as its tokens arrive. With --config (or $LLMROUTE_CONFIG) "
             "the model name is a route; without, this is the plain OpenAI client "
@@ -59,6 +67,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help=(
             "afterwards, print the winner, every attempt, a tiered name's decision and the "
             "timings to stderr"
+        ),
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=(
+            "print one JSON document on stdout when the answer ends: its text, the route "
+            "report and the timings (and the error, if it failed), nothing else"
         ),
     )
     add_tls_options(parser)
@@ -116,7 +132,8 @@ async def _chat(
     from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
     from .._config import ConfigError, load_config
 
-    out, err = sys.stdout, sys.stderr
+    out: TextIO | _Collector = sys.stdout
+    err = sys.stderr
     try:
         if simulated is not None:
             config = None
@@ -156,6 +173,10 @@ async def _chat(
     timings: Timings | None = None
     status = 0
     wrote = False
+    text: list[str] = []
+    failure: str | None = None
+    if args.json:  # the text is kept for the JSON document, not streamed to the terminal
+        out = _Collector(text)
     async with client:
         try:
             stream = await client.chat.completions.create(
@@ -175,24 +196,60 @@ async def _chat(
         except StreamInterrupted as exc:
             status = 1
             _finish_line(out, wrote)
-            err.write(f"llmroute chat: the answer broke off: {type(exc).__name__}: {exc}\n")
+            failure = f"the answer broke off: {type(exc).__name__}: {_one_line(str(exc))}"
+            err.write(f"llmroute chat: {failure}\n")
         except UnknownModelError as exc:  # a name mistake ("did you mean 'chat'?"): usage
             status = 2
             err.write(f"llmroute chat: {_one_line(str(exc))}\n")
         except OpenAIError as exc:
             status = 1
             _finish_line(out, wrote)
-            err.write(f"llmroute chat: {type(exc).__name__}: {_one_line(str(exc))}\n")
+            failure = f"{type(exc).__name__}: {_one_line(str(exc))}"
+            err.write(f"llmroute chat: {failure}\n")
             route = getattr(exc, "report", None) or route
         else:
             _finish_line(out, True)
+    if args.json and status != 2:  # a usage mistake sent nothing: no document
+        document = {
+            "model": model,
+            "content": "".join(text).removesuffix("\n"),
+            "error": failure,
+            "route": _plain(route),
+            "timings": _plain(timings),
+        }
+        sys.stdout.write(json.dumps(document, default=_json_default) + "\n")
     if args.show_route:
         for line in route_lines(route, timings, model):
             err.write(line + "\n")
     return status
 
 
-def _finish_line(out: TextIO, wrote: bool) -> None:
+class _Collector:
+    """Where ``--json`` keeps the answer's text instead of the terminal."""
+
+    def __init__(self, parts: list[str]) -> None:
+        self.parts = parts
+
+    def write(self, text: str) -> int:
+        self.parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _plain(record: Any) -> Any:
+    """A route report or timings as plain data for JSON (``None`` stays ``None``)."""
+    return None if record is None else dataclasses.asdict(record)
+
+
+def _json_default(value: Any) -> Any:
+    """openai's objects in a report (a usage) as their fields; anything else as text."""
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(value)
+
+
+def _finish_line(out: TextIO | _Collector, wrote: bool) -> None:
     if wrote:
         out.write("\n")
         out.flush()
@@ -224,12 +281,7 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
     if route is None:
         lines.append(f"route: none ({model!r} is not a route: the client's own base_url)")
     else:
-        lines.append(
-            f"route {route.route!r} ({route.policy}): winner {route.winner or '-'}, "
-            f"TTFT {ms(route.ttft)}, hedges {route.hedges} (denied {route.hedges_denied}), "
-            f"cache hit {'yes' if route.cache_hit else 'no'}"
-            + (", shared an identical request's call" if route.shared else "")
-        )
+        lines.append(str(route))  # the report's own one line
         if route.tier is not None:
             lines.append(tier_line(route.tier))
         if route.explored:

@@ -33,6 +33,7 @@ from ._format import (
     require,
     table,
 )
+from ._parser import examples
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -73,6 +74,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     demo = commands.add_parser(
         "demo",
         help="hedged routing over three simulated providers, live (no keys needed)",
+        epilog=examples(
+            "llmroute demo",
+            "llmroute demo --requests 60 --no-tiers",
+            "llmroute demo --real --targets openai:gpt-6-luna,deepseek:deepseek-v4-flash",
+        ),
         description=(
             "Start three simulated providers on 127.0.0.1 (fast with a stall tail, steady-slow, "
             "flaky), route a workload through a hedge route with a cache under a live table, "
@@ -136,31 +142,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo_profiles() -> dict[str, Profile]:
-    """The three simulated providers: each wins on some measure and loses on another."""
-    from ..testing import Profile
+    """The three simulated providers: each wins on some measure and loses on another (the
+    simulator's presets of the same names, which a config's ``kind = "simulator"`` names)."""
+    from ..testing import PRESETS
 
-    common: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.01}
-    return {
-        "fast-but-spiky": Profile(
-            ttft_median=0.07,
-            ttft_sigma=0.3,
-            stall_prob=0.12,
-            stall_range=(0.7, 1.4),
-            seed=1,
-            **common,
-        ),
-        "steady-slow": Profile(ttft_median=0.5, ttft_sigma=0.05, seed=2, **common),
-        "flaky": Profile(
-            ttft_median=0.12,
-            ttft_sigma=0.35,
-            rate_429=0.06,
-            rate_500=0.04,
-            rate_503=0.02,
-            retry_after=0.5,
-            seed=3,
-            **common,
-        ),
-    }
+    return {name: PRESETS[name] for name in ("fast-but-spiky", "steady-slow", "flaky")}
 
 
 # -- the workload -----------------------------------------------------------------------------
@@ -339,6 +325,7 @@ def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str],
 
 def real_setup(targets: list[str]) -> Setup:
     from .._config import Target, resolve_provider
+    from ..protocols import adapter_for
 
     providers: dict[str, dict[str, Any]] = {}
     alone: dict[str, dict[str, Any]] = {}
@@ -346,7 +333,7 @@ def real_setup(targets: list[str]) -> Setup:
         target = Target.parse(text)
         providers[target.provider] = {}
         resolved = resolve_provider(target.provider, {})
-        if resolved.spec.protocol == "openai":
+        if adapter_for(resolved.spec.protocol).speaks_openai:
             alone[target.name] = {
                 "client": {"base_url": str(resolved.base_url), "api_key": resolved.api_key},
                 "model": target.model,

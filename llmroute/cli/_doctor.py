@@ -6,19 +6,23 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 
 from .._streaming import AsyncStream
 from ._format import add_tls_options, error_text, tls_verify
 from ._format import ms as _ms
+from ._parser import examples
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
-    from .._config import Resolved, ResolvedProvider
+    from .._config import Config, Resolved, ResolvedProvider
+    from ._bench import _Endpoint
 
 __all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register", "retired_lines"]
 
@@ -32,6 +36,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor = commands.add_parser(
         "doctor",
         help="probe each routed target and say where its time to first token goes",
+        epilog=examples(
+            "llmroute doctor --config llmroute.toml",
+            "llmroute doctor --config llmroute.toml --probes 2 --ca ca.pem",
+            "llmroute doctor --json",
+        ),
         description=(
             "Probe every target of every route with a few streamed requests and say where its "
             "time to first token goes; then, per catalog vendor, when the catalog's facts were "
@@ -44,6 +53,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     doctor.add_argument("--probes", type=int, default=5, help="streamed probes per target (5)")
     doctor.add_argument(
         "--timeout", type=float, default=30.0, help="seconds one probe may take (30)"
+    )
+    doctor.add_argument(
+        "--json",
+        action="store_true",
+        help="print the findings as one JSON document on stdout (failures still on stderr)",
     )
     add_tls_options(doctor)
     doctor.set_defaults(run=_run)
@@ -58,34 +72,63 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         sys.stderr.write(f"{exc}\n")
         return 2
-    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify)
+    return anyio.run(_doctor, args.config, args.probes, args.timeout, verify, args.json)
 
 
-async def _doctor(config_path: str | None, probes: int, timeout: float, verify: bool | str) -> int:
-    import statistics
-
-    from .. import AsyncOpenAI, OpenAIError
+async def _doctor(
+    config_path: str | None, probes: int, timeout: float, verify: bool | str, as_json: bool = False
+) -> int:
     from .._config import ConfigError, load_config, resolve
-    from ..routing.causes import classify
-    from ..routing.stats import LiveStats
-    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
-    from ._bench import _config_endpoints, _scrub
+    from .._simulated import SimulatedProviders
+    from ._bench import _config_endpoints
 
     try:
         config = load_config(config_path)
         if config is None:
             raise ConfigError("no config: pass --config or set LLMROUTE_CONFIG")
-        resolved = resolve(config)
-        endpoints = {e.target: e for e in _config_endpoints(config, verify)}
+        simulated = SimulatedProviders(config)  # the config's simulated providers, if any
     except ConfigError as exc:
         sys.stderr.write(f"llmroute doctor: {exc}\n")
         return 2
+    try:
+        resolved = resolve(config, simulated=simulated.addresses)
+        endpoints = {e.target: e for e in _config_endpoints(config, verify, simulated.addresses)}
+    except ConfigError as exc:
+        sys.stderr.write(f"llmroute doctor: {exc}\n")
+        await anyio.to_thread.run_sync(simulated.stop)
+        return 2
+    try:
+        return await _report(config, resolved, endpoints, probes, timeout, verify, as_json)
+    finally:
+        await anyio.to_thread.run_sync(simulated.stop)
+
+
+async def _report(
+    config: Config,
+    resolved: Resolved,
+    endpoints: dict[str, _Endpoint],
+    probes: int,
+    timeout: float,
+    verify: bool | str,
+    as_json: bool = False,
+) -> int:
+    """Each target probed, and the catalog's report (as one JSON document with ``as_json``);
+    1 when a target failed."""
+    import statistics
+
+    from .. import AsyncOpenAI, OpenAIError
+    from ..routing.causes import classify
+    from ..routing.stats import LiveStats
+    from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
+    from ._bench import _scrub
+
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")
         return 2
-    write = sys.stdout.write
+    write = (lambda _: 0) if as_json else sys.stdout.write
     write(f"{'target':40} {'client TTFT':>12} {'server TTFT':>12}  where the time goes\n")
     failed: list[str] = []
+    rows: list[dict[str, Any]] = []
     for target in resolved.targets():
         provider = resolved.providers[target.provider]
         endpoint = endpoints[target.name]
@@ -144,8 +187,25 @@ async def _doctor(config_path: str | None, probes: int, timeout: float, verify: 
         suggestion = None if error else suggest_preset(diagnosis, itl)
         if suggestion is not None and provider.kind == "sglang":
             write(f"{'':40} suggestion: {suggestion}\n")
-    for line in await _catalog_report(resolved, verify, timeout):
+        else:
+            suggestion = None
+        rows.append(
+            {
+                "target": target.name,
+                "probes": len(ttfts),
+                "client_ttft": client_ttft,
+                "server_ttft": server_ttft,
+                "verdict": verdict,
+                "error": error,
+                "suggestion": None if suggestion is None else str(suggestion),
+            }
+        )
+    catalog = await _catalog_report(resolved, verify, timeout)
+    for line in catalog:
         write(f"{line}\n")
+    if as_json:
+        document = {"targets": rows, "catalog": catalog, "failed": len(failed)}
+        sys.stdout.write(json.dumps(document) + "\n")
     if failed:
         count = len(resolved.targets())
         sys.stderr.write(
@@ -248,17 +308,12 @@ async def _list_models(
     (a sentence without the key)."""
     import httpx
 
+    from ..protocols import adapter_for
     from ..server._secrets import masked_forms, provider_secrets, scrub
     from ..transport import make_ssl_context
 
-    headers: dict[str, str] = dict(provider.headers)
-    params: dict[str, Any] = {}
-    key = provider.api_key or ""
-    if provider.spec.protocol == "anthropic":
-        headers["x-api-key"] = key
-        params["limit"] = 1000  # Anthropic pages its list, 20 by default
-    else:
-        headers["authorization"] = f"Bearer {key}"
+    auth, params = adapter_for(provider.spec.protocol).models_request(provider.api_key or "")
+    headers: dict[str, str] = {**provider.headers, **auth}
     secrets = provider_secrets([provider])
     masked = masked_forms(secrets)
     url = provider.base_url.join("models")

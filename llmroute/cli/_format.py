@@ -16,10 +16,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = [
+    "PLOT_FORMATS",
     "QUANTILES",
     "MissingExtra",
     "add_tls_options",
     "check_output_path",
+    "check_plot_path",
     "error_text",
     "make_console",
     "ms",
@@ -33,6 +35,9 @@ __all__ = [
 
 QUANTILES: tuple[float, ...] = (0.5, 0.95, 0.99)
 """The quantiles every command reports: p50, p95, p99."""
+
+PLOT_FORMATS: tuple[str, ...] = ("png", "svg", "pdf")
+"""The picture formats a ``--plot FILE`` may name by its extension."""
 
 
 class MissingExtra(Exception):
@@ -117,6 +122,24 @@ def check_output_path(path: str, flag: str) -> str | None:
     ):
         return f"{flag} {path}: not writable by this user"
     return None
+
+
+def plot_format(path: str) -> str | None:
+    """The format ``path``'s extension names (``png``, ``svg``, ``pdf``), or ``None``."""
+    extension = os.path.splitext(path)[1].lower().lstrip(".")
+    return extension if extension in PLOT_FORMATS else None
+
+
+def check_plot_path(path: str, flag: str) -> str | None:
+    """Why a picture cannot be written at ``path`` (:func:`check_output_path`'s reasons, or an
+    extension that names no format the commands write), or ``None`` if it can."""
+    problem = check_output_path(path, flag)
+    if problem is not None or plot_format(path) is not None:
+        return problem
+    extension = os.path.splitext(path)[1]
+    said = f"{extension} is not a picture format llmroute writes" if extension else "no extension"
+    choices = ", ".join(f".{name}" for name in PLOT_FORMATS[:-1]) + f" or .{PLOT_FORMATS[-1]}"
+    return f"{flag} {path}: {said}; end the name in {choices}"
 
 
 def ms(seconds: float | None) -> str:

@@ -9,13 +9,23 @@ import socket
 import sys
 from typing import Any
 
+from ._parser import examples
+
 __all__ = ["register"]
+
+_UPSTREAM_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2")
+"""The HTTP clients' loggers, whose INFO lines repeat each request the gateway logs itself."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "serve",
         help="an OpenAI-compatible gateway with the routing and cache behind it",
+        epilog=examples(
+            "llmroute serve --simulator",
+            "llmroute serve --config llmroute.toml --port 8000",
+            "llmroute serve --config llmroute.toml --certfile cert.pem --keyfile key.pem",
+        ),
         description=(
             "Serve OpenAI's API (/v1/chat/completions, /v1/completions, /v1/embeddings, "
             "/v1/models) plus /health and /metrics, with the config's routes and cache behind "
@@ -42,6 +52,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     parser.add_argument(
+        "--drain",
+        type=_seconds,
+        metavar="DURATION",
+        help="on SIGTERM/SIGINT, how long requests in flight may take to finish before they "
+        "are ended (e.g. 20s; default: [gateway] drain_timeout, else 10s; 0: end them at once); "
+        "a second signal ends them at once",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -66,6 +84,17 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
     return port
+
+
+def _seconds(text: str) -> float:
+    from .._config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as 20s or 0, got {text[:40]!r}"
+        ) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -98,7 +127,15 @@ def _run(args: argparse.Namespace) -> int:
             else None
         )
         if mistake is not None:
-            sys.stderr.write(f"llmroute serve: --simulator and {mistake} do not go together\n")
+            hint = (
+                ' (in a config, a provider with kind = "simulator" is a simulated one that '
+                "starts with the gateway: docs/simulator.md)"
+                if mistake == "--config"
+                else ""
+            )
+            sys.stderr.write(
+                f"llmroute serve: --simulator and {mistake} do not go together{hint}\n"
+            )
             return 2
         from .._install import install_hint
 
@@ -112,6 +149,13 @@ def _run(args: argparse.Namespace) -> int:
     hpack = logging.getLogger("hpack")
     level = hpack.level
     hpack.setLevel(max(logging.INFO, logging.getLogger().level))
+    # httpx and httpcore log each upstream request at INFO: one request would be logged twice
+    # (theirs and the gateway's own access line). Their lines stay at --log-level debug.
+    quieted = {name: logging.getLogger(name) for name in _UPSTREAM_LOGGERS}
+    levels = {name: logger.level for name, logger in quieted.items()}
+    if logging.getLogger().level > logging.DEBUG:
+        for logger in quieted.values():
+            logger.setLevel(logging.WARNING)
     try:
         if args.workers > 1:
             return _serve_workers(args)
@@ -124,6 +168,8 @@ def _run(args: argparse.Namespace) -> int:
             return runner.run(_serve(args))
     finally:
         hpack.setLevel(level)  # main() may run inside another program (or a test)
+        for name, logger in quieted.items():
+            logger.setLevel(levels[name])
 
 
 def _serve_workers(args: argparse.Namespace) -> int:
@@ -241,9 +287,13 @@ async def _serve(
             sys.stderr.write(f"llmroute serve: {_cannot_listen(host, port, exc)}\n")
             return 1
     loop = asyncio.get_running_loop()
-    shutdown = asyncio.Event()
+    shutdown, cut = asyncio.Event(), asyncio.Event()
+
+    def stop() -> None:  # the first signal drains, a second ends what is left
+        (cut if shutdown.is_set() else shutdown).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown.set)
+        loop.add_signal_handler(sig, stop)
     loop.add_signal_handler(signal.SIGHUP, app.reload)  # the keys, read again
     url = base_url(sock, tls=certfile is not None)
     protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
@@ -257,7 +307,16 @@ async def _serve(
         if key is not None:
             sys.stdout.write(_try_it(url, key, simulated or {}))
         sys.stdout.flush()
-    await serve(app, sock, certfile=certfile, keyfile=keyfile, shutdown_trigger=shutdown.wait)
+    drain = settings.drain_timeout if args.drain is None else args.drain
+    await serve(
+        app,
+        sock,
+        certfile=certfile,
+        keyfile=keyfile,
+        shutdown_trigger=shutdown.wait,
+        drain=drain,
+        cut_trigger=cut.wait,
+    )
     if not quiet:
         sys.stdout.write("llmroute gateway stopped\n")
         sys.stdout.flush()

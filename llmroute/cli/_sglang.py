@@ -11,16 +11,30 @@ import anyio
 if TYPE_CHECKING:
     from ..sglang import Preset
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sglang = commands.add_parser("sglang", help="self-hosted SGLang servers")
+    sglang = commands.add_parser(
+        "sglang",
+        help="self-hosted SGLang servers",
+        epilog=examples(
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --dry-run",
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --gpus 0,1 > gpu.toml",
+        ),
+    )
     sglang_commands = sglang.add_subparsers(dest="sglang_command", required=True)
     launch = sglang_commands.add_parser(
         "launch",
         help="start SGLang servers tuned for TTFT and wait until they are ready",
         description="Arguments after -- go to SGLang as they are and win over llmroute's.",
+        epilog=examples(
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --dry-run",
+            "llmroute sglang launch Qwen/Qwen2.5-7B-Instruct --gpus 0,1,2,3 --tp 2 > gpu.toml",
+            "llmroute sglang launch meta-llama/Llama-3.1-8B-Instruct -- --context-length 8192",
+        ),
     )
     launch.add_argument("model_path", help="a Hugging Face model id or a local path")
     launch.add_argument(
@@ -97,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return anyio.run(_sglang_launch, args, args.extra)
     except KeyboardInterrupt:  # asyncio's runner turns Ctrl-C into this, after the stop
-        sys.stdout.write("SGLang stopped.\n")
+        _say("SGLang stopped.")
         return 0
 
 
@@ -135,7 +149,6 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     server started (bad arguments, SGLang or smg not installed, a preset the version lacks, a GPU
     the host lacks)."""
     import os
-    import shlex
     import signal
 
     from ..sglang import (
@@ -168,15 +181,14 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
             gateway_port=args.gateway_port,
             gateway_policy=args.gateway_policy,
         )
+        gpu = None if _standin_in_use() else _no_gpu(args)
+        if gpu is not None and not args.dry_run:
+            _say(f"{gpu}: launch on a host that has one (--dry-run shows the commands anywhere)")
+            return 2
+        if gpu is not None:
+            _say(f"{gpu}: the commands below would not start here")
         if args.dry_run:
-            for worker in range(len(server)):
-                devices = server.worker_env(worker).get("CUDA_VISIBLE_DEVICES")
-                shown = shlex.join(server.command(worker))
-                if devices is not None and devices != os.environ.get("CUDA_VISIBLE_DEVICES"):
-                    shown = f"CUDA_VISIBLE_DEVICES={devices} {shown}"
-                sys.stdout.write(shown + "\n")
-            if server.gateway is not None:
-                sys.stdout.write(shlex.join(server.gateway.argv()) + "\n")
+            sys.stdout.write(_dry_run(server, args))
             return 0
     except (ValueError, TypeError) as exc:
         _say(str(exc))
@@ -233,8 +245,71 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
                 tg.cancel_scope.cancel()
                 with anyio.CancelScope(shield=True):
                     await server.stop()
-    sys.stdout.write("SGLang stopped.\n")
+    _say("SGLang stopped.")
     return status
+
+
+def _no_gpu(args: argparse.Namespace) -> str | None:
+    """A sentence when this host shows no NVIDIA GPU (``nvidia-smi`` is not on its PATH),
+    else ``None``."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is not None:
+        return None
+    where = "SGLang's container (--image)" if args.image else "SGLang's server"
+    return (
+        f"nvidia-smi is not on this host's PATH, so it shows no GPU; {where} needs a CUDA GPU "
+        "(NVIDIA's)"
+    )
+
+
+def _standin_in_use() -> bool:
+    """Whether ``sglang`` is llmroute's stand-in (its directory on ``PYTHONPATH``, as the tests
+    and docs/sglang.md's "Testing without a GPU" put it): it needs no GPU."""
+    import os
+    from pathlib import Path
+
+    standin = (Path(__file__).resolve().parent.parent / "testing" / "sglang_standin").resolve()
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return any(entry and Path(entry).resolve() == standin for entry in entries)
+
+
+def _dry_run(server: object, args: argparse.Namespace) -> str:
+    """What ``--dry-run`` prints: each server's command as a TOML comment, then the config
+    the launch would print, so ``--dry-run > gpu.toml`` is valid TOML. Without SGLang (or
+    with SGLang that cannot be asked) the commands are those of the newest SGLang, said so on
+    stderr with how to install it."""
+    import os
+    import shlex
+
+    from ..sglang import SGLangError, SGLangNotInstalled, SGLangServer
+
+    assert isinstance(server, SGLangServer)
+    lines = [f"# llmroute sglang launch --dry-run: nothing started. {len(server)} server(s):"]
+    for worker in range(len(server)):
+        try:
+            argv = server.command(worker)
+        except SGLangNotInstalled as exc:
+            if worker == 0:
+                _say(f"{exc}. The commands below are the newest SGLang's (sglang serve).")
+            argv = server.planned_command(worker)
+        except SGLangError as exc:
+            if worker == 0:
+                _say(f"{exc}; the commands below are the newest SGLang's (sglang serve).")
+            argv = server.planned_command(worker)
+        shown = shlex.join(argv)
+        devices = server.worker_env(worker).get("CUDA_VISIBLE_DEVICES")
+        if devices is not None and devices != os.environ.get("CUDA_VISIBLE_DEVICES"):
+            shown = f"CUDA_VISIBLE_DEVICES={devices} {shown}"
+        lines.append(f"#   {shown}")
+    if server.gateway is not None:
+        lines += [
+            "# SGLang's gateway in front of them:",
+            f"#   {shlex.join(server.gateway.argv())}",
+        ]
+    ports = "the ports given" if args.port is not None else "free ports now; a launch picks its own"
+    lines += [f"# Once they run, route to them with this config ({ports}):", ""]
+    return "\n".join(lines) + "\n" + _route_tables(server, args.provider, args.api_key_env)
 
 
 def _launched_config(server: object, provider: str, key_env: str, key_file: object) -> str:
@@ -254,6 +329,16 @@ def _launched_config(server: object, provider: str, key_env: str, key_file: obje
         "# Route to it with this config (Ctrl-C stops the servers):",
         "",
     ]
+    return "\n".join(lines) + "\n" + _route_tables(server, provider, key_env)
+
+
+def _route_tables(server: object, provider: str, key_env: str) -> str:
+    """The ``[providers.*]`` and ``[models.chat]`` tables that route to ``server``."""
+    from ..sglang import SGLangServer
+
+    assert isinstance(server, SGLangServer)
+    gateway = server.gateway_url
+    lines: list[str] = []
     for name, table in server.providers(provider).items():
         lines += [
             f"[providers.{name}]",

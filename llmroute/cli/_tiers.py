@@ -8,21 +8,41 @@ import sys
 import time
 from typing import Any
 
+from ._parser import examples
+
 __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tiers = commands.add_parser(
-        "tiers", help="the offline request classifier: fit it from labelled examples, or eval it"
+        "tiers",
+        help="the offline request classifier: fit it from labelled examples, or eval it",
+        epilog=examples(
+            "llmroute tiers fit labelled.jsonl --out tiers.npz",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --plot eval.svg",
+        ),
     )
     actions = tiers.add_subparsers(dest="action", required=True)
-    fit = actions.add_parser("fit", help="fit and calibrate a classifier, write its artefact")
+    fit = actions.add_parser(
+        "fit",
+        help="fit and calibrate a classifier, write its artefact",
+        epilog=examples(
+            "llmroute tiers fit labelled.jsonl --out tiers.npz",
+            "llmroute tiers fit labelled.jsonl --out tiers.npz --no-embedding",
+        ),
+    )
     fit.add_argument(
         "file", help='labelled examples, JSONL: {"text"|"messages": ..., "label": ...}'
     )
     fit.add_argument("--out", required=True, help="the artefact to write (.npz)")
     eval_ = actions.add_parser(
-        "eval", help="accuracy, recall, confusion and latency beside baselines"
+        "eval",
+        help="accuracy, recall, confusion and latency beside baselines",
+        epilog=examples(
+            "llmroute tiers eval labelled.jsonl --folds 5",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --json",
+            "llmroute tiers eval labelled.jsonl --model tiers.npz --plot eval.svg",
+        ),
     )
     eval_.add_argument("file", help="labelled examples, JSONL")
     eval_.add_argument(
@@ -34,8 +54,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     eval_.add_argument(
         "--plot",
         metavar="FILE",
-        help="also write a PNG: accuracy beside the baselines, confusion, reliability "
-        "(needs llmroute[plot])",
+        help="also write a picture (PNG, SVG or PDF by the extension): accuracy beside the "
+        "baselines, confusion, reliability (needs llmroute[plot])",
     )
     for parser in (fit, eval_):
         parser.add_argument(
@@ -103,9 +123,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.folds < 2:
         return _fail(f"--folds must be at least 2, got {args.folds}")
     if args.plot:
-        from ._format import MissingExtra, check_output_path, require
+        from ._format import MissingExtra, check_plot_path, require
 
-        problem = check_output_path(args.plot, "--plot")
+        problem = check_plot_path(args.plot, "--plot")
         if problem:
             return _fail(problem)
         try:
@@ -207,13 +227,15 @@ def _table(f: dict[str, Any]) -> str:
 
 
 def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
-    """A PNG of one evaluation: accuracy and recall beside the baselines, the confusion matrix
+    """The picture of one evaluation: accuracy and recall beside the baselines, the confusion matrix
     (each row a share of its true class) and reliability (decided probability against accuracy)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+
+    from ._bench_plot import save
 
     labels: list[str] = f["labels"]
     figure, (bars, matrix, reliability) = plt.subplots(
@@ -288,5 +310,5 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
     reliability.grid(True, alpha=0.3)
     figure.suptitle(f"llmroute tiers eval: {f['examples']} labelled requests, {f['method']}")
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    save(figure, path)
     plt.close(figure)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import shutil
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import anyio
 
 from ._format import MissingExtra, add_tls_options, require, tls_verify
+from ._parser import examples
 from ._topframe import SORTS, Exposition, Frame, NotMetrics, build_frame, render
 
 if TYPE_CHECKING:
@@ -117,14 +119,7 @@ class _Scraper:
             raise TopError(f"cannot read {url}: {_reason(exc)}") from None
         status = response.status_code
         if status in (401, 403):
-            raise TopError(
-                f"{url} refused the key given ({status}); give one of the gateway's keys "
-                f"with --key or ${KEY_ENV}"
-                if self._key_given
-                else f"{url} needs a key ({status}); give one of the gateway's keys with --key "
-                f"or ${KEY_ENV}",
-                2,
-            )
+            raise TopError(_refusal(url, status, self._key_given), 2)
         if status == 404:
             raise TopError(
                 f"{url}: no page there (404); the gateway serves /metrics, an application the "
@@ -138,6 +133,25 @@ class _Scraper:
         except NotMetrics as exc:
             kind = response.headers.get("content-type", "no content type").split(";")[0]
             raise TopError(f"{url} is not a metrics page: {exc}; it answered {kind}", 2) from None
+
+
+def _refusal(url: str, status: int, key_given: bool) -> str:
+    """Why the page refused, in the live page's words: no key, a key the gateway does not hold
+    (401), or a team's key where an admin key is needed (403)."""
+    if status == 403:
+        return (
+            f"{url} refused the key given (403): that key is not an admin key; give an admin "
+            f"key (admin = true) with --key or ${KEY_ENV}"
+        )
+    if key_given:
+        return (
+            f"{url} refused the key given (401): that is not a key of this gateway; give one "
+            f"of its keys with --key or ${KEY_ENV}"
+        )
+    return (
+        f"{url} needs a key (401); give one of the gateway's keys (its admin key, if it has "
+        f"one) with --key or ${KEY_ENV}"
+    )
 
 
 def _ca(path: str) -> ssl.SSLContext:
@@ -158,6 +172,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser = commands.add_parser(
         "top",
         help="the routing at a glance: per-target TTFT, share, hedges, errors, breakers, live",
+        epilog=examples(
+            "llmroute top http://127.0.0.1:8000",
+            "llmroute top --once --json https://gw.internal:8443/v1 --ca ca.pem",
+            "llmroute top --simulator",
+        ),
         description=(
             "Show what the routing does from llmroute's Prometheus metrics: the gateway's "
             "/metrics, or an application's page of client.metrics. Refreshes in place; --once "
@@ -185,6 +204,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     parser.add_argument(
         "--once", action="store_true", help="print one table and exit (no ANSI codes in a pipe)"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one frame's figures as one JSON document and exit (as --once does)",
     )
     parser.add_argument(
         "--interval",
@@ -241,11 +265,13 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TopError) as exc:
         err.write(f"{exc}\n" if isinstance(exc, ValueError) else f"llmroute top: {exc}\n")
         return 2 if isinstance(exc, ValueError) else exc.status
+    once = args.once or args.json
     view = _View(
         out=sys.stdout,
         interval=interval,
-        once=args.once,
-        two_scrapes=args.once and args.interval is not None,
+        once=once,
+        as_json=args.json,
+        two_scrapes=once and args.interval is not None,
         sort=args.sort,
         rows=args.rows,
     )
@@ -256,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
         return anyio.run(_remote, view, url, key, verify, args.timeout)
     except KeyboardInterrupt:
         view.leave()
-        return 0 if not args.once else 130
+        return 0 if not once else 130
 
 
 async def _remote(
@@ -278,12 +304,16 @@ class _View:
     out: TextIO
     interval: float
     once: bool
+    as_json: bool = False
     two_scrapes: bool = False
     sort: str = "share"
     rows: int | None = None
     frames: int | None = None
     note: Callable[[], str | None] = lambda: None
     _live: bool = False
+    _keys: int | None = None
+    """The terminal ``q`` is read from while the view is live (None: not a terminal)."""
+    _saved: list[Any] | None = None
 
     @property
     def terminal(self) -> bool:
@@ -293,10 +323,22 @@ class _View:
         if self.terminal and not self.once and not self._live:
             self._live = True
             self.out.write("\x1b[?1049h\x1b[?25l")  # the alternate screen, no cursor
+            self._keys = _keyboard()
+            if self._keys is not None:  # keys one by one, not echoed, nothing typed dropped
+                import termios
+                import tty
+
+                self._saved = termios.tcgetattr(self._keys)
+                tty.setcbreak(self._keys, termios.TCSANOW)
 
     def leave(self) -> None:
         if self._live:
             self._live = False
+            if self._keys is not None and self._saved is not None:
+                import termios
+
+                termios.tcsetattr(self._keys, termios.TCSADRAIN, self._saved)
+                self._saved = None
             self.out.write("\x1b[?25h\x1b[?1049l")
             self.out.flush()
 
@@ -319,31 +361,50 @@ class _View:
             seconds: float | None = time.monotonic() - taken
         else:
             seconds = None
-        failure: str | None = None
-        drawn = 0
         self.enter()
         try:
-            while True:
-                frame = build_frame(now, before, seconds)
-                self._draw(frame, source, failure)
-                drawn += 1
-                if self.once or (self.frames is not None and drawn >= self.frames):
-                    return 0
-                await anyio.sleep(self.interval)
-                try:
-                    fresh = await scrape()
-                except TopError as exc:
-                    failure = (
-                        f"the last scrape failed: {exc}; trying again every {self.interval:g} s"
-                    )
-                    continue
-                failure = None
-                stamp = time.monotonic()
-                before, now, seconds, taken = now, fresh, stamp - taken, stamp
+            async with anyio.create_task_group() as tg:
+                if self._keys is not None:
+                    tg.start_soon(_quit_on_q, self._keys, tg.cancel_scope)
+                await self._loop(scrape, source, now, before, seconds, taken)
+                tg.cancel_scope.cancel()
+            return 0
         finally:
             self.leave()
 
+    async def _loop(
+        self,
+        scrape: Callable[[], Awaitable[Exposition]],
+        source: str,
+        now: Exposition,
+        before: Exposition | None,
+        seconds: float | None,
+        taken: float,
+    ) -> None:
+        failure: str | None = None
+        drawn = 0
+        while True:
+            frame = build_frame(now, before, seconds)
+            self._draw(frame, source, failure)
+            drawn += 1
+            if self.once or (self.frames is not None and drawn >= self.frames):
+                return
+            await anyio.sleep(self.interval)
+            try:
+                fresh = await scrape()
+            except TopError as exc:
+                failure = f"the last scrape failed: {exc}; trying again every {self.interval:g} s"
+                continue
+            failure = None
+            stamp = time.monotonic()
+            before, now, seconds, taken = now, fresh, stamp - taken, stamp
+
     def _draw(self, frame: Frame, source: str, failure: str | None) -> None:
+        if self.as_json:
+            document = {"source": source, "time": time.time(), **dataclasses.asdict(frame)}
+            self.out.write(json.dumps(document) + "\n")
+            self.out.flush()
+            return
         terminal = self.terminal
         size = shutil.get_terminal_size() if terminal else None
         color = terminal and not os.environ.get("NO_COLOR")
@@ -368,6 +429,26 @@ class _View:
             if not self.once:
                 self.out.write("\n")
         self.out.flush()
+
+
+async def _quit_on_q(fd: int, scope: anyio.CancelScope) -> None:
+    """Cancel ``scope`` when ``q`` is typed on the terminal ``fd`` (put in cbreak mode by
+    :meth:`_View.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
+    while True:
+        await anyio.wait_readable(fd)
+        typed = os.read(fd, 64)
+        if not typed or b"q" in typed.lower():
+            scope.cancel()
+            return
+
+
+def _keyboard() -> int | None:
+    """stdin's descriptor when it is a terminal (the live view reads ``q`` from it)."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # pytest's captured stdin has no descriptor
+        return None
+    return fd if os.isatty(fd) else None
 
 
 # -- --simulator -------------------------------------------------------------------------------

@@ -140,6 +140,18 @@ class _Window:
             for group, counts in grouped.items()
         }
 
+    def whole(
+        self, histogram: str, by: Sequence[str]
+    ) -> dict[tuple[str, ...], tuple[float, list[float | None]]]:
+        """A histogram of whole answers (requests not streamed): each group's count over the
+        window and its p50, p95, p99; groups that grew only."""
+        counts = self.counter(f"{histogram}_count", by)
+        return {
+            group: (counts[group], qs)
+            for group, qs in self.quantiles(histogram, by, _Q).items()
+            if counts.get(group)
+        }
+
 
 # -- the figures of one frame --------------------------------------------------------------------
 
@@ -160,6 +172,11 @@ class TargetRow:
     errors: float = 0.0
     in_flight: float = 0.0
     state: str = "-"
+    whole: float = 0.0
+    """Answers of requests that were not streamed (``whole_p*``: their time to the answer)."""
+    whole_p50: float | None = None
+    whole_p95: float | None = None
+    whole_p99: float | None = None
 
 
 @dataclass(slots=True)
@@ -175,11 +192,16 @@ class RouteRow:
     p50: float | None = None
     p95: float | None = None
     p99: float | None = None
+    whole: float = 0.0
+    """Answers of requests that were not streamed (``whole_p*``: their time to the answer)."""
+    whole_p50: float | None = None
+    whole_p95: float | None = None
+    whole_p99: float | None = None
 
 
 @dataclass(slots=True)
 class KeyRow:
-    """One gateway key, by name: requests, rejections, tokens, cache hits, in flight."""
+    """One gateway key, by name: requests (API calls), rejections, tokens, cache hits, in flight."""
 
     name: str
     requests: float = 0.0
@@ -265,6 +287,10 @@ def _targets(w: _Window) -> list[TargetRow]:
     for (target,), qs in w.quantiles("llmroute_ttft_seconds", ("target",), _Q).items():
         if target in rows:
             rows[target].p50, rows[target].p95, rows[target].p99 = qs
+    for (target,), (count, qs) in w.whole("llmroute_response_seconds", ("target",)).items():
+        if target in rows:
+            row = rows[target]
+            row.whole, (row.whole_p50, row.whole_p95, row.whole_p99) = count, qs
     for (target,), value in w.gauge("llmroute_target_ttft_p95_seconds", ("target",)).items():
         if target in rows:
             rows[target].router_p95 = value
@@ -301,6 +327,9 @@ def _routes(w: _Window) -> list[RouteRow]:
         row(route).hedges_won += count
     for (route,), qs in w.quantiles("llmroute_request_ttft_seconds", ("route",), _Q).items():
         row(route).p50, row(route).p95, row(route).p99 = qs
+    for (route,), (count, qs) in w.whole("llmroute_request_seconds", ("route",)).items():
+        found = row(route)
+        found.whole, (found.whole_p50, found.whole_p95, found.whole_p99) = count, qs
     return [rows[name] for name in sorted(rows)]
 
 
@@ -310,8 +339,10 @@ def _keys(w: _Window) -> list[KeyRow]:
     def row(name: str) -> KeyRow:
         return rows.setdefault(name, KeyRow(name))
 
-    for (key,), count in w.counter("llmroute_gateway_requests_total", ("key",)).items():
-        row(key).requests += count
+    for labels, delta in w.deltas("llmroute_gateway_requests_total"):
+        # API calls only, as /admin/usage counts them: not the page, /metrics or /admin reads.
+        if labels.get("path", "").startswith("/v1/"):
+            row(labels.get("key", "")).requests += delta
     for (key,), count in w.counter("llmroute_gateway_rejections_total", ("key",)).items():
         row(key).rejected += count
     for (key, kind), count in w.counter("llmroute_gateway_tokens_total", ("key", "kind")).items():
@@ -496,6 +527,9 @@ def render(
             width,
         )
         sections.append([bold("routes: the caller's TTFT"), *lines])
+    whole = _whole_section(frame, width)
+    if whole:
+        sections.append([bold("not streamed: time to the whole answer"), *whole])
     keys, objectives, tiers = frame.keys, frame.objectives, frame.tiers
     if keys:
         lines = _table(
@@ -593,6 +627,24 @@ def render(
     # A terminal's line is cut rather than wrapped (which would push the screen down); the
     # painted lines were fitted before their colours went on.
     return [line if "\x1b" in line else _clip(line, width) for line in out]
+
+
+def _whole_section(frame: Frame, width: int | None) -> list[str]:
+    """The routes' (the caller's view) and then the targets' times to the whole answer of
+    requests that were not streamed; nothing when there were none."""
+    named = [r for r in frame.routes if r.whole] + [r for r in frame.targets if r.whole]
+    if not named:
+        return []
+    return _table(
+        [
+            _Column("route / target", [r.name for r in named]),
+            _Column("answers", [_count(r.whole) for r in named]),
+            _Column("p50", [ms(r.whole_p50) for r in named], 2),
+            _Column("p95", [ms(r.whole_p95) for r in named]),
+            _Column("p99", [ms(r.whole_p99) for r in named], 1),
+        ],
+        width,
+    )
 
 
 def _clip(text: str, width: int | None) -> str:

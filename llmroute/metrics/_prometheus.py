@@ -135,6 +135,14 @@ class ClientMetrics:
             buckets=_TTFT_BUCKETS,
             registry=registry,
         )
+        self._request_latency = Histogram(
+            "llmroute_request_seconds",
+            "Time to the whole answer of requests that were not streamed, as the caller saw it "
+            "(hedges included)",
+            ["route", "source"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
         self._ttft = Histogram(
             "llmroute_ttft_seconds",
             "Time to first token of each target's streamed attempts that got one",
@@ -309,6 +317,10 @@ class ClientMetrics:
         ttft = record.caller_ttft
         if record.stream and ttft is not None:
             self._request_ttft.labels(route, source).observe(ttft)
+        elif not record.stream and record.outcome == "ok":
+            seconds = _answer_seconds(record)
+            if seconds is not None:
+                self._request_latency.labels(route, source).observe(seconds)
         if source != "live":
             return  # the call that answered counted its attempts itself
         if report is None or not report.attempts:
@@ -352,6 +364,15 @@ class ClientMetrics:
                     self._itl.labels(target).observe(itl)
         elif record.outcome == "ok" and timings.total is not None:
             self._latency.labels(target).observe(timings.total)
+
+
+def _answer_seconds(record: RequestRecord) -> float | None:
+    """A whole answer's time as the caller saw it: the route's (hedges included), else the
+    request's own."""
+    report, timings = record.report, record.timings
+    if report is not None and report.ttft is not None:
+        return report.ttft
+    return timings.total if timings is not None else None
 
 
 def _mean_gap(timings: Timings | None) -> float | None:

@@ -49,13 +49,18 @@ from openai._models import construct_type
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, make_status_error
+from .._prices import UsageFields
 from ..transport._sse import ServerSentEvent
+from ._adapter import ProtocolAdapter
+from .openai import REQUEST_ID_HEADER as OPENAI_REQUEST_ID_HEADER
 from .openai import ChatStreamDecoder, build_chunk, load_json
 
 __all__ = [
+    "ANTHROPIC",
     "ANTHROPIC_VERSION",
     "DEFAULT_MAX_TOKENS",
     "REQUEST_ID_HEADER",
+    "AnthropicAdapter",
     "AnthropicStreamDecoder",
     "finish_reason",
     "headers",
@@ -809,3 +814,85 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         if kind == "error":
             raise _stream_error(data, self.request)
         return None  # event types added later: ignored, as Anthropic's docs ask
+
+
+# -- the adapter ----------------------------------------------------------------------------
+
+
+class AnthropicAdapter(ProtocolAdapter):
+    """Anthropic's Messages API: chat calls only, translated (:func:`translate_request`) and
+    sent to ``messages`` with the key in ``x-api-key``; a continuation is the native prefill,
+    its trailing whitespace given back by the decoder (:func:`prefill_whitespace`)."""
+
+    name = "anthropic"
+    translates = True
+    usage_fields = UsageFields(
+        prompt="input_tokens",
+        prompt_includes_cache=False,
+        cache_read="cache_read_input_tokens",
+        cache_write="cache_creation_input_tokens",
+        cache_write_1h="cache_creation.ephemeral_1h_input_tokens",
+        completion="output_tokens",
+    )
+
+    def serves(self, kind: str) -> bool:
+        return kind == "chat"
+
+    def headers(
+        self, api_key: str | None, *, user_agent: str, configured: Mapping[str, str]
+    ) -> dict[str, str]:
+        return {"User-Agent": user_agent, **headers(api_key or ""), **configured}
+
+    def models_request(self, api_key: str) -> tuple[dict[str, str], dict[str, Any]]:
+        return {"x-api-key": api_key}, {"limit": 1000}  # Anthropic pages its list, 20 by default
+
+    def wire_request(
+        self, path: str, body: Mapping[str, Any], *, target: str
+    ) -> tuple[str, Mapping[str, Any]]:
+        if path != "chat/completions":
+            return path, body
+        return "messages", translate_request(body, target=target)
+
+    def send_limit_as(self, body: dict[str, Any], field: str) -> None:
+        return None  # translate_request sends the limit as max_tokens, the one field there is
+
+    def stream_decoder(
+        self,
+        kind: str,
+        *,
+        request: httpx.Request,
+        target: str,
+        body: Mapping[str, Any],
+        include_usage: bool,
+    ) -> ChatStreamDecoder:
+        _chat_only(kind)
+        return AnthropicStreamDecoder(
+            request=request,
+            target=target,
+            include_usage=include_usage,
+            prefill_whitespace=prefill_whitespace(body),
+        )
+
+    def parse_answer(
+        self, kind: str, response: httpx.Response, *, target: str, body: Mapping[str, Any]
+    ) -> Any:
+        _chat_only(kind)
+        return parse_message(
+            response.content,
+            request=response.request,
+            target=target,
+            response=response,
+            prefill_whitespace=prefill_whitespace(body),
+        )
+
+    def request_id(self, headers: Mapping[str, str]) -> str | None:
+        return headers.get(REQUEST_ID_HEADER) or headers.get(OPENAI_REQUEST_ID_HEADER)
+
+
+def _chat_only(kind: str) -> None:
+    if kind != "chat":
+        raise ValueError(f"the Anthropic Messages protocol has no {kind} API")
+
+
+ANTHROPIC = AnthropicAdapter()
+"""The Anthropic Messages protocol's adapter."""

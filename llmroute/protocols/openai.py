@@ -26,7 +26,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._errors import MalformedStreamError, quote
+from .._prices import UsageFields
 from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from ._adapter import ProtocolAdapter
 
 try:
     from jiter import from_json as _jiter_loads
@@ -34,10 +36,12 @@ except ImportError:  # pragma: no cover - jiter is a dependency of openai
     _jiter_loads = None
 
 __all__ = [
+    "OPENAI",
     "REQUEST_ID_HEADER",
     "ChatStreamDecoder",
     "CompletionStreamDecoder",
     "MalformedResponseError",
+    "OpenAIAdapter",
     "ResponsesStreamDecoder",
     "build_chunk",
     "is_output",
@@ -47,6 +51,7 @@ __all__ = [
     "parse_body",
     "parse_chat_completion",
     "parse_response",
+    "rename_limit",
     "response_text_delta",
 ]
 
@@ -871,3 +876,87 @@ class ResponsesStreamDecoder(ChatStreamDecoder):
             # The caller gets the event, as from openai; then the stream fails (its answer is
             # not whole), so it is never taken for a complete one.
             self._error = _stream_error(chunk.model_dump(), self.request)
+
+
+# The adapter.
+
+
+def rename_limit(body: dict[str, Any], name: str) -> None:
+    """Send the caller's answer limit under ``name``, the one field the vendor takes: the
+    smaller of ``max_tokens`` and ``max_completion_tokens`` when both are given."""
+    limits = [
+        body.pop(key)
+        for key in ("max_tokens", "max_completion_tokens")
+        if key in body and body[key] is not None
+    ]
+    if limits:
+        body[name] = min(limits) if all(isinstance(v, int) for v in limits) else limits[0]
+
+
+class OpenAIAdapter(ProtocolAdapter):
+    """OpenAI's APIs (chat completions, Responses, completions, embeddings) and every vendor
+    that speaks them: bodies sent as written, the key as a bearer token."""
+
+    name = "openai"
+    speaks_openai = True
+    stream_usage = True
+    usage_fields = UsageFields(
+        prompt="prompt_tokens",
+        prompt_includes_cache=True,
+        cache_read="prompt_tokens_details.cached_tokens",
+        completion="completion_tokens",
+        reasoning="completion_tokens_details.reasoning_tokens",
+    )
+
+    def serves(self, kind: str) -> bool:
+        return True
+
+    def headers(
+        self, api_key: str | None, *, user_agent: str, configured: Mapping[str, str]
+    ) -> dict[str, str]:
+        headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "User-Agent": user_agent,
+            **configured,
+        }
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        return headers
+
+    def models_request(self, api_key: str) -> tuple[dict[str, str], dict[str, Any]]:
+        return {"authorization": f"Bearer {api_key}"}, {}
+
+    def wire_request(
+        self, path: str, body: Mapping[str, Any], *, target: str
+    ) -> tuple[str, Mapping[str, Any]]:
+        return path, body
+
+    def send_limit_as(self, body: dict[str, Any], field: str) -> None:
+        rename_limit(body, field)
+
+    def stream_decoder(
+        self,
+        kind: str,
+        *,
+        request: httpx.Request,
+        target: str,
+        body: Mapping[str, Any],
+        include_usage: bool,
+    ) -> ChatStreamDecoder:
+        if kind == "responses":
+            return ResponsesStreamDecoder(request=request, target=target)
+        return ChatStreamDecoder(request=request, target=target)
+
+    def parse_answer(
+        self, kind: str, response: httpx.Response, *, target: str, body: Mapping[str, Any]
+    ) -> Any:
+        parse = parse_response if kind == "responses" else parse_chat_completion
+        return parse(response.content, request=response.request, target=target, response=response)
+
+    def request_id(self, headers: Mapping[str, str]) -> str | None:
+        return headers.get(REQUEST_ID_HEADER)
+
+
+OPENAI = OpenAIAdapter()
+"""The OpenAI protocol's adapter."""

@@ -11,21 +11,27 @@ unless the route opts in to failing over on that cause. docs/errors-and-retries.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
-from openai import APIConnectionError, APIStatusError, APITimeoutError
+from openai import APIConnectionError, APIError, APIStatusError, APITimeoutError
 
-from .._errors import FirstTokenTimeout, StallTimeout
-from .backoff import parse_retry_after
+from .._errors import FirstTokenTimeout, StallTimeout, TargetUnavailable
+from .backoff import parse_retry_after, should_retry_status
 
 __all__ = [
     "REQUEST_CAUSES",
     "Cause",
     "CauseRules",
     "Reaction",
+    "any_retryable",
     "classify",
+    "cooldown_after",
+    "error_message",
+    "is_health_failure",
+    "outcome",
     "react",
 ]
 
@@ -151,3 +157,51 @@ def react(exc: BaseException, rules: CauseRules, *, retried: int, now: float) ->
         if wait == 0 or wait <= rules.retry_after_max:
             return Reaction("retry", cause, wait)
     return Reaction("failover", cause)
+
+
+def outcome(exc: BaseException) -> str:
+    """The outcome a failed attempt counts as in its target's stats."""
+    if isinstance(exc, APIStatusError) and exc.status_code == 429:
+        return "rate_limited"
+    if isinstance(exc, APITimeoutError):  # FirstTokenTimeout is one too
+        return "timeout"
+    return "error"
+
+
+def is_health_failure(exc: BaseException) -> bool:
+    """Whether a failure says the target is unwell (not that the request was bad, nor that
+    it does not hold the response a Responses call continues)."""
+    if isinstance(exc, APIStatusError):
+        return exc.status_code not in (400, 413, 422, 429) and classify(exc) != "not_held"
+    return True
+
+
+def cooldown_after(headers: Mapping[str, str]) -> float:
+    """Seconds a target that answered 429 with these headers cools down (1 without a
+    Retry-After)."""
+    seconds = parse_retry_after(headers, now=time.time())
+    return seconds if seconds is not None and seconds > 0 else 1.0
+
+
+def any_retryable(failures: Iterable[BaseException]) -> bool:
+    """Whether any of a round's failures may succeed when the request is sent again."""
+    for exc in failures:
+        if isinstance(exc, APIStatusError):
+            if should_retry_status(exc.status_code, exc.response.headers, now=time.time()):
+                return True
+        elif isinstance(exc, APIError) and not isinstance(exc, TargetUnavailable):
+            return True
+    return False
+
+
+def error_message(exc: BaseException) -> str:
+    """The text of an upstream error: its message and, where the body is JSON, the
+    vendor's own ``message`` (openai's exceptions keep both)."""
+    parts = [str(getattr(exc, "message", "") or exc)]
+    body = getattr(exc, "body", None)
+    if isinstance(body, Mapping):
+        inner = cast(Mapping[str, Any], body).get("error", body)
+        text = inner.get("message") if isinstance(inner, Mapping) else None
+        if isinstance(text, str):
+            parts.append(text)
+    return " ".join(parts)

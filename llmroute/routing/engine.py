@@ -1,22 +1,22 @@
-"""The routing engine: carries out a policy's plan for one request.
+"""The routing engine: carries out a policy's plan for one request (the race).
 
 Attempts run in one task group. The first to produce a token wins; the others are cancelled by
 leaving their scopes, which resets their HTTP/2 streams while the connections stay warm. Before
 a first token, a failing attempt hands over to the next target (failover) and a slow one is
 hedged when the plan says so and the route's hedge budget allows. After the first token the
-caller reads the winner; if it breaks mid-answer, the engine continues the answer on a target
-that supports assistant-prefix continuation, so the caller's iterator goes on without a seam,
-or raises :class:`~llmroute.StreamInterrupted` with the partial text.
+caller reads the winner (:mod:`.answer`); if it breaks mid-answer, the engine races the
+targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on without
+a seam, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
+tokens are counted in its account (:mod:`.accounts`).
 
-The engine sends through a :data:`Sender` the client gives it (request building, keys and
-URLs are the client's), decodes with the protocol module and records every outcome in the live
-stats and the targets' health.
+The engine sends through a :data:`~.route.Sender` the client gives it (request building, keys
+and URLs are the client's), decodes with the target's protocol adapter
+(:func:`~llmroute.protocols.adapter_for`) and records every outcome in the live stats and the
+targets' health.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import functools
 import math
@@ -25,63 +25,65 @@ import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, cast
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 import anyio
+import anyio.abc
 import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletionChunk
 
 from .._background import spawn
-from .._catalog import Continuation
 from .._errors import (
     AllTargetsFailed,
-    APIConnectionError,
     APIError,
     APIStatusError,
-    APITimeoutError,
     FirstTokenTimeout,
     RequestBodyError,
-    StallTimeout,
-    StreamInterrupted,
     TargetUnavailable,
     describe_error,
     map_transport_errors,
+    stream_ended,
 )
 from .._types import AttemptReport, RouteReport, Timings
-from ..protocols import anthropic
-from ..protocols.openai import (
-    REQUEST_ID_HEADER,
-    ChatStreamDecoder,
-    ResponsesStreamDecoder,
-    build_chunk,
-    is_preamble_chunk,
-    is_token_chunk,
-    parse_chat_completion,
-    parse_response,
-    response_text_delta,
+from ..protocols import adapter_for
+from ..protocols.reader import StreamReader
+from ..transport import body_receiver, close_quietly, replay_head
+from .accounts import TokenAccount
+from .answer import Answer, Ready, plain_answer, won_attempt
+from .backoff import retry_delay
+from .causes import (
+    REQUEST_CAUSES,
+    any_retryable,
+    classify,
+    cooldown_after,
+    error_message,
+    is_health_failure,
+    outcome,
+    react,
 )
-from ..transport import body_receiver, bound_wait, replay_head
-from .backoff import parse_retry_after, retry_delay, should_retry_status
-from .budget import HedgeBudget
-from .causes import REQUEST_CAUSES, CauseRules, classify, react
+from .continuation import (
+    continuation_body,
+    continuation_order,
+    interrupted,
+    no_continuation_target,
+    not_continuable,
+)
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
-from .policies import Plan, Policy, explore
-from .seam import REASONING_FIELDS, ContinuationMismatch, Seam
+from .policies import Plan, explore
+from .route import SENDING, Route, RouteTarget, Sender
+from .seam import ContinuationMismatch
 from .stats import (
-    STALL_STREAM_GAPS,
     LiveStats,
     StatsReport,
     class_label,
     estimate_prompt_tokens,
     first_token_deadline,
     prompt_class,
-    stall_deadline,
-    stream_stall_deadline,
 )
-from .tokens import estimate_tokens, visible_tokens
+from .tokens import visible_tokens
 from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
 
 __all__ = [
@@ -121,26 +123,7 @@ asked (all cooling down after a 429, or with open circuits); a stream also withi
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
 
 
-class Sender(Protocol):
-    """Sends one request to one target: the client's part (URL, keys, headers, timeouts).
-
-    Returns once the response headers arrived with a status below 400 (a status error raises
-    openai's exception); with ``stream=False`` the body has been read. ``continuation`` says
-    the request continues an answer (some vendors take those on another base URL).
-    """
-
-    def __call__(
-        self, target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
-    ) -> Awaitable[tuple[httpx.Response, Timings]]: ...
-
-
-SENDING: contextvars.ContextVar[AttemptReport | None] = contextvars.ContextVar(
-    "llmroute_sending", default=None
-)
-"""The attempt a :data:`Sender` is called for (the sender puts its trace span on it)."""
-
-
-async def _sending(record: AttemptReport, opening: Awaitable[_Ready]) -> _Ready:
+async def _sending(record: AttemptReport, opening: Awaitable[Ready]) -> Ready:
     """``opening`` with ``record`` as the attempt being sent (:data:`SENDING`)."""
     token = SENDING.set(record)
     try:
@@ -162,105 +145,11 @@ class Trials(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class RouteTarget:
-    """A provider and the model name it serves a route with."""
-
-    provider: str
-    model: str
-    continuation: Continuation | None = None
-    stream_usage: bool = True
-    stream_usage_continuous: bool = False
-    """Whether the target takes ``stream_options.continuous_usage_stats`` (vLLM, SGLang)."""
-    protocol: str = "openai"
-    """The wire protocol: ``"openai"`` (chat completions) or ``"anthropic"`` (Messages)."""
-    context_window: int | None = None
-    """Tokens (prompt plus answer) the model takes at most, if declared (:mod:`.windows`)."""
-    trial: Mapping[str, Any] = field(
-        default_factory=lambda: {"max_tokens": 1}, compare=False, hash=False
-    )
-    """Top-level fields of the trial request sent while its circuit is open (the catalog's)."""
-    request_id_headers: tuple[str, ...] = ()
-    """Response headers carrying the vendor's request id, tried before the protocol's own."""
-    max_tokens_field: str | None = None
-    """The field the vendor takes for the answer's length limit (the catalog's): a caller's
-    ``max_tokens`` / ``max_completion_tokens`` is renamed to it; ``None``: sent as written."""
-
-    @property
-    def name(self) -> str:
-        return f"{self.provider}:{self.model}"
-
-
-@dataclass
-class Route:
-    """One model name the application uses, served by several targets under a policy."""
-
-    name: str
-    targets: tuple[RouteTarget, ...]
-    policy: Policy
-    budget: HedgeBudget = field(default_factory=HedgeBudget)
-    first_token_timeout: float | None = 30.0
-    continue_on_break: bool = True
-    max_continuations: int = 3
-    retry_after_max: float = 5.0
-    """An ordered (``failover``) route waits out a Retry-After up to this long to retry the
-    same target (0: fail over at once)."""
-    server_error_retries: int = 1
-    """An ordered route retries the same target this many times after a 5xx."""
-    stall_timeout: float | Literal["auto"] | None = "auto"
-    """Seconds a stream may send nothing after its first token before it counts as broken
-    (and is continued on another target): ``"auto"`` derives it from the target's live
-    pauses between chunks (:func:`~.stats.stall_deadline`), ``None`` turns it off."""
-    connect_timeout: float | None = None
-    """Seconds to open a connection to a target (``None``: the call's own timeout)."""
-    failover_on: frozenset[str] = frozenset()
-    """Request-caused errors (``invalid_request``, ``content_policy``, ``context_length``)
-    the route fails over on instead of returning them to the caller."""
-    goal: LatencyGoal | None = None
-    """The route's latency goal (``ttft_target``, ``min_tokens_per_s``); a request's own
-    options override it (:mod:`.goal`)."""
-
-    def rules(self) -> CauseRules:
-        """How the route reacts to each cause of failure (:mod:`.causes`)."""
-        return CauseRules(
-            ordered=self.policy.name == "failover",
-            retry_after_max=self.retry_after_max,
-            server_error_retries=self.server_error_retries,
-            failover_on=self.failover_on,
-        )
-
-    @functools.cached_property
-    def windows(self) -> dict[str, int | None]:
-        """Each target's declared context window, by name; empty when none declares one."""
-        windows = {t.name: t.context_window for t in self.targets}
-        return windows if any(windows.values()) else {}
-
-    def target(self, name: str) -> RouteTarget:
-        for target in self.targets:
-            if target.name == name:
-                return target
-        raise KeyError(name)
-
-
-@dataclass(slots=True)
-class _Ready:
-    """An attempt that produced its first token (or its whole answer, when not streamed)."""
-
-    target: RouteTarget
-    response: httpx.Response
-    timings: Timings
-    decoder: ChatStreamDecoder | None = None
-    receive: Callable[[], Awaitable[bytes | None]] | None = None
-    buffered: list[ChatCompletionChunk] = field(default_factory=list)
-    ended: bool = False
-    completion: Any = None
-
-
 class _Race:
     """What the attempts of one race share: the winner and a wake-up for the coordinator."""
 
     def __init__(self) -> None:
-        self.winner: _Ready | None = None
+        self.winner: Ready | None = None
         self.live = 0
         self.failures: dict[str, BaseException] = {}
         self.last: BaseException | None = None
@@ -294,14 +183,6 @@ class _Race:
         with anyio.move_on_after(timeout):
             await self._event.wait()
         self._event = anyio.Event()
-
-
-async def _close_quietly(response: httpx.Response) -> None:
-    """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
-    # One scope: shielded from outside, bounded by its own deadline.
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 5):
-        with contextlib.suppress(Exception):
-            await response.aclose()
 
 
 class Router:
@@ -401,11 +282,11 @@ class Router:
         cooldown and its Retry-After). Counted in the target's outcomes, as a request's is."""
         health, stats = self.health(target), self.stats.target(target)
         if exc is not None:
-            stats.record_outcome(_outcome(exc))
+            stats.record_outcome(outcome(exc))
         status = exc.status_code if isinstance(exc, APIStatusError) else None
         cause = classify(exc) if exc is not None else None
         if status == 429 and isinstance(exc, APIStatusError):
-            health.cool_down(_cooldown(exc.response.headers))
+            health.cool_down(cooldown_after(exc.response.headers))
             health.breaker.postpone()
             return "none"
         wrong = cause == "misconfigured" and (keyed or status not in (401, 403))
@@ -489,15 +370,15 @@ class Router:
             if elapsed is not None:
                 stats.record_latency(elapsed)
             return
-        outcome = _outcome(exc)
-        if outcome == "rate_limited" and isinstance(exc, APIStatusError):
-            health.cool_down(_cooldown(exc.response.headers))
+        counted = outcome(exc)
+        if counted == "rate_limited" and isinstance(exc, APIStatusError):
+            health.cool_down(cooldown_after(exc.response.headers))
         if classify(exc) == "misconfigured":
             health.misconfigured(describe_error(exc), self.misconfigured_cooldown, exc)
-        if _is_health_failure(exc):
+        if is_health_failure(exc):
             health.failed(exc, kind)
             health.breaker.record_failure()
-        stats.record_outcome(outcome)
+        stats.record_outcome(counted)
 
     def order(self, route: Route, body: dict[str, Any], kind: str = "chat") -> list[str]:
         """The route's targets in the order its policy would try them for ``body`` (for calls
@@ -558,8 +439,8 @@ class Router:
             route, body, send, stream=True, kind=kind, unservable=unservable, goal=goal
         )
         run.raw = raw
-        run.ready = await run.race(run.plan(), retries=self.max_retries)
-        return RoutedStream(run)
+        ready = await run.race(run.plan(), retries=self.max_retries)
+        return RoutedStream(run, run.answer(ready))
 
     async def complete(
         self,
@@ -577,7 +458,7 @@ class Router:
         )
         ready = await run.race(run.plan(), retries=self.max_retries)
         run.finish()
-        text = _plain_answer(ready.completion)
+        text = plain_answer(ready.completion)
         if text is not None:
             tokens = visible_tokens(getattr(ready.completion, "usage", None))
             if tokens is not None:
@@ -638,8 +519,8 @@ class _View:
 
     @property
     def probes(self) -> bool:
-        """Whether an attempt on a cold target runs on to its first token whoever wins (a
-        stream's: its TTFT is the sample; :meth:`_Run.runs_on`)."""
+        """Whether a probe of a cold target runs on to its first token whoever wins (a
+        stream's: its TTFT is the sample; :meth:`_Coordinator.run_on`)."""
         return self._stream
 
     def cold(self, target: str) -> bool:
@@ -672,7 +553,7 @@ class _View:
 
 
 class _Run:
-    """The state of one routed request: its attempts, the winner, and the text so far."""
+    """The state of one routed request: its plan, its attempts and the answer's account."""
 
     def __init__(
         self,
@@ -690,7 +571,6 @@ class _Run:
         self.body = body
         self.send = send
         self.report = report
-        self.complete = False
         self.prompt_tokens = prompt_tokens
         self.stream = stream
         self.kind = kind
@@ -698,36 +578,8 @@ class _Run:
         self.clock = router._clock
         self.t0 = self.clock()
         self.view = _View(router, prompt_tokens, stream, prompt_messages(body, kind))
-        self.ready: _Ready | None = None
-        self.text: list[str] = []
-        self.tokens = 0
-        """Token chunks yielded (``timings.tokens``); a chunk may carry several tokens."""
-        self.delivered = 0
-        """Completion tokens the attempts that broke mid-answer delivered (each counted by
-        :meth:`_delivered_by`): what a continuation's ``max_tokens`` and ``usage`` account for."""
-        self.limit = _token_limit(body)
-        """The caller's ``max_tokens`` / ``max_completion_tokens`` (the smaller): held on the
-        whole answer, however many attempts it took."""
-        asked = body.get("stream_options")
-        self.usage_asked = isinstance(asked, Mapping) and bool(asked.get("include_usage"))
-        """Whether the caller asked for usage in the stream (llmroute asks targets for it
-        anyway, to count their tokens, and leaves out what the caller did not ask for)."""
-        self.continuous_asked = self.usage_asked and bool(
-            cast(Mapping[str, Any], asked).get("continuous_usage_stats")
-        )
-        self.prompt_usage: int | None = None
-        """The prompt tokens of the vendors' latest usage (for an answer llmroute ends)."""
-        self._since = 0
-        """Where the current attempt's text starts in ``text``."""
-        self.reasoned = False
-        """The answer streamed reasoning (its first attempt: the caller saw it)."""
-        self._uncounted = False
-        """The current attempt's usage may count text the caller never gets as the answer's:
-        reasoning (shown, or dropped from a continuation) or a prefix its vendor echoed and
-        llmroute stripped. Its text deltas count it then (a lower bound: never cut short)."""
-        self._counted: tuple[int, int] | None = None
-        """The current attempt's own usage count of its completion tokens, and the length of
-        ``text`` it covers (a vendor that sends usage with its chunks, or at the end)."""
+        self.account = TokenAccount(body, prompt_tokens, report)
+        """The answer's text and tokens, across the attempts that write it."""
         self.broken: list[str] = []
         self._in_flight: str | None = None
         self.key: object = None
@@ -739,8 +591,6 @@ class _Run:
         not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
-        self.longest_gap = 0.0
-        """The longest pause between chunks of the first stream (a sample when it completes)."""
         self.goal: LatencyGoal | None = None
         """The request's latency goal (its own options over the route's), if any."""
         self.raw = False
@@ -754,10 +604,13 @@ class _Run:
         self.refused.update(unservable)
         first: BadRequestError | None = None
         for target in self.route.targets:
-            if target.protocol != "anthropic" or self.kind != "chat":
+            adapter = adapter_for(target.protocol)
+            if not adapter.translates or self.kind != "chat":
                 continue
             try:
-                anthropic.translate_request(self.body_for(target, None), target=target.name)
+                adapter.wire_request(
+                    "chat/completions", self.body_for(target, None), target=target.name
+                )
             except BadRequestError as exc:
                 self.refused.add(target.name)
                 first = first or exc
@@ -787,7 +640,7 @@ class _Run:
         declared one, else the one its error names (:func:`.windows.refused_sizes`), else
         the request's own estimate (which errs low); a need the error names raises it."""
         window = self.route.target(target).context_window
-        said, needed = refused_sizes(_error_message(exc))
+        said, needed = refused_sizes(error_message(exc))
         if window is None:
             window = said
         if window is None:
@@ -857,7 +710,7 @@ class _Run:
             return body
         if not target.stream_usage:
             body.pop("stream_options", None)
-        elif self._asks_usage(target):
+        elif self.asks_usage(target):
             # The vendor's count of its tokens: at the end of a completed answer (it calibrates
             # the target's estimate, :mod:`.tokens`), or on every chunk where it can.
             options = dict(cast(Mapping[str, Any], body.get("stream_options") or {}))
@@ -865,160 +718,37 @@ class _Run:
             if target.stream_usage_continuous:
                 options["continuous_usage_stats"] = True
             body["stream_options"] = options
-        if target.max_tokens_field is not None and target.protocol == "openai":
-            _rename_limit(body, target.max_tokens_field)
-        if prefix is not None and target.continuation is not None:
-            message = {"role": "assistant", "content": prefix, **target.continuation.message}
-            body["messages"] = [*body["messages"], message]
-            body.update(target.continuation.body)
-            for key in ("max_tokens", "max_completion_tokens"):
-                if isinstance(body.get(key), int):
-                    body[key] = max(1, body[key] - self.delivered)
+        if target.max_tokens_field is not None:
+            adapter_for(target.protocol).send_limit_as(body, target.max_tokens_field)
+        if prefix is not None:
+            continuation_body(body, target, prefix, self.account.delivered)
         return body
 
-    def _counted_now(self, decoder: ChatStreamDecoder | None) -> tuple[int, int] | None:
-        """The current attempt's own usage count and the length of ``text`` it covers: from
-        its chunks, or Anthropic's ``message_delta`` once its answer finished; none for an
-        attempt whose count may include text it did not deliver (``_uncounted``)."""
-        if self._uncounted:
-            return None
-        counted = self._counted
-        if counted is None and decoder is not None and decoder.finished:
-            usage = getattr(decoder, "usage", None)  # Anthropic's, from message_delta
-            if isinstance(usage, dict):
-                count = visible_tokens(usage)
-                if count is not None:
-                    counted = (count, len(self.text))
-        return counted if counted is not None and counted[1] >= self._since else None
-
-    def _asks_usage(self, target: RouteTarget) -> bool:
+    def asks_usage(self, target: RouteTarget) -> bool:
         """Whether :meth:`body_for` asks ``target`` for usage in the stream."""
         return (
             self.stream
             and not self.raw
             and self.kind == "chat"
             and target.stream_usage
-            and target.protocol == "openai"
+            and adapter_for(target.protocol).stream_usage
             and isinstance(self.body.get("stream_options") or {}, Mapping)
         )
 
-    def _delivered_by(
-        self, decoder: ChatStreamDecoder | None, target: str
-    ) -> tuple[int, str, int | None]:
-        """The completion tokens the current attempt delivered, counted so as never to be
-        more than the vendor's count, how they were counted, and the calibrated estimate.
-
-        The count: the vendor's usage where it covers the text (``"usage"``, its visible
-        tokens: reasoning tokens left out), plus one token per delta with text after it or
-        without it (``"deltas"``): a delta with text holds at least one token. Only this lower
-        bound sizes a continuation and ends an answer at the caller's limit (a high count
-        would cut the answer short). The estimate from the target's completed answers
-        (:mod:`.tokens`, ``None`` where the usage covers all) is for the route report only."""
-        text = self.text
-        counted = self._counted_now(decoder)
-        start, tokens, how = self._since, 0, "deltas"
-        if counted is not None:
-            tokens, start = counted[0], counted[1]
-            how = "usage"
-        estimate: int | None = None
-        if start < len(text):
-            rest = text[start:]
-            counts = self.router.stats.target(target).token_counts
-            more, _ = estimate_tokens("".join(rest), len(rest), counts)
-            estimate = tokens + max(more, len(rest))
-            tokens += len(rest)
-            how = "deltas"
-        return tokens, how, estimate
-
-    def _calibrate(self, decoder: ChatStreamDecoder | None, target: str) -> None:
-        """A completed answer of plain text: its vendor's count against its text and deltas."""
-        counted = self._counted_now(decoder)
-        text = self.text
-        if counted is not None and counted[1] == len(text) and len(text) > self._since:
-            rest = text[self._since :]
-            counts = self.router.stats.target(target).token_counts
-            counts.record(counted[0], "".join(rest), len(rest))
-
-    def _combined(self) -> int:
-        """The tokens of a continued answer so far, counted low: what the broken attempts
-        delivered, plus the continuing attempt's usage or one token per delta."""
-        counted, since = self._counted, self._since
-        if counted is not None and counted[1] >= since:
-            own = counted[0] + len(self.text) - counted[1]
-        else:
-            own = len(self.text) - since
-        return self.delivered + own
-
-    def _ending(
-        self, template: ChatCompletionChunk | None, chunk_id: str | None, tokens: int
-    ) -> list[Any]:
-        """The chunks that end an answer llmroute ended at the caller's limit: the
-        ``finish_reason="length"`` chunk, and the usage chunk when the caller asked for it."""
-        base: dict[str, Any] = {
-            "id": chunk_id or "chatcmpl-llmroute",
-            "object": "chat.completion.chunk",
-            "created": template.created if template is not None else int(time.time()),
-            "model": template.model if template is not None else self.body.get("model", ""),
-        }
-        finish = {"index": 0, "delta": {}, "finish_reason": "length", "logprobs": None}
-        out: list[Any] = [build_chunk({**base, "choices": [finish]})]
-        if self.usage_asked:
-            prompt = self.prompt_usage if self.prompt_usage is not None else self.prompt_tokens
-            if self.prompt_usage is None:
-                self._estimated("prompt_tokens")
-            usage = {
-                "prompt_tokens": prompt,
-                "completion_tokens": tokens,
-                "total_tokens": prompt + tokens,
-            }
-            out.append(build_chunk({**base, "choices": [], "usage": usage}))
-        return out
-
-    def _estimated(self, field: str) -> None:
-        """``usage.<field>`` of the caller's answer is llmroute's count, not a vendor's."""
-        if field not in self.report.usage_estimated:
-            self.report.usage_estimated.append(field)
-
-    def _usage_seen(self, chunk: ChatCompletionChunk, usage: Any) -> None:
-        """A chunk with the vendor's usage: remember its count of the visible text so far,
-        and add what earlier attempts delivered when the answer was continued (the prompt
-        tokens then are the first attempt's, where its vendor streamed them)."""
-        completion = getattr(usage, "completion_tokens", None)
-        visible = visible_tokens(usage)
-        if not isinstance(completion, int) or visible is None:
-            return
-        if not self._uncounted:
-            self._counted = (visible, len(self.text))
-        prompt = getattr(usage, "prompt_tokens", None)
-        if isinstance(prompt, int) and not self.delivered:
-            self.prompt_usage = prompt
-        self.report.usage = usage
-        if not self.delivered:
-            return
-        total = completion + self.delivered
-        update: dict[str, Any] = {"completion_tokens": total}
-        if self.prompt_usage is not None:
-            prompt = update["prompt_tokens"] = self.prompt_usage
-        if isinstance(prompt, int):
-            update["total_tokens"] = prompt + total
-        chunk.usage = self.report.usage = usage.model_copy(update=update)
-
-    # -- before the first token: attempts, hedges, failover --------------------------------
-
-    async def race(self, plan: Plan, *, retries: int, prefix: str | None = None) -> _Ready:
+    async def race(self, plan: Plan, *, retries: int, prefix: str | None = None) -> Ready:
         """Run ``plan`` until an attempt has a first token; raise AllTargetsFailed if none."""
         route, report, clock = self.route, self.report, self.clock
         state = _Race()
         state.continuing = prefix is not None
         try:
             try:
-                await self._coordinate(plan, state, retries=retries, prefix=prefix)
+                await _Coordinator(self, plan, state, retries=retries, prefix=prefix).coordinate()
             finally:
                 state.decided()
         except BaseException:
             winner = state.winner
             if winner is not None:  # the caller gave up after a first token: release it too
-                await _close_quietly(winner.response)
+                await close_quietly(winner.response)
                 self.router.stats.target(winner.target.name).finished()
             raise
         if plan.key is not None:
@@ -1037,7 +767,7 @@ class _Run:
             self._in_flight = state.winner.target.name
         return state.winner
 
-    def _observe(self, key: object, winner: _Ready | None) -> None:
+    def _observe(self, key: object, winner: Ready | None) -> None:
         """Tell a policy that asked (a plan with a key) which target served the request."""
         observe = getattr(self.route.policy, "observe", None)
         if observe is not None:
@@ -1049,159 +779,6 @@ class _Run:
         answered = getattr(self.route.policy, "answered", None)
         if answered is not None and self.key is not None:
             answered(self.key, target, text)
-
-    async def _coordinate(
-        self, plan: Plan, state: _Race, *, retries: int, prefix: str | None
-    ) -> None:
-        route, report, clock = self.route, self.report, self.clock
-        pending = deque(plan.order)
-        rounds = 0
-        hedge_at: float | None = None
-        launched = hedged = 0
-        budget = route.first_token_timeout if self.stream else None
-        budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
-        # On the event loop's clock, which the waits below run on (the router's may be a test's).
-        give_up_at = anyio.current_time() + budget - (clock() - self.t0)
-        first = "continuation" if prefix is not None else "first"
-        opening = first if plan.start == 1 else "race"
-        inline = plan.start == 1 and plan.hedge_delay(0) is None and bool(pending)
-        if inline:
-            # One attempt and no hedge to time: it runs in this task (no task group, no task
-            # to schedule); the loop below takes over only if it failed.
-            name = pending.popleft()
-            record = self._begin_attempt(
-                name, "explore" if name == plan.explored else opening, state
-            )
-            launched = 1
-            await self._attempt(record, state, prefix)
-            if state.winner is not None or state.final is not None:
-                return
-        async with anyio.create_task_group() as tg:
-
-            def available_first() -> bool:
-                """Move the first available pending target to the front; whether there is one."""
-                for i, name in enumerate(pending):
-                    if self.view.available(name):
-                        if i:
-                            del pending[i]
-                            pending.appendleft(name)
-                        return True
-                return False
-
-            def launch(reason: str) -> None:
-                nonlocal launched, hedge_at
-                record = self._begin_attempt(pending.popleft(), reason, state)
-                delay = plan.hedge_delay(launched)
-                hedge_at = anyio.current_time() + delay if delay is not None else None
-                launched += 1
-                if reason == "probe":
-                    self._run_on(record, state)
-                else:
-                    tg.start_soon(self._attempt, record, state, prefix)
-
-            def prune() -> bool:
-                """Leave out the pending targets a context-length error ruled out (a window
-                no larger than the one that refused); whether any are left."""
-                floor = state.refused_at
-                if floor is not None:
-                    for name in [n for n in pending if not self._window_above(n, floor)]:
-                        pending.remove(name)
-                return bool(pending)
-
-            for _ in range(0 if inline else min(plan.start, len(pending))):
-                explored = pending[0] == plan.explored
-                launch("probe" if explored and plan.probe else "explore" if explored else opening)
-            while state.winner is None and state.final is None:
-                prune()
-                if state.again is not None and state.live < plan.start + hedged:
-                    name, due = state.again
-                    left = due - anyio.current_time()
-                    if left > 0:
-                        await state.wait(left)
-                        continue
-                    state.again = None
-                    soon = self._soonest_available([name])
-                    if soon is None or soon <= _RETRY_SLACK:  # else its circuit opened: move on
-                        await anyio.sleep(soon or 0.0)
-                        if name in pending:
-                            pending.remove(name)
-                        pending.appendleft(name)
-                        launch("retry")
-                        continue
-                if state.live < plan.start + hedged and pending:
-                    # Keep the plan's attempts and the hedges fired in flight: a failed hedge
-                    # is replaced at once, not after another hedge delay.
-                    available_first()  # else the next fails at once, and says why
-                    launch("failover")
-                    continue
-                if state.live == 0:
-                    if not _any_retryable(state.failures.values()):
-                        # Nobody could be asked (cooling down, circuits open): wait for the
-                        # first target to be free again if that fits the first-token deadline.
-                        soon = self._soonest_available(plan.order, trials=False)
-                        if soon is None or anyio.current_time() + soon > give_up_at:
-                            break
-                        await anyio.sleep(soon)
-                        pending.extend(plan.order)
-                        if not prune():
-                            break
-                        hedged = 0  # a new round: its hedges go through the delay and budget
-                        available_first()
-                        launch("retry")
-                        continue
-                    if rounds >= retries:
-                        break
-                    await anyio.sleep(self._retry_delay(rounds, state.failures))
-                    rounds += 1
-                    # The same plan again: planning anew would advance round-robin a second
-                    # time and leave a prefix policy an insert under a key nobody observes.
-                    pending.extend(plan.order)
-                    if not prune():
-                        break
-                    hedged = 0
-                    available_first()  # a circuit the last round opened: its target later
-                    launch("retry")
-                    continue
-                wait = math.inf
-                if hedge_at is not None and pending:
-                    wait = hedge_at - anyio.current_time()  # timers run on the event loop
-                    if wait <= 0:
-                        hedge_at = None
-                        if not available_first():
-                            continue  # nothing to hedge on: no request, no budget spent
-                        if route.budget.try_spend():
-                            report.hedges += 1
-                            hedged += 1
-                            launch("hedge")
-                        else:
-                            report.hedges_denied += 1
-                        continue
-                await state.wait(wait)
-            tg.cancel_scope.cancel()
-
-    def _run_on(self, record: AttemptReport, state: _Race) -> None:
-        """Run a probe (an attempt on a cold target, started beside the first choice to
-        measure it) in a task of its own, outside the race's task group, which the winner's
-        first token cancels: a probe that lost runs on to its own first token, and
-        :meth:`_attempt` records that TTFT (a lost race is only a lower bound, and too low to
-        be recorded: ``TargetStats.record_censored``) and closes its stream. Once the race is
-        decided it waits at most until its target's predicted :data:`PROBE_PATIENCE` quantile
-        (a censored sample then). It costs no request more than the probe itself: the
-        server's work until that first token."""
-        stats = self.router.stats.target(record.target)
-        stats.probing += 1
-        scope = anyio.CancelScope()
-        patience = self.view.predict(record.target, PROBE_PATIENCE)
-        state.running_on.append((scope, anyio.current_time() + patience))
-
-        async def attempt() -> None:
-            try:
-                with scope:
-                    await self._attempt(record, state, None)
-            finally:
-                stats.probing -= 1
-
-        spawn(attempt, name=f"probe {record.target}")
 
     def _begin_attempt(self, name: str, reason: str, state: _Race) -> AttemptReport:
         """An attempt on ``name`` starting now: in the route report, and in flight in ``state``
@@ -1239,123 +816,15 @@ class _Run:
             rand=self.router._rng.random(),
         )
 
-    async def _attempt(self, record: AttemptReport, state: _Race, prefix: str | None) -> None:
-        router, clock = self.router, self.clock
-        target = self.route.target(record.target)
-        stats = router.stats.target(target.name)
-        health = router.health(target.name)
-        if not health.available() or not health.breaker.acquire():
-            exc = TargetUnavailable(
-                f"target {target.name!r} is unavailable: {health.describe()}",
-                self.request_stub(),
-                target=target.name,
-                cause=health.cause
-                if health.misconfiguration is not None
-                else health.failure  # what opened the circuit (or failed its last trial)
-                if _awaits_trial(health)
-                else None,
-            )
-            self._failed(record, state, exc, "error", count=False)
-            return
-        probe = health.breaker.state == "half-open"
-        started = clock()
-        stats.started()
-        waiting = stats.waiting() if self.stream else 0
-        ready: _Ready | None = None
-        timeout = self.first_token_deadline(target.name, prefix) if self.stream else None
-        try:
-            missed = False
-            opening = _sending(
-                record,
-                self._open_stream(target, prefix) if self.stream else self._open_complete(target),
-            )
-            if not timeout:  # no first-token deadline: no cancel scope to enter
-                ready = await opening
-            else:
-                with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
-                    ready = await opening
-                missed = deadline.cancelled_caught
-            if ready is None or missed:
-                raise FirstTokenTimeout(
-                    self.request_stub(), target=target.name, seconds=timeout or 0.0
-                )
-        except anyio.get_cancelled_exc_class():
-            stats.done_waiting(waiting)
-            record.outcome = "cancelled"
-            stats.record_outcome("cancelled")
-            if self.stream:
-                raced = record.reason in ("race", "probe")
-                stats.record_censored(clock() - started, self.prompt_tokens, raced=raced)
-            stats.finished()
-            if probe:
-                health.breaker.release()
-            raise
-        except RequestBodyError as exc:  # the request's fault, the same on every target
-            stats.done_waiting(waiting)
-            stats.finished()
-            if probe:
-                health.breaker.release()
-            record.outcome, record.error = "error", describe_error(exc)
-            state.final = exc
-            state.live -= 1
-            state.notify()
-            return
-        except Exception as exc:
-            stats.done_waiting(waiting)
-            stats.finished()
-            outcome = _outcome(exc)
-            if outcome == "timeout" and self.stream and prefix is None:
-                # A deadline missed is a sample too: the TTFT was at least this long.
-                stats.record_censored(clock() - started, self.prompt_tokens)
-            if outcome == "rate_limited" and isinstance(exc, APIStatusError):
-                health.cool_down(_cooldown(exc.response.headers))
-            if classify(exc) == "misconfigured":
-                health.misconfigured(describe_error(exc), router.misconfigured_cooldown, exc)
-            if _is_health_failure(exc):
-                health.failed(exc, self.kind)
-                health.breaker.record_failure()
-            elif probe:
-                health.breaker.release()  # no verdict on its health (a 429, a bad request)
-            if isinstance(exc, APIStatusError):
-                record.request_id = vendor_request_id(target, exc.response.headers)
-            self._failed(record, state, exc, outcome, count=True)
-            return
-        stats.done_waiting(waiting)
-        elapsed = clock() - started
-        if state.winner is not None:  # another attempt won while this one finished
-            record.outcome = "cancelled"
-            stats.record_outcome("cancelled")
-            if self.stream and ready.timings.tokens and prefix is None:
-                stats.record_ttft(elapsed, self.prompt_tokens)  # a first token all the same
-            stats.finished()
-            if probe:
-                health.breaker.release()
-            await _close_quietly(ready.response)
-            return
-        record.outcome = "won"
-        record.ttft = elapsed
-        record.request_id = vendor_request_id(target, ready.response.headers)
-        if record.reason == "hedge":
-            self.route.budget.refund()  # it saved the request: no extra request lost
-        if self.report.winner is None:
-            self.report.winner = target.name
-        health.breaker.record_success()
-        stats.record_outcome("ok")
-        if not self.stream:
-            stats.record_latency(elapsed)
-            stats.finished()
-        elif ready.timings.tokens and prefix is None:
-            stats.record_ttft(elapsed, self.prompt_tokens)
-        state.winner = ready
-        state.notify()
-
     def _failed(
-        self, record: AttemptReport, state: _Race, exc: Exception, outcome: str, *, count: bool
+        self, record: AttemptReport, state: _Race, exc: Exception, counted: str, *, count: bool
     ) -> None:
-        record.outcome = outcome
+        """``record``'s attempt failed with ``exc`` (counted as ``counted`` in its target's
+        stats when ``count``): what the race does next, in ``state``."""
+        record.outcome = counted
         record.error = describe_error(exc)
         if count:
-            self.router.stats.target(record.target).record_outcome(outcome)
+            self.router.stats.target(record.target).record_outcome(counted)
         if not isinstance(exc, TargetUnavailable) or record.target not in state.failures:
             state.failures[record.target] = exc
         if not isinstance(exc, TargetUnavailable):
@@ -1380,281 +849,6 @@ class _Run:
         state.live -= 1
         state.notify()
 
-    async def _open_stream(self, target: RouteTarget, prefix: str | None) -> _Ready:
-        body = self.body_for(target, prefix)
-        response, timings = await self.send(
-            target, body, stream=True, continuation=prefix is not None
-        )
-        clock = self.clock
-        try:
-            request = response.request
-            if self.kind == "responses":
-                decoder: ChatStreamDecoder = ResponsesStreamDecoder(
-                    request=request, target=target.name
-                )
-            elif target.protocol == "anthropic":
-                asked = self.body.get("stream_options")
-                decoder = anthropic.AnthropicStreamDecoder(
-                    request=request,
-                    target=target.name,
-                    include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
-                    prefill_whitespace=anthropic.prefill_whitespace(body),
-                )
-            else:
-                decoder = ChatStreamDecoder(request=request, target=target.name)
-            receive = body_receiver(response)
-            buffered: list[ChatCompletionChunk] = []
-            head: list[bytes] | None = [] if self.raw else None  # the caller reads the body
-            started = timings.started_at
-            with map_transport_errors(request):
-                while True:
-                    data = await receive()
-                    if data is None:
-                        chunks = decoder.close()
-                    else:
-                        if timings.first_byte is None:
-                            timings.first_byte = clock() - started
-                        if head is not None:
-                            head.append(data)
-                        chunks = decoder.feed(data)
-                    buffered.extend(chunks)
-                    if decoder.tokens or decoder.done or decoder.finished:
-                        timings.first_token = clock() - started
-                        timings.tokens = decoder.tokens
-                        if head is not None:
-                            replay_head(response, head)
-                        return _Ready(
-                            target, response, timings, decoder, receive, buffered, data is None
-                        )
-                    if data is None:
-                        raise APIConnectionError(
-                            message=f"The stream of target {target.name!r} ended before its "
-                            "first token (no [DONE] and no finish_reason)",
-                            request=request,  # type: ignore[arg-type]
-                        )
-        except BaseException:
-            await _close_quietly(response)
-            raise
-
-    async def _open_complete(self, target: RouteTarget) -> _Ready:
-        body = self.body_for(target, None)
-        response, timings = await self.send(target, body, stream=False, continuation=False)
-        if self.kind == "responses":
-            completion: Any = parse_response(
-                response.content, request=response.request, target=target.name, response=response
-            )
-        elif target.protocol == "anthropic":
-            completion = anthropic.parse_message(
-                response.content,
-                request=response.request,
-                target=target.name,
-                response=response,
-                prefill_whitespace=anthropic.prefill_whitespace(body),
-            )
-        else:
-            completion = parse_chat_completion(
-                response.content, request=response.request, target=target.name, response=response
-            )
-        return _Ready(target, response, timings, completion=completion)
-
-    # -- after the first token: the caller reads; a break is continued elsewhere ------------
-
-    async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
-        """The answer's chunks, continued on another target if the winner breaks mid-way."""
-        ready = self.ready
-        assert ready is not None
-        timings = ready.timings
-        first_id: str | None = None
-        template: ChatCompletionChunk | None = None
-        skipping = False
-        seam: Seam | None = None  # a continuing stream's reasoning and echo, stripped
-        continuable = True
-        text = self.text
-        clock = self.clock
-        if self.body.get("n") not in (None, 1):
-            continuable = False  # several answers at once cannot be continued as one
-        try:
-            while True:
-                decoder = ready.decoder
-                receive = ready.receive
-                assert decoder is not None and receive is not None
-                request = ready.response.request
-                failure: APIError | None = None
-                buffered, ready.buffered = ready.buffered, []
-                stall = self.stall_deadline(ready.target.name)
-                in_transport, read_timeout = (
-                    bound_wait(ready.response, stall) if stall is not None else (False, None)
-                )
-                if read_timeout is not None and stall is not None and read_timeout < stall:
-                    stall = None  # the read timeout comes first: it is the deadline
-                own = stall is not None and self.stall_from_stream(ready.target.name)
-                # Usage llmroute asked for, not the caller: it is counted, and not shown.
-                hide_usage = not self.usage_asked and self._asks_usage(ready.target)
-                gaps, longest = 0, 0.0
-                kept = self.delivered  # the tokens of the answer so far, counted low
-                try:
-                    with map_transport_errors(request):
-                        while True:
-                            for chunk in buffered:
-                                if seam is not None and type(chunk) is ChatCompletionChunk:
-                                    admitted = seam.admit(chunk)
-                                    self._uncounted = self._uncounted or seam.stripped
-                                    if not admitted:
-                                        continue
-                                if skipping:
-                                    if is_preamble_chunk(chunk):
-                                        continue
-                                    skipping = False
-                                if type(chunk) is ChatCompletionChunk:
-                                    if first_id is None:
-                                        first_id = chunk.id
-                                    elif chunk.id != first_id:
-                                        chunk.id = first_id
-                                    template, before = chunk, len(text)
-                                    for choice in chunk.choices:
-                                        delta = choice.delta
-                                        kind = _content_kind(delta) if choice.index == 0 else None
-                                        if kind is None:
-                                            continuable = False
-                                            continue
-                                        if kind == "reasoning":
-                                            # Shown, not text; the answer's text can still be
-                                            # continued once it has begun.
-                                            self.reasoned = self._uncounted = True
-                                        if delta.content:
-                                            text.append(delta.content)
-                                    if is_token_chunk(chunk):
-                                        self.tokens += 1
-                                        timings.tokens = self.tokens
-                                    usage = chunk.usage
-                                    if usage is not None:
-                                        self._usage_seen(chunk, usage)
-                                        if hide_usage:
-                                            if not chunk.choices:
-                                                continue
-                                            chunk.usage = None
-                                        elif (
-                                            chunk.choices
-                                            and ready.target.stream_usage_continuous
-                                            and not self.continuous_asked
-                                        ):
-                                            chunk.usage = None
-                                    if hide_usage:  # not even the vendor's "usage": null
-                                        chunk.model_fields_set.discard("usage")
-                                    if self.delivered and self.limit is not None:
-                                        count = self._combined()
-                                        if count > self.limit:
-                                            # Past the caller's limit: the answer ends here.
-                                            del text[before:]
-                                            if (self._counted or (0, 0))[1] > len(text):
-                                                self._counted = None  # it counted the chunk
-                                            for end in self._ending(template, first_id, kept):
-                                                yield end
-                                            self._completed(ready)
-                                            return
-                                        kept = count
-                                else:
-                                    continuable = False  # another API's events (Responses)
-                                    kind = getattr(chunk, "type", None)
-                                    if type(kind) is str and kind.endswith(".delta"):
-                                        self.tokens += 1
-                                        timings.tokens = self.tokens
-                                        piece = response_text_delta(chunk)
-                                        if piece:
-                                            text.append(piece)
-                                yield chunk
-                            if decoder.done or ready.ended:
-                                break
-                            waited = clock()
-                            if stall is None or in_transport:
-                                data = await receive()
-                            else:
-                                data = b""
-                                with anyio.CancelScope(
-                                    deadline=anyio.current_time() + stall
-                                ) as scope:
-                                    data = await receive()
-                                if scope.cancelled_caught:
-                                    raise StallTimeout(
-                                        request, target=ready.target.name, seconds=stall
-                                    )
-                            waited = clock() - waited
-                            if waited > self.longest_gap and ready is self.ready:
-                                self.longest_gap = waited
-                            if own and stall is not None:
-                                gaps, longest = gaps + 1, max(longest, waited)
-                                if gaps >= STALL_STREAM_GAPS:  # this stream's own pauses
-                                    own = False
-                                    first = ready.timings.first_token
-                                    stall = stream_stall_deadline(longest, first, prior=stall)
-                                    if in_transport:
-                                        bound_wait(ready.response, stall)
-                            if data is None:
-                                ready.ended = True
-                                buffered = decoder.close()
-                            else:
-                                buffered = decoder.feed(data)
-                except APITimeoutError as exc:
-                    failure = exc
-                    if in_transport and stall is not None:  # the wait's bound was the stall's
-                        failure = StallTimeout(request, target=ready.target.name, seconds=stall)
-                except APIError as exc:
-                    failure = exc
-                if seam is not None and failure is None and (decoder.finished or decoder.done):
-                    failure = seam.unfinished()  # it ended inside the echo: not spliced
-                if not isinstance(failure, ContinuationMismatch) and (
-                    decoder.finished or (decoder.done and failure is None)
-                ):
-                    # Every choice has its finish_reason: the answer is whole, even if the
-                    # connection broke before the usage chunk or [DONE]. (A decoder that
-                    # raised is done too, but its answer is not whole.)
-                    self._completed(ready)
-                    if continuable:
-                        self._calibrate(decoder, ready.target.name)
-                    if continuable and self.key is not None:  # one choice of plain text
-                        self.answered(ready.target.name, "".join(text))
-                    return
-                if failure is None:
-                    failure = APIConnectionError(
-                        message="The stream ended before the answer was complete (no [DONE] "
-                        "and no finish_reason)",
-                        request=request,  # type: ignore[arg-type]
-                    )
-                new = await self._continue(ready, failure, continuable)
-                if new is None:  # the answer already holds the tokens the caller asked for
-                    for end in self._ending(template, first_id, self.delivered):
-                        yield end
-                    self.complete = True
-                    timings.total = clock() - timings.started_at
-                    return
-                continuation = new.target.continuation
-                echo = "".join(text) if continuation and continuation.echoes_prefix else ""
-                seam = Seam(echo, request=new.response.request, target=new.target.name)
-                ready = new
-                on_switch(ready.response)
-                skipping = True
-        finally:
-            if timings.total is None:
-                timings.total = clock() - timings.started_at
-            await _close_quietly(ready.response)
-            self.finish()
-
-    def _completed(self, ready: _Ready) -> None:
-        self.complete = True
-        record = self._won(ready.target.name)
-        if record is not None:
-            record.tokens, record.tokens_counted, record.tokens_estimate = self._delivered_by(
-                ready.decoder, ready.target.name
-            )
-        timings = self.ready.timings if self.ready is not None else ready.timings
-        timings.total = self.clock() - timings.started_at
-        if ready is self.ready and self.tokens > 1:
-            stats = self.router.stats.target(ready.target.name)
-            span = timings.total - (timings.first_token or 0.0)
-            itl = span / (self.tokens - 1) if span > 0 else None
-            stats.record_stream(itl, (self.tokens - 1) / span if span > 0 else None)
-            stats.record_gap(self.longest_gap)
-
     def first_token_deadline(self, target: str, prefix: str | None) -> float | None:
         """Seconds an attempt on ``target`` may wait for its first token: from the target's
         live p99 TTFT for the prompt's length class (:func:`~.stats.first_token_deadline`),
@@ -1666,122 +860,476 @@ class _Run:
         p99 = self.router.stats.target(target).class_quantile(0.99, self.prompt_tokens)
         return first_token_deadline(p99, cap=cap)
 
-    def stall_deadline(self, target: str) -> float | None:
-        """Seconds the stream from ``target`` may send nothing before it counts as broken."""
-        setting = self.route.stall_timeout
-        if setting != "auto":
-            return setting
-        cap = self.route.first_token_timeout or 30.0
-        return stall_deadline(self.router.stats.target(target).gap_quantile(0.99), cap=cap)
-
-    def stall_from_stream(self, target: str) -> bool:
-        """Whether a stream from ``target`` sets its own deadline between chunks once it has
-        shown a few pauses (:func:`~.stats.stream_stall_deadline`): with ``"auto"`` while the
-        target has too few streams measured for its live statistic."""
-        return (
-            self.route.stall_timeout == "auto"
-            and self.router.stats.target(target).gap_quantile(0.99) is None
-        )
-
-    async def _continue(self, ready: _Ready, failure: APIError, continuable: bool) -> _Ready | None:
-        """Continue a broken answer on another target, or raise StreamInterrupted; ``None``
-        when the answer already holds the caller's ``max_tokens`` (counted low): it ends there
-        with ``finish_reason="length"``."""
-        router, route = self.router, self.route
+    async def continue_answer(
+        self, ready: Ready, failure: APIError, continuable: bool
+    ) -> Ready | None:
+        """Continue a broken answer on another target (:mod:`.continuation`), or raise
+        StreamInterrupted; ``None`` when the answer already holds the caller's ``max_tokens``
+        (counted low): it ends there with ``finish_reason="length"``."""
+        await close_quietly(ready.response)
+        self._broke(ready, failure)
+        route, account = self.route, self.account
+        partial = "".join(account.text)
+        request = ready.response.request
         name = ready.target.name
-        await _close_quietly(ready.response)
+        broke = f"The stream from {name!r} broke after {account.tokens} tokens ({failure.message})"
+        why = not_continuable(
+            route,
+            continued=len(self.report.continued_on),
+            continuable=continuable,
+            reasoned=account.reasoned,
+            partial=partial,
+        )
+        if why is not None:
+            why = f"it cannot be continued ({why})"
+            raise interrupted(broke, why, request, partial, failure) from failure
+        if account.limit is not None and account.delivered >= account.limit:
+            return None  # the count errs low: the answer holds at least the tokens asked
+        left_out = self.refused | self.mismatched
+        order = continuation_order(route, self.view, left_out=left_out, broken=self.broken)
+        if not order:
+            why = no_continuation_target(route, self.mismatched)
+            raise interrupted(broke, why, request, partial, failure) from failure
+        try:
+            new = await self.race(Plan(order), retries=0, prefix=partial)
+        except APIError as exc:  # every target failed, or one refused the continuation
+            why = f"no target could continue it ({exc.message})"
+            raise interrupted(broke, why, request, partial, failure) from failure
+        self.report.continued_on.append(new.target.name)
+        account.continued()
+        return new
+
+    def _broke(self, ready: Ready, failure: APIError) -> None:
+        """The answer's stream from ``ready`` broke: counted against its target, in the
+        route report, and its tokens in the account."""
+        name = ready.target.name
         self.finish()
-        stats = router.stats.target(name)
+        stats = self.router.stats.target(name)
         stats.record_outcome("interrupted")
-        health = router.health(name)
+        health = self.router.health(name)
         health.failed(failure, self.kind)  # the cause a request refused while open names
         health.breaker.record_failure()
         self.broken.append(name)
         if isinstance(failure, ContinuationMismatch):
             self.mismatched.add(name)
-        tokens, counted, estimate = self._delivered_by(ready.decoder, name)
-        self.delivered += tokens
-        if counted != "usage":  # the caller's completion_tokens are at least what it says
-            self._estimated("completion_tokens")
-        record = self._won(name)
+        tokens, counted, estimate = self.account.delivered_by(ready.decoder, stats.token_counts)
+        self.account.broke(tokens, counted)
+        record = won_attempt(self.report, name)
         if record is not None:
             record.outcome = "interrupted"
             record.error = describe_error(failure)
             record.tokens, record.tokens_counted = tokens, counted
             record.tokens_estimate = estimate
-        partial = "".join(self.text)
-        cause = failure.__cause__ or failure
-        request = ready.response.request
-        broke = f"The stream from {name!r} broke after {self.tokens} tokens ({failure.message})"
-        if len(self.report.continued_on) >= route.max_continuations:
-            continuable = False
-        reasoning = continuable and self.reasoned and not partial
-        if not (route.continue_on_break and continuable) or reasoning:
-            why = (
-                "continuation is off"
-                if not route.continue_on_break
-                else "it broke while the model was reasoning, before its text began"
-                if reasoning
-                else "the answer is not plain text or was continued too often"
-            )
-            raise StreamInterrupted(
-                f"{broke}; it cannot be continued ({why}). The text so far is in .partial_text.",
-                request,
-                partial_text=partial,
-                cause=cause,
-            ) from failure
-        if self.limit is not None and self.delivered >= self.limit:
-            return None  # the count errs low: the answer holds at least the tokens asked
-        candidates = [
-            t.name
-            for t in route.targets
-            if t.continuation is not None
-            and t.name not in self.refused
-            and t.name not in self.mismatched
-        ]
-        order = sorted(
-            candidates,
-            key=lambda t: (t in self.broken, not self.view.available(t), self.view.predict(t, 0.5)),
-        )
-        if not order:
-            why = (
-                f"the continuation on {', '.join(sorted(self.mismatched))} did not begin with "
-                "the text so far"
-                if self.mismatched
-                else f"no target of route {route.name!r} supports continuation"
-            )
-            raise StreamInterrupted(
-                f"{broke}; {why}. The text so far is in .partial_text.",
-                request,
-                partial_text=partial,
-                cause=cause,
-            ) from failure
-        try:
-            new = await self.race(Plan(tuple(order)), retries=0, prefix=partial)
-        except APIError as exc:  # every target failed, or one refused the continuation
-            raise StreamInterrupted(
-                f"{broke}; no target could continue it ({exc.message}). The text so far is in "
-                ".partial_text.",
-                request,
-                partial_text=partial,
-                cause=cause,
-            ) from failure
-        self.report.continued_on.append(new.target.name)
-        self._since, self._counted, self._uncounted = len(self.text), None, False
-        return new
 
-    def _won(self, target: str) -> AttemptReport | None:
-        """The report of ``target``'s attempt that is serving the answer now."""
-        for record in reversed(self.report.attempts):
-            if record.target == target and record.outcome == "won":
-                return record
-        return None
+    def answer(self, ready: Ready) -> Answer:
+        """The reading of the answer ``ready`` began (a streamed request's winner)."""
+        return Answer(
+            ready,
+            self.account,
+            route=self.route,
+            stats=self.router.stats,
+            report=self.report,
+            clock=self.clock,
+            continuable=self.body.get("n") in (None, 1),  # several answers cannot be one
+            asks_usage=self.asks_usage,
+            proceed=self.continue_answer,
+            answered=self.answered if self.key is not None else None,
+            finish=self.finish,
+        )
 
     def finish(self) -> None:
         """The winner's stream ended: it no longer counts as in flight (idempotent)."""
         name, self._in_flight = self._in_flight, None
         if name is not None:
             self.router.stats.target(name).finished()
+
+
+class _Coordinator:
+    """Carries out one plan in a race: the attempts it starts, hedges, failover and rounds of
+    retries, until an attempt has its first token or none is left to make (``state``)."""
+
+    def __init__(
+        self, run: _Run, plan: Plan, state: _Race, *, retries: int, prefix: str | None
+    ) -> None:
+        self.run, self.plan, self.state = run, plan, state
+        self.retries, self.prefix = retries, prefix
+        self.pending = deque(plan.order)
+        self.rounds = 0
+        self.hedge_at: float | None = None
+        self.launched = self.hedged = 0
+        budget = run.route.first_token_timeout if run.stream else None
+        budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
+        # On the event loop's clock, which the waits below run on (the router's may be a test's).
+        self.give_up_at = anyio.current_time() + budget - (run.clock() - run.t0)
+        first = "continuation" if prefix is not None else "first"
+        self.opening = first if plan.start == 1 else "race"
+        self.tg: anyio.abc.TaskGroup | None = None
+
+    async def coordinate(self) -> None:
+        plan, pending, state = self.plan, self.pending, self.state
+        inline = plan.start == 1 and plan.hedge_delay(0) is None and bool(pending)
+        if inline:
+            # One attempt and no hedge to time: it runs in this task (no task group, no task
+            # to schedule); the loop below takes over only if it failed.
+            self.launched = 1
+            await self._attempt(pending.popleft(), None).make()
+            if state.winner is not None or state.final is not None:
+                return
+        async with anyio.create_task_group() as tg:
+            self.tg = tg
+            for _ in range(0 if inline else min(plan.start, len(pending))):
+                self._launch(None)
+            while state.winner is None and state.final is None:
+                self._prune()
+                if not await self._step():
+                    break
+            tg.cancel_scope.cancel()
+
+    def _attempt(self, name: str, reason: str | None) -> _Attempt:
+        """An attempt on ``name`` (``reason`` ``None``: one the plan starts with)."""
+        if reason is None and name == self.plan.explored:
+            reason = "probe" if self.plan.probe else "explore"
+        if reason is None:
+            reason = self.opening
+        record = self.run._begin_attempt(name, reason, self.state)
+        return _Attempt(self.run, record, self.state, self.prefix)
+
+    def _launch(self, reason: str | None) -> None:
+        attempt = self._attempt(self.pending.popleft(), reason)
+        delay = self.plan.hedge_delay(self.launched)
+        self.hedge_at = anyio.current_time() + delay if delay is not None else None
+        self.launched += 1
+        if attempt.record.reason == "probe":
+            self.run_on(attempt)
+            return
+        assert self.tg is not None
+        self.tg.start_soon(attempt.make)
+
+    def run_on(self, attempt: _Attempt) -> None:
+        """Run a probe (an attempt on a cold target, started beside the first choice to
+        measure it) in a task of its own, outside the race's task group, which the winner's
+        first token cancels: a probe that lost runs on to its own first token, which is then
+        a TTFT sample (a lost race is only a lower bound, and too low to be recorded:
+        ``TargetStats.record_censored``), and its stream is closed. Once the race is decided
+        it waits at most until its target's predicted :data:`PROBE_PATIENCE` quantile (a
+        censored sample then). It costs no request more than the probe itself: the server's
+        work until that first token."""
+        name = attempt.record.target
+        stats = self.run.router.stats.target(name)
+        stats.probing += 1
+        scope = anyio.CancelScope()
+        patience = self.run.view.predict(name, PROBE_PATIENCE)
+        self.state.running_on.append((scope, anyio.current_time() + patience))
+
+        async def probe() -> None:
+            try:
+                with scope:
+                    await attempt.make()
+            finally:
+                stats.probing -= 1
+
+        spawn(probe, name=f"probe {name}")
+
+    def _available_first(self) -> bool:
+        """Move the first available pending target to the front; whether there is one."""
+        pending = self.pending
+        for i, name in enumerate(pending):
+            if self.run.view.available(name):
+                if i:
+                    del pending[i]
+                    pending.appendleft(name)
+                return True
+        return False
+
+    def _prune(self) -> bool:
+        """Leave out the pending targets a context-length error ruled out (a window no
+        larger than the one that refused); whether any are left."""
+        floor = self.state.refused_at
+        if floor is not None:
+            for name in [n for n in self.pending if not self.run._window_above(n, floor)]:
+                self.pending.remove(name)
+        return bool(self.pending)
+
+    async def _step(self) -> bool:
+        """One turn of the race: start, retry or hedge an attempt, or wait for news; False
+        when no attempt is left to make."""
+        state, plan = self.state, self.plan
+        if state.again is not None and state.live < plan.start + self.hedged:
+            if await self._again():
+                return True
+        if state.live < plan.start + self.hedged and self.pending:
+            # Keep the plan's attempts and the hedges fired in flight: a failed hedge
+            # is replaced at once, not after another hedge delay.
+            self._available_first()  # else the next fails at once, and says why
+            self._launch("failover")
+            return True
+        if state.live == 0:
+            return await self._new_round()
+        await self._hedge_or_wait()
+        return True
+
+    async def _again(self) -> bool:
+        """The target a failure asked to try again (an ordered route's primary after a short
+        Retry-After or a 5xx): waited for, then retried; False if its circuit opened since."""
+        state = self.state
+        assert state.again is not None
+        name, due = state.again
+        left = due - anyio.current_time()
+        if left > 0:
+            await state.wait(left)
+            return True
+        state.again = None
+        soon = self.run._soonest_available([name])
+        if soon is not None and soon > _RETRY_SLACK:  # its circuit opened: move on
+            return False
+        await anyio.sleep(soon or 0.0)
+        if name in self.pending:
+            self.pending.remove(name)
+        self.pending.appendleft(name)
+        self._launch("retry")
+        return True
+
+    async def _new_round(self) -> bool:
+        """Nothing in flight and nothing pending: wait for a target to be free again, or try
+        the plan again after a retryable failure; False when neither may be done."""
+        state, plan = self.state, self.plan
+        if not any_retryable(state.failures.values()):
+            # Nobody could be asked (cooling down, circuits open): wait for the
+            # first target to be free again if that fits the first-token deadline.
+            soon = self.run._soonest_available(plan.order, trials=False)
+            if soon is None or anyio.current_time() + soon > self.give_up_at:
+                return False
+            await anyio.sleep(soon)
+        else:
+            if self.rounds >= self.retries:
+                return False
+            await anyio.sleep(self.run._retry_delay(self.rounds, state.failures))
+            self.rounds += 1
+        # The same plan again: planning anew would advance round-robin a second
+        # time and leave a prefix policy an insert under a key nobody observes.
+        self.pending.extend(plan.order)
+        if not self._prune():
+            return False
+        self.hedged = 0  # a new round: its hedges go through the delay and budget
+        self._available_first()  # a circuit the last round opened: its target later
+        self._launch("retry")
+        return True
+
+    async def _hedge_or_wait(self) -> None:
+        """Start a hedge if its delay has passed (and the budget allows), else wait for it
+        or for news from the attempts in flight."""
+        wait = math.inf
+        if self.hedge_at is not None and self.pending:
+            wait = self.hedge_at - anyio.current_time()  # timers run on the event loop
+            if wait <= 0:
+                self.hedge_at = None
+                if not self._available_first():
+                    return  # nothing to hedge on: no request, no budget spent
+                report = self.run.report
+                if self.run.route.budget.try_spend():
+                    report.hedges += 1
+                    self.hedged += 1
+                    self._launch("hedge")
+                else:
+                    report.hedges_denied += 1
+                return
+        await self.state.wait(wait)
+
+
+class _Attempt:
+    """One attempt on one target until its first token (its whole answer when not
+    streamed), counted in the target's stats and health and in the route report."""
+
+    def __init__(self, run: _Run, record: AttemptReport, state: _Race, prefix: str | None):
+        self.run, self.record, self.state, self.prefix = run, record, state, prefix
+        self.target = run.route.target(record.target)
+        self.stats = run.router.stats.target(record.target)
+        self.health = run.router.health(record.target)
+        self.probe = False
+        self.started = 0.0
+        self.waiting = 0
+
+    async def make(self) -> None:
+        run, stats, health = self.run, self.stats, self.health
+        if not health.available() or not health.breaker.acquire():
+            self._unavailable()
+            return
+        self.probe = health.breaker.state == "half-open"
+        self.started = run.clock()
+        stats.started()
+        self.waiting = stats.waiting() if run.stream else 0
+        try:
+            ready = await self._open()
+        except anyio.get_cancelled_exc_class():
+            self._cancelled()
+            raise
+        except RequestBodyError as exc:  # the request's fault, the same on every target
+            self._refused(exc)
+            return
+        except Exception as exc:
+            self._failed(exc)
+            return
+        stats.done_waiting(self.waiting)
+        elapsed = run.clock() - self.started
+        if self.state.winner is not None:  # another attempt won while this one finished
+            await self._lost(ready, elapsed)
+        else:
+            self._won(ready, elapsed)
+
+    async def _open(self) -> Ready:
+        """The attempt's first token (its answer), within its first-token deadline."""
+        run, target, prefix = self.run, self.target, self.prefix
+        timeout = run.first_token_deadline(target.name, prefix) if run.stream else None
+        opening = _sending(
+            self.record, self._stream(target, prefix) if run.stream else self._complete(target)
+        )
+        if not timeout:  # no first-token deadline: no cancel scope to enter
+            return await opening
+        ready: Ready | None = None
+        with anyio.CancelScope(deadline=anyio.current_time() + timeout) as deadline:
+            ready = await opening
+        if ready is None or deadline.cancelled_caught:
+            raise FirstTokenTimeout(run.request_stub(), target=target.name, seconds=timeout)
+        return ready
+
+    def _unavailable(self) -> None:
+        """Its target may not be asked now (cooling down, its circuit open)."""
+        health, name = self.health, self.target.name
+        exc = TargetUnavailable(
+            f"target {name!r} is unavailable: {health.describe()}",
+            self.run.request_stub(),
+            target=name,
+            cause=health.cause
+            if health.misconfiguration is not None
+            else health.failure  # what opened the circuit (or failed its last trial)
+            if _awaits_trial(health)
+            else None,
+        )
+        self.run._failed(self.record, self.state, exc, "error", count=False)
+
+    def _release(self) -> None:
+        """No verdict on the target's health (a trial's slot given back)."""
+        if self.probe:
+            self.health.breaker.release()
+
+    def _cancelled(self) -> None:
+        stats, run = self.stats, self.run
+        stats.done_waiting(self.waiting)
+        self.record.outcome = "cancelled"
+        stats.record_outcome("cancelled")
+        if run.stream:
+            raced = self.record.reason in ("race", "probe")
+            stats.record_censored(run.clock() - self.started, run.prompt_tokens, raced=raced)
+        stats.finished()
+        self._release()
+
+    def _refused(self, exc: RequestBodyError) -> None:
+        """The request cannot be sent to any target: the race ends with ``exc``."""
+        self.stats.done_waiting(self.waiting)
+        self.stats.finished()
+        self._release()
+        self.record.outcome, self.record.error = "error", describe_error(exc)
+        state = self.state
+        state.final = exc
+        state.live -= 1
+        state.notify()
+
+    def _failed(self, exc: Exception) -> None:
+        run, stats, health = self.run, self.stats, self.health
+        stats.done_waiting(self.waiting)
+        stats.finished()
+        counted = outcome(exc)
+        if counted == "timeout" and run.stream and self.prefix is None:
+            # A deadline missed is a sample too: the TTFT was at least this long.
+            stats.record_censored(run.clock() - self.started, run.prompt_tokens)
+        if counted == "rate_limited" and isinstance(exc, APIStatusError):
+            health.cool_down(cooldown_after(exc.response.headers))
+        if classify(exc) == "misconfigured":
+            health.misconfigured(describe_error(exc), run.router.misconfigured_cooldown, exc)
+        if is_health_failure(exc):
+            health.failed(exc, run.kind)
+            health.breaker.record_failure()
+        else:
+            self._release()  # no verdict on its health (a 429, a bad request)
+        if isinstance(exc, APIStatusError):
+            self.record.request_id = vendor_request_id(self.target, exc.response.headers)
+        run._failed(self.record, self.state, exc, counted, count=True)
+
+    async def _lost(self, ready: Ready, elapsed: float) -> None:
+        """Another attempt won while this one reached its first token."""
+        stats, run = self.stats, self.run
+        self.record.outcome = "cancelled"
+        stats.record_outcome("cancelled")
+        if run.stream and ready.timings.tokens and self.prefix is None:
+            stats.record_ttft(elapsed, run.prompt_tokens)  # a first token all the same
+        stats.finished()
+        self._release()
+        await close_quietly(ready.response)
+
+    def _won(self, ready: Ready, elapsed: float) -> None:
+        run, stats, record, target = self.run, self.stats, self.record, self.target
+        record.outcome = "won"
+        record.ttft = elapsed
+        record.request_id = vendor_request_id(target, ready.response.headers)
+        if record.reason == "hedge":
+            run.route.budget.refund()  # it saved the request: no extra request lost
+        if run.report.winner is None:
+            run.report.winner = target.name
+        self.health.breaker.record_success()
+        stats.record_outcome("ok")
+        if not run.stream:
+            stats.record_latency(elapsed)
+            stats.finished()
+        elif ready.timings.tokens and self.prefix is None:
+            stats.record_ttft(elapsed, run.prompt_tokens)
+        self.state.winner = ready
+        self.state.notify()
+
+    async def _stream(self, target: RouteTarget, prefix: str | None) -> Ready:
+        run = self.run
+        body = run.body_for(target, prefix)
+        response, timings = await run.send(
+            target, body, stream=True, continuation=prefix is not None
+        )
+        try:
+            request = response.request
+            asked = run.body.get("stream_options")
+            decoder = adapter_for(target.protocol).stream_decoder(
+                run.kind,
+                request=request,
+                target=target.name,
+                body=body,
+                include_usage=isinstance(asked, dict) and bool(asked.get("include_usage")),
+            )
+            reader = StreamReader(decoder, timings, clock=run.clock)
+            receive = body_receiver(response)
+            buffered: list[ChatCompletionChunk] = []
+            head: list[bytes] | None = [] if run.raw else None  # the caller reads the body
+            with map_transport_errors(request):
+                while not reader.answering:
+                    if reader.ended:
+                        raise stream_ended(request, before_first_token=target.name)
+                    data = await receive()
+                    if head is not None and data is not None:
+                        head.append(data)
+                    buffered.extend(reader.feed(data))
+            timings.first_token = run.clock() - timings.started_at
+            reader.counting = False  # the answer counts the chunks it passes on (routing.answer)
+            if head is not None:
+                replay_head(response, head)
+            return Ready(target, response, timings, reader, receive, buffered)
+        except BaseException:
+            await close_quietly(response)
+            raise
+
+    async def _complete(self, target: RouteTarget) -> Ready:
+        run = self.run
+        body = run.body_for(target, None)
+        response, timings = await run.send(target, body, stream=False, continuation=False)
+        completion = adapter_for(target.protocol).parse_answer(
+            run.kind, response, target=target.name, body=body
+        )
+        return Ready(target, response, timings, completion=completion)
 
 
 def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
@@ -1799,66 +1347,6 @@ def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
     )
 
 
-def _token_limit(body: Mapping[str, Any]) -> int | None:
-    """The caller's limit on the answer's tokens: the smaller of ``max_tokens`` and
-    ``max_completion_tokens`` (``None``: no limit asked)."""
-    limits = [
-        value
-        for key in ("max_tokens", "max_completion_tokens")
-        if isinstance(value := body.get(key), int) and not isinstance(value, bool)
-    ]
-    return min(limits) if limits else None
-
-
-def _error_message(exc: BaseException) -> str:
-    """The text of an upstream error: its message and, where the body is JSON, the
-    vendor's own ``message`` (openai's exceptions keep both)."""
-    parts = [str(getattr(exc, "message", "") or exc)]
-    body = getattr(exc, "body", None)
-    if isinstance(body, Mapping):
-        inner = cast(Mapping[str, Any], body).get("error", body)
-        text = inner.get("message") if isinstance(inner, Mapping) else None
-        if isinstance(text, str):
-            parts.append(text)
-    return " ".join(parts)
-
-
-def _plain_answer(completion: Any) -> str | None:
-    """The text of a completion whose only choice is a plain text message, else ``None``."""
-    choices = getattr(completion, "choices", None)
-    if not choices or len(choices) != 1:
-        return None
-    message = choices[0].message
-    content = message.content
-    if not isinstance(content, str) or _content_kind(message) != "text":
-        return None
-    return content
-
-
-def _rename_limit(body: dict[str, Any], name: str) -> None:
-    """Send the caller's answer limit under ``name``, the one field the vendor takes: the
-    smaller of ``max_tokens`` and ``max_completion_tokens`` when both are given."""
-    limits = [
-        body.pop(key)
-        for key in ("max_tokens", "max_completion_tokens")
-        if key in body and body[key] is not None
-    ]
-    if limits:
-        body[name] = min(limits) if all(isinstance(v, int) for v in limits) else limits[0]
-
-
-def _content_kind(delta: Any) -> Literal["text", "reasoning"] | None:
-    """What a delta (or message) carries: plain ``"text"``, ``"reasoning"`` beside or instead
-    of it (:data:`.seam.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
-    that cannot be continued as text)."""
-    if delta.tool_calls or delta.function_call or delta.refusal:
-        return None
-    extra = delta.__pydantic_extra__
-    if extra and any(extra.get(key) for key in REASONING_FIELDS):
-        return "reasoning"
-    return "text"
-
-
 def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | None:
     """The vendor's id of a request from its response headers: the first of the catalog's
     ``request_id_headers`` present (DeepSeek's ``x-ds-trace-id``...), else by the target's
@@ -1866,30 +1354,12 @@ def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | 
     for name in target.request_id_headers:
         if value := headers.get(name):
             return value
-    if target.protocol == "anthropic":
-        return headers.get(anthropic.REQUEST_ID_HEADER) or headers.get(REQUEST_ID_HEADER)
-    return headers.get(REQUEST_ID_HEADER)
-
-
-def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, APIStatusError) and exc.status_code == 429:
-        return "rate_limited"
-    if isinstance(exc, APITimeoutError):  # FirstTokenTimeout is one too
-        return "timeout"
-    return "error"
+    return adapter_for(target.protocol).request_id(headers)
 
 
 def _awaits_trial(health: TargetHealth) -> bool:
     """Whether the target's circuit is open until a background trial closes it."""
     return health.breaker.in_background and health.breaker.shared_state != "closed"
-
-
-def _is_health_failure(exc: BaseException) -> bool:
-    """Whether a failure says the target is unwell (not that the request was bad, nor that
-    it does not hold the response a Responses call continues)."""
-    if isinstance(exc, APIStatusError):
-        return exc.status_code not in (400, 413, 422, 429) and classify(exc) != "not_held"
-    return True
 
 
 def prompt_messages(body: Mapping[str, Any], kind: str) -> list[Any]:
@@ -1910,32 +1380,30 @@ def prompt_messages(body: Mapping[str, Any], kind: str) -> list[Any]:
     return out
 
 
-def _cooldown(headers: Mapping[str, str]) -> float:
-    seconds = parse_retry_after(headers, now=time.time())
-    return seconds if seconds is not None and seconds > 0 else 1.0
-
-
-def _any_retryable(failures: Iterable[BaseException]) -> bool:
-    for exc in failures:
-        if isinstance(exc, APIStatusError):
-            if should_retry_status(exc.status_code, exc.response.headers, now=time.time()):
-                return True
-        elif isinstance(exc, APIError) and not isinstance(exc, TargetUnavailable):
-            return True
-    return False
-
-
 class RoutedStream:
     """The engine's side of a routed stream: its chunks, report and the current response."""
 
-    def __init__(self, run: _Run) -> None:
-        assert run.ready is not None
+    def __init__(self, run: _Run, answer: Answer) -> None:
         self.run = run
+        self.answer = answer
         self.report = run.report
-        self.response = run.ready.response
-        self.timings = run.ready.timings
+        self.response = answer.first.response
+        self.timings = answer.first.timings
         weakref.finalize(self, run.finish)
+
+    def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
+        """The answer's chunks; ``on_switch`` gets the response of a continuation."""
+        return self.answer.chunks(on_switch)
+
+    @property
+    def complete(self) -> bool:
+        """Whether the answer was read to its end and is whole."""
+        return self.answer.complete
 
     @property
     def text(self) -> str:
-        return "".join(self.run.text)
+        return "".join(self.run.account.text)
+
+    def finish(self) -> None:
+        """The stream ended: the winner no longer counts as in flight (idempotent)."""
+        self.run.finish()

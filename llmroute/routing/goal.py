@@ -52,9 +52,13 @@ class LatencyGoal:
 def _positive(value: object, param: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise GoalError(f"{param}: expected a positive number, got {value!r:.80}", param)
-    if not (math.isfinite(value) and value > 0):
+    try:
+        number = float(value)  # an int beyond a double (10**400) overflows: refused below
+    except OverflowError:
+        number = math.inf
+    if not (math.isfinite(number) and number > 0):
         raise GoalError(f"{param}: expected a positive number, got {value!r:.80}", param)
-    return float(value)
+    return number
 
 
 def read_goal(options: object, header: object = None) -> LatencyGoal | None:

@@ -1,6 +1,6 @@
 """Where a continued answer joins the text the caller already has.
 
-A continuation (see :mod:`.engine`) asks another target for the rest of an answer whose text
+A continuation (see :mod:`.continuation`) asks another target for the rest of an answer whose text
 so far is the trailing assistant message. What that target streams back is not all the rest:
 
 - **reasoning** (``reasoning_content`` / ``reasoning`` deltas, a model that thinks first, such

@@ -14,8 +14,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .engine import Route
 from .policies import Plan, Policy, RouteView
+from .route import Route
 
 __all__ = ["HEDGE_QUANTILE", "TierHedgePolicy", "tier_hedge_route"]
 

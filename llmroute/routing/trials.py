@@ -29,8 +29,9 @@ from typing import Any
 import anyio
 
 from .._background import spawn
-from .engine import Router, RouteTarget, Sender
+from .engine import Router
 from .health import CLOSED, failure_party
+from .route import RouteTarget, Sender
 
 __all__ = ["TRIAL_IDLE", "TRIAL_PROMPT", "TRIAL_TIMEOUT", "CircuitTrials", "trial_body"]
 

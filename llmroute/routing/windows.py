@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "FIT_SHARE",
+    "MAX_TOKENS_CAP",
     "answer_room",
     "larger_windows",
     "needed_tokens",
@@ -41,12 +42,19 @@ _ROOM_KEYS = {
 }
 
 
+MAX_TOKENS_CAP = 1 << 40
+"""A body's ``max_tokens`` is read clamped to ``0..MAX_TOKENS_CAP``, wherever it is counted
+(a window, a key's limits, the tier classifier's features): far beyond any model's context,
+and exact in a double (a Redis Lua number) however large the number the client sent."""
+
+
 def answer_room(body: Mapping[str, Any], kind: str = "chat") -> int:
-    """The tokens a request asks room for in its answer (0 when it names no limit)."""
+    """The tokens a request asks room for in its answer (0 when it names no limit), at most
+    :data:`MAX_TOKENS_CAP`."""
     for key in _ROOM_KEYS.get(kind, _ROOM_KEYS["chat"]):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+            return min(value, MAX_TOKENS_CAP)
     return 0
 
 

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import time
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
@@ -21,9 +22,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
 from .._client import NOT_ROUTED, AsyncOpenAI
-from .._config import Config, ConfigError, GatewaySettings, load_config, resolve
+from .._config import Config, ConfigError, GatewaySettings, load_config
 from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
+from .._sizes import format_size
 from .._timeouts import (
     BETWEEN_TOKENS_HEADER,
     CONNECT_HEADER,
@@ -39,17 +41,23 @@ from ..metrics._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 from ..routing.engine import prompt_messages
 from ..routing.goal import TTFT_TARGET_HEADER
 from ..routing.health import failure_party
+from ..routing.seam import REASONING_FIELDS
 from ..routing.stats import estimate_prompt_tokens
 from ..routing.windows import answer_room
+from ._admin import AdminError, KeysAdmin
+from ._admission import Admission, Ticket, usage_increments
+from ._alerts import SoftLimits
 from ._auth import KeyRing
-from ._limits import Grant, Limits, LocalLimits, RedisLimits, Refusal
-from ._live import PAGE_HEADERS, LivePage, LiveView, since_of
+from ._keystore import FileKeyStore, KeyStore, RedisKeyStore, StoreConflict, StoreUnavailable
+from ._limits import Alert, Refusal
+from ._live import LIVE_FILES, PAGE_HEADERS, LivePage, LiveView, since_of
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._secrets import masked_forms, provider_secrets, scrub
 from ._slo import Objective, SloTracker
-from ._slots import LocalSlots, RedisSlots, Slots, SlotsUnavailable
-from ._tenants import Tenant, Tenants, file_stamp
-from ._validate import InvalidField, check, finite_float
+from ._tenants import Managed, Tenant, Tenants, file_stamp
+from ._usage import fleet_exposition, usage_report
+from ._usage import new_usage as _new_usage
+from ._validate import InvalidField, check, load, shown
 
 __all__ = ["GatewayApp", "dump_json", "group_namespace", "key_namespace"]
 
@@ -66,9 +74,13 @@ _EMBEDDINGS = "/v1/embeddings"
 _RESPONSES = "/v1/responses"
 _MODELS = "/v1/models"
 _ADMIN_USAGE = "/admin/usage"
+_ADMIN_KEYS = "/admin/keys"
+_ADMIN_KEYS_UNDER = ("/admin/keys/", "/admin/teams/")
+_ADMIN_TEAMS = "/admin/teams"
 _LIVE = "/admin/live"
 _LIVE_DATA = "/admin/live/data"
 _SINCE_HEADER = "x-llmroute-live-since"
+_NO_STORE = {"cache-control": "no-store"}  # on an admin path's 401 and 403
 _POSTS = {_CHAT: "messages", _COMPLETIONS: "prompt", _EMBEDDINGS: "input", _RESPONSES: "input"}
 _KINDS = {
     _CHAT: "chat",
@@ -127,10 +139,6 @@ def group_namespace(group: str) -> str:
     if NAMESPACE_PATTERN.fullmatch(namespace):
         return namespace
     return "gateway-group-" + hashlib.sha256(group.encode()).hexdigest()[:40]
-
-
-def _not_json(text: str) -> Any:
-    raise ValueError(f"{text} is not a JSON number")
 
 
 def _retry_after(headers: Mapping[str, str], cap: float, now: float) -> dict[str, str]:
@@ -202,6 +210,7 @@ class _Exchange:
     """One request's state: its id, key name, status sent and whether the client left."""
 
     __slots__ = (
+        "counted",
         "failed",
         "finished",
         "first",
@@ -209,17 +218,18 @@ class _Exchange:
         "headers",
         "key",
         "label",
+        "query",
         "report",
         "request_id",
         "revoked",
         "send",
         "since",
-        "slot",
         "stalled",
         "started",
         "status",
         "tenant",
         "tenants",
+        "ticket",
         "write_timeout",
     )
 
@@ -227,6 +237,7 @@ class _Exchange:
         self.send = send
         self.label = label
         self.key = ANONYMOUS
+        self.query = b""  # the URL's query string (only the admin API reads one)
         self.tenant: Tenant | None = None
         self.tenants: Tenants | None = None  # the keys it was authenticated by
         self.headers: dict[str, str] = {}
@@ -234,13 +245,14 @@ class _Exchange:
         self.started = 0.0  # when the answer's headers were sent (monotonic)
         self.first = 0.0  # when its first chunk (or the whole answer) began to be written
         self.failed = False  # a stream that ended with an error event
+        self.counted = False  # in its key's usage, by the answer's accounting (_settle)
         self.revoked = False  # the key was revoked on a reload, and its streams cut
         self.status = 0
         self.gone = False
         self.stalled = False
         self.finished = False
         self.write_timeout = write_timeout
-        self.slot: str | None = None  # the token of the key's slot this request holds
+        self.ticket: Ticket | None = None  # the key's slot and counts this request holds
         self.since = 0.0  # when the chunk being written began to be, 0.0: none is
         self.request_id = f"gw-{uuid.uuid4().hex}"
         self.report: RouteReport | None = None  # a routed call's: its trace and upstream ids
@@ -248,11 +260,13 @@ class _Exchange:
     async def start(self, status: int, content_type: str, headers: Mapping[str, str]) -> None:
         self.status = status
         self.started = time.monotonic()
+        # One line per header: the answer's own replace the exchange's (an admin path's
+        # cache-control is both).
+        extra = {**self.headers, **headers} if self.headers and headers else self.headers or headers
         raw = [
             (b"content-type", content_type.encode()),
             (b"x-request-id", self.request_id.encode()),
-            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()),
-            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()),
+            *((k.encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
         ]
         await self.send({"type": "http.response.start", "status": status, "headers": raw})
 
@@ -317,13 +331,14 @@ class GatewayApp:
         self.config = loaded
         self.settings = loaded.gateway or GatewaySettings()
         self._environ = environ
-        self.tenants = Tenants.load(loaded, environ)
+        self._store, self._managed = _key_store(loaded)
+        self.tenants = Tenants.load(loaded, environ, self._managed)
         self._namespaces = _namespaces(self.settings, self.tenants.names)
-        resolved = resolve(loaded)
+        self.client = AsyncOpenAI(config=loaded, **client_options)  # its simulators start
+        resolved = self.client._llmroute.resolved
         # The upstream keys and the values of the providers' credential headers (api-key, ...).
         self._secrets = provider_secrets(resolved.providers.values())
         self._masked = masked_forms(self._secrets)  # as vendors echo them: sk-...abcd
-        self.client = AsyncOpenAI(config=loaded, **client_options)
         _refuse_cookies(self.client)
         self._timeout = to_timeout(self.client.timeout)  # every routed call's, as the seam's
         self.metrics = GatewayMetrics()
@@ -334,26 +349,17 @@ class GatewayApp:
         }
         self.routes = [*loaded.models, *loaded.tiered]
         self._created = int(time.time())
-        self._slots: Slots = LocalSlots()
-        self._limits: Limits = LocalLimits()
-        if self.settings.limits_backend == "redis":
-            redis = loaded.redis
-            self._slots = RedisSlots(
-                redis.url.get_secret_value(),
-                prefix=redis.prefix,
-                timeout=redis.timeout,
-                lease=self.settings.slot_lease,
-                on_error=self.settings.limits_on_redis_error,
-            )
-            self._limits = RedisLimits(
-                redis.url.get_secret_value(),
-                prefix=redis.prefix,
-                timeout=redis.timeout,
-                on_error=self.settings.limits_on_redis_error,
-            )
+        self.clock: Callable[[], float] = time.time
+        """When keys expire and rotated values stop (Unix seconds; a test may replace it)."""
+        self.admission = Admission(self.settings, loaded.redis)
+        self.soft_limits = SoftLimits(self.settings.soft_limit_webhook, self.metrics)
+        self.keys_admin = KeysAdmin(
+            loaded, self._store, lambda: self.tenants, lambda: self.clock(), self._apply_managed
+        )
         self._scopes: dict[anyio.CancelScope, _Exchange] = {}
         self._usage: dict[str, dict[str, int]] = {}
         self._closing = False
+        self._idle: anyio.Event | None = None  # set when the last request ends while draining
         self.live: LiveView | None = None
         """The live page's samples (``live_page = true``), else None."""
         self._live_page: LivePage | None = None
@@ -376,19 +382,32 @@ class GatewayApp:
         flight finish or are cut (``revoked_streams``). On a mistake the keys stay as they were
         and the mistake is logged as a sentence. Call it from the server's event loop.
         Returns whether the keys were replaced."""
+        return self._rebuild(counted=True)
+
+    def _apply_managed(self, managed: Managed) -> None:
+        """The admin API's keys and teams changed (here, or on another replica): accept them
+        now."""
+        if isinstance(self._store, RedisKeyStore):
+            self._managed = managed
+        self._rebuild(counted=False)
+
+    def _rebuild(self, *, counted: bool) -> bool:
         try:
-            newer = Tenants.load(self.config, self._environ)
+            newer = Tenants.load(self.config, self._environ, self._managed)
         except (ConfigError, ValueError) as exc:
-            self.metrics.reloads.labels("error").inc()
+            if counted:
+                self.metrics.reloads.labels("error").inc()
             log.error("gateway keys not reloaded (the keys before stay): %s", exc)
             return False
         revoked = self.tenants.revoked_by(newer)
         self.tenants = newer
         self._namespaces = _namespaces(self.settings, newer.names)
-        self.metrics.reloads.labels("ok").inc()
+        if counted:
+            self.metrics.reloads.labels("ok").inc()
         self.metrics.keys.set(len(newer.names))
         log.info(
-            "gateway keys reloaded: %d key(s)%s",
+            "gateway keys %s: %d key(s)%s",
+            "reloaded" if counted else "changed",
             len(newer.names),
             f"; revoked: {', '.join(sorted(revoked))}" if revoked else "",
         )
@@ -407,7 +426,29 @@ class GatewayApp:
         before = exchange.tenants
         if before is None or before is self.tenants or self.settings.revoked_streams != "cut":
             return False
-        return exchange.key in before.revoked_by(self.tenants)
+        return not before.kept(exchange.key, self.tenants)
+
+    async def _watch_store(self) -> None:
+        """With Redis: read the admin API's keys again whenever their version changes (checked
+        every ``keys_sync_interval``), so a key made on another replica works here too."""
+        store = self._store
+        if not isinstance(store, RedisKeyStore):
+            return
+        down = False
+        while True:
+            await anyio.sleep(self.settings.keys_sync_interval)
+            try:
+                known = self._managed.version if self._managed is not None else None
+                if await store.version() != known:
+                    self._apply_managed(await store.load())
+            except StoreUnavailable as exc:
+                if not down:
+                    log.warning("gateway keys: %s; the keys known stay until it answers", exc)
+                down = True
+                continue
+            if down:
+                log.info("gateway keys: the key store answers again")
+            down = False
 
     async def _watch_keys(self) -> None:
         """Reload when ``keys_file`` changes (checked every ``keys_reload_interval``)."""
@@ -422,6 +463,33 @@ class GatewayApp:
 
     # -- lifecycle ----------------------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being answered now (a stream counts until it ends)."""
+        return len(self._scopes)
+
+    async def drain(
+        self, timeout: float, cut: Callable[[], Awaitable[object]] | None = None
+    ) -> int:
+        """Refuse new requests (503) and wait, up to ``timeout`` seconds or until ``cut``
+        returns, for the requests in flight to end. Returns how many are still in flight (the
+        caller then ends them with :meth:`begin_shutdown`)."""
+        self._closing = True
+        with anyio.move_on_after(timeout):
+            async with anyio.create_task_group() as tg:
+                if cut is not None:
+
+                    async def cut_short() -> None:
+                        await cut()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(cut_short)
+                if self._scopes:
+                    self._idle = anyio.Event()
+                    await self._idle.wait()
+                tg.cancel_scope.cancel()
+        return len(self._scopes)
+
     def begin_shutdown(self) -> None:
         """Refuse new requests and end the streams in flight (their clients get an error event,
         their upstream streams are cancelled). Call it from the server's event loop."""
@@ -433,9 +501,10 @@ class GatewayApp:
         """End what is in flight and close the client (its connections and cache)."""
         self.begin_shutdown()
         await self.client.close()
-        if isinstance(self._slots, RedisSlots):
-            await self._slots.aclose()
-        await self._limits.aclose()
+        await self.admission.aclose()
+        self.soft_limits.close()
+        if self._store is not None:
+            await self._store.aclose()
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
@@ -450,6 +519,9 @@ class GatewayApp:
                                 "warmup: no target could be reached: %s", self._scrub(str(exc))
                             )
                     tg.start_soon(self._watch_keys)
+                    tg.start_soon(self._watch_store)
+                    tg.start_soon(self.soft_limits.run)
+                    tg.start_soon(self.admission.run)
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     tg.cancel_scope.cancel()  # the keys' watch
@@ -469,6 +541,7 @@ class GatewayApp:
         method: str = scope["method"]
         label = _label(path)
         exchange = _Exchange(send, label, self.settings.write_timeout)
+        exchange.query = scope.get("query_string", b"")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         began = time.monotonic()
         try:
@@ -476,12 +549,25 @@ class GatewayApp:
                 await self._route(path, method, headers, exchange, receive)
             except _Refused as refused:
                 await self._refuse(exchange, refused)
+            except _Stalled:
+                raise
+            except Exception as exc:  # a bug: a 500 with a sentence, logged as one
+                log.error(
+                    "unexpected error answering %s %s: %s",
+                    method,
+                    label,
+                    self._scrub(f"{type(exc).__name__}: {exc}"),
+                )
+                failed = _error("The gateway failed to answer.", "server_error")
+                await self._refuse(exchange, _Refused(500, failed))
         except _Stalled:
             pass  # the response is cut; the server resets the stream or closes the connection
         finally:
             elapsed = time.monotonic() - began
             status = str(exchange.status or 499)
             self.metrics.requests.labels(exchange.key, label, status).inc()
+            if label.startswith("/v1/") and not exchange.counted:
+                self._count_call(exchange)
             self.metrics.duration.labels(label).observe(elapsed)
             log.info(
                 "%s %s %s key=%s %.3fs %s%s%s",
@@ -517,14 +603,23 @@ class GatewayApp:
                 else:
                     self._authenticate(headers, exchange)
             data = self.client.metrics.exposition() + self.metrics.exposition()
+            fleet = await self.admission.fleet_usage()
+            if fleet is not None:
+                data += fleet_exposition(fleet)
             # No label can carry an upstream key, whole or masked, whatever an upstream said.
             data = self._scrub(data.decode()).encode()
             await exchange.whole(200, data, METRICS_CONTENT_TYPE)
             return
+        if path.startswith("/admin/"):
+            exchange.headers["cache-control"] = "no-store"  # answers with secrets, 401s too
         if path == _ADMIN_USAGE:
             _allow(method, "GET")
             self._admin(headers, exchange, "read usage")
-            await exchange.whole(200, json.dumps(await self.usage()).encode())
+            scope = _usage_scope(exchange.query)
+            await exchange.whole(200, json.dumps(await self.usage(scope)).encode())
+            return
+        if path in (_ADMIN_KEYS, _ADMIN_TEAMS) or path.startswith(_ADMIN_KEYS_UNDER):
+            await self._keys_api(path, method, headers, exchange, receive)
             return
         if self._live_page is not None and path.startswith(_LIVE):
             await self._live(path, method, headers, exchange)
@@ -535,6 +630,46 @@ class GatewayApp:
         if self._closing:
             raise _Refused(503, _error("The gateway is shutting down.", "server_error"))
         await self._v1(path, method, headers, exchange, receive)
+
+    async def _keys_api(
+        self,
+        path: str,
+        method: str,
+        headers: Mapping[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+    ) -> None:
+        """``/admin/keys`` and ``/admin/teams`` (llmroute/server/_admin.py), for admin keys."""
+        self._admin(headers, exchange, "manage keys")
+
+        async def body() -> Any:
+            return await self._read_json(headers, exchange, receive, allow_empty=True)
+
+        try:
+            status, answer = await self.keys_admin.handle(method, path, body)
+        except AdminError as error:
+            allow = getattr(error, "allow", None)
+            raise _Refused(
+                error.status,
+                _error(error.message, "invalid_request_error", error.code, error.param),
+                {"allow": allow} if allow else None,
+            ) from None
+        except (StoreUnavailable, StoreConflict) as exc:
+            raise _Refused(
+                503,
+                _error(
+                    f"The keys cannot be changed now: {exc}.",
+                    "server_error",
+                    "key_store_unavailable",
+                ),
+                {"retry-after": "1", "retry-after-ms": "1000"},
+            ) from None
+        if method != "GET":
+            action = _key_action(method, path)
+            self.metrics.key_changes.labels(action).inc()
+            changed = answer.get("name") if isinstance(answer, dict) else None
+            log.info("gateway keys: %s by key=%s: %s", action, exchange.key, changed)
+        await exchange.whole(status, json.dumps(answer).encode())
 
     async def _live(
         self, path: str, method: str, headers: Mapping[str, str], exchange: _Exchange
@@ -555,8 +690,13 @@ class GatewayApp:
         await exchange.whole(200, found[0], found[1], PAGE_HEADERS)
 
     def _admin(self, headers: Mapping[str, str], exchange: _Exchange, what: str) -> Tenant:
-        """The request's tenant if its key is an admin's; else 401 (no key) or 403."""
-        tenant = self._authenticate(headers, exchange)
+        """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
+        kept by a cache on the way."""
+        try:
+            tenant = self._authenticate(headers, exchange)
+        except _Refused as refused:
+            refused.headers.update(_NO_STORE)
+            raise
         if not tenant.settings.admin:
             raise _Refused(
                 403,
@@ -565,53 +705,36 @@ class GatewayApp:
                     "invalid_request_error",
                     "permission_denied",
                 ),
+                _NO_STORE,
             )
         return tenant
 
-    async def _slot(
+    async def _enter(
         self,
         exchange: _Exchange,
+        model: str,
+        estimate: Callable[[], int],
         work: Callable[[], Awaitable[None]],
     ) -> None:
-        """Run ``work`` in one of the key's slots (its ``max_concurrency``), or refuse (429)."""
+        """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
+        limits (its own, its team's, the model's), or refuse (429; 503 without Redis)."""
         key = exchange.key
-        limit = exchange.tenant.concurrency if exchange.tenant else 1
-        try:
-            token = await self._slots.acquire(key, limit)
-        except SlotsUnavailable:
-            self.metrics.rejections.labels(key, "limits_unavailable").inc()
+        tenant = exchange.tenant
+        assert tenant is not None
+        decided = await self.admission.enter(tenant, model, estimate)
+        if isinstance(decided, Refusal):
+            self.metrics.rejections.labels(key, decided.reason).inc()
             raise _Refused(
-                503,
-                _error(
-                    "The gateway cannot count this key's limits right now (its Redis is "
-                    "unreachable); retry shortly.",
-                    "server_error",
-                    "limits_unavailable",
-                ),
-                {"retry-after": "1", "retry-after-ms": "1000"},
-            ) from None
-        if token is None:
-            self.metrics.rejections.labels(key, "concurrency").inc()
-            wait = self.settings.retry_after
-            raise _Refused(
-                429,
-                _error(
-                    f"Too many requests in flight for this key (at most {limit}); retry shortly.",
-                    "requests",
-                    "rate_limit_exceeded",
-                ),
-                {
-                    "retry-after": str(max(1, math.ceil(wait))),
-                    "retry-after-ms": str(int(wait * 1000)),
-                },
+                decided.status, _error(decided.message, decided.type, decided.code), decided.headers
             )
         self.metrics.in_flight.labels(key).inc()
-        exchange.slot = token
+        exchange.ticket = decided
+        exchange.headers.update(decided.headers)
+        self._alerted(decided.alerts)
         try:
             await work()
         finally:
-            exchange.slot = None
-            await self._slots.release(key, token)
+            exchange.ticket = None
             self.metrics.in_flight.labels(key).dec()
 
     async def _v1(
@@ -684,17 +807,22 @@ class GatewayApp:
         if path in _ROUTABLE and model in self.routes:  # on its route report and span
             extra_headers[REQUEST_ID_HEADER] = exchange.request_id
 
+        kind = _KINDS[path]
+
+        def estimate() -> int:
+            return _prompt_estimate(body, kind) + answer_room(body, kind)
+
         async def work() -> None:
-            grant = await self._admit(tenant, path, body, exchange)
-            tally = _Tally(body, _KINDS[path])
+            tally = _Tally(body, kind)
             admitted = time.monotonic()
             try:
                 await self._answer(path, body, extra_headers, exchange, receive, total, tally)
             finally:
                 self._objectives(tenant, model, exchange, admitted)
-                await self._settle(exchange, grant, tally)
+                assert exchange.ticket is not None
+                await self._settle(exchange, exchange.ticket, tally)
 
-        await self._slot(exchange, work)
+        await self._enter(exchange, model, estimate, work)
 
     def _usable(self, tenant: Tenant) -> list[str]:
         """The routes ``tenant`` may use: the only names its 404 may suggest (a key limited to
@@ -751,7 +879,7 @@ class GatewayApp:
                     raise _Refused(
                         400,
                         _error(
-                            f"Invalid '{field_name}': {value} is above this key's limit of "
+                            f"Invalid '{field_name}': {shown(value)} is above this key's limit of "
                             f"{settings.max_tokens} tokens.",
                             "invalid_request_error",
                             "invalid_value",
@@ -761,70 +889,58 @@ class GatewayApp:
         if not named and settings.default_max_tokens is not None:
             body[fields[-1]] = settings.default_max_tokens
 
-    async def _admit(
-        self, tenant: Tenant, path: str, body: Mapping[str, Any], exchange: _Exchange
-    ) -> Grant | None:
-        """Count the request against the key's limits (its tokens estimated), or refuse it."""
-        if not tenant.limited:
-            return None
-        estimate = _prompt_estimate(body, _KINDS[path]) + answer_room(body, _KINDS[path])
-        decided = await self._limits.admit(tenant, estimate)
-        if isinstance(decided, Refusal):
-            self.metrics.rejections.labels(exchange.key, decided.reason).inc()
-            raise _Refused(
-                decided.status,
-                _error(decided.message, decided.type, decided.code),
-                decided.headers,
-            )
-        exchange.headers.update(decided.headers)
-        return decided
-
-    async def _settle(self, exchange: _Exchange, grant: Grant | None, tally: _Tally) -> None:
-        """Count what the answer used: the key's usage, and its limits corrected to it."""
+    async def _settle(self, exchange: _Exchange, ticket: Ticket, tally: _Tally) -> None:
+        """Count what the answer used: the key's usage (this replica's, and the fleet's with
+        Redis), its slot freed and its limits corrected to it."""
         prompt, completion = tally.used()
         usage = self._usage.setdefault(exchange.key, _new_usage())
-        usage["requests"] += 1
-        if (
+        exchange.counted = True
+        failed = (
             exchange.status >= 400
             or exchange.failed
             or (exchange.status == 0 and not exchange.gone)
-        ):
-            usage["errors"] += 1
+        )
+        added = {
+            "requests": 1,
+            "errors": int(failed),
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cache_hits": int(tally.cache_hit),
+        }
+        for name, value in added.items():
+            usage[name] += value
         if tally.cache_hit:
-            usage["cache_hits"] += 1
             self.metrics.cache_hits.labels(exchange.key).inc()
-        usage["prompt_tokens"] += prompt
-        usage["completion_tokens"] += completion
         if prompt:
             self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
         if completion:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
-        if grant is not None:
-            await self._limits.settle(grant, prompt + completion)
+        alerts = await self.admission.leave(ticket, prompt + completion, usage_increments(added))
+        self._alerted(alerts)
 
-    async def usage(self) -> dict[str, Any]:
-        """Every key's usage in this replica (requests, errors, tokens, cache hits) and its
-        limits' counters now (shared by every replica with Redis): ``GET /admin/usage``."""
-        keys: dict[str, Any] = {}
-        for name, tenant in self.tenants.by_name.items():
-            entry: dict[str, Any] = dict(self._usage.get(name) or _new_usage())
-            settings = tenant.settings
-            if tenant.limited:
-                counts = await self._limits.peek(tenant)
-                entry["limits"] = {
-                    "rpm": settings.rpm,
-                    "requests_this_minute": counts.requests,
-                    "tpm": settings.tpm,
-                    "tokens_this_minute": counts.tokens,
-                    "budget_tokens": settings.budget_tokens,
-                    "budget_period": settings.budget_period,
-                    "budget_spent": counts.spent if settings.budget_tokens else None,
-                }
-            keys[name] = entry
-        for name, entry in self._usage.items():  # keys revoked since
-            if name not in keys:
-                keys[name] = dict(entry) | {"revoked": True}
-        return {"object": "usage", "replica_since": self._created, "keys": keys}
+    def _count_call(self, exchange: _Exchange) -> None:
+        """An API call of a key that did not reach an answer's accounting (refused before it,
+        or a model list): a request of the key's usage, as ``llmroute_gateway_requests_total``
+        counts it, and an error unless it was answered or its client left (the fleet's usage
+        takes it at the next flush, without a round trip of its own)."""
+        if exchange.key == ANONYMOUS:
+            return
+        usage = self._usage.setdefault(exchange.key, _new_usage())
+        usage["requests"] += 1
+        error = not exchange.gone and not 0 < exchange.status < 400
+        if error:
+            usage["errors"] += 1
+        self.admission.count_call(exchange.key, error)
+
+    async def usage(self, scope: str = "fleet") -> dict[str, Any]:
+        """Every key's and team's usage (requests, errors, tokens, cache hits) — the fleet's
+        with Redis (``scope="fleet"``), else this replica's — and their limits' counters now:
+        ``GET /admin/usage``."""
+        return await usage_report(self.tenants, self._usage, self.admission, self._created, scope)
+
+    def _alerted(self, alerts: Iterable[Alert]) -> None:
+        for alert in alerts:
+            self.soft_limits.notify(alert)
 
     # -- the routed call ------------------------------------------------------------------------
 
@@ -913,6 +1029,8 @@ class GatewayApp:
                 failure = exc
             finally:
                 self._scopes.pop(scope, None)
+                if self._idle is not None and not self._scopes:
+                    self._idle.set()  # the last request in flight of a gateway draining
                 scope.cancel()
         report = getattr(stream if stream is not None else result, "route", None)
         report = report if report is not None else getattr(failure, "report", None)
@@ -1027,8 +1145,8 @@ class GatewayApp:
         return await client.embeddings.create(extra_body=rest, **kwargs)
 
     async def _renew(self, exchange: _Exchange) -> None:
-        if exchange.slot is not None:
-            await self._slots.renew(exchange.key, exchange.slot)
+        if exchange.ticket is not None:
+            await self.admission.renew(exchange.ticket)
 
     def _upstream_headers(self, headers: Mapping[str, str], exchange: _Exchange) -> dict[str, str]:
         """The cache settings a client may give, its W3C trace context; a per-key namespace
@@ -1045,9 +1163,10 @@ class GatewayApp:
     # -- requests -------------------------------------------------------------------------------
 
     def _authenticate(self, headers: Mapping[str, str], exchange: _Exchange) -> Tenant:
-        tenant = self.tenants.match(headers.get("authorization"))
+        tenant = self.tenants.match(headers.get("authorization"), self.clock())
         if tenant is None:
-            self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
+            if exchange.label.startswith("/v1/"):  # rejections are of API calls
+                self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
             given = "authorization" in headers
             message = (
                 "Incorrect API key provided."
@@ -1065,7 +1184,12 @@ class GatewayApp:
         return tenant
 
     async def _read_json(
-        self, headers: Mapping[str, str], exchange: _Exchange, receive: Receive
+        self,
+        headers: Mapping[str, str],
+        exchange: _Exchange,
+        receive: Receive,
+        *,
+        allow_empty: bool = False,
     ) -> dict[str, Any]:
         limit = self.settings.max_body_bytes
         declared = headers.get("content-length", "")
@@ -1100,16 +1224,16 @@ class GatewayApp:
                     "request_timeout",
                 ),
             )
+        if allow_empty and not any(parts):
+            return {}
         try:
-            body = json.loads(b"".join(parts), parse_constant=_not_json, parse_float=finite_float)
-        except (ValueError, UnicodeDecodeError) as exc:
-            why = str(exc) if "JSON number" in str(exc) or "out of range" in str(exc) else ""
+            body = load(b"".join(parts))
+        except InvalidField as invalid:  # NaN, Infinity, 1e400: named
+            self.metrics.rejections.labels(exchange.key, "invalid_request").inc()
+            raise _invalid_field(invalid) from None
+        except ValueError:  # UnicodeDecodeError too
             raise _Refused(
-                400,
-                _error(
-                    f"The request body is not valid JSON{': ' + why if why else ''}.",
-                    "invalid_request_error",
-                ),
+                400, _error("The request body is not valid JSON.", "invalid_request_error")
             ) from None
         except RecursionError:
             raise _too_deep() from None
@@ -1124,7 +1248,7 @@ class GatewayApp:
         return _Refused(
             413,
             _error(
-                f"The request body is larger than the gateway allows ({limit} bytes).",
+                f"The request body is larger than the gateway allows ({format_size(limit)}).",
                 "invalid_request_error",
                 "request_too_large",
             ),
@@ -1293,11 +1417,21 @@ def _cache_hit(result: object) -> bool:
     return bool(getattr(route, "cache_hit", False))
 
 
+_LABELS = frozenset(
+    (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics", _ADMIN_USAGE)
+) | {_LIVE_DATA, *LIVE_FILES, _ADMIN_KEYS, _ADMIN_TEAMS}
+
+
 def _label(path: str) -> str:
-    if path in (_CHAT, _COMPLETIONS, _EMBEDDINGS, _RESPONSES, _MODELS, "/health", "/metrics"):
+    """The path as the access log and the metrics name it: one of the gateway's own (an
+    admin read included, so it can be audited), else a bounded stand-in."""
+    if path in _LABELS:
         return path
     if path.startswith(_MODELS + "/"):
         return _MODELS + "/{model}"
+    if path.startswith(_ADMIN_KEYS_UNDER):  # who changed which keys is audited by path
+        rotate = "/rotate" if path.endswith("/rotate") else ""
+        return path[: path.index("/", len("/admin/")) + 1] + "{name}" + rotate
     return "other"
 
 
@@ -1392,16 +1526,27 @@ def _default_goal(body: dict[str, Any], headers: Mapping[str, str], ttft_ms: flo
         options["ttft_target_ms"] = ttft_ms
 
 
-def _new_usage() -> dict[str, int]:
-    return dict.fromkeys(
-        ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits"), 0
-    )
+def _carries_tokens(chunk: Any) -> bool:
+    """Whether a streamed chunk brings answer tokens (text, reasoning, a tool call), not only
+    a role, a finish reason or usage."""
+    for choice in chunk.choices or ():
+        if getattr(choice, "text", None):  # a completion's
+            return True
+        delta = getattr(choice, "delta", None)
+        if delta is None:
+            continue
+        if delta.content or delta.tool_calls or delta.refusal:
+            return True
+        extra = getattr(delta, "__pydantic_extra__", None)
+        if extra and any(extra.get(key) for key in REASONING_FIELDS):
+            return True
+    return False
 
 
 class _Tally:
     """What one answer used: the vendors' usage where it came, else the gateway's count
-    (the prompt's estimate; a streamed chunk a token). A cache hit used nothing. Per chunk it
-    costs an increment and an attribute read: the hot path is the streamed chunk's."""
+    (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing. Per
+    chunk it costs a few attribute reads: the hot path is the streamed chunk's."""
 
     __slots__ = ("answer", "body", "cache_hit", "chunks", "completion", "kind", "prompt")
 
@@ -1421,7 +1566,8 @@ class _Tally:
             self.completion = c
 
     def chunk(self, chunk: Any) -> None:
-        self.chunks += 1  # a count of tokens only where no vendor sent usage
+        if _carries_tokens(chunk):
+            self.chunks += 1  # a count of tokens only where no vendor sent usage
         usage = chunk.usage
         if usage is not None:
             self._usage(usage, "prompt_tokens", "completion_tokens")
@@ -1464,3 +1610,48 @@ class _Tally:
         prompt = self.prompt if self.prompt is not None else _prompt_estimate(self.body, self.kind)
         completion = self.completion if self.completion is not None else self.chunks
         return prompt, completion
+
+
+def _key_store(config: Config) -> tuple[KeyStore | None, Managed | None]:
+    """Where the admin API keeps its keys (Redis with ``limits_backend = "redis"``, else
+    ``keys_file``, else nowhere), and, with Redis, its keys now (none, logged, when it cannot
+    be reached: the watch reads them once it answers)."""
+    settings = config.gateway or GatewaySettings()
+    if settings.limits_backend == "redis":
+        redis = config.redis
+        store = RedisKeyStore(
+            redis.url.get_secret_value(), prefix=redis.prefix, timeout=redis.timeout
+        )
+        try:
+            return store, store.load_now()
+        except StoreUnavailable as exc:
+            log.warning("gateway keys: %s; the admin API's keys are read once it answers", exc)
+            return store, Managed(version=-1)
+    if settings.keys_file is not None:
+        return FileKeyStore(settings.keys_file), None
+    return None, None
+
+
+def _key_action(method: str, path: str) -> str:
+    """The admin API's change, as ``llmroute_gateway_key_changes_total`` counts it."""
+    if path.startswith(_ADMIN_TEAMS):
+        return "team_delete" if method == "DELETE" else "team_put"
+    if path.endswith("/rotate"):
+        return "rotate"
+    return {"POST": "create", "PATCH": "update", "DELETE": "revoke"}.get(method, "other")
+
+
+def _usage_scope(query: bytes) -> str:
+    """``GET /admin/usage?scope=fleet|replica``'s scope (``fleet`` when not given)."""
+    given = urllib.parse.parse_qs(query.decode("latin-1")).get("scope", ["fleet"])[-1]
+    if given not in ("fleet", "replica"):
+        raise _Refused(
+            400,
+            _error(
+                "Invalid 'scope': expected 'fleet' or 'replica'.",
+                "invalid_request_error",
+                "invalid_value",
+                "scope",
+            ),
+        )
+    return given

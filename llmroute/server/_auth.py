@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from .._config import ConfigError, GatewaySettings
 
-__all__ = ["KeyRing"]
+__all__ = ["KeyRing", "bearer_digest", "digest"]
 
 _BEARER = "bearer "
 
@@ -22,6 +22,18 @@ def _usable(key: str) -> bool:
 
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
+
+
+digest = _digest
+
+
+def bearer_digest(authorization: str | None) -> tuple[bytes, bool]:
+    """The SHA-256 digest of the key an ``Authorization: Bearer <key>`` header carries, and
+    whether it carries one (the digest of nothing otherwise)."""
+    given = b""
+    if authorization is not None and authorization[: len(_BEARER)].lower() == _BEARER:
+        given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogateescape")
+    return _digest(given), bool(given)
 
 
 def read_key(table: str, name: str, variable: str, environ: Mapping[str, str]) -> str:
@@ -48,10 +60,17 @@ class KeyRing:
 
     __slots__ = ("_digests",)
 
-    def __init__(self, keys: Mapping[str, str], digests: Mapping[str, bytes] | None = None) -> None:
+    def __init__(
+        self,
+        keys: Mapping[str, str],
+        digests: Mapping[str, bytes] | None = None,
+        *,
+        required: bool = True,
+    ) -> None:
         """``keys``: name -> the key itself (each non-empty printable ASCII); ``digests``:
-        name -> a key's SHA-256 digest, for keys given only so (``keys_file``'s ``sha256``)."""
-        if not keys and not digests:
+        name -> a key's SHA-256 digest, for keys given only so (``keys_file``'s ``sha256``).
+        ``required``: at least one key (else the admin API's keys may be the only ones)."""
+        if required and not keys and not digests:
             raise ValueError("a gateway needs at least one key")
         for name, key in keys.items():
             if not key or not _usable(key):  # the key is never shown
@@ -74,6 +93,7 @@ class KeyRing:
         digests: Mapping[str, bytes] | None = None,
         more: Mapping[str, str] | None = None,
         where: str = "gateway.keys",
+        required: bool = True,
     ) -> KeyRing:
         """The keys ``settings.keys`` names, read from ``environ``, and ``more`` (name ->
         variable, from ``keys_file``, named ``where`` in errors) and ``digests``;
@@ -83,12 +103,12 @@ class KeyRing:
         for table, variables in (("gateway.keys", settings.keys), (where, more or {})):
             for name, variable in variables.items():
                 keys[name] = read_key(table, name, variable, environ)
-        if not keys and not digests:
+        if required and not keys and not digests:
             raise ConfigError(
                 "gateway: no key (gateway.keys and keys_file name none): a gateway answers "
                 "only requests with one of its keys"
             )
-        return cls(keys, digests)
+        return cls(keys, digests, required=required)
 
     @property
     def names(self) -> list[str]:
@@ -100,10 +120,12 @@ class KeyRing:
         Every configured key is compared (``hmac.compare_digest`` over digests), whichever
         matches, so the time taken does not say which key, or how much of one, matched.
         """
-        given = b""
-        if authorization is not None and authorization[: len(_BEARER)].lower() == _BEARER:
-            given = authorization[len(_BEARER) :].strip().encode("utf-8", "surrogateescape")
-        candidate = _digest(given)
+        candidate, given = bearer_digest(authorization)
+        return self.match_digest(candidate, given)
+
+    def match_digest(self, candidate: bytes, given: bool = True) -> str | None:
+        """The name of the key whose digest is ``candidate`` (``given``: a key was sent),
+        every configured key compared, as :meth:`match` does."""
         found: str | None = None
         for name, digest in self._digests:
             equal = hmac.compare_digest(candidate, digest)

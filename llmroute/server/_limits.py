@@ -1,27 +1,47 @@
-"""Each key's requests and tokens per minute and its token budget, counted in one process
-(:class:`LocalLimits`) or shared by every gateway replica through Redis (:class:`RedisLimits`).
+"""Each key's requests and tokens per minute and its token budget — and its team's, and either's
+for one model name — counted in one process (:class:`LocalLimits`) or shared by every gateway
+replica through Redis (:class:`RedisLimits`).
 
-**Counting.** A minute is counted in buckets of :data:`BUCKET` seconds: a request adds 1 to its
-key's requests bucket and its token estimate (prompt and ``max_tokens``) to its tokens bucket;
+**Scopes.** What a request is counted against is a list of :class:`~._tenants.Scope`: the key's
+own limits, its team's (shared by every key of the team), and the key's and the team's limits
+for the request's model name (``model_limits``). A request is admitted only when every scope
+has room, and is then counted in all of them.
+
+**Counting.** A minute is counted in buckets of :data:`BUCKET` seconds: a request adds 1 to each
+scope's requests bucket and its token estimate (prompt and ``max_tokens``) to its tokens bucket;
 what is in use is the sum of the newest ``BUCKETS + 1`` buckets, the one being filled included,
 so any 60 seconds hold at most the limit (a count leaves 60-70 s after it was made: that is
 the slack, and it only ever refuses early). When the request ends, its tokens are corrected to
 its answer's ``usage`` (:meth:`Limits.settle`), in the bucket it was counted in, if that is
 still in the window. A budget is one counter per period (a UTC day, a UTC month, or a
 duration since 1970); admission needs some of it left, so the requests in flight when it runs
-out can take it past its size by what they use.
+out can take it past its size by what they use. A scope with a ``soft_limit`` says so once per
+period when its budget's spent share reaches it (an :class:`Alert`).
 
 **One round trip.** The Redis side is one Lua script per admission that reads, checks and
-counts every limit of the key atomically, so two replicas cannot both take the last request
-of a minute, and a request refused on tokens has not spent a request. (The ``limits`` library
-was weighed and not used: a request's limits there are one call each, not atomic together; a
-hit cannot be taken back, so a token estimate cannot be corrected to the usage; its moving
-window stores one entry per unit, a million a minute at 1M tokens per minute; and it has no
-calendar day or month. The concurrency slots' script, :mod:`._slots`, is the model followed.)
+counts every limit of every scope atomically — and takes the key's concurrency slot in the same
+script (:meth:`RedisLimits.count`) — so two replicas cannot both take the last request of a
+minute, a request refused on tokens has not spent a request, and a request pays one round trip
+before its first token whatever limits it has. One more script when it ends corrects the
+tokens, frees the slot and adds the request to the key's usage counters, shared by the fleet.
+(The ``limits`` library was weighed and not used: a request's limits there are one call each,
+not atomic together; a hit cannot be taken back, so a token estimate cannot be corrected to the
+usage; its moving window stores one entry per unit, a million a minute at 1M tokens per minute;
+and it has no calendar day or month. The concurrency slots' script, :mod:`._slots`, is the model
+followed.)
+
+**Counted clamped.** What enters a counter is at most
+:data:`~llmroute.routing.windows.MAX_TOKENS_CAP` (2^40) tokens a request, whatever
+``max_tokens`` (or a vendor's usage) says: Lua's numbers are doubles, and a count of 10^17
+reached ``HINCRBY`` as ``1e+17``, which it refuses. The scripts check every argument before
+their first write, and pass counts to ``HINCRBY`` as the strings they were given, so an error
+leaves every counter as it was.
 
 **Redis down.** With ``limits_on_redis_error = "local"`` a replica counts in its own memory
 until Redis answers again (each replica then allows the whole limit); with ``"refuse"``, it
-answers 503. Either is logged once per outage.
+answers 503. Either is logged once per outage. Only an unreachable (or read-only, or full)
+server is an outage: an error the server answers with (a script's) is logged as an error and
+the request gets a 500 saying so, the replica's mode unchanged.
 """
 
 from __future__ import annotations
@@ -30,25 +50,29 @@ import calendar
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import anyio
 
-from .._config import KeySettings
 from .._redis import RedisCaller, RedisConnection
-from ._tenants import Tenant
+from ..routing.windows import MAX_TOKENS_CAP
+from ._tenants import Scope, Tenant
 
 __all__ = [
     "BUCKET",
     "BUCKETS",
+    "MAX_TOKENS",
+    "Alert",
+    "Counts",
     "Grant",
     "Limits",
     "LocalLimits",
     "RedisLimits",
     "Refusal",
+    "SlotClaim",
     "period_of",
     "reset_text",
 ]
@@ -60,11 +84,19 @@ BUCKETS = 6
 """Buckets a minute is counted in; the newest ``BUCKETS + 1`` are summed."""
 BUCKET = WINDOW / BUCKETS
 """Seconds a bucket covers."""
+MAX_TOKENS = MAX_TOKENS_CAP
+"""The most tokens one request is counted at, or corrected by (2^40): far above any answer, and
+exact in a Lua number (a double)."""
+
+
+def clamp(tokens: int) -> int:
+    """``tokens`` within ``0..MAX_TOKENS`` (what can enter a counter)."""
+    return max(0, min(int(tokens), MAX_TOKENS))
 
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """A key's counters as one admission read them (after counting it, when admitted)."""
+    """A scope's counters as one admission read them (after counting it, when admitted)."""
 
     requests: int = 0
     requests_oldest: int | None = None
@@ -76,27 +108,54 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True)
+class Alert:
+    """A scope's budget reached its ``soft_limit`` share: said once per period."""
+
+    scope: Scope
+    spent: int
+    ends: float | None
+    """When the period ends (Unix seconds)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotClaim:
+    """The key's concurrency slot, taken in the admission's own script."""
+
+    limit: int
+    lease: float
+    token: str
+
+
+@dataclass(frozen=True, slots=True)
 class Grant:
     """An admitted request: where its tokens were counted, to correct them when it ends."""
 
     key: str
     bucket: int
     period: int | None
+    """The budget period of its first scope (``None``: no budget)."""
     reserved: int
     """Tokens counted at admission (its estimate)."""
     headers: dict[str, str] = field(default_factory=dict)
     """OpenAI's ``x-ratelimit-*`` headers for the answer."""
     local: bool = False
     """Counted in this process (Redis was down)."""
+    counted: tuple[tuple[Scope, int | None], ...] = ()
+    """Each scope counted, with its budget period."""
+    slot: str | None = None
+    """The concurrency slot taken with it (:class:`SlotClaim`'s token)."""
+    alerts: tuple[Alert, ...] = ()
+    """Soft limits this admission reached."""
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """A request the key's limits refuse: an OpenAI-shaped 429 (or 503)."""
+    """A request the limits refuse: an OpenAI-shaped 429 (or 503)."""
 
     status: int
     reason: str
-    """``requests``, ``tokens``, ``too_large``, ``budget`` or ``limits_unavailable``."""
+    """``requests``, ``tokens``, ``too_large``, ``budget``, ``concurrency``,
+    ``limits_unavailable`` or ``limits_error``."""
     code: str
     type: str
     message: str
@@ -104,16 +163,22 @@ class Refusal:
 
 
 class Limits(Protocol):
-    async def admit(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
-        """Count one request of ``tenant`` estimated at ``tokens``, or refuse it."""
+    async def admit(
+        self, tenant: Tenant, tokens: int, *, model: str | None = None
+    ) -> Grant | Refusal:
+        """Count one request of ``tenant`` to ``model`` estimated at ``tokens``, or refuse it."""
         ...
 
-    async def settle(self, grant: Grant, tokens: int) -> None:
+    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
         """The request ended having used ``tokens``: correct its estimate."""
         ...
 
     async def peek(self, tenant: Tenant) -> Counts:
-        """The key's counters now (nothing counted)."""
+        """The counters of the key's first scope now (nothing counted)."""
+        ...
+
+    async def peek_scope(self, scope: Scope) -> Counts:
+        """A scope's counters now (nothing counted)."""
         ...
 
     def close(self) -> None: ...
@@ -134,6 +199,13 @@ def period_of(period: str | float, now: float) -> tuple[int, float]:
     assert isinstance(period, float | int)
     index = int(now // period)
     return index, (index + 1) * float(period)
+
+
+def _period(scope: Scope, now: float) -> tuple[int | None, float | None]:
+    """The scope's budget period now and its end (``None, None`` without a budget)."""
+    if scope.budget_tokens is None or scope.budget_period is None:
+        return None, None
+    return period_of(scope.budget_period, now)
 
 
 def reset_text(seconds: float) -> str:
@@ -164,9 +236,13 @@ def _retry(seconds: float) -> dict[str, str]:
     }
 
 
-def _headers(
-    settings: KeySettings, counts: Counts, now: float, end: float | None
-) -> dict[str, str]:
+_Row = tuple[Scope, Counts, float | None]
+"""A scope, its counters and when its budget period ends."""
+
+
+def _headers(settings: Any, counts: Counts, now: float, end: float | None) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers (and the budget's) of one scope (or a key's
+    settings: anything with ``rpm``, ``tpm`` and ``budget_tokens``)."""
     out: dict[str, str] = {}
     if settings.rpm is not None:
         out["x-ratelimit-limit-requests"] = str(settings.rpm)
@@ -185,18 +261,47 @@ def _headers(
     return out
 
 
+def _rows_headers(rows: Sequence[_Row], now: float) -> dict[str, str]:
+    """The headers of the scope with the least left, for requests, tokens and the budget each
+    (with one scope: its own headers)."""
+    if len(rows) == 1:
+        scope, counts, end = rows[0]
+        return _headers(scope, counts, now, end)
+    out: dict[str, str] = {}
+    kinds = (
+        ("rpm", lambda s, c: (s.rpm or 0) - c.requests, "-requests"),
+        ("tpm", lambda s, c: (s.tpm or 0) - c.tokens, "-tokens"),
+        ("budget_tokens", lambda s, c: (s.budget_tokens or 0) - c.spent, "x-llmroute-budget"),
+    )
+    for attribute, left, mark in kinds:
+        candidates = [r for r in rows if getattr(r[0], attribute) is not None]
+        if not candidates:
+            continue
+        scope, counts, end = min(candidates, key=lambda r: left(r[0], r[1]))
+        own = _headers(scope, counts, now, end)
+        out.update((k, v) for k, v in own.items() if mark in k)
+    return out
+
+
 # What an admission decided: admitted, or refused on one limit.
-_ADMITTED, _REQUESTS, _TOKENS, _TOO_LARGE, _BUDGET = range(5)
+_ADMITTED, _REQUESTS, _TOKENS, _TOO_LARGE, _BUDGET, _CONCURRENCY = range(6)
+
+
+def _upper(label: str) -> str:
+    return label[:1].upper() + label[1:]
 
 
 def _decide(
-    tenant: Tenant, tokens: int, counts: Counts, verdict: int, now: float, end: float | None
-) -> Refusal | None:
-    """The refusal for ``verdict`` (``None`` when admitted: the caller builds the grant)."""
-    if verdict == _ADMITTED:
-        return None
-    s = tenant.settings
-    headers = _headers(s, counts, now, end)
+    scope: Scope,
+    tokens: int,
+    counts: Counts,
+    verdict: int,
+    now: float,
+    end: float | None,
+    headers: dict[str, str],
+) -> Refusal:
+    """The refusal for ``verdict`` on ``scope``; ``headers``: the answer's limits headers."""
+    s = scope
     if verdict == _REQUESTS:
         wait = _leaves(counts.requests_oldest, now)
         return Refusal(
@@ -204,7 +309,7 @@ def _decide(
             "requests",
             "rate_limit_exceeded",
             "requests",
-            f"Rate limit reached for key {tenant.name!r} on requests per minute (RPM): "
+            f"Rate limit reached for {s.label} on requests per minute (RPM): "
             f"Limit {s.rpm}, Used {counts.requests}. Please try again in {reset_text(wait)}.",
             headers | _retry(wait),
         )
@@ -214,7 +319,7 @@ def _decide(
             "too_large",
             "rate_limit_exceeded",
             "tokens",
-            f"Request too large for key {tenant.name!r} on tokens per minute (TPM): Limit "
+            f"Request too large for {s.label} on tokens per minute (TPM): Limit "
             f"{s.tpm}, Requested {tokens}. Send a shorter prompt or a smaller max_tokens.",
             headers | {"x-should-retry": "false"},
         )
@@ -225,7 +330,7 @@ def _decide(
             "tokens",
             "rate_limit_exceeded",
             "tokens",
-            f"Rate limit reached for key {tenant.name!r} on tokens per minute (TPM): Limit "
+            f"Rate limit reached for {s.label} on tokens per minute (TPM): Limit "
             f"{s.tpm}, Used {counts.tokens}, Requested {tokens}. Please try again in "
             f"{reset_text(wait)}.",
             headers | _retry(wait),
@@ -236,10 +341,32 @@ def _decide(
         "budget",
         "insufficient_quota",
         "insufficient_quota",
-        f"Key {tenant.name!r} has used its budget of {s.budget_tokens} tokens for this period; "
+        f"{_upper(s.label)} has used its budget of {s.budget_tokens} tokens for this period; "
         f"it renews in {reset_text(wait)}.",
         headers | _retry(wait) | {"x-should-retry": "false"},
     )
+
+
+def _verdict(scopes: Sequence[Scope], rows: Sequence[Counts], tokens: int) -> tuple[int, int]:
+    """The first limit a request of ``tokens`` would pass, and its scope's index (``_ADMITTED,
+    -1`` when none): too large for any scope first (it can never be admitted), then each
+    scope's requests, tokens and budget in order."""
+    for i, s in enumerate(scopes):
+        if s.tpm is not None and tokens > s.tpm:
+            return _TOO_LARGE, i
+    for i, (s, c) in enumerate(zip(scopes, rows, strict=True)):
+        if s.rpm is not None and c.requests + 1 > s.rpm:
+            return _REQUESTS, i
+        if s.tpm is not None and c.tokens + tokens > s.tpm:
+            return _TOKENS, i
+        if s.budget_tokens is not None and c.spent >= s.budget_tokens:
+            return _BUDGET, i
+    return _ADMITTED, -1
+
+
+def _soft_reached(scope: Scope, before: int, after: int) -> bool:
+    at = scope.soft_at
+    return at is not None and before < at <= after
 
 
 class LocalLimits:
@@ -249,7 +376,8 @@ class LocalLimits:
         self._clock = clock
         self._requests: dict[str, dict[int, int]] = {}
         self._tokens: dict[str, dict[int, int]] = {}
-        self._budgets: dict[str, tuple[int, int]] = {}  # key -> (period, spent)
+        self._budgets: dict[str, tuple[int, int]] = {}  # scope id -> (period, spent)
+        self._soft: dict[str, int] = {}  # scope id -> the period its soft limit was said in
 
     @staticmethod
     def _window(buckets: dict[int, int], now: int) -> tuple[int, int | None]:
@@ -259,77 +387,115 @@ class LocalLimits:
         oldest = min((b for b, n in buckets.items() if n > 0), default=None)
         return used, oldest
 
-    def _count(self, tenant: Tenant, tokens: int, *, dry: bool) -> tuple[int, Counts, Grant]:
-        s, key = tenant.settings, tenant.name
-        now = self._clock()
-        bucket = int(now // BUCKET)
-        period, end = period_of(s.budget_period, now) if s.budget_period is not None else (0, None)
-        requests = self._requests.setdefault(key, {})
-        used, oldest = self._window(requests, bucket)
-        taken = self._tokens.setdefault(key, {})
-        tokens_used, tokens_oldest = self._window(taken, bucket)
-        own_period, spent = self._budgets.get(key, (period, 0))
+    def _read(self, scope: Scope, bucket: int, period: int | None) -> Counts:
+        used, oldest = self._window(self._requests.setdefault(scope.id, {}), bucket)
+        taken, taken_oldest = self._window(self._tokens.setdefault(scope.id, {}), bucket)
+        own_period, spent = self._budgets.get(scope.id, (period, 0))
         if own_period != period:
             spent = 0
-        counts = Counts(used, oldest, tokens_used, tokens_oldest, spent)
-        verdict = _ADMITTED
-        if s.tpm is not None and tokens > s.tpm:  # never admitted: said first
-            verdict = _TOO_LARGE
-        elif s.rpm is not None and used + 1 > s.rpm:
-            verdict = _REQUESTS
-        elif s.tpm is not None and tokens_used + tokens > s.tpm:
-            verdict = _TOKENS
-        elif s.budget_tokens is not None and spent >= s.budget_tokens:
-            verdict = _BUDGET
-        grant = Grant(key, bucket, period if end is not None else None, tokens, local=True)
-        if verdict == _ADMITTED and not dry:
-            requests[bucket] = requests.get(bucket, 0) + 1
-            taken[bucket] = taken.get(bucket, 0) + tokens
-            self._budgets[key] = (period, spent + tokens)
-            counts = Counts(
-                used + 1,
-                bucket if oldest is None else oldest,
-                tokens_used + tokens,
-                bucket if tokens_oldest is None and tokens else tokens_oldest,
-                spent + tokens,
-            )
-        return verdict, counts, grant
+        return Counts(used, oldest, taken, taken_oldest, spent)
 
-    async def admit(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
-        return self.admit_now(tenant, tokens)
-
-    def admit_now(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
-        now = self._clock()
-        verdict, counts, grant = self._count(tenant, tokens, dry=False)
-        end = _end(tenant.settings, now)
-        refusal = _decide(tenant, tokens, counts, verdict, now, end)
-        if refusal is not None:
-            return refusal
-        return Grant(
-            grant.key,
-            grant.bucket,
-            grant.period,
-            tokens,
-            _headers(tenant.settings, counts, now, end),
-            local=True,
+    def _add(
+        self,
+        scope: Scope,
+        counts: Counts,
+        bucket: int,
+        period: int | None,
+        end: float | None,
+        tokens: int,
+    ) -> tuple[Counts, Alert | None]:
+        requests, taken = self._requests[scope.id], self._tokens[scope.id]
+        requests[bucket] = requests.get(bucket, 0) + 1
+        taken[bucket] = taken.get(bucket, 0) + tokens
+        alert = None
+        if period is not None:
+            self._budgets[scope.id] = (period, counts.spent + tokens)
+            alert = self._alert(scope, period, end, counts.spent, counts.spent + tokens)
+        return (
+            Counts(
+                counts.requests + 1,
+                bucket if counts.requests_oldest is None else counts.requests_oldest,
+                counts.tokens + tokens,
+                bucket if counts.tokens_oldest is None and tokens else counts.tokens_oldest,
+                counts.spent + tokens,
+            ),
+            alert,
         )
 
-    async def settle(self, grant: Grant, tokens: int) -> None:
-        self.settle_now(grant, tokens)
+    def _alert(
+        self, scope: Scope, period: int, end: float | None, before: int, after: int
+    ) -> Alert | None:
+        at = scope.soft_at
+        if at is None or after < at or self._soft.get(scope.id) == period:
+            return None
+        self._soft[scope.id] = period
+        return Alert(scope, after, end)
 
-    def settle_now(self, grant: Grant, tokens: int) -> None:
-        delta = tokens - grant.reserved
+    async def admit(
+        self, tenant: Tenant, tokens: int, *, model: str | None = None
+    ) -> Grant | Refusal:
+        return self.admit_now(tenant, tokens, model=model)
+
+    def admit_now(
+        self, tenant: Tenant, tokens: int, *, model: str | None = None
+    ) -> Grant | Refusal:
+        tokens = clamp(tokens)
+        scopes = tenant.scopes_for(model)
+        now = self._clock()
+        bucket = int(now // BUCKET)
+        periods = [_period(s, now) for s in scopes]
+        rows = [self._read(s, bucket, p) for s, (p, _) in zip(scopes, periods, strict=True)]
+        verdict, at = _verdict(scopes, rows, tokens)
+        if verdict != _ADMITTED:
+            listed = [(s, c, e) for s, c, (_, e) in zip(scopes, rows, periods, strict=True)]
+            headers = _rows_headers(listed, now)
+            return _decide(scopes[at], tokens, rows[at], verdict, now, periods[at][1], headers)
+        alerts: list[Alert] = []
+        counted: list[_Row] = []
+        for s, c, (p, e) in zip(scopes, rows, periods, strict=True):
+            after, alert = self._add(s, c, bucket, p, e, tokens)
+            counted.append((s, after, e))
+            if alert is not None:
+                alerts.append(alert)
+        return Grant(
+            tenant.name,
+            bucket,
+            periods[0][0] if periods else None,
+            tokens,
+            _rows_headers(counted, now) if counted else {},
+            local=True,
+            counted=tuple((s, p) for s, (p, _) in zip(scopes, periods, strict=True)),
+            alerts=tuple(alerts),
+        )
+
+    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
+        return self.settle_now(grant, tokens)
+
+    def settle_now(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
+        delta = clamp(tokens) - grant.reserved
         if not delta:
-            return
-        taken = self._tokens.get(grant.key, {})
-        if grant.bucket in taken:
-            taken[grant.bucket] = max(0, taken[grant.bucket] + delta)
-        budget = self._budgets.get(grant.key)
-        if grant.period is not None and budget is not None and budget[0] == grant.period:
-            self._budgets[grant.key] = (budget[0], max(0, budget[1] + delta))
+            return ()
+        alerts: list[Alert] = []
+        for scope, period in grant.counted:
+            taken = self._tokens.get(scope.id, {})
+            if grant.bucket in taken:
+                taken[grant.bucket] = max(0, taken[grant.bucket] + delta)
+            budget = self._budgets.get(scope.id)
+            if period is not None and budget is not None and budget[0] == period:
+                spent = max(0, budget[1] + delta)
+                self._budgets[scope.id] = (period, spent)
+                ends = _period(scope, self._clock())[1]
+                alert = self._alert(scope, period, ends, budget[1], spent)
+                if alert is not None:
+                    alerts.append(alert)
+        return tuple(alerts)
 
     async def peek(self, tenant: Tenant) -> Counts:
-        return self._count(tenant, 0, dry=True)[1]
+        return await self.peek_scope(tenant.scopes[0]) if tenant.scopes else Counts()
+
+    async def peek_scope(self, scope: Scope) -> Counts:
+        now = self._clock()
+        return self._read(scope, int(now // BUCKET), _period(scope, now)[0])
 
     def close(self) -> None:
         return None
@@ -338,78 +504,185 @@ class LocalLimits:
         return None
 
 
-def _end(settings: KeySettings, now: float) -> float | None:
-    if settings.budget_period is None:
-        return None
-    return period_of(settings.budget_period, now)[1]
-
-
-# KEYS: requests hash, tokens hash, budget counter.
-# ARGV: bucket, buckets summed, rpm (0: none), tpm (0: none), budget (0: none), tokens,
-#       hashes' ttl, budget's ttl, dry (1: count nothing).
-# Returns {verdict, requests, oldest request bucket (-1: none), tokens, oldest tokens bucket,
-#          spent}.
+# KEYS: the key's slots (a sorted set), then per scope: requests hash, tokens hash, budget
+#       counter, soft-limit flag.
+# ARGV: bucket, buckets summed, tokens, hashes' ttl, dry (1: count nothing), now, lease,
+#       slot limit (0: no slot), slot token, scopes; then per scope: rpm, tpm, budget (0: none),
+#       budget's ttl, soft-limit tokens (0: none).
+# Returns {verdict, scope index (0-based, -1: none), then per scope: requests, oldest request
+#          bucket (-1: none), tokens, oldest tokens bucket, spent, soft limit reached (1)}.
+# Every argument is checked (whole numbers, tokens of at most 15 digits; now and lease
+# numbers) before anything is read or written: an error writes nothing. Every write happens
+# after every check, so a refused request has changed nothing.
 _ADMIT = """
+local whole = {1, 2, 3, 4, 5, 8, 10}
+for _, i in ipairs(whole) do
+  if not string.match(ARGV[i], '^%d+$') then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
+for _, i in ipairs({6, 7}) do
+  if not string.match(ARGV[i], '^%d+%.?%d*$') then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a number')
+  end
+end
+if #ARGV[3] > 15 then return redis.error_reply('llmroute limits: tokens of more than 15 digits') end
+if #ARGV ~= 10 + 5 * tonumber(ARGV[10]) or #KEYS ~= 1 + 4 * tonumber(ARGV[10]) then
+  return redis.error_reply('llmroute limits: arguments do not match the scopes')
+end
+for i = 11, #ARGV do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
 local bucket = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
+local tokens, ttl, dry = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == '1'
+local now, lease, slots = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local n = tonumber(ARGV[10])
 local function window(key)
   local used, oldest = 0, -1
   local fields = redis.call('HGETALL', key)
   for i = 1, #fields, 2 do
-    local b, n = tonumber(fields[i]), tonumber(fields[i + 1])
+    local b, c = tonumber(fields[i]), tonumber(fields[i + 1])
     if b <= bucket - span then
       redis.call('HDEL', key, fields[i])
     else
-      used = used + n
-      if n > 0 and (oldest < 0 or b < oldest) then oldest = b end
+      used = used + c
+      if c > 0 and (oldest < 0 or b < oldest) then oldest = b end
     end
   end
   return used, oldest
 end
-local rpm, tpm, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local tokens, ttl, budget_ttl = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local used, oldest = window(KEYS[1])
-local taken, taken_oldest = window(KEYS[2])
-local spent = tonumber(redis.call('GET', KEYS[3]) or '0')
-local verdict = 0
-if tpm > 0 and tokens > tpm then verdict = 3
-elseif rpm > 0 and used + 1 > rpm then verdict = 1
-elseif tpm > 0 and taken + tokens > tpm then verdict = 2
-elseif budget > 0 and spent >= budget then verdict = 4 end
-if verdict == 0 and ARGV[9] == '0' then
-  redis.call('HINCRBY', KEYS[1], bucket, 1)
-  redis.call('EXPIRE', KEYS[1], ttl)
-  used = used + 1
-  if oldest < 0 then oldest = bucket end
-  if tokens > 0 then
-    redis.call('HINCRBY', KEYS[2], bucket, tokens)
-    redis.call('EXPIRE', KEYS[2], ttl)
-    taken = taken + tokens
-    if taken_oldest < 0 then taken_oldest = bucket end
-    if budget > 0 then
-      redis.call('INCRBY', KEYS[3], tokens)
-      redis.call('EXPIRE', KEYS[3], budget_ttl)
-      spent = spent + tokens
+if slots > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  if redis.call('ZCARD', KEYS[1]) >= slots then return {5, -1} end
+end
+local rows = {}
+for i = 0, n - 1 do
+  local k, a = 2 + 4 * i, 11 + 5 * i
+  local used, oldest = window(KEYS[k])
+  local taken, taken_oldest = window(KEYS[k + 1])
+  local spent = 0
+  if tonumber(ARGV[a + 2]) > 0 then spent = tonumber(redis.call('GET', KEYS[k + 2]) or '0') end
+  rows[i] = {used, oldest, taken, taken_oldest, spent, 0}
+end
+local verdict, at = 0, -1
+for i = 0, n - 1 do
+  local tpm = tonumber(ARGV[12 + 5 * i])
+  if tpm > 0 and tokens > tpm then verdict, at = 3, i break end
+end
+if verdict == 0 then
+  for i = 0, n - 1 do
+    local a, r = 11 + 5 * i, rows[i]
+    local rpm, tpm, budget = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    if rpm > 0 and r[1] + 1 > rpm then verdict, at = 1, i break end
+    if tpm > 0 and r[3] + tokens > tpm then verdict, at = 2, i break end
+    if budget > 0 and r[5] >= budget then verdict, at = 4, i break end
+  end
+end
+if verdict == 0 and not dry then
+  if slots > 0 then
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[9])
+    redis.call('EXPIRE', KEYS[1], math.ceil(lease) + 1)
+  end
+  for i = 0, n - 1 do
+    local k, a, r = 2 + 4 * i, 11 + 5 * i, rows[i]
+    redis.call('HINCRBY', KEYS[k], ARGV[1], 1)
+    redis.call('EXPIRE', KEYS[k], ttl)
+    r[1] = r[1] + 1
+    if r[2] < 0 then r[2] = bucket end
+    -- Written for 0 tokens too: it is where the answer's usage is corrected to.
+    redis.call('HINCRBY', KEYS[k + 1], ARGV[1], ARGV[3])
+    redis.call('EXPIRE', KEYS[k + 1], ttl)
+    r[3] = r[3] + tokens
+    if tokens > 0 and r[4] < 0 then r[4] = bucket end
+    if tonumber(ARGV[a + 2]) > 0 then
+      local budget_ttl, soft = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+      redis.call('INCRBY', KEYS[k + 2], ARGV[3])
+      redis.call('EXPIRE', KEYS[k + 2], budget_ttl)
+      r[5] = r[5] + tokens
+      local flag = KEYS[k + 3]
+      if soft > 0 and r[5] >= soft and redis.call('SET', flag, 1, 'EX', budget_ttl, 'NX') then
+        r[6] = 1
+      end
     end
   end
 end
-return {verdict, used, oldest, taken, taken_oldest, spent}
+local out = {verdict, at}
+for i = 0, n - 1 do
+  for j = 1, 6 do out[#out + 1] = rows[i][j] end
+end
+return out
 """
 
-# KEYS: tokens hash, budget counter. ARGV: bucket, delta. Corrects an estimate where it is
-# still counted (never below 0).
+# KEYS: the key's slots, its usage hash, the set of keys with usage, then per scope: tokens
+#       hash, budget counter (or ''), soft-limit flag.
+# ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's five
+#       increments (requests, errors, prompt_tokens, completion_tokens, cache_hits), the key's
+#       name; then per scope: soft-limit tokens (0: none), budget's ttl.
+# Corrects an estimate where it is still counted (never below 0), frees the slot and counts the
+# usage. Returns per scope {soft limit reached (1), spent}. Every argument is checked (whole
+# numbers of at most 15 digits, the delta signed) before the first write: an error writes
+# nothing.
 _SETTLE = """
-local delta = tonumber(ARGV[2])
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  local n = redis.call('HINCRBY', KEYS[1], ARGV[1], delta)
-  if n < 0 then redis.call('HSET', KEYS[1], ARGV[1], 0) end
+if not string.match(ARGV[3], '^%-?%d+$') or #ARGV[3] > 16 then
+  return redis.error_reply('llmroute limits: the correction is not a whole number of 15 digits')
 end
-if KEYS[2] ~= '' and redis.call('EXISTS', KEYS[2]) == 1 then
-  local n = redis.call('INCRBY', KEYS[2], delta)
-  if n < 0 then redis.call('SET', KEYS[2], 0, 'KEEPTTL') end
+for i = 6, 10 do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 15 then
+    return redis.error_reply('llmroute limits: a usage count is not a whole number of 15 digits')
+  end
 end
-return 1
+if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
+  return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
+end
+if #ARGV ~= 11 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 3 * tonumber(ARGV[4]) then
+  return redis.error_reply('llmroute limits: arguments do not match the scopes')
+end
+for i = 12, #ARGV do
+  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+    return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
+  end
+end
+if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
+if ARGV[5] == '1' then
+  local names = {'requests', 'errors', 'prompt_tokens', 'completion_tokens', 'cache_hits'}
+  for i = 1, 5 do
+    if ARGV[5 + i] ~= '0' then redis.call('HINCRBY', KEYS[2], names[i], ARGV[5 + i]) end
+  end
+  redis.call('SADD', KEYS[3], ARGV[11])
+end
+local delta = tonumber(ARGV[3])
+local out = {}
+for i = 0, tonumber(ARGV[4]) - 1 do
+  local k, a = 4 + 3 * i, 12 + 2 * i
+  local reached, spent = 0, -1
+  if delta ~= 0 then
+    if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
+      local c = redis.call('HINCRBY', KEYS[k], ARGV[2], ARGV[3])
+      if c < 0 then redis.call('HSET', KEYS[k], ARGV[2], 0) end
+    end
+    if KEYS[k + 1] ~= '' and redis.call('EXISTS', KEYS[k + 1]) == 1 then
+      spent = redis.call('INCRBY', KEYS[k + 1], ARGV[3])
+      if spent < 0 then
+        redis.call('SET', KEYS[k + 1], 0, 'KEEPTTL')
+        spent = 0
+      end
+      local soft, ttl = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      if soft > 0 and spent >= soft and redis.call('SET', KEYS[k + 2], 1, 'EX', ttl, 'NX') then
+        reached = 1
+      end
+    end
+  end
+  out[#out + 1] = reached
+  out[#out + 1] = spent
+end
+return out
 """
+
+USAGE_FIELDS = ("requests", "errors", "prompt_tokens", "completion_tokens", "cache_hits")
+"""A key's usage counters, in Redis and in ``GET /admin/usage``."""
 
 
 class RedisLimits:
@@ -426,56 +699,220 @@ class RedisLimits:
     ) -> None:
         self._redis = RedisConnection(url, timeout=timeout, purpose="gateway limits")
         self._calls = RedisCaller(self._redis, {"admit": _ADMIT, "settle": _SETTLE})
+        self._root = prefix
         self._prefix = f"{prefix}:gateway-limits:"
         self._on_error = on_error
         self._clock = clock
         self._local = LocalLimits(clock=clock)
         self._down = False
 
-    def _keys(self, name: str, period: int | None) -> list[str]:
-        # {name} is a Redis Cluster hash tag: a key's counters are in one slot, as a script needs.
-        base = f"{self._prefix}{{{name}}}:"
-        budget = f"{base}budget:{period}" if period is not None else ""
-        return [base + "requests", base + "tokens", budget]
+    @property
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """What a call raises: an outage (:attr:`unreachable`) or an error Redis answered."""
+        return self._redis.errors
 
-    async def _run(
-        self, tenant: Tenant, tokens: int, now: float, dry: bool
-    ) -> tuple[int, Counts, Grant]:
-        s = tenant.settings
-        bucket = int(now // BUCKET)
-        period, end = (
-            period_of(s.budget_period, now) if s.budget_period is not None else (None, None)
-        )
-        keys = self._keys(tenant.name, period)
-        if not keys[2]:
-            keys[2] = keys[0] + ":none"  # never written: the budget is 0 (none)
-        ttl = int(WINDOW + 2 * BUCKET)
-        budget_ttl = max(1, math.ceil((end or now) - now) + 60)
-        args = [
-            bucket,
-            BUCKETS + 1,
-            s.rpm or 0,
-            s.tpm or 0,
-            s.budget_tokens or 0,
-            tokens,
-            ttl,
-            budget_ttl,
-            1 if dry else 0,
+    @property
+    def unreachable(self) -> tuple[type[BaseException], ...]:
+        """What a call raises when Redis cannot be used now (an outage)."""
+        return self._redis.unreachable
+
+    def _scope_keys(self, scope_id: str, period: int | None) -> list[str]:
+        # {id} is a Redis Cluster hash tag: a scope's counters are in one slot.
+        base = f"{self._prefix}{{{scope_id}}}:"
+        suffix = str(period) if period is not None else "none"
+        return [
+            base + "requests",
+            base + "tokens",
+            base + "budget:" + suffix,
+            base + "soft:" + suffix,
         ]
+
+    def _keys(self, name: str, period: int | None) -> list[str]:
+        """A key's own counters (requests, tokens, budget), as they have always been named."""
+        return self._scope_keys(name, period)[:3]
+
+    def slot_key(self, name: str) -> str:
+        """The sorted set of the key's requests in flight (as :class:`~._slots.RedisSlots`)."""
+        return f"{self._root}:gateway-slots:{name}"
+
+    def usage_key(self, name: str) -> str:
+        """The hash of the key's usage counters, summed over every replica."""
+        return f"{self._root}:gateway-usage:{{{name}}}"
+
+    @property
+    def usage_index(self) -> str:
+        """The set of key names with usage counters."""
+        return f"{self._root}:gateway-usage-keys"
+
+    async def _script(
+        self,
+        name: str,
+        scopes: tuple[Scope, ...],
+        tokens: int,
+        slot: SlotClaim | None,
+        dry: bool,
+    ) -> tuple[
+        int, int, list[Counts], list[bool], list[tuple[int | None, float | None]], float, int
+    ]:
+        """Run the admission script: its verdict, the scope refused (-1: none), each scope's
+        counts and whether it reached its soft limit, the periods, now, and the bucket."""
+        now = self._clock()
+        bucket = int(now // BUCKET)
+        periods = [_period(s, now) for s in scopes]
+        keys = [self.slot_key(name)]
+        args: list[Any] = [bucket, BUCKETS + 1, tokens, int(WINDOW + 2 * BUCKET), 1 if dry else 0]
+        args += [time.time(), slot.lease if slot else 0, slot.limit if slot else 0]
+        args += [slot.token if slot else "", len(scopes)]
+        for s, (period, end) in zip(scopes, periods, strict=True):
+            keys += self._scope_keys(s.id, period)
+            budget_ttl = max(1, math.ceil((end or now) - now) + 60)
+            args += [s.rpm or 0, s.tpm or 0, s.budget_tokens or 0, budget_ttl, s.soft_at or 0]
         reply: list[Any] = await self._calls.run(
             lambda client, scripts: scripts["admit"](keys=keys, args=args, client=client)
         )
-        verdict, used, oldest, taken, taken_oldest, spent = (int(v) for v in reply)
-        counts = Counts(
-            used,
-            oldest if oldest >= 0 else None,
-            taken,
-            taken_oldest if taken_oldest >= 0 else None,
-            spent,
-        )
-        return verdict, counts, Grant(tenant.name, bucket, period, tokens)
+        verdict, at = int(reply[0]), int(reply[1])
+        rows: list[Counts] = []
+        reached: list[bool] = []
+        if verdict != _CONCURRENCY:
+            for i in range(len(scopes)):
+                used, oldest, taken, taken_oldest, spent, soft = (
+                    int(v) for v in reply[2 + 6 * i : 8 + 6 * i]
+                )
+                rows.append(
+                    Counts(
+                        used,
+                        oldest if oldest >= 0 else None,
+                        taken,
+                        taken_oldest if taken_oldest >= 0 else None,
+                        spent,
+                    )
+                )
+                reached.append(soft == 1)
+        return verdict, at, rows, reached, periods, now, bucket
 
-    def _failed(self, exc: BaseException) -> None:
+    async def count(
+        self,
+        tenant: Tenant,
+        tokens: int,
+        *,
+        model: str | None = None,
+        slot: SlotClaim | None = None,
+    ) -> Grant | Refusal:
+        """One admission script: the slot (if claimed) and every scope's limits; raises
+        :attr:`errors` when Redis cannot be reached. Refused for the slot: reason
+        ``concurrency`` (the caller words it)."""
+        tokens = clamp(tokens)
+        scopes = tenant.scopes_for(model)
+        verdict, at, rows, reached, periods, now, bucket = await self._script(
+            tenant.name, scopes, tokens, slot, False
+        )
+        if verdict == _CONCURRENCY:
+            return Refusal(429, "concurrency", "rate_limit_exceeded", "requests", "")
+        listed = [(s, c, e) for s, c, (_, e) in zip(scopes, rows, periods, strict=True)]
+        headers = _rows_headers(listed, now) if listed else {}
+        if verdict != _ADMITTED:
+            return _decide(scopes[at], tokens, rows[at], verdict, now, periods[at][1], headers)
+        alerts = tuple(
+            Alert(s, c.spent, e)
+            for s, c, (_, e), hit in zip(scopes, rows, periods, reached, strict=True)
+            if hit
+        )
+        return Grant(
+            tenant.name,
+            bucket,
+            periods[0][0] if periods else None,
+            tokens,
+            headers,
+            counted=tuple((s, p) for s, (p, _) in zip(scopes, periods, strict=True)),
+            slot=slot.token if slot else None,
+            alerts=alerts,
+        )
+
+    async def finish(
+        self, grant: Grant, tokens: int, usage: Sequence[int] | None = None
+    ) -> tuple[Alert, ...]:
+        """One script when a request ends: its tokens corrected in each scope, its slot freed,
+        ``usage`` (:data:`USAGE_FIELDS`' increments) added to the key's; raises :attr:`errors`
+        when Redis cannot be reached."""
+        delta = clamp(tokens) - grant.reserved
+        keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
+        counts = [str(clamp(n)) for n in usage] if usage is not None else ["0"] * 5
+        args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
+        args += ["1" if usage is not None else "0", *counts, grant.key]
+        now = self._clock()
+        for scope, period in grant.counted:
+            own = self._scope_keys(scope.id, period)
+            keys += [own[1], own[2] if period is not None else "", own[3]]
+            end = _period(scope, now)[1]
+            args += [scope.soft_at or 0, max(1, math.ceil((end or now) - now) + 60)]
+        reply: list[Any] = await self._calls.run(
+            lambda client, scripts: scripts["settle"](keys=keys, args=args, client=client)
+        )
+        alerts: list[Alert] = []
+        for i, (scope, _) in enumerate(grant.counted):
+            if int(reply[2 * i]) == 1:
+                alerts.append(Alert(scope, int(reply[2 * i + 1]), _period(scope, now)[1]))
+        return tuple(alerts)
+
+    async def usage(self) -> dict[str, dict[str, int]]:
+        """Every key's usage counters (summed by every replica's :meth:`finish`): key name ->
+        :data:`USAGE_FIELDS`; raises :attr:`errors` when Redis cannot be reached."""
+        index = self.usage_index
+        members = await self._calls.run(lambda client, _: client.smembers(index))
+        names = sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
+        keys = [self.usage_key(name) for name in names]
+
+        def read(client: Any, _: Any) -> Any:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            return pipe.execute()
+
+        hashes: list[dict[bytes, bytes]] = await self._calls.run(read) if keys else []
+        return {
+            name: {f: int(counters.get(f.encode(), 0)) for f in USAGE_FIELDS}
+            for name, counters in zip(names, hashes, strict=True)
+        }
+
+    async def add_calls(self, calls: dict[str, list[int]]) -> None:
+        """Add API calls no request's end counted (key -> [requests, errors]) to the keys'
+        usage counters, in one round trip; raises :attr:`errors`."""
+        usage = {self.usage_key(key): counts for key, counts in calls.items()}
+        index = self.usage_index
+
+        def add(client: Any, _: Any) -> Any:
+            pipe = client.pipeline(transaction=False)
+            for (key, (requests, errors)), name in zip(usage.items(), calls, strict=True):
+                pipe.hincrby(key, "requests", clamp(requests))
+                if errors:
+                    pipe.hincrby(key, "errors", clamp(errors))
+                pipe.sadd(index, name)
+            return pipe.execute()
+
+        await self._calls.run(add)
+
+    def broken(self, exc: BaseException, what: str) -> None:
+        """Redis answered ``exc`` (a script's error, not an outage): logged, the mode kept."""
+        log.error(
+            "gateway limits: Redis refused the %s script (not an outage; %s): %s",
+            what,
+            "this request is refused" if what == "admission" else "the estimate stands",
+            self._redis.reason(exc),
+        )
+
+    def limits_error(self) -> Refusal:
+        """The answer to a request whose admission script Redis refused: the gateway's 500."""
+        return Refusal(
+            500,
+            "limits_error",
+            "limits_error",
+            "server_error",
+            "The gateway could not count this key's limits: its Redis refused the limits "
+            "script. This is the gateway's error, not the request's; it is logged.",
+        )
+
+    def failed(self, exc: BaseException) -> None:
+        """Say once per outage that Redis cannot be reached."""
         if not self._down:
             how = "counting in this replica" if self._on_error == "local" else "refusing requests"
             log.warning(
@@ -485,7 +922,18 @@ class RedisLimits:
             )
         self._down = True
 
-    def _unavailable(self) -> Refusal:
+    def answered(self) -> None:
+        """Redis answered: say so once after an outage."""
+        if self._down:
+            log.info("gateway limits: Redis answers again; counting there")
+        self._down = False
+
+    @property
+    def local(self) -> LocalLimits:
+        """Where this replica counts while Redis cannot be reached."""
+        return self._local
+
+    def unavailable(self) -> Refusal:
         return Refusal(
             503,
             "limits_unavailable",
@@ -496,53 +944,48 @@ class RedisLimits:
             _retry(1.0),
         )
 
-    async def admit(self, tenant: Tenant, tokens: int) -> Grant | Refusal:
-        now = self._clock()
+    async def admit(
+        self, tenant: Tenant, tokens: int, *, model: str | None = None
+    ) -> Grant | Refusal:
         try:
-            verdict, counts, grant = await self._run(tenant, tokens, now, False)
-        except self._redis.errors as exc:
-            self._failed(exc)
+            decided = await self.count(tenant, tokens, model=model)
+        except self._redis.unreachable as exc:
+            self.failed(exc)
             if self._on_error == "refuse":
-                return self._unavailable()
-            return self._local.admit_now(tenant, tokens)
-        if self._down:
-            log.info("gateway limits: Redis answers again; counting there")
-        self._down = False
-        end = _end(tenant.settings, now)
-        refusal = _decide(tenant, tokens, counts, verdict, now, end)
-        if refusal is not None:
-            return refusal
-        headers = _headers(tenant.settings, counts, now, end)
-        return Grant(grant.key, grant.bucket, grant.period, tokens, headers)
+                return self.unavailable()
+            return self._local.admit_now(tenant, tokens, model=model)
+        except self._redis.errors as exc:
+            self.broken(exc, "admission")
+            return self.limits_error()
+        self.answered()
+        return decided
 
-    async def _correct(self, grant: Grant, delta: int) -> None:
-        keys = self._keys(grant.key, grant.period)
-        await self._calls.run(
-            lambda client, scripts: scripts["settle"](
-                keys=[keys[1], keys[2]], args=[grant.bucket, delta], client=client
-            )
-        )
-
-    async def settle(self, grant: Grant, tokens: int) -> None:
+    async def settle(self, grant: Grant, tokens: int) -> tuple[Alert, ...]:
         if grant.local:
-            self._local.settle_now(grant, tokens)
-            return
-        delta = tokens - grant.reserved
-        if not delta:
-            return
+            return self._local.settle_now(grant, tokens)
+        if clamp(tokens) == grant.reserved:
+            return ()
+        alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                await self._correct(grant, delta)
+                alerts = await self.finish(grant, tokens)
+        except self._redis.unreachable as exc:
+            self.failed(exc)  # the estimate stands
         except self._redis.errors as exc:
-            self._failed(exc)  # the estimate stands
+            self.broken(exc, "correction")
+        return alerts
 
     async def peek(self, tenant: Tenant) -> Counts:
+        return await self.peek_scope(tenant.scopes[0]) if tenant.scopes else Counts()
+
+    async def peek_scope(self, scope: Scope) -> Counts:
+        """Raises what Redis answered other than an outage (the caller's 500)."""
         try:
-            _, counts, _ = await self._run(tenant, 0, self._clock(), True)
-        except self._redis.errors as exc:
-            self._failed(exc)
-            return await self._local.peek(tenant)
-        return counts
+            _, _, rows, _, _, _, _ = await self._script(scope.owner, (scope,), 0, None, True)
+        except self._redis.unreachable as exc:
+            self.failed(exc)
+            return await self._local.peek_scope(scope)
+        return rows[0]
 
     def close(self) -> None:
         self._redis.close()

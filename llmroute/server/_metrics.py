@@ -82,6 +82,20 @@ class GatewayMetrics:
             "Keys the gateway accepts.",
             registry=self.registry,
         )
+        self.soft_limits = Counter(
+            "llmroute_gateway_soft_limits",
+            "Budgets that reached their soft_limit share, by scope (key, team) and the key's or "
+            "team's name (owner): once per budget period (per fleet with Redis).",
+            ["scope", "owner"],
+            registry=self.registry,
+        )
+        self.key_changes = Counter(
+            "llmroute_gateway_key_changes",
+            "Changes made over the admin API, by action (create, update, rotate, revoke, "
+            "team_put, team_delete).",
+            ["action"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         """These metrics in the Prometheus text format."""

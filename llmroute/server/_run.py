@@ -61,10 +61,14 @@ async def serve(
     certfile: str | None = None,
     keyfile: str | None = None,
     shutdown_trigger: Callable[[], Awaitable[object]],
+    drain: float = 0.0,
+    cut_trigger: Callable[[], Awaitable[object]] | None = None,
 ) -> None:
     """Serve ``app`` with hypercorn on ``sock`` (which it takes over) until ``shutdown_trigger``
     returns: HTTPS with HTTP/2 and HTTP/1.1 by ALPN when ``certfile`` and ``keyfile`` are given,
-    else HTTP/1.1 and h2c. Streams in flight are ended when the trigger fires."""
+    else HTTP/1.1 and h2c. When the trigger fires, new requests are refused (503) and those in
+    flight get up to ``drain`` seconds to finish (less if ``cut_trigger`` returns first); the
+    rest are ended with an error event."""
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config as HypercornConfig
 
@@ -100,6 +104,15 @@ async def serve(
 
     async def trigger() -> None:
         await shutdown_trigger()
+        if drain > 0 and app.in_flight:
+            _LOG.info(
+                "draining %d requests in flight (up to %gs; a second signal ends them now)",
+                app.in_flight,
+                drain,
+            )
+        left = await app.drain(drain, cut_trigger)
+        if left:
+            _LOG.warning("ending %d requests still in flight", left)
         app.begin_shutdown()
 
     await hypercorn_serve(app, config, shutdown_trigger=trigger)  # type: ignore[arg-type]
@@ -137,6 +150,7 @@ class Gateway:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown: asyncio.Event | None = None
+        self._drain = 0.0
         self._ready = threading.Event()
         self._error: BaseException | None = None
 
@@ -177,18 +191,25 @@ class Gateway:
 
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
-        shutdown = self._shutdown = asyncio.Event()
+        self._shutdown = asyncio.Event()
         self._loop.call_soon(self._ready.set)
         await serve(
             self.app,
             sock,
             certfile=self.certfile,
             keyfile=self.keyfile,
-            shutdown_trigger=shutdown.wait,
+            shutdown_trigger=self._stopped,
         )
 
-    def stop(self) -> None:
-        """End the streams in flight, stop serving and close the client (bounded in time)."""
+    async def _stopped(self) -> None:
+        assert self._shutdown is not None
+        await self._shutdown.wait()
+        await self.app.drain(self._drain)
+
+    def stop(self, drain: float = 0.0) -> None:
+        """Stop serving and close the client (bounded in time): the streams in flight get up to
+        ``drain`` seconds to finish, the rest are ended."""
+        self._drain = drain
         thread, loop, shutdown = self._thread, self._loop, self._shutdown
         if thread is None:
             return
@@ -197,7 +218,7 @@ class Gateway:
                 loop.call_soon_threadsafe(shutdown.set)
             except RuntimeError:
                 pass  # the loop just closed
-        thread.join(_GRACE + 10)
+        thread.join(drain + _GRACE + 10)
         self._thread = None
 
     def __enter__(self) -> Gateway:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .._config import ResolvedProvider
+from .._config import SIMULATOR, ResolvedProvider
 
 __all__ = ["is_secret_header", "masked_forms", "provider_secrets", "scrub"]
 
@@ -34,6 +34,8 @@ def provider_secrets(providers: Iterable[ResolvedProvider]) -> list[str]:
     ``Bearer <token>``'s token), longest first, so a longer secret is replaced before a part."""
     found: set[str] = set()
     for provider in providers:
+        if provider.kind == SIMULATOR:
+            continue  # a simulated provider's key is a placeholder, no secret
         if provider.api_key:
             found.add(provider.api_key)
         for name, value in provider.headers.items():

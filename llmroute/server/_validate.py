@@ -2,15 +2,20 @@
 
 Only the fields OpenAI defines are checked (types, ranges, finite numbers); fields it does not
 know (a vendor's own parameters) pass as they are. :func:`check` raises :class:`InvalidField`,
-which names the field the way OpenAI's own 400s do (``messages[2].role``)."""
+which names the field the way OpenAI's own 400s do (``messages[2].role``).
+
+Numbers from JSON are unbounded: :func:`load` reads ``NaN``, ``Infinity``, ``1e400`` and an
+integer of any length without failing, then refuses each one no JSON encoder could send on,
+naming its field; a number is range-checked before it is ever formatted (:func:`shown`)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["InvalidField", "check", "finite_float"]
+__all__ = ["InvalidField", "check", "load", "shown"]
 
 
 class InvalidField(ValueError):
@@ -23,13 +28,92 @@ class InvalidField(ValueError):
         self.code = code
 
 
-def finite_float(text: str) -> float:
-    """``json.loads``' ``parse_float``: a number too large for a float (``1e999``) is refused
-    rather than read as infinity, which no JSON encoder can send on."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number out of range: {text[:40]}")
-    return value
+class _Unsendable(float):
+    """A number of the body that JSON cannot carry on (``NaN``, ``Infinity``, ``1e400``, an
+    integer too long for Python to read), kept as its text until :func:`load` refuses it."""
+
+    text: str
+
+
+def _unsendable(value: float, text: str) -> _Unsendable:
+    number = _Unsendable(value)
+    number.text = text if len(text) <= 40 else f"an integer of {len(text.lstrip('-'))} digits"
+    return number
+
+
+def load(data: bytes) -> Any:
+    """The JSON document ``data``. Raises :class:`json.JSONDecodeError` (or
+    ``UnicodeDecodeError``, ``RecursionError``) for text that is not JSON, and
+    :class:`InvalidField` naming the first number JSON cannot carry on (``NaN``,
+    ``Infinity``, one beyond a double such as ``1e400``, an integer of thousands of digits)."""
+    seen: list[_Unsendable] = []
+
+    def odd(value: float, text: str) -> float:
+        seen.append(_unsendable(value, text))
+        return seen[-1]
+
+    def read_float(text: str) -> float:
+        value = float(text)
+        return value if math.isfinite(value) else odd(value, text)
+
+    def read_constant(text: str) -> float:
+        return odd(float(text), text)  # NaN, Infinity, -Infinity
+
+    def read_int(text: str) -> int | float:
+        try:
+            return int(text)
+        except ValueError:  # more digits than sys.get_int_max_str_digits()
+            return odd(-math.inf if text.startswith("-") else math.inf, text)
+
+    try:
+        body = json.loads(data, parse_float=read_float, parse_constant=read_constant)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError:  # an integer longer than Python reads: read again, hooked
+        body = json.loads(
+            data, parse_float=read_float, parse_constant=read_constant, parse_int=read_int
+        )
+    if seen:
+        param, number = _first_unsendable(body)
+        raise InvalidField(
+            param,
+            f"Invalid '{param}': {number.text} is not a number JSON can carry (NaN, Infinity and "
+            "numbers beyond a 64-bit float are refused).",
+            "invalid_value",
+        )
+    return body
+
+
+def _first_unsendable(body: Any) -> tuple[str, _Unsendable]:
+    """The first unsendable number in ``body`` (there is one) and where it is
+    (``messages[0].content``), walked without recursion."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, _Unsendable):
+            return where or "body", value
+        if isinstance(value, dict):
+            prefix = f"{where}." if where else ""
+            stack.extend(reversed([(f"{prefix}{k}", v) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(value)]))
+    raise AssertionError("no unsendable number in the body")
+
+
+def shown(value: object) -> str:
+    """A number as a message shows it, whatever its size: never an ``OverflowError``
+    (formatting ``10**400`` with ``:g`` raises one), never thousands of digits."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "Infinity" if value > 0 else "-Infinity"
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        digits = int(math.log10(abs(value))) + 1  # log10 takes an int of any size
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} integer of about {digits} digits"
+    return str(value)
 
 
 _NAMES = {
@@ -74,22 +158,29 @@ def _number(low: float | None, high: float | None, *, integer: bool = False) -> 
     word = "integer" if integer else "decimal"
 
     def check(param: str, value: object) -> None:
+        # Type, then range (comparisons are exact for an int of any size), formatting last.
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _wrong_type(param, "an integer" if integer else "a number", value)
         if integer and not isinstance(value, int):
             raise _wrong_type(param, "an integer", value)
+        if isinstance(value, float) and math.isnan(value):
+            raise InvalidField(
+                param,
+                f"Invalid '{param}': expected a number, but got NaN instead.",
+                "invalid_value",
+            )
         if low is not None and value < low:
             raise InvalidField(
                 param,
                 f"Invalid '{param}': {word} below minimum value. "
-                f"Expected a value >= {low:g}, but got {value:g} instead.",
+                f"Expected a value >= {low:g}, but got {shown(value)} instead.",
                 f"{word}_below_min_value",
             )
         if high is not None and value > high:
             raise InvalidField(
                 param,
                 f"Invalid '{param}': {word} above maximum value. "
-                f"Expected a value <= {high:g}, but got {value:g} instead.",
+                f"Expected a value <= {high:g}, but got {shown(value)} instead.",
                 f"{word}_above_max_value",
             )
 

@@ -19,6 +19,8 @@ from ._launcher import (
     SGLangServer,
     SGLangStartupError,
     StartupProgress,
+    install_commands,
+    install_hint,
     startup_phase,
 )
 from ._metrics import (
@@ -64,6 +66,8 @@ __all__ = [
     "chunked_prefill",
     "diagnose_ttft",
     "find_smg",
+    "install_commands",
+    "install_hint",
     "memory_fraction",
     "metrics_url",
     "parse_prometheus",

@@ -88,6 +88,8 @@ __all__ = [
     "SGLangServer",
     "SGLangStartupError",
     "StartupProgress",
+    "install_commands",
+    "install_hint",
     "parse_release",
     "startup_phase",
 ]
@@ -108,12 +110,28 @@ _SERVE_CODE: Final = (
     "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; sys.exit(main())"
 )
 _VERSION_CODE: Final = "import sglang; print(sglang.__version__)"
-_INSTALL_HINT: Final = (
-    "SGLang's server needs a Linux host with an NVIDIA GPU. Install it into that interpreter "
-    "(<python> -m pip install 'sglang[all]'), or name an interpreter that has it (python=, "
-    "--python), or run SGLang's container image instead (image=, --image "
-    "lmsysorg/sglang:latest). See docs/sglang.md"
-)
+
+
+def install_commands(python: str) -> list[str]:
+    """The commands that install SGLang for the interpreter ``python``: the one text both the
+    launcher's error and docs/sglang.md's recipe give (a test holds them together)."""
+    return [
+        f"{python} -m pip install --upgrade pip uv",
+        f"{python} -m uv pip install --python {python} sglang",
+    ]
+
+
+def install_hint(python: str) -> str:
+    """How to get SGLang for ``python``, or do without it, as one sentence."""
+    return (
+        "SGLang's server needs a Linux host with an NVIDIA GPU (CUDA). Install it into that "
+        f"interpreter ({' && '.join(install_commands(python))}; SGLang's install guide has the "
+        "variants for CUDA 13 hosts), or name an interpreter that has it (python=, --python), "
+        "or run SGLang's container image instead (image=, --image lmsysorg/sglang:latest). "
+        "See docs/sglang.md"
+    )
+
+
 _WATCH_INTERVAL: Final = 0.1  # seconds between wait_exited()'s looks at the workers
 _FLAG = re.compile(r"(?<![\w-])--[A-Za-z][\w-]*")
 _CHOICES = re.compile(r"\{([\w.,-]+)\}")
@@ -658,8 +676,7 @@ class SGLangServer:
                 "interpreter that has it (python=, --python)"
             )
         return SGLangNotInstalled(
-            f"the Python interpreter {self.python!r} does not exist. "
-            + _INSTALL_HINT.replace("<python>", "python")
+            f"the Python interpreter {self.python!r} does not exist. " + install_hint("python")
         )
 
     def _cannot_run(self, exc: OSError) -> SGLangError:
@@ -683,7 +700,7 @@ class SGLangServer:
                     )
                 raise SGLangNotInstalled(
                     f"SGLang is not installed for the Python interpreter {self.python} "
-                    "(import sglang fails). " + _INSTALL_HINT.replace("<python>", self.python)
+                    "(import sglang fails). " + install_hint(self.python)
                 )
             tail = "\n".join("  " + line for line in errors.splitlines()[-_LOG_TAIL_LINES:])
             raise SGLangError(
@@ -731,9 +748,9 @@ class SGLangServer:
                     "SGLang %s does not know %s: not passed", self._version, ", ".join(unknown)
                 )
 
-    def _entry_point(self) -> list[str]:
+    def _entry_point(self, version: str | None = None) -> list[str]:
         python = "python3" if self.image is not None else self.python
-        if parse_release(self._version or "") >= SGLANG_SERVE_SINCE:
+        if parse_release(version or self._version or "") >= SGLANG_SERVE_SINCE:
             return [python, "-c", _SERVE_CODE, "serve"]
         return [python, "-m", "sglang.launch_server"]
 
@@ -785,9 +802,9 @@ class SGLangServer:
                 chosen += _tokens(flag, value)
         return [*chosen, *preset_args(self.presets, user), *self.extra_args]
 
-    def _argv(self, worker: int) -> list[str]:
+    def _argv(self, worker: int, version: str | None = None) -> list[str]:
         w = self._workers[worker]
-        args = [*self._entry_point(), *self._server_args(worker)]
+        args = [*self._entry_point(version), *self._server_args(worker)]
         if self.image is None:
             return args
         # docker reads --gpus as CSV: several devices must be quoted ('"device=0,1"').
@@ -835,6 +852,15 @@ class SGLangServer:
         self._detect()
         argv = self._argv(worker)
         return argv if reveal_key else _redact(argv, self._api_key)
+
+    def planned_command(self, worker: int = 0) -> list[str]:
+        """The argv that would start ``worker`` with the newest SGLang (``sglang serve``, every
+        default flag), without asking the interpreter: for a dry run where SGLang is not
+        installed yet. The API key shows as ``***``."""
+        if self._detected:
+            return self.command(worker)
+        newest = ".".join(map(str, SGLANG_SERVE_SINCE))
+        return _redact(self._argv(worker, newest), self._api_key)
 
     def worker_env(self, worker: int = 0) -> dict[str, str]:
         """The environment ``worker`` runs with (``CUDA_VISIBLE_DEVICES`` set for its GPU)."""

@@ -1,7 +1,8 @@
 """Simulated OpenAI-compatible LLM providers for tests, the demo and benchmarks.
 
 A :class:`Simulator` serves a raw ASGI app with hypercorn on 127.0.0.1, over TLS (a trustme CA,
-one per process) with HTTP/2 and HTTP/1.1 by ALPN, or over plain HTTP/1.1 (``tls=False``)::
+one per process: :func:`ca_pem_path`) with HTTP/2 and HTTP/1.1 by ALPN, or over plain HTTP/1.1
+(``tls=False``)::
 
     with Simulator(profile=Profile(ttft_median=0.2, ttft_sigma=0.5)) as sim:
         client = AsyncOpenAI(base_url=sim.base_url, api_key="x",
@@ -64,8 +65,34 @@ the instance's seeded RNG.
 
 from __future__ import annotations
 
-from ._profile import Profile
-from ._server import Simulator, SimulatorProcess
-from ._sglang import sglang_standin_path as sglang_standin_path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Profile", "Simulator", "SimulatorProcess"]
+from ._profile import PRESETS, Profile, profile_of
+
+if TYPE_CHECKING:
+    from ._server import Simulator, SimulatorProcess, ca_pem_path
+    from ._sglang import sglang_standin_path
+
+__all__ = [
+    "PRESETS",
+    "Profile",
+    "Simulator",
+    "SimulatorProcess",
+    "ca_pem_path",
+    "profile_of",
+    "sglang_standin_path",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The servers need the testing extra (hypercorn, trustme); a profile does not, so a config
+    # naming a simulator is checked without them.
+    if name in ("Simulator", "SimulatorProcess", "ca_pem_path"):
+        from . import _server
+
+        return getattr(_server, name)
+    if name == "sglang_standin_path":
+        from ._sglang import sglang_standin_path
+
+        return sglang_standin_path
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import difflib
 import json
 import sys
 from typing import Any
 
-from ._profile import Profile
+from ._profile import Profile, profile_of
 from ._server import serve_process
 
 
@@ -27,36 +25,7 @@ def _profile(text: str) -> Profile:
         raise ValueError(f"--profile-json is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError("--profile-json must be a JSON object such as '{\"ttft_median\": 0.2}'")
-    fields = {f.name: f for f in dataclasses.fields(Profile)}
-    for name, value in data.items():
-        if name not in fields:
-            close = difflib.get_close_matches(name, list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(
-                f"--profile-json: unknown field {name!r}{hint}; fields: {', '.join(fields)}"
-            )
-        default = getattr(Profile(), name)
-        number = isinstance(default, int | float) and not isinstance(default, bool)
-        if (number or name == "seed") and (
-            isinstance(value, bool) or not isinstance(value, int | float | None)
-        ):
-            raise ValueError(f"--profile-json: {name} must be a number, got {value!r}")
-        if name == "stall_range" and not (
-            isinstance(value, list)
-            and len(value) == 2
-            and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-        ):
-            raise ValueError(
-                f"--profile-json: stall_range must be [low, high] seconds, got {value!r}"
-            )
-        if name == "models" and not (
-            isinstance(value, list) and value and all(isinstance(v, str) for v in value)
-        ):
-            raise ValueError(f"--profile-json: models must be an array of names, got {value!r}")
-    try:
-        return Profile.from_dict(data)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--profile-json: {exc}") from None
+    return profile_of(data, "--profile-json")
 
 
 def _port(text: str) -> int:
@@ -70,15 +39,33 @@ def _port(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmroute.testing")
+    parser = argparse.ArgumentParser(
+        prog="python -m llmroute.testing",
+        description="One simulated provider in this process, for SimulatorProcess (users: "
+        "llmroute sim).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a simulated provider until SIGTERM")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=_port, default=0)
-    serve.add_argument("--tls", action=argparse.BooleanOptionalAction, default=True)
-    serve.add_argument("--http2", action=argparse.BooleanOptionalAction, default=True)
-    serve.add_argument("--profile-json", default="{}", help="Profile fields as a JSON object")
-    serve.add_argument("--seed", type=int, default=None)
+    serve.add_argument("--host", default="127.0.0.1", help="the address (127.0.0.1)")
+    serve.add_argument("--port", type=_port, default=0, help="the port (0: any free one)")
+    serve.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="TLS with the simulators' CA (--no-tls: plain HTTP/1.1)",
+    )
+    serve.add_argument(
+        "--http2",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="offer HTTP/2 by ALPN (over TLS)",
+    )
+    serve.add_argument(
+        "--profile-json",
+        default="{}",
+        help='Profile fields as a JSON object, optionally on a preset: \'{"preset": "flaky"}\'',
+    )
+    serve.add_argument("--seed", type=int, default=None, help="the random draws' seed")
     args = parser.parse_args(argv)
     try:
         profile = _profile(args.profile_json)

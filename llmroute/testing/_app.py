@@ -496,6 +496,8 @@ class SimApp:
         dims = req.get("dimensions") if isinstance(req, dict) else None
         if problem is None and dims is not None and (not isinstance(dims, int) or dims < 1):
             problem = "'dimensions' must be a positive integer"
+        if problem is None and dims is not None and dims > _reply.MAX_EMBEDDING_DIMENSIONS:
+            problem = f"'dimensions' must be at most {_reply.MAX_EMBEDDING_DIMENSIONS}"
         if problem is not None:
             await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
             return

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,17 @@ DEFAULT_MODELS = ("sim-small", "sim-large", "gpt-6-luna", "deepseek-v4-flash")
 
 # Fault kinds drawn from the profile's rates, in draw order.
 RANDOM_FAULTS = ("429", "500", "503", "hang", "drop", "malformed", "stream-error")
+
+DURATION_FIELDS = (
+    "ttft_median",
+    "ttft_per_prompt_token",
+    "stall_range",
+    "inter_token",
+    "retry_after",
+    "hang_max",
+)
+"""Profile fields in seconds (``stall_range``: two of them); a config may write them as
+durations such as ``"70ms"``."""
 
 
 @dataclass(frozen=True)
@@ -148,11 +161,129 @@ class Profile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         """Build a profile from a dict; unknown keys raise TypeError."""
-        data = dict(data)
-        if "stall_range" in data:
-            low, high = data["stall_range"]
-            data["stall_range"] = (float(low), float(high))
-        for key in ("models", "accepted_fields", "listed_models"):
-            if data.get(key) is not None:
-                data[key] = tuple(data[key])
-        return cls(**data)
+        return cls(**_converted(data))
+
+
+_DEMO_COMMON: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.01}
+
+PRESETS: dict[str, Profile] = {
+    "instant": Profile(),
+    "fast-but-spiky": Profile(
+        ttft_median=0.07,
+        ttft_sigma=0.3,
+        stall_prob=0.12,
+        stall_range=(0.7, 1.4),
+        seed=1,
+        **_DEMO_COMMON,
+    ),
+    "steady-slow": Profile(ttft_median=0.5, ttft_sigma=0.05, seed=2, **_DEMO_COMMON),
+    "flaky": Profile(
+        ttft_median=0.12,
+        ttft_sigma=0.35,
+        rate_429=0.06,
+        rate_500=0.04,
+        rate_503=0.02,
+        retry_after=0.5,
+        seed=3,
+        **_DEMO_COMMON,
+    ),
+}
+"""Named profiles: ``instant`` (no latency, no faults: the default) and the demo's three, each
+winning on one measure and losing on another: ``fast-but-spiky`` (70 ms, a stall of 0.7-1.4 s on
+12% of requests), ``steady-slow`` (500 ms, steady), ``flaky`` (120 ms; 6% 429s, 4% 500s, 2%
+503s)."""
+
+
+def check_fields(fields: Mapping[str, Any], where: str = "profile") -> dict[str, Any]:
+    """Profile fields checked by name and type (a mistake is a ``ValueError`` naming the field
+    after ``where``), as :meth:`Profile.from_dict` takes them."""
+    known = {f.name for f in dataclasses.fields(Profile)}
+    default = Profile()
+    for name, value in fields.items():
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: unknown field {name!r}{hint}; fields: {', '.join(known)}")
+        current = getattr(default, name)
+        if isinstance(current, bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}.{name}: expected true or false, got {value!r}")
+        elif isinstance(current, int | float) or name == "seed":
+            _check_number(name, value, integer=isinstance(current, int), where=where)
+        elif name == "stall_range":
+            if not (
+                isinstance(value, list | tuple)
+                and len(value) == 2
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+                and 0 <= value[0] <= value[1]
+            ):
+                raise ValueError(
+                    f"{where}.stall_range: expected [low, high] seconds, got {value!r}"
+                )
+        elif name in ("models", "accepted_fields", "listed_models"):
+            if value is None and name == "listed_models":
+                continue
+            if not (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)):
+                raise ValueError(f"{where}.{name}: expected a list of names, got {value!r}")
+            if name == "models" and not value:
+                raise ValueError(f"{where}.models: expected at least one model name")
+        elif name == "thinking_off" and not isinstance(value, dict):
+            raise ValueError(f"{where}.thinking_off: expected a table of fields, got {value!r}")
+        elif name == "prefix_flag" and not isinstance(value, str):
+            raise ValueError(f"{where}.prefix_flag: expected a field name, got {value!r}")
+    return dict(fields)
+
+
+def _check_number(name: str, value: object, *, integer: bool, where: str) -> None:
+    if value is None and name == "seed":
+        return
+    kind = "a whole number" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}.{name}: expected {kind}, got {value!r}")
+    if integer and not isinstance(value, int):
+        raise ValueError(f"{where}.{name}: expected {kind}, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}.{name}: expected {kind} at least 0, got {value!r}")
+    if (name.startswith("rate_") or name == "stall_prob") and value > 1:
+        raise ValueError(f"{where}.{name}: expected a probability from 0 to 1, got {value!r}")
+
+
+def profile_of(value: str | Mapping[str, Any] | None, where: str = "profile") -> Profile:
+    """A profile from a preset's name (:data:`PRESETS`) or a table of fields, optionally based on
+    a preset (``{"preset": "flaky", "rate_503": 0.2}``); ``None`` is ``instant``."""
+    if value is None:
+        return PRESETS["instant"]
+    if isinstance(value, str):
+        return _preset(value, where)
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"{where}: expected a preset's name ({', '.join(PRESETS)}) or a table of fields, "
+            f"got {value!r}"
+        )
+    fields = dict(value)
+    base = _preset(fields.pop("preset", "instant"), f"{where}.preset")
+    check_fields(fields, where)
+    try:
+        return dataclasses.replace(base, **_converted(fields))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
+def _converted(data: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON's lists as the tuples a profile holds."""
+    data = dict(data)
+    if "stall_range" in data:
+        low, high = data["stall_range"]
+        data["stall_range"] = (float(low), float(high))
+    for key in ("models", "accepted_fields", "listed_models"):
+        if data.get(key) is not None:
+            data[key] = tuple(data[key])
+    return data
+
+
+def _preset(name: object, where: str) -> Profile:
+    if isinstance(name, str) and name in PRESETS:
+        return PRESETS[name]
+    close = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"{where}: no preset {name!r}{hint}; presets: {', '.join(PRESETS)}")

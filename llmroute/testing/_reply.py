@@ -256,6 +256,8 @@ def completion(
 # -- legacy completions, embeddings, models ---------------------------------------------------
 
 EMBEDDING_DIMENSIONS = 8
+MAX_EMBEDDING_DIMENSIONS = 3072
+"""The most ``dimensions`` an embeddings request may ask (OpenAI's largest model's)."""
 
 
 def prompt_texts(prompt: Any) -> list[str]:

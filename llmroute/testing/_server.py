@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import functools
 import json
 import logging
@@ -19,7 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from hypercorn.protocol.h2 import H2Protocol
 from priority.priority import PriorityTree
 
 from ._app import SimApp
-from ._profile import Profile
+from ._profile import Profile, check_fields
 
 try:
     from ..server._h2 import BoundedH2Protocol as _BaseH2Protocol
@@ -47,20 +48,35 @@ _HOST_NAMES = ("127.0.0.1", "localhost")
 _ABORT_AFTER = 0.5  # seconds from shutdown until connections still open are aborted
 
 
-# -- certificates (one CA per process) --------------------------------------------------------
+# -- certificates (one CA per run) ------------------------------------------------------------
+CA_ENV = "LLMROUTE_SIMULATOR_CA"
+"""A folder holding ``ca.pem`` and ``ca.key``: the CA a simulator process signs with. A
+:class:`SimulatorProcess` passes its parent's, so every simulator of a run, in the process or
+in its children, has one CA, and one ``verify`` trusts them all."""
+
+
 @functools.cache
 def _certs() -> tuple[trustme.CA, trustme.LeafCert, str]:
-    ca = trustme.CA()
-    leaf = ca.issue_cert(*_HOST_NAMES)
-    folder = tempfile.mkdtemp(prefix="llmroute-sim-")
-    atexit.register(shutil.rmtree, folder, True)
-    path = os.path.join(folder, "ca.pem")
-    ca.cert_pem.write_to_path(path)
-    return ca, leaf, path
+    shared = os.environ.get(CA_ENV)
+    if shared:  # the parent's CA (a SimulatorProcess's child): the parent removes the folder
+        path = os.path.join(shared, "ca.pem")
+        with open(path, "rb") as cert, open(os.path.join(shared, "ca.key"), "rb") as key:
+            ca = trustme.CA.from_pem(cert_bytes=cert.read(), private_key_bytes=key.read())
+    else:
+        ca = trustme.CA()
+        folder = tempfile.mkdtemp(prefix="llmroute-sim-")  # mode 0700
+        atexit.register(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "ca.pem")
+        ca.cert_pem.write_to_path(path)
+        key = os.path.join(folder, "ca.key")
+        os.close(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        ca.private_key_pem.write_to_path(key)
+    return ca, ca.issue_cert(*_HOST_NAMES), path
 
 
 def ca_pem_path() -> str:
-    """Path of a PEM file with this process's simulator CA certificate."""
+    """Path of a PEM file with the CA certificate of every simulator of this run (this
+    process's, and its :class:`SimulatorProcess` children's)."""
     return _certs()[2]
 
 
@@ -259,8 +275,12 @@ class Simulator:
         port: int = 0,
         history: int = 64,
         keep_alive_timeout: float = 75.0,
+        phases: Sequence[tuple[float, Mapping[str, Any]]] = (),
     ) -> None:
         self.profile = profile or Profile()
+        self.phases = sorted(phases, key=lambda phase: phase[0])
+        """``(seconds after the start, profile fields)``: each phase's fields replace the
+        profile's then (a provider that slows, fails or recovers mid-run)."""
         self.keep_alive_timeout = keep_alive_timeout
         self.tls = tls
         self.http2 = http2
@@ -272,6 +292,7 @@ class Simulator:
         self._shutdown: asyncio.Event | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._shutdown_hooks: list[Callable[[], object]] = []
 
     @property
     def base_url(self) -> str:
@@ -335,6 +356,9 @@ class Simulator:
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         self._shutdown = asyncio.Event()
+        if self.phases:
+            phases = asyncio.get_running_loop().create_task(self._run_phases())
+            self._shutdown_hooks.append(phases.cancel)
         await _serve(
             self.app,
             sock,
@@ -344,7 +368,27 @@ class Simulator:
             keep_alive_timeout=self.keep_alive_timeout,
         )
 
+    async def _run_phases(self) -> None:
+        began = time.monotonic()
+        for after, fields in self.phases:
+            await asyncio.sleep(max(0.0, began + after - time.monotonic()))
+            self._change(dict(fields))
+
+    def _change(self, fields: dict[str, Any]) -> None:
+        self.app.profile = Profile.from_dict({**dataclasses.asdict(self.app.profile), **fields})
+
+    def change_profile(self, **fields: Any) -> None:
+        """Replace some :class:`Profile` fields now (as ``POST /_sim/profile`` does)."""
+        check_fields(fields, "change_profile")
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._change(fields)
+            return
+        asyncio.run_coroutine_threadsafe(_call(lambda: self._change(fields)), loop).result(10)
+
     def _begin_shutdown(self) -> None:
+        for hook in self._shutdown_hooks:
+            hook()
         _begin_shutdown(self.app, self._shutdown)
 
     def stop(self) -> None:
@@ -430,6 +474,8 @@ class SimulatorProcess:
         if self.seed is not None:
             cmd += ["--seed", str(self.seed)]
         env = dict(os.environ)
+        if self.tls:  # the child signs with this process's CA: one verify trusts both
+            env[CA_ENV] = os.path.dirname(ca_pem_path())
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
         self._proc = subprocess.Popen(

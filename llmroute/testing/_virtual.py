@@ -213,7 +213,7 @@ async def drive(
             try:
                 routed = await router.stream(route, body, sender)
                 request.report = routed.report
-                async for _ in routed.run.chunks(lambda response: None):
+                async for _ in routed.chunks(lambda response: None):
                     pass
                 request.ttft = routed.report.ttft
             except openai.APIError as exc:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..routing.windows import MAX_TOKENS_CAP  # its log stays finite
 from ._errors import TiersError, unavailable
 
 __all__ = [
@@ -65,8 +66,6 @@ STRUCTURE_NAMES: tuple[str, ...] = (
     "log_max_tokens",
 )
 
-MAX_TOKENS_CAP = 1 << 40
-"""A body's ``max_tokens`` is read clamped to ``0..MAX_TOKENS_CAP``: its log stays finite."""
 
 _MATH_MARKS = ("$", "\\frac", "\\sum", "\\int", "^", "=", "∑", "∫", "√", "≤", "≥", "π", "∞")
 

@@ -119,8 +119,9 @@ class Classifier:
 
     # -- the artefact: one .npz of arrays and a JSON header, read without pickle -------------
 
-    def save(self, path: str | Path) -> None:
-        """Write the classifier to ``path`` (a ``.npz``: arrays and a JSON header, no pickle)."""
+    def save(self, path: str | Path, *, key: str | None = None) -> None:
+        """Write the classifier to ``path`` (a ``.npz``: arrays and a JSON header, no pickle);
+        ``key`` (what it was fitted from) is kept in the header for :meth:`open` to check."""
         meta = {
             "format": FORMAT,
             "labels": list(self.labels),
@@ -130,6 +131,7 @@ class Classifier:
             "reg": self.reg,
             "calibrated": self.calibrated,
             "counts": dict(self.counts),
+            **({"key": key} if key is not None else {}),
         }
         with Path(path).open("wb") as out:
             np.savez_compressed(
@@ -142,8 +144,9 @@ class Classifier:
             )
 
     @classmethod
-    def open(cls, path: str | Path) -> Classifier:
-        """A classifier saved by :meth:`save`; :class:`ArtefactError` names the file's fault."""
+    def open(cls, path: str | Path, *, key: str | None = None) -> Classifier:
+        """A classifier saved by :meth:`save`; :class:`ArtefactError` names the file's fault
+        (with ``key``, also a file saved with another key or none)."""
         path = Path(path)
         try:
             with np.load(path, allow_pickle=False) as data:
@@ -154,6 +157,8 @@ class Classifier:
             meta = json.loads(arrays["meta"].tobytes().decode())
             if meta.get("format") != FORMAT:
                 raise ArtefactError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+            if key is not None and meta.get("key") != key:
+                raise ArtefactError(f"{path}: fitted from other examples than these")
             spec = FeatureSpec.from_json(meta["features"])
             labels = tuple(str(label) for label in meta["labels"])
             classifier = cls(

@@ -9,6 +9,7 @@ which the server sees as a cancel.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
 import time
@@ -20,10 +21,19 @@ import anyio.abc
 import httpx
 from anyio.streams.tls import TLSAttribute, TLSStream
 
+from .._types import Timings
 from ._events import EventDeadline
 from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
 
-__all__ = ["Transport", "body_receiver", "bound_wait", "make_ssl_context", "replay_head"]
+__all__ = [
+    "Transport",
+    "body_receiver",
+    "bound_wait",
+    "close_quietly",
+    "make_ssl_context",
+    "replay_head",
+    "response_timings",
+]
 
 _ATTEMPTS = 3
 
@@ -372,6 +382,29 @@ def body_receiver(response: httpx.Response) -> Callable[[], Awaitable[bytes | No
         return data
 
     return receive
+
+
+def response_timings(response: Any, started: float | None) -> Timings:
+    """The timings of a response that has its headers, from ``started`` (now if unknown): the
+    headers' time, and the connection's (reused, connect time, HTTP version) as llmroute's
+    transport reports them."""
+    now = time.monotonic()
+    timings = Timings(started_at=started if started is not None else now)
+    timings.headers = now - timings.started_at
+    ext = getattr(response, "extensions", {}) or {}
+    timings.connection_reused = ext.get("llmroute.connection_reused")
+    timings.connect = ext.get("llmroute.connect_time")
+    version = ext.get("http_version")
+    timings.http_version = version.decode() if isinstance(version, bytes) else None
+    return timings
+
+
+async def close_quietly(response: httpx.Response) -> None:
+    """Close a response even inside a cancelled scope (this is what resets its HTTP/2 stream)."""
+    # One scope: shielded from outside, bounded by its own deadline.
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + 5):
+        with contextlib.suppress(Exception):
+            await response.aclose()
 
 
 class _Replayed(httpx.AsyncByteStream):

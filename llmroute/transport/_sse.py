@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NoReturn, cast
 
+from .._sizes import format_size
+
 __all__ = ["SSEDecodeError", "SSEDecoder", "ServerSentEvent"]
 
 _BOM = b"\xef\xbb\xbf"
@@ -166,7 +168,9 @@ class SSEDecoder:
             self._error = error
 
     def _too_big(self) -> SSEDecodeError:
-        return SSEDecodeError(f"SSE event larger than max_event_bytes={self._max} bytes")
+        return SSEDecodeError(
+            f"SSE event larger than max_event_bytes={self._max} ({format_size(self._max)})"
+        )
 
     def _events(self, done: bytes) -> list[ServerSentEvent]:
         """Decode complete blocks of lines (the bytes before a blank line) into events."""

@@ -408,6 +408,7 @@ async def test_a_stall_between_chunks_is_continued_on_another_target(target: Sim
 
 
 async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Simulator) -> None:
+    from llmroute.routing.answer import stall_deadline_of
     from llmroute.routing.stats import STALL_FLOOR, STALL_PRIOR
 
     cfg = routed(target.base_url, second=target.base_url)  # stall_timeout = "auto"
@@ -416,13 +417,13 @@ async def test_the_stall_deadline_follows_live_pauses_between_chunks(target: Sim
         assert router is not None
         stats = router.stats.target("bad:sim-small")
         assert stats.gap_quantile(0.99) is None  # no streams yet: the prior
-        run = router._begin(router.routes["chat"], {"messages": MESSAGES}, None, stream=True)  # type: ignore[arg-type]
-        assert run.stall_deadline("bad:sim-small") == STALL_PRIOR
+        chat = router.routes["chat"]
+        assert stall_deadline_of(chat, stats) == STALL_PRIOR
         for _ in range(5):
             await stream_text(client)
         gap = stats.gap_quantile(0.99)
         assert gap is not None and gap < STALL_FLOOR / 4  # 10 ms between tokens
-        assert run.stall_deadline("bad:sim-small") == STALL_FLOOR
+        assert stall_deadline_of(chat, stats) == STALL_FLOOR
         text, route = await stream_text(client, extra_headers=once("stall-between:5:20"))
     assert text == await expected(target)
     assert route.continued_on == ["good:sim-small"]

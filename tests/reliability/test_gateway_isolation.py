@@ -9,6 +9,8 @@ as a validated, capped Retry-After.
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,21 +89,142 @@ def test_a_bad_request_is_a_400_naming_its_field_and_never_goes_upstream(
     assert sim.stats()["requests"] == before
 
 
+# Every number the body checks read, by endpoint; "up" fields have no upper bound (a huge
+# positive value is theirs to take: the vendor decides, and the limits count it clamped).
+_CHECKED = {
+    "/chat/completions": (
+        "temperature top_p n presence_penalty frequency_penalty top_logprobs logit_bias.50256",
+        "max_tokens max_completion_tokens",
+    ),
+    "/completions": (
+        "temperature top_p n presence_penalty frequency_penalty logprobs best_of",
+        "max_tokens",
+    ),
+    "/responses": ("temperature top_p top_logprobs", "max_output_tokens"),
+    "/embeddings": ("", "dimensions"),
+}
+_REQUIRED = {
+    "/chat/completions": {"messages": MESSAGES},
+    "/completions": {"prompt": "hi"},
+    "/responses": {"input": "hi"},
+    "/embeddings": {"input": "hi"},
+}
+_HUGE = {
+    "10**400": "1" + "0" * 400,
+    "-10**400": "-1" + "0" * 400,
+    "1e400": "1e400",
+    "-1e400": "-1e400",
+    "NaN": "NaN",
+    "Infinity": "Infinity",
+    "-Infinity": "-Infinity",
+    "10**5000": "9" * 5000,  # beyond Python's 4,300 digits: json.loads alone raises
+}
+_CASES = [
+    (path, field, name)
+    for path, (bounded, up) in _CHECKED.items()
+    for field in bounded.split() + up.split()
+    for name in _HUGE
+    if not (field in up.split() and name in ("10**400", "10**5000"))
+]
+
+
+def _raw(path: str, field: str, literal: str) -> bytes:
+    """The body of ``path`` with ``literal`` as the value of ``field`` (``a.b``: nested)."""
+    head, _, leaf = field.rpartition(".")
+    body: dict[str, Any] = {"model": "sim", **_REQUIRED[path]}
+    (body.setdefault(head, {}) if head else body)[leaf] = "@NUMBER@"
+    return json.dumps(body).replace('"@NUMBER@"', literal).encode()
+
+
+@pytest.mark.parametrize(("path", "field", "name"), _CASES)
+def test_a_number_of_any_size_in_a_checked_field_is_a_400_naming_it(
+    plain: Gateway, sim: Simulator, path: str, field: str, name: str
+) -> None:
+    """±10**400, ±1e400, NaN, ±Infinity, 10**5000: OpenAI's 400 naming the field (a number
+    was once formatted before it was range-checked: 10**400 raised OverflowError, a 500
+    with an empty body that the access log counted as 499)."""
+    before = sim.stats()["requests"]
+    with httpx.Client(timeout=DEADLINE) as client:
+        reply = client.post(
+            plain.base_url + path,
+            content=_raw(path, field, _HUGE[name]),
+            headers={"authorization": f"Bearer {KEYS['alpha']}"},
+        )
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", field)
+    assert field in error["message"] and len(error["message"]) < 300
+    assert sim.stats()["requests"] == before
+
+
 @pytest.mark.parametrize(
-    "raw",
+    ("fields", "param"),
     [
-        b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
-        b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "top_p": Infinity}',
-        b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "seed": -Infinity}',
-        b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], "top_p": 1e999}',
+        ('"temperature": NaN', "temperature"),
+        ('"top_p": Infinity', "top_p"),
+        ('"seed": -Infinity', "seed"),
+        ('"top_p": 1e999', "top_p"),
+        ('"vendor_option": [1, {"depth": -1e400}]', "vendor_option[1].depth"),
+        (
+            '"tools": [{"type": "function", "function": {"parameters": {"maximum": NaN}}}]',
+            "tools[0].function.parameters.maximum",
+        ),
+        ('"seed": ' + "1" * 5000, "seed"),
     ],
 )
-def test_numbers_json_cannot_carry_are_refused(plain: Gateway, sim: Simulator, raw: bytes) -> None:
+def test_numbers_json_cannot_carry_are_refused_naming_where(
+    plain: Gateway, sim: Simulator, fields: str, param: str
+) -> None:
+    """Anywhere in the body, checked field or a vendor's own: no JSON encoder could send it on."""
     before = sim.stats()["requests"]
-    reply = _post(plain, KEYS["alpha"], raw)
-    assert reply.status_code == 400
-    assert "not valid JSON" in reply.json()["error"]["message"]
+    raw = b'{"model": "sim", "messages": [{"role": "user", "content": "hi"}], ' + fields.encode()
+    reply = _post(plain, KEYS["alpha"], raw + b"}")
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value")
+    assert "not a number JSON can carry" in error["message"]
     assert sim.stats()["requests"] == before
+
+
+def test_a_huge_max_tokens_is_passed_on_not_refused(plain: Gateway) -> None:
+    """No upper bound of OpenAI's own: the route's target decides (the simulator answers)."""
+    assert (
+        _post(plain, KEYS["alpha"], _chat(max_tokens=10**400, seed=-(10**400))).status_code == 200
+    )
+
+
+def test_a_latency_goal_beyond_a_double_is_a_400_naming_it(plain: Gateway) -> None:
+    reply = _post(plain, KEYS["alpha"], _chat(llmroute={"ttft_target_ms": 10**400}))
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "llmroute.ttft_target_ms"
+
+
+def test_a_bug_is_a_500_with_a_sentence_and_logged_as_one(
+    plain: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever raises unexpectedly: OpenAI's error body, the access log's 500 (not an empty
+    answer logged as 499)."""
+
+    def broken() -> None:
+        raise OverflowError("int too large to convert to float")
+
+    monkeypatch.setattr(plain.app, "_health", broken)
+    with caplog.at_level(logging.INFO, logger="llmroute.server"):
+        reply = httpx.get(plain.base_url.removesuffix("/v1") + "/health", timeout=DEADLINE)
+        for _ in range(200):  # the access line is written once the answer went out
+            if any(" /health " in r.getMessage() for r in caplog.records):
+                break
+            time.sleep(0.02)
+    assert reply.status_code == 500
+    assert reply.json()["error"] == {
+        "message": "The gateway failed to answer.",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("unexpected error answering GET /health: OverflowError" in m for m in lines)
+    assert any(m.startswith("GET /health 500 ") for m in lines), lines
 
 
 def test_null_optional_fields_and_vendor_fields_pass(plain: Gateway) -> None:
