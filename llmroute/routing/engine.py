@@ -1262,6 +1262,8 @@ class _Attempt:
         stats.record_outcome("cancelled")
         if run.stream and ready.timings.tokens and self.prefix is None:
             stats.record_ttft(elapsed, run.prompt_tokens)  # a first token all the same
+            if self.record.reason == "probe":  # what it ran on for
+                self.record.ttft = elapsed
         stats.finished()
         self._release()
         await close_quietly(ready.response)
