@@ -15,9 +15,11 @@ import pytest
 
 from llmroute import AsyncOpenAI
 from llmroute.routing.stats import (
+    FAILING_ALPHA,
     RANK_CONFIDENCE,
     LiveStats,
     StatsSettings,
+    fails_beyond,
     lower_bound_rank,
     winning_delay,
 )
@@ -100,6 +102,38 @@ def test_one_early_stall_does_not_rank_a_steady_target_below_a_slower_one() -> N
         clock.advance(0.1)
         b.record_ttft(0.4, 20)
     assert b.rank(0.95, 20) == b.predict(0.95, 20)
+
+
+def test_a_target_failing_beyond_the_tail_share_ranks_after_those_that_do_not() -> None:
+    # A fast target whose attempts fail 15% of the time (429s, 500s): a request's p95 of a
+    # first token from it is never, whatever its TTFT; one failing on 2% keeps its rank.
+    clock = FakeClock()
+    stats = LiveStats(StatsSettings(), clock)
+    flaky, steady = stats.target("flaky"), stats.target("steady")
+    rng = random.Random(3)
+    for i in range(100):
+        clock.advance(0.05)
+        steady.record_ttft(0.4, 20)
+        steady.record_outcome("error" if i % 50 == 0 else "ok")
+        if i % 20 < 3:
+            flaky.record_outcome("rate_limited")
+        else:
+            flaky.record_ttft(rng.uniform(0.2, 0.3), 20)
+            flaky.record_outcome("ok")
+    assert flaky.predict(0.95, 20) < steady.predict(0.95, 20)
+    assert flaky.failing(0.95) and not steady.failing(0.95)
+    assert flaky.rank(0.95, 20) > steady.rank(0.95, 20)
+    assert not flaky.failing(0.5)  # its median is a first token
+
+
+def test_a_target_failing_at_the_tail_share_is_taken_for_worse_at_most_alpha_of_the_time() -> None:
+    rng = random.Random(5)
+    runs = 3000
+    wrong = sum(
+        fails_beyond(200, sum(rng.random() < 0.05 for _ in range(200)), 0.05) for _ in range(runs)
+    )
+    assert wrong / runs <= FAILING_ALPHA + 0.005  # the exact binomial test: at most alpha
+    assert fails_beyond(200, 25, 0.05)  # 12.5% of 200
 
 
 # -- the engine, end to end -------------------------------------------------------------------

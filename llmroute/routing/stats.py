@@ -30,6 +30,7 @@ from .tokens import TokenCounts
 __all__ = [
     "CANCELLED",
     "ERROR",
+    "FAILING_ALPHA",
     "FALSE_ALARM_RATE",
     "HEDGE_WIN_SHARE",
     "INTERRUPTED",
@@ -60,6 +61,7 @@ __all__ = [
     "change_alpha",
     "class_label",
     "estimate_prompt_tokens",
+    "fails_beyond",
     "first_token_deadline",
     "lower_bound_rank",
     "placement_p",
@@ -149,6 +151,9 @@ slower, which takes a target's traffic away, is always tested at :func:`change_a
 to 6 slow samples kept, 3 to 5 fast ones below all of them are a change back, when they are
 also nearer (in log) the median of the regime the window left than the slow one's: within a
 slow regime, its own faster samples are not a change back."""
+FAILING_RANK: Final = 1e6
+"""Seconds added to the rank of a target that fails too often (:meth:`TargetStats.failing`):
+behind every target that does not, in the order of their own quantiles."""
 SMALL_WINDOW_MARGIN = 1.5
 """While a window holds few older samples, "below their range" (:attr:`TargetStats.improving`)
 means below by this factor."""
@@ -199,6 +204,32 @@ this share of the samples beyond the wait so far are beyond it by the hedge targ
 too (:func:`winning_delay`): until a hedge started then would answer first at least as often
 as not. Beyond a target's thin lognormal tail (B at its p95 in steady weather) a hedge almost
 always lost: it cost a request and saved nothing."""
+
+
+FAILING_ALPHA: Final = 0.01
+"""The level of the test that a target fails on more than ``1 - q`` of its attempts
+(:func:`fails_beyond`), so that its ``q``-quantile of a first token is never: a target that
+fails on at most that share is taken for one that fails beyond it at most this often per test."""
+
+
+@functools.lru_cache(maxsize=4096)
+def fails_beyond(attempts: int, failures: int, share: float, alpha: float = FAILING_ALPHA) -> bool:
+    """Whether ``failures`` of ``attempts`` (each independently failing with probability at
+    most ``share``) show that it fails more often than that: an exact binomial test,
+    P(Binomial(attempts, share) >= failures) <= ``alpha``."""
+    if failures <= share * attempts:
+        return False
+    if share <= 0.0:
+        return True
+    log_p, log_q, n = math.log(share), math.log1p(-share), attempts
+    log_n = math.lgamma(n + 1)
+    tail = 0.0
+    for k in range(failures, n + 1):  # in logs: the counts of a long window overflow floats
+        log_pmf = log_n - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p
+        tail += math.exp(log_pmf + (n - k) * log_q)
+        if tail > alpha:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1193,8 +1224,12 @@ class TargetStats:
         """What the target is ranked by for the ``q``-quantile: :meth:`predict`, except that
         while its window holds fewer than ``1 / (1 - q)`` samples (but enough to be known), a
         lower bound of the quantile at :data:`RANK_CONFIDENCE` (:func:`lower_bound_rank`):
-        its samples are too few for the quantile to be more than their largest ones."""
+        its samples are too few for the quantile to be more than their largest ones; and
+        :data:`FAILING_RANK` more while it fails on more than ``1 - q`` of its attempts
+        (:meth:`failing`): a request's ``q``-quantile of a first token from it is never."""
         predicted = self.predict(q, prompt_tokens)
+        if self.failing(q):
+            return FAILING_RANK + predicted
         window = self._window_for(prompt_tokens)
         n = len(window)
         if n < self.known(window) or n * (1.0 - q) >= 1.0:
@@ -1347,6 +1382,16 @@ class TargetStats:
         attempts = sum(counts.values()) - counts.get(CANCELLED, 0)
         rates = {name: counts.get(name, 0) / attempts if attempts else 0.0 for name in _FAILURES}
         return counts, rates
+
+    def failing(self, q: float) -> bool:
+        """Whether the target fails (an error, a timeout, a 429) on more than ``1 - q`` of its
+        attempts in the window, by :func:`fails_beyond`: then a request's ``q``-quantile of a
+        first token from it is never, and :meth:`rank` puts it after every target that does
+        not fail that often."""
+        counts = self._outcomes.counts()
+        attempts = sum(counts.values()) - counts.get(CANCELLED, 0)
+        failures = sum(counts.get(name, 0) for name in _FAILURES)
+        return attempts > 0 and fails_beyond(attempts, failures, 1.0 - q)
 
     def error_rate(self) -> float:
         """The share of errors, timeouts and 429s among attempts not cancelled; 0.0 if none."""
