@@ -433,7 +433,8 @@ class RouteConfig(BaseModel):
     (16384 blocks of 64 characters: about 256k tokens of prefixes, some 2 MB per target)."""
     cache_threshold: float = Field(default=0.5, ge=0, le=1)
     """Policy ``"prefix"``: a request follows the target that holds more than this share of
-    its prompt; otherwise it goes to the least-loaded target. 1 turns affinity off."""
+    its prompt beyond the prefix most conversations share (a system prompt every user gets);
+    otherwise it goes to the least-loaded target. 1 turns affinity off."""
     balance_abs_threshold: int = Field(default=64, ge=0)
     """Policy ``"prefix"``: when the highest load exceeds the lowest by more than this many
     requests, and by a factor above ``balance_rel_threshold``, a request goes to the

@@ -137,6 +137,10 @@ class RouteReport:
     """Targets that continued the answer after a mid-stream break, in order."""
     explored: str | None = None
     """A target tried first to refresh its stats (exploration), if any."""
+    reason: str = ""
+    """Why the policy put its first target first, when its rule alone does not say (the
+    ``prefix`` policy: ``"prefix: holds 92% of the prompt beyond its common prefix"``, or why
+    the least-loaded target was chosen instead)."""
     prompt_class: str = ""
     cache_hit: bool = False
     """The answer was replayed from the cache (no target was asked)."""

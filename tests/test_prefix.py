@@ -17,6 +17,7 @@ from llmroute import AllTargetsFailed, AsyncOpenAI
 from llmroute._config import ConfigError, RouteConfig, load_config
 from llmroute._routes import policy_for as _policy
 from llmroute._types import Timings
+from llmroute.cli._chat import route_lines
 from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (
     LeastLoadedPolicy,
@@ -26,6 +27,8 @@ from llmroute.routing.policies import (
     WeightedPolicy,
 )
 from llmroute.routing.prefix import (
+    COMMON_MIN_CONVERSATIONS,
+    CommonPrefixes,
     PrefixIndex,
     PrefixTree,
     Prompt,
@@ -412,6 +415,117 @@ def test_the_share_is_counted_in_characters() -> None:
     assert first(policy, View(three)) == "w1"
 
 
+EIGHT = [f"w{i}" for i in range(8)]
+SHARED_SYSTEM = {"role": "system", "content": system_prompt("every user's", 4000)}
+
+
+def serve(policy: PrefixPolicy, messages: list[dict[str, Any]], workers: Sequence[str]) -> str:
+    """Plan a request on idle workers, serve it where planned and complete its answer."""
+    plan = policy.plan(workers, View(messages), random.Random(0))
+    policy.observe(plan.key, plan.order[0])
+    policy.answered(plan.key, plan.order[0], f"An answer to {len(messages)} messages.")
+    return plan.order[0]
+
+
+def test_a_system_prompt_every_chat_starts_with_decides_nothing() -> None:
+    """Every chat starts with the same 4,000-character system prompt and a short question (the
+    prompt is mostly the system prompt). Following the longest prefix put all of them on the
+    first worker; the system prompt is common, so new chats spread and each stays put."""
+    policy = PrefixPolicy()
+    chats = [[SHARED_SYSTEM, {"role": "user", "content": f"Question {i}?"}] for i in range(40)]
+    homes = [serve(policy, messages, EIGHT) for messages in chats]
+    assert sorted(homes.count(w) for w in EIGHT) == [5] * 8  # the old rule: [0] * 7 + [40]
+    plan = policy.plan(EIGHT, View([SHARED_SYSTEM, {"role": "user", "content": "New?"}]), RNG)
+    assert plan.reason.startswith("least loaded: the best match")
+    assert "common prefix" in plan.reason
+    for i, messages in enumerate(chats[:8]):  # each chat's next turn goes where its history is
+        answer = f"An answer to {len(messages)} messages."
+        later = [*messages, {"role": "assistant", "content": answer}]
+        later.append({"role": "user", "content": f"And then {i}?"})
+        plan = policy.plan(EIGHT, View(later, loads={homes[i]: 3.0}), RNG)
+        assert plan.order[0] == homes[i]
+        assert plan.reason.startswith("prefix: holds") and "beyond its common prefix" in plan.reason
+
+
+RNG = random.Random(0)
+
+
+def test_a_system_prompt_of_a_few_chats_still_keeps_them_together() -> None:
+    """Ten system prompts, four chats each, interleaved, over four workers: each is shared by a
+    tenth of the chats, under an even share (a quarter), so its chats stay on one worker."""
+    policy = PrefixPolicy()
+    homes: dict[str, set[str]] = {}
+    for i in range(40):
+        topic = f"topic {i % 10}"
+        messages = [{"role": "system", "content": system_prompt(topic)}]
+        messages.append({"role": "user", "content": f"Question {i}?"})
+        homes.setdefault(topic, set()).add(serve(policy, messages, WORKERS))
+    assert all(len(workers) == 1 for workers in homes.values()), homes
+
+
+def test_common_prefixes_count_conversations_not_turns() -> None:
+    common = CommonPrefixes()
+    system = Prompt(system_prompt("shared", 640) + "x" * 10)  # 10 whole blocks and a tail
+    first = Prompt(system_prompt("shared", 640) + "the first chat, turn 1")
+    common.record(first, 0)  # nothing held anywhere yet: a new conversation, nothing shared
+    assert common.conversations == 1 and common.count(first.blocks[0]) == 1
+    turn = first
+    for n in range(2, 6):  # its next turns extend it: no new conversation, no count
+        answer = turn.extend(({"role": "assistant", "content": f"answer {n}. " * 12},))
+        common.answered(turn, answer)
+        turn = answer.extend(({"role": "user", "content": f"Question {n}?"},))
+        common.record(turn, len(answer.blocks) - 1)  # held: all but the answer's partial block
+    assert common.conversations == 1 and common.count(first.blocks[0]) == 1
+    for n in range(2, 2 + COMMON_MIN_CONVERSATIONS):  # new chats through the system prompt
+        other = Prompt(system_prompt("shared", 640) + f"chat number {n}, a new question")
+        assert common.depth(other.blocks, 10, 0.25) == 0  # not common yet
+        common.record(other, 10)
+        common.answered(other, other.extend(({"role": "assistant", "content": "Sure."},)))
+    assert common.count(first.blocks[9]) == pytest.approx(5, rel=0.05)
+    assert common.depth(system.blocks, 10, 0.25) == 10  # 5 of 5 conversations, at least 4
+    assert common.depth(system.blocks, 4, 0.25) == 4  # no deeper than the match
+    assert common.depth(first.blocks, 12, 0.25) == 10  # the chat's own blocks are its own
+    assert common.depth(system.blocks, 10, 1.0) == 0  # not more than all of them
+    common.record(other, len(other.blocks))  # the same prompt again: counts nothing
+    assert common.conversations == pytest.approx(5, rel=0.05)
+
+
+def test_common_counts_fade_with_newer_conversations() -> None:
+    common = CommonPrefixes(half_life=4)
+    shared = [Prompt(system_prompt("old", 640) + f"chat {n} " * 20) for n in range(6)]
+    common.record(shared[0], 0)
+    for prompt in shared[1:]:
+        common.record(prompt, 10)
+    assert common.depth(shared[0].blocks, 10, 0.5) == 10
+    before = common.count(shared[0].blocks[0])
+    for n in range(8):  # eight unrelated conversations: two half-lives
+        common.record(Prompt(f"unrelated conversation {n} " * 10), 0)
+    assert common.count(shared[0].blocks[0]) == pytest.approx(before / 4, rel=0.05)
+    assert common.depth(shared[0].blocks, 10, 0.1) == 0  # under the minimum of four now
+    with pytest.raises(ValueError):
+        CommonPrefixes(half_life=0)
+
+
+def test_new_chats_go_where_fewer_requests_went_lately() -> None:
+    """Idle workers tie on load: a new chat goes to the least of the recent work, its share of
+    the trees plus its share of the requests served lately, so the worker of a long chat of
+    short turns takes none (by tree size alone it took 5 of 9: its tree is the smallest)."""
+    policy = PrefixPolicy()
+    for topic in ("big a", "big b", "big c"):  # one long prompt each on w0, w1 and w2
+        serve(policy, [{"role": "system", "content": system_prompt(topic, 8000)}], WORKERS)
+    short: list[dict[str, Any]] = [{"role": "user", "content": "Hi there, a quick question?"}]
+    home = serve(policy, short, WORKERS)
+    for turn in range(8):
+        short += [
+            {"role": "assistant", "content": f"An answer to {len(short)} messages."},
+            {"role": "user", "content": f"And {turn}?"},
+        ]
+        assert serve(policy, short, WORKERS) == home
+    assert home == "w3" and len(policy.index.tree("w3")) < len(policy.index.tree("w0"))
+    others = [serve(policy, chat(f"short {i}", 1), WORKERS) for i in range(9)]
+    assert sorted(others.count(w) for w in WORKERS) == [0, 3, 3, 3] and home not in others
+
+
 def test_prefix_policy_checks_its_settings() -> None:
     with pytest.raises(ValueError):
         PrefixPolicy(cache_threshold=1.5)
@@ -712,6 +826,10 @@ async def test_multi_turn_chats_stick_to_one_target(sim: Simulator) -> None:
                 messages.append({"role": "assistant", "content": text})
                 winners.setdefault(topic, []).append(route.winner)
                 assert route.policy == "prefix" and len(route.attempts) == 1
+                # the report says why: a new chat's prompt is held nowhere, a later turn's is
+                why = "least loaded: the best match" if turn == 0 else "prefix: holds"
+                assert route.reason.startswith(why), route.reason
+                assert f"  why: {route.reason}" in route_lines(route, None, "chat")
     assert all(len(set(w)) == 1 for w in winners.values()), winners
     assert len({w[0] for w in winners.values()}) == 3  # each conversation on its own target
 

@@ -131,6 +131,7 @@ async def test_an_unknown_gateway_flag_is_an_error_within_seconds(tmp_path: Path
 def test_the_cli_shows_the_gateways_command_without_its_key() -> None:
     import subprocess
     import sys
+    import tomllib
 
     done = subprocess.run(
         [
@@ -144,8 +145,10 @@ def test_the_cli_shows_the_gateways_command_without_its_key() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert len(lines) == 3  # two workers, then the gateway
-    assert " launch --worker-urls http://127.0.0.1:" in lines[2]
-    assert "--policy cache_aware" in lines[2] and "--api-key '***'" in lines[2]
-    assert "sk-never-shown" not in done.stdout
+    # The commands as TOML comments (two workers, then the gateway), then the config.
+    commands = [line for line in done.stdout.splitlines() if line.startswith("#   ")]
+    assert len(commands) == 3
+    assert " launch --worker-urls http://127.0.0.1:" in commands[2]
+    assert "--policy cache_aware" in commands[2] and "--api-key '***'" in commands[2]
+    assert tomllib.loads(done.stdout)["providers"]["gpu"]["kind"] == "sglang-gateway"
+    assert "sk-never-shown" not in done.stdout + done.stderr

@@ -320,6 +320,45 @@ def test_prefix_cache_hits_and_cuts_prefill(server: StandIn) -> None:
     assert usage3["prompt_tokens_details"] is None
 
 
+@pytest.fixture(scope="module")
+def paged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIn]:
+    """A server with 512-token cache pages and four tokens a streamed event."""
+    flags = ("--page-size", "512", "--stream-interval", "4", "--served-model-name=m")
+    standin = StandIn(tmp_path_factory.mktemp("paged"), flags=("--enable-cache-report", *flags))
+    try:
+        standin.wait_ready()
+        yield standin
+    finally:
+        standin.close()
+
+
+def test_the_page_size_is_the_prefix_caches_block(paged: StandIn) -> None:
+    """With --page-size above 1, a prefix is cached in whole pages, as SGLang's paged radix
+    cache matches it: two prompts sharing 1,505 tokens share 1,024 (two 512-token pages)."""
+    system = {"role": "system", "content": system_prompt("pages")}  # 1,503 tokens rendered
+    cached = []
+    for question in ("First?", "Second?"):
+        body = {"model": "m", "messages": [system, {"role": "user", "content": question}]}
+        usage = paged.http.post("/v1/chat/completions", json=body).json()["usage"]
+        cached.append((usage["prompt_tokens_details"] or {}).get("cached_tokens", 0))
+    assert cached == [0, 1024]
+
+
+def test_the_stream_interval_is_the_tokens_of_an_event(paged: StandIn) -> None:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Ten tokens, please."}],
+        "stream": True,
+        "max_tokens": 10,
+    }
+    with paged.http.stream("POST", "/v1/chat/completions", json=body) as resp:
+        events = [e for e in sse_events(resp) if e != "[DONE]"]
+    texts = [e["choices"][0]["delta"]["content"] for e in events if e["choices"]]
+    pieces = [text for text in texts if text]
+    assert [len(text.split()) for text in pieces] == [4, 4, 2]  # ten tokens, four an event
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
 def test_multi_turn_hits_the_previous_reply(server: StandIn) -> None:
     system = {"role": "system", "content": system_prompt("multi-turn", 200)}
     turn1 = [system, {"role": "user", "content": "Hello"}]

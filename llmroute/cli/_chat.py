@@ -284,6 +284,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
         lines.append(str(route))  # the report's own one line
         if route.tier is not None:
             lines.append(tier_line(route.tier))
+        if route.reason:
+            lines.append(f"  why: {route.reason}")
         if route.explored:
             lines.append(f"  explored: {route.explored}")
         if route.continued_on:

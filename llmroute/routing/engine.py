@@ -663,6 +663,7 @@ class _Run:
         router, route = self.router, self.route
         names = [t.name for t in route.targets]
         plan = route.policy.plan(names, self.view, router._rng)
+        self.report.reason = plan.reason
         goal = self.goal
         if goal is not None and route.policy.name in ("fastest", "hedge", "race"):
             view = self.view

@@ -18,12 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, PrefixIndex, Prompt
+from .prefix import DEFAULT_BLOCK_CHARS, DEFAULT_MAX_BLOCKS, CommonPrefixes, PrefixIndex, Prompt
 
 __all__ = [
     "COLD_EXPLORE_SHARE",
     "COLD_EXPLORE_UNANSWERED",
     "IMPROVING_EXPLORE_SHARE",
+    "RECENT_REQUESTS_HALF_LIFE",
     "FailoverPolicy",
     "FastestPolicy",
     "HedgePolicy",
@@ -53,6 +54,10 @@ IMPROVING_EXPLORE_SHARE = 0.25
 was fast). Such a re-measure is a race beside the first choice (no wait for the caller, one
 more request), and a few fast samples decide the change back, so a target that recovered gets
 its traffic back within a few requests of its first fast re-measure."""
+RECENT_REQUESTS_HALF_LIFE = 256.0
+"""Requests of a route after which one request's weight in :class:`PrefixPolicy`'s count of the
+requests each target served lately halves. The count helps break ties of load (few requests in
+flight tie often): a target kept busy by long conversations takes fewer new ones."""
 COLD_EXPLORE_UNANSWERED = 5
 """Explorations in a row without a sample after which a cold (or improving) target is no longer
 explored at the cold share, only re-measured when stale (a race it keeps losing, say)."""
@@ -119,6 +124,9 @@ class Plan:
     included); and, if the policy has it, ``policy.answered(key, target, text)`` when an answer
     whose only choice is plain text completed (a stream read to its end, or a completion
     returned), with the target that finished it and the answer's text."""
+    reason: str = ""
+    """Why the first target is first, in the policy's words (empty: its rule says it all, as
+    for "fastest"); the route report carries it."""
 
     def hedge_delay(self, index: int) -> float | None:
         """The hedge delay after attempt ``index`` started, or ``None`` (no hedge)."""
@@ -297,11 +305,21 @@ class PrefixPolicy:
     Each target has a :class:`~llmroute.routing.prefix.PrefixTree` of the prompts sent to it
     lately. A request goes to the available target whose tree matches the longest share of its
     prompt, if that share is above ``cache_threshold``; else to the least-loaded target (ties:
-    the smallest tree, so new prefixes spread; then predicted ``rank_by`` TTFT; then the
-    configured order). When the targets are imbalanced, the highest load exceeding the lowest
-    by more than ``balance_abs_threshold`` requests *and* by a factor above
-    ``balance_rel_threshold``, the least-loaded target is chosen whatever it holds (SGLang
-    gateway's rule). The other targets follow, least loaded first, on failure.
+    the least of the route's recent work, its share of the prefixes the trees hold plus its
+    share of the requests served lately; then predicted ``rank_by`` TTFT; then the configured
+    order). When the targets are imbalanced, the highest load exceeding the lowest by more than
+    ``balance_abs_threshold`` requests *and* by a factor above ``balance_rel_threshold``, the
+    least-loaded target is chosen whatever it holds (SGLang gateway's rule). The other targets
+    follow, least loaded first, on failure.
+
+    The share is counted beyond the prompt's *common* prefix: the leading part that more than
+    an even share (one in as many as there are available targets) of the conversations started
+    lately share, such as a system prompt every user gets (see
+    :class:`~llmroute.routing.prefix.CommonPrefixes`). Every target ends up holding such a
+    prefix, and keeping all the conversations that start with it on one target would overload
+    it, so holding it is no reason to choose a target: a new conversation goes to the
+    least-loaded target, its later turns where their history is. A prefix fewer conversations
+    share (one system prompt of ten, a user's own history) counts in full.
 
     The share of the prompt a tree holds is counted in characters (a short trailing partial
     block weighs its few characters). The prompt goes into the chosen target's tree at once, so
@@ -312,6 +330,7 @@ class PrefixPolicy:
     starts with, goes into the tree of the target that answered: a chat's next turn then matches
     nearly all of its prompt, however short its first one was. Works for any targets: a
     self-hosted server's load is its own queue, a vendor's the client's requests in flight.
+    Each plan says why it chose its first target (:attr:`Plan.reason`).
     """
 
     name = "prefix"
@@ -338,7 +357,10 @@ class PrefixPolicy:
         self.balance_rel_threshold = balance_rel_threshold
         self.rank_by = rank_by
         self.index = PrefixIndex(max_blocks)
+        self.common = CommonPrefixes(max_blocks)
         self._owners = itertools.count()
+        self._planned = 0  # requests planned: the clock of the recent-requests decay
+        self._sent: dict[str, tuple[float, int]] = {}
 
     def imbalanced(self, loads: Sequence[float]) -> bool:
         """Whether the highest load exceeds the lowest by both thresholds."""
@@ -347,6 +369,28 @@ class PrefixPolicy:
         high, low = max(loads), min(loads)
         return high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
 
+    def sent_lately(self, target: str) -> float:
+        """The requests ``target`` served lately (or, until they are served, was chosen for),
+        each weighing half as much every :data:`RECENT_REQUESTS_HALF_LIFE` requests planned."""
+        entry = self._sent.get(target)
+        if entry is None:
+            return 0.0
+        value, at = entry
+        return value * 0.5 ** ((self._planned - at) / RECENT_REQUESTS_HALF_LIFE)
+
+    def _work_lately(self, targets: Sequence[str]) -> dict[str, float]:
+        """Each target's part of the route's recent work, what breaks ties of load: its share
+        of the prefixes the targets' trees hold (so new prefixes go where the cache has room,
+        SGLang's smallest tree) plus its share of the requests served lately (so a target kept
+        busy by long chats of short turns, whose tree is small, takes fewer new ones)."""
+        trees = {t: len(self.index.tree(t)) for t in targets}
+        sent = {t: self.sent_lately(t) for t in targets}
+        blocks, requests = sum(trees.values()) or 1, sum(sent.values()) or 1.0
+        return {t: trees[t] / blocks + sent[t] / requests for t in targets}
+
+    def _count_sent(self, target: str, requests: float) -> None:
+        self._sent[target] = (max(0.0, self.sent_lately(target) + requests), self._planned)
+
     def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
         q = rank_quantile(self.rank_by)
         index = self.index
@@ -354,25 +398,45 @@ class PrefixPolicy:
         if not ready:
             return Plan(tuple(_by_load(targets, view, q)))
         loads = {t: view.load(t) for t in ready}
-        fallback = sorted(ready, key=lambda t: (loads[t], len(index.tree(t)), view.predict(t, q)))
+        work = self._work_lately(ready)
+        fallback = sorted(ready, key=lambda t: (loads[t], work[t], view.predict(t, q)))
         prompt = Prompt.of(view.messages(), self.block_chars, index.max_blocks)
-        blocks = prompt.blocks
-        choice, held, owner = fallback[0], 0, 0
-        if blocks:
-            held = index.tree(choice).match(blocks)
-            if not self.imbalanced(list(loads.values())):
-                best, most = choice, held
-                for target in fallback[1:]:
-                    matched = index.tree(target).match(blocks)
-                    if matched > most:
-                        best, most = target, matched
-                if prompt.share(most) > self.cache_threshold:
-                    choice, held = best, most
+        choice, held, owner, reason = fallback[0], 0, 0, "least loaded: an empty prompt"
+        if prompt.blocks:
+            choice, held, reason = self._choose(prompt, fallback, loads)
             owner = next(self._owners)
-            index.tree(choice).insert(blocks, owner)
+            index.tree(choice).insert(prompt.blocks, owner)
+        self._planned += 1
+        self._count_sent(choice, 1.0)
         order = (choice, *(t for t in fallback if t != choice))
         order += tuple(t for t in targets if t not in loads)
-        return Plan(order, key=_PrefixKey(prompt, choice, held, owner) if blocks else None)
+        key = _PrefixKey(prompt, choice, held, owner) if prompt.blocks else None
+        return Plan(order, key=key, reason=reason)
+
+    def _choose(
+        self, prompt: Prompt, fallback: list[str], loads: Mapping[str, float]
+    ) -> tuple[str, int, str]:
+        """The target a non-empty prompt starts on, the blocks its tree holds, and why."""
+        blocks = prompt.blocks
+        matches = {t: self.index.tree(t).match(blocks) for t in fallback}
+        best = max(fallback, key=lambda t: matches[t])  # the first of the longest: least loaded
+        most = matches[best]
+        common = self.common.depth(blocks, most, 1 / len(fallback))
+        self.common.record(prompt, most)
+        least = fallback[0]
+        if self.imbalanced(list(loads.values())):
+            return least, matches[least], "least loaded: the load is out of balance"
+        share = prompt.share(most, common)
+        beyond = " beyond its common prefix" if common else ""
+        if share > self.cache_threshold:
+            return best, most, f"prefix: holds {share:.0%} of the prompt{beyond}"
+        if most and most <= common:
+            why = "holds only the prompt's common prefix, which many conversations share"
+        elif most:
+            why = f"holds {share:.0%} of the prompt{beyond}, not above {self.cache_threshold:g}"
+        else:
+            why = "holds none of the prompt"
+        return least, matches[least], f"least loaded: the best match ({best}) {why}"
 
     def observe(self, key: object, winner: str | None) -> None:
         """The target that served the planned request (``None``: none did).
@@ -380,10 +444,13 @@ class PrefixPolicy:
         When it is not the one the plan chose, the prompt's blocks that the plan added to the
         chosen target's tree are taken out again, except those another request's prompt (one
         still in flight, say, a longer turn of the same chat) touched since; and the winner's
-        tree gets the prompt.
+        tree gets the prompt, and the request counts among those the winner served lately.
         """
         if not isinstance(key, _PrefixKey) or winner == key.choice:
             return
+        self._count_sent(key.choice, -1.0)
+        if winner is not None:
+            self._count_sent(winner, 1.0)
         blocks = key.prompt.blocks
         self.index.tree(key.choice).discard(blocks[key.held :], key.owner)
         if winner is not None:
@@ -397,6 +464,7 @@ class PrefixPolicy:
             return
         answer = key.prompt.extend(({"role": "assistant", "content": text},))
         self.index.tree(target).insert(answer.blocks)
+        self.common.answered(key.prompt, answer)
 
 
 def explore(

@@ -29,6 +29,12 @@ The approximation, like SGLang's gateway but over fixed-size blocks instead of c
 - Names use Python's ``hash`` (64 bits, salted per process): the trees live in one process, and
   a collision (about n² / 2⁶⁴) would at worst misplace one request.
 - Request fields outside ``messages`` (``tools``, ``response_format``) are not part of a prefix.
+
+A prefix that many conversations start with (a system prompt every user gets) says nothing of
+where one conversation lives: every target ends up holding it. :class:`CommonPrefixes` counts,
+for the prefixes the traffic shares, how many of the conversations started lately went through
+them, so that a policy can discount the part of a match that is common to more than an even
+share of them.
 """
 
 from __future__ import annotations
@@ -38,8 +44,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "COMMON_HALF_LIFE",
+    "COMMON_MIN_CONVERSATIONS",
     "DEFAULT_BLOCK_CHARS",
     "DEFAULT_MAX_BLOCKS",
+    "CommonPrefixes",
     "PrefixIndex",
     "PrefixTree",
     "Prompt",
@@ -51,6 +60,13 @@ DEFAULT_BLOCK_CHARS = 64
 """Characters per block: about 16 tokens of English text."""
 DEFAULT_MAX_BLOCKS = 16384
 """Blocks remembered per target: about 1M characters (256k tokens) of prefixes, some 2 MB."""
+
+COMMON_HALF_LIFE = 256.0
+"""Conversations after which a conversation's weight in :class:`CommonPrefixes` halves: the
+shares are those of the last few hundred conversations started."""
+COMMON_MIN_CONVERSATIONS = 4
+"""A prefix is common only once at least this many of the recent conversations (decayed) share it:
+two or three chats of one user, or a chat edited twice, are not yet "the traffic"."""
 
 _MASK = (1 << 64) - 1
 _ABSENT: Any = object()
@@ -151,13 +167,16 @@ class Prompt:
         """The prompt of these chat messages."""
         return cls(render_prompt(messages), block_chars, max_blocks)
 
-    def share(self, matched: int) -> float:
-        """The share of the prompt's characters in its first ``matched`` blocks (0 to 1)."""
-        if not self.chars:
+    def share(self, matched: int, after: int = 0) -> float:
+        """The share of the prompt's characters in its first ``matched`` blocks (0 to 1), or,
+        with ``after``, the share of those beyond its first ``after`` blocks that blocks
+        ``after`` to ``matched`` hold."""
+        rest = self.chars - after * self.block_chars
+        if rest <= 0 or matched <= after:
             return 0.0
         if matched >= len(self.blocks):
             return 1.0
-        return matched * self.block_chars / self.chars
+        return (matched - after) * self.block_chars / rest
 
     def extend(self, messages: Iterable[Mapping[str, Any]]) -> Prompt:
         """This prompt followed by ``messages``: the blocks of the prompt the next turn of a
@@ -276,3 +295,108 @@ class PrefixIndex:
     def sizes(self) -> dict[str, int]:
         """Blocks held per target."""
         return {name: len(tree) for name, tree in self._trees.items()}
+
+
+class CommonPrefixes:
+    """How many of the conversations started lately share each prefix of the traffic.
+
+    A request is the next turn of a known conversation when the longest prefix any target holds
+    for it ends where an earlier request of that conversation (or its answer) ended; otherwise it
+    starts a conversation, which counts once on every block it shares with earlier traffic. The
+    counts decay by half every :data:`COMMON_HALF_LIFE` conversations, so they describe the
+    recent traffic. Counting costs a few dictionary updates per block a *new* conversation
+    shares (a system prompt's blocks), nothing per block of a conversation's own history, and
+    at most ``max_blocks`` names are kept (least recently counted dropped first).
+
+    :meth:`depth` then says how far a prompt's prefix is common: shared by more than a given
+    share of the recent conversations and by at least :data:`COMMON_MIN_CONVERSATIONS`.
+    """
+
+    __slots__ = ("_counts", "_ends", "_started", "conversations", "half_life", "max_blocks")
+
+    def __init__(
+        self, max_blocks: int = DEFAULT_MAX_BLOCKS, half_life: float = COMMON_HALF_LIFE
+    ) -> None:
+        if max_blocks < 1 or not half_life > 0:
+            raise ValueError("max_blocks must be at least 1 and half_life positive")
+        self.max_blocks = max_blocks
+        self.half_life = half_life
+        self.conversations = 0.0
+        """The conversations started lately (decayed, as the counts are)."""
+        self._started = 0  # conversations started, ever: the clock of the decay
+        self._counts: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        # where each conversation ends now: after its last answer (True) or request (False)
+        self._ends: OrderedDict[int, bool] = OrderedDict()
+
+    def count(self, block: int) -> float:
+        """The recent conversations (decayed) whose prompts went through this block: 1 for a
+        block only one conversation had (or that is no longer counted)."""
+        entry = self._counts.get(block)
+        if entry is None:
+            return 1.0
+        value, at = entry
+        value *= 0.5 ** ((self._started - at) / self.half_life)
+        return min(value, self.conversations)  # its first conversation was counted as new
+
+    def depth(self, blocks: Sequence[int], held: int, share: float) -> int:
+        """How many leading ``blocks`` (at most ``held``) more than ``share`` of the recent
+        conversations, and at least :data:`COMMON_MIN_CONVERSATIONS`, share."""
+        need = max(float(COMMON_MIN_CONVERSATIONS), share * self.conversations)
+        counted = self._counts
+        low, high = 0, min(held, len(blocks))  # counts only fall along a prompt's blocks
+        while low < high:
+            middle = (low + high + 1) // 2
+            block = blocks[middle - 1]
+            if block in counted and self.count(block) > need:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def record(self, prompt: Prompt, held: int) -> None:
+        """A request's prompt, of which some target holds the first ``held`` blocks: the next
+        turn of the conversation that ended there, or a new conversation through them.
+
+        It is the next turn when the blocks held end where a conversation's last answer did,
+        or where its last request did and the prompt adds whole blocks of its own (a prompt
+        that adds only a partial block after another's could be a new chat with a short
+        question, after a system prompt that filled the blocks before it)."""
+        blocks, ends, whole = prompt.blocks, self._ends, _whole(prompt)
+        if held >= len(blocks) or not whole:  # the same prompt again, or a very short one
+            return
+        held = min(held, whole)
+        end = blocks[held - 1] if held else 0
+        answered = ends.get(end) if held else None
+        if answered or (answered is not None and whole > held):
+            del ends[end]
+        else:
+            self._started += 1
+            self.conversations = self.conversations * 0.5 ** (1 / self.half_life) + 1
+            counts, now = self._counts, self._started
+            for block in blocks[:held]:
+                counts[block] = (self.count(block) + 1, now)
+                counts.move_to_end(block)
+            for _ in range(len(counts) - self.max_blocks):
+                counts.popitem(last=False)
+        self._end(blocks[whole - 1], answered=False)
+
+    def answered(self, prompt: Prompt, answer: Prompt) -> None:
+        """The answer to ``prompt`` completed: its conversation now ends where ``answer`` (the
+        prompt followed by the answer) does."""
+        asked, whole = _whole(prompt), _whole(answer)
+        if asked:
+            self._ends.pop(prompt.blocks[asked - 1], None)
+        if whole:  # an answer that filled no block of its own ends where the request did
+            self._end(answer.blocks[whole - 1], answered=whole > asked)
+
+    def _end(self, block: int, *, answered: bool) -> None:
+        ends = self._ends
+        ends[block] = answered
+        ends.move_to_end(block)
+        for _ in range(len(ends) - self.max_blocks):
+            ends.popitem(last=False)
+
+
+def _whole(prompt: Prompt) -> int:
+    """The prompt's whole blocks (a trailing partial block changes when the prompt grows)."""
+    return len(prompt.blocks) - (1 if prompt.tail else 0)

@@ -25,11 +25,13 @@ with the longest cached prefix first, other policies in arrival order (``random`
 
 Prefix cache: each process keeps an LRU of 16-token blocks of the prompts it has prefilled (the
 prompt is the messages rendered as ``<|im_start|> role words... <|im_end|>`` plus the generation
-prompt; one word is one token). A request's cached tokens are its longest run of leading blocks
+prompt; one word is one token), or of ``--page-size`` tokens when that is above 1 (SGLang's paged
+radix cache matches whole pages). A request's cached tokens are its longest run of leading blocks
 already seen (at least one token is always computed); the whole conversation, reply included, is
 cached once it finishes, so the next turn hits. TTFT = queue wait + ``SGLANG_STANDIN_TTFT`` +
 ``SGLANG_STANDIN_PREFILL_MS_PER_1K`` x uncached tokens / 1000. ``--disable-radix-cache`` turns it
-off; ``--max-total-tokens`` overrides the capacity (``SGLANG_STANDIN_CACHE_TOKENS``).
+off; ``--max-total-tokens`` overrides the capacity (``SGLANG_STANDIN_CACHE_TOKENS``). A stream
+sends ``--stream-interval`` tokens an event (one by default, as SGLang).
 
 Data parallelism: with ``--dp-size N`` the server runs N ranks, each with its own queue, slots
 and prefix cache; chat requests are dealt to them in turn (SGLang's default
@@ -127,6 +129,8 @@ SERVE_CLI_SINCE: Version = (0, 5, 5)
 
 DEFAULT_MAX_RUNNING = 8
 BLOCK_TOKENS = 16
+"""Tokens per prefix-cache block unless ``--page-size`` is above 1 (SGLang's default page is one
+token; 16 keeps the stand-in's cache small and fast)."""
 _V036, _V040, _V050, _V054 = (0, 3, 6), (0, 4, 0), (0, 5, 0), (0, 5, 4)
 _EOS_TOKEN_ID = 151645  # Qwen2.5's <|im_end|>: SGLang reports the matched stop token's id
 _HANG_MAX = 300.0
@@ -664,7 +668,8 @@ class SGLangApp:
         self.log = log
         self.model_name: str = args["served_model_name"]
         self.capacity: int = args.get("max_total_tokens") or knobs.cache_tokens
-        self.cache = PrefixCache(self.capacity)
+        page = args.get("page_size") or 1
+        self.cache = PrefixCache(self.capacity, page if page > 1 else BLOCK_TOKENS)
         self.radix = not args.get("disable_radix_cache")
         self.max_running: int = args.get("max_running_requests") or DEFAULT_MAX_RUNNING
         self.warm = asyncio.Event()
@@ -1223,17 +1228,30 @@ class _Generation:
         }
         return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
+    async def _send_tokens(self, start: int, end: int, last: float) -> float:
+        """Send the answer's tokens ``start`` to ``end`` as one event."""
+        await self._emit(self._chunk({"content": "".join(self.plan.pieces[start:end])}))
+        for _ in range(start, end):
+            last = self._token_sent(last)
+        return last
+
     async def _emit(self, data: bytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def _stream(self) -> bool:
+        """Stream the answer, ``--stream-interval`` tokens an event (SGLang's default, one)."""
         pieces, fault, itl = self.plan.pieces, self.fault, self.app.knobs.inter_token
-        last = 0.0
+        interval = max(1, int(self.app.args.get("stream_interval") or 1))
+        last, held, waited = 0.0, 0, 0.0  # tokens decoded but not sent yet, and their time
         await self._emit(self._chunk({"role": "assistant", "content": ""}))
         for i in range(len(pieces) + 1):
             if fault.kind in ("drop", "malformed", "stream-error") and i == min(
                 fault.after, len(pieces)
             ):
+                if held:  # the tokens before the fault go out first
+                    if await _sleep_unless(waited, self.gone):
+                        return False
+                    last, held, waited = await self._send_tokens(i - held, i, last), 0, 0.0
                 if fault.kind == "drop":
                     return False  # no end of body: the connection is closed
                 if fault.kind == "stream-error":
@@ -1246,11 +1264,12 @@ class _Generation:
             if i == len(pieces):
                 break
             if i > 0:
-                pause = fault.stall_seconds if i == fault.stall_after else itl
-                if await _sleep_unless(pause, self.gone):
+                waited += fault.stall_seconds if i == fault.stall_after else itl
+            held += 1
+            if held == interval or i == len(pieces) - 1:
+                if await _sleep_unless(waited, self.gone):
                     return False
-            await self._emit(self._chunk({"content": pieces[i]}))
-            last = self._token_sent(last)
+                last, held, waited = await self._send_tokens(i + 1 - held, i + 1, last), 0, 0.0
         tail = self._chunk({}, self.plan.finish)
         if self.include_usage:
             tail += self._event([], self._usage())
