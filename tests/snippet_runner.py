@@ -1,4 +1,4 @@
-"""Runs the docs' Python blocks for tests/test_docs_snippets.py, each in a process of its own.
+"""Runs the docs' Python blocks for tests/docs/test_docs_snippets.py, each in a process of its own.
 
 ``python tests/snippet_runner.py MANIFEST`` reads a JSON list of ``{"name", "code", "cwd",
 "timeout"}``, imports llmroute and openai once, then forks one child per block: the child runs

@@ -138,7 +138,7 @@ FALSE_ALARM_RATE: Final = 1e-4
 distribution, heavy stall tails included), a window is declared changed after a sample with
 probability at most this, so at most about once per 10,000 samples. It is split evenly over the
 tests made after each sample (:func:`change_alpha`); the bound is a union bound, so the rate
-measured is lower (``tests/test_change_detection.py``)."""
+measured is lower (``tests/routing/test_change_detection.py``)."""
 RETURN_ALPHA: Final = 0.02
 """The level of each test for a change to faster in a thin window: one whose newest change was
 to slower (it holds only the few samples of the slow regime), or that holds fewer than

@@ -105,7 +105,7 @@ class _H2Connection(h2.connection.H2Connection):
         """h2's own, minus ``logger.trace("Received frame: %s", repr(frame))``: the argument is
         built even for h2's no-op logger, and a DATA frame's repr copies and hex-encodes its
         payload (a tenth of the client's CPU with one event per frame). The rest is h2 4.4's
-        code as is (``tests/test_h2_corners.py`` checks that it still is)."""
+        code as is (``tests/transport/test_h2_corners.py`` checks that it still is)."""
         events: list[h2.events.Event]
         try:
             frames, events = self._frame_dispatch_table[frame.__class__](frame)

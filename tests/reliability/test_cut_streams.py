@@ -40,7 +40,7 @@ SYNC: list[Any] = [{"role": "user", "content": "Continue me from a thread."}]
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"  # the same engine runs on trio in tests/test_continuation_accounts.py
+    return "asyncio"  # the same engine runs on trio in tests/routing/test_continuation_accounts.py
 
 
 @pytest.fixture(scope="module")

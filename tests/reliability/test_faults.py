@@ -40,7 +40,7 @@ TIMEOUT = httpx.Timeout(10.0, read=1.0)  # the read timeout is also the deadline
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"  # the same transport and engine run on trio in tests/test_routing.py
+    return "asyncio"  # the same transport and engine run on trio in tests/routing/test_routing.py
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +222,8 @@ async def test_no_first_token_fails_over_within_the_deadline(
 async def test_a_status_error_fails_over_and_alone_is_typed(
     target: Simulator, kind: str, status: int, error: type[APIStatusError]
 ) -> None:
-    # An ordered route that retries nothing in place (tests/test_retry_rules.py has the retries).
+    # An ordered route that retries nothing in place (tests/routing/test_retry_rules.py has the
+    # retries).
     cfg = routed(target.base_url, second=target.base_url, retry_after_max=0, server_error_retries=0)
     async with AsyncOpenAI(config=cfg, verify=target.ssl_context(), max_retries=0) as client:
         text, route = await stream_text(client, extra_headers=once(kind))

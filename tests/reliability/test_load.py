@@ -28,7 +28,7 @@ PROMPTS = [f"Load question {i}" for i in range(10)]
 
 @pytest.fixture
 def anyio_backend() -> str:
-    return "asyncio"  # the transport is the same on trio (tests/test_transport.py)
+    return "asyncio"  # the transport is the same on trio (tests/transport/test_transport.py)
 
 
 async def test_concurrent_streams_are_exact_and_share_few_connections() -> None:
