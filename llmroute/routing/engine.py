@@ -1000,6 +1000,10 @@ class _Coordinator:
         delay = self.plan.hedge_delay(self.launched)
         self.hedge_at = anyio.current_time() + delay if delay is not None else None
         self.launched += 1
+        if attempt.record.reason in ("probe", "explore") and self.plan.start > 1:
+            # One request more, paid from the hedge budget while it has tokens (it never
+            # waits for one): the losing hedges that follow are fewer by as many.
+            self.run.route.budget.try_spend()
         if attempt.record.reason == "probe":
             self.run_on(attempt)
             return

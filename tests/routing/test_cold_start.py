@@ -269,3 +269,43 @@ def test_a_fresh_clients_first_hundred_requests_are_near_the_best_single_target(
     assert alone["a"] > 3 * best  # A alone: its stalls are its p95
     assert p95(run.ttfts()) <= 1.10 * best
     assert run.amplification <= 1.25  # the probes (at most 5 per cold target) and hedges
+
+
+def test_probes_are_paid_from_the_hedge_budget_while_it_has_tokens() -> None:
+    # The first 8 requests (all at once) probe both cold targets beside the first choice:
+    # each probe takes a token of the hedge budget (5 saved, 0.1 earned per request) while there is
+    # one, so the losing hedges that follow are fewer by as many; a probe never waits for one.
+    import trio
+    import trio.testing
+
+    from llmroute._config import Config, resolve
+    from llmroute._routes import build_router
+    from llmroute.testing._virtual import VirtualSender, drive
+
+    profiles = heavy_tailed(0.1)
+    config = {
+        "providers": {
+            name: {"base_url": f"https://{name}.test/v1", "api_key": KEY} for name in profiles
+        },
+        "models": {"chat": {"targets": [f"{n}:sim-small" for n in profiles], "policy": "hedge"}},
+    }
+    seen: dict[str, float] = {}
+
+    async def main() -> None:
+        router = build_router(
+            resolve(Config.model_validate(config), {}),
+            max_retries=2,
+            clock=trio.current_time,
+            rng=random.Random(0),
+        )
+        targets = {n: VirtualTarget(p, p.seed or 0) for n, p in profiles.items()}
+        sender = VirtualSender(targets, trio.current_time)
+        requests = await drive(router, router.routes["chat"], sender, prompt, count=8)
+        seen["probes"] = sum(
+            a.reason == "probe" for r in requests if r.report for a in r.report.attempts
+        )
+        seen["tokens"] = router.routes["chat"].budget.tokens
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert seen["probes"] >= 5
+    assert seen["tokens"] < 1  # still 5 had the probes been free (8 requests, no hedge lost)
