@@ -39,7 +39,7 @@ OPENAI2_SKIP := $(FRAMEWORKS) \
 	tests/cli/test_cli_demo.py tests/cli/test_cli_bench.py tests/cli/test_cli_chat.py \
 	tests/testing/test_simulator.py tests/testing/test_simulator_responses.py \
 	tests/cache/test_cache_stores.py tests/cache/test_cache_keys.py tests/client/test_catalog.py \
-	tests/client/test_config.py tests/routing/test_stats.py tests/routing/test_policies.py \
+	tests/config/test_config.py tests/routing/test_stats.py tests/routing/test_policies.py \
 	tests/routing/test_prefix.py tests/protocols/test_protocol_anthropic.py \
 	tests/transport/test_sse.py tests/transport/test_h2_corners.py tests/routing/test_health.py \
 	tests/routing/test_shared_stats.py tests/reliability/test_fuzz_sse.py \

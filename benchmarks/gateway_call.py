@@ -22,7 +22,7 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llmroute._dispatch import Outcome
+from llmroute._dispatch import Served
 from llmroute.server import GatewayApp
 
 CONFIG = {
@@ -30,6 +30,7 @@ CONFIG = {
     "models": {"chat": {"targets": ["sim:sim-small"]}},
     "gateway": {"keys": {"bench": "BENCH_GATEWAY_KEY"}},
 }
+ANSWERED = object()  # the stubbed answer (None would read as "not a route")
 BODY = {
     "model": "chat",
     "messages": [{"role": "user", "content": "How much does a gateway add?"}],
@@ -42,9 +43,9 @@ async def main(args: argparse.Namespace) -> None:
     dispatch: Any = app.client._llmroute  # pyright: ignore[reportPrivateUsage]
     reached = [0]
 
-    async def answer(call: Any, live: Any) -> Outcome:
+    async def answer(call: Any, live: Any) -> Served:
         reached[0] += 1
-        return Outcome(None, None)  # type: ignore[arg-type]
+        return Served(ANSWERED, None)  # type: ignore[arg-type]
 
     dispatch.answer = answer
     headers: dict[str, str] = {}

@@ -78,8 +78,9 @@ sys.path.insert(0, str(ROOT))
 import anyio.to_thread
 
 from llmroute import AsyncOpenAI
-from llmroute._config import KeySettings
-from llmroute.server._limits import Counts, Grant, LocalLimits, RedisLimits, _headers
+from llmroute.config import KeySettings
+from llmroute.server._limits import Counts, Grant, LocalLimits, RedisLimits
+from llmroute.server._limits._verdicts import scope_headers
 from llmroute.server._slots import RedisSlots
 from llmroute.server._tenants import Tenant
 from llmroute.testing import Profile, SimulatorProcess
@@ -223,10 +224,10 @@ def _at_the_end(item: dict[str, Any]) -> bool:
     its first token."""
     import hashlib
 
-    from llmroute.server import _limits
+    from llmroute.server._limits import _redis as limits_redis
 
     words = item["command"].split()
-    settle = hashlib.sha1(_limits._SETTLE.encode()).hexdigest()  # pyright: ignore[reportPrivateUsage]
+    settle = hashlib.sha1(limits_redis._SETTLE.encode()).hexdigest()  # pyright: ignore[reportPrivateUsage]
     return words[0].upper() == "ZREM" or (words[0].upper() == "EVALSHA" and words[1] == settle)
 
 
@@ -443,9 +444,9 @@ async def micro(
 
 def hpack_cost(headers: list[tuple[str, str]], responses: int, rounds: int) -> dict[str, float]:
     """CPU per response of HPACK-encoding case ``a``'s answer headers, with and without the
-    limits' ``x-ratelimit-*`` headers (built by ``_limits._headers`` from counts that grow as
-    in a run, so their values change per answer as they do), on one long-lived encoder each as
-    on one HTTP/2 connection: what h2 does for the answer's HEADERS frame (huffman on)."""
+    limits' ``x-ratelimit-*`` headers (built by ``scope_headers`` from counts that grow as in a
+    run, so their values change per answer as they do), on one long-lived encoder each as on
+    one HTTP/2 connection: what h2 does for the answer's HEADERS frame (huffman on)."""
     from hpack import Encoder
 
     settings = tenant().settings
@@ -456,7 +457,7 @@ def hpack_cost(headers: list[tuple[str, str]], responses: int, rounds: int) -> d
     def with_limits(i: int) -> list[tuple[str, str]]:
         counts = Counts(i + 1, bucket, ESTIMATE * (i + 1), bucket, ESTIMATE * (i + 1))
         now = start + i * 0.0071
-        own = _headers(settings, counts, now, start + 86400)
+        own = scope_headers(settings, counts, now, start + 86400)
         return base + list(own.items())
 
     lists = {"a": [base] * responses, "b": [with_limits(i) for i in range(responses)]}

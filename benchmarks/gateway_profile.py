@@ -63,11 +63,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # builtin's (C functions: isinstance, len, socket.send, ...) goes to its callers' parts, in
 # proportion to the time each caller spent in it.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_a",)),
-    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_s",)),
-    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_v",)),
-    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_m",)),
     ("HTTP server: hypercorn (+ llmroute/server/_h2)", ("hypercorn/", "llmroute/server/_h2")),
+    ("gateway app (llmroute/server/_app, auth, validation, slots)", ("llmroute/server/_",)),
     ("HTTP/2 framing: h2, hpack, hyperframe (both sides)", ("/h2/", "/hpack/", "/hyperframe/")),
     ("HTTP/2 framing: h2, hpack, hyperframe (both sides)", ("/priority/",)),
     ("TLS and sockets: asyncio's TLS and socket transports, ssl", ("asyncio/sslproto.py",)),
@@ -103,10 +100,19 @@ def part_of(filename: str, name: str) -> str:
 STAGES: list[tuple[str, str, str | None]] = [
     ("HTTP server: hypercorn's connection tasks (TLS, h2 parsing, send task)", "hypercorn/", None),
     ("gateway app: its own code", "server/_app.py", None),
+    ("gateway app: its own code", "server/_relay.py", None),
+    ("gateway app: its own code", "server/_calls.py", None),
+    ("gateway app: its own code", "server/_exchange.py", None),
+    ("gateway app: its own code", "server/_tally.py", None),
+    ("gateway app: its own code", "server/_errors.py", None),
     ("gateway app: auth, validation, per-key slots", "server/_auth.py", None),
     ("gateway app: auth, validation, per-key slots", "server/_validate.py", None),
     ("gateway app: auth, validation, per-key slots", "server/_slots.py", None),
-    ("gateway app: auth, validation, per-key slots", "server/_app.py", "_read_json"),
+    ("gateway app: auth, validation, per-key slots", "server/_exchange.py", "read_json"),
+    ("gateway app: auth, validation, per-key slots", "server/_checks.py", None),
+    ("gateway app: auth, validation, per-key slots", "server/_gate.py", None),
+    ("gateway app: auth, validation, per-key slots", "server/_admission.py", None),
+    ("gateway app: auth, validation, per-key slots", "server/_limits/", None),
     ("upstream client: openai's request machinery", "openai/", None),
     ("upstream client: llmroute's seam and dispatch", "llmroute/_client.py", None),
     ("upstream client: llmroute's seam and dispatch", "llmroute/_dispatch.py", None),
@@ -123,7 +129,7 @@ STAGES: list[tuple[str, str, str | None]] = [
         "hypercorn/",
         "app_send",
     ),
-    ("encoding: chunk -> JSON (dump_json)", "server/_app.py", "dump_json"),
+    ("encoding: chunk -> JSON (dump_json)", "server/_exchange.py", "dump_json"),
     ("logging", "logging/", None),
 ]
 

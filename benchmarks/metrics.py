@@ -1,7 +1,8 @@
 """The CPU cost of recording one request in client.metrics, beside decoding its chunks.
 
 Both are timed in the same process, interleaved: ``begin()`` + ``observe()`` of a routed,
-streamed request (one won attempt), and the decoding of that request's 22 SSE events (a
+streamed request (one won attempt, its usage priced at its target's price: the cost counters),
+and the decoding of that request's 22 SSE events (a
 20-token answer) by ``ChatStreamDecoder``, the per-request work metrics sit beside.
 
     .venv/bin/python benchmarks/metrics.py
@@ -15,18 +16,29 @@ import timeit
 
 import httpx
 
+from llmroute._prices import ModelPrice
 from llmroute._types import AttemptReport, RouteReport, Timings
 from llmroute.metrics import ClientMetrics
 from llmroute.metrics._request import RequestRecord
-from llmroute.protocols.openai import ChatStreamDecoder
+from llmroute.protocols.openai import ChatStreamDecoder, build_chunk
+from llmroute.routing.costs import pricer_for
+from llmroute.routing.policies import FastestPolicy
+from llmroute.routing.route import Route, RouteTarget
 
 ROUNDS, NUMBER = 7, 2000
 
 
 def main() -> None:
     metrics = ClientMetrics()
+    price = ModelPrice(input=1.25, cached_input=0.125, output=10)
+    route = Route("chat", (RouteTarget("a", "m", price=price),), FastestPolicy())
     report = RouteReport(route="chat", policy="hedge", winner="a:m", ttft=0.1)
-    report.attempts = [AttemptReport("a:m", 0.0, "first", "won", ttft=0.1)]
+    report.pricer, report.prompt_tokens = pricer_for(route), 12
+    usage = {"prompt_tokens": 12, "completion_tokens": 20, "total_tokens": 32}
+    usage["prompt_tokens_details"] = {"cached_tokens": 0}  # type: ignore[assignment]
+    won = AttemptReport("a:m", 0.0, "first", "won", ttft=0.1)
+    won.usage = build_chunk({"id": "c", "choices": [], "usage": usage}).usage  # openai's object
+    report.attempts = [won]
     timings = Timings(started_at=0.0, first_token=0.1, total=0.5, tokens=20)
 
     def record() -> None:

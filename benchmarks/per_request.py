@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 KEY = "sk-bench"
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 CLIENTS = ("httpx", "openai", "llmroute", "llmroute-routed")
+PRICE = {"input": 1.25, "cached_input": 0.125, "output": 10}
 
 Call = Callable[[], Awaitable[None]]
 
@@ -68,12 +69,17 @@ def calls(base_url: str, ca: str, stream: bool) -> tuple[dict[str, Call], list[A
         http_client=openai.DefaultAsyncHttpxClient(verify=trust()),
     )
     direct = llmroute.AsyncOpenAI(api_key=KEY, base_url=base_url, verify=trust())
+    provider: dict[str, Any] = {"base_url": base_url, "api_key": KEY}
     config = {
-        "providers": {"sim": {"base_url": base_url, "api_key": KEY}},
+        "providers": {"sim": provider},
         "models": {"chat": {"targets": ["sim:sim-small"], "policy": "fastest"}},
         "routing": {"explore": 0},
     }
-    routed = llmroute.AsyncOpenAI(api_key=KEY, verify=trust(), config=config)
+    try:  # priced, so that each call's cost is computed (route.cost, the metrics)
+        priced = {**config, "providers": {"sim": {**provider, "prices": {"*": PRICE}}}}
+        routed = llmroute.AsyncOpenAI(api_key=KEY, verify=trust(), config=priced)
+    except llmroute.ConfigError:  # a --baseline tree from before prices
+        routed = llmroute.AsyncOpenAI(api_key=KEY, verify=trust(), config=config)
     url = base_url + "/chat/completions"
     headers = {"Authorization": f"Bearer {KEY}"}
 

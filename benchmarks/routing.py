@@ -42,7 +42,7 @@ same prompt fetched without routing afterwards; an exception counts as a wrong a
     .venv/bin/python benchmarks/routing.py --quick          # smoke run, ~1.5 minutes
     .venv/bin/python benchmarks/routing.py --json /tmp/routing.json   # also save raw samples
     .venv/bin/python benchmarks/routing.py --scenarios --litellm .venv-litellm/bin/python
-                          # every weather side by side, from a fresh client: ~17 minutes
+                          # every weather side by side, from a fresh client: ~25 minutes
 """
 
 from __future__ import annotations

@@ -38,9 +38,15 @@ simulators received).
   oracle's; 5 s, then 25 s.
 * ``faulty``: A answers 429 to 10% of requests, 500 to 5%, drops 5% of streams after 3 tokens and
   hangs on 3% (8 s); 5 s, then 25 s.
+* ``price``: nothing changes, no stalls; A is the dear fast target (250 ms), C the cheap slow one
+  (700 ms, a twentieth of A's price); llmroute runs twice, ``hedge`` and ``cheapest`` with a goal
+  of 1 s; 5 s, then 25 s.
+
+Every run's cost is priced at ``PRICES`` (USD per million tokens: A 2 / 8, B 0.5 / 2, C 0.1 /
+0.4, input / output) from the tokens each simulator counted, per 1,000 requests.
 
 The phases are shorter than issue 16's (60 s after a change, at concurrency 4): at concurrency 8
-as many requests fall in each 5% tail, and the whole command takes ~17 minutes. The targets
+as many requests fall in each 5% tail, and the whole command takes ~25 minutes. The targets
 against the oracle (steady p95 <= 1.10x the oracle's at amplification <= 1.10, <= 1.2x after a
 shift) and a fresh client's (:data:`FROM_COLD`: every weather's whole-run p95 <= 1.10x its best
 schedule, <= 1.05x after the first 50 requests, amplification <= 1.10) are checked at the end.
@@ -110,6 +116,13 @@ FAULTY_A: dict[str, Any] = {
     "hang_max": 8.0,
 }
 LONG_WORDS = 2000  # a long prompt: 1.0 s on A, 0.55 s on B, 0.7 s on C
+PRICES = {"a": (2.0, 8.0), "b": (0.5, 2.0), "c": (0.1, 0.4)}
+"""USD per million (input, output) tokens: the fast target is the dear one. The cost column
+prices what each simulator counted: every prompt it prefilled (a hedge cancelled before its
+first token pays its prompt, as vendors bill it) and every token it streamed (a cancelled loser
+pays the tokens it sent before the reset); the oracle's winner pays its whole answer."""
+PRICE_GOAL = "1000ms"
+"""The ``price`` scenario's TTFT goal: C (the cheapest, 700 ms) meets it, A and B do too."""
 BOUND_AMPLIFICATION = 1.10  # the best fixed schedule's amplification at most
 COLD_REQUESTS = 50  # "after the first 50 requests"
 FIRST_REQUESTS = 100  # the amplification of the first 100
@@ -132,6 +145,8 @@ class Scenario:
     initial: dict[str, dict[str, Any]] = field(default_factory=dict)
     long_every: int = 0
     """Every this many requests has a long prompt (0: none)."""
+    cheapest: bool = False
+    """Also run llmroute with policy ``cheapest`` (goal :data:`PRICE_GOAL`)."""
 
     @property
     def change_at(self) -> float:
@@ -182,6 +197,13 @@ SCENARIOS = {
         [(5.0, {}), (25.0, {})],
         initial={"a": FAULTY_A},
     ),
+    "price": Scenario(
+        "price",
+        f"a dear fast target (A, 250 ms) and a cheap slow one (C, 700 ms, 1/20 of A's "
+        f"price); goal {PRICE_GOAL}",
+        [(5.0, {}), (25.0, {})],
+        cheapest=True,
+    ),
 }
 
 
@@ -189,6 +211,7 @@ class Sims:
     def __init__(self, initial: dict[str, dict[str, Any]]) -> None:
         self.procs: dict[str, SimulatorProcess] = {}
         self.initial = initial
+        self.tokens: dict[str, dict[str, tuple[int, int]]] = {}
 
     def __enter__(self) -> Sims:
         base = profiles()
@@ -211,8 +234,16 @@ class Sims:
             ctx.load_verify_locations(cafile=proc.ca_pem_path)
         return ctx
 
-    def requests(self) -> dict[str, int]:
-        return {name: proc.stats()["chat_requests"] for name, proc in self.procs.items()}
+    def requests(self, mark: str | None = None) -> dict[str, int]:
+        """Each simulator's chat requests; with ``mark``, its tokens are kept under that name
+        too (:attr:`tokens`: the prompt tokens it prefilled and the tokens it streamed)."""
+        stats = {name: proc.stats() for name, proc in self.procs.items()}
+        if mark is not None:
+            self.tokens[mark] = {
+                n: (s.get("prompt_tokens", 0), s.get("tokens_streamed", 0))
+                for n, s in stats.items()
+            }
+        return {name: s["chat_requests"] for name, s in stats.items()}
 
 
 def _replace(profile: Profile, key: str, value: Any) -> Profile:
@@ -302,7 +333,7 @@ async def drive(
             for name, fields in changes.items():
                 await asyncio.to_thread(sims.procs[name].change_profile, **fields)
             if index == 1:
-                at_change = await asyncio.to_thread(sims.requests)
+                at_change = await asyncio.to_thread(sims.requests, "change")
             t += seconds
             await asyncio.sleep(max(0.0, t - time.perf_counter()))
 
@@ -310,23 +341,29 @@ async def drive(
         tg.create_task(phases())
         for _ in range(concurrency):
             tg.create_task(worker())
-    return samples, at_change, await asyncio.to_thread(sims.requests)
+    return samples, at_change, await asyncio.to_thread(sims.requests, "end")
 
 
-def llmroute_config(sims: Sims) -> dict[str, Any]:
+def llmroute_config(sims: Sims, **route: Any) -> dict[str, Any]:
+    targets = [f"{n}:{MODEL}" for n in sims.procs]
     return {
         "providers": {
-            name: {"base_url": proc.base_url, "api_key": "sk-bench", "continuation": {}}
+            name: {
+                "base_url": proc.base_url,
+                "api_key": "sk-bench",
+                "continuation": {},
+                "prices": {"*": {"input": PRICES[name][0], "output": PRICES[name][1]}},
+            }
             for name, proc in sims.procs.items()
         },
-        "models": {ROUTE: {"targets": [f"{n}:{MODEL}" for n in sims.procs], "policy": "hedge"}},
+        "models": {ROUTE: {"targets": targets, "policy": "hedge", **route}},
     }
 
 
-async def run_llmroute(scenario: Scenario, concurrency: int) -> dict[str, Any]:
+async def run_llmroute(scenario: Scenario, concurrency: int, **route: Any) -> dict[str, Any]:
     with Sims(scenario.initial) as sims:
         client = llmroute.AsyncOpenAI(
-            api_key="unused", config=llmroute_config(sims), verify=sims.ssl_context()
+            api_key="unused", config=llmroute_config(sims, **route), verify=sims.ssl_context()
         )
         async with client:
             await client.warmup()
@@ -342,7 +379,7 @@ async def run_llmroute(scenario: Scenario, concurrency: int) -> dict[str, Any]:
                 )
 
             samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
-    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+    return {"samples": samples, "at_change": at_change, "at_end": at_end, "tokens": sims.tokens}
 
 
 async def first_token_plain(
@@ -418,7 +455,7 @@ async def run_oracle(scenario: Scenario, concurrency: int) -> dict[str, Any]:
         samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
         for c in clients.values():
             await c.aclose()
-    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+    return {"samples": samples, "at_change": at_change, "at_end": at_end, "tokens": sims.tokens}
 
 
 async def run_each(scenario: Scenario, concurrency: int) -> dict[str, list[float]]:
@@ -489,7 +526,7 @@ async def run_single(scenario: Scenario, concurrency: int, target: str = "b") ->
 
         samples, at_change, at_end = await drive(scenario, sims, once, concurrency)
         await client.close()
-    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+    return {"samples": samples, "at_change": at_change, "at_end": at_end, "tokens": sims.tokens}
 
 
 LITELLM_DRIVER = r"""
@@ -565,7 +602,7 @@ async def run_litellm(scenario: Scenario, concurrency: int, python: str) -> dict
                 for name, fields in changes.items():
                     await asyncio.to_thread(sims.procs[name].change_profile, **fields)
                 if index == 1:
-                    at_change = await asyncio.to_thread(sims.requests)
+                    at_change = await asyncio.to_thread(sims.requests, "change")
                 t += seconds
                 await asyncio.sleep(max(0.0, t - time.perf_counter()))
             return at_change
@@ -573,7 +610,7 @@ async def run_litellm(scenario: Scenario, concurrency: int, python: str) -> dict
         at_change, (out, err) = await asyncio.gather(
             phases(), asyncio.wait_for(child.communicate(), scenario.duration + 120)
         )
-        at_end = await asyncio.to_thread(sims.requests)
+        at_end = await asyncio.to_thread(sims.requests, "end")
     if child.returncode != 0:
         raise RuntimeError(f"LiteLLM driver failed: {err.decode()[-2000:]}")
     samples = []
@@ -585,7 +622,7 @@ async def run_litellm(scenario: Scenario, concurrency: int, python: str) -> dict
                 s["started"], s.get("ttft"), bool(s.get("long")), None, None, winner, s.get("error")
             )
         )
-    return {"samples": samples, "at_change": at_change, "at_end": at_end}
+    return {"samples": samples, "at_change": at_change, "at_end": at_end, "tokens": sims.tokens}
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -606,7 +643,7 @@ def moved_at(samples: list[Sample], t: float, target: str = "a") -> float | None
     late = [
         s.started - t
         for s in after(samples, t)
-        if (s.first or s.winner) == target and s.reason not in ("explore", "probe")
+        if (s.first or s.winner) == target and s.reason != "explore"
     ]
     return max(late) if late else None
 
@@ -638,7 +675,11 @@ def summary(scenario: Scenario, kind: str, result: dict[str, Any]) -> dict[str, 
         "amplification": sent / len(rest) if rest else math.nan,
         "errors": dict(Counter(s.error for s in rest if s.error)),
         "winners": dict(Counter(s.winner for s in rest if s.winner)),
+        "usd_per_1k": cost_per_1k(kind, result, rest),
     }
+    if scenario.cheapest:
+        goal = float(PRICE_GOAL.removesuffix("ms")) / 1000
+        out["goal_met"] = sum(t <= goal for t in ttfts) / len(rest) if rest else math.nan
     if scenario.long_every:
         for label, flag in (("short", False), ("long", True)):
             part = [s.ttft for s in rest if s.ttft is not None and s.long == flag]
@@ -661,6 +702,23 @@ def summary(scenario: Scenario, kind: str, result: dict[str, Any]) -> dict[str, 
         end = sum(seconds for seconds, _ in scenario.phases[:-1])
         out["back_after_s"] = back_at(samples, end)
     return out
+
+
+def cost_per_1k(kind: str, result: dict[str, Any], rest: list[Sample]) -> float:
+    """USD per 1,000 requests started after the first phase, at :data:`PRICES`, from the
+    tokens the simulators counted (the oracle's winner pays its whole answer: the oracle
+    leaves every stream at the first token)."""
+    tokens = result.get("tokens") or {}
+    if "change" not in tokens or "end" not in tokens or not rest:
+        return math.nan
+    usd = 0.0
+    for name, (prompt, streamed) in tokens["end"].items():
+        prompt0, streamed0 = tokens["change"].get(name, (0, 0))
+        usd += (prompt - prompt0) * PRICES[name][0] + (streamed - streamed0) * PRICES[name][1]
+    if kind == "oracle":
+        reply = COMMON["reply_tokens"]
+        usd += sum(reply * PRICES[s.winner][1] for s in rest if s.winner in PRICES)
+    return usd / 1e6 / len(rest) * 1000
 
 
 # -- one-request checks ------------------------------------------------------------------------
@@ -817,6 +875,12 @@ def print_checks(rows: list[tuple[Scenario, dict[str, Any]]]) -> list[str]:
                 f"| {ratio(s, o, 'short_p95'):.2f}x | {ms(s['long_p50'])} | {ms(s['long_p95'])} "
                 f"| {ratio(s, o, 'long_p95'):.2f}x |"
             )
+    for sc, s in rows:
+        if sc.cheapest and "goal_met" in s:
+            print(
+                f"{sc.name}: {s['kind']}: p95 {ms(s['p95'])} ms, {100 * s['goal_met']:.1f}% of "
+                f"first tokens within {PRICE_GOAL}, USD {s['usd_per_1k']:.4f} per 1k requests"
+            )
     missed: list[str] = []
     print("\ntargets against the oracle, after the first phase (llmroute):")
     for sc, s in rows:
@@ -836,10 +900,10 @@ def print_checks(rows: list[tuple[Scenario, dict[str, Any]]]) -> list[str]:
 
 def print_table(rows: list[tuple[Scenario, dict[str, Any]]]) -> None:
     print(
-        "\n| scenario | run | requests | p50 ms | p95 ms | p99 ms | p95 / oracle | amplification "
-        "| moved / back after s | winners | errors |"
+        "\n| scenario | run | requests | p50 ms | p95 ms | p99 ms | p95 / oracle | USD / 1k "
+        "| amplification | moved / back after s | winners | errors |"
     )
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
     oracle95: dict[str, float] = {}
     for scenario, s in rows:
         if s["kind"] == "oracle":
@@ -854,7 +918,8 @@ def print_table(rows: list[tuple[Scenario, dict[str, Any]]]) -> None:
         print(
             f"| {scenario.name} | {s['kind']} | {s['requests_after_change']} | {ms(s['p50'])} "
             f"| {ms(s['p95'])} | {ms(s['p99'])} | {s['p95'] / o95:.2f}x "
-            f"| {s['amplification']:.3f} | {'-' if when is None else f'{when:.1f}'} "
+            f"| {s['usd_per_1k']:.4f} | {s['amplification']:.3f} "
+            f"| {'-' if when is None else f'{when:.1f}'} "
             f"| {winners} | {sum(s['errors'].values())} |"
         )
 
@@ -924,6 +989,11 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
             ("llmroute", functools.partial(run_llmroute, scenario, c)),
             ("oracle", functools.partial(run_oracle, scenario, c)),
         ]
+        if scenario.cheapest:
+            cheapest = {"policy": "cheapest", "ttft_target": PRICE_GOAL}
+            kinds.insert(
+                1, ("llmroute cheapest", functools.partial(run_llmroute, scenario, c, **cheapest))
+            )
         if args.single:
             kinds.append(("openai on B", functools.partial(run_single, scenario, c)))
         if litellm:
@@ -967,7 +1037,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--only",
         nargs="*",
-        help="scenarios to run: steady steady25 degrade recover outage longshort faulty checks",
+        help=(
+            "scenarios to run: steady steady25 degrade recover outage longshort faulty price checks"
+        ),
     )
     p.add_argument(
         "--single", action="store_true", help="also the plain openai client on B, each scenario"

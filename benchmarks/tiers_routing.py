@@ -30,6 +30,12 @@ answer came from. The tiered arm's decisions are counted by ``route.tier.reason`
 that occurs, so a new reason shows up), "uncertain" being a decision whose class was not
 acted on for want of confidence (``default`` without an error) or one hedged across tiers.
 
+Each arm's spend is priced as if the small tier were OpenAI's gpt-6-luna and the large one
+gpt-6.1-sol (the catalog's prices: 0.1 / 0.5 and 2 / 10 USD per million input / output tokens):
+every attempt pays the prompt (llmroute's estimate, characters / 4) and the tokens it delivered
+(the route report's ``tokens``; a winner that reported none, its 16), a cancelled hedge its
+prompt. It is what the tiers saved in money against always-large.
+
 Goals (issue 27): tiered simple p50 <= 0.5x always-large's simple p50; >= 95% of hard prompts
 reach the large tier. Exit status 0 when both are met, 1 otherwise.
 
@@ -56,6 +62,7 @@ import _machine  # benchmarks/_machine.py, beside this script
 from routing import Outcome, Sims, drive, pct, stream_once
 
 import llmroute
+from llmroute.routing.stats import estimate_prompt_tokens
 from llmroute.testing import Profile
 from llmroute.tiers import read_examples
 
@@ -65,6 +72,7 @@ TEST = HERE / "data" / "tiers_heldout.jsonl"
 SMALL, LARGE, TIERED = "chat-small", "chat-large", "auto"
 ARMS = {"tiered": TIERED, "always-large": LARGE, "always-small": SMALL}
 REPLY_TOKENS = 16
+PRICES = {"small": (0.1, 0.5), "large": (2.0, 10.0)}  # USD per million input / output tokens
 SIMPLE_RATIO_GOAL = 0.5  # tiered simple p50 <= this x always-large's
 HARD_ON_LARGE_GOAL = 0.95
 
@@ -136,6 +144,8 @@ class Arm:
     labels: list[str] = field(default_factory=list)
     warmup_errors: int = 0
     wall: float = 0.0
+    usd: float = 0.0
+    """What the measured requests cost at :data:`PRICES`."""
     decision_cpu_us: list[float] = field(default_factory=list)
     """The thread's CPU time of each measured decision (the wall time is ``micros``)."""
 
@@ -162,6 +172,7 @@ async def run_arm(arm: Arm, sims: Sims, args: argparse.Namespace, prompts: list[
         )
         arm.wall = time.perf_counter() - began
     arm.labels = [p.label for p in prompts]
+    arm.usd = sum(spend(o, p.messages) for o, p in zip(arm.outcomes, prompts, strict=True))
 
 
 def timed_cpu(client: llmroute.AsyncOpenAI, into: list[float]) -> None:
@@ -196,6 +207,21 @@ def tier_of(outcome: Outcome) -> str | None:
     return {"small": "small", "large": "large"}.get(winner.partition(":")[0])
 
 
+def spend(outcome: Outcome, messages: list[dict[str, str]]) -> float:
+    """What a request's attempts cost at :data:`PRICES`, in USD (see the module's docstring)."""
+    prompt = estimate_prompt_tokens(messages)
+    usd = 0.0
+    for attempt in getattr(outcome.route, "attempts", None) or ():
+        price = PRICES.get(attempt.target.partition(":")[0])
+        if price is None:
+            continue
+        tokens = attempt.tokens
+        if tokens is None:
+            tokens = REPLY_TOKENS if attempt.outcome == "won" else 0
+        usd += (prompt * price[0] + tokens * price[1]) / 1e6
+    return usd
+
+
 def uncertain(decision: Any) -> bool:
     reason = getattr(decision, "reason", "")
     return (reason == "default" and getattr(decision, "error", None) is None) or "hedge" in reason
@@ -224,6 +250,7 @@ def summarise(arm: Arm) -> dict[str, Any]:
             len(getattr(o.route, "attempts", ()) or ()) for o in arm.outcomes
         )
         / max(1, len(pairs)),
+        "usd_per_1k": 1000 * arm.usd / max(1, len(pairs)),
         "hard_on_large": reached("hard", "large"),
         "simple_on_small": reached("simple", "small"),
     }
@@ -264,18 +291,19 @@ def percent(share: float) -> str:
 
 HEADER = (
     "| arm | requests | errors | simple p50 | simple p95 | hard p50 | hard p95 | all p50 "
-    "| hard on large | simple on small | attempts / request |"
+    "| hard on large | simple on small | attempts / request | USD / 1k |"
 )
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [HEADER, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [HEADER, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r['arm']} | {r['requests']} | {sum(r['errors'].values())} "
             f"| {ms(r['simple_p50'])} | {ms(r['simple_p95'])} | {ms(r['hard_p50'])} "
             f"| {ms(r['hard_p95'])} | {ms(r['all_p50'])} | {percent(r['hard_on_large'])} "
-            f"| {percent(r['simple_on_small'])} | {r['attempts_per_request']:.2f} |"
+            f"| {percent(r['simple_on_small'])} | {r['attempts_per_request']:.2f} "
+            f"| {r['usd_per_1k']:.4f} |"
         )
     return lines
 
@@ -327,6 +355,8 @@ def report_lines(result: dict[str, Any]) -> tuple[list[str], bool]:
         f"{tiered.get('decision_cpu_us_p99', nan):.0f} us",
         f"simple p50, tiered / always-large: {ratio:.2f}x  "
         f"{'PASS' if ok_ratio else 'FAIL'} (<= {SIMPLE_RATIO_GOAL}x)",
+        f"spend, tiered / always-large: {tiered['usd_per_1k'] / large['usd_per_1k']:.2f}x "
+        f"(USD {tiered['usd_per_1k']:.4f} against {large['usd_per_1k']:.4f} per 1k requests)",
         f"hard prompts answered by the large tier: {percent(tiered['hard_on_large'])}  "
         f"{'PASS' if ok_hard else 'FAIL'} (>= {HARD_ON_LARGE_GOAL:.0%})",
     ]

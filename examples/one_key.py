@@ -18,7 +18,7 @@ async def main(config: str) -> None:
             async for chunk in stream:
                 if chunk.choices:
                     print(chunk.choices[0].delta.content or "", end="")
-            route = stream.route  # winner, every attempt (target, start, outcome, TTFT), hedges
+            route = stream.route  # winner, every attempt (target, start, outcome, TTFT, cost)
             print(f"\n  -> {route.winner}, first token after {route.ttft * 1000:.0f} ms")
         print(client.stats())  # per target: TTFT p50/p95/p99, inter-token latency, errors
 

@@ -1,7 +1,9 @@
 """llmroute: a drop-in OpenAI client that gets the first token sooner."""
 
+import warnings
+from typing import Any
+
 from ._client import AsyncOpenAI
-from ._config import Config, ConfigError
 from ._errors import (
     AllTargetsFailed,
     APIConnectionError,
@@ -30,16 +32,7 @@ from ._streaming import AsyncStream
 from ._sync import OpenAI, Stream
 from ._types import AttemptReport, RouteReport, TierDecision, Timings
 from ._version import __version__
-from .routing.policies import (
-    FailoverPolicy,
-    FastestPolicy,
-    HedgePolicy,
-    LeastLoadedPolicy,
-    PrefixPolicy,
-    RacePolicy,
-    RoundRobinPolicy,
-    WeightedPolicy,
-)
+from .config import Config, ConfigError
 from .routing.stats import TargetSnapshot
 
 __all__ = [
@@ -57,22 +50,15 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConflictError",
-    "FailoverPolicy",
-    "FastestPolicy",
     "FirstTokenTimeout",
-    "HedgePolicy",
     "InternalServerError",
-    "LeastLoadedPolicy",
     "MalformedStreamError",
     "NotFoundError",
     "OpenAI",
     "OpenAIError",
     "PermissionDeniedError",
-    "PrefixPolicy",
-    "RacePolicy",
     "RateLimitError",
     "RequestBodyError",
-    "RoundRobinPolicy",
     "RouteReport",
     "StallTimeout",
     "Stream",
@@ -83,6 +69,35 @@ __all__ = [
     "Timings",
     "UnknownModelError",
     "UnprocessableEntityError",
-    "WeightedPolicy",
     "__version__",
 ]
+
+_POLICIES = frozenset(
+    {
+        "FailoverPolicy",
+        "FastestPolicy",
+        "HedgePolicy",
+        "LeastLoadedPolicy",
+        "PrefixPolicy",
+        "RacePolicy",
+        "RoundRobinPolicy",
+        "WeightedPolicy",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """The policy classes, exported until now though no call took one: still found, with a
+    DeprecationWarning, for a release."""
+    if name not in _POLICIES:
+        raise AttributeError(f"module 'llmroute' has no attribute {name!r}")
+    warnings.warn(
+        f"llmroute.{name} is no longer exported and will be removed: a route's policy is chosen "
+        'in its config (policy = "hedge", "fastest", ...; docs/routing.md); the class itself is '
+        f"llmroute.routing.policies.{name}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    from .routing import policies
+
+    return getattr(policies, name)

@@ -33,12 +33,14 @@ from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, ext
 from openai.resources.chat import AsyncChat, AsyncCompletions
 from openai.resources.responses import AsyncResponses
 
-from ._config import Config, load_config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, Posted, attach, missing_key_error
+from ._call import Call, Posted, Served, attach
+from ._call_cache import LOOKED_UP
+from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
 from ._upstream import body_errors, check_base_url, to_timeout
-from .cache._flight import Flight
+from .cache import Flight
+from .config import Config, load_config
 from .metrics import ClientMetrics
 from .routing.engine import Router
 from .routing.stats import TargetSnapshot
@@ -161,7 +163,7 @@ def post_parse(result: Any, options: Any) -> Any:
 
 def wrap_raw(
     client: Any,
-    outcome: Outcome,
+    outcome: Served,
     result: Any,
     cast_to: Any,
     options: Any,
@@ -219,9 +221,10 @@ _CHAT_PARAMS = frozenset(inspect.signature(AsyncCompletions.create).parameters) 
 _ABSENT = (openai.NotGiven, openai.Omit)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 _MAX_DEPTH = 32
-_MISS: Any = object()
+MISS: Any = object()
 NOT_ROUTED: Any = object()
-"""What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route."""
+"""What :meth:`AsyncOpenAI._routed_call` returns for a model that is not a route (kept for
+callers of that private method; :meth:`AsyncOpenAI.route_json` returns ``None``)."""
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -320,7 +323,7 @@ async def _create_early(
     if body is None:
         return await create(*args, **kwargs)
     found, key = await client._cache_first(early.path, body)
-    if found is not _MISS:
+    if found is not MISS:
         return found
     token = LOOKED_UP.set(key)
     try:
@@ -493,7 +496,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
                 chunk_cls = AsyncStream[Any] if stream else stream_cls
                 return await super().request(cast_to, options, stream=stream, stream_cls=chunk_cls)
             outcome = await dispatch.answer(call, lambda: self._direct(cast_to, options, stream))
-            result = outcome.result if isinstance(outcome, Outcome) else outcome
+            result = outcome.result if isinstance(outcome, Served) else outcome
             return post_parse(result, options)
         cast_to = self._maybe_override_cast_to(cast_to, options)
         if call.kind in ("chat", "responses"):
@@ -518,38 +521,62 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         self, path: str, body: dict[str, Any]
     ) -> tuple[Any, tuple[str, Flight | None] | None]:
         """A call's cached answer, as :meth:`request` would return it, before openai's
-        machinery builds the request; ``_MISS`` (with the key looked up, if any) when the
+        machinery builds the request; ``MISS`` (with the key looked up, if any) when the
         call must go the usual way."""
         options = Posted(path, body)
         with body_errors():
             dispatch = self._llmroute
             call = dispatch.classify(options, timeout=self._timeout_of(options))
             if call is None or (call.route is None and self._missing_key):
-                return _MISS, None
+                return MISS, None
             self._describe(call)
             outcome, key = await dispatch.from_cache(call)
         if outcome is None:
-            return _MISS, key
+            return MISS, key
         return post_parse(outcome.result, options), key
+
+    async def route_json(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | httpx.Timeout | openai.NotGiven | None = _NOT_GIVEN,
+    ) -> Any:
+        """Route a chat or Responses call given as its JSON body, as the same call through
+        ``chat.completions.create(**body)`` or ``responses.create(**body)`` is routed (tiers,
+        cache, policy, hedges, failover, continuation), without openai's request machinery.
+
+        For a server that already holds a checked JSON body (llmroute's gateway hands every
+        call on a route here). ``path`` is ``"/chat/completions"`` or ``"/responses"``;
+        ``body`` goes on as it is (openai's argument checks do not run: check it first);
+        ``headers`` are the call's extra headers (``x-llmroute-*``, ``traceparent``);
+        ``timeout`` the upstream timeouts (the client's own when not given).
+
+        Returns what ``create`` would: an :class:`llmroute.AsyncStream` for a streamed call,
+        else openai's ``ChatCompletion`` or ``Response``, each with ``.route``; ``None`` when
+        ``body["model"]`` is not a route (send that call through openai's methods). Raises
+        openai's and llmroute's errors as ``create`` does."""
+        dispatch = self._llmroute
+        call = dispatch.classify(Posted(path, body, headers), timeout=self._timeout_given(timeout))
+        if call is None or call.route is None:
+            return None
+        self._describe(call)
+        with body_errors():
+            outcome = await dispatch.answer(call, _unreachable)
+        return outcome.result if isinstance(outcome, Served) else outcome
 
     async def _routed_call(
         self, url: str, body: dict[str, Any], headers: Mapping[str, str], timeout: httpx.Timeout
     ) -> Any:
-        """llmroute's gateway hands a chat or Responses call with its checked JSON body here,
-        straight to the dispatch as the seam would send it (openai's ``post()`` would build
-        request options only for the seam to take the call out of openai's path again).
-        ``NOT_ROUTED``: the model is not a route; the gateway posts it the usual way."""
-        dispatch = self._llmroute
-        call = dispatch.classify(Posted(url, body, headers), timeout=timeout)
-        if call is None or call.route is None:
-            return NOT_ROUTED
-        self._describe(call)
-        with body_errors():
-            outcome = await dispatch.answer(call, _unreachable)
-        return outcome.result if isinstance(outcome, Outcome) else outcome
+        """:meth:`route_json`, with ``NOT_ROUTED`` for a model that is not a route."""
+        result = await self.route_json(url, body, headers=headers, timeout=timeout)
+        return NOT_ROUTED if result is None else result
 
     def _timeout_of(self, options: Any) -> httpx.Timeout:
-        timeout = options.timeout
+        return self._timeout_given(options.timeout)
+
+    def _timeout_given(self, timeout: object) -> httpx.Timeout:
         if not isinstance(timeout, type(_NOT_GIVEN)):
             return to_timeout(timeout)
         own = self.timeout  # converted once (openai 3's is an httpx2 Timeout)

@@ -9,6 +9,7 @@ arithmetic lives in :mod:`llmroute.pricing`.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -28,7 +29,7 @@ ANY_MODEL = "*"
 """The ``prices`` key that prices every model a provider has no own price for (self-hosted)."""
 
 
-def _decimal_input(value: Any) -> Any:
+def decimal_input(value: Any) -> Any:
     if isinstance(value, bool):
         return value  # refused below: true is not a price
     if isinstance(value, float | int):
@@ -40,7 +41,7 @@ def _decimal_input(value: Any) -> Any:
 
 PerMillion = Annotated[
     Decimal,
-    BeforeValidator(_decimal_input),
+    BeforeValidator(decimal_input),
     Field(ge=0, allow_inf_nan=False, strict=False),
 ]
 """A price per million tokens, in the price's currency: zero or more, never NaN."""
@@ -174,3 +175,29 @@ class UsageFields(BaseModel):
     output_from_total: str | None = None
     """A total-tokens path: the answer is ``total - all prompt tokens`` rather than
     ``completion`` (Gemini's OpenAI endpoint has left thinking out of ``completion_tokens``)."""
+
+
+@dataclass(frozen=True)
+class CostLine:
+    """One token class of a cost: ``tokens`` at ``per_million`` make ``amount``."""
+
+    token_class: str
+    tokens: int
+    per_million: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What an attempt cost: ``amount`` in ``currency``, or ``None`` with the reason in
+    ``unknown``. ``estimated`` says why a known amount may differ from the vendor's bill."""
+
+    amount: Decimal | None
+    currency: str | None = None
+    lines: tuple[CostLine, ...] = ()
+    unknown: str = ""
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.amount is not None

@@ -3,13 +3,17 @@ the reading of self-hosted servers' ``/metrics`` and the exchange of stats throu
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ._background import spawn
-from ._config import Resolved, ResolvedProvider, RouteConfig, Target
-from .routing.budget import HedgeBudget
+from .config import ConfigError, Resolved, ResolvedProvider, RouteConfig, Target, route_config
+from .pricing import find_price
+from .routing.budget import CostBudget, HedgeBudget
+from .routing.cheapest import CheapestPolicy
 from .routing.engine import Router
 from .routing.goal import LatencyGoal
 from .routing.policies import (
@@ -23,14 +27,24 @@ from .routing.policies import (
     RoundRobinPolicy,
     WeightedPolicy,
 )
+from .routing.price import TargetPrice, target_price
 from .routing.route import Route, RouteTarget
+from .routing.server_metrics import MetricsPoller
 from .routing.shared import StatsSync
 from .routing.stats import LiveStats, StatsSettings
-from .sglang import MetricsPoller
 
-__all__ = ["ServerPolling", "build_router", "policy_for", "route_for", "stats_sync_for"]
+__all__ = [
+    "ServerPolling",
+    "add_targets",
+    "build_router",
+    "policy_for",
+    "prices_for",
+    "route_for",
+    "stats_sync_for",
+]
 
 METRICS_INTERVAL = 1.0  # seconds between reads of a self-hosted server's /metrics
+_log = logging.getLogger("llmroute")
 
 
 def policy_for(config: RouteConfig) -> Policy:
@@ -57,7 +71,36 @@ def policy_for(config: RouteConfig) -> Policy:
         return RacePolicy(k=config.race, rank_by=config.rank_by)
     if config.policy == "weighted":
         return WeightedPolicy(weights=tuple(config.weights or ()))
+    if config.policy == "cheapest":
+        return CheapestPolicy(rank_by=config.rank_by, max_hedges=config.max_hedges)
     return FailoverPolicy()
+
+
+def prices_for(
+    name: str,
+    config: RouteConfig,
+    targets: Iterable[Target],
+    providers: Mapping[str, ResolvedProvider],
+) -> dict[str, TargetPrice]:
+    """The known prices of a route's targets, for policy ``cheapest`` and a hedge budget in
+    money (empty for other routes); a target without one is logged once, here."""
+    if config.policy != "cheapest" and config.hedge_budget_cost is None:
+        return {}
+    prices: dict[str, TargetPrice] = {}
+    for t in targets:
+        spec = providers[t.provider].spec
+        price, why = target_price(find_price(spec.prices, t.model), t.model)
+        if price is None:
+            _log.warning(
+                "route %r: %s (target %s): it goes after every priced target that meets the "
+                "goal, and the hedge budget in money never hedges to it",
+                name,
+                why,
+                t.name,
+            )
+        else:
+            prices[t.name] = price
+    return prices
 
 
 def route_for(
@@ -67,6 +110,7 @@ def route_for(
     providers: Mapping[str, ResolvedProvider],
 ) -> Route:
     """The engine's route for one ``[models.<name>]`` table."""
+    targets = list(targets)
     return Route(
         name=name,
         targets=tuple(
@@ -83,11 +127,17 @@ def route_for(
                 trial=providers[t.provider].spec.trial.body,
                 request_id_headers=providers[t.provider].spec.request_id_headers,
                 max_tokens_field=providers[t.provider].spec.max_tokens_field,
+                price=find_price(providers[t.provider].spec.prices, t.model),
+                usage_fields=providers[t.provider].spec.usage_fields,
             )
             for t in targets
         ),
         policy=policy_for(config),
         budget=HedgeBudget(ratio=config.hedge_budget),
+        prices=prices_for(name, config, targets, providers),
+        cost_budget=None
+        if config.hedge_budget_cost is None
+        else CostBudget(ratio=config.hedge_budget_cost),
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
         retry_after_max=config.retry_after_max,
@@ -136,6 +186,45 @@ def build_router(
         rng=rng,
         clock=clock,
     )
+
+
+def add_targets(
+    router: Router,
+    providers: Mapping[str, ResolvedProvider],
+    model: str,
+    targets: Iterable[str],
+    *,
+    tiered: Iterable[str] = (),
+    **route: Any,
+) -> None:
+    """Add ``targets`` (``"provider:model"``) to the route ``model``, made with the ``route``
+    settings if it does not exist yet (``client.add_targets``); a ``ConfigError`` names what
+    cannot be done: an unknown provider, a ``tiered`` name, new settings for an existing route,
+    new targets for a weighted one."""
+    parsed = [Target.parse(text) for text in targets]
+    for target in parsed:
+        if target.provider not in providers:
+            raise ConfigError(
+                f"models.{model}: unknown provider {target.provider!r} "
+                "(add it with add_provider() first)"
+            )
+    if model in tiered:
+        raise ConfigError(f"models.{model}: a tiered model name, not a route")
+    routes = router.routes
+    existing = routes.get(model)
+    if existing is None:
+        config = route_config(model, {"targets": [str(t) for t in parsed], **route})
+        routes[model] = route_for(model, config, parsed, providers)
+        return
+    if route:
+        raise ConfigError(f"models.{model}: the route exists; its settings cannot change")
+    if isinstance(existing.policy, WeightedPolicy):
+        raise ConfigError(
+            f"models.{model}: a weighted route takes no new targets (each needs a weight)"
+        )
+    new = route_for(model, RouteConfig(targets=[str(t) for t in parsed]), parsed, providers)
+    known = {t.name for t in existing.targets}
+    existing.targets += tuple(t for t in new.targets if t.name not in known)
 
 
 class ServerPolling:

@@ -2,7 +2,7 @@
 
 Each simulated provider a route (or ``default_provider``) uses is a :class:`~llmroute.testing.
 Simulator` on 127.0.0.1, over TLS with the process's one simulator CA, with the profile and
-phases of its table. :func:`~llmroute._config.resolve` takes their addresses, so the config needs
+phases of its table. :func:`~llmroute.config.resolve` takes their addresses, so the config needs
 no ``base_url``, key or ``verify`` for them (docs/simulator.md).
 """
 
@@ -12,7 +12,7 @@ import importlib.util
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from ._config import SIMULATOR, Config, ConfigError, SimulatorAddress, used_providers
+from .config import SIMULATOR, Config, ConfigError, SimulatorAddress, used_providers
 
 if TYPE_CHECKING:
     from .testing import Profile, Simulator
@@ -43,8 +43,7 @@ class SimulatedProviders:
                     f"simulator, whose dependency {module} is not installed: "
                     f"{install_hint('testing')}"
                 )
-        from .testing import Simulator
-        from .testing._profile import profile_of
+        from .testing import Simulator, profile_of
 
         try:
             for name in names:
@@ -61,7 +60,7 @@ class SimulatedProviders:
 
     @property
     def addresses(self) -> dict[str, SimulatorAddress]:
-        """Where each simulator answers, for :func:`~llmroute._config.resolve`."""
+        """Where each simulator answers, for :func:`~llmroute.config.resolve`."""
         return {
             name: SimulatorAddress(sim.base_url, sim.ca_pem_path)
             for name, sim in self.simulators.items()

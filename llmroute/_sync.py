@@ -30,9 +30,11 @@ from openai.resources.chat import Chat, Completions
 from openai.resources.responses import Responses
 from openai.types.chat import ChatCompletionChunk
 
+from ._call import Call, Served, attach
+from ._call_cache import LOOKED_UP
 from ._client import (
-    _MISS,  # pyright: ignore[reportPrivateUsage]
     DEFAULT_TIMEOUT,
+    MISS,
     NO_KEY,
     AsyncOpenAI,
     EarlyCheck,
@@ -46,12 +48,12 @@ from ._client import (
     signs_late,
     wrap_raw,
 )
-from ._config import Config
-from ._dispatch import LOOKED_UP, Call, Dispatch, Outcome, attach, missing_key_error
+from ._dispatch import Dispatch, missing_key_error
 from ._errors import APIConnectionError, map_transport_errors, stream_ended_with_text
 from ._streaming import AsyncStream, broke
 from ._types import RouteReport, Timings
 from ._upstream import body_errors, to_timeout
+from .config import Config
 from .metrics import ClientMetrics
 from .protocols.openai import ChatStreamDecoder
 from .protocols.reader import StreamReader
@@ -461,7 +463,7 @@ def _create_early(
     if body is None:
         return create(*args, **kwargs)
     found, key = client._cache_first(early.path, body)
-    if found is not _MISS:
+    if found is not MISS:
         return found
     token = LOOKED_UP.set(key)  # the loop's task runs in a copy of this context
     try:
@@ -645,7 +647,7 @@ class OpenAI(openai.OpenAI):
                 result = post_parse(result, options)
             if is_raw(options):  # openai's sync response classes read the body: bridge it
                 response = bridged(runtime, outcome.response)
-                outcome = Outcome(outcome.result, response, outcome.retries)
+                outcome = Served(outcome.result, response, outcome.retries)
             return wrap_raw(self, outcome, result, cast_to, options, stream, stream_cls)
         outcome = runtime.call(dispatch.other, call)
         response = bridged(runtime, outcome.response)
@@ -673,14 +675,14 @@ class OpenAI(openai.OpenAI):
     def _cache_first(self, path: str, body: dict[str, Any]) -> tuple[Any, Any]:
         """A call's cached answer before openai's machinery builds its request (see
         :meth:`AsyncOpenAI._cache_first`), looked up on the loop by the async twin;
-        ``_MISS`` when the call must go the usual way (as every call does when the twin
+        ``MISS`` when the call must go the usual way (as every call does when the twin
         cannot carry this client's calls)."""
         runtime = self._llmroute
         if self._llmroute_closed or runtime.closed or runtime.pid != os.getpid():
-            return _MISS, None  # the seam raises ClientClosedError
+            return MISS, None  # the seam raises ClientClosedError
         inner = self._inner()
         if inner is None:
-            return _MISS, None
+            return MISS, None
         found, key = runtime.call(inner._cache_first, path, body)
         if isinstance(found, AsyncStream):
             found = Stream._over(runtime, found)

@@ -28,8 +28,8 @@ from typing import Any
 
 import anyio
 
-from ._config import TieredSettings
 from ._types import TierDecision
+from .config import TieredSettings
 
 __all__ = [
     "MEMORY_SIZE",
@@ -254,8 +254,7 @@ class TieredModel:
                 )
 
     def _build(self) -> Any:
-        from .tiers import Classifier, Example, TiersError, read_examples
-        from .tiers._cache import cached_fit
+        from .tiers import Classifier, Example, TiersError, cached_fit, read_examples
 
         settings = self.settings
         if settings.classifier is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from ._config import parse_duration
+from .config import parse_duration
 from .routing.route import Route
 
 __all__ = [

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["AttemptReport", "RouteReport", "TierDecision", "Timings"]
+if TYPE_CHECKING:
+    from ._prices import Cost
+
+__all__ = ["AttemptReport", "RouteCost", "RouteReport", "TierDecision", "Timings"]
+
+COST_KINDS = ("answer", "hedge", "retry", "continuation")
 
 
 @dataclass(slots=True)
@@ -79,6 +86,53 @@ class AttemptReport:
     """The parent-id of the W3C ``traceparent`` this attempt was sent with (16 hex digits):
     its span in the request's trace (``RouteReport.trace_id``), where a vendor that traces
     shows its side of the attempt."""
+    usage: Any = None
+    """This attempt's own ``usage`` as its vendor sent it (a dict, or openai's object), when it
+    sent one: what its cost is priced from."""
+    cost: Cost | None = None
+    """What this attempt cost (docs/cost.md): its vendor's usage priced, or llmroute's estimate
+    where the vendor reported none (``cost.estimated`` says so); ``amount`` is ``None`` with
+    the reason when the price is unknown. Set once the route's cost is read
+    (``RouteReport.cost``), or when the attempt lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteCost:
+    """What a routed request cost, every attempt included: ``route.cost``."""
+
+    amount: Decimal | None
+    """The sum of every attempt's cost (the answer, cancelled hedges, failed retries, broken
+    attempts and continuations); ``None`` when one of them is unknown (``unknown`` says why)."""
+    currency: str | None
+    """``"USD"`` (or ``"CNY"``); ``None`` when nothing was priced."""
+    kinds: Mapping[str, Decimal] = field(default_factory=dict)
+    """The known amounts by kind of attempt: ``"answer"`` (the attempt whose text the caller
+    got first, broken or not), ``"continuation"`` (attempts that continued it), ``"hedge"``
+    (attempts that lost a race or hedge) and ``"retry"`` (attempts that failed before a first
+    token)."""
+    unknown: tuple[str, ...] = ()
+    """Why an attempt's cost is unknown (``"openai:gpt-6.1-terra: no price known for ..."``)."""
+    estimated: tuple[str, ...] = ()
+    """Why the amount may differ from the vendors' bills (llmroute's own token counts where a
+    vendor reported none, assumptions about cancelled attempts, estimated prices)."""
+    saved: Decimal | None = None
+    """A cache hit: what the stored answer cost when a target made it (``None``: unknown)."""
+
+    @property
+    def answer(self) -> Decimal | None:
+        """The answer's own cost (its first attempt), without hedges, retries, continuations."""
+        return self.kinds.get("answer")
+
+    def __str__(self) -> str:
+        if self.amount is None:
+            return f"cost unknown ({'; '.join(self.unknown)})"
+        text = f"cost {self.amount.normalize():f} {self.currency or ''}".rstrip()
+        others = [f"{kind} {amount.normalize():f}" for kind, amount in self.kinds.items() if amount]
+        if len(others) > 1:
+            text += f" ({', '.join(others)})"
+        if self.saved is not None:
+            text += f", saved {self.saved.normalize():f}"
+        return text + (" (estimated)" if self.estimated else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +223,27 @@ class RouteReport:
     request_id: str | None = None
     """The request's own id: the gateway's ``x-request-id`` (``gw-...``) for a request that
     came through ``llmroute serve``, else the call's ``x-llmroute-request-id`` header."""
+    prompt_tokens: int = field(default=0, repr=False, compare=False)
+    """llmroute's estimate of the prompt's tokens (four characters a token): what an attempt
+    without the vendor's usage is priced with (docs/cost.md)."""
+    pricer: Callable[[RouteReport], RouteCost] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """Prices the attempts of a routed request (:mod:`llmroute.routing.costs`); computed when
+    :attr:`cost` is read, not on the request's path."""
+    saved: Callable[[], Decimal | None] | None = field(default=None, repr=False, compare=False)
+    """A cache hit: what the stored answer cost when it was made, computed when read."""
+
+    @property
+    def cost(self) -> RouteCost | None:
+        """What the request cost, every attempt included (docs/cost.md); zero for an answer
+        from the cache or from an identical request's call (that call paid); ``None`` for a
+        request that was not routed. Read once the answer is whole: a stream's cost grows
+        until its end."""
+        if self.cache_hit or self.shared:
+            saved = self.saved() if self.saved is not None else None
+            return RouteCost(Decimal(0), None, saved=saved)
+        return self.pricer(self) if self.pricer is not None else None
 
     def __str__(self) -> str:
         """One line: the route, its policy, the winner, the TTFT, hedges and the cache (what

@@ -21,7 +21,6 @@ from typing import Any, cast
 
 import httpx
 
-from ._config import ResolvedProvider
 from ._errors import (
     APIConnectionError,
     RequestBodyError,
@@ -31,6 +30,7 @@ from ._errors import (
 )
 from ._types import Timings
 from ._version import __version__
+from .config import ResolvedProvider
 from .protocols import adapter_for
 from .routing.engine import vendor_request_id
 from .routing.route import SENDING, RouteTarget, Sender
@@ -45,6 +45,7 @@ __all__ = [
     "encode_body",
     "merge_headers",
     "no_cookies",
+    "openai_http",
     "proxy_for",
     "to_timeout",
 ]
@@ -57,6 +58,7 @@ _OPENAI_MARKERS = ("x-stainless-raw-response", "____stainless_override_cast_to")
 _CREDENTIALS = frozenset(
     {"authorization", "api-key", "x-api-key", "openai-organization", "openai-project"}
 )
+log = logging.getLogger("llmroute")
 _httpx_log = logging.getLogger("httpx")
 
 
@@ -72,6 +74,25 @@ def to_timeout(value: object) -> httpx.Timeout:
     if all(hasattr(value, f) for f in fields):
         return httpx.Timeout(**{f: getattr(value, f) for f in fields})
     raise TypeError(f"timeout must be a number, None or a Timeout, not {type(value).__name__}")
+
+
+def openai_http(
+    base_url: httpx.URL, timeout: Any, *, transport: httpx.AsyncBaseTransport, verify: Any
+) -> httpx.AsyncClient:
+    """The ``httpx.AsyncClient`` openai's machinery sends with: over ``transport``
+    (llmroute's), or, when the environment sets a proxy for ``base_url``, httpx's own with the
+    proxy."""
+    proxy = proxy_for(base_url)
+    if proxy is None:
+        return httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=True)
+    log.warning(
+        "A proxy is configured for %s: requests go through httpx's own transport "
+        "and the proxy, without llmroute's stream resets and per-stream deadlines",
+        base_url.host,
+    )
+    from .transport import make_ssl_context
+
+    return httpx.AsyncClient(proxy=proxy, verify=make_ssl_context(verify), timeout=timeout)
 
 
 def proxy_for(url: httpx.URL) -> str | None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from ._prices import ANY_MODEL, ModelPrice, UsageFields
+from ._prices import ANY_MODEL, Cost, CostLine, ModelPrice, UsageFields
 
 if TYPE_CHECKING:
     from ._catalog import ProviderSpec
@@ -62,32 +62,6 @@ class TokenUsage:
     def prompt(self) -> int:
         """Every prompt token, as a vendor's long-prompt price tier counts them."""
         return self.input + self.cache_read + self.cache_write + self.cache_write_1h
-
-
-@dataclass(frozen=True)
-class CostLine:
-    """One token class of a cost: ``tokens`` at ``per_million`` make ``amount``."""
-
-    token_class: str
-    tokens: int
-    per_million: Decimal
-    amount: Decimal
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What an attempt cost: ``amount`` in ``currency``, or ``None`` with the reason in
-    ``unknown``. ``estimated`` says why a known amount may differ from the vendor's bill."""
-
-    amount: Decimal | None
-    currency: str | None = None
-    lines: tuple[CostLine, ...] = ()
-    unknown: str = ""
-    estimated: tuple[str, ...] = ()
-
-    @property
-    def known(self) -> bool:
-        return self.amount is not None
 
 
 def _count(usage: Mapping[str, Any], path: str | None) -> int | None:

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
+import anyio
 import pytest
 from hypothesis import settings
 
@@ -41,6 +43,21 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("LLMROUTE_CACHE_DIR", None)
     else:
         os.environ["LLMROUTE_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every ``anyio.sleep`` delay asked for during the test (still slept): a wait is checked by
+    what was asked, not by a clock."""
+    asked: list[float] = []
+    real = anyio.sleep
+
+    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
+        asked.append(delay)
+        await real(delay, *args, **kwargs)
+
+    monkeypatch.setattr(anyio, "sleep", recording)
+    return asked
 
 
 @pytest.fixture(params=["asyncio", "trio"])

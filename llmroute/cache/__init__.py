@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 
-from .._config import CacheSettings, RedisSettings
+from ..config import CacheSettings, RedisSettings
 from ._cache import CacheRequest, Hit, ResponseCache
 from ._entry import CacheEntry, CorruptEntry
+from ._flight import Flight
 from ._key import NAMESPACE_PATTERN, is_deterministic, request_key, tenant_namespace
 from ._stores import CacheStore, CacheUnavailable, DiskStore, MemoryStore, StoreStats
 
@@ -22,6 +23,7 @@ __all__ = [
     "CacheUnavailable",
     "CorruptEntry",
     "DiskStore",
+    "Flight",
     "Hit",
     "MemoryStore",
     "ResponseCache",

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,10 +51,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from .. import AsyncOpenAI
-    from .._config import Config, SimulatorAddress
     from .._simulated import SimulatedProviders
+    from ..config import Config, SimulatorAddress
 
-__all__ = ["LENGTHS", "Sample", "prompt_for", "register", "summarize"]
+__all__ = ["LENGTHS", "Probe", "prompt_for", "register", "summarize"]
 
 LENGTHS: dict[str, int] = {"short": 50, "medium": 1000, "long": 4000}
 """The prompt-length classes and their approximate prompt size in tokens (4 characters each)."""
@@ -196,7 +197,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 @dataclass(slots=True)
-class Sample:
+class Probe:
     """One probe: where it went, and what it measured (seconds; ``None`` when it failed)."""
 
     target: str
@@ -214,6 +215,10 @@ class Sample:
     route: dict[str, Any] | None = None
     """A routed probe's route report, compactly (:func:`compact_report`); ``None`` for a probe
     sent to one target directly."""
+    cost: str | None = None
+    """A routed probe's cost (``route.cost``, every attempt), an exact decimal; ``None`` when
+    unknown (no price for a target's model) or not routed."""
+    currency: str | None = None
 
 
 def compact_report(report: Any) -> dict[str, Any]:
@@ -458,8 +463,8 @@ async def _bench(args: argparse.Namespace, lengths: list[str]) -> int:
             if missing:
                 return _missing(missing, endpoints)
             return await _measure(console, selected, lengths, args, "simulated providers")
-    from .._config import ConfigError, load_config
     from .._simulated import SimulatedProviders
+    from ..config import ConfigError, load_config
 
     try:
         config = load_config(args.config)
@@ -484,7 +489,7 @@ async def _bench_config(
     lengths: list[str],
     args: argparse.Namespace,
 ) -> int:
-    from .._config import ConfigError
+    from ..config import ConfigError
 
     try:
         endpoints = _config_endpoints(config, args.verify, simulated.addresses)
@@ -515,7 +520,7 @@ def _routed_endpoint(
 ) -> tuple[_Endpoint, list[str]]:
     """The route ``name`` of ``config`` (or its only route when ``name`` is empty) as one
     endpoint, with the targets it may send to. Raises ConfigError naming the routes there are."""
-    from .._config import ConfigError, resolve
+    from ..config import ConfigError, resolve
 
     resolved = resolve(config, simulated=simulated)
     names = [*resolved.routes, *config.tiered]
@@ -580,9 +585,9 @@ def _config_endpoints(
 
     A provider's own ``verify`` (in the config) wins over ``verify`` (``--ca``/``--insecure``).
     """
-    from .._config import resolve, route_config
+    from .._secrets import provider_secrets
+    from ..config import resolve, route_config
     from ..protocols import adapter_for
-    from ..server._secrets import provider_secrets
 
     resolved = resolve(config, simulated=simulated)
     endpoints: list[_Endpoint] = []
@@ -620,7 +625,7 @@ def _config_endpoints(
 
 
 async def _probe(
-    client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
+    client: AsyncOpenAI, endpoint: _Endpoint, sample: Probe, messages: Any, args: Any
 ) -> None:
     if getattr(args, "routed", None) is not None:
         await _routed_probe(client, endpoint, sample, messages, args)
@@ -652,7 +657,7 @@ async def _probe(
 
 
 async def _routed_probe(
-    client: AsyncOpenAI, endpoint: _Endpoint, sample: Sample, messages: Any, args: Any
+    client: AsyncOpenAI, endpoint: _Endpoint, sample: Probe, messages: Any, args: Any
 ) -> None:
     """One request through the route: TTFT as the caller saw it (hedges included, a cache hit's
     replay), ``total`` from ``create()`` to the end (or to the failure), and the route report."""
@@ -682,6 +687,9 @@ async def _routed_probe(
         report = getattr(stream, "route", None)
     if report is not None:
         sample.route = compact_report(report)
+        cost = report.cost
+        if cost is not None and cost.amount is not None:
+            sample.cost, sample.currency = str(cost.amount), cost.currency
     replayed = sample.route is not None and (sample.route["cache_hit"] or sample.route["shared"])
     if sample.ttft is not None and sample.error is None and sample.tokens > 1 and not replayed:
         decode = sample.total - sample.ttft
@@ -765,7 +773,7 @@ async def _measure(
         f"max_tokens {args.max_tokens}, {nonces}"
     )
     began = time.perf_counter()
-    samples: list[Sample] = []
+    samples: list[Probe] = []
     step = max(1, len(plan) // 4)
     async with AsyncExitStack() as stack:
         clients: dict[str, AsyncOpenAI] = {}
@@ -785,7 +793,7 @@ async def _measure(
                 for (endpoint, length, index), unique in pending:
                     nonce = uuid.uuid4().hex[:12] if unique else None
                     messages = prompt_for(length, index, nonce)
-                    sample = Sample(
+                    sample = Probe(
                         endpoint.target,
                         length,
                         index,
@@ -843,9 +851,11 @@ async def _warm(client: AsyncOpenAI) -> None:
 
 
 def summarize(
-    samples: Sequence[Sample], targets: Sequence[str], lengths: Sequence[str]
+    samples: Sequence[Probe], targets: Sequence[str], lengths: Sequence[str]
 ) -> list[dict[str, Any]]:
-    """One row per target and length class: probes, errors, TTFT p50/p95/p99, mean tokens/s."""
+    """One row per target and length class: probes, errors, TTFT p50/p95/p99, mean tokens/s,
+    and for routed probes what 1,000 such requests cost (``None`` unless every one's cost is
+    known)."""
     rows: list[dict[str, Any]] = []
     for target in targets:
         for length in lengths:
@@ -864,15 +874,50 @@ def summarize(
                     "ttft_p95": p95,
                     "ttft_p99": p99,
                     "tokens_per_s_mean": sum(speeds) / len(speeds) if speeds else None,
+                    **_cost_per_1000(group),
                 }
             )
     return rows
+
+
+def _cost_per_1000(group: Sequence[Probe]) -> dict[str, Any]:
+    """What 1,000 of the group's routed requests cost, on their mean (hedges, retries and
+    continuations included; failed requests too, since their attempts were billed)."""
+    routed = [s for s in group if s.route is not None]
+    currencies = {s.currency for s in routed}
+    if not routed or any(s.cost is None for s in routed) or len(currencies) != 1:
+        return {"cost_per_1000": None, "currency": None}
+    total = sum((Decimal(s.cost or 0) for s in routed), Decimal(0))
+    return {"cost_per_1000": str(total * 1000 / len(routed)), "currency": currencies.pop()}
 
 
 def _summary_table(summary: list[dict[str, Any]], *, routed: bool = False) -> Any:
     def speed(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}"
 
+    def money(row: dict[str, Any]) -> str:
+        value = row.get("cost_per_1000")
+        return "unknown" if value is None else f"{Decimal(value):.4f} {row['currency']}"
+
+    if routed:
+        return table(
+            "Time to first token through the route, as the caller saw it",
+            ["route", "length", "n", "errors", "p50", "p95", "p99", "tokens/s", "cost/1k"],
+            [
+                [
+                    row["target"],
+                    f"{row['length']} (~{LENGTHS[row['length']]} tok)",
+                    row["ok"],
+                    row["errors"],
+                    ms(row["ttft_p50"]),
+                    ms(row["ttft_p95"]),
+                    ms(row["ttft_p99"]),
+                    speed(row["tokens_per_s_mean"]),
+                    money(row),
+                ]
+                for row in summary
+            ],
+        )
     return table(
         "Time to first token through the route, as the caller saw it"
         if routed
@@ -894,9 +939,9 @@ def _summary_table(summary: list[dict[str, Any]], *, routed: bool = False) -> An
     )
 
 
-def _served_table(samples: list[Sample], targets: list[str]) -> Any:
+def _served_table(samples: list[Probe], targets: list[str]) -> Any:
     """A routed run by the target that served each request: its share, hedges it won, its TTFT."""
-    served: dict[str, list[Sample]] = {name: [] for name in targets}
+    served: dict[str, list[Probe]] = {name: [] for name in targets}
     for sample in samples:
         if sample.route is not None and sample.error is None and sample.route["winner"]:
             served.setdefault(sample.route["winner"], []).append(sample)
@@ -921,7 +966,7 @@ def _served_table(samples: list[Sample], targets: list[str]) -> Any:
 
 
 def _run_data(
-    samples: list[Sample],
+    samples: list[Probe],
     summary: list[dict[str, Any]],
     endpoints: list[_Endpoint],
     lengths: list[str],

@@ -37,8 +37,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 async def _cache_command(action: str, config_path: str | None, as_json: bool) -> int:
     import json
 
-    from .._config import CacheSettings, ConfigError, RedisSettings, load_config
     from ..cache import CacheUnavailable, open_store
+    from ..config import CacheSettings, ConfigError, RedisSettings, load_config
 
     try:
         config = load_config(config_path)

@@ -15,6 +15,7 @@ from ._parser import examples
 
 if TYPE_CHECKING:
     from .._types import RouteReport, TierDecision, Timings
+    from ..pricing import Cost
 
 __all__ = ["register", "route_lines", "tier_line"]
 
@@ -130,7 +131,7 @@ async def _chat(
     args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
 ) -> int:
     from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
-    from .._config import ConfigError, load_config
+    from ..config import ConfigError, load_config
 
     out: TextIO | _Collector = sys.stdout
     err = sys.stderr
@@ -239,8 +240,19 @@ class _Collector:
 
 
 def _plain(record: Any) -> Any:
-    """A route report or timings as plain data for JSON (``None`` stays ``None``)."""
-    return None if record is None else dataclasses.asdict(record)
+    """A route report or timings as plain data for JSON (``None`` stays ``None``); a report's
+    ``cost`` is added (amounts as decimal strings), its pricing machinery left out."""
+    if record is None:
+        return None
+    cost = getattr(record, "cost", None)  # a report's: prices its attempts first
+    if hasattr(record, "pricer"):
+        record = dataclasses.replace(record, pricer=None, saved=None)
+    data = dataclasses.asdict(record)
+    for machinery in ("pricer", "saved", "prompt_tokens"):
+        data.pop(machinery, None)
+    if hasattr(record, "pricer"):
+        data["cost"] = None if cost is None else dataclasses.asdict(cost)
+    return data
 
 
 def _json_default(value: Any) -> Any:
@@ -275,6 +287,14 @@ def tier_line(decision: TierDecision) -> str:
     return line
 
 
+def _money(cost: Cost) -> str:
+    """An attempt's cost, short: ``cost 0.000236 USD``, ``~`` before an estimate."""
+    if cost.amount is None:
+        return "cost unknown"
+    approx = "~" if cost.estimated and cost.amount else ""
+    return f"cost {approx}{cost.amount.normalize():f} {cost.currency or ''}".rstrip()
+
+
 def route_lines(route: RouteReport | None, timings: Timings | None, model: str) -> list[str]:
     """A human summary of how one request was served: the route report, then the timings."""
     lines: list[str] = []
@@ -294,6 +314,9 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
             lines.append(f"  left out: {target} ({why})")
         if route.usage_estimated:
             lines.append(f"  usage counted by llmroute: {', '.join(route.usage_estimated)}")
+        cost = route.cost
+        if cost is not None:
+            lines.append(f"  {cost}")
         width = max((len(a.target) for a in route.attempts), default=0)
         for index, attempt in enumerate(route.attempts, 1):
             line = (
@@ -306,6 +329,8 @@ def route_lines(route: RouteReport | None, timings: Timings | None, model: str) 
                 estimate = attempt.tokens_estimate
                 if estimate is not None and estimate != attempt.tokens:
                     line += f" (~{estimate} estimated)"
+            if attempt.cost is not None:
+                line += f"  {_money(attempt.cost)}"
             if attempt.request_id:
                 line += f"  request id {attempt.request_id}"
             if attempt.error:

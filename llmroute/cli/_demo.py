@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -45,6 +46,12 @@ __all__ = ["ROUTE", "demo_simulators", "register", "simulated_setup"]
 
 ROUTE = "chat"
 SIM_MODEL = "sim-small"
+DEMO_PRICES: dict[str, dict[str, float]] = {
+    # Made up for the simulated providers (USD per million tokens), so the demo shows costs.
+    "fast-but-spiky": {"input": 0.4, "cached_input": 0.04, "output": 1.6},
+    "steady-slow": {"input": 0.1, "cached_input": 0.01, "output": 0.4},
+    "flaky": {"input": 0.2, "cached_input": 0.02, "output": 0.8},
+}
 REQUEST_TIMEOUT = 30.0
 """Seconds one demo request may take, retries included (stalls are at most ~1.5 s)."""
 
@@ -197,6 +204,10 @@ class Result:
     """The target whose hedge attempt won, if a hedge won."""
     winner: str | None = None
     """The target that answered."""
+    cost: Decimal | None = None
+    """What the routed request cost (every attempt); ``None``: unknown or not routed."""
+    extra_cost: Decimal = Decimal(0)
+    """The part of ``cost`` spent on hedges, retries and continuations."""
 
 
 async def ask_once(client: AsyncOpenAI, model: str, ask: Ask, max_tokens: int) -> Result:
@@ -226,6 +237,12 @@ async def ask_once(client: AsyncOpenAI, model: str, ask: Ask, max_tokens: int) -
                 for attempt in route.attempts:
                     if attempt.reason == "hedge" and attempt.outcome == "won":
                         result.hedge_won = attempt.target
+                cost = route.cost
+                if cost is not None:
+                    result.cost = cost.amount
+                    result.extra_cost = sum(
+                        (v for k, v in cost.kinds.items() if k != "answer"), Decimal(0)
+                    )
     except (OpenAIError, TimeoutError) as exc:
         result.error = type(exc).__name__
     return result
@@ -284,7 +301,12 @@ def _route_table(targets: Sequence[str], real: bool) -> dict[str, Any]:
 
 def simulated_setup(sims: dict[str, Any]) -> Setup:
     providers = {
-        name: {"base_url": sim.base_url, "api_key": "sk-demo-local"} for name, sim in sims.items()
+        name: {
+            "base_url": sim.base_url,
+            "api_key": "sk-demo-local",
+            **({"prices": {"*": DEMO_PRICES[name]}} if name in DEMO_PRICES else {}),
+        }
+        for name, sim in sims.items()
     }
     targets = [f"{name}:{SIM_MODEL}" for name in sims]
     config = {
@@ -324,7 +346,7 @@ def real_targets(environ: dict[str, str] | os._Environ[str]) -> tuple[list[str],
 
 
 def real_setup(targets: list[str]) -> Setup:
-    from .._config import Target, resolve_provider
+    from ..config import Target, resolve_provider
     from ..protocols import adapter_for
 
     providers: dict[str, dict[str, Any]] = {}
@@ -373,7 +395,7 @@ def demo_simulators() -> Iterator[dict[str, Any]]:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from .._config import ConfigError
+    from ..config import ConfigError
 
     console = make_console()
     if args.real:
@@ -638,9 +660,24 @@ def _summary(
                 f"without the cache's help: routed p95 {ms(live_p95)} vs the best target alone "
                 f"{ms(live_best)} ({ratio(live_best, live_p95)})"
             )
+    lines.append(cost_line(routed))
     lines.append(f"demo wall time: {wall:.1f} s")
     for line in lines:
         console.print(line)
+
+
+def cost_line(routed: Sequence[Result]) -> str:
+    """What the routed requests cost, per 1,000 and on hedges, retries and continuations."""
+    costs = [r.cost for r in routed]
+    if not costs or any(c is None for c in costs):
+        return "cost: unknown (a target's model has no price: docs/cost.md)"
+    total = sum((c for c in costs if c is not None), Decimal(0))
+    extra = sum((r.extra_cost for r in routed), Decimal(0))
+    per_1000 = total * 1000 / len(costs)
+    return (
+        f"cost: {total:.6f} USD for {len(costs)} routed requests, {per_1000:.4f} per 1,000 "
+        f"(hedges, retries, continuations: {extra:.6f})"
+    )
 
 
 # -- tiers: a small fast model beside a large slow one ----------------------------------------
@@ -708,7 +745,12 @@ TIER_SIMS = {"small-fast": 0.08, "large-slow": 0.4}
 def tiers_config(sims: dict[str, Any]) -> dict[str, Any]:
     """Routes ``chat-small`` and ``chat-large`` (a simulator each) and the tiered name ``auto``."""
     providers = {
-        name: {"base_url": sim.base_url, "api_key": "sk-demo-local"} for name, sim in sims.items()
+        name: {
+            "base_url": sim.base_url,
+            "api_key": "sk-demo-local",
+            **({"prices": {"*": DEMO_PRICES[name]}} if name in DEMO_PRICES else {}),
+        }
+        for name, sim in sims.items()
     }
     classes = {label: {"examples": texts} for label, texts in TIER_EXAMPLES.items()}
     return {

@@ -21,7 +21,7 @@ from ._parser import examples
 
 if TYPE_CHECKING:
     from .._catalog import ProviderSpec
-    from .._config import Config, Resolved, ResolvedProvider
+    from ..config import Config, Resolved, ResolvedProvider
     from ._bench import _Endpoint
 
 __all__ = ["STALE_AFTER_DAYS", "checked_line", "models_lines", "register", "retired_lines"]
@@ -78,8 +78,8 @@ def _run(args: argparse.Namespace) -> int:
 async def _doctor(
     config_path: str | None, probes: int, timeout: float, verify: bool | str, as_json: bool = False
 ) -> int:
-    from .._config import ConfigError, load_config, resolve
     from .._simulated import SimulatedProviders
+    from ..config import ConfigError, load_config, resolve
     from ._bench import _config_endpoints
 
     try:
@@ -308,8 +308,8 @@ async def _list_models(
     (a sentence without the key)."""
     import httpx
 
+    from .._secrets import masked_forms, provider_secrets, scrub
     from ..protocols import adapter_for
-    from ..server._secrets import masked_forms, provider_secrets, scrub
     from ..transport import make_ssl_context
 
     auth, params = adapter_for(provider.spec.protocol).models_request(provider.api_key or "")

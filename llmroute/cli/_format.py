@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    import httpx
     from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
@@ -23,6 +24,7 @@ __all__ = [
     "check_output_path",
     "check_plot_path",
     "error_text",
+    "http_url",
     "make_console",
     "ms",
     "percentiles",
@@ -104,6 +106,23 @@ def error_text(exc: BaseException) -> str:
     if text == "Connection error." and cause:
         return f"Connection error: {cause}"
     return text
+
+
+def http_url(url: str, example: str) -> httpx.URL:
+    """``url`` parsed, a bare ``host:port`` taken as ``http://``; a ``ValueError`` sentence
+    (suggesting ``example``) when it is not an http(s) URL."""
+    import httpx
+
+    text = url.strip()
+    if "://" not in text:
+        text = "http://" + text
+    try:
+        parsed = httpx.URL(text)
+    except (httpx.InvalidURL, ValueError):
+        raise ValueError(f"{url!r} is not a URL; give one such as http://127.0.0.1:8000") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"{url!r} is not an http(s) URL; give one such as {example}")
+    return parsed
 
 
 def check_output_path(path: str, flag: str) -> str | None:

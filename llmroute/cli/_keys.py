@@ -18,7 +18,7 @@ import ssl
 import sys
 from typing import Any
 
-from ._format import add_tls_options, tls_verify
+from ._format import add_tls_options, http_url, tls_verify
 from ._parser import examples
 
 __all__ = ["ADMIN_KEY_ENV", "URL_ENV", "KeysError", "admin_root", "register"]
@@ -31,6 +31,7 @@ _LIMITS = (
     ("rpm", int, "requests per minute"),
     ("tpm", int, "tokens per minute"),
     ("budget_tokens", int, "tokens per budget period"),
+    ("budget_usd", str, "USD per budget period (25.50), at the targets' prices"),
     ("budget_period", str, "the budget's period: day, month or a duration such as 12h"),
     ("soft_limit", float, "the share of the budget (0.8) at which the gateway says so"),
 )
@@ -53,19 +54,10 @@ class KeysError(Exception):
 def admin_root(url: str) -> str:
     """The gateway's root URL from ``url`` (a bare ``host:port``, a root, or a base URL ending
     in ``/v1``); :class:`KeysError` (status 2) when it is not an http(s) URL."""
-    import httpx
-
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
     try:
-        parsed = httpx.URL(text)
-    except (httpx.InvalidURL, ValueError):
-        raise KeysError(
-            f"{url!r} is not a URL; give one such as http://127.0.0.1:8000", 2
-        ) from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise KeysError(f"{url!r} is not an http(s) URL; give one such as http://127.0.0.1:8000", 2)
+        parsed = http_url(url, "http://127.0.0.1:8000")
+    except ValueError as exc:
+        raise KeysError(str(exc), 2) from None
     path = parsed.path.rstrip("/").removesuffix("/v1")
     return str(parsed.copy_with(path=path or "/", query=None, fragment=None)).rstrip("/")
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "examples", "walk"]
+__all__ = ["Parser", "examples", "port", "walk"]
 
 DEBUG_HELP = "show the traceback of an unexpected error"
 
@@ -24,6 +24,17 @@ DEBUG_HELP = "show the traceback of an unexpected error"
 def examples(*lines: str) -> str:
     """An epilog of example command lines, kept as written in ``--help``."""
     return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def port(text: str) -> int:
+    """A ``--port`` value: a whole number from 0 to 65535 (0: any free one)."""
+    try:
+        number = int(text)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return number
 
 
 class _Formatter(argparse.HelpFormatter):

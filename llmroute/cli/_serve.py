@@ -9,7 +9,7 @@ import socket
 import sys
 from typing import Any
 
-from ._parser import examples
+from ._parser import examples, port
 
 __all__ = ["register"]
 
@@ -44,7 +44,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--host", help="the address to listen on (default: [gateway] host, else 127.0.0.1)"
     )
     parser.add_argument(
-        "--port", type=_port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
+        "--port", type=port, help="the port (default: [gateway] port, else 8000; 0: any free one)"
     )
     parser.add_argument("--certfile", help="a PEM certificate: HTTPS, HTTP/2 by ALPN")
     parser.add_argument("--keyfile", help="the certificate's PEM private key")
@@ -76,18 +76,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(run=_run)
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return port
-
-
 def _seconds(text: str) -> float:
-    from .._config import parse_duration
+    from ..config import parse_duration
 
     try:
         return parse_duration(text)
@@ -179,7 +169,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     import os
     import signal
 
-    from .._config import ConfigError, GatewaySettings, load_config
+    from ..config import ConfigError, GatewaySettings, load_config
     from ..server import listen
 
     if not hasattr(os, "fork"):
@@ -246,7 +236,7 @@ async def _serve(
     import signal
     import ssl
 
-    from .._config import ConfigError, GatewaySettings
+    from ..config import ConfigError, GatewaySettings
     from ..server import GatewayApp, base_url, listen, serve
 
     key = None

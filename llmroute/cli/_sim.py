@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._format import MissingExtra, require
-from ._parser import examples
+from ._parser import examples, port
 
 if TYPE_CHECKING:
     from ..testing import Profile, Simulator
@@ -25,7 +25,7 @@ __all__ = ["register"]
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ..testing._profile import PRESETS
+    from ..testing import PRESETS
 
     sim = commands.add_parser(
         "sim",
@@ -56,7 +56,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     sim.add_argument(
         "--port",
-        type=_port,
+        type=port,
         default=0,
         help="the first simulator's port (default 0: any free one; the others take any free one)",
     )
@@ -80,22 +80,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     sim.set_defaults(run=_run)
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        port = -1
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
-    return port
-
-
 def parse_profiles(given: list[str] | None, seed: int | None) -> dict[str, Profile]:
     """``--profile`` values by simulator name; a mistake is a ``ValueError`` naming it."""
     import dataclasses
     import zlib
 
-    from ..testing._profile import profile_of
+    from ..testing import profile_of
 
     profiles: dict[str, Profile] = {}
     for index, text in enumerate(given or ["instant"], start=1):

@@ -116,8 +116,15 @@ def _fit(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     try:
-        from ..tiers import Classifier, FeatureSpec, TiersError, TiersUnavailable, read_examples
-        from ..tiers._eval import cross_validate, evaluate
+        from ..tiers import (
+            Classifier,
+            FeatureSpec,
+            TiersError,
+            TiersUnavailable,
+            cross_validate,
+            evaluate,
+            read_examples,
+        )
     except ImportError as exc:
         return _fail(str(exc))
     if args.folds < 2:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from ._format import MissingExtra, add_tls_options, require, tls_verify
+from ._format import MissingExtra, add_tls_options, http_url, require, tls_verify
 from ._parser import examples
 from ._topframe import SORTS, Exposition, Frame, NotMetrics, build_frame, render
 
@@ -62,19 +62,10 @@ class TopError(Exception):
 def metrics_url(url: str) -> str:
     """``url`` with a scheme and a path: a bare host:port or a gateway's base URL (``.../v1``)
     means its ``/metrics``; :class:`TopError` (status 2) when it is not an http(s) URL."""
-    import httpx
-
-    text = url.strip()
-    if "://" not in text:
-        text = "http://" + text
     try:
-        parsed = httpx.URL(text)
-    except (httpx.InvalidURL, ValueError):
-        raise TopError(f"{url!r} is not a URL; give one such as http://127.0.0.1:8000", 2) from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise TopError(
-            f"{url!r} is not an http(s) URL; give one such as http://127.0.0.1:8000/metrics", 2
-        )
+        parsed = http_url(url, "http://127.0.0.1:8000/metrics")
+    except ValueError as exc:
+        raise TopError(str(exc), 2) from None
     path = parsed.path.rstrip("/")
     if path in ("", "/v1"):
         parsed = parsed.copy_with(path="/metrics")
@@ -266,7 +257,7 @@ def _run(args: argparse.Namespace) -> int:
         err.write(f"{exc}\n" if isinstance(exc, ValueError) else f"llmroute top: {exc}\n")
         return 2 if isinstance(exc, ValueError) else exc.status
     once = args.once or args.json
-    view = _View(
+    view = _Screen(
         out=sys.stdout,
         interval=interval,
         once=once,
@@ -286,7 +277,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _remote(
-    view: _View, url: str, key: str | None, verify: bool | str, timeout: float
+    view: _Screen, url: str, key: str | None, verify: bool | str, timeout: float
 ) -> int:
     scraper = _Scraper(url, key, verify, timeout)
     try:
@@ -297,7 +288,7 @@ async def _remote(
 
 
 @dataclass
-class _View:
+class _Screen:
     """The loop: scrape, build a frame against the scrape before, draw; bounded by ``frames``
     when given (tests), else by the user (Ctrl-C)."""
 
@@ -433,7 +424,7 @@ class _View:
 
 async def _quit_on_q(fd: int, scope: anyio.CancelScope) -> None:
     """Cancel ``scope`` when ``q`` is typed on the terminal ``fd`` (put in cbreak mode by
-    :meth:`_View.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
+    :meth:`_Screen.enter`: keys arrive one by one, Ctrl-C is still SIGINT)."""
     while True:
         await anyio.wait_readable(fd)
         typed = os.read(fd, 64)
@@ -454,7 +445,7 @@ def _keyboard() -> int | None:
 # -- --simulator -------------------------------------------------------------------------------
 
 
-async def _simulated(view: _View) -> int:
+async def _simulated(view: _Screen) -> int:
     from .. import AsyncOpenAI
     from ..testing import Simulator
     from ._demo import ROUTE, _demo_profiles, simulated_setup

@@ -201,7 +201,9 @@ class RouteRow:
 
 @dataclass(slots=True)
 class KeyRow:
-    """One gateway key, by name: requests (API calls), rejections, tokens, cache hits, in flight."""
+    """One gateway key, by name: requests (API calls), rejections, tokens, cache hits, in flight,
+    spend (USD, where its targets have prices) and the part of it hedges, retries and
+    continuations cost."""
 
     name: str
     requests: float = 0.0
@@ -210,6 +212,8 @@ class KeyRow:
     completion_tokens: float = 0.0
     in_flight: float = 0.0
     cache_hits: float = 0.0
+    spend: float = 0.0
+    hedge_spend: float = 0.0
 
 
 @dataclass(slots=True)
@@ -354,6 +358,10 @@ def _keys(w: _Window) -> list[KeyRow]:
         row(key).in_flight += value
     for (key,), count in w.counter("llmroute_gateway_cache_hits_total", ("key",)).items():
         row(key).cache_hits += count
+    for (key,), usd in w.counter("llmroute_gateway_spend_usd_total", ("key",)).items():
+        row(key).spend += usd
+    for (key,), usd in w.counter("llmroute_gateway_hedge_spend_usd_total", ("key",)).items():
+        row(key).hedge_spend += usd
     return [rows[name] for name in sorted(rows)]
 
 
@@ -408,6 +416,16 @@ class _Column:
 
 def _count(value: float) -> str:
     return f"{value:.0f}"
+
+
+def _usd(value: float) -> str:
+    """Dollars spent, to four figures (``-``: none priced)."""
+    return f"${value:.4g}" if value > 0 else "-"
+
+
+def _hedged(row: KeyRow) -> str:
+    """The share of a key's spend its hedges, retries and continuations added."""
+    return _share(row.hedge_spend / row.spend) if row.spend > 0 else "-"
 
 
 def _share(value: float | None) -> str:
@@ -541,6 +559,8 @@ def render(
                 _Column("tokens out", [_count(r.completion_tokens) for r in keys], 2),
                 _Column("cache hits", [_count(r.cache_hits) for r in keys], 3),
                 _Column("in flight", [_count(r.in_flight) for r in keys], 1),
+                _Column("hedged", [_hedged(r) for r in keys], 5),
+                _Column("spend", [_usd(r.spend) for r in keys], 4),
             ],
             width,
         )

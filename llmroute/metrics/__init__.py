@@ -9,5 +9,12 @@ or register it with another registry (``prometheus_client.REGISTRY.register(clie
 from __future__ import annotations
 
 from ._prometheus import CONTENT_TYPE, ClientMetrics
+from ._traceparent import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
 
-__all__ = ["CONTENT_TYPE", "ClientMetrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "REQUEST_ID_HEADER",
+    "TRACEPARENT",
+    "TRACESTATE",
+    "ClientMetrics",
+]

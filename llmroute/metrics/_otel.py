@@ -28,7 +28,7 @@ from .._version import __version__
 from ._traceparent import RequestTrace
 
 if TYPE_CHECKING:
-    from .._types import RouteReport, TierDecision
+    from .._types import RouteCost, RouteReport, TierDecision
     from ._record import RequestRecord
 
 __all__ = ["Tracer", "request_attributes", "tier_attributes"]
@@ -178,6 +178,9 @@ class Tracer:
                 attributes["llmroute.left_out"] = list(report.left_out)
             if report.tier is not None:
                 attributes.update(tier_attributes(report.tier))
+            cost = report.cost if report.attempts else None
+            if cost is not None:
+                attributes.update(_cost_attributes(cost))
             if report.winner is not None:
                 provider, _, model = report.winner.partition(":")
                 attributes["llmroute.winner"] = report.winner
@@ -197,6 +200,8 @@ class Tracer:
                     event["llmroute.request_id"] = attempt.request_id
                 if attempt.tokens is not None:
                     event["llmroute.tokens"] = attempt.tokens
+                if attempt.cost is not None and attempt.cost.amount is not None:
+                    event["llmroute.cost"] = str(attempt.cost.amount)
                 at = started_ns + int(attempt.started * 1e9)
                 span.add_event("llmroute.attempt", event, timestamp=at)
         if trace is not None and trace.spans:
@@ -259,6 +264,8 @@ def _end_attempts(trace: RequestTrace, report: RouteReport | None, started_ns: i
             attributes["llmroute.error"] = attempt.error
         if attempt.tokens is not None:
             attributes["llmroute.tokens"] = attempt.tokens
+        if attempt.cost is not None and attempt.cost.amount is not None:
+            attributes["llmroute.cost"] = str(attempt.cost.amount)
         span.set_attributes(attributes)
         if attempt.outcome in _FAILED and _trace is not None:
             span.set_attribute("error.type", attempt.outcome)
@@ -271,6 +278,18 @@ def _end_attempts(trace: RequestTrace, report: RouteReport | None, started_ns: i
     for span in trace.spans.values():  # attempts the report does not hold
         span.end(end_time=now)
     trace.spans.clear()
+
+
+def _cost_attributes(cost: RouteCost) -> dict[str, Any]:
+    """A request's cost as span attributes: the amount as an exact decimal string."""
+    if cost.amount is None:
+        return {"llmroute.cost.unknown": "; ".join(cost.unknown)}
+    attributes: dict[str, Any] = {"llmroute.cost": str(cost.amount)}
+    if cost.currency is not None:
+        attributes["llmroute.cost.currency"] = cost.currency
+    if cost.estimated:
+        attributes["llmroute.cost.estimated"] = True
+    return attributes
 
 
 def _response_attributes(result: Any, attributes: dict[str, Any]) -> None:

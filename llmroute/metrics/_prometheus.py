@@ -14,6 +14,7 @@ a prompt or a URL's query.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -26,7 +27,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .._types import TierDecision, Timings
+from .._types import AttemptReport, TierDecision, Timings
+from ..routing.costs import attempt_kind
 from ..routing.stats import TargetSnapshot
 from ._otel import Tracer
 from ._request import RequestRecord, RequestTelemetry
@@ -200,6 +202,24 @@ class ClientMetrics:
             ["target"],
             registry=registry,
         )
+        self._cost = Counter(
+            "llmroute_cost",
+            "What the attempts of routed requests cost, in their prices' currency (USD for "
+            "every price of the catalog), by target and kind (answer: the attempt whose text "
+            "the caller got first; hedge: attempts that lost a race or hedge; retry: attempts "
+            "that failed before a first token; continuation: attempts that continued a broken "
+            "answer); estimates included (docs/cost.md)",
+            ["target", "kind"],
+            registry=registry,
+        )
+        self._cost_unknown = Counter(
+            "llmroute_cost_unknown",
+            "Attempts whose cost is unknown (no price for the model, a malformed usage)",
+            ["target"],
+            registry=registry,
+        )
+        self._cost_sums: dict[tuple[str, str, str], tuple[int, int]] = {}
+        self._cost_children: dict[tuple[str, str, str], Any] = {}
         self._cache = Counter(
             "llmroute_cache_hits",
             "Requests answered without asking a target: from the cache (cache) or from an "
@@ -254,6 +274,8 @@ class ClientMetrics:
             "hedges_won": self._hedges_won,
             "hedges_denied": self._hedges_denied,
             "continuations": self._continuations,
+            "cost": self._cost,
+            "cost_unknown": self._cost_unknown,
             "cache_hits": self._cache,
             "tier_decisions": self._tier_decisions,
         }
@@ -273,6 +295,15 @@ class ClientMetrics:
                     buckets[(labels["route"], labels["source"], labels["le"])] = sample.value
         out["request_ttft_buckets"] = buckets
         return out
+
+    def costs(self) -> dict[tuple[str, str, str], Decimal]:
+        """What routed requests cost so far, exact: by target, kind of attempt (``answer``,
+        ``hedge``, ``retry``, ``continuation``) and currency; the Prometheus counter
+        ``llmroute_cost_total`` is the same sums as floats."""
+        return {
+            key: Decimal(units).scaleb(exponent)
+            for key, (units, exponent) in self._cost_sums.items()
+        }
 
     def collect(self) -> Iterator[Metric]:
         """Every metric, as a Prometheus collector (so another registry can include it)."""
@@ -337,6 +368,9 @@ class ClientMetrics:
                 self._latency.labels(attempt.target).observe(attempt.ttft)
             if attempt.outcome == "won" and attempt.reason == "hedge":
                 self._hedges_won.labels(route).inc()
+        amounts = getattr(report.pricer, "amounts", None)
+        if amounts is not None:
+            self._count_cost(amounts(report))
         if report.hedges:
             self._hedges.labels(route).inc(report.hedges)
         if report.hedges_denied:
@@ -349,6 +383,30 @@ class ClientMetrics:
             itl = _mean_gap(timings)
             if itl is not None and not report.continued_on:
                 self._itl.labels(report.winner).observe(itl)
+
+    def _count_cost(self, amounts: list[tuple[AttemptReport, int | None, int, str]]) -> None:
+        """Each priced attempt's cost (whole ``10**exponent`` units), by target and kind;
+        unknown ones counted apart. The sums stay integers: exact, and cheap."""
+        sums, children = self._cost_sums, self._cost_children
+        for attempt, units, exponent, currency in amounts:
+            if units is None:
+                self._cost_unknown.labels(attempt.target).inc()
+            elif units:
+                kind = attempt_kind(attempt)
+                key = (attempt.target, kind, currency)
+                child = children.get(key)
+                if child is None:
+                    child = children[key] = self._cost.labels(attempt.target, kind)
+                child.inc(units / 10**-exponent if exponent < 0 else units * 10**exponent)
+                held = sums.get(key)
+                if held is None:
+                    sums[key] = (units, exponent)
+                elif held[1] == exponent:
+                    sums[key] = (held[0] + units, exponent)
+                else:
+                    low = min(held[1], exponent)
+                    total = held[0] * 10 ** (held[1] - low) + units * 10 ** (exponent - low)
+                    sums[key] = (total, low)
 
     def _direct(self, record: RequestRecord, target: str, timings: Timings) -> None:
         outcome = {"ok": "won", "cancelled": "cancelled", "interrupted": "interrupted"}.get(

@@ -11,14 +11,11 @@ continuation, length field...) stay data in the catalog (``providers/*.toml``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import httpx
 
 from .._prices import UsageFields
-
-if TYPE_CHECKING:
-    from .openai import ChatStreamDecoder
 
 __all__ = ["ProtocolAdapter"]
 
@@ -79,8 +76,10 @@ class ProtocolAdapter:
         target: str,
         body: Mapping[str, Any],
         include_usage: bool,
-    ) -> ChatStreamDecoder:
-        """The decoder of a streamed answer to ``body`` (as sent, before :meth:`wire_request`);
+    ) -> Any:
+        """The decoder of a streamed answer to ``body`` (as sent, before :meth:`wire_request`):
+        a :class:`~llmroute.protocols.openai.ChatStreamDecoder` or a subclass (named here as
+        ``Any``: this interface sits below the protocols that implement it);
         ``include_usage``: the caller asked for a usage chunk."""
         raise NotImplementedError
 
@@ -93,3 +92,8 @@ class ProtocolAdapter:
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         """The vendor's id of a request, from its response's headers."""
         raise NotImplementedError
+
+    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
+        """The vendor's own ``usage`` of a whole answer, as :attr:`usage_fields` read it (the
+        priced one; ``None`` when it sent none): openai's object, as the vendor sent it."""
+        return getattr(completion, "usage", None)

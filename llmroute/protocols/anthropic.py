@@ -50,7 +50,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from .._errors import MalformedStreamError, make_status_error
 from .._prices import UsageFields
-from ..transport._sse import ServerSentEvent
+from ..transport import ServerSentEvent
 from ._adapter import ProtocolAdapter
 from .openai import REQUEST_ID_HEADER as OPENAI_REQUEST_ID_HEADER
 from .openai import ChatStreamDecoder, build_chunk, load_json
@@ -676,6 +676,11 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         """openai's usage object for what arrived so far (None before ``message_start``)."""
         return usage_of(self._raw_usage) if self._raw_usage else None
 
+    @property
+    def vendor_usage(self) -> dict[str, Any] | None:
+        """Anthropic's own usage object so far (cache writes by lifetime included)."""
+        return dict(self._raw_usage) if self._raw_usage else None
+
     def _chunks(self, events: list[ServerSentEvent]) -> list[ChatCompletionChunk]:
         chunks: list[ChatCompletionChunk] = []
         for sse in events:
@@ -725,6 +730,22 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
         index = self._member(data, "index", int, sse)
         return 0 if index is None else index
 
+    def _content_chunk(
+        self, holder: Mapping[str, Any], sse: ServerSentEvent
+    ) -> ChatCompletionChunk | None:
+        """A content chunk of ``holder``'s text (a delta or a block's start), less the prefill
+        whitespace the answer repeats (see :func:`_skip`)."""
+        text = self._member(holder, "text", str, sse)
+        if text and self._skipped < len(self._pending):
+            text, self._skipped = _skip(text, self._pending, self._skipped)
+        return self._make({"content": text}) if text else None
+
+    def _reasoning_chunk(
+        self, holder: Mapping[str, Any], sse: ServerSentEvent
+    ) -> ChatCompletionChunk | None:
+        thinking = self._member(holder, "thinking", str, sse)
+        return self._make({"reasoning_content": thinking}) if thinking else None
+
     def _event(self, sse: ServerSentEvent) -> ChatCompletionChunk | None:
         try:
             data = json.loads(sse.data)
@@ -744,10 +765,7 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
             delta = self._member(data, "delta", dict, sse) or {}
             dtype = delta.get("type")
             if dtype == "text_delta":
-                text = self._member(delta, "text", str, sse)
-                if text and self._skipped < len(self._pending):
-                    text, self._skipped = _skip(text, self._pending, self._skipped)
-                return self._make({"content": text}) if text else None
+                return self._content_chunk(delta, sse)
             if dtype == "input_json_delta":
                 fragment = self._member(delta, "partial_json", str, sse)
                 call = self._tools.get(self._index(data, sse))
@@ -756,8 +774,7 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
                 tool = {"index": call, "function": {"arguments": fragment}}
                 return self._make({"tool_calls": [tool]})
             if dtype == "thinking_delta":
-                thinking = self._member(delta, "thinking", str, sse)
-                return self._make({"reasoning_content": thinking}) if thinking else None
+                return self._reasoning_chunk(delta, sse)
             return None  # signature_delta, citations_delta: nothing openai has
         if kind == "content_block_start":
             block = self._member(data, "content_block", dict, sse) or {}
@@ -777,13 +794,9 @@ class AnthropicStreamDecoder(ChatStreamDecoder):
                 }
                 return self._make({"tool_calls": [call]})
             if btype == "text":
-                text = self._member(block, "text", str, sse)
-                if text and self._skipped < len(self._pending):
-                    text, self._skipped = _skip(text, self._pending, self._skipped)
-                return self._make({"content": text}) if text else None
+                return self._content_chunk(block, sse)
             if btype == "thinking":
-                thinking = self._member(block, "thinking", str, sse)
-                return self._make({"reasoning_content": thinking}) if thinking else None
+                return self._reasoning_chunk(block, sse)
             return None
         if kind == "content_block_stop":
             self._open.discard(self._index(data, sse))
@@ -887,6 +900,14 @@ class AnthropicAdapter(ProtocolAdapter):
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         return headers.get(REQUEST_ID_HEADER) or headers.get(OPENAI_REQUEST_ID_HEADER)
+
+    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
+        try:  # the completion's usage is openai's, without the cache writes' lifetimes
+            data = json.loads(response.content)
+        except ValueError:
+            return None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        return usage if isinstance(usage, dict) else None
 
 
 def _chat_only(kind: str) -> None:

@@ -27,7 +27,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 
 from .._errors import MalformedStreamError, quote
 from .._prices import UsageFields
-from ..transport._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from ..transport import ServerSentEvent, SSEDecodeError, SSEDecoder
 from ._adapter import ProtocolAdapter
 
 try:
@@ -214,6 +214,12 @@ class ChatStreamDecoder:
         self._unfinished: set[int] = set()
         self.tokens = 0
         """How many token chunks (see :func:`is_token_chunk`) were decoded."""
+
+    @property
+    def vendor_usage(self) -> Any:
+        """The vendor's own usage object so far, where the protocol's chunks do not carry it
+        as the vendor sent it (Anthropic's); ``None`` here: a chunk's ``usage`` is the vendor's."""
+        return None
 
     @property
     def text(self) -> str:

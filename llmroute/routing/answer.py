@@ -5,7 +5,7 @@ stream unread). :class:`Answer` reads on from there: it passes each chunk to the
 moment it is decoded (one id for the whole answer, usage the caller did not ask for left out),
 bounds the pauses between chunks (the stall deadline), and decides at the stream's end whether
 the answer is whole. A stream that breaks first is handed to the engine's continuation (the
-``proceed`` callable it was given), whose stream the caller then reads on without a seam; the
+``proceed`` callable it was given), whose stream the caller then reads on without a splice; the
 answer's tokens are kept in its :class:`~.accounts.TokenAccount`. Live stats get the stream's
 pace and pauses once it completes.
 """
@@ -37,9 +37,9 @@ from ..protocols.openai import (
 from ..protocols.reader import StreamReader
 from ..transport import bound_wait, close_quietly
 from .accounts import TokenAccount
-from .continuation import seam_for
+from .continuation import splice_for
 from .route import Route, RouteTarget
-from .seam import REASONING_FIELDS, ContinuationMismatch, Seam
+from .splice import REASONING_FIELDS, ContinuationMismatch, Splice
 from .stats import (
     STALL_STREAM_GAPS,
     LiveStats,
@@ -75,6 +75,8 @@ class Ready:
     receive: Callable[[], Awaitable[bytes | None]] | None = None
     buffered: list[ChatCompletionChunk] = field(default_factory=list)
     completion: Any = None
+    completion_usage: Any = None
+    """A whole answer's usage as its vendor sent it (:meth:`ProtocolAdapter.answer_usage`)."""
 
     @property
     def decoder(self) -> ChatStreamDecoder | None:
@@ -83,7 +85,7 @@ class Ready:
 
 def content_kind(delta: Any) -> Literal["text", "reasoning"] | None:
     """What a delta (or message) carries: plain ``"text"``, ``"reasoning"`` beside or instead
-    of it (:data:`.seam.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
+    of it (:data:`.splice.REASONING_FIELDS`), or ``None`` for tool calls or a refusal (an answer
     that cannot be continued as text)."""
     if delta.tool_calls or delta.function_call or delta.refusal:
         return None
@@ -155,6 +157,7 @@ class _Read:
         "stall",
         "strip_continuous",
         "unbounded",
+        "usage",
     )
 
     def __init__(self, answer: Answer, ready: Ready) -> None:
@@ -180,6 +183,8 @@ class _Read:
         self.strip_continuous = target.stream_usage_continuous and not account.continuous_asked
         self.gaps, self.longest = 0, 0.0
         self.kept = account.delivered  # the tokens of the answer so far, counted low
+        self.usage: Any = None
+        """This attempt's newest usage, as its vendor sent it (before it is combined)."""
 
     def timed_out(self, exc: APITimeoutError) -> APIError:
         """The failure of a read that timed out: a stall when the wait's bound was the stall's."""
@@ -242,7 +247,7 @@ class Answer:
         self._template: ChatCompletionChunk | None = None
         self._skipping = False
         """A continuation's opening chunks repeat what the caller has: they are skipped."""
-        self._seam: Seam | None = None
+        self._splice: Splice | None = None
         """A continuing stream's reasoning and echo, stripped."""
 
     async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
@@ -274,7 +279,7 @@ class Answer:
                 except _AtLimit as end:  # past the caller's limit: the answer ends here
                     for chunk in end.chunks:
                         yield chunk
-                    self._completed(ready)
+                    self._completed(read)
                     return
                 except APITimeoutError as exc:
                     failure = read.timed_out(exc)
@@ -283,6 +288,7 @@ class Answer:
                 failure = self._verdict(read, failure)
                 if failure is None:
                     return
+                self._bill(read)
                 new = await self._proceed(ready, failure, self._continuable)
                 if new is None:  # the answer already holds the tokens the caller asked for
                     for chunk in self._ended_at_limit():
@@ -306,7 +312,7 @@ class Answer:
 
     def _switch(self, new: Ready, on_switch: Callable[[httpx.Response], None]) -> Ready:
         """A continuation took over: the caller reads on from ``new``, past what it repeats."""
-        self._seam = seam_for(new.target, new.response.request, self.account.text)
+        self._splice = splice_for(new.target, new.response.request, self.account.text)
         on_switch(new.response)
         self._skipping = True
         return new
@@ -317,10 +323,10 @@ class Answer:
         if type(chunk) is not ChatCompletionChunk:
             return self._event(chunk)
         account = self.account
-        seam = self._seam
-        if seam is not None:
-            admitted = seam.admit(chunk)
-            account.uncounted = account.uncounted or seam.stripped
+        splice = self._splice
+        if splice is not None:
+            admitted = splice.admit(chunk)
+            account.uncounted = account.uncounted or splice.stripped
             if not admitted:
                 return False
         if self._skipping:
@@ -359,6 +365,7 @@ class Answer:
     def _usage(self, chunk: ChatCompletionChunk, read: _Read) -> bool:
         """A chunk with the vendor's usage: counted, then shown only as the caller asked;
         whether the chunk is still for the caller."""
+        read.usage = chunk.usage
         self.account.usage_seen(chunk, chunk.usage)
         if read.hide_usage:
             if not chunk.choices:
@@ -406,16 +413,16 @@ class Answer:
     def _verdict(self, read: _Read, failure: APIError | None) -> APIError | None:
         """At a stream's end: ``None`` if the answer is whole (recorded as such), else why not."""
         decoder, ready = read.reader.decoder, read.ready
-        seam = self._seam
-        if seam is not None and failure is None and (decoder.finished or decoder.done):
-            failure = seam.unfinished()  # it ended inside the echo: not spliced
+        splice = self._splice
+        if splice is not None and failure is None and (decoder.finished or decoder.done):
+            failure = splice.unfinished()  # it ended inside the echo: not spliced
         if not isinstance(failure, ContinuationMismatch) and (
             decoder.finished or (decoder.done and failure is None)
         ):
             # Every choice has its finish_reason: the answer is whole, even if the
             # connection broke before the usage chunk or [DONE]. (A decoder that
             # raised is done too, but its answer is not whole.)
-            self._completed(ready)
+            self._completed(read)
             if self._continuable:  # one choice of plain text
                 name = ready.target.name
                 self.account.calibrate(decoder, self.stats.target(name).token_counts)
@@ -424,12 +431,21 @@ class Answer:
             return None
         return stream_ended(read.request) if failure is None else failure
 
-    def _completed(self, ready: Ready) -> None:
+    def _bill(self, read: _Read) -> AttemptReport | None:
+        """The attempt's own usage as its vendor sent it, on its record (what it is priced
+        from: :mod:`.costs`)."""
+        record = won_attempt(self.report, read.ready.target.name)
+        if record is not None:
+            vendor = read.reader.decoder.vendor_usage
+            record.usage = vendor if vendor is not None else read.usage
+        return record
+
+    def _completed(self, read: _Read) -> None:
         self.complete = True
-        name = ready.target.name
-        stats = self.stats.target(name)
+        ready = read.ready
+        stats = self.stats.target(ready.target.name)
         account = self.account
-        record = won_attempt(self.report, name)
+        record = self._bill(read)
         if record is not None:
             record.tokens, record.tokens_counted, record.tokens_estimate = account.delivered_by(
                 ready.decoder, stats.token_counts

@@ -19,7 +19,7 @@ from typing import Any, Final, Literal, cast
 from openai import APIConnectionError, APIError, APIStatusError, APITimeoutError
 
 from .._errors import FirstTokenTimeout, StallTimeout, TargetUnavailable
-from .backoff import parse_retry_after, should_retry_status
+from .backoff import parse_retry_after, retry_delay, should_retry_status
 
 __all__ = [
     "REQUEST_CAUSES",
@@ -33,6 +33,7 @@ __all__ = [
     "is_health_failure",
     "outcome",
     "react",
+    "round_delay",
 ]
 
 Cause = Literal[
@@ -192,6 +193,25 @@ def any_retryable(failures: Iterable[BaseException]) -> bool:
         elif isinstance(exc, APIError) and not isinstance(exc, TargetUnavailable):
             return True
     return False
+
+
+def round_delay(
+    failures: Iterable[BaseException], *, rounds: int, max_retries: int, rand: float
+) -> float:
+    """The wait before a route's next round of attempts, after ``rounds`` rounds: the
+    Retry-After of the last status error among ``failures``, else openai's backoff (``rand``
+    in [0, 1) draws its jitter)."""
+    headers = None
+    for exc in failures:
+        if isinstance(exc, APIStatusError):
+            headers = exc.response.headers
+    return retry_delay(
+        retries_done=rounds,
+        max_retries=max_retries,
+        headers=headers,
+        now=time.time(),
+        rand=rand,
+    )
 
 
 def error_message(exc: BaseException) -> str:

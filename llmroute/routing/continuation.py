@@ -4,7 +4,7 @@ When the winner's stream breaks after its first token, the engine races the rout
 continuation targets (those whose catalog entry has a ``continuation``) for the rest of the
 answer, with the text so far as a trailing assistant message. This module says whether an
 answer may be continued and why not, in which order the targets are asked, what the
-continuing request's body is, and how the continuing stream joins the text (:mod:`.seam`);
+continuing request's body is, and how the continuing stream joins the text (:mod:`.splice`);
 :meth:`~.engine._Run.continue_answer` runs the race. A broken answer that cannot be continued
 ends in :class:`~llmroute.StreamInterrupted` with the text so far.
 """
@@ -19,7 +19,7 @@ import httpx
 from .._errors import APIError, StreamInterrupted
 from .policies import RouteView
 from .route import Route, RouteTarget
-from .seam import Seam
+from .splice import Splice
 
 __all__ = [
     "continuation_body",
@@ -27,7 +27,7 @@ __all__ = [
     "interrupted",
     "no_continuation_target",
     "not_continuable",
-    "seam_for",
+    "splice_for",
 ]
 
 
@@ -104,9 +104,9 @@ def interrupted(
     )
 
 
-def seam_for(target: RouteTarget, request: httpx.Request, text: Sequence[str]) -> Seam:
-    """The seam of a continuing stream from ``target``: its reasoning dropped, and the
+def splice_for(target: RouteTarget, request: httpx.Request, text: Sequence[str]) -> Splice:
+    """The splice of a continuing stream from ``target``: its reasoning dropped, and the
     text so far stripped from its start where its vendor echoes the prefix."""
     continuation = target.continuation
     echo = "".join(text) if continuation and continuation.echoes_prefix else ""
-    return Seam(echo, request=request, target=target.name)
+    return Splice(echo, request=request, target=target.name)

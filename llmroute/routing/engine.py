@@ -5,8 +5,8 @@ leaving their scopes, which resets their HTTP/2 streams while the connections st
 a first token, a failing attempt hands over to the next target (failover) and a slow one is
 hedged when the plan says so and the route's hedge budget allows. After the first token the
 caller reads the winner (:mod:`.answer`); if it breaks mid-answer, the engine races the
-targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on without
-a seam, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
+targets that can continue it (:mod:`.continuation`), so the caller's iterator goes on as one
+answer, or raises :class:`~llmroute.StreamInterrupted` with the partial text. The answer's
 tokens are counted in its account (:mod:`.accounts`).
 
 The engine sends through a :data:`~.route.Sender` the client gives it (request building, keys
@@ -52,7 +52,6 @@ from ..protocols.reader import StreamReader
 from ..transport import body_receiver, close_quietly, replay_head
 from .accounts import TokenAccount
 from .answer import Answer, Ready, plain_answer, won_attempt
-from .backoff import retry_delay
 from .causes import (
     REQUEST_CAUSES,
     any_retryable,
@@ -62,6 +61,7 @@ from .causes import (
     is_health_failure,
     outcome,
     react,
+    round_delay,
 )
 from .continuation import (
     continuation_body,
@@ -70,11 +70,14 @@ from .continuation import (
     no_continuation_target,
     not_continuable,
 )
+from .costs import lost_cost, pricer_for
+from .estimate import prompt_messages
 from .goal import LatencyGoal, meet_goal
 from .health import CircuitBreaker, TargetHealth
 from .policies import Plan, explore
+from .price import EXPECTED_ANSWER_TOKENS, TargetPrice, answer_tokens
 from .route import SENDING, Route, RouteTarget, Sender
-from .seam import ContinuationMismatch
+from .splice import ContinuationMismatch
 from .stats import (
     LiveStats,
     StatsReport,
@@ -84,11 +87,13 @@ from .stats import (
     prompt_class,
 )
 from .tokens import visible_tokens
-from .windows import answer_room, larger_windows, needed_tokens, refused_sizes, too_long
+from .windows import answer_room, larger_windows, needed_tokens, refused_window, too_long
 
 __all__ = [
+    "MAX_WAIT_UNAVAILABLE",
     "PROBE_PATIENCE",
     "REMEASURE_AFTER",
+    "RETRY_SLACK",
     "SENDING",
     "SERVER_METRICS_MAX_AGE",
     "Route",
@@ -97,6 +102,8 @@ __all__ = [
     "RoutedStream",
     "Router",
     "Sender",
+    "prompt_messages",
+    "unavailable",
     "vendor_request_id",
 ]
 
@@ -114,13 +121,15 @@ PROBE_PATIENCE = 0.99
 quantile this high (the prior's while it has no samples: 3.2 s with ``ttft_prior = "1s"``), then
 is cancelled as a censored sample: a target that slow is known to be slow without waiting out
 a stall."""
-_RETRY_SLACK = 0.05
+RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
-_MAX_WAIT_UNAVAILABLE = 2.0
+MAX_WAIT_UNAVAILABLE = 2.0
 """How long a request waits, at most, for one of its targets to be free again when none can be
 asked (all cooling down after a 429, or with open circuits); a stream also within its first-token
 deadline. A longer wait is the caller's to decide: it gets AllTargetsFailed saying why."""
+_LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
+"""Policies that rank by live TTFT: their plans are explored (stale, cold targets re-measured)."""
 
 
 async def _sending(record: AttemptReport, opening: Awaitable[Ready]) -> Ready:
@@ -301,6 +310,20 @@ class Router:
         health.breaker.record_failure()
         return "failed"
 
+    def soonest_available(self, targets: Iterable[str], *, trials: bool = True) -> float | None:
+        """Seconds until the first of ``targets`` that is cooling down or has its circuit open
+        may be tried again; ``None`` if none of them will be (or all are unknown).
+        ``trials=False`` leaves out the circuits that wait for a background trial: only the
+        trial's answer opens them to requests, and no request waits on a trial."""
+        now = self._clock()
+        times = [
+            retry_at
+            for name in targets
+            if (trials or not _awaits_trial(self.health(name)))
+            and (retry_at := self.health(name).retry_at()) is not None
+        ]
+        return max(0.0, min(times) - now) if times else None
+
     def load(self, target: str) -> float:
         """The requests ``target`` is working on, per data-parallel rank.
 
@@ -345,9 +368,14 @@ class Router:
             route=route.name,
             policy=route.policy.name,
             prompt_class=class_label(prompt_class(tokens, bounds), bounds),
+            pricer=pricer_for(route),
+            prompt_tokens=tokens,
         )
         run = _Run(self, route, body, send, report, tokens, stream, kind)
-        run.goal = goal.over(route.goal) if goal is not None else route.goal
+        run.goal = run.view.goal = goal.over(route.goal) if goal is not None else route.goal
+        if route.prices:
+            run.view.prices = route.prices
+            run.view.answer_tokens = answer_tokens(body)
         run.refuse_unservable(unservable)
         route.budget.on_request()
         return run
@@ -491,6 +519,9 @@ class _View:
         self._tokens = prompt_tokens
         self._stream = stream
         self._messages = messages
+        self.goal: LatencyGoal | None = None
+        self.prices: Mapping[str, TargetPrice] = {}
+        self.answer_tokens = EXPECTED_ANSWER_TOKENS
 
     def predict(self, target: str, q: float | None) -> float:
         stats = self._router.stats.target(target)
@@ -551,6 +582,17 @@ class _View:
     def messages(self) -> Sequence[Mapping[str, Any]]:
         return self._messages
 
+    def ttft_target(self) -> float | None:
+        """The request's TTFT goal in seconds (its own over the route's), if any."""
+        goal = self.goal
+        return None if goal is None else goal.ttft_target
+
+    def price(self, target: str) -> float | None:
+        """The expected cost of this request on ``target`` in USD (:mod:`.price`); ``None``
+        when its price is not known."""
+        known = self.prices.get(target)
+        return None if known is None else known.estimate(self._tokens, self.answer_tokens)
+
 
 class _Run:
     """The state of one routed request: its plan, its attempts and the answer's account."""
@@ -587,7 +629,7 @@ class _Run:
         self.refused: set[str] = set()
         """Targets whose protocol cannot express the request: never tried, never penalised."""
         self.mismatched: set[str] = set()
-        """Targets whose continuation did not begin as their vendor documents (:mod:`.seam`):
+        """Targets whose continuation did not begin as their vendor documents (:mod:`.splice`):
         not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
@@ -637,16 +679,13 @@ class _Run:
         """After ``target`` answered a context-length error: whether a target of the route
         with a larger declared window may still take the request (then only such targets
         are tried next, see ``_Race.refused_at``). The refusing target's window is its
-        declared one, else the one its error names (:func:`.windows.refused_sizes`), else
-        the request's own estimate (which errs low); a need the error names raises it."""
-        window = self.route.target(target).context_window
-        said, needed = refused_sizes(error_message(exc))
-        if window is None:
-            window = said
-        if window is None:
-            window = needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind))
-        if needed is not None:
-            window = max(window, needed - 1)  # a window must hold ``needed`` at least
+        declared one, else the one its error names, else the request's own estimate
+        (:func:`.windows.refused_window`)."""
+        window = refused_window(
+            self.route.target(target).context_window,
+            error_message(exc),
+            needed_tokens(self.prompt_tokens, answer_room(self.body, self.kind)),
+        )
         state.refused_at = max(window, state.refused_at or 0)
         windows = {
             name: w
@@ -674,7 +713,7 @@ class _Run:
                 speed=lambda t: router.stats.target(t).decode_speed(),
                 available=view.available,
             )
-        if route.policy.name in ("fastest", "hedge", "race"):
+        if route.policy.name in _LATENCY_POLICIES:
             delay = getattr(route.policy, "delay", None)
             max_age = min(router.stats.settings.window / 4, REMEASURE_AFTER)
             plan = explore(
@@ -693,8 +732,27 @@ class _Run:
         if left_out:
             plan = _without(plan, left_out, names)
             self.report.explored = plan.explored if self.report.explored else None
+        if route.cost_budget is not None and plan.order:
+            route.cost_budget.on_request(self.view.price(plan.order[0]))
         self._probe_open_circuits()
         return plan
+
+    def spend_on_hedge(self, target: str) -> bool:
+        """Whether the route's hedge budget allows a hedge to ``target`` (and takes it): in
+        money when the route has ``hedge_budget_cost`` (a hedge of unknown price is refused),
+        else in requests."""
+        money = self.route.cost_budget
+        if money is None:
+            return self.route.budget.try_spend()
+        return money.try_spend(self.view.price(target))
+
+    def refund_hedge(self, target: str) -> None:
+        """A hedge to ``target`` answered first: its budget is given back."""
+        money = self.route.cost_budget
+        if money is None:
+            self.route.budget.refund()
+        else:
+            money.refund(self.view.price(target))
 
     def _probe_open_circuits(self) -> None:
         """The request itself is planned without the targets whose circuit is open and never
@@ -790,31 +848,17 @@ class _Run:
         return record
 
     def _soonest_available(self, targets: Sequence[str], *, trials: bool = True) -> float | None:
-        """Seconds until the first of ``targets`` that is cooling down or has its circuit open
-        may be tried again; ``None`` if none of them will be (or all are unknown).
-        ``trials=False`` leaves out the circuits that wait for a background trial: only the
-        trial's answer opens them to requests, and no request waits on a trial."""
-        now = self.clock()
-        times = [
-            retry_at
-            for name in targets
-            if name not in self.refused
-            and (trials or not _awaits_trial(self.router.health(name)))
-            and (retry_at := self.router.health(name).retry_at()) is not None
-        ]
-        return max(0.0, min(times) - now) if times else None
+        """:meth:`Router.soonest_available` of ``targets`` that may serve this request."""
+        names = [name for name in targets if name not in self.refused]
+        return self.router.soonest_available(names, trials=trials)
 
     def _retry_delay(self, rounds: int, failures: Mapping[str, BaseException]) -> float:
-        headers = None
-        for exc in failures.values():
-            if isinstance(exc, APIStatusError):
-                headers = exc.response.headers
-        return retry_delay(
-            retries_done=rounds,
-            max_retries=self.router.max_retries,
-            headers=headers,
-            now=time.time(),
-            rand=self.router._rng.random(),
+        router = self.router
+        return round_delay(
+            failures.values(),
+            rounds=rounds,
+            max_retries=router.max_retries,
+            rand=router._rng.random(),
         )
 
     def _failed(
@@ -959,7 +1003,7 @@ class _Coordinator:
         self.hedge_at: float | None = None
         self.launched = self.hedged = 0
         budget = run.route.first_token_timeout if run.stream else None
-        budget = min(budget or _MAX_WAIT_UNAVAILABLE, _MAX_WAIT_UNAVAILABLE)
+        budget = min(budget or MAX_WAIT_UNAVAILABLE, MAX_WAIT_UNAVAILABLE)
         # On the event loop's clock, which the waits below run on (the router's may be a test's).
         self.give_up_at = anyio.current_time() + budget - (run.clock() - run.t0)
         first = "continuation" if prefix is not None else "first"
@@ -1085,7 +1129,7 @@ class _Coordinator:
             return True
         state.again = None
         soon = self.run._soonest_available([name])
-        if soon is not None and soon > _RETRY_SLACK:  # its circuit opened: move on
+        if soon is not None and soon > RETRY_SLACK:  # its circuit opened: move on
             return False
         await anyio.sleep(soon or 0.0)
         if name in self.pending:
@@ -1131,7 +1175,7 @@ class _Coordinator:
                 if not self._available_first():
                     return  # nothing to hedge on: no request, no budget spent
                 report = self.run.report
-                if self.run.route.budget.try_spend():
+                if self.run.spend_on_hedge(self.pending[0]):
                     report.hedges += 1
                     self.hedged += 1
                     self._launch("hedge")
@@ -1199,17 +1243,7 @@ class _Attempt:
 
     def _unavailable(self) -> None:
         """Its target may not be asked now (cooling down, its circuit open)."""
-        health, name = self.health, self.target.name
-        exc = TargetUnavailable(
-            f"target {name!r} is unavailable: {health.describe()}",
-            self.run.request_stub(),
-            target=name,
-            cause=health.cause
-            if health.misconfiguration is not None
-            else health.failure  # what opened the circuit (or failed its last trial)
-            if _awaits_trial(health)
-            else None,
-        )
+        exc = unavailable(self.target.name, self.health, self.run.request_stub())
         self.run._failed(self.record, self.state, exc, "error", count=False)
 
     def _release(self) -> None:
@@ -1271,6 +1305,13 @@ class _Attempt:
                 self.record.ttft = elapsed
         stats.finished()
         self._release()
+        decoder = ready.decoder
+        self.record.cost = lost_cost(
+            self.target,
+            decoder.vendor_usage if decoder is not None else ready.completion_usage,
+            run.prompt_tokens,
+            ready.timings.tokens if decoder is not None else None,
+        )
         await close_quietly(ready.response)
 
     def _won(self, ready: Ready, elapsed: float) -> None:
@@ -1279,7 +1320,7 @@ class _Attempt:
         record.ttft = elapsed
         record.request_id = vendor_request_id(target, ready.response.headers)
         if record.reason == "hedge":
-            run.route.budget.refund()  # it saved the request: no extra request lost
+            run.refund_hedge(target.name)  # it saved the request: no extra request lost
         if run.report.winner is None:
             run.report.winner = target.name
         self.health.breaker.record_success()
@@ -1333,10 +1374,13 @@ class _Attempt:
         run = self.run
         body = run.body_for(target, None)
         response, timings = await run.send(target, body, stream=False, continuation=False)
-        completion = adapter_for(target.protocol).parse_answer(
-            run.kind, response, target=target.name, body=body
-        )
-        return Ready(target, response, timings, completion=completion)
+        adapter = adapter_for(target.protocol)
+        completion = adapter.parse_answer(run.kind, response, target=target.name, body=body)
+        ready = Ready(target, response, timings, completion=completion)
+        if run.kind == "chat":  # the usage fields are chat's (a Response's are its own)
+            ready.completion_usage = adapter.answer_usage(completion, response)
+            self.record.usage = ready.completion_usage
+        return ready
 
 
 def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:
@@ -1364,27 +1408,24 @@ def vendor_request_id(target: RouteTarget, headers: Mapping[str, str]) -> str | 
     return adapter_for(target.protocol).request_id(headers)
 
 
+def unavailable(name: str, health: TargetHealth, request: httpx.Request) -> TargetUnavailable:
+    """Why the target ``name`` may not be asked now (cooling down, its circuit open), as the
+    attempt's failure."""
+    return TargetUnavailable(
+        f"target {name!r} is unavailable: {health.describe()}",
+        request,
+        target=name,
+        cause=health.cause
+        if health.misconfiguration is not None
+        else health.failure  # what opened the circuit (or failed its last trial)
+        if _awaits_trial(health)
+        else None,
+    )
+
+
 def _awaits_trial(health: TargetHealth) -> bool:
     """Whether the target's circuit is open until a background trial closes it."""
     return health.breaker.in_background and health.breaker.shared_state != "closed"
-
-
-def prompt_messages(body: Mapping[str, Any], kind: str) -> list[Any]:
-    """The messages of a call's prompt, for its size: a chat call's ``messages``; a Responses
-    call's ``instructions`` and ``input`` (a string, or a list of items)."""
-    if kind != "responses":
-        messages = body.get("messages")
-        return messages if isinstance(messages, list) else []
-    out: list[Any] = []
-    instructions = body.get("instructions")
-    if isinstance(instructions, str):
-        out.append({"role": "system", "content": instructions})
-    given = body.get("input")
-    if isinstance(given, str):
-        out.append({"role": "user", "content": given})
-    elif isinstance(given, list):
-        out.extend(item for item in given if isinstance(item, Mapping))
-    return out
 
 
 class RoutedStream:

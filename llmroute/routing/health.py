@@ -195,17 +195,12 @@ class CircuitBreaker:
         current = self._current()
         if current is not self:
             return current.acquire()
-        if self._state == CLOSED:
-            return True
-        if self._background:
+        if not self.available():
             return False
-        if self._state == OPEN:
-            if self._clock() < self._retry_at:
-                return False
+        if self._state == OPEN:  # opening cleared the probe
             self._state = HALF_OPEN
-        if self._probe_out:
-            return False
-        self._probe_out = True
+        if self._state == HALF_OPEN:
+            self._probe_out = True
         return True
 
     def release(self) -> None:

@@ -16,11 +16,13 @@ from typing import Any, Literal, Protocol
 import httpx
 
 from .._catalog import Continuation
+from .._prices import ModelPrice, UsageFields
 from .._types import AttemptReport, Timings
-from .budget import HedgeBudget
+from .budget import CostBudget, HedgeBudget
 from .causes import CauseRules
 from .goal import LatencyGoal
 from .policies import Policy
+from .price import TargetPrice
 
 __all__ = ["SENDING", "Route", "RouteTarget", "Sender"]
 
@@ -67,6 +69,10 @@ class RouteTarget:
     max_tokens_field: str | None = None
     """The field the vendor takes for the answer's length limit (the catalog's): a caller's
     ``max_tokens`` / ``max_completion_tokens`` is renamed to it; ``None``: sent as written."""
+    price: ModelPrice | None = field(default=None, compare=False, hash=False)
+    """The model's price (the config's, else the catalog's); ``None``: unknown (docs/cost.md)."""
+    usage_fields: UsageFields | None = field(default=None, compare=False, hash=False)
+    """Where the vendor's ``usage`` reports each billed token class; ``None``: the protocol's."""
 
     @property
     def name(self) -> str:
@@ -101,6 +107,13 @@ class Route:
     goal: LatencyGoal | None = None
     """The route's latency goal (``ttft_target``, ``min_tokens_per_s``); a request's own
     options override it (:mod:`.goal`)."""
+    prices: Mapping[str, TargetPrice] = field(default_factory=dict)
+    """Each target's price, by name, where one is known (:mod:`.price`): policy
+    ``cheapest`` and a hedge budget in money read it."""
+    cost_budget: CostBudget | None = None
+    """Hedging's budget in money (``hedge_budget_cost``); when set, it replaces ``budget``."""
+    price_book: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """Each target's exact price, read once for pricing answers as they end (:mod:`.costs`)."""
 
     def rules(self) -> CauseRules:
         """How the route reacts to each cause of failure (:mod:`.causes`)."""

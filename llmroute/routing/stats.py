@@ -633,9 +633,6 @@ class StatsSettings:
     recent: int = 10
     """The most newest samples a change of regime is tested on: the newest 3 to ``recent``
     against the whole window (see :meth:`TargetStats.shifted`)."""
-    shift_waits: int = 3
-    """No longer used: attempts waiting past a target's p95 show a change by the same test as
-    samples (:meth:`TargetStats.shifted`). Kept so that configurations naming it still load."""
 
     def __post_init__(self) -> None:
         if not self.window > 0:
@@ -655,8 +652,6 @@ class StatsSettings:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples!r}")
         if self.recent < 2:
             raise ValueError(f"recent must be at least 2, got {self.recent!r}")
-        if self.shift_waits < 1:
-            raise ValueError(f"shift_waits must be at least 1, got {self.shift_waits!r}")
 
 
 def prompt_class(tokens: int, bounds: Sequence[int]) -> int:

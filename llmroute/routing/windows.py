@@ -30,6 +30,7 @@ __all__ = [
     "larger_windows",
     "needed_tokens",
     "refused_sizes",
+    "refused_window",
     "too_long",
 ]
 
@@ -119,3 +120,17 @@ def refused_sizes(message: str) -> tuple[int | None, int | None]:
     if window is not None and (window < 1 or (needed is not None and needed <= window)):
         return None, None
     return window, needed if needed is not None and needed > 0 else None
+
+
+def refused_window(declared: int | None, message: str, estimate: int) -> int:
+    """The context window a context-length error rules out: the refusing target's
+    ``declared`` one, else the one its error ``message`` names (:func:`refused_sizes`), else
+    the request's own ``estimate`` of what it needs (which errs low); a need the message names
+    raises it (a window must hold ``needed`` at least)."""
+    said, needed = refused_sizes(message)
+    window = declared if declared is not None else said
+    if window is None:
+        window = estimate
+    if needed is not None:
+        window = max(window, needed - 1)
+    return window

@@ -33,7 +33,7 @@ from typing import Any
 import pydantic
 from pydantic_core import PydanticCustomError
 
-from .._config import (
+from ..config import (
     Config,
     GatewaySettings,
     KeySettings,
@@ -41,7 +41,7 @@ from .._config import (
     ManagedTeamEntry,
     PreviousDigest,
     TeamSettings,
-    _describe,
+    describe,
     key_settings_problem,
     merge_key_settings,
     parse_duration,
@@ -85,7 +85,7 @@ def _invalid(message: str, param: str | None, code: str = "invalid_value") -> Ad
 def _validation(exc: pydantic.ValidationError) -> AdminError:
     error = exc.errors()[0]
     param = ".".join(str(part) for part in error["loc"]) or None
-    line = _describe(exc, "body").split("\n")[0].removeprefix("body: ")
+    line = describe(exc, "body").split("\n")[0].removeprefix("body: ")
     line = line.replace(": unknown key", ": unknown field")
     return _invalid(f"Invalid request: {line}.", param)
 
@@ -159,10 +159,23 @@ class _Context:
     def routes(self) -> list[str]:
         return [*self.config.models, *self.config.tiered]
 
+    def refuse_declared_team(self, name: str) -> None:
+        """409 ``team_declared`` when team ``name`` is the config's or the keys file's."""
+        declared = self.tenants.teams.get(name)
+        if declared is not None and declared.source != "api":
+            raise AdminError(
+                409,
+                f"Team {name!r} is declared in the config or keys file; change it there.",
+                "team_declared",
+                "name",
+            )
+
 
 def _settings_view(settings: pydantic.BaseModel) -> dict[str, Any]:
     data = settings.model_dump(exclude_none=True, exclude_defaults=True)
     data.pop("team", None)
+    if "budget_usd" in data:
+        data["budget_usd"] = format(data["budget_usd"], "f")  # exact, as a string
     return data
 
 
@@ -467,14 +480,7 @@ class KeysAdmin:
             raise _invalid(f"Invalid '{problem[0]}': {problem[1]}.", problem[0])
 
         def edit(managed: Managed) -> tuple[Managed, None]:
-            declared = context.tenants.teams.get(name)
-            if declared is not None and declared.source != "api":
-                raise AdminError(
-                    409,
-                    f"Team {name!r} is declared in the config or keys file; change it there.",
-                    "team_declared",
-                    "name",
-                )
+            context.refuse_declared_team(name)
             before = managed.teams.get(name)
             created = before.created_at if before is not None else context.now
             entry = ManagedTeamEntry.model_validate(
@@ -491,14 +497,7 @@ class KeysAdmin:
         context = self._context()
 
         def edit(managed: Managed) -> tuple[Managed, None]:
-            declared = context.tenants.teams.get(name)
-            if declared is not None and declared.source != "api":
-                raise AdminError(
-                    409,
-                    f"Team {name!r} is declared in the config or keys file; change it there.",
-                    "team_declared",
-                    "name",
-                )
+            context.refuse_declared_team(name)
             if name not in managed.teams:
                 raise AdminError(404, "No team of that name.", "team_not_found", "name")
             users = sorted(n for n, t in context.tenants.by_name.items() if t.settings.team == name)

@@ -21,7 +21,7 @@ from typing import Any
 
 import anyio
 
-from .._config import GatewaySettings, RedisSettings
+from ..config import GatewaySettings, RedisSettings
 from ._limits import (
     USAGE_FIELDS,
     Alert,
@@ -33,6 +33,7 @@ from ._limits import (
     SlotClaim,
 )
 from ._slots import LocalSlots, RedisSlots
+from ._spend import PriceUnknown
 from ._tenants import Scope, Tenant
 
 __all__ = ["Admission", "Ticket"]
@@ -98,17 +99,33 @@ class Admission:
         return self._shared is not None
 
     async def enter(
-        self, tenant: Tenant, model: str | None, estimate: Callable[[], int]
+        self,
+        tenant: Tenant,
+        model: str | None,
+        estimate: Callable[[], int],
+        money: Callable[[], int] | None = None,
     ) -> Ticket | Refusal:
         """Take a slot of ``tenant`` and count a request to ``model`` in its scopes, or refuse
-        it (429 on a limit, 503 when Redis is down and the operator said ``refuse``).
-        ``estimate`` gives its tokens; it is called only when a scope counts them."""
+        it (429 on a limit, 503 when Redis is down and the operator said ``refuse``, 400 when
+        a money budget counts it and it cannot be priced). ``estimate`` gives its tokens and
+        ``money`` the most it may cost (nano-dollars); each is called only when a scope counts
+        it."""
         limit = tenant.concurrency
-        tokens = estimate() if tenant.scopes_for(model) else 0
+        scopes = tenant.scopes_for(model)
+        tokens = estimate() if scopes else 0
+        nanos = 0
+        purse = next((s for s in scopes if s.budget_nanos is not None), None)
+        if purse is not None and money is not None:
+            try:
+                nanos = money()
+            except PriceUnknown as exc:
+                return _unpriced(purse, model, exc)
         if self._shared is not None:
             claim = SlotClaim(limit, self._settings.slot_lease, uuid.uuid4().hex)
             try:
-                decided = await self._shared.count(tenant, tokens, model=model, slot=claim)
+                decided = await self._shared.count(
+                    tenant, tokens, model=model, slot=claim, money=nanos
+                )
             except self._shared.unreachable as exc:
                 self._shared.failed(exc)
                 if self._settings.limits_on_redis_error == "refuse":
@@ -121,15 +138,17 @@ class Admission:
                 if isinstance(decided, Refusal):
                     return self._concurrency(limit) if decided.reason == "concurrency" else decided
                 return Ticket(tenant.name, claim.token, decided)
-        return await self._enter_here(tenant, model, tokens)
+        return await self._enter_here(tenant, model, tokens, nanos)
 
-    async def _enter_here(self, tenant: Tenant, model: str | None, tokens: int) -> Ticket | Refusal:
+    async def _enter_here(
+        self, tenant: Tenant, model: str | None, tokens: int, money: int = 0
+    ) -> Ticket | Refusal:
         token = await self._slots.acquire(tenant.name, tenant.concurrency)
         if token is None:
             return self._concurrency(tenant.concurrency)
         grant: Grant | None = None
         if tenant.scopes_for(model):
-            decided = self._limits.admit_now(tenant, tokens, model=model)
+            decided = self._limits.admit_now(tenant, tokens, model=model, money=money)
             if isinstance(decided, Refusal):
                 await self._slots.release(tenant.name, token)
                 return decided
@@ -152,19 +171,27 @@ class Admission:
         if self._leases is not None and not ticket.local:
             await self._leases.renew(ticket.key, ticket.slot)
 
-    async def leave(self, ticket: Ticket, tokens: int, usage: Sequence[int]) -> tuple[Alert, ...]:
-        """The request ended having used ``tokens``: its slot freed, its scopes corrected,
-        ``usage`` (:data:`~._limits.USAGE_FIELDS`' increments) counted for the fleet. Returns
-        the soft limits the correction reached."""
+    async def leave(
+        self,
+        ticket: Ticket,
+        tokens: int,
+        usage: Sequence[int],
+        money: int | None = None,
+        target: str = "",
+    ) -> tuple[Alert, ...]:
+        """The request ended having used ``tokens`` and cost ``money`` (nano-dollars): its
+        slot freed, its scopes corrected, ``usage`` (:data:`~._limits.USAGE_FIELDS`'
+        increments) counted for the fleet, its spend under ``target``. Returns the soft limits
+        the correction reached."""
         grant = ticket.grant
         if ticket.local:
             await self._slots.release(ticket.key, ticket.slot)
-            return self._limits.settle_now(grant, tokens) if grant is not None else ()
+            return self._limits.settle_now(grant, tokens, money) if grant is not None else ()
         assert self._shared is not None and grant is not None
         alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                alerts = await self._shared.finish(grant, tokens, usage)
+                alerts = await self._shared.finish(grant, tokens, usage, money, target)
         except self._shared.unreachable as exc:
             self._shared.failed(exc)  # the slot's lease ends by itself; the estimate stands
         except self._shared.errors as exc:
@@ -229,6 +256,19 @@ class Admission:
             await self._shared.aclose()
         if self._leases is not None:
             await self._leases.aclose()
+
+
+def _unpriced(scope: Scope, model: str | None, exc: PriceUnknown) -> Refusal:
+    """The 400 of a request a money budget counts that cannot be priced (never free)."""
+    label = scope.label[:1].upper() + scope.label[1:]
+    return Refusal(
+        400,
+        "price_unknown",
+        "model_not_priced",
+        "invalid_request_error",
+        f"{label} has a budget in USD, and this request to model {model!r} cannot be priced: "
+        f"{exc}. Ask the gateway's operator for a price, or use another model.",
+    )
 
 
 def usage_increments(values: dict[str, Any]) -> tuple[int, ...]:

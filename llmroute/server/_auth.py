@@ -7,7 +7,7 @@ import hmac
 import os
 from collections.abc import Mapping
 
-from .._config import ConfigError, GatewaySettings
+from ..config import ConfigError, GatewaySettings
 
 __all__ = ["KeyRing", "bearer_digest", "digest"]
 

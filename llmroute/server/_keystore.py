@@ -20,13 +20,14 @@ import tempfile
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 import pydantic
 
-from .._config import ManagedKeyEntry, ManagedTeamEntry
 from .._redis import RedisCaller, RedisConnection
+from ..config import ManagedKeyEntry, ManagedTeamEntry
 from ._tenants import Managed, file_stamp
 
 __all__ = [
@@ -293,6 +294,8 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, Decimal):  # a budget in money: exact, as a TOML number
+        return format(value, "f")
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string
     if isinstance(value, list):

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any, Final
 
-from .._config import Config
+from ..config import Config
 from ..metrics import ClientMetrics
 from ..routing.stats import TargetSnapshot
 

@@ -18,6 +18,11 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._count_traffic()
+        self._count_usage()
+
+    def _count_traffic(self) -> None:
+        """Requests, refusals, requests in flight, durations, disconnects, stream errors."""
         self.requests = Counter(
             "llmroute_gateway_requests",
             "Requests answered by the gateway, by key name, path and HTTP status.",
@@ -58,11 +63,27 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+    def _count_usage(self) -> None:
+        """Tokens, spend and cache hits; the keys, their reloads and changes; soft limits."""
         self.tokens = Counter(
             "llmroute_gateway_tokens",
             "Tokens of upstream answers by key name and kind (prompt, completion): the "
             "vendors' usage where they sent one, else the gateway's count (a cache hit: none).",
             ["key", "kind"],
+            registry=self.registry,
+        )
+        self.spend = Counter(
+            "llmroute_gateway_spend_usd",
+            "What requests cost in USD, by key name and the target that answered, at the "
+            "targets' prices (requests whose targets have none: not counted).",
+            ["key", "target"],
+            registry=self.registry,
+        )
+        self.hedge_spend = Counter(
+            "llmroute_gateway_hedge_spend_usd",
+            "The part of llmroute_gateway_spend_usd_total that requests' hedges, retries and "
+            "continuations cost, by key name.",
+            ["key"],
             registry=self.registry,
         )
         self.cache_hits = Counter(

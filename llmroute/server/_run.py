@@ -9,10 +9,13 @@ import socket
 import ssl
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._config import Config
+from ..config import Config, GatewaySettings
 from ._app import GatewayApp
+
+if TYPE_CHECKING:
+    from hypercorn.config import Config as HypercornConfig
 
 __all__ = ["LOOPS", "Gateway", "listen", "loop_factory", "serve"]
 
@@ -54,22 +57,11 @@ def base_url(sock: socket.socket, *, tls: bool) -> str:
     return f"{'https' if tls else 'http'}://{shown}:{port}/v1"
 
 
-async def serve(
-    app: GatewayApp,
-    sock: socket.socket,
-    *,
-    certfile: str | None = None,
-    keyfile: str | None = None,
-    shutdown_trigger: Callable[[], Awaitable[object]],
-    drain: float = 0.0,
-    cut_trigger: Callable[[], Awaitable[object]] | None = None,
-) -> None:
-    """Serve ``app`` with hypercorn on ``sock`` (which it takes over) until ``shutdown_trigger``
-    returns: HTTPS with HTTP/2 and HTTP/1.1 by ALPN when ``certfile`` and ``keyfile`` are given,
-    else HTTP/1.1 and h2c. When the trigger fires, new requests are refused (503) and those in
-    flight get up to ``drain`` seconds to finish (less if ``cut_trigger`` returns first); the
-    rest are ended with an error event."""
-    from hypercorn.asyncio import serve as hypercorn_serve
+def _hypercorn_config(
+    settings: GatewaySettings, sock: socket.socket, certfile: str | None, keyfile: str | None
+) -> HypercornConfig:
+    """hypercorn's settings for the gateway on ``sock`` (which it takes over), with
+    llmroute's HTTP/2 fixes installed."""
     from hypercorn.config import Config as HypercornConfig
 
     from . import _h2
@@ -79,7 +71,6 @@ async def serve(
     # Its early answers (401, 413, 429 before the body is read) no longer drop the connection,
     # and one connection's resets and control frames are bounded (docs/gateway.md, "HTTP/2").
     _h2.install()
-    settings = app.settings
     config = HypercornConfig()
     setattr(config, _h2.CONFIG_FLAG, True)
     setattr(
@@ -101,6 +92,27 @@ async def serve(
     if certfile is not None and keyfile is not None:
         config.certfile, config.keyfile = certfile, keyfile
         config.alpn_protocols = ["h2", "http/1.1"]
+    return config
+
+
+async def serve(
+    app: GatewayApp,
+    sock: socket.socket,
+    *,
+    certfile: str | None = None,
+    keyfile: str | None = None,
+    shutdown_trigger: Callable[[], Awaitable[object]],
+    drain: float = 0.0,
+    cut_trigger: Callable[[], Awaitable[object]] | None = None,
+) -> None:
+    """Serve ``app`` with hypercorn on ``sock`` (which it takes over) until ``shutdown_trigger``
+    returns: HTTPS with HTTP/2 and HTTP/1.1 by ALPN when ``certfile`` and ``keyfile`` are given,
+    else HTTP/1.1 and h2c. When the trigger fires, new requests are refused (503) and those in
+    flight get up to ``drain`` seconds to finish (less if ``cut_trigger`` returns first); the
+    rest are ended with an error event."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+
+    config = _hypercorn_config(app.settings, sock, certfile, keyfile)
 
     async def trigger() -> None:
         await shutdown_trigger()

@@ -17,10 +17,11 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 import pydantic
 
-from .._config import (
+from ..config import (
     Config,
     ConfigError,
     GatewaySettings,
@@ -36,7 +37,18 @@ from .._config import (
 )
 from ._auth import KeyRing, bearer_digest
 
-__all__ = ["Managed", "Scope", "Team", "Tenant", "Tenants", "file_stamp", "team_scope"]
+__all__ = [
+    "NANOS",
+    "Managed",
+    "Scope",
+    "Team",
+    "Tenant",
+    "Tenants",
+    "file_stamp",
+    "team_scope",
+    "to_nanos",
+    "usd",
+]
 
 log = logging.getLogger("llmroute.server")
 
@@ -69,6 +81,8 @@ class Scope:
     """The key's or the team's name (soft-limit alerts name it)."""
     kind: str = "key"
     """``key`` or ``team``."""
+    budget_nanos: int | None = None
+    """The money budget (``budget_usd``) in nano-dollars, over ``budget_period``."""
 
     @property
     def soft_at(self) -> int | None:
@@ -88,8 +102,24 @@ class Team:
     """``config`` (``[gateway.teams]``), ``file`` (``keys_file``) or ``api``."""
 
 
+NANOS = 10**9
+"""Nano-dollars in a dollar: the unit money budgets are counted in."""
+
+
 def _has_limits(s: KeySettings | TeamSettings) -> bool:
-    return s.rpm is not None or s.tpm is not None or s.budget_tokens is not None
+    budgets = s.budget_tokens is not None or s.budget_usd is not None
+    return s.rpm is not None or s.tpm is not None or budgets
+
+
+def to_nanos(usd: Decimal | None) -> int | None:
+    """A budget in USD as nano-dollars (``None`` stays ``None``)."""
+    return None if usd is None else int(usd * NANOS)
+
+
+def usd(nanos: int) -> str:
+    """Nano-dollars as a decimal string of dollars (``"0.000123"``, ``"5"``): exact, unlike a
+    float."""
+    return f"{(Decimal(nanos) / NANOS).normalize():f}"
 
 
 def _scopes(
@@ -109,6 +139,7 @@ def _scopes(
                 settings.budget_period,
                 settings.soft_limit,
                 name,
+                budget_nanos=to_nanos(settings.budget_usd),
             )
         )
     shared = team_scope(team, name) if team is not None else None
@@ -153,6 +184,7 @@ def team_scope(team: Team, key: str | None = None) -> Scope | None:
         t.soft_limit,
         team.name,
         "team",
+        to_nanos(t.budget_usd),
     )
 
 
@@ -250,23 +282,9 @@ class Tenants:
             managed = file_api
         else:  # the file's own API tables are declared ones beside Redis's
             entries |= {n: e for n, e in file_api.keys.items() if n not in entries}
-        teams = {n: Team(n, t, "config") for n, t in settings.teams.items()}
-        for name, team in (contents.teams if contents is not None else {}).items():
-            teams.setdefault(name, Team(name, team, "file"))
-        if managed is not file_api:
-            for name, entry in file_api.teams.items():
-                teams.setdefault(name, Team(name, entry.settings(), "file"))
         routes = [*config.models, *config.tiered]
-        for name, entry in managed.teams.items():
-            if name in teams:
-                log.warning(
-                    "gateway: team %r of the admin API is declared too: the declared one is used",
-                    name,
-                )
-                continue
-            settings_of = _checked_team(name, entry, routes)
-            if settings_of is not None:
-                teams[name] = Team(name, settings_of, "api")
+        file_teams = contents.teams if contents is not None else {}
+        teams = _teams(settings, file_teams, file_api, managed, routes)
         more = {
             n: e.env for n, e in entries.items() if isinstance(e, KeyEntry) and e.env is not None
         }
@@ -281,37 +299,8 @@ class Tenants:
             where=f"{path}: keys",
             required=not managed.keys,
         )
-        own: dict[str, tuple[KeySettings | None, float | None, str]] = {
-            name: (settings.tenants.get(name), None, "config") for name in settings.keys
-        }
-        for name, entry in entries.items():
-            own[name] = (entry.settings(), entry.expires_at, "file")
-        by_name: dict[str, Tenant] = {}
-        for name, (given, expires_at, source) in own.items():
-            merged = merge_key_settings(settings.limits, given)
-            team = _team_of(
-                name,
-                merged,
-                teams,
-                f"{path}: keys.{name}" if source == "file" else f"gateway.tenants.{name}",
-            )
-            concurrency = merged.max_concurrency or settings.max_concurrency_per_key
-            by_name[name] = Tenant(name, merged, concurrency, team, expires_at, source)
-        api_digests: dict[bytes, tuple[str, float | None]] = {}
-        for name, entry in managed.keys.items():
-            if name in by_name:
-                log.warning(
-                    "gateway: key %r of the admin API is declared too: the declared one is used",
-                    name,
-                )
-                continue
-            tenant = _managed_tenant(name, entry, settings, teams, routes)
-            if tenant is None:
-                continue
-            by_name[name] = tenant
-            api_digests[bytes.fromhex(entry.sha256)] = (name, None)
-            for previous in entry.previous:
-                api_digests.setdefault(bytes.fromhex(previous.sha256), (name, previous.until))
+        by_name = _declared_tenants(settings, entries, teams, path)
+        api_digests = _add_managed_keys(by_name, managed, settings, teams, routes)
         return cls(ring, by_name, stamp, digests=api_digests, teams=teams, managed=managed)
 
     @property
@@ -354,6 +343,87 @@ class Tenants:
 
     def __repr__(self) -> str:
         return f"Tenants(names={self.names!r})"
+
+
+def _teams(
+    settings: GatewaySettings,
+    file_teams: Mapping[str, TeamSettings],
+    file_api: Managed,
+    managed: Managed,
+    routes: list[str],
+) -> dict[str, Team]:
+    """Every team: the config's, ``keys_file``'s (its ``[api_teams]`` too when the admin API's
+    come from Redis), then the admin API's that no declared team shadows."""
+    teams = {n: Team(n, t, "config") for n, t in settings.teams.items()}
+    for name, team in file_teams.items():
+        teams.setdefault(name, Team(name, team, "file"))
+    if managed is not file_api:
+        for name, entry in file_api.teams.items():
+            teams.setdefault(name, Team(name, entry.settings(), "file"))
+    for name, entry in managed.teams.items():
+        if name in teams:
+            log.warning(
+                "gateway: team %r of the admin API is declared too: the declared one is used",
+                name,
+            )
+            continue
+        settings_of = _checked_team(name, entry, routes)
+        if settings_of is not None:
+            teams[name] = Team(name, settings_of, "api")
+    return teams
+
+
+def _declared_tenants(
+    settings: GatewaySettings,
+    entries: Mapping[str, KeyEntry | ManagedKeyEntry],
+    teams: Mapping[str, Team],
+    path: str | None,
+) -> dict[str, Tenant]:
+    """The config's keys and ``keys_file``'s, each with ``[gateway.limits]`` merged in."""
+    own: dict[str, tuple[KeySettings | None, float | None, str]] = {
+        name: (settings.tenants.get(name), None, "config") for name in settings.keys
+    }
+    for name, entry in entries.items():
+        own[name] = (entry.settings(), entry.expires_at, "file")
+    by_name: dict[str, Tenant] = {}
+    for name, (given, expires_at, source) in own.items():
+        merged = merge_key_settings(settings.limits, given)
+        team = _team_of(
+            name,
+            merged,
+            teams,
+            f"{path}: keys.{name}" if source == "file" else f"gateway.tenants.{name}",
+        )
+        concurrency = merged.max_concurrency or settings.max_concurrency_per_key
+        by_name[name] = Tenant(name, merged, concurrency, team, expires_at, source)
+    return by_name
+
+
+def _add_managed_keys(
+    by_name: dict[str, Tenant],
+    managed: Managed,
+    settings: GatewaySettings,
+    teams: Mapping[str, Team],
+    routes: list[str],
+) -> dict[bytes, tuple[str, float | None]]:
+    """Add the admin API's keys that no declared key shadows to ``by_name``; their digests
+    (and their previous secrets', with when each stops working)."""
+    api_digests: dict[bytes, tuple[str, float | None]] = {}
+    for name, entry in managed.keys.items():
+        if name in by_name:
+            log.warning(
+                "gateway: key %r of the admin API is declared too: the declared one is used",
+                name,
+            )
+            continue
+        tenant = _managed_tenant(name, entry, settings, teams, routes)
+        if tenant is None:
+            continue
+        by_name[name] = tenant
+        api_digests[bytes.fromhex(entry.sha256)] = (name, None)
+        for previous in entry.previous:
+            api_digests.setdefault(bytes.fromhex(previous.sha256), (name, previous.until))
+    return api_digests
 
 
 def _team_of(

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._admission import Admission
-from ._limits import USAGE_FIELDS, Counts
-from ._tenants import Scope, Tenants, team_scope
+from ._limits import TARGET_SPEND, USAGE_FIELDS, Counts
+from ._tenants import Scope, Team, Tenant, Tenants, team_scope, usd
 
 __all__ = ["fleet_exposition", "new_usage", "usage_report"]
 
@@ -39,13 +39,90 @@ def _limits(scope: Scope, counts: Counts) -> dict[str, Any]:
         }
         if scope.soft_limit is not None:
             out["soft_limit"] = scope.soft_limit
+        if scope.budget_nanos is not None:
+            out |= {
+                "budget_usd": usd(scope.budget_nanos),
+                "budget_spent_usd": usd(counts.money),
+                "budget_spent_nanos": counts.money,
+            }
     return out
+
+
+def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
+    """A key's figures with its spend in dollars, in all and by target (``spend_by_target``:
+    the target that answered -> its cost, a decimal string)."""
+    by_target = {
+        name[len(TARGET_SPEND) :]: usd(int(figures.pop(name)))
+        for name in sorted(figures)
+        if name.startswith(TARGET_SPEND)
+    }
+    figures["spend_usd"] = usd(int(figures.get("spend_nanos", 0)))
+    figures["spend_by_target"] = by_target
+    figures["hedge_usd"] = usd(hedge := int(figures.get("hedge_nanos", 0)))
+    spend = int(figures.get("spend_nanos", 0))
+    figures["hedge_share"] = round(hedge / spend, 4) if spend else None
+    return figures
 
 
 async def _scope_limits(
     admission: Admission, scopes: Mapping[str, Scope]
 ) -> dict[str, dict[str, Any]]:
     return {model: _limits(s, await admission.peek(s)) for model, s in scopes.items()}
+
+
+async def _key_entry(
+    name: str,
+    tenant: Tenant,
+    figures: Mapping[str, Mapping[str, int]],
+    replica: Mapping[str, Mapping[str, int]],
+    fleet: Mapping[str, Mapping[str, int]] | None,
+    admission: Admission,
+) -> dict[str, Any]:
+    """A key's usage (and this replica's share, with the fleet's), team and limits."""
+    entry = _with_spend(dict(figures.get(name) or new_usage()))
+    if fleet is not None:
+        entry["replica"] = _with_spend(dict(replica.get(name) or new_usage()))
+    if tenant.team is not None:
+        entry["team"] = tenant.team.name
+    own = next((s for s in tenant.scopes if s.id == name), None)
+    if own is not None:
+        entry["limits"] = _limits(own, await admission.peek(own))
+    models = {
+        model: s
+        for model, scopes in tenant.model_scopes.items()
+        for s in scopes
+        if s.id == f"{name}#{model}"
+    }
+    if models:
+        entry["model_limits"] = await _scope_limits(admission, models)
+    return entry
+
+
+async def _team_entry(
+    team_name: str, team: Team, tenants: Tenants, keys: Mapping[str, Any], admission: Admission
+) -> dict[str, Any]:
+    """A team's keys, the sum of their usage (``keys``: each key's entry), and its limits."""
+    members = sorted(
+        n for n, t in tenants.by_name.items() if t.team is not None and t.team.name == team_name
+    )
+    entry = new_usage()
+    for member in members:
+        for field_name in USAGE_FIELDS:
+            entry[field_name] += int(keys[member].get(field_name, 0))
+    out: dict[str, Any] = {"keys": members, **entry, "spend_usd": usd(entry["spend_nanos"])}
+    out["hedge_usd"] = usd(entry["hedge_nanos"])
+    shared = team_scope(team)
+    if shared is not None:
+        out["limits"] = _limits(shared, await admission.peek(shared))
+    models = {
+        model: Scope(
+            f"@{team_name}#{model}", "", limits.rpm, limits.tpm, owner=team_name, kind="team"
+        )
+        for model, limits in (team.settings.model_limits or {}).items()
+    }
+    if models:
+        out["model_limits"] = await _scope_limits(admission, models)
+    return out
 
 
 async def usage_report(
@@ -61,48 +138,13 @@ async def usage_report(
     figures: Mapping[str, Mapping[str, int]] = fleet if fleet is not None else replica
     keys: dict[str, Any] = {}
     for name, tenant in tenants.by_name.items():
-        entry: dict[str, Any] = dict(figures.get(name) or new_usage())
-        if fleet is not None:
-            entry["replica"] = dict(replica.get(name) or new_usage())
-        if tenant.team is not None:
-            entry["team"] = tenant.team.name
-        own = next((s for s in tenant.scopes if s.id == name), None)
-        if own is not None:
-            entry["limits"] = _limits(own, await admission.peek(own))
-        models = {
-            model: s
-            for model, scopes in tenant.model_scopes.items()
-            for s in scopes
-            if s.id == f"{name}#{model}"
-        }
-        if models:
-            entry["model_limits"] = await _scope_limits(admission, models)
-        keys[name] = entry
+        keys[name] = await _key_entry(name, tenant, figures, replica, fleet, admission)
     for name, gone in figures.items():  # keys revoked since
         if name not in keys:
-            keys[name] = dict(gone) | {"revoked": True}
+            keys[name] = _with_spend(dict(gone)) | {"revoked": True}
     teams: dict[str, Any] = {}
     for team_name, team in tenants.teams.items():
-        members = sorted(
-            n for n, t in tenants.by_name.items() if t.team is not None and t.team.name == team_name
-        )
-        entry = new_usage()
-        for member in members:
-            for field_name in USAGE_FIELDS:
-                entry[field_name] += int(keys[member].get(field_name, 0))
-        out: dict[str, Any] = {"keys": members, **entry}
-        shared = team_scope(team)
-        if shared is not None:
-            out["limits"] = _limits(shared, await admission.peek(shared))
-        models = {
-            model: Scope(
-                f"@{team_name}#{model}", "", limits.rpm, limits.tpm, owner=team_name, kind="team"
-            )
-            for model, limits in (team.settings.model_limits or {}).items()
-        }
-        if models:
-            out["model_limits"] = await _scope_limits(admission, models)
-        teams[team_name] = out
+        teams[team_name] = await _team_entry(team_name, team, tenants, keys, admission)
     return {
         "object": "usage",
         "scope": "fleet" if fleet is not None else "replica",

@@ -2,13 +2,25 @@
 
 ``SGLangServer`` starts one server per GPU (or per tensor-parallel GPU set) from a chosen
 interpreter or container image and waits until it is really ready, optionally with SGLang's own
-model gateway (``SGLangGateway``, ``smg``) in front; ``MetricsPoller`` reads each server's
+model gateway (``SGLangGateway``, ``smg``) in front; ``MetricsPoller`` (from
+``llmroute.routing.server_metrics``, beside the routing that uses it) reads each server's
 ``/metrics`` into the live stats that routing uses; ``diagnose_ttft`` tells where a target's time
 to first token goes. llmroute never imports sglang itself: it runs it in child processes.
 """
 
 from __future__ import annotations
 
+from ..routing.server_metrics import (
+    HistogramTotals,
+    MetricsPoller,
+    PrometheusSample,
+    PrometheusText,
+    ServerReading,
+    metrics_url,
+    parse_prometheus,
+    read_server_metrics,
+)
+from ._diagnosis import TTFTDiagnosis, diagnose_ttft, transport_share
 from ._gateway import GATEWAY_POLICIES, SGLangGateway, SGLangGatewayNotInstalled, find_smg
 from ._launcher import (
     SGLANG_SERVE_SINCE,
@@ -23,19 +35,6 @@ from ._launcher import (
     install_hint,
     startup_phase,
 )
-from ._metrics import (
-    HistogramTotals,
-    MetricsPoller,
-    PrometheusText,
-    Sample,
-    ServerReading,
-    TTFTDiagnosis,
-    diagnose_ttft,
-    metrics_url,
-    parse_prometheus,
-    read_server_metrics,
-    transport_share,
-)
 from ._presets import (
     Preset,
     chunked_prefill,
@@ -44,6 +43,9 @@ from ._presets import (
     suggest_preset,
 )
 
+Sample = PrometheusSample
+"""The name :class:`PrometheusSample` had before (kept for code that imports it)."""
+
 __all__ = [
     "GATEWAY_POLICIES",
     "SGLANG_SERVE_SINCE",
@@ -51,6 +53,7 @@ __all__ = [
     "HistogramTotals",
     "MetricsPoller",
     "Preset",
+    "PrometheusSample",
     "PrometheusText",
     "SGLangConfigError",
     "SGLangError",
@@ -59,7 +62,6 @@ __all__ = [
     "SGLangNotInstalled",
     "SGLangServer",
     "SGLangStartupError",
-    "Sample",
     "ServerReading",
     "StartupProgress",
     "TTFTDiagnosis",

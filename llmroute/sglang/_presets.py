@@ -26,7 +26,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from ._metrics import PREFILL_SHARE, PREFILL_SLOW, QUEUE_SHARE, TTFTDiagnosis
+from ._diagnosis import PREFILL_SHARE, PREFILL_SLOW, QUEUE_SHARE, TTFTDiagnosis
 
 __all__ = [
     "SLOW_DECODE",

@@ -27,7 +27,8 @@ A trailing assistant message that is a prefix of the reply makes the simulator a
 rest (like greedy decoding with an assistant prefill). ``max_tokens`` cuts with
 ``finish_reason="length"``.
 
-Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``slow:0.2,drop:3``):
+Per-request faults, header ``x-sim-fault`` (comma-separated to combine, e.g. ``slow:0.2,drop:3``;
+legacy completions and embeddings take the status faults, ``429`` to ``404``, only):
 
 ``429``                   429 with Retry-After and retry-after-ms (OpenAI's rate-limit JSON)
 ``500`` / ``503``         server_error JSON (503 also carries Retry-After)
@@ -67,18 +68,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._profile import PRESETS, Profile, profile_of
+from ._profile import DURATION_FIELDS, PRESETS, Profile, check_fields, profile_of
 
 if TYPE_CHECKING:
     from ._server import Simulator, SimulatorProcess, ca_pem_path
     from ._sglang import sglang_standin_path
 
 __all__ = [
+    "DURATION_FIELDS",
     "PRESETS",
     "Profile",
     "Simulator",
     "SimulatorProcess",
     "ca_pem_path",
+    "check_fields",
     "profile_of",
     "sglang_standin_path",
 ]

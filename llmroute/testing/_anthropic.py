@@ -198,7 +198,7 @@ class AnthropicSimApp:
         if fault.kind in STATUS_FAULTS:
             await _status_fault(send, fault.kind, retry_after, rid)
             return
-        plan = _Plan.build(req, self._cached, self.profile.reply_tokens)
+        plan = _AnthropicReply.build(req, self._cached, self.profile.reply_tokens)
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, plan.input_tokens)
@@ -215,7 +215,13 @@ class AnthropicSimApp:
             watcher.cancel()
 
     async def _stream(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        plan: _AnthropicReply,
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
         start = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -286,7 +292,13 @@ class AnthropicSimApp:
         await send({"type": "http.response.body", "body": tail})
 
     async def _complete(
-        self, plan: _Plan, fault: Fault, ttft: float, gone: asyncio.Event, send: Send, rid: str
+        self,
+        plan: _AnthropicReply,
+        fault: Fault,
+        ttft: float,
+        gone: asyncio.Event,
+        send: Send,
+        rid: str,
     ) -> None:
         delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
         if fault.stall_after is not None:
@@ -365,8 +377,21 @@ def _cache_prefix(req: dict[str, Any]) -> tuple[str, int] | None:
     return key, sum(_words(u if isinstance(u, str) else [u]) for u in prefix)
 
 
+def _one_hour(req: dict[str, Any]) -> bool:
+    """Whether the request's last ``cache_control`` asks for the 1-hour cache (``ttl``)."""
+    blocks = [req.get("system")] + [m.get("content") for m in req["messages"]]
+    marks = [
+        b["cache_control"]
+        for content in blocks
+        if isinstance(content, list)
+        for b in content
+        if isinstance(b, dict) and isinstance(b.get("cache_control"), dict)
+    ]
+    return bool(marks) and marks[-1].get("ttl") == "1h"
+
+
 @dataclass
-class _Plan:
+class _AnthropicReply:
     model: str
     seed: int
     input_tokens: int
@@ -376,9 +401,11 @@ class _Plan:
     stop_reason: str
     stop_sequence: str | None = None
     tool: dict[str, Any] | None = None
+    one_hour: bool = False
+    """The cache write is to the 1-hour cache (``cache_control.ttl = "1h"``)."""
 
     @classmethod
-    def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _Plan:
+    def build(cls, req: dict[str, Any], cached: set[str], reply_tokens: int) -> _AnthropicReply:
         model: str = req["model"]
         messages: list[dict[str, Any]] = [
             {"role": m.get("role"), "content": _text(m.get("content"))} for m in req["messages"]
@@ -411,7 +438,9 @@ class _Plan:
         tool = _reply.pick_tool(tools, openai_choice)
         if tool is not None:
             pieces = _reply.split_fragments(_reply.tool_arguments(tool, seed))
-            return cls(model, seed, input_tokens, creation, read, pieces, "tool_use", None, tool)
+            plan = cls(model, seed, input_tokens, creation, read, pieces, "tool_use", None, tool)
+            plan.one_hour = _one_hour(req)
+            return plan
         full = _reply.full_reply(seed, reply_tokens)
         _, prefill = _reply.split_prefill(messages)
         pieces = list(full)
@@ -434,7 +463,9 @@ class _Plan:
                     break
         if len(pieces) > req["max_tokens"]:
             pieces, stop_reason, stop_sequence = pieces[: req["max_tokens"]], "max_tokens", None
-        return cls(model, seed, input_tokens, creation, read, pieces, stop_reason, stop_sequence)
+        plan = cls(model, seed, input_tokens, creation, read, pieces, stop_reason, stop_sequence)
+        plan.one_hour = _one_hour(req)
+        return plan
 
     def block_start(self) -> dict[str, Any]:
         if self.tool is None:
@@ -472,6 +503,10 @@ class _Plan:
                 "input_tokens": self.input_tokens,
                 "cache_creation_input_tokens": self.cache_creation,
                 "cache_read_input_tokens": self.cache_read,
+                "cache_creation": {
+                    "ephemeral_5m_input_tokens": 0 if self.one_hour else self.cache_creation,
+                    "ephemeral_1h_input_tokens": self.cache_creation if self.one_hour else 0,
+                },
                 "output_tokens": len(self.pieces) if output_tokens is None else output_tokens,
             },
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import json
 import random
@@ -48,11 +49,38 @@ def _zero_stats() -> dict[str, Any]:
         "streams_started": 0,
         "streams_completed": 0,
         "streams_cancelled": 0,
+        "prompt_tokens": 0,
+        "tokens_streamed": 0,
         "in_flight": 0,
         "peak_in_flight": 0,
         "held": 0,
         "faults": {},
     }
+
+
+class PromptCache:
+    """A vendor's automatic prompt cache, as the simulator keeps it: the longest run of leading
+    messages an earlier request of the same model began with is read from the cache (its
+    tokens, the simulator's count); every request's leading runs are remembered after."""
+
+    LIMIT = 100_000
+    """Runs remembered at most (then it starts again, as an evicted cache does)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def read(self, model: str, messages: list[dict[str, Any]]) -> int:
+        """The cached prompt tokens of a request for ``model`` with ``messages``."""
+        keys: list[str] = []
+        digest = hashlib.sha256(model.encode())
+        for message in messages:
+            digest.update(json.dumps(message, sort_keys=True).encode())
+            keys.append(digest.hexdigest())
+        hit = next((n for n in range(len(keys) - 1, 0, -1) if keys[n - 1] in self._seen), 0)
+        if len(self._seen) > self.LIMIT:
+            self._seen.clear()
+        self._seen.update(keys)
+        return _reply.prompt_tokens(messages[:hit]) if hit else 0
 
 
 class SimApp:
@@ -68,6 +96,7 @@ class SimApp:
         self.issued = _responses.IssuedIds()
         """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
         self._fault_uses: dict[str, int] = {}
+        self._prompt_cache = PromptCache()
         self._gone: set[asyncio.Event] = set()
         self._release = asyncio.Event()  # set by release(): the streams held now go on
         self._closing = False
@@ -184,9 +213,11 @@ class SimApp:
         elif path == "/v1/responses" and method == "POST":
             await self._responses(payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
-            await self._text_completion(payload, send, rid)
+            if not await self._status_fault(headers, send, rid):
+                await self._text_completion(payload, send, rid)
         elif path == "/v1/embeddings" and method == "POST":
-            await self._embeddings(payload, send, rid)
+            if not await self._status_fault(headers, send, rid):
+                await self._embeddings(payload, send, rid)
         elif path.startswith("/v1/models/") and method == "GET":
             model = path[len("/v1/models/") :]
             if model in self.models:
@@ -279,7 +310,7 @@ class SimApp:
         messages: list[dict[str, Any]] = req["messages"]
         self.models.setdefault(model)
         profile = self.profile
-        plan = _Plan.build(
+        plan = _Reply.build(
             req,
             model,
             messages,
@@ -289,6 +320,9 @@ class SimApp:
             echo_counted=profile.echo_counted,
             reasoning=_reasoning_words(profile, req),
         )
+        if profile.prompt_cache:
+            plan.cache = profile.prompt_cache
+            plan.cached = self._prompt_cache.read(model, messages)
         options = req.get("stream_options") or {}
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
@@ -364,6 +398,19 @@ class SimApp:
             self._count_fault(fault.kind)
         return fault
 
+    async def _status_fault(self, headers: dict[str, str], send: Send, rid: str) -> bool:
+        """For legacy completions and embeddings, which have no latency or stream faults: a
+        status fault the request's ``x-sim-fault`` header names, answered; whether it was
+        (the profile's drawn faults never hit these endpoints)."""
+        spec = headers.get("x-sim-fault")
+        try:
+            kind = Fault.parse(spec, self.rng).kind if spec else None
+        except ValueError:  # answered as a 400 by _fault, as on every endpoint
+            return await self._fault(headers, send, rid) is None
+        if kind not in STATUS_FAULTS:
+            return False
+        return await self._fault(headers, send, rid) is None
+
     async def _serve(
         self,
         pieces: list[str],
@@ -379,6 +426,7 @@ class SimApp:
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
+        self._stats["prompt_tokens"] += prompt_tokens  # what a vendor bills once it prefills
         gone = asyncio.Event()
         self._gone.add(gone)
         watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
@@ -435,7 +483,7 @@ class SimApp:
 
         await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
 
-    # -- legacy completions and embeddings (no latency or faults) -------------------------------
+    # -- legacy completions and embeddings (status faults only, no latency) ---------------------
     async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
         problem = _validate_other(req, "prompt")
         if problem is not None:
@@ -559,6 +607,7 @@ class SimApp:
             return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
         for frame in wire.first():
             await emit(frame)
+        tokens, per = len(pieces), max(1, self.profile.tokens_per_chunk)
         pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
         itl = self.profile.inter_token
         for i in range(len(pieces) + 1):
@@ -592,6 +641,7 @@ class SimApp:
                 if gone.is_set():
                     return self._ended_early()
             await emit(wire.piece(pieces[i]))
+            self._stats["tokens_streamed"] += min(per, tokens - i * per)
         closing = wire.closing()
         if self.profile.frame_per_event:  # each event in a frame of its own, the last ones too
             closing = [e + b"\n\n" for part in closing for e in part.split(b"\n\n") if e]
@@ -690,7 +740,7 @@ class _ChatStream:
     ``[DONE]``, the last three in one frame. With ``stream_options.continuous_usage_stats``
     (vLLM's and SGLang's option), every content chunk also carries the usage so far."""
 
-    def __init__(self, plan: _Plan, include_usage: bool, continuous: bool = False) -> None:
+    def __init__(self, plan: _Reply, include_usage: bool, continuous: bool = False) -> None:
         self.plan = plan
         self.include_usage = include_usage
         self.continuous = continuous
@@ -717,9 +767,7 @@ class _ChatStream:
             length += len(pieces[self.sent])
             self.sent += 1
         done = max(0, self.sent - self.plan.uncounted)
-        thought = len(self.plan.reasoning)
-        usage = _reply.usage(self.plan.prompt_tokens, done + thought, thought)
-        return self.writer.content(text, usage)
+        return self.writer.content(text, self.plan.usage(done))
 
     def error(self) -> bytes:
         msg = "The server had an error while processing your request."
@@ -735,9 +783,7 @@ class _ChatStream:
     def closing(self) -> list[bytes]:
         tail = self.writer.event({}, self.plan.finish)
         if self.include_usage:
-            tail += self.writer.usage_event(
-                self.plan.prompt_tokens, self.plan.generated, len(self.plan.reasoning)
-            )
+            tail += self.writer.usage_event(self.plan.usage(self.plan.generated))
         return [tail + b"data: [DONE]\n\n"]
 
 
@@ -767,7 +813,7 @@ class _ResponsesStream:
 
 
 @dataclass
-class _Plan:
+class _Reply:
     """What one request will answer: text tokens or tool-call argument fragments."""
 
     model: str
@@ -783,6 +829,17 @@ class _Plan:
     """The echoed pieces count in the usage all the same (``Profile.echo_counted``)."""
     reasoning: tuple[str, ...] = ()
     """Reasoning words streamed before the answer (``Profile.reasoning_tokens``)."""
+    cached: int = 0
+    """Prompt tokens read from the simulated prompt cache (``Profile.prompt_cache``)."""
+    cache: str = ""
+    """How the usage reports them (``Profile.prompt_cache``)."""
+
+    def usage(self, answered: int) -> dict[str, Any]:
+        """The usage after ``answered`` answer tokens, the reasoning streamed first included."""
+        thought = len(self.reasoning)
+        return _reply.usage(
+            self.prompt_tokens, answered + thought, thought, self.cached, self.cache
+        )
 
     @property
     def uncounted(self) -> int:
@@ -806,7 +863,7 @@ class _Plan:
         echo: bool = False,
         echo_counted: bool = False,
         reasoning: tuple[str, ...] = (),
-    ) -> _Plan:
+    ) -> _Reply:
         seed = _reply.reply_seed(model, messages)
         _, prefill = _reply.split_prefill(messages)
         n_prompt = _reply.prompt_tokens(messages)
@@ -881,7 +938,7 @@ class _Plan:
                 }
             ]
         return _reply.completion(
-            self.model, self.seed, message, self.finish, self.prompt_tokens, self.generated
+            self.model, self.seed, message, self.finish, self.usage(self.generated)
         )
 
 

@@ -97,6 +97,12 @@ class Profile:
     """Words of reasoning streamed first, as ``reasoning_content`` deltas, in every chat
     answer (a model that thinks by default, DeepSeek V4), unless the request carries all of
     ``thinking_off``."""
+    prompt_cache: str = ""
+    """Simulate the vendor's automatic prompt cache: a request that begins with the messages
+    of an earlier one reports their tokens as cached, as the family named does: ``"openai"``
+    (``prompt_tokens_details.cached_tokens``, OpenAI, Gemini, Groq), ``"deepseek"``
+    (``prompt_cache_hit_tokens`` / ``prompt_cache_miss_tokens``). Empty: no cache, no field.
+    (Anthropic's cache is the request's ``cache_control``, simulated always.)"""
     thinking_off: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     """Top-level request fields that turn thinking off, e.g. ``{"thinking": {"type":
     "disabled"}}`` (empty: nothing does)."""
@@ -231,7 +237,16 @@ def check_fields(fields: Mapping[str, Any], where: str = "profile") -> dict[str,
             raise ValueError(f"{where}.thinking_off: expected a table of fields, got {value!r}")
         elif name == "prefix_flag" and not isinstance(value, str):
             raise ValueError(f"{where}.prefix_flag: expected a field name, got {value!r}")
+        elif name == "prompt_cache" and value not in PROMPT_CACHES:
+            raise ValueError(
+                f"{where}.prompt_cache: expected one of {', '.join(map(repr, PROMPT_CACHES))}, "
+                f"got {value!r}"
+            )
     return dict(fields)
+
+
+PROMPT_CACHES = ("", "openai", "deepseek")
+"""The usage families ``Profile.prompt_cache`` reports cached tokens as (empty: none)."""
 
 
 def _check_number(name: str, value: object, *, integer: bool, where: str) -> None:

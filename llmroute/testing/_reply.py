@@ -161,9 +161,14 @@ def group(pieces: list[str], size: int) -> list[str]:
     return ["".join(pieces[i : i + size]) for i in range(0, len(pieces), size)]
 
 
-def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
+def usage(
+    prompt: int, completion: int, reasoning: int = 0, cached: int = 0, cache: str = ""
+) -> dict[str, Any]:
     """OpenAI's usage; ``reasoning`` tokens are part of ``completion`` and named in its
-    details, as DeepSeek and OpenAI report them."""
+    details, as DeepSeek and OpenAI report them. ``cached`` prompt tokens (part of ``prompt``)
+    are reported as the ``cache`` family does (``Profile.prompt_cache``): ``"openai"`` in
+    ``prompt_tokens_details.cached_tokens`` (always present, as OpenAI sends it),
+    ``"deepseek"`` as ``prompt_cache_hit_tokens`` and ``prompt_cache_miss_tokens``."""
     body: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -171,6 +176,11 @@ def usage(prompt: int, completion: int, reasoning: int = 0) -> dict[str, Any]:
     }
     if reasoning:
         body["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    if cache == "openai":
+        body["prompt_tokens_details"] = {"cached_tokens": cached}
+    elif cache == "deepseek":
+        body["prompt_cache_hit_tokens"] = cached
+        body["prompt_cache_miss_tokens"] = prompt - cached
     return body
 
 
@@ -227,9 +237,9 @@ class ChunkWriter:
         head, tail = self._args
         return head + _dumps(fragment).encode() + tail
 
-    def usage_event(self, prompt: int, completion: int, reasoning: int = 0) -> bytes:
+    def usage_event(self, usage_: dict[str, Any]) -> bytes:
         chunk = self._base([])
-        chunk["usage"] = usage(prompt, completion + reasoning, reasoning)
+        chunk["usage"] = usage_
         return b"data: " + _dumps(chunk).encode() + b"\n\n"
 
 
@@ -238,8 +248,7 @@ def completion(
     seed: int,
     message: dict[str, Any],
     finish: str,
-    prompt: int,
-    completion_tokens: int,
+    usage_: dict[str, Any],
 ) -> dict[str, Any]:
     """A non-streamed chat.completion object."""
     return {
@@ -249,7 +258,7 @@ def completion(
         "model": model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
-        "usage": usage(prompt, completion_tokens),
+        "usage": usage_,
     }
 
 

@@ -105,8 +105,8 @@ from typing import TYPE_CHECKING, Any, cast
 import llmroute.testing._reply as _reply
 import llmroute.testing._server as _server
 
-from ._app import _Plan
-from ._wire import STATUS_FAULTS, Fault, read_body, status_fault, watch_disconnect
+from ._app import _Reply
+from ._wire import STATUS_FAULTS, Fault, pause, read_body, status_fault, watch_disconnect
 
 if TYPE_CHECKING:
     from ._app import SimApp
@@ -631,20 +631,6 @@ async def _send(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _sleep_unless(seconds: float, gone: asyncio.Event) -> bool:
-    """Sleep unless the client goes away first (or the server closes); True when it did."""
-    if gone.is_set():
-        return True
-    if seconds <= 0:
-        return False
-    try:
-        async with asyncio.timeout(seconds):
-            await gone.wait()
-    except TimeoutError:
-        return False
-    return True
-
-
 class SGLangApp:
     """The ASGI app of one stand-in server (one "GPU worker" with its own prefix cache)."""
 
@@ -1067,7 +1053,7 @@ class _Generation:
         self.app, self.req, self.entry, self.fault, self.gone = app, req, entry, fault, gone
         self.send = send
         self.model: str = req.get("model") or "default"
-        self.plan = _Plan.build(
+        self.plan = _Reply.build(
             {**req, "tools": None}, self.model, req["messages"], app.knobs.reply_tokens
         )
         self.rid = uuid.uuid4().hex
@@ -1115,7 +1101,7 @@ class _Generation:
             delay = app.knobs.ttft + app.knobs.prefill_ms_per_1k * uncached / 1e6
         if self.fault.kind == "hang":
             delay = _HANG_MAX
-        if await _sleep_unless(delay, self.gone) or self.fault.kind == "hang":
+        if await pause(delay, self.gone) or self.fault.kind == "hang":
             return False
         if app.radix:
             app.cache.insert(tokens)
@@ -1162,8 +1148,8 @@ class _Generation:
         pieces, fault, itl = self.plan.pieces, self.fault, self.app.knobs.inter_token
         last = self._token_sent(0.0)
         for i in range(1, len(pieces)):
-            pause = fault.stall_seconds if i == fault.stall_after else itl
-            if await _sleep_unless(pause, self.gone):
+            gap = fault.stall_seconds if i == fault.stall_after else itl
+            if await pause(gap, self.gone):
                 return False
             last = self._token_sent(last)
         if fault.kind == "stream-error":
@@ -1249,7 +1235,7 @@ class _Generation:
                 fault.after, len(pieces)
             ):
                 if held:  # the tokens before the fault go out first
-                    if await _sleep_unless(waited, self.gone):
+                    if await pause(waited, self.gone):
                         return False
                     last, held, waited = await self._send_tokens(i - held, i, last), 0, 0.0
                 if fault.kind == "drop":
@@ -1267,7 +1253,7 @@ class _Generation:
                 waited += fault.stall_seconds if i == fault.stall_after else itl
             held += 1
             if held == interval or i == len(pieces) - 1:
-                if await _sleep_unless(waited, self.gone):
+                if await pause(waited, self.gone):
                     return False
                 last, held, waited = await self._send_tokens(i + 1 - held, i + 1, last), 0, 0.0
         tail = self._chunk({}, self.plan.finish)
@@ -1416,18 +1402,6 @@ def main(argv: Sequence[str], *, entry: str, version: str) -> int:
         _stop_children(children)
 
 
-async def _loading(seconds: float, shutdown: asyncio.Event) -> bool:
-    """Spend ``seconds`` loading; True when a signal asked for shutdown meanwhile."""
-    if seconds <= 0:
-        return shutdown.is_set()
-    try:
-        async with asyncio.timeout(seconds):
-            await shutdown.wait()
-    except TimeoutError:
-        return False
-    return True
-
-
 async def _serve(
     args: dict[str, Any],
     version: str,
@@ -1459,7 +1433,7 @@ async def _serve(
     # As SGLang: the schedulers load the weights and capture CUDA graphs, and only then does
     # the HTTP server bind its port (a server that took the port meanwhile answers instead).
     log.info("Load weight begin. avail mem=78.50 GB")
-    if await _loading(knobs.load * 0.7, shutdown):
+    if await pause(knobs.load * 0.7, shutdown):
         return 0
     log.info(
         f"Load weight end. type=StandIn, dtype=torch.bfloat16, avail mem=63.20 GB, "
@@ -1467,7 +1441,7 @@ async def _serve(
     )
     if not args.get("disable_cuda_graph"):
         log.info("Capture cuda graph begin. This can take up to several minutes. avail mem=9.8 GB")
-        if await _loading(knobs.load * 0.3, shutdown):
+        if await pause(knobs.load * 0.3, shutdown):
             return 0
         log.info(
             f"Capture cuda graph end. Time elapsed: {knobs.load * 0.3:.2f} s. mem usage=0.5 GB"

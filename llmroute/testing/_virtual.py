@@ -16,11 +16,12 @@ transport, TLS, HTTP/2 and the client's CPU (the simulator processes are for tho
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -310,8 +311,8 @@ def run_fresh_client(
     import trio
     import trio.testing
 
-    from .._config import Config, resolve
     from .._routes import build_router
+    from ..config import Config, resolve
 
     resolved = resolve(Config.model_validate(dict(config)), {})
     out: dict[str, Any] = {}
@@ -336,5 +337,26 @@ def run_fresh_client(
         )
         out["received"] = {name: t.requests for name, t in targets.items()}
 
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    with _scheduling_seeded(seed):
+        trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     return VirtualRun(out["requests"], out["received"])
+
+
+@contextlib.contextmanager
+def _scheduling_seeded(seed: int) -> Iterator[None]:
+    """Trio shuffles the order in which tasks ready at the same instant run, from its own
+    generator (``trio._core._run._r``, the one Hypothesis seeds); in virtual time many are
+    ready at once, and that order decides which request gets a target's next draw. Seeded
+    for the run (and restored after it), a run is the same for the same seed."""
+    import trio._core._run as trio_run
+
+    generator: random.Random | None = getattr(trio_run, "_r", None)
+    if generator is None:  # another trio: runs may then differ by their scheduling
+        yield
+        return
+    state = generator.getstate()
+    generator.seed(seed)
+    try:
+        yield
+    finally:
+        generator.setstate(state)

@@ -24,6 +24,8 @@ try:
 except ImportError:
     raise unavailable("numpy") from None
 
+from ._cache import cached_fit
+from ._eval import cross_validate, evaluate
 from ._features import FeatureSpec, load_embedding, request_text
 from ._model import Classifier, Decision, fit
 
@@ -36,6 +38,9 @@ __all__ = [
     "FeatureSpec",
     "TiersError",
     "TiersUnavailable",
+    "cached_fit",
+    "cross_validate",
+    "evaluate",
     "examples_from",
     "fit",
     "load_embedding",

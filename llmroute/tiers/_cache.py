@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._config import default_cache_dir
 from .._version import __version__
+from ..config import default_cache_dir
 from ._errors import ArtefactError
 from ._examples import Example
 from ._features import FeatureSpec

@@ -9,8 +9,12 @@ from ._pool import (
     replay_head,
     response_timings,
 )
+from ._sse import ServerSentEvent, SSEDecodeError, SSEDecoder
 
 __all__ = [
+    "SSEDecodeError",
+    "SSEDecoder",
+    "ServerSentEvent",
     "Transport",
     "body_receiver",
     "bound_wait",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,13 @@ def test_routed_simulator_run_keeps_each_route_report_and_draws_it(
         "flaky:sim-small",
     ]
     assert len(data["samples"]) == 3 and data["summary"][0]["target"] == "chat"
+    # What the routed requests cost (the demo's prices), per 1,000, beside the latencies.
+    costs = [Decimal(s["cost"]) for s in data["samples"]]
+    assert all(s["currency"] == "USD" for s in data["samples"]) and sum(costs) > 0
+    summary = data["summary"][0]
+    assert Decimal(summary["cost_per_1000"]) == sum(costs) * 1000 / 3
+    assert summary["currency"] == "USD" and "cost/1k" in shown
+    assert f"{Decimal(summary['cost_per_1000']):.4f} USD" in shown
     for sample in data["samples"]:
         route = sample["route"]
         assert sample["target"] == "chat"

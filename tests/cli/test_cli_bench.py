@@ -270,14 +270,14 @@ targets = ["azure:gpt"]
 def test_cancelling_a_probe_is_not_counted_as_its_error() -> None:
     import anyio
 
-    from llmroute.cli._bench import Sample, _Endpoint, _probe  # pyright: ignore[reportPrivateUsage]
+    from llmroute.cli._bench import Probe, _Endpoint, _probe  # pyright: ignore[reportPrivateUsage]
 
     class Hanging:
         async def create(self, **_: Any) -> Any:
             await anyio.sleep_forever()
 
     client: Any = type("Client", (), {"chat": type("Chat", (), {"completions": Hanging()})()})()
-    sample = Sample("t:m", "short", 0, 10, started=0.0)
+    sample = Probe("t:m", "short", 0, 10, started=0.0)
     args = type("Args", (), {"timeout": 30.0, "max_tokens": 4})()
 
     async def main_() -> bool:

@@ -74,6 +74,7 @@ api_key = "{KEY}"
 [providers.good]
 base_url = "{sim.base_url}"
 api_key = "{KEY}"
+prices."*" = {{ input = 2.5, output = 10 }}
 
 [models.chat]
 targets = ["bad:{MODEL}", "good:{MODEL}"]
@@ -113,13 +114,16 @@ def test_show_route_lists_winner_attempts_and_timings(
     lines = done.stderr.splitlines()
     assert lines[0].startswith("route 'chat' (failover): winner good:sim-small")
     assert "cache hit no" in lines[0]
-    assert "attempt 1: bad:sim-small" in lines[1] and " error " in lines[1] and "500" in lines[1]
+    # what the request cost: the answer's usage at good's price; the failures were not billed
+    assert re.fullmatch(r"  cost 0\.\d+ USD", lines[1]), lines[1]
+    assert "attempt 1: bad:sim-small" in lines[2] and " error " in lines[2] and "500" in lines[2]
+    assert "cost 0 " in lines[2]
     # an ordered route retries its primary once after a 5xx, then fails over
-    assert "attempt 2: bad:sim-small" in lines[2] and "retry" in lines[2]
-    assert "attempt 3: good:sim-small" in lines[3] and "failover" in lines[3]
-    assert " won " in lines[3]
-    assert lines[4].startswith("timings: HTTP/2, connection ")
-    assert "first token" in lines[4] and "tokens" in lines[4]
+    assert "attempt 2: bad:sim-small" in lines[3] and "retry" in lines[3]
+    assert "attempt 3: good:sim-small" in lines[4] and "failover" in lines[4]
+    assert " won " in lines[4] and lines[1].replace("  cost", "cost") in lines[4]
+    assert lines[5].startswith("timings: HTTP/2, connection ")
+    assert "first token" in lines[5] and "tokens" in lines[5]
     assert KEY not in done.stdout + done.stderr
 
 
@@ -153,7 +157,9 @@ examples = "{data}"
         r"reason classifier, \d+ us",
         lines[1],
     ), lines[1]
-    assert lines[2].startswith("  attempt 1: sim:small-model")
+    # no price for the model: the cost says so, never 0
+    assert lines[2] == "  cost unknown (sim:small-model: no price known for small-model)"
+    assert lines[3].startswith("  attempt 1: sim:small-model") and "cost unknown" in lines[3]
     hard = "Prove that every planar graph is 4-colourable, then give an algorithm for it."
     done = chat(hard, "--config", str(path), "--model", "auto", "--show-route", sim=sim)
     assert done.returncode == 0, done.stderr

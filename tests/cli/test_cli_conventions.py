@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,12 @@ def test_chat_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert document["content"] and document["error"] is None
     assert document["route"]["route"] == "chat" and document["route"]["winner"]
     assert document["timings"]["first_token"] > 0
+    # the cost at the demo's prices, exact: amounts as decimal strings, each attempt's too
+    cost = document["route"]["cost"]
+    assert cost["currency"] == "USD" and Decimal(cost["amount"]) > 0
+    assert "pricer" not in document["route"]
+    attempts = document["route"]["attempts"]
+    assert sum(Decimal(a["cost"]["amount"]) for a in attempts) == Decimal(cost["amount"])
 
 
 def test_doctor_json(sim: Simulator, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -66,6 +66,12 @@ def test_small_demo_piped_prints_progress_and_a_summary_of_every_target() -> Non
         assert re.fullmatch(r"\d+\.\dx", alone[-1])  # its p95 over the routed p95
     assert re.search(r"hedges fired: \d+ of 60 routed requests, \d+ won", out)
     assert "P95 improvement:" in out
+    # What the routed run cost at the demo's made-up prices, hedges included.
+    assert re.search(
+        r"cost: \d+\.\d{6} USD for 60 routed requests, \d+\.\d{4} per 1,000 "
+        r"\(hedges, retries, continuations: \d+\.\d{6}\)",
+        out,
+    ), out[-800:]
     if importlib.util.find_spec("wordllama") is None:
         assert "tiers part skipped" in out
         return

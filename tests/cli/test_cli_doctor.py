@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import llmroute._config
+import llmroute.config._resolve
+import llmroute.config._sdk
 from llmroute._catalog import ProviderSpec, RetiredModel, Source, load_catalog
-from llmroute._config import resolve_provider
 from llmroute.cli import main
 from llmroute.cli._doctor import (
     STALE_AFTER_DAYS,
@@ -23,6 +23,7 @@ from llmroute.cli._doctor import (
     models_lines,
     retired_lines,
 )
+from llmroute.config import resolve_provider
 from llmroute.testing import Profile, Simulator
 
 from ..conftest import KEY
@@ -50,7 +51,8 @@ ACME = ProviderSpec.model_validate(
 def acme_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real catalog plus ``acme``, as the config module reads it."""
     catalog = types.MappingProxyType({**load_catalog(), "acme": ACME})
-    monkeypatch.setattr(llmroute._config, "load_catalog", lambda: catalog)
+    for module in (llmroute.config._sdk, llmroute.config._resolve):
+        monkeypatch.setattr(module, "load_catalog", lambda: catalog)
 
 
 @pytest.fixture

@@ -138,6 +138,20 @@ def test_teams_from_the_command_line(gateway: Gateway, capsys: pytest.CaptureFix
     assert status == 1 and "has keys (etl)" in err
 
 
+def test_a_teams_budget_in_money_from_the_command_line(
+    gateway: Gateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--budget-usd`` is sent as a decimal string, shown and written to keys_file exactly."""
+    args = ["team", "set", "money", "--budget-usd", "12.3456789012", "--budget-period", "month"]
+    status, out, err = keys(gateway, capsys, *args)
+    assert status == 1 and "budget_usd" in err  # more than nine decimals: refused, named
+    args[4] = "12.345678909"
+    status, out, _ = keys(gateway, capsys, *args)
+    assert status == 0 and "budget_usd=12.345678909" in out, out
+    assert "budget_usd = 12.345678909" in Path(gateway.app.settings.keys_file or "").read_text()
+    assert keys(gateway, capsys, "team", "delete", "money")[0] == 0
+
+
 def test_a_declared_key_wins_a_name_clash(
     gateway: Gateway, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -20,7 +20,7 @@ import pytest
 import trustme
 
 from llmroute.cli import main
-from llmroute.cli._top import ONCE_REQUESTS, TopError, _View, metrics_url
+from llmroute.cli._top import ONCE_REQUESTS, TopError, _Screen, metrics_url
 from llmroute.cli._topframe import (
     Exposition,
     NotMetrics,
@@ -220,7 +220,7 @@ def test_the_live_view_compares_each_scrape_with_the_one_before() -> None:
         return item
 
     out = io.StringIO()
-    view = _View(out=out, interval=0.001, once=False, frames=3)
+    view = _Screen(out=out, interval=0.001, once=False, frames=3)
     assert anyio.run(view.watch, scrape, "recorded") == 0
     frames = out.getvalue().split("llmroute top: recorded")[1:]
     assert len(frames) == 3 and not scrapes
@@ -356,6 +356,8 @@ def test_once_against_a_gateway_shows_every_target_with_its_p95_and_state(
     # The key ci's 6 + 1 API calls (4 streamed, 2 not), and not top's scrapes of /metrics.
     assert row_of(lines, "ci").split()[1] == "7"
     assert row_of(lines, "other").split()[1] == "1"
+    assert row_of(lines, "key").split()[-1] == "spend"
+    assert row_of(lines, "ci").split()[-1] == "-"  # its targets have no price
     assert "\x1b" not in out
     assert GW_KEY not in out and UPSTREAM_KEY not in out
 

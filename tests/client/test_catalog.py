@@ -20,7 +20,7 @@ from llmroute._catalog import (
     load_provider_file,
     parse_provider,
 )
-from llmroute._config import ConfigError, resolve_provider
+from llmroute.config import ConfigError, resolve_provider
 
 ROOT = Path(__file__).resolve().parents[2]
 PROVIDERS = ROOT / "providers"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import openai
 import pytest
 
-from llmroute._config import ConfigError, load_config, resolve
 from llmroute._errors import UnknownModelError
 from llmroute._model_names import check_model_name, edit_distance, suggest_route
+from llmroute.config import ConfigError, load_config, resolve
 
 ROUTES = ["chat", "fast", "reasoning-large"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from llmroute._catalog import CatalogError, load_catalog, parse_provider
-from llmroute._config import ConfigError, resolve_provider
 from llmroute._prices import ModelPrice
+from llmroute.config import ConfigError, resolve_provider
 from llmroute.pricing import TokenUsage, UsageError, attempt_cost, cost_of, read_usage
 
 CATALOG = load_catalog()

@@ -13,7 +13,6 @@ import openai
 import pytest
 
 import llmroute
-from llmroute._config import RouteConfig, load_config
 from llmroute._routes import policy_for
 from llmroute._timeouts import (
     BETWEEN_TOKENS_HEADER,
@@ -25,6 +24,7 @@ from llmroute._timeouts import (
     request_timeouts,
     with_timeouts,
 )
+from llmroute.config import RouteConfig, load_config
 from llmroute.routing.engine import Route, RouteTarget
 from llmroute.server import Gateway
 from llmroute.testing import Profile, Simulator

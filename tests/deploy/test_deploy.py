@@ -21,7 +21,7 @@ import httpx
 import kubernetes_validate
 import pytest
 
-from llmroute._config import load_config, load_keys_file, resolve
+from llmroute.config import load_config, load_keys_file, resolve
 from llmroute.testing import Simulator
 from tests.deploy_tools import (
     DOCKERFILE,
@@ -159,7 +159,7 @@ def test_the_deployment_serves_and_probes_the_gateway(rendered: Rendered) -> Non
 def test_the_grace_period_covers_the_prestop_sleep_and_the_gateway_shutdown(
     rendered: Rendered,
 ) -> None:
-    from llmroute._config import parse_duration
+    from llmroute.config import parse_duration
     from llmroute.server import _run
 
     pod = rendered.one("Deployment")["spec"]["template"]["spec"]

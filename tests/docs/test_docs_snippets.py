@@ -145,8 +145,8 @@ def _strings(data: object) -> Iterator[str]:
 
 @pytest.mark.parametrize("block", TOML, ids=_ids(TOML))
 def test_toml_block_loads(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmroute._config import ConfigError, load_config, load_keys_file, resolve
     from llmroute._simulated import SimulatedProviders
+    from llmroute.config import ConfigError, load_config, load_keys_file, resolve
     from llmroute.testing._server import ca_pem_path
 
     try:

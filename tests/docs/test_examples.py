@@ -106,7 +106,7 @@ def test_readme_one_key_routing_runs_as_written(tmp_path: Path) -> None:
     simulator and the simulator's CA is trusted through SSL_CERT_FILE."""
     import os
 
-    from llmroute._config import load_config, resolve
+    from llmroute.config import load_config, resolve
     from llmroute.testing import Simulator
 
     toml = _readme_block("# llmroute.toml\n[models.chat]")

@@ -253,21 +253,6 @@ async def test_a_429_storm_cools_the_target_down_for_its_retry_after(target: Sim
         assert target.stats()["chat_requests"] == asked
 
 
-@pytest.fixture
-def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Every ``anyio.sleep`` delay asked for during the test (still slept): a wait is checked by
-    what was asked, not by a clock."""
-    asked: list[float] = []
-    real = anyio.sleep
-
-    async def recording(delay: float, *args: Any, **kwargs: Any) -> None:
-        asked.append(delay)
-        await real(delay, *args, **kwargs)
-
-    monkeypatch.setattr(anyio, "sleep", recording)
-    return asked
-
-
 async def test_a_short_cooldown_is_waited_out_instead_of_failing(
     target: Simulator, sleeps: list[float]
 ) -> None:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import llmroute
-from llmroute._config import Config, ConfigError, load_config, resolve
+from llmroute.config import Config, ConfigError, load_config, resolve
 
 # Every API key variable of the catalog, so that resolve() fails only on what a config says.
 ENV = {

@@ -17,10 +17,10 @@ import openai
 import pytest
 
 import llmroute
-from llmroute._config import resolve_provider
 from llmroute._errors import RequestBodyError
 from llmroute._upstream import Upstream
 from llmroute.cache._key import canonical_request, request_key
+from llmroute.config import resolve_provider
 from llmroute.protocols.anthropic import translate_request
 from llmroute.routing.prefix import PrefixTree, Prompt, prompt_blocks, render_prompt
 from llmroute.routing.stats import estimate_prompt_tokens

@@ -278,8 +278,8 @@ def test_probes_are_paid_from_the_hedge_budget_while_it_has_tokens() -> None:
     import trio
     import trio.testing
 
-    from llmroute._config import Config, resolve
     from llmroute._routes import build_router
+    from llmroute.config import Config, resolve
     from llmroute.testing._virtual import VirtualSender, drive
 
     profiles = heavy_tailed(0.1)

@@ -14,8 +14,8 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from llmroute import AsyncOpenAI, AttemptReport, RouteReport
-from llmroute._config import Config, resolve
 from llmroute.cli._chat import route_lines
+from llmroute.config import Config, resolve
 from llmroute.testing import Profile, Simulator
 
 from ..conftest import KEY

@@ -231,3 +231,15 @@ def test_a_race_explores_beside_its_racers_never_in_place_of_one(clock: FakeCloc
     clock.now += 120.0  # every target is stale: only one the race does not start is explored
     pair = RacePolicy(k=2).plan(["A", "B"], view, random.Random(0))
     assert explore(pair, view, share=1.0, max_age=60.0, rng=random.Random(0)) is pair
+
+
+def test_the_policy_classes_are_no_longer_exported_but_still_found_with_a_warning() -> None:
+    import llmroute
+    from llmroute.routing import policies
+
+    assert not [name for name in llmroute.__all__ if name.endswith("Policy")]
+    with pytest.warns(DeprecationWarning, match=r"llmroute\.HedgePolicy is no longer exported"):
+        found = llmroute.HedgePolicy
+    assert found is policies.HedgePolicy
+    with pytest.raises(AttributeError, match="NoSuchPolicy"):
+        llmroute.NoSuchPolicy  # noqa: B018

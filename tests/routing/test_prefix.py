@@ -14,10 +14,10 @@ import openai
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
-from llmroute._config import ConfigError, RouteConfig, load_config
 from llmroute._routes import policy_for as _policy
 from llmroute._types import Timings
 from llmroute.cli._chat import route_lines
+from llmroute.config import ConfigError, RouteConfig, load_config
 from llmroute.routing.engine import SERVER_METRICS_MAX_AGE, Route, Router, RouteTarget
 from llmroute.routing.policies import (
     LeastLoadedPolicy,
@@ -959,7 +959,7 @@ async def test_waiting_for_a_cooling_target_ends_even_when_the_routers_clock_sta
 ) -> None:
     import llmroute.routing.engine as engine
 
-    monkeypatch.setattr(engine, "_MAX_WAIT_UNAVAILABLE", 0.3)
+    monkeypatch.setattr(engine, "MAX_WAIT_UNAVAILABLE", 0.3)
     clock = FakeClock()
     router, route = scripted_route(RoundRobinPolicy(), ["a"], clock=clock)
     router.health("a:m").cool_down(0.05)  # on a clock that never moves: cooling for ever

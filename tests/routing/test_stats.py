@@ -685,5 +685,3 @@ def test_one_attempt_past_the_p95_is_not_a_change() -> None:
 def test_short_view_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="recent"):
         StatsSettings(recent=1)
-    with pytest.raises(ValueError, match="shift_waits"):
-        StatsSettings(shift_waits=0)

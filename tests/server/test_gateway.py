@@ -23,11 +23,11 @@ from openai._models import construct_type
 from openai.types.chat import ChatCompletionChunk
 
 import llmroute
-from llmroute._config import ConfigError, load_config
 from llmroute.cache import NAMESPACE_PATTERN
 from llmroute.cache._stores import MemoryStore
+from llmroute.config import ConfigError, load_config
 from llmroute.server import Gateway, GatewayApp, KeyRing, dump_json
-from llmroute.server._app import key_namespace
+from llmroute.server._keys import key_namespace
 from llmroute.testing import Profile, Simulator
 from llmroute.testing._wire import masked_key
 

@@ -20,8 +20,8 @@ import pytest
 from hypercorn.asyncio.worker_context import EventWrapper
 from hypercorn.protocol.h2 import BUFFER_HIGH_WATER
 
-import llmroute.server._app as gateway_app
 from llmroute.server import Gateway
+from llmroute.server._exchange import Exchange
 from llmroute.server._h2 import BoundedStreamBuffer
 from llmroute.testing import Profile, Simulator
 
@@ -52,8 +52,8 @@ def test_a_stalled_http2_client_holds_the_gateway_back(
     big: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handed = [0]  # bytes of answer the gateway handed to hypercorn (sent or buffered)
-    body = gateway_app._Exchange.body  # pyright: ignore[reportPrivateUsage]
-    chunk = gateway_app._Exchange.chunk  # pyright: ignore[reportPrivateUsage]
+    body = Exchange.body
+    chunk = Exchange.chunk
 
     async def counting(self: Any, data: bytes, *, more: bool = False) -> None:
         handed[0] += len(data)
@@ -63,8 +63,8 @@ def test_a_stalled_http2_client_holds_the_gateway_back(
         handed[0] += len(data)
         await chunk(self, data)
 
-    monkeypatch.setattr(gateway_app._Exchange, "body", counting)  # pyright: ignore[reportPrivateUsage]
-    monkeypatch.setattr(gateway_app._Exchange, "chunk", counting_chunk)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(Exchange, "body", counting)
+    monkeypatch.setattr(Exchange, "chunk", counting_chunk)
     config = {
         "providers": {"big": {"base_url": big.base_url, "api_key": "sk-upstream-h2-test"}},
         "models": {"chat": {"targets": ["big:sim-small"]}},

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmroute.server import Gateway
-from llmroute.server._app import _default_goal
+from llmroute.server._checks import default_goal as _default_goal
 from llmroute.testing import Profile, Simulator
 
 KEYS = {"app": "gw-keys-app-0123456789", "ops": "gw-keys-ops-0123456789"}

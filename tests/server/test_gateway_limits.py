@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import KeySettings, TeamSettings, load_config
+from llmroute.config import KeySettings, TeamSettings, load_config
 from llmroute.routing.windows import MAX_TOKENS_CAP
 from llmroute.server._limits import (
     BUCKET,
@@ -155,6 +155,38 @@ async def test_a_budget_runs_out_and_renews_with_its_period(
     clock.advance(3600 - 10)  # the next hour
     assert isinstance(await limits.admit(app, 1), Grant)
     assert (await limits.peek(app)).spent == 1
+
+
+async def test_a_money_budget_admits_what_fits_and_is_spent_exactly_to_its_limit(
+    counted: tuple[Limits, FakeClock],
+) -> None:
+    """A money budget (nano-dollars) admits a request only if its dearest cost fits in what
+    is left, counts its real cost when it ends, and can be spent to the last nano-dollar."""
+    limits, clock = counted
+    app = _tenant(budget_usd="0.001", budget_period="1h")  # 1,000,000 nano-dollars
+    clock.now = 3600.0 * 500_000 + 10
+    grant = await limits.admit(app, 0, money=600_000)
+    assert isinstance(grant, Grant) and grant.money == 600_000
+    assert grant.headers["x-llmroute-budget-limit-usd"] == "0.001"
+    assert grant.headers["x-llmroute-budget-remaining-usd"] == "0.0004"
+    refused = await limits.admit(app, 0, money=400_001)  # one nano-dollar too many
+    assert isinstance(refused, Refusal) and refused.reason == "budget"
+    assert refused.code == "insufficient_quota"
+    assert "$0.0004 left of its budget of $0.001" in refused.message
+    assert "may cost up to $0.000400001" in refused.message
+    assert refused.headers["x-should-retry"] == "false"
+    await limits.settle(grant, 0, 100_000)  # it cost less than its estimate
+    assert (await limits.peek(app)).money == 100_000
+    last = await limits.admit(app, 0, money=900_000)
+    assert isinstance(last, Grant)
+    await limits.settle(last, 0, 900_000)
+    assert (await limits.peek(app)).money == 1_000_000  # spent to the limit, exactly
+    assert isinstance(await limits.admit(app, 0, money=1), Refusal)
+    huge = await limits.admit(app, 0, money=10**17)  # clamped: a double would be 1e+17
+    assert isinstance(huge, Refusal) and "more than the whole budget" in huge.message
+    clock.advance(3600)  # the next hour: a budget of its own
+    assert isinstance(await limits.admit(app, 0, money=1_000_000), Grant)
+    assert (await limits.peek(app)).money == 1_000_000
 
 
 async def test_a_refusal_on_tokens_spends_no_request(counted: tuple[Limits, FakeClock]) -> None:
@@ -417,6 +449,7 @@ def _config(tmp_path: Path, keys_file: str, **gateway: Any) -> Any:
         ('[keys.app]\nenv = "APP"\nmodels = ["chta"]\n', "did you mean 'chat'?"),
         ('[keys.app]\nenv = "APP"\nbudget_tokens = 10\n', "keys.app.budget_period: budget_tokens"),
         ('[keys.app]\nenv = "APP"\nbudget_period = "week"\n', "keys.app.budget_period: expected"),
+        ('[keys.app]\nenv = "APP"\nbudget_period = "mont"\n', "did you mean 'month'?"),
         (f'[keys.app]\nsha256 = "{PASTED}"\n', "keys.app.sha256: expected the key's SHA-256"),
         (f'[keys.app]\nenv = "{PASTED}"\n', "keys.app.env: expected the name of an environment"),
         ("[keys.app]\nrpm = 5\n", "give the key as env"),

@@ -39,8 +39,8 @@ import openai
 import pytest
 
 from llmroute import ConfigError
-from llmroute._config import load_config
 from llmroute.cli import main
+from llmroute.config import load_config
 from llmroute.server import Gateway, GatewayApp
 from llmroute.testing import Profile, Simulator
 from tests import redis_server
@@ -842,7 +842,7 @@ def test_a_request_whose_body_was_arriving_when_its_key_was_revoked(
     ):
         app = gateway.app
         authenticated = threading.Event()  # set when the gateway has authenticated it
-        check = app._authenticate  # pyright: ignore[reportPrivateUsage]
+        check = app.door.authenticate
 
         def seen(headers: Any, exchange: Any) -> Any:
             tenant = check(headers, exchange)
@@ -850,7 +850,7 @@ def test_a_request_whose_body_was_arriving_when_its_key_was_revoked(
                 authenticated.set()
             return tenant
 
-        monkeypatch.setattr(app, "_authenticate", seen)
+        monkeypatch.setattr(app.door, "authenticate", seen)
         sock.sendall(head + body[:10])  # the rest of its body to come
         assert authenticated.wait(DEADLINE)  # a hang guard only
         _write(keys_file, '[keys.beta]\nenv = "GT_BETA"\n')

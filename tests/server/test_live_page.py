@@ -22,7 +22,7 @@ import httpx
 import openai
 import pytest
 
-from llmroute._config import load_config
+from llmroute.config import load_config
 from llmroute.server import Gateway
 from llmroute.server._live import LiveView
 from llmroute.testing import Profile, Simulator

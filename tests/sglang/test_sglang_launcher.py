@@ -1347,3 +1347,41 @@ async def test_watch_a_worker_that_dies_after_it_was_ready(tmp_path: Path, stand
         assert not any(KEY in line for line in everything)
     assert server.exited() == {}  # stop() forgets the processes
     assert "CUDA out of memory" in "\n".join(server.log_tail(0))  # the log stays
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it() -> None:
+    # The keywords are one typed dict now (llmroute/sglang/_settings.py): a misspelt one must
+    # still fail as a misspelt parameter did.
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gpu'"):
+        SGLangServer("m", gpu=[0])  # type: ignore[call-arg]
+
+
+def test_the_keywords_map_onto_read_only_settings(tmp_path: Path) -> None:
+    server = SGLangServer(
+        "org/m", python="/x/python", grace=1.5, extra_args=["--tp", "2"], log_dir=tmp_path
+    )
+    assert (server.python, server.grace, server.tp, server.dp) == ("/x/python", 1.5, 2, 1)
+    assert server.extra_args == ("--tp", "2") and server.log_dir == tmp_path
+    with pytest.raises(AttributeError):
+        server.grace = 3.0  # type: ignore[misc]
+
+
+def test_detection_is_a_pure_reading_of_the_probes_results() -> None:
+    from llmroute.sglang._probe import Probe, _Ran, detection
+
+    python = f"/probe-{time.monotonic_ns()}/python"  # not in the help cache
+    steps = detection(Probe(python, None, {"PYTHONPATH": "p"}, 7.0))
+    run = next(steps)
+    assert run.argv[:2] == [python, "-c"] and run.timeout == 7.0
+    run = steps.send(_Ran(0, b"noise\n0.5.5\n", b""))
+    assert run.argv[0] == python and run.argv[-2:] == ["serve", "--help"]
+    with pytest.raises(StopIteration) as stop:
+        steps.send(_Ran(0, help_text("--port PORT", "--algo {EAGLE,EAGLE3}").encode(), b""))
+    version, flags = stop.value.value
+    assert version == "0.5.5"
+    assert flags is not None and {"--port", "--algo", "EAGLE3"} <= flags
+    again = detection(Probe(python, None, {"PYTHONPATH": "p"}, 7.0))
+    next(again)
+    with pytest.raises(StopIteration) as cached:  # the help is cached: no second --help
+        again.send(_Ran(0, b"0.5.5\n", b""))
+    assert cached.value.value == (version, flags)

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from llmroute import AsyncOpenAI, ConfigError
-from llmroute._config import load_config
+from llmroute.config import load_config
 from llmroute.testing import ca_pem_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -154,7 +154,7 @@ def test_simulator_mistakes_name_the_key(provider: dict[str, Any], message: str)
 
 
 def test_a_simulator_that_is_not_running_is_a_sentence() -> None:
-    from llmroute._config import resolve
+    from llmroute.config import resolve
 
     config = load_config(
         {

@@ -68,10 +68,13 @@ def test_quick_run_prints_three_arms_and_the_goals(
     rows = [re.split(r"\s*\|\s*", line.strip("| ")) for line in lines[start + 2 : start + 5]]
     assert [r[0] for r in rows] == ["tiered", "always-large", "always-small"]
     for row in rows:
-        assert len(row) == 11 and row[1] == "8" and row[2] == "0"
+        assert len(row) == 12 and row[1] == "8" and row[2] == "0"
         assert all(re.fullmatch(r"\d+ ms", cell) for cell in row[3:8])
+        assert float(row[11]) > 0  # USD per 1k requests
     assert rows[1][8] == "100.0%" and rows[1][9] == "0.0%"  # always-large: all on large
     assert rows[2][8] == "0.0%" and rows[2][9] == "100.0%"
+    assert float(rows[2][11]) < float(rows[1][11])  # the small tier is the cheaper one
+    assert re.search(r"spend, tiered / always-large: \d\.\d\dx", out)
     assert re.search(r"tiered decisions: reasons \{.*'classifier': \d+", out)
     assert re.search(r"simple p50, tiered / always-large: \d\.\d\dx  (PASS|FAIL)", out)
     assert re.search(r"hard prompts answered by the large tier: \d+\.\d%  (PASS|FAIL)", out)

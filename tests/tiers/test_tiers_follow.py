@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 pytest.importorskip("wordllama")
 
 import llmroute
-from llmroute._config import ConfigError, load_config, resolve
 from llmroute._dispatch import Posted
 from llmroute._tiers import ConversationMemory, TieredModel, conversation_of
+from llmroute.config import ConfigError, load_config, resolve
 from llmroute.routing.stats import LiveStats
 from llmroute.server import Gateway
 from llmroute.testing import Simulator

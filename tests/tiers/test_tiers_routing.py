@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 pytest.importorskip("wordllama")
 
 import llmroute
-from llmroute._config import ConfigError, load_config, resolve
 from llmroute._dispatch import Posted
+from llmroute.config import ConfigError, load_config, resolve
 from llmroute.server import Gateway
 from llmroute.testing import Simulator
 from llmroute.tiers import fit, read_examples

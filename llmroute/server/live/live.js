@@ -406,7 +406,7 @@
     if (!keys.length) return null;
     const table = el("table", { class: "usage" }, el("tr", {},
       ...["key", "requests", "errors", "prompt tokens", "completion tokens", "cache hits",
-        "this minute"].map((h) => el("th", {}, h))));
+        "spend", "hedged", "this minute"].map((h) => el("th", {}, h))));
     for (const [name, u] of keys) {
       const limits = u.limits;
       const minute = limits ? [limits.rpm ? `${limits.requests_this_minute}/${limits.rpm} req` : null,
@@ -416,7 +416,10 @@
         el("td", { class: "name" }, name + (u.revoked ? " (revoked)" : "")),
         el("td", {}, num(u.requests)), el("td", {}, num(u.errors)),
         el("td", {}, num(u.prompt_tokens)), el("td", {}, num(u.completion_tokens)),
-        el("td", {}, num(u.cache_hits)), el("td", {}, minute || "–")));
+        el("td", {}, num(u.cache_hits)),
+        el("td", {}, u.spend_nanos ? `$${u.spend_usd}` : "–"),
+        el("td", {}, u.hedge_share != null ? `${(u.hedge_share * 100).toFixed(0)}%` : "–"),
+        el("td", {}, minute || "–")));
     }
     return el("div", {}, el("h3", {}, "Usage per key"), table);
   }

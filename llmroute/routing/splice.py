@@ -22,7 +22,7 @@ from openai.types.chat import ChatCompletionChunk
 from .._errors import APIError, quote
 from ..protocols.openai import is_preamble_chunk
 
-__all__ = ["REASONING_FIELDS", "ContinuationMismatch", "Seam"]
+__all__ = ["REASONING_FIELDS", "ContinuationMismatch", "Splice"]
 
 REASONING_FIELDS = ("reasoning_content", "reasoning")
 """The delta fields vendors stream reasoning in (DeepSeek, vLLM, SGLang, OpenRouter...)."""
@@ -41,7 +41,7 @@ class ContinuationMismatch(APIError):
         self.target = target
 
 
-class Seam:
+class Splice:
     """Filters the chunks of one continuing stream before the caller sees them.
 
     ``echo`` is the text the vendor repeats first (the prefix where the catalog says it

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .._config import SIMULATOR, ResolvedProvider
+from .config import SIMULATOR, ResolvedProvider
 
 __all__ = ["is_secret_header", "masked_forms", "provider_secrets", "scrub"]
 

@@ -1,11 +1,11 @@
-"""What SGLang servers say of themselves on ``/metrics``, and where a target's TTFT goes.
+"""What self-hosted SGLang servers say of themselves on ``/metrics``, read into the live stats.
 
 :func:`parse_prometheus` reads the Prometheus text exposition format; :func:`read_server_metrics`
 turns one scrape into a :class:`~llmroute.routing.stats.ServerMetrics` (queue depth, running
 requests, cache hit rate, KV pool usage, and the mean server-side TTFT and queue time since the
 previous scrape); :class:`MetricsPoller` scrapes every self-hosted target into
-:class:`~llmroute.routing.stats.LiveStats`; :func:`diagnose_ttft` compares client-side and
-server-side TTFT for ``llmroute doctor``.
+:class:`~llmroute.routing.stats.LiveStats`, which the policies rank targets by
+(``llmroute.sglang`` re-exports these names, and diagnoses a target's TTFT from them).
 
 The SGLang names read here (``sglang/srt/metrics/collector.py``): the scheduler's gauges
 ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:cache_hit_rate``,
@@ -20,34 +20,27 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Final, Self
 
 import anyio
 import httpx
 
-from llmroute.routing.stats import LiveStats, ServerMetrics
+from .stats import LiveStats, ServerMetrics
 
 __all__ = [
-    "PREFILL_SHARE",
-    "PREFILL_SLOW",
-    "QUEUE_SHARE",
-    "TRANSPORT_SLOW",
     "HistogramTotals",
     "MetricsPoller",
+    "PrometheusSample",
     "PrometheusText",
-    "Sample",
     "ServerReading",
-    "TTFTDiagnosis",
-    "diagnose_ttft",
     "metrics_url",
     "parse_prometheus",
     "read_server_metrics",
-    "transport_share",
 ]
 
-log = logging.getLogger("llmroute.sglang")
+log = logging.getLogger("llmroute.sglang")  # the logger it always had
 
 QUEUE = "sglang:num_queue_reqs"
 RUNNING = "sglang:num_running_reqs"
@@ -61,7 +54,7 @@ QUEUE_TIME = "sglang:queue_time_seconds"
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class PrometheusSample:
     """One sample line: ``name{labels} value [timestamp_ms]``."""
 
     name: str
@@ -70,7 +63,7 @@ class Sample:
     timestamp_ms: int | None = None
 
 
-class PrometheusText(dict[str, list[Sample]]):
+class PrometheusText(dict[str, list[PrometheusSample]]):
     """Samples by sample name (a histogram's ``_sum``, ``_count`` and ``_bucket`` are each their
     own name), with the ``# TYPE`` and ``# HELP`` lines and the count of malformed lines."""
 
@@ -151,7 +144,7 @@ def _parse_value(text: str) -> float:
     return float(text)
 
 
-def _parse_sample(line: str) -> Sample:
+def _parse_sample(line: str) -> PrometheusSample:
     i, n = 0, len(line)
     while i < n and (line[i].isalnum() or line[i] in "_:"):
         i += 1
@@ -168,7 +161,7 @@ def _parse_sample(line: str) -> Sample:
     if not rest or len(rest) > 2 or (i < n and line[i] not in " \t"):
         raise ValueError("expected a value and an optional timestamp")
     timestamp = int(rest[1]) if len(rest) == 2 else None
-    return Sample(name, labels, _parse_value(rest[0]), timestamp)
+    return PrometheusSample(name, labels, _parse_value(rest[0]), timestamp)
 
 
 def parse_prometheus(text: str) -> PrometheusText:
@@ -227,17 +220,17 @@ class ServerReading:
     queue_time: HistogramTotals | None = None
 
 
-def _lead_rank(sample: Sample) -> bool:
+def _lead_rank(sample: PrometheusSample) -> bool:
     # Every tensor/pipeline rank may report the same scheduler state (with
     # --enable-metrics-for-all-schedulers): only rank 0 counts, data-parallel ranks all do.
     return sample.labels.get("tp_rank", "0") == "0" and sample.labels.get("pp_rank", "0") == "0"
 
 
-def _values(samples: Mapping[str, list[Sample]], name: str) -> list[float]:
+def _values(samples: Mapping[str, list[PrometheusSample]], name: str) -> list[float]:
     return [s.value for s in samples.get(name, ()) if _lead_rank(s) and not math.isnan(s.value)]
 
 
-def _rank_loads(samples: Mapping[str, list[Sample]]) -> tuple[int, ...]:
+def _rank_loads(samples: Mapping[str, list[PrometheusSample]]) -> tuple[int, ...]:
     """Queued + running requests per ``dp_rank`` label, in rank order; ``()`` when the gauges
     carry no such label or a single rank."""
     loads: dict[int, float] = {}
@@ -259,7 +252,7 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def _totals(samples: Mapping[str, list[Sample]], name: str) -> HistogramTotals | None:
+def _totals(samples: Mapping[str, list[PrometheusSample]], name: str) -> HistogramTotals | None:
     sums, counts = _values(samples, name + "_sum"), _values(samples, name + "_count")
     if not counts:
         return None
@@ -267,7 +260,7 @@ def _totals(samples: Mapping[str, list[Sample]], name: str) -> HistogramTotals |
 
 
 def read_server_metrics(
-    samples: Mapping[str, list[Sample]],
+    samples: Mapping[str, list[PrometheusSample]],
     previous: ServerReading | None = None,
     *,
     read_at: float,
@@ -419,90 +412,3 @@ class MetricsPoller:
             started = anyio.current_time()
             await self.poll_once()
             await anyio.sleep(max(0.0, self.interval - (anyio.current_time() - started)))
-
-
-# -- where time goes ---------------------------------------------------------------------------
-
-TRANSPORT_SLOW: Final = 0.200
-"""Client-side TTFT above server-side TTFT by more than this (seconds) is blamed on the way
-between them: the network, TLS, or a proxy that buffers the stream."""
-QUEUE_SHARE: Final = 0.5
-"""Queue time above this share of the server-side TTFT means the server is saturated."""
-PREFILL_SLOW: Final = 0.500
-"""Server TTFT less queue time (prefill, mostly) above this (seconds), and above
-:data:`PREFILL_SHARE` of the server TTFT, means prompts are long or miss the prefix cache."""
-PREFILL_SHARE: Final = 0.5
-_MEANINGFUL: Final = 0.050  # below 50 ms, no part of TTFT is worth a diagnosis
-
-
-def transport_share(client_ttft: float | None, server_ttft: float | None) -> float | None:
-    """The share of the client-side TTFT spent outside the server (0..1), or ``None``."""
-    if client_ttft is None or server_ttft is None or client_ttft <= 0:
-        return None
-    return min(1.0, max(0.0, (client_ttft - server_ttft) / client_ttft))
-
-
-@dataclass(frozen=True, slots=True)
-class TTFTDiagnosis:
-    """One target's TTFT split into transport, queue and prefill, with a one-line verdict."""
-
-    client_ttft: float | None
-    server_ttft: float | None
-    queue_time: float | None
-    verdict: str
-    parts: dict[str, float] = field(default_factory=dict[str, float])
-    """Seconds by part: ``transport``, ``queue``, ``prefill`` (those that are known)."""
-
-    def __str__(self) -> str:
-        return self.verdict
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms"
-
-
-def diagnose_ttft(client_ttft: float | None, server: ServerMetrics | None) -> TTFTDiagnosis:
-    """Where one target's time to first token goes, for ``llmroute doctor``.
-
-    ``client_ttft`` is the TTFT the client measured (seconds, a mean or median over recent
-    requests); ``server`` the target's latest :class:`ServerMetrics`. In order:
-
-    - client minus server TTFT above :data:`TRANSPORT_SLOW` (200 ms): the network or a
-      buffering proxy;
-    - queue time above :data:`QUEUE_SHARE` of the server TTFT (and above 50 ms): the server is
-      saturated;
-    - the rest of the server TTFT (prefill, mostly) above :data:`PREFILL_SLOW` (500 ms) and
-      :data:`PREFILL_SHARE` of it: prefill dominates (long prompts, or prefix-cache misses);
-    - otherwise the time is where it should be.
-    """
-    server_ttft = server.ttft_mean if server is not None else None
-    queue = server.queue_time_mean if server is not None else None
-    if client_ttft is None:
-        return TTFTDiagnosis(None, server_ttft, queue, "no client-side TTFT measured yet")
-    if server_ttft is None:
-        verdict = f"client TTFT {_ms(client_ttft)}; no server-side TTFT (no /metrics reading "
-        verdict += "with a finished request)"
-        return TTFTDiagnosis(client_ttft, None, queue, verdict)
-    transport = max(0.0, client_ttft - server_ttft)
-    parts = {"transport": transport}
-    if queue is not None:
-        queue = min(queue, server_ttft)
-        parts["queue"] = queue
-        parts["prefill"] = server_ttft - queue
-    head = f"client {_ms(client_ttft)}, server {_ms(server_ttft)}"
-    share = transport_share(client_ttft, server_ttft) or 0.0
-    if transport > TRANSPORT_SLOW:
-        verdict = f"{head}: {_ms(transport)} ({share:.0%}) outside the server: the network or a "
-        verdict += "buffering proxy"
-    elif queue is not None and queue > _MEANINGFUL and queue > QUEUE_SHARE * server_ttft:
-        verdict = f"{head}: the server is saturated (queue {_ms(queue)} of {_ms(server_ttft)})"
-    elif (
-        queue is not None
-        and parts["prefill"] > PREFILL_SLOW
-        and parts["prefill"] > PREFILL_SHARE * server_ttft
-    ):
-        verdict = f"{head}: prefill dominates ({_ms(parts['prefill'])}): long prompts or "
-        verdict += "prefix-cache misses"
-    else:
-        verdict = f"{head}: transport {_ms(transport)} ({share:.0%}); nothing stands out"
-    return TTFTDiagnosis(client_ttft, server_ttft, queue, verdict, parts)

@@ -8,7 +8,9 @@ import httpx
 import pytest
 
 from llmroute._catalog import Continuation, load_catalog
-from llmroute._config import (
+from llmroute._errors import OpenAIError
+from llmroute._routes import route_for
+from llmroute.config import (
     Config,
     ConfigError,
     ProviderConfig,
@@ -19,8 +21,6 @@ from llmroute._config import (
     parse_duration,
     resolve,
 )
-from llmroute._errors import OpenAIError
-from llmroute._routes import route_for
 
 SECRET = "sk-llmroute-test-7f3a9c-DO-NOT-SHOW"
 ENV = {"DEEPSEEK_API_KEY": "sk-deepseek", "OPENAI_API_KEY": "sk-openai", "MINE_KEY": "sk-mine"}
@@ -282,6 +282,35 @@ def test_custom_provider(tmp_path: Path) -> None:
     assert mine.spec.self_hosted is False
 
 
+def test_a_retired_key_is_a_warning_naming_the_file_and_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """prompt_caching and docs were read by nothing: a config setting them still loads, the
+    same as without them, and the log says which file and key to clean up."""
+    plain = '[providers.box]\nbase_url = "http://box:8000/v1"\n[models.m]\ntargets = ["box:x"]\n'
+    old = plain.replace("\n[models", '\nprompt_caching = "automatic"\ndocs = "https://x"\n[models')
+    with caplog.at_level("WARNING", logger="llmroute"):
+        config = load_toml(tmp_path, old)
+    assert config == load_config(
+        {
+            "providers": {"box": {"base_url": "http://box:8000/v1"}},
+            "models": {"m": {"targets": ["box:x"]}},
+        }
+    )
+    path = tmp_path / "llmroute.toml"
+    said = [r.getMessage() for r in caplog.records]
+    for key in ("providers.box.prompt_caching", "providers.box.docs"):
+        assert f"{path}: {key} has no effect and can be removed (" in "\n".join(said), said
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="llmroute"):
+        load_toml(tmp_path, plain)
+    assert not caplog.records
+    # Not retired elsewhere: a route's prompt_caching is still an unknown key.
+    assert "models.m.prompt_caching: unknown key" in error_of(
+        tmp_path, '[models.m]\ntargets = ["box:x"]\nprompt_caching = "automatic"\n'
+    )
+
+
 def test_custom_provider_without_a_key_needs_none(tmp_path: Path) -> None:
     config = load_toml(
         tmp_path,
@@ -369,7 +398,7 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-l
         (
             ROUTE + 'policy = "hegde"\n',
             "llmroute.toml: models.chat.policy: expected 'fastest', 'hedge', 'race', 'failover', "
-            "'weighted', 'prefix', 'least-loaded' or 'round-robin', got 'hegde' "
+            "'weighted', 'prefix', 'least-loaded', 'round-robin' or 'cheapest', got 'hegde' "
             "(did you mean 'hedge'?)",
         ),
         (
@@ -412,6 +441,11 @@ ROUTE = '[models.chat]\ntargets = ["deepseek:deepseek-v4-flash", "openai:gpt-6-l
             ROUTE + 'stall_timeout = "-1s"\n',
             "llmroute.toml: models.chat.stall_timeout: expected 'auto', 'off' or a duration "
             "such as '5s', got '-1s'",
+        ),
+        (
+            ROUTE + 'stall_timeout = "autoo"\n',
+            "llmroute.toml: models.chat.stall_timeout: expected 'auto', 'off' or a duration "
+            "such as '5s', got 'autoo' (did you mean 'auto'?)",
         ),
         (
             ROUTE + "stall_timeout = 0\n",

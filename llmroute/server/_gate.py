@@ -1,0 +1,247 @@
+"""A request through admission: who it is (:class:`Door`: its key's tenant, an admin's for
+the operators' paths) and, for a ``/v1`` call once its body is checked (:class:`Gate`), the key's
+concurrency slot and its place in every limit of its scopes before the call
+(:class:`~._admission.Admission`: the key's, its team's, the model's), what the answer used
+counted after it, and whether it met the key's and the route's latency objectives.
+
+``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
+callable, read only when a limit counts tokens, and its dearest cost in money the same way,
+read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
+target that answered and what its other attempts cost (:class:`~._spend.Prices`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+
+from .._types import RouteReport
+from ._admission import Admission, usage_increments
+from ._alerts import SoftLimits
+from ._errors import Refused, error_body
+from ._exchange import Exchange
+from ._limits import TARGET_SPEND, Alert, Refusal
+from ._metrics import ANONYMOUS, GatewayMetrics
+from ._slo import Objective, SloTracker
+from ._spend import MAX_NANOS, Prices, PriceUnknown, extra_nanos
+from ._tally import Tally
+from ._tenants import NANOS, Tenant, Tenants
+from ._usage import new_usage
+
+__all__ = ["Door", "Gate"]
+
+log = logging.getLogger("llmroute.server")
+
+
+class Gate:
+    """Admission and accounting of a gateway's requests (see the module's docstring)."""
+
+    def __init__(
+        self,
+        admission: Admission,
+        metrics: GatewayMetrics,
+        slo: SloTracker,
+        soft_limits: SoftLimits,
+        route_slos: Mapping[str, Objective],
+        prices: Prices,
+    ) -> None:
+        self.admission = admission
+        self.prices = prices
+        """Money budgets' estimates and each answer's cost."""
+        self.metrics = metrics
+        self.slo = slo
+        self.soft_limits = soft_limits
+        self.route_slos = route_slos
+        self.usage: dict[str, dict[str, int]] = {}
+        """Each key's usage counted by this replica: requests, errors, tokens, cache hits."""
+
+    async def enter(
+        self,
+        exchange: Exchange,
+        model: str,
+        estimate: Callable[[], int],
+        work: Callable[[], Awaitable[None]],
+        money: Callable[[], int] | None = None,
+    ) -> None:
+        """Run ``work`` in one of the key's slots (its ``max_concurrency``), counted in its
+        limits (its own, its team's, the model's), or refuse (429; 503 without Redis).
+        ``money`` is the request's dearest cost in nano-dollars, read under a money budget."""
+        key = exchange.key
+        tenant = exchange.tenant
+        assert tenant is not None
+        decided = await self.admission.enter(tenant, model, estimate, money)
+        if isinstance(decided, Refusal):
+            self.metrics.rejections.labels(key, decided.reason).inc()
+            raise Refused(
+                decided.status,
+                error_body(decided.message, decided.type, decided.code),
+                decided.headers,
+            )
+        self.metrics.in_flight.labels(key).inc()
+        exchange.ticket = decided
+        exchange.headers.update(decided.headers)
+        self.alerted(decided.alerts)
+        try:
+            await work()
+        finally:
+            exchange.ticket = None
+            self.metrics.in_flight.labels(key).dec()
+
+    async def renew(self, exchange: Exchange) -> None:
+        """Keep the request's shared slot (with Redis) while its answer goes on."""
+        if exchange.ticket is not None:
+            await self.admission.renew(exchange.ticket)
+
+    async def settle(self, exchange: Exchange, tally: Tally) -> None:
+        """Count what the answer used: the key's usage (this replica's, and the fleet's with
+        Redis), its slot freed and its limits corrected to it."""
+        ticket = exchange.ticket
+        assert ticket is not None
+        prompt, completion = tally.used()
+        usage = self.usage.setdefault(exchange.key, new_usage())
+        exchange.counted = True
+        failed = (
+            exchange.status >= 400
+            or exchange.failed
+            or (exchange.status == 0 and not exchange.gone)
+        )
+        added = {
+            "requests": 1,
+            "errors": int(failed),
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cache_hits": int(tally.cache_hit),
+            "spend_nanos": (cost := self.cost(exchange, tally, prompt, completion)) or 0,
+            "hedge_nanos": extra_nanos(exchange.report) if cost else 0,
+        }
+        if cost:
+            cost = added["spend_nanos"] = min(cost + added["hedge_nanos"], MAX_NANOS)
+        target = _priced_target(exchange.report) if cost else ""
+        for name, value in added.items():
+            usage[name] += value
+        if target and cost:
+            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + cost
+            self.metrics.spend.labels(exchange.key, target).inc(cost / NANOS)
+            if added["hedge_nanos"]:
+                self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
+        if tally.cache_hit:
+            self.metrics.cache_hits.labels(exchange.key).inc()
+        if prompt:
+            self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
+        if completion:
+            self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
+        alerts = await self.admission.leave(
+            ticket, prompt + completion, usage_increments(added), cost, target
+        )
+        self.alerted(alerts)
+
+    def cost(self, exchange: Exchange, tally: Tally, prompt: int, completion: int) -> int | None:
+        """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced):
+        :func:`extra_nanos` adds its other attempts'."""
+        winner = _priced_target(exchange.report)
+        try:
+            return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
+        except PriceUnknown:
+            return None
+
+    def count_call(self, exchange: Exchange) -> None:
+        """An API call of a key that did not reach an answer's accounting (refused before it,
+        or a model list): a request of the key's usage, as ``llmroute_gateway_requests_total``
+        counts it, and an error unless it was answered or its client left (the fleet's usage
+        takes it at the next flush, without a round trip of its own)."""
+        if exchange.key == ANONYMOUS:
+            return
+        usage = self.usage.setdefault(exchange.key, new_usage())
+        usage["requests"] += 1
+        error = not exchange.gone and not 0 < exchange.status < 400
+        if error:
+            usage["errors"] += 1
+        self.admission.count_call(exchange.key, error)
+
+    def objectives(self, tenant: Tenant, model: str, exchange: Exchange, admitted: float) -> None:
+        """Whether the request met the key's and the route's latency objectives."""
+        route = self.route_slos.get(model)
+        own = tenant.settings.slo_ttft_ms
+        if route is None and own is None:
+            return
+        ttft = exchange.first - admitted if exchange.first else None
+        if exchange.gone and ttft is None:
+            return  # the client left before its first token: not the gateway's miss
+        ok = exchange.status == 200 and not exchange.failed
+        mine = Objective(own, tenant.settings.slo_percentile) if own is not None else None
+        self.slo.observe(exchange.key, model, ttft, ok, key_objective=mine, route_objective=route)
+
+    def alerted(self, alerts: Iterable[Alert]) -> None:
+        for alert in alerts:
+            self.soft_limits.notify(alert)
+
+
+_NO_STORE = {"cache-control": "no-store"}  # on an admin path's 401 and 403
+
+
+class Door:
+    """Who a request is: the tenant of its key (of the keys ``tenants()`` accepts now, at
+    ``clock()``), or OpenAI's 401; an admin key for the operators' paths, or 403."""
+
+    def __init__(
+        self,
+        tenants: Callable[[], Tenants],
+        clock: Callable[[], float],
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._tenants = tenants
+        self._clock = clock
+        self.metrics = metrics
+
+    @property
+    def admins(self) -> bool:
+        """Whether any key accepted now is an admin's."""
+        return self._tenants().admins
+
+    def authenticate(self, headers: Mapping[str, str], exchange: Exchange) -> Tenant:
+        """The request's tenant, by its ``Authorization: Bearer <key>``; else 401."""
+        tenant = self._tenants().match(headers.get("authorization"), self._clock())
+        if tenant is None:
+            if exchange.label.startswith("/v1/"):  # rejections are of API calls
+                self.metrics.rejections.labels(ANONYMOUS, "unauthorized").inc()
+            given = "authorization" in headers
+            message = (
+                "Incorrect API key provided."
+                if given
+                else "You didn't provide an API key (Authorization: Bearer <key>)."
+            )
+            raise Refused(
+                401,
+                error_body(message, "invalid_request_error", "invalid_api_key"),
+                {"www-authenticate": 'Bearer realm="llmroute"'},
+            )
+        exchange.key = tenant.name
+        exchange.tenant = tenant
+        exchange.tenants = self._tenants()
+        return tenant
+
+    def admin(self, headers: Mapping[str, str], exchange: Exchange, what: str) -> Tenant:
+        """The request's tenant if its key is an admin's; else 401 (no key) or 403, neither
+        kept by a cache on the way."""
+        try:
+            tenant = self.authenticate(headers, exchange)
+        except Refused as refused:
+            refused.headers.update(_NO_STORE)
+            raise
+        if not tenant.settings.admin:
+            raise Refused(
+                403,
+                error_body(
+                    f"This key may not {what} (only a key with admin = true may).",
+                    "invalid_request_error",
+                    "permission_denied",
+                ),
+                _NO_STORE,
+            )
+        return tenant
+
+
+def _priced_target(report: RouteReport | None) -> str:
+    """The target whose answer a request is charged at (``""``: none known)."""
+    winner = report.winner if report is not None else None
+    return winner if winner is not None and winner != "cache" else ""

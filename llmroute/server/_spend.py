@@ -1,0 +1,220 @@
+"""Budgets in money: what a gateway request may cost before it is sent, and what it cost.
+
+A key's or team's ``budget_usd`` is counted in whole **nano-dollars** (10^-9 USD), the unit of
+:data:`NANOS`, so a Redis script adds and compares it exactly (a budget of at most a million
+dollars is at most 10^15 of them, within a Lua number's exact integers).
+
+**Admitted on the most it may cost.** Every attempt it may be billed for
+(:meth:`Prices.attempts`: a race's racers or the first and its hedges, an exploration, a
+stream's continuations) is priced before it is sent at every target
+its model name may use (a route's targets, a tiered name's routes' targets, or
+``default_provider``'s model), and counted at the dearest
+(:meth:`Prices.estimate`): its prompt at most one token per byte of its JSON body (a token is
+at least one byte of text, and the body holds every message, tool and field besides), and its
+answer at ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``), or the dearest
+target's context window when it names none. The admission script admits it only when the
+scope's spend and that estimate fit in the budget.
+
+**Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
+else the gateway's count of what it delivered: a stream its client cut is charged its prompt
+and the tokens sent) at the price of the target that answered, the dearest when none is known.
+Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
+key's ``hedge_nanos``). Each part is rounded up to the next nano-dollar: never free.
+
+**Never free.** A target without a price in USD under a money budget is refused at start
+(:func:`money_problem`, a :class:`~llmroute.ConfigError` naming ``budget_usd``) and, for what
+the start could not see (an admin API key, a model of ``default_provider``, a price past its
+``valid_until``), at the request (400 ``model_not_priced``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from .._prices import ModelPrice
+from .._types import RouteReport
+from ..config import MAX_COUNT, Config, ResolvedProvider, Target
+from ..pricing import TokenUsage, cost_of, find_price
+from ..routing.route import Route
+from ..routing.windows import MAX_TOKENS_CAP, answer_room
+from ._tenants import NANOS, Tenant, Tenants, to_nanos
+
+__all__ = ["NANOS", "PriceUnknown", "Prices", "extra_nanos", "money_problem", "to_nanos"]
+
+MAX_NANOS = MAX_COUNT
+"""The most one request is counted at (10^15 nano-dollars, a million dollars)."""
+CURRENCY = "USD"
+LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
+"""Policies that may start more than one attempt before a first token (a race, hedges, an
+exploration beside the first choice)."""
+MAX_CONTINUATIONS = Route.__dataclass_fields__["max_continuations"].default
+
+
+class PriceUnknown(Exception):
+    """Raised when a request under a money budget may go to a target without a price in USD."""
+
+
+def nanos_of(amount: Decimal) -> int:
+    """An amount in USD as whole nano-dollars, rounded up, within ``0..MAX_NANOS``."""
+    return max(0, min(math.ceil(amount * NANOS), MAX_NANOS))
+
+
+EXTRA_KINDS = ("hedge", "retry", "continuation")
+"""The kinds of a route report's attempts (:class:`~llmroute.RouteCost`) a request is charged
+beside its answer."""
+
+
+def extra_nanos(report: RouteReport | None) -> int:
+    """What a routed request's attempts other than its answer cost (its hedges, retries and
+    continuations, as its route report prices them), in nano-dollars rounded up; 0 when the
+    call was not routed or the report has no amount in USD."""
+    cost = report.cost if report is not None else None
+    if cost is None or cost.currency != CURRENCY:
+        return 0
+    extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
+    return nanos_of(extra) if extra > 0 else 0
+
+
+class Prices:
+    """The price of every target the gateway may send to (see the module's docstring)."""
+
+    def __init__(self, config: Config, providers: Mapping[str, ResolvedProvider]) -> None:
+        self._config = config
+        self._providers = providers
+
+    def targets(self, model: str) -> list[Target]:
+        """The targets a request to ``model`` may go to."""
+        config = self._config
+        tiered = config.tiered.get(model)
+        routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
+        found = [t for r in routes if r in config.models for t in config.models[r].target_list()]
+        if not found and config.default_provider is not None and model not in config.models:
+            found = [Target(config.default_provider, model)]
+        return found
+
+    def price(self, target: Target, day: datetime.date | None = None) -> ModelPrice:
+        """``target``'s price in USD; :class:`PriceUnknown` naming it when there is none."""
+        provider = self._providers.get(target.provider)
+        price = find_price(provider.spec.prices, target.model) if provider is not None else None
+        if price is None:
+            raise PriceUnknown(f"no price is known for target {target.name!r}")
+        if price.currency != CURRENCY:
+            raise PriceUnknown(f"target {target.name!r} is priced in {price.currency}, not USD")
+        if day is not None and price.valid_until is not None and day > price.valid_until:
+            raise PriceUnknown(
+                f"the price of target {target.name!r} held until {price.valid_until}"
+            )
+        return price
+
+    def _cost(self, target: Target, usage: TokenUsage, day: datetime.date) -> int:
+        cost = cost_of(usage, self.price(target, day), model=target.model, day=day)
+        if cost.amount is None:
+            raise PriceUnknown(f"target {target.name!r}: {cost.unknown}")
+        return nanos_of(cost.amount)
+
+    def _window(self, target: Target) -> int | None:
+        provider = self._providers.get(target.provider)
+        return provider.spec.window_for(target.model) if provider is not None else None
+
+    def attempts(self, model: str, body: Mapping[str, Any], kind: str) -> tuple[int, int]:
+        """The most attempts a request to ``model`` may be billed for, over the routes it may
+        use: those that may run at once before a first token, at most the route's targets
+        (a race's ``race``, else the first and its hedges: ``max_hedges``, at least the one a
+        latency goal may add; and an exploration while ``routing.explore`` is above 0), and
+        the continuations of a broken stream (each re-sends the prompt and the answer so
+        far)."""
+        config = self._config
+        tiered = config.tiered.get(model)
+        routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
+        streamed = kind == "chat" and body.get("stream") is True
+        first, continuations = 1, 0
+        explore = int(config.routing.explore > 0)
+        for name in routes:
+            route = config.models.get(name)
+            if route is None:
+                continue
+            if route.policy in LATENCY_POLICIES:
+                start = route.race if route.policy == "race" else 1 + max(route.max_hedges, 1)
+                first = max(first, min(len(route.targets), start + explore))
+            if streamed and route.continue_on_break:
+                continuations = MAX_CONTINUATIONS
+        return first, continuations
+
+    def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
+        """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
+        billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
+        the whole answer; :class:`PriceUnknown` when a target has no price, or the answer has
+        no bound."""
+        targets = self.targets(model)
+        if not targets:
+            raise PriceUnknown(f"no target of model {model!r} is known")
+        day = datetime.datetime.now(datetime.UTC).date()
+        prompt = min(len(json.dumps(body, ensure_ascii=False).encode()), MAX_TOKENS_CAP)
+        room = answer_room(body, kind)
+        first, continuations = self.attempts(model, body, kind)
+        dearest = continued = 0
+        for target in targets:
+            answer = room or self._window(target)
+            if not answer:
+                raise PriceUnknown(
+                    f"the request names no max_tokens and target {target.name!r} has no known "
+                    "context window to bound its answer"
+                )
+            for reasoning in (0, answer):  # reasoning may be dearer than other output
+                usage = TokenUsage(input=prompt, output=answer, reasoning=reasoning)
+                dearest = max(dearest, self._cost(target, usage, day))
+                if continuations:
+                    again = TokenUsage(input=prompt + answer, output=answer, reasoning=reasoning)
+                    continued = max(continued, self._cost(target, again, day))
+        return min(first * dearest + continuations * continued, MAX_NANOS)
+
+    def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
+        """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``
+        tokens at the price of ``winner`` (the target that answered; ``""``: the dearest).
+
+        Its answer's part: :func:`extra_nanos` adds what its other attempts cost (its
+        cancelled hedges and racers, retries and continuations, as its route report prices
+        them)."""
+        if not prompt and not completion:
+            return 0
+        day = datetime.datetime.now(datetime.UTC).date()
+        usage = TokenUsage(input=prompt, output=completion)
+        targets = self.targets(model)
+        named = [t for t in targets if t.name == winner]
+        return max(self._cost(t, usage, day) for t in (named or targets))
+
+
+def _owners(tenants: Tenants) -> list[tuple[str, Tenant]]:
+    """Each key with a money budget of its own or its team's, with the field that sets it."""
+    found: list[tuple[str, Tenant]] = []
+    for name, tenant in tenants.by_name.items():
+        if tenant.settings.budget_usd is not None:
+            found.append((f"the budget_usd of key {name!r}", tenant))
+        elif tenant.team is not None and tenant.team.settings.budget_usd is not None:
+            found.append((f"the budget_usd of team {tenant.team.name!r} (key {name!r})", tenant))
+    return found
+
+
+def money_problem(config: Config, tenants: Tenants, prices: Prices) -> str | None:
+    """The first target a key under a money budget may use without a price in USD, as a
+    sentence naming ``budget_usd``; ``None`` when every one has a price."""
+    routes = [*config.models, *config.tiered]
+    for field, tenant in _owners(tenants):
+        for model in routes:
+            if not tenant.may_use(model):
+                continue
+            for target in prices.targets(model):
+                try:
+                    prices.price(target)
+                except PriceUnknown as exc:
+                    return (
+                        f"gateway: {field} counts USD, but {exc} (model {model!r}): give the "
+                        f"provider a USD price (prices.{target.model!r} in "
+                        f"[providers.{target.provider}]) or limit the key's models"
+                    )
+    return None

@@ -1,0 +1,317 @@
+"""What a routed request cost (``route.cost``), every attempt included, over the simulator:
+a cancelled hedge, a broken answer and its continuation, cached and reasoning tokens as each
+vendor family reports them, a model without a price."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from llmroute import AsyncOpenAI, AttemptReport, RouteReport
+from llmroute._catalog import load_catalog
+from llmroute.pricing import attempt_cost, find_price
+from llmroute.protocols.openai import build_chunk
+from llmroute.routing.costs import CANCELLED, NO_USAGE, RoutePricer
+from llmroute.routing.policies import FastestPolicy
+from llmroute.routing.route import Route, RouteTarget
+from llmroute.routing.stats import estimate_prompt_tokens
+from llmroute.testing import Profile, Simulator
+
+from ..conftest import KEY
+from ..metrics.test_tracing import only
+from ..metrics.test_tracing import spans as spans  # the fixture
+from ..settle import settled
+
+pytestmark = pytest.mark.anyio
+
+MESSAGES = [{"role": "user", "content": "Tell me what this request cost, to the cent."}]
+PRICE = {"input": 2, "cached_input": 0.5, "output": 8}  # per million tokens
+MILLION = Decimal(1_000_000)
+
+
+@pytest.fixture(scope="module")
+def cached_sim() -> Iterator[Simulator]:
+    """30-word replies after 4 words of reasoning; OpenAI's automatic prompt cache."""
+    profile = Profile(reply_tokens=30, reasoning_tokens=4, prompt_cache="openai")
+    with Simulator(profile=profile, tls=True) as server:
+        yield server
+
+
+def provider(sim: Simulator, **more: Any) -> dict[str, Any]:
+    return {"base_url": sim.base_url, "api_key": KEY, "continuation": {}, **more}
+
+
+def config(providers: dict[str, dict[str, Any]], targets: list[str], **route: Any) -> Any:
+    return {
+        "providers": providers,
+        "models": {"chat": {"targets": targets, **route}},
+        "routing": {"explore": 0},
+    }
+
+
+def usd(tokens: int, per_million: float) -> Decimal:
+    return tokens * Decimal(repr(per_million)) / MILLION
+
+
+async def test_a_cancelled_hedge_a_broken_answer_and_its_continuation_are_all_priced(
+    cached_sim: Simulator, sim_stall: Simulator
+) -> None:
+    cfg = config(
+        {
+            "slow": {"base_url": sim_stall.base_url, "api_key": KEY, "prices": {"*": PRICE}},
+            "a": provider(cached_sim, prices={"*": PRICE}),
+            "b": provider(cached_sim, prices={"*": PRICE}),
+        },
+        ["slow:sim-small", "a:sim-small", "b:sim-small"],
+        policy="hedge",
+        hedge_after="100ms",
+    )
+    await settled(sim_stall)
+    key = uuid.uuid4().hex  # the first stream of cached_sim breaks after 3 deltas, once
+    fault = {"x-sim-fault": "drop:8", "x-sim-fault-times": "1", "x-sim-fault-key": key}
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        with anyio.fail_after(20):
+            stream = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, extra_headers=fault
+            )
+            chunks = [chunk async for chunk in stream]
+        summed = client.metrics.costs()
+        exposition = client.metrics.exposition().decode()
+    route = stream.route
+    assert route is not None and route.hedges == 1
+    slow, hedge, continuation = route.attempts
+    assert (slow.target, slow.outcome) == ("slow:sim-small", "cancelled")
+    assert (hedge.reason, hedge.outcome) == ("hedge", "interrupted")
+    assert (continuation.reason, continuation.outcome) == ("continuation", "won")
+    assert continuation.target == "b:sim-small"  # slow cannot continue (no continuation)
+    cost = route.cost
+    assert cost is not None and cost.currency == "USD"
+    prompt = estimate_prompt_tokens(MESSAGES)
+    # The hedged-against attempt: cancelled before its first token, its prompt assumed billed.
+    assert slow.cost is not None and slow.cost.amount == usd(prompt, 2)
+    assert CANCELLED in slow.cost.estimated
+    # The broken attempt: no usage came before the break; llmroute's count of what it sent.
+    assert hedge.cost is not None and NO_USAGE in hedge.cost.estimated
+    delivered = hedge.tokens_estimate or hedge.tokens or 0
+    assert delivered > 0 and hedge.cost.amount == usd(prompt, 2) + usd(delivered, 8)
+    # The continuation: the vendor's own usage, its repeated prompt (the answer so far
+    # included; the part the vendor cached at the cached price), exact.
+    usage = continuation.usage
+    assert usage is not None and chunks
+    assert continuation.cost is not None and not continuation.cost.estimated
+    cached = usage.prompt_tokens_details.cached_tokens  # the user's message, read again
+    assert cached > 0
+    assert continuation.cost.amount == (
+        usd(usage.prompt_tokens - cached, 2) + usd(cached, 0.5) + usd(usage.completion_tokens, 8)
+    )
+    assert usage.prompt_tokens > prompt  # the continuation's prompt repeats the answer so far
+    assert dict(cost.kinds) == {
+        "hedge": slow.cost.amount,
+        "answer": hedge.cost.amount,
+        "continuation": continuation.cost.amount,
+    }
+    assert cost.amount == slow.cost.amount + hedge.cost.amount + continuation.cost.amount
+    # Summed on the client's metrics, exact, and as Prometheus counters by target and kind.
+    assert summed == {
+        ("slow:sim-small", "hedge", "USD"): slow.cost.amount,
+        ("a:sim-small", "answer", "USD"): hedge.cost.amount,
+        ("b:sim-small", "continuation", "USD"): continuation.cost.amount,
+    }
+    line = 'llmroute_cost_total{kind="continuation",target="b:sim-small"} '
+    assert f"{line}{float(continuation.cost.amount)!r}" in exposition
+    assert cost.estimated  # the cancelled and broken attempts are llmroute's estimates
+    assert str(cost).startswith(f"cost {cost.amount.normalize():f} USD (")
+
+
+async def test_a_cached_prompt_costs_the_cached_price_and_says_so(cached_sim: Simulator) -> None:
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    conversation = [
+        {"role": "system", "content": f"You are a careful accountant {uuid.uuid4().hex}."},
+        {"role": "user", "content": "What does a cache hit cost?"},
+    ]
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        first = await client.chat.completions.create(model="chat", messages=conversation)
+        again = [*conversation[:1], {"role": "user", "content": "And a miss?"}]
+        second = await client.chat.completions.create(model="chat", messages=again)
+    assert first.route is not None and second.route is not None
+    one, two = first.route.cost, second.route.cost
+    assert one is not None and two is not None
+    assert one.amount is not None and two.amount is not None
+    cost = second.route.attempts[0].cost
+    assert cost is not None
+    lines = {line.token_class: line.tokens for line in cost.lines}
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and lines["cache_read"] == cached
+    assert lines["input"] == second.usage.prompt_tokens - cached
+    assert lines["reasoning"] == 4 and lines["output"] == second.usage.completion_tokens - 4
+    assert not cost.estimated and cost.amount == two.amount
+
+
+async def test_a_model_without_a_price_costs_unknown_never_zero(sim: Simulator) -> None:
+    cfg = config({"a": provider(sim)}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+    assert completion.route is not None
+    cost = completion.route.cost
+    assert cost is not None and cost.amount is None and cost.currency is None
+    assert cost.unknown == ("a:sim-small: no price known for sim-small",)
+    assert str(cost) == "cost unknown (a:sim-small: no price known for sim-small)"
+
+
+async def test_anthropic_cache_writes_are_priced_by_lifetime(sim: Simulator) -> None:
+    price = {**PRICE, "cache_write": 2.5, "cache_write_1h": 4}
+    cfg = config({"a": provider(sim, kind="anthropic", prices={"*": price})}, ["a:sim-small"])
+    system = [
+        {
+            "type": "text",
+            "text": f"Rules of the house {uuid.uuid4().hex}, kept an hour.",
+            "cache_control": {"type": "ephemeral", "ttl": "1h"},
+        }
+    ]
+    messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        costs = []
+        for _ in range(2):
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=messages,
+                stream=True,
+                extra_body={"system": system},
+            )
+            [chunk async for chunk in stream]
+            assert stream.route is not None
+            assert stream.route.cost is not None  # prices the attempts
+            cost = stream.route.attempts[0].cost
+            assert cost is not None and cost.amount is not None
+            costs.append({line.token_class: line.tokens for line in cost.lines})
+    written, read = costs
+    assert written.get("cache_write_1h", 0) > 0 and "cache_write" not in written
+    assert read.get("cache_read") == written["cache_write_1h"] and "cache_write_1h" not in read
+
+
+async def test_the_cost_is_on_the_request_span(
+    cached_sim: Simulator, spans: InMemorySpanExporter
+) -> None:
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        summed = client.metrics.costs()
+    assert completion.route is not None and completion.route.cost is not None
+    amount = completion.route.cost.amount
+    assert amount is not None and amount > 0
+    assert summed == {("a:sim-small", "answer", "USD"): amount}
+    attributes = dict(only(spans).attributes or {})
+    assert attributes["llmroute.cost"] == str(amount)
+    assert attributes["llmroute.cost.currency"] == "USD"
+    assert "llmroute.cost.estimated" not in attributes  # the vendor's usage, priced
+
+
+USAGES = [  # (vendor, model, usage as the vendor sends it)
+    (
+        "openai",
+        "gpt-6.1-sol",
+        {
+            "prompt_tokens": 1486,
+            "completion_tokens": 651,
+            "prompt_tokens_details": {"cached_tokens": 1408},
+            "completion_tokens_details": {"reasoning_tokens": 512},
+        },
+    ),
+    (
+        "anthropic",
+        "claude-opus-5",
+        {
+            "input_tokens": 40,
+            "cache_creation_input_tokens": 3000,
+            "cache_read_input_tokens": 12000,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": 1000,
+                "ephemeral_1h_input_tokens": 2000,
+            },
+            "output_tokens": 700,
+        },
+    ),
+    (
+        "deepseek",
+        "deepseek-v4-pro",
+        {
+            "prompt_tokens": 5000,
+            "prompt_cache_hit_tokens": 4800,
+            "prompt_cache_miss_tokens": 200,
+            "completion_tokens": 900,
+            "completion_tokens_details": {"reasoning_tokens": 600},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("vendor", "model", "usage"), USAGES, ids=[u[0] for u in USAGES])
+def test_the_metrics_fast_pricing_is_the_full_pricing(
+    vendor: str, model: str, usage: dict[str, Any]
+) -> None:
+    spec = load_catalog()[vendor]
+    target = RouteTarget(
+        vendor, model, price=find_price(spec.prices, model), usage_fields=spec.usage_fields
+    )
+    full = attempt_cost(spec, model, usage)
+    assert full.amount is not None and full.amount > 0
+    fast = RoutePricer(Route("chat", (target,), FastestPolicy()))
+    record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
+    report = RouteReport("chat", "fastest", attempts=[record])
+    ((same, units, exponent, currency),) = fast.amounts(report)
+    assert same is record and currency == "USD" and type(units) is int
+    assert Decimal(units).scaleb(exponent) == full.amount  # exact, in whole units
+    assert record.cost is None  # the fast path builds no Cost
+    as_object = build_chunk({"id": "x", "choices": [], "usage": usage}).usage
+    if vendor != "anthropic":  # openai's object, unknown fields (DeepSeek's) included
+        record.usage = as_object
+        assert fast.amounts(report) == [(record, units, exponent, "USD")]
+
+
+async def test_a_cache_hit_costs_zero_and_says_what_it_saved(cached_sim: Simulator) -> None:
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    cfg["cache"] = {"backend": "memory", "min_hits": 1}
+    messages = [{"role": "user", "content": f"Cache me {uuid.uuid4().hex}"}]
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        reports = []
+        for _ in range(3):
+            stream = await client.chat.completions.create(
+                model="chat",
+                messages=messages,
+                stream=True,
+                temperature=0,
+                stream_options={"include_usage": True},  # kept with the answer in the cache
+            )
+            [chunk async for chunk in stream]
+            reports.append(stream.route)
+        summed = client.metrics.costs()
+    live, hit = reports[0], reports[-1]
+    assert live is not None and hit is not None and hit.cache_hit and not live.cache_hit
+    paid, replayed = live.cost, hit.cost
+    assert paid is not None and replayed is not None and paid.amount
+    assert replayed.amount == 0 and replayed.saved == paid.amount
+    assert str(replayed) == f"cost 0, saved {paid.amount.normalize():f}"
+    live_ones = [r for r in reports if r is not None and not r.cache_hit]
+    assert summed == {("a:sim-small", "answer", "USD"): paid.amount * len(live_ones)}
+
+
+def test_a_long_prompts_tier_and_an_unpriced_class_go_to_the_full_pricing() -> None:
+    spec = load_catalog()["anthropic"]
+    model = "claude-haiku-5-5"  # five times the price above 100,000 prompt tokens
+    target = RouteTarget(
+        "anthropic", model, price=find_price(spec.prices, model), usage_fields=spec.usage_fields
+    )
+    pricer = RoutePricer(Route("chat", (target,), FastestPolicy()))
+    usage = {"input_tokens": 150_000, "output_tokens": 10}
+    record = AttemptReport(target.name, 0.0, "first", "won", usage=usage)
+    ((_, units, exponent, _),) = pricer.amounts(RouteReport("chat", "fastest", attempts=[record]))
+    full = attempt_cost(spec, model, usage).amount
+    assert record.cost is not None and record.cost.amount == full  # priced in full, once
+    assert full is not None and Decimal(units).scaleb(exponent) == full
+    assert full == usd(150_000, 0.5) + usd(10, 2.5)  # the tier's prices, every token
