@@ -28,6 +28,7 @@ from sortedcontainers import SortedList
 from .tokens import TokenCounts
 
 __all__ = [
+    "BEYOND_SAMPLES",
     "CANCELLED",
     "ERROR",
     "FAILING_ALPHA",
@@ -206,6 +207,9 @@ as not. Beyond a target's thin lognormal tail (B at its p95 in steady weather) a
 always lost: it cost a request and saved nothing."""
 
 
+BEYOND_SAMPLES: Final = 1.05
+"""A hedge delay at or past a target's largest sample waits this many times it
+(:meth:`TargetStats.hedge_delay`)."""
 FAILING_ALPHA: Final = 0.01
 """The level of the test that a target fails on more than ``1 - q`` of its attempts
 (:func:`fails_beyond`), so that its ``q``-quantile of a first token is never: a target that
@@ -1215,24 +1219,36 @@ class TargetStats:
         window = self._class_window(prompt_tokens)
         return window if len(window) >= self.known(window) else self._ttft
 
+    def _lower_bound(self, window: LatencyWindow, q: float, prompt_tokens: int) -> float | None:
+        """The window's lower confidence bound of its ``q``-quantile (:func:`lower_bound_rank`)
+        while it is a fresh one, known but holding fewer than ``1 / (1 - q)`` samples; else
+        ``None``. Not in a window that was declared changed: its few samples passed a test
+        that they are the new regime, and a target with a stall tail (A in
+        ``benchmarks/routing.py``'s steady weather) re-measured after a change would otherwise
+        rank by its body again, stalls already among its samples, and be the first choice
+        until twenty samples came (timed, on a loaded machine, such windows came every few
+        seconds and cost steady weather's p95 up to 1.5x)."""
+        n = len(window)
+        if window.changed or n < self.known(window) or n * (1.0 - q) >= 1.0:
+            return None
+        own = window.quantile(q)
+        if own is None or self.predict(q, prompt_tokens) > own:  # raised by attempts waiting
+            return None
+        return window.order_statistic(lower_bound_rank(n, q))
+
     def rank(self, q: float, prompt_tokens: int) -> float:
         """What the target is ranked by for the ``q``-quantile: :meth:`predict`, except that
-        while its window holds fewer than ``1 / (1 - q)`` samples (but enough to be known), a
-        lower bound of the quantile at :data:`RANK_CONFIDENCE` (:func:`lower_bound_rank`):
-        its samples are too few for the quantile to be more than their largest ones; and
-        :data:`FAILING_RANK` more while it fails on more than ``1 - q`` of its attempts
-        (:meth:`failing`): a request's ``q``-quantile of a first token from it is never."""
+        while its window is fresh and holds fewer than ``1 / (1 - q)`` samples (but enough to
+        be known), a lower bound of the quantile at :data:`RANK_CONFIDENCE`
+        (:meth:`_lower_bound`): its samples are too few for the quantile to be more than their
+        largest ones; and :data:`FAILING_RANK` more while it fails on more than ``1 - q`` of
+        its attempts (:meth:`failing`): a request's ``q``-quantile of a first token from it is
+        never."""
         predicted = self.predict(q, prompt_tokens)
         if self.failing(q):
             return FAILING_RANK + predicted
-        window = self._window_for(prompt_tokens)
-        n = len(window)
-        if n < self.known(window) or n * (1.0 - q) >= 1.0:
-            return predicted
-        own = window.quantile(q)
-        if own is None or predicted > own:  # raised by attempts waiting past it: a change
-            return predicted
-        return min(predicted, window.order_statistic(lower_bound_rank(n, q)))
+        bound = self._lower_bound(self._window_for(prompt_tokens), q, prompt_tokens)
+        return predicted if bound is None else min(predicted, bound)
 
     def hedge_delay(self, q: float, backup: float, prompt_tokens: int) -> float:
         """When to hedge an attempt here that has no first token yet: at its ``q``-quantile,
@@ -1242,13 +1258,25 @@ class TargetStats:
         the next: with a few stalls in a small window the next is a stall, and a point between
         is a wait no answer ever took. Attempts waiting past it do not raise it (they do raise
         :meth:`predict`, which ranks the target): one stalled attempt must not make the next
-        requests wait longer for their hedge. :meth:`predict` while the target is cold."""
+        requests wait longer for their hedge. While the target is ranked by a lower bound of
+        the quantile (:meth:`rank`), from that bound. A delay at or past the largest sample is
+        :data:`BEYOND_SAMPLES` times it: no answer ever took longer, so a hedge then only
+        insures against a stall, and at the largest sample itself it would race a steady
+        target's own answer (C in the long/short weather, whose prompts always take 0.7 s).
+        :meth:`predict` while the target is cold."""
         window = self._window_for(prompt_tokens)
         n = len(window)
         if n < self.known(window):
             return self.predict(q, prompt_tokens)
         floor = window.order_statistic(math.floor((n - 1) * q) + 1)
-        return winning_delay(window.sorted_values(), floor, backup, window.sorted_censored())
+        bound = self._lower_bound(window, q, prompt_tokens)
+        if bound is not None:  # ranked by it: hedged from it too, not from a stall above it
+            floor = min(floor, bound)
+        values = window.sorted_values()
+        delay = winning_delay(values, floor, backup, window.sorted_censored())
+        if delay >= values[-1]:  # no answer took longer: insurance against a stall only
+            delay *= BEYOND_SAMPLES
+        return delay
 
     def predict(self, q: float, prompt_tokens: int) -> float:
         """The predicted ``q``-quantile TTFT, in seconds, for a prompt of ``prompt_tokens``.

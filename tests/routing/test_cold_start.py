@@ -15,6 +15,7 @@ import pytest
 
 from llmroute import AsyncOpenAI
 from llmroute.routing.stats import (
+    BEYOND_SAMPLES,
     FAILING_ALPHA,
     RANK_CONFIDENCE,
     LiveStats,
@@ -102,6 +103,51 @@ def test_one_early_stall_does_not_rank_a_steady_target_below_a_slower_one() -> N
         clock.advance(0.1)
         b.record_ttft(0.4, 20)
     assert b.rank(0.95, 20) == b.predict(0.95, 20)
+
+
+def test_a_stall_tailed_target_re_measured_after_a_change_ranks_by_its_estimate() -> None:
+    # A was slow (1 s), then fast again with stalls (2.1-2.3 s) among its newest samples: the
+    # window declared changed holds 13 samples. A fresh window that few ranks by a lower bound
+    # (its body, 0.27 s here); a changed one by its estimate, the stalls: else the target is
+    # the first choice, its hedge at a stall, until twenty samples come (timed on a loaded
+    # machine, such windows made A the first choice every few seconds in steady weather).
+    clock = FakeClock()
+    a = LiveStats(StatsSettings(), clock).target("a")
+    for i in range(20):
+        clock.advance(0.1)
+        a.record_ttft(1.0 + i / 1000, 20)
+    for value in (0.25, 0.26, 0.24, 0.25, 0.27, 2.3, 0.26, 0.25, 0.24, 0.26, 2.1, 0.25, 0.25):
+        clock.advance(0.1)
+        a.record_ttft(value, 20)
+    assert a.shifts and len(a._ttft) < 20
+    assert a.rank(0.95, 20) == a.predict(0.95, 20) > 2.0
+
+
+def test_a_target_ranked_by_its_lower_bound_is_hedged_from_it() -> None:
+    # Two stalls among a fresh target's first 19 samples: ranked by its 17th sample (the
+    # body's top), its hedge fires there too, not at its 18th (a stall) 2.3 s in.
+    clock = FakeClock()
+    a = LiveStats(StatsSettings(), clock).target("a")
+    for i in range(17):
+        clock.advance(0.1)
+        a.record_ttft(0.25 + i / 1000, 20)
+    for value in (2.3, 2.5):
+        clock.advance(0.1)
+        a.record_ttft(value, 20)
+    assert a.rank(0.95, 20) == 0.266
+    assert a.hedge_delay(0.95, 0.4, 20) == 0.266
+
+
+def test_a_hedge_past_every_sample_waits_a_little_longer_than_the_largest() -> None:
+    # C answers in 0.7 s every time: a hedge at 0.7 s would race its own answer and lose (in
+    # virtual time, tie with it every time); past every sample it insures against a stall.
+    clock = FakeClock()
+    c = LiveStats(StatsSettings(), clock).target("c")
+    for _ in range(30):
+        clock.advance(0.1)
+        c.record_ttft(0.7, 20)
+    assert c.hedge_delay(0.95, 0.55, 20) == pytest.approx(0.7 * BEYOND_SAMPLES)
+    assert BEYOND_SAMPLES > 1.0
 
 
 def test_a_target_failing_beyond_the_tail_share_ranks_after_those_that_do_not() -> None:
