@@ -356,21 +356,32 @@ class Dispatch:
     async def other(self, call: Call) -> Served:
         """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
         the policy's order, failing over by the engine's rules (:mod:`.routing.failover`);
-        openai's machinery parses the winner's response."""
+        openai's machinery parses the winner's response. Metrics count a whole answer (its
+        cost from the vendor's usage) or a failure; a stream's end is openai's to read."""
         route = call.route
         assert route is not None
         await self._fresh_stats()
         self._background()
         unservable = self.pins.unservable(call, route)
-        done = await fail_over(
-            self.router,
-            route,
-            call.body,
-            self._sender(call),
-            kind=call.kind,
-            stream=call.stream,
-            unservable=unservable,
-        )
+        telemetry = None if call.stream else self._telemetry(call)  # a stream's end is openai's
+        if telemetry is not None:
+            call.trace = telemetry.trace
+        try:
+            done = await fail_over(
+                self.router,
+                route,
+                call.body,
+                self._sender(call),
+                kind=call.kind,
+                stream=call.stream,
+                unservable=unservable,
+            )
+        except BaseException as exc:
+            if telemetry is not None:
+                telemetry.failed(exc)
+            raise
+        if telemetry is not None:
+            telemetry.answered(done.report, done.timings)
         object.__setattr__(done.response, "_llmroute_route", done.report)
         object.__setattr__(done.response, "_llmroute_timings", done.timings)
         return Served(None, done.response, done.retries)

@@ -88,7 +88,8 @@ class AttemptReport:
     shows its side of the attempt."""
     usage: Any = None
     """This attempt's own ``usage`` as its vendor sent it (a dict, or openai's object), when it
-    sent one: what its cost is priced from."""
+    sent one: what its cost is priced from (a Responses API usage in chat completions' shape:
+    ``prompt_tokens``, ``completion_tokens`` and their details)."""
     cost: Cost | None = None
     """What this attempt cost (docs/cost.md): its vendor's usage priced, or llmroute's estimate
     where the vendor reported none (``cost.estimated`` says so); ``amount`` is ``None`` with

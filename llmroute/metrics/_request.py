@@ -89,6 +89,12 @@ class RequestTelemetry:
             result=completion,
         )
 
+    def answered(self, report: RouteReport, timings: Timings | None) -> None:
+        """A whole answer openai's machinery parses itself (legacy completions or embeddings
+        on a route) came: counted with its route report and timings."""
+        self.trace.mark(report)
+        self._finish("ok", report, timings)
+
     def stream_ended(self, stream: Any, exc: BaseException | None, whole: bool) -> None:
         """A stream was read to its end, broke, or was closed (``whole``: it was complete)."""
         if exc is None:

@@ -93,7 +93,9 @@ class ProtocolAdapter:
         """The vendor's id of a request, from its response's headers."""
         raise NotImplementedError
 
-    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
-        """The vendor's own ``usage`` of a whole answer, as :attr:`usage_fields` read it (the
-        priced one; ``None`` when it sent none): openai's object, as the vendor sent it."""
+    def answer_usage(self, kind: str, completion: Any, response: httpx.Response) -> Any:
+        """The vendor's own ``usage`` of a whole answer to a ``kind`` call, in the shape
+        :attr:`usage_fields` read (the priced one; ``None`` when it sent none): openai's
+        object as the vendor sent it, or from ``response``'s body where ``completion`` is
+        ``None`` (an answer openai's machinery parses: legacy completions, embeddings)."""
         return getattr(completion, "usage", None)

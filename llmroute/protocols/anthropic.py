@@ -901,7 +901,7 @@ class AnthropicAdapter(ProtocolAdapter):
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         return headers.get(REQUEST_ID_HEADER) or headers.get(OPENAI_REQUEST_ID_HEADER)
 
-    def answer_usage(self, completion: Any, response: httpx.Response) -> Any:
+    def answer_usage(self, kind: str, completion: Any, response: httpx.Response) -> Any:
         try:  # the completion's usage is openai's, without the cache writes' lifetimes
             data = json.loads(response.content)
         except ValueError:

@@ -832,6 +832,27 @@ def parse_response(
     return cast(Response, construct_type(type_=Response, value=data))
 
 
+def responses_usage(usage: Any) -> dict[str, Any] | None:
+    """A Responses API ``usage`` (openai's object or a dict) in chat completions' shape, which
+    the adapter's ``usage_fields`` read: input as prompt, output as completion tokens, with
+    their cached and reasoning parts; ``None`` when it is not an object."""
+    data = usage.model_dump() if hasattr(usage, "model_dump") else usage
+    if not isinstance(data, Mapping):
+        return None
+    names = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
+    out: dict[str, Any] = {new: data[old] for old, new in names.items() if old in data}
+    if "total_tokens" in data:
+        out["total_tokens"] = data["total_tokens"]
+    for old, new, part in (
+        ("input_tokens_details", "prompt_tokens_details", "cached_tokens"),
+        ("output_tokens_details", "completion_tokens_details", "reasoning_tokens"),
+    ):
+        details = data.get(old)
+        if isinstance(details, Mapping) and details.get(part) is not None:
+            out[new] = {part: details[part]}
+    return out
+
+
 def response_text_delta(event: object) -> str | None:
     """The text an ``response.output_text.delta`` event adds, else ``None``."""
     if getattr(event, "type", None) == "response.output_text.delta":
@@ -867,6 +888,14 @@ class ResponsesStreamDecoder(ChatStreamDecoder):
                 )
         return cast(ChatCompletionChunk, construct_type(type_=ResponseStreamEvent, value=data))
 
+    _usage: dict[str, Any] | None = None
+
+    @property
+    def vendor_usage(self) -> dict[str, Any] | None:
+        """The usage of the event that ended the response, in chat completions' shape
+        (:func:`responses_usage`); ``None`` before it."""
+        return self._usage
+
     def _track(self, chunk: ChatCompletionChunk) -> None:
         kind = getattr(chunk, "type", None)
         if type(kind) is not str:
@@ -878,6 +907,7 @@ class ResponsesStreamDecoder(ChatStreamDecoder):
                 self._text.append(text)
         elif kind in _RESPONSE_ENDS:
             self.finished = self.done = True
+            self._usage = responses_usage(getattr(getattr(chunk, "response", None), "usage", None))
         elif kind == "error":
             # The caller gets the event, as from openai; then the stream fails (its answer is
             # not whole), so it is never taken for a complete one.
@@ -962,6 +992,22 @@ class OpenAIAdapter(ProtocolAdapter):
 
     def request_id(self, headers: Mapping[str, str]) -> str | None:
         return headers.get(REQUEST_ID_HEADER)
+
+    def answer_usage(self, kind: str, completion: Any, response: httpx.Response) -> Any:
+        usage = getattr(completion, "usage", None) if completion is not None else None
+        if completion is None:  # legacy completions and embeddings: openai parses the body
+            usage = _body_usage(response)
+        return responses_usage(usage) if kind == "responses" and usage is not None else usage
+
+
+def _body_usage(response: httpx.Response) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer's body; ``None`` when it has none."""
+    try:
+        data = json.loads(response.content)
+    except ValueError:
+        return None
+    usage = data.get("usage") if isinstance(data, dict) else None
+    return usage if isinstance(usage, dict) else None
 
 
 OPENAI = OpenAIAdapter()

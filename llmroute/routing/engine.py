@@ -1377,9 +1377,8 @@ class _Attempt:
         adapter = adapter_for(target.protocol)
         completion = adapter.parse_answer(run.kind, response, target=target.name, body=body)
         ready = Ready(target, response, timings, completion=completion)
-        if run.kind == "chat":  # the usage fields are chat's (a Response's are its own)
-            ready.completion_usage = adapter.answer_usage(completion, response)
-            self.record.usage = ready.completion_usage
+        ready.completion_usage = adapter.answer_usage(run.kind, completion, response)
+        self.record.usage = ready.completion_usage
         return ready
 
 

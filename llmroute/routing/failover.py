@@ -33,6 +33,7 @@ from .._errors import (
     describe_error,
 )
 from .._types import AttemptReport, RouteReport, Timings
+from ..protocols import adapter_for
 from . import engine
 from .causes import (
     any_retryable,
@@ -42,6 +43,7 @@ from .causes import (
     react,
     round_delay,
 )
+from .costs import pricer_for
 from .engine import RETRY_SLACK, Router, prompt_messages, unavailable, vendor_request_id
 from .route import Route, Sender
 from .stats import estimate_prompt_tokens
@@ -98,7 +100,14 @@ class _Failover:
     ) -> None:
         self.router, self.route, self.body, self.send = router, route, body, send
         self.kind, self.stream = kind, stream
-        self.report = RouteReport(route=route.name, policy=route.policy.name)
+        self.report = RouteReport(
+            route=route.name,
+            policy=route.policy.name,
+            # A whole answer is priced from its vendor's usage; a stream's usage is read by
+            # openai's machinery alone, so its cost is not known here (None).
+            pricer=None if stream else pricer_for(route),
+            prompt_tokens=estimate_prompt_tokens(prompt_messages(body, kind)),
+        )
         self.failures: dict[str, BaseException] = {}
         self.last: BaseException | None = None
         self.retried: dict[str, int] = {}
@@ -206,6 +215,8 @@ class _Failover:
             raise
         record.outcome, record.ttft = "won", timings.headers
         record.request_id = vendor_request_id(target, response.headers)
+        if not self.stream:  # its body is read: the vendor's usage prices it
+            record.usage = adapter_for(target.protocol).answer_usage(self.kind, None, response)
         router.record_call(name, elapsed=None if self.stream else timings.total, exc=None)
         self.report.winner, self.report.ttft = name, time.monotonic() - self.started
         return FailedOver(response, timings, self.report, self.retries)

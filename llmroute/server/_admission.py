@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -177,12 +177,12 @@ class Admission:
         tokens: int,
         usage: Sequence[int],
         money: int | None = None,
-        target: str = "",
+        by_target: Mapping[str, int] | None = None,
     ) -> tuple[Alert, ...]:
         """The request ended having used ``tokens`` and cost ``money`` (nano-dollars): its
         slot freed, its scopes corrected, ``usage`` (:data:`~._limits.USAGE_FIELDS`'
-        increments) counted for the fleet, its spend under ``target``. Returns the soft limits
-        the correction reached."""
+        increments) counted for the fleet, its spend under each target that billed it
+        (``by_target``). Returns the soft limits the correction reached."""
         grant = ticket.grant
         if ticket.local:
             await self._slots.release(ticket.key, ticket.slot)
@@ -191,7 +191,7 @@ class Admission:
         alerts: tuple[Alert, ...] = ()
         try:
             with anyio.CancelScope(shield=True):
-                alerts = await self._shared.finish(grant, tokens, usage, money, target)
+                alerts = await self._shared.finish(grant, tokens, usage, money, by_target)
         except self._shared.unreachable as exc:
             self._shared.failed(exc)  # the slot's lease ends by itself; the estimate stands
         except self._shared.errors as exc:

@@ -7,7 +7,8 @@ counted after it, and whether it met the key's and the route's latency objective
 ``enter`` takes the request's estimate (:func:`llmroute.routing.estimate_request`) as a
 callable, read only when a limit counts tokens, and its dearest cost in money the same way,
 read only under a money budget (``budget_usd``); ``settle`` counts what the answer cost at the
-target that answered and what its other attempts cost (:class:`~._spend.Prices`).
+target that answered and what its other attempts cost, each under the target that billed it
+(:class:`~._spend.Prices`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ._exchange import Exchange
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
-from ._spend import MAX_NANOS, Prices, PriceUnknown, extra_nanos
+from ._spend import MAX_NANOS, Prices, PriceUnknown, continued_nanos, extra_nanos
 from ._tally import Tally
 from ._tenants import NANOS, Tenant, Tenants
 from ._usage import new_usage
@@ -105,39 +106,42 @@ class Gate:
             or exchange.failed
             or (exchange.status == 0 and not exchange.gone)
         )
+        answer = self.cost(exchange, tally, prompt, completion)
+        spend, hedge, by_target = _charged(exchange.report, answer)
         added = {
             "requests": 1,
             "errors": int(failed),
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "cache_hits": int(tally.cache_hit),
-            "spend_nanos": (cost := self.cost(exchange, tally, prompt, completion)) or 0,
-            "hedge_nanos": extra_nanos(exchange.report) if cost else 0,
+            "spend_nanos": spend,
+            "hedge_nanos": hedge,
         }
-        if cost:
-            cost = added["spend_nanos"] = min(cost + added["hedge_nanos"], MAX_NANOS)
-        target = _priced_target(exchange.report) if cost else ""
         for name, value in added.items():
             usage[name] += value
-        if target and cost:
-            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + cost
-            self.metrics.spend.labels(exchange.key, target).inc(cost / NANOS)
-            if added["hedge_nanos"]:
-                self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
+        for target, nanos in by_target.items():
+            usage[TARGET_SPEND + target] = usage.get(TARGET_SPEND + target, 0) + nanos
+            self.metrics.spend.labels(exchange.key, target).inc(nanos / NANOS)
+        if added["hedge_nanos"]:
+            self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:
             self.metrics.tokens.labels(exchange.key, "prompt").inc(prompt)
         if completion:
             self.metrics.tokens.labels(exchange.key, "completion").inc(completion)
+        money = None if answer is None else spend
         alerts = await self.admission.leave(
-            ticket, prompt + completion, usage_increments(added), cost, target
+            ticket, prompt + completion, usage_increments(added), money, by_target
         )
         self.alerted(alerts)
 
     def cost(self, exchange: Exchange, tally: Tally, prompt: int, completion: int) -> int | None:
         """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced):
         :func:`extra_nanos` adds its other attempts'."""
+        continued = continued_nanos(exchange.report)
+        if continued is not None:
+            return continued
         winner = _priced_target(exchange.report)
         try:
             return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
@@ -239,6 +243,26 @@ class Door:
                 _NO_STORE,
             )
         return tenant
+
+
+def _charged(report: RouteReport | None, answer: int | None) -> tuple[int, int, dict[str, int]]:
+    """What a request is charged (nano-dollars): in all, the part beside its answer (its
+    hedges, retries and continuations: :func:`~._spend.extra_nanos`), and by the target that
+    billed each part, which add up to the whole; ``answer`` is its answer's cost (``None`` or 0:
+    nothing charged)."""
+    if not answer:
+        return 0, 0, {}
+    by_target = extra_nanos(report)
+    hedge = sum(by_target.values())
+    winner = _priced_target(report)
+    if winner:
+        by_target[winner] = by_target.get(winner, 0) + answer
+    spend = min(answer + hedge, MAX_NANOS)
+    left = spend  # a clamped whole (a million dollars) still adds up by target
+    for target, nanos in by_target.items():
+        by_target[target] = min(nanos, left)
+        left -= by_target[target]
+    return spend, min(hedge, spend), by_target
 
 
 def _priced_target(report: RouteReport | None) -> str:

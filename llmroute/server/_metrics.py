@@ -74,8 +74,8 @@ class GatewayMetrics:
         )
         self.spend = Counter(
             "llmroute_gateway_spend_usd",
-            "What requests cost in USD, by key name and the target that answered, at the "
-            "targets' prices (requests whose targets have none: not counted).",
+            "What requests cost in USD, by key name and the target that billed each attempt, "
+            "at the targets' prices (requests whose targets have none: not counted).",
             ["key", "target"],
             registry=self.registry,
         )

@@ -17,9 +17,11 @@ scope's spend and that estimate fit in the budget.
 
 **Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
 else the gateway's count of what it delivered: a stream its client cut is charged its prompt
-and the tokens sent) at the price of the target that answered, the dearest when none is known.
+and the tokens sent) at the price of the target that answered, the dearest when none is known;
+a continued answer, its first attempt as its route report prices it (:func:`continued_nanos`).
 Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
-key's ``hedge_nanos``). Each part is rounded up to the next nano-dollar: never free.
+key's ``hedge_nanos``), each filed under the target that billed it. Each target's part is
+rounded up to the next nano-dollar: never free, and the parts add up to the request's cost.
 
 **Never free.** A target without a price in USD under a money budget is refused at start
 (:func:`money_problem`, a :class:`~llmroute.ConfigError` naming ``budget_usd``) and, for what
@@ -40,11 +42,20 @@ from .._prices import ModelPrice
 from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
 from ..pricing import TokenUsage, cost_of, find_price
+from ..routing.costs import attempt_kind
 from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
-__all__ = ["NANOS", "PriceUnknown", "Prices", "extra_nanos", "money_problem", "to_nanos"]
+__all__ = [
+    "NANOS",
+    "PriceUnknown",
+    "Prices",
+    "continued_nanos",
+    "extra_nanos",
+    "money_problem",
+    "to_nanos",
+]
 
 MAX_NANOS = MAX_COUNT
 """The most one request is counted at (10^15 nano-dollars, a million dollars)."""
@@ -69,15 +80,38 @@ EXTRA_KINDS = ("hedge", "retry", "continuation")
 beside its answer."""
 
 
-def extra_nanos(report: RouteReport | None) -> int:
+def extra_nanos(report: RouteReport | None) -> dict[str, int]:
     """What a routed request's attempts other than its answer cost (its hedges, retries and
-    continuations, as its route report prices them), in nano-dollars rounded up; 0 when the
-    call was not routed or the report has no amount in USD."""
+    continuations, as its route report prices each), by the target that billed them, in
+    nano-dollars rounded up per target; empty when the call was not routed or the report has
+    no amount in USD."""
     cost = report.cost if report is not None else None
-    if cost is None or cost.currency != CURRENCY:
-        return 0
-    extra = sum((cost.kinds.get(kind, Decimal(0)) for kind in EXTRA_KINDS), Decimal(0))
-    return nanos_of(extra) if extra > 0 else 0
+    if report is None or cost is None or cost.currency != CURRENCY:
+        return {}
+    by_target: dict[str, Decimal] = {}
+    for record in report.attempts:
+        priced = record.cost
+        if priced is None or not priced.amount or priced.currency != CURRENCY:
+            continue
+        if attempt_kind(record) in EXTRA_KINDS:
+            by_target[record.target] = by_target.get(record.target, Decimal(0)) + priced.amount
+    return {target: nanos_of(amount) for target, amount in by_target.items() if amount > 0}
+
+
+def continued_nanos(report: RouteReport | None) -> int | None:
+    """A continued answer's own part: what its first attempt cost (its prompt and the tokens it
+    streamed before it broke, as its route report prices it), in nano-dollars rounded up;
+    ``None`` when the answer was not continued or that cost is not known in USD. A continued
+    stream's usage adds every attempt's answer tokens together, with the continuation's prompt
+    (which holds the answer so far): priced at the first target, it would charge the
+    continuation's part twice."""
+    cost = report.cost if report is not None else None
+    if report is None or cost is None or cost.currency != CURRENCY:
+        return None
+    if not any(attempt_kind(record) == "continuation" for record in report.attempts):
+        return None
+    answer = cost.answer
+    return nanos_of(answer) if answer is not None else None
 
 
 class Prices:
@@ -148,8 +182,8 @@ class Prices:
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
         """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
         billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
-        the whole answer; :class:`PriceUnknown` when a target has no price, or the answer has
-        no bound."""
+        the whole answer (an embedding has none); :class:`PriceUnknown` when a target has no
+        price, or the answer has no bound."""
         targets = self.targets(model)
         if not targets:
             raise PriceUnknown(f"no target of model {model!r} is known")
@@ -158,9 +192,10 @@ class Prices:
         room = answer_room(body, kind)
         first, continuations = self.attempts(model, body, kind)
         dearest = continued = 0
+        vector = kind == "embeddings"  # an embedding bills its input alone
         for target in targets:
-            answer = room or self._window(target)
-            if not answer:
+            answer = 0 if vector else room or self._window(target)
+            if not answer and not vector:
                 raise PriceUnknown(
                     f"the request names no max_tokens and target {target.name!r} has no known "
                     "context window to bound its answer"

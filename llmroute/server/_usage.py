@@ -50,7 +50,7 @@ def _limits(scope: Scope, counts: Counts) -> dict[str, Any]:
 
 def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
     """A key's figures with its spend in dollars, in all and by target (``spend_by_target``:
-    the target that answered -> its cost, a decimal string)."""
+    each target -> what the key's attempts there cost, a decimal string; together its spend)."""
     by_target = {
         name[len(TARGET_SPEND) :]: usd(int(figures.pop(name)))
         for name in sorted(figures)

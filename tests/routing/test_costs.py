@@ -15,8 +15,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmroute import AsyncOpenAI, AttemptReport, RouteReport
 from llmroute._catalog import load_catalog
-from llmroute.pricing import attempt_cost, find_price
-from llmroute.protocols.openai import build_chunk
+from llmroute.pricing import TokenUsage, attempt_cost, find_price, read_usage
+from llmroute.protocols import adapter_for
+from llmroute.protocols.openai import build_chunk, responses_usage
 from llmroute.routing.costs import CANCELLED, NO_USAGE, RoutePricer
 from llmroute.routing.policies import FastestPolicy
 from llmroute.routing.route import Route, RouteTarget
@@ -315,3 +316,60 @@ def test_a_long_prompts_tier_and_an_unpriced_class_go_to_the_full_pricing() -> N
     assert record.cost is not None and record.cost.amount == full  # priced in full, once
     assert full is not None and Decimal(units).scaleb(exponent) == full
     assert full == usd(150_000, 0.5) + usd(10, 2.5)  # the tier's prices, every token
+
+
+async def test_every_routed_api_is_priced_from_its_vendors_usage(cached_sim: Simulator) -> None:
+    """Legacy completions, embeddings and the Responses API (whole and streamed) on a route
+    are priced as chat is: from the usage their vendor sent (its cached and reasoning tokens
+    included), exact, never llmroute's own count of the prompt; summed in the metrics."""
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE}, responses=True)}, ["a:sim-small"])
+    text = f"Price this prompt {uuid.uuid4().hex}, word by word, to the last cent."
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        completion = await client.completions.create(model="chat", prompt=text, max_tokens=20)
+        embedding = await client.embeddings.create(model="chat", input=text)
+        stream = await client.responses.create(model="chat", input=text, stream=True)
+        events = [event async for event in stream]
+        response = await client.responses.create(model="chat", input=text)
+        summed = client.metrics.costs()
+        exposition = client.metrics.exposition().decode()
+    streamed = next(e.response for e in events if e.type == "response.completed")
+    answers = [
+        (completion.route, completion.usage.prompt_tokens, completion.usage.completion_tokens),
+        (embedding.route, embedding.usage.prompt_tokens, 0),
+        (response.route, response.usage.input_tokens, response.usage.output_tokens),
+        (stream.route, streamed.usage.input_tokens, streamed.usage.output_tokens),
+    ]
+    for route, prompt, output in answers:
+        assert route is not None and route.cost is not None
+        (attempt,) = route.attempts
+        assert attempt.cost is not None and not attempt.cost.estimated  # the vendor's count
+        assert route.cost.amount == attempt.cost.amount
+        lines = {line.token_class: line.tokens for line in attempt.cost.lines}
+        assert lines.get("input", 0) + lines.get("cache_read", 0) == prompt
+        assert lines.get("output", 0) + lines.get("reasoning", 0) == output
+    # llmroute's own count of the prompt is not the vendor's here: the vendor's was priced.
+    assert (
+        estimate_prompt_tokens([{"role": "user", "content": text}]) != embedding.usage.prompt_tokens
+    )
+    total = sum((route.cost.amount for route, _, _ in answers), Decimal(0))
+    assert summed == {("a:sim-small", "answer", "USD"): total}
+    line = 'llmroute_cost_total{kind="answer",target="a:sim-small"} '
+    counted = next(x for x in exposition.splitlines() if x.startswith(line))
+    assert float(counted.removeprefix(line)) == pytest.approx(float(total))
+
+
+def test_a_responses_usage_is_read_with_its_cached_and_reasoning_tokens() -> None:
+    """A Responses API usage, in chat completions' shape for the OpenAI adapter's fields: its
+    cached input and reasoning output are classes of their own (the simulator sends none)."""
+    usage = {
+        "input_tokens": 120,
+        "input_tokens_details": {"cached_tokens": 100},
+        "output_tokens": 30,
+        "output_tokens_details": {"reasoning_tokens": 12},
+        "total_tokens": 150,
+    }
+    chat = responses_usage(usage)
+    assert chat is not None
+    tokens = read_usage(chat, adapter_for("openai").usage_fields)
+    assert tokens == TokenUsage(input=20, cache_read=100, output=30, reasoning=12)
+    assert responses_usage(None) is None

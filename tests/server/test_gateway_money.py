@@ -27,7 +27,9 @@ import pytest
 
 from llmroute import ConfigError
 from llmroute.cli import main
+from llmroute.routing.stats import estimate_prompt_tokens
 from llmroute.server import Gateway, GatewayApp
+from llmroute.server._tenants import usd
 from llmroute.testing import Profile, Simulator
 
 KEYS = {"payer": "gw-money-payer-0123456789", "admin": "gw-money-admin-0123456789"}
@@ -38,6 +40,7 @@ TRIES = 200
 PAUSE = 0.05
 REPLY = 20
 LONG = 1000
+CUT = 5  # tokens cutter streams before its stream breaks
 CHEAP = {"input": 1, "output": 2}  # USD per million tokens
 DEAR = {"input": 3, "output": 6}
 BUDGET = 2_200_000  # nano-dollars: $0.0022
@@ -66,9 +69,13 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
             "base_url": sim.base_url,
             "api_key": "sk-money-upstream",
             "prices": {"*": DEAR if name in ("dear", "late") else CHEAP},
+            "responses": True,
         }
         for name, sim in sims.items()
     }
+    # cutter's streams break after CUT tokens (at dear's price); mender continues them.
+    cutter = {**providers["dear"], "headers": {"x-sim-fault": f"drop:{CUT}"}}
+    providers |= {"cutter": cutter, "mender": {**providers["cheap"], "continuation": {}}}
     return {
         "providers": providers,
         "models": {
@@ -82,6 +89,7 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
                 "policy": "race",
                 "continue_on_break": False,
             },
+            "mended": {"targets": ["cutter:sim-small", "mender:sim-small"], "policy": "failover"},
         },
         "routing": {"explore": 0},
         "redis": {"url": redis, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
@@ -95,7 +103,19 @@ def config_for(sims: dict[str, Simulator], tenants: dict[str, Any], redis: str) 
 
 @pytest.fixture
 def two_replicas(redis_url: str, sims: dict[str, Simulator]) -> Iterator[tuple[Gateway, Gateway]]:
-    budget = {"budget_usd": f"{BUDGET / 10**9:.9f}", "budget_period": PERIOD}
+    yield from replicas(redis_url, sims, BUDGET)
+
+
+@pytest.fixture
+def rich_replicas(redis_url: str, sims: dict[str, Simulator]) -> Iterator[tuple[Gateway, Gateway]]:
+    """Two replicas under a budget of ten times BUDGET (a continued stream's estimate)."""
+    yield from replicas(redis_url, sims, 10 * BUDGET)
+
+
+def replicas(
+    redis_url: str, sims: dict[str, Simulator], nanos: int
+) -> Iterator[tuple[Gateway, Gateway]]:
+    budget = {"budget_usd": f"{nanos / 10**9:.9f}", "budget_period": PERIOD}
     config = config_for(sims, {"payer": budget}, redis_url)
     with ExitStack() as stack:
         first = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
@@ -107,10 +127,10 @@ def root(gateway: Gateway) -> str:
     return gateway.base_url.removesuffix("/v1")
 
 
-def post(gateway: Gateway, body: dict[str, Any]) -> httpx.Response:
+def post(gateway: Gateway, body: dict[str, Any], path: str = "chat/completions") -> httpx.Response:
     with httpx.Client(timeout=DEADLINE) as client:
         return client.post(
-            root(gateway) + "/v1/chat/completions",
+            root(gateway) + f"/v1/{path}",
             json=body,
             headers={"authorization": f"Bearer {KEYS['payer']}"},
         )
@@ -290,6 +310,15 @@ def test_a_racing_route_spends_its_budget_to_the_limit_hedges_counted(
         assert fleet["hedge_nanos"] % (3000 * admitted) == 0  # the same prompt each time
         assert Decimal(fleet["hedge_usd"]) * 10**9 == fleet["hedge_nanos"]
         assert fleet["hedge_share"] == round(fleet["hedge_nanos"] / used, 4)
+        # Each attempt filed under the target that billed it: the answers at cheap, the
+        # cancelled racers at late; together the key's spend, to the nano-dollar.
+        assert fleet["spend_by_target"] == {
+            "cheap:sim-small": usd(priced(fleet)),
+            "late:sim-small": usd(fleet["hedge_nanos"]),
+        }
+    assert sum(spend_metric(replica, "late:sim-small") for replica in two_replicas) == (
+        pytest.approx(fleet["hedge_nanos"] / 10**9)
+    )
     mine = usage(first, "replica")
     assert main(["top", "--once", "--key", KEYS["admin"], root(first)]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -329,8 +358,75 @@ def test_a_raced_stream_its_client_cuts_is_charged_what_was_sent_and_the_racer(
         assert fleet["hedge_nanos"] > 0 and fleet["hedge_nanos"] % 3000 == 0
 
 
-def spend_metric(gateway: Gateway) -> float:
-    """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets."""
+def test_a_continued_stream_is_charged_each_target_its_own_part_once(
+    rich_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A stream broken after CUT tokens and continued on another target is charged what each
+    vendor billed, once: the broken attempt its prompt and the CUT tokens it streamed (at
+    dear's price), the continuation its own prompt (the answer so far included) and the rest
+    of the answer (at cheap's), never the whole answer at the first target's price as well."""
+    first, second = rich_replicas
+    body = {
+        "model": "mended",
+        "messages": MESSAGES,
+        "stream": True,
+        "max_tokens": 100,
+        "stream_options": {"include_usage": True},
+    }
+    answer = post(first, body)
+    assert answer.status_code == 200, answer.text
+    text = "".join(
+        chunk["choices"][0]["delta"].get("content") or ""
+        for line in answer.text.splitlines()
+        if line[6:7] == "{" and (chunk := json.loads(line[6:]))["choices"]
+    )
+    assert len(text.split()) == REPLY  # the whole answer, continued
+    combined = streamed_usage(answer)
+    assert combined["completion_tokens"] == REPLY  # the caller's usage: the whole answer
+    # What each vendor billed: cutter its prompt (llmroute's count: it sent no usage) and the
+    # tokens it streamed; mender its prompt (the answer so far in it) and the rest.
+    cut = 3000 * estimate_prompt_tokens(MESSAGES) + 6000 * CUT
+    mended = 1000 * combined["prompt_tokens"] + 2000 * (REPLY - CUT)
+    wait_for(lambda: spent(second) > 0, "the continued stream charged")
+    for replica in rich_replicas:
+        fleet = usage(replica)
+        assert fleet["limits"]["budget_spent_nanos"] == fleet["spend_nanos"] == cut + mended
+        assert fleet["hedge_nanos"] == mended  # the continuation's part
+        assert fleet["spend_by_target"] == {
+            "cutter:sim-small": usd(cut),
+            "mender:sim-small": usd(mended),
+        }
+
+
+def test_every_api_on_a_route_is_charged_its_vendors_usage(
+    rich_replicas: tuple[Gateway, Gateway],
+) -> None:
+    """A Responses API call, a legacy completion and an embedding on route ``chat`` are each
+    charged the usage their vendor sent, at cheap's price (the target that answered), to the
+    nano-dollar; an embedding, which has no answer, is admitted without a max_tokens."""
+    first, second = rich_replicas
+    text = "Tell me about money, briefly."
+    calls = [
+        ("responses", {"input": text, "max_output_tokens": 50}, "input_tokens", "output_tokens"),
+        ("completions", {"prompt": text, "max_tokens": 50}, "prompt_tokens", "completion_tokens"),
+        ("embeddings", {"input": text}, "prompt_tokens", "completion_tokens"),
+    ]
+    used = 0
+    for i, (path, body, prompt, completion) in enumerate(calls):
+        answer = post((first, second)[i % 2], {"model": "chat", **body}, path)
+        assert answer.status_code == 200, answer.text
+        tokens = answer.json()["usage"]
+        used += 1000 * tokens[prompt] + 2000 * tokens.get(completion, 0)
+        wait_for(lambda want=used: spent(second) == want, f"{path} charged its usage")
+    for replica in rich_replicas:
+        fleet = usage(replica)
+        assert fleet["spend_nanos"] == fleet["limits"]["budget_spent_nanos"] == used
+        assert fleet["spend_by_target"] == {"cheap:sim-small": usd(used)}
+
+
+def spend_metric(gateway: Gateway, target: str = "") -> float:
+    """The replica's ``llmroute_gateway_spend_usd_total`` of key ``payer``, over targets (or
+    at ``target``)."""
     text = httpx.get(
         root(gateway) + "/metrics",
         headers={"authorization": f"Bearer {KEYS['admin']}"},
@@ -339,7 +435,8 @@ def spend_metric(gateway: Gateway) -> float:
     lines = [
         line for line in text.splitlines() if line.startswith("llmroute_gateway_spend_usd_total{")
     ]
-    return sum(float(line.rpartition(" ")[2]) for line in lines if 'key="payer"' in line)
+    mine = [line for line in lines if 'key="payer"' in line and f'target="{target}' in line]
+    return sum(float(line.rpartition(" ")[2]) for line in mine)
 
 
 def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -213,12 +213,12 @@ class RedisLimits:
         tokens: int,
         usage: Sequence[int] | None = None,
         money: int | None = None,
-        target: str = "",
+        by_target: Mapping[str, int] | None = None,
     ) -> tuple[Alert, ...]:
         """One script when a request ends: its tokens (and its ``money``, nano-dollars)
         corrected in each scope, its slot freed, ``usage`` (:data:`USAGE_FIELDS`' increments)
-        added to the key's (its spend under ``target`` too); raises :attr:`errors` when Redis
-        cannot be reached."""
+        added to the key's (its spend under each target of ``by_target`` too); raises
+        :attr:`errors` when Redis cannot be reached."""
         delta = clamp(tokens) - grant.reserved
         change = clamp_money(money) - grant.money if money is not None else 0
         keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
@@ -226,7 +226,9 @@ class RedisLimits:
         if usage is not None:
             counts = [str(clamp(n)) for n in usage[:-2]] + [str(clamp_money(n)) for n in usage[-2:]]
         args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
-        args += ["1" if usage is not None else "0", *counts, change, grant.key, target]
+        args += ["1" if usage is not None else "0", *counts, change, grant.key]
+        spend = [(t, clamp_money(n)) for t, n in (by_target or {}).items() if n > 0]
+        args += [len(spend), *(part for pair in spend for part in pair)]
         now = self._clock()
         for scope, period in grant.counted:
             own = self._scope_keys(scope.id, period)

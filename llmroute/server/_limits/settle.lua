@@ -2,8 +2,8 @@
 --       hash, budget counter (or ''), soft-limit flag, money budget counter (or '').
 -- ARGV: slot token ('': none), bucket, delta, scopes, usage (1: count it), the usage's seven
 --       increments (USAGE_FIELDS), the money's correction (nano-dollars, signed), the key's
---       name, the target its spend is counted under ('': none); then per scope: soft-limit
---       tokens (0: none), budget's ttl.
+--       name, the number of targets its spend is counted under, each target's name and
+--       nano-dollars; then per scope: soft-limit tokens (0: none), budget's ttl.
 -- Corrects an estimate where it is still counted (never below 0), frees the slot and counts the
 -- usage. Returns per scope {soft limit reached (1), spent}. Every argument is checked (whole
 -- numbers of at most 15 digits, the corrections signed) before the first write: an error
@@ -21,11 +21,16 @@ end
 if not string.match(ARGV[2], '^%d+$') or not string.match(ARGV[4], '^%d+$') then
   return redis.error_reply('llmroute limits: the bucket or the scopes are not whole numbers')
 end
-if #ARGV ~= 15 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
-  return redis.error_reply('llmroute limits: arguments do not match the scopes')
+if not string.match(ARGV[15], '^%d+$') or #ARGV[15] > 4 then
+  return redis.error_reply('llmroute limits: the number of targets is not a small count')
+end
+local targets = tonumber(ARGV[15])
+local first = 16 + 2 * targets  -- the first scope's arguments
+if #ARGV ~= first - 1 + 2 * tonumber(ARGV[4]) or #KEYS ~= 3 + 4 * tonumber(ARGV[4]) then
+  return redis.error_reply('llmroute limits: arguments do not match the scopes and targets')
 end
 for i = 16, #ARGV do
-  if not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16 then
+  if (i >= first or i % 2 == 1) and (not string.match(ARGV[i], '^%d+$') or #ARGV[i] > 16) then
     return redis.error_reply('llmroute limits: argument ' .. i .. ' is not a whole number')
   end
 end
@@ -36,15 +41,17 @@ if ARGV[5] == '1' then
   for i = 1, 7 do
     if ARGV[5 + i] ~= '0' then redis.call('HINCRBY', KEYS[2], names[i], ARGV[5 + i]) end
   end
-  if ARGV[15] ~= '' and ARGV[11] ~= '0' then
-    redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[15], ARGV[11])
+  for i = 16, first - 1, 2 do
+    if ARGV[i + 1] ~= '0' then
+      redis.call('HINCRBY', KEYS[2], 'spend_nanos@' .. ARGV[i], ARGV[i + 1])
+    end
   end
   redis.call('SADD', KEYS[3], ARGV[14])
 end
 local delta, change = tonumber(ARGV[3]), tonumber(ARGV[13])
 local out = {}
 for i = 0, tonumber(ARGV[4]) - 1 do
-  local k, a = 4 + 4 * i, 16 + 2 * i
+  local k, a = 4 + 4 * i, first + 2 * i
   local reached, spent = 0, -1
   if delta ~= 0 then
     if redis.call('HEXISTS', KEYS[k], ARGV[2]) == 1 then
