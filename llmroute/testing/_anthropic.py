@@ -47,6 +47,7 @@ from ._wire import (
     Receive,
     Scope,
     Send,
+    open_event_stream,
     over_window,
     pace,
     pause,
@@ -217,12 +218,7 @@ class AnthropicSimApp:
         send: Send,
         rid: str,
     ) -> None:
-        start = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": start})
+        await open_event_stream(send, rid, b"request-id")
         self._count("streams_started")
 
         async def emit(data: bytes) -> None:

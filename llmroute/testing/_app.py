@@ -31,6 +31,7 @@ from ._wire import (
     Scope,
     Send,
     error_body,
+    open_event_stream,
     over_window,
     pace,
     pause,
@@ -548,12 +549,7 @@ class SimApp:
 
     async def _start_stream(self, send: Send, rid: str) -> None:
         """Open a 200 event stream (the response's head) and count it as started."""
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await open_event_stream(send, rid, b"x-request-id")
         self._stats["streams_started"] += 1
 
     def _random_fault(self) -> Fault:

@@ -26,6 +26,7 @@ __all__ = [
     "Scope",
     "Send",
     "error_body",
+    "open_event_stream",
     "pace",
     "pause",
     "read_body",
@@ -231,6 +232,16 @@ async def wait_whole(
     if fault.kind == "hang":
         delay = profile.hang_max
     return await pause(delay, gone) or fault.kind == "hang"
+
+
+async def open_event_stream(send: Send, rid: str, id_header: bytes) -> None:
+    """Start a 200 answer that is an event stream (its head: the body follows in pieces)."""
+    headers = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (id_header, rid.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
 
 
 async def send_whole(send: Send, body: bytes, rid: str, fault: Fault, id_header: bytes) -> None:
