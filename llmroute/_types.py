@@ -56,6 +56,9 @@ class AttemptReport:
     """Seconds after the request began."""
     reason: str
     """Why it started: "first", "race", "hedge", "failover", "retry", "explore", "continuation"."""
+    failed_open: bool = False
+    """It went to its target although the target's circuit was open: none of the request's
+    targets could be asked otherwise (docs/routing.md, "When every circuit is open")."""
     outcome: str = "pending"
     """"won", "cancelled" (a losing hedge or race), "error", "timeout", "rate_limited",
     "interrupted" (broke after tokens), or "pending"."""
