@@ -56,9 +56,6 @@ class AttemptReport:
     """Seconds after the request began."""
     reason: str
     """Why it started: "first", "race", "hedge", "failover", "retry", "explore", "continuation"."""
-    failed_open: bool = False
-    """It went to its target although the target's circuit was open: none of the request's
-    targets could be asked otherwise (docs/routing.md, "When every circuit is open")."""
     outcome: str = "pending"
     """"won", "cancelled" (a losing hedge or race), "error", "timeout", "rate_limited",
     "interrupted" (broke after tokens), or "pending"."""
@@ -94,6 +91,9 @@ class AttemptReport:
     where the vendor reported none (``cost.estimated`` says so); ``amount`` is ``None`` with
     the reason when the price is unknown. Set once the route's cost is read
     (``RouteReport.cost``), or when the attempt lost."""
+    failed_open: bool = False
+    """It went to its target although the target's circuit was open: none of the request's
+    targets could be asked otherwise (docs/routing.md, "When every circuit is open")."""
 
 
 @dataclass(frozen=True, slots=True)
