@@ -145,3 +145,29 @@ async def test_a_target_cooling_down_after_a_429_is_not_asked_through_its_circui
         with pytest.raises(AllTargetsFailed, match=r"cooling down for 30\.0 s"):
             await ask(c)
         assert sim.stats()["chat_requests"] == sent
+
+
+@pytest.mark.parametrize("kind", ["completions", "embeddings"])
+async def test_a_legacy_call_whose_every_circuit_is_open_asks_its_target(
+    sim: Simulator, kind: str
+) -> None:
+    """Completions and embeddings fail over by the same rules (routing/failover.py): with the
+    only target's circuit open, the call goes to it once and is answered."""
+
+    async def call(c: AsyncOpenAI, headers: dict[str, str]) -> Any:
+        if kind == "completions":
+            return await c.completions.create(
+                model="chat", prompt="Say hi", max_tokens=4, extra_headers=headers
+            )
+        return await c.embeddings.create(model="chat", input="hello", extra_headers=headers)
+
+    async with client(sim, [A], breaker_failures=1) as c:
+        router = c._router
+        assert router is not None
+        router._clock = FakeClock()  # no background trial comes due while the test runs
+        with pytest.raises(AllTargetsFailed):
+            await call(c, fault("500"))
+        assert router.health(A).breaker.state == "open"
+        done = await call(c, {})
+        assert router.health(A).breaker.state == "closed"
+    assert [(a.target, a.outcome, a.failed_open) for a in done.route.attempts] == [(A, "won", True)]
