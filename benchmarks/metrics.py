@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 import timeit
+from collections.abc import Callable
 
 import httpx
 
@@ -26,6 +27,22 @@ from llmroute.routing.policies import FastestPolicy
 from llmroute.routing.route import Route, RouteTarget
 
 ROUNDS, NUMBER = 7, 2000
+
+
+def decoding() -> Callable[[], None]:
+    """The yardstick: a call that decodes a 20-token answer's 22 SSE events."""
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+    events = [
+        json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
+        for i in range(20)
+    ]
+    body = "".join(f"data: {e}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+    request = httpx.Request("POST", "https://x/v1/chat/completions")
+
+    def decode() -> None:
+        ChatStreamDecoder(request=request, target="a:m").feed(body)
+
+    return decode
 
 
 def main() -> None:
@@ -45,16 +62,7 @@ def main() -> None:
         metrics.begin("chat", {"max_tokens": 5}, stream=True)
         metrics.observe(RequestRecord("chat", "ok", True, report, timings))
 
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-    events = [
-        json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
-        for i in range(20)
-    ]
-    body = "".join(f"data: {e}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
-    request = httpx.Request("POST", "https://x/v1/chat/completions")
-
-    def decode() -> None:
-        ChatStreamDecoder(request=request, target="a:m").feed(body)
+    decode = decoding()
 
     costs: dict[str, list[float]] = {"metrics": [], "decode": []}
     for _ in range(ROUNDS):

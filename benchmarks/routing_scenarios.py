@@ -303,6 +303,21 @@ async def read_stream(create: Callable[[], Awaitable[Any]], sample: Sample, bega
         sample.error = type(exc).__name__
 
 
+async def run_phases(scenario: Scenario, sims: Sims, began: float) -> dict[str, int]:
+    """Change the sims' profiles as the scenario's phases say, each on time from ``began``; the
+    sims' request counts at the first change."""
+    at_change: dict[str, int] = {}
+    t = began
+    for index, (seconds, changes) in enumerate(scenario.phases):
+        for name, fields in changes.items():
+            await asyncio.to_thread(sims.procs[name].change_profile, **fields)
+        if index == 1:
+            at_change = await asyncio.to_thread(sims.requests, "change")
+        t += seconds
+        await asyncio.sleep(max(0.0, t - time.perf_counter()))
+    return at_change
+
+
 async def drive(
     scenario: Scenario,
     sims: Sims,
@@ -315,7 +330,6 @@ async def drive(
     began = time.perf_counter()
     end = began + scenario.duration
     counter = 0
-    at_change: dict[str, int] = {}
 
     async def worker() -> None:
         nonlocal counter
@@ -326,22 +340,11 @@ async def drive(
             samples.append(sample)
             await once(counter, sample)
 
-    async def phases() -> None:
-        nonlocal at_change
-        t = began
-        for index, (seconds, changes) in enumerate(scenario.phases):
-            for name, fields in changes.items():
-                await asyncio.to_thread(sims.procs[name].change_profile, **fields)
-            if index == 1:
-                at_change = await asyncio.to_thread(sims.requests, "change")
-            t += seconds
-            await asyncio.sleep(max(0.0, t - time.perf_counter()))
-
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(phases())
+        changed = tg.create_task(run_phases(scenario, sims, began))
         for _ in range(concurrency):
             tg.create_task(worker())
-    return samples, at_change, await asyncio.to_thread(sims.requests, "end")
+    return samples, changed.result(), await asyncio.to_thread(sims.requests, "end")
 
 
 def llmroute_config(sims: Sims, **route: Any) -> dict[str, Any]:
@@ -594,21 +597,9 @@ async def run_litellm(scenario: Scenario, concurrency: int, python: str) -> dict
             env={**os.environ, "SSL_CERT_FILE": str(ca)},
         )
         began = time.perf_counter()
-
-        async def phases() -> dict[str, int]:
-            at_change: dict[str, int] = {}
-            t = began
-            for index, (seconds, changes) in enumerate(scenario.phases):
-                for name, fields in changes.items():
-                    await asyncio.to_thread(sims.procs[name].change_profile, **fields)
-                if index == 1:
-                    at_change = await asyncio.to_thread(sims.requests, "change")
-                t += seconds
-                await asyncio.sleep(max(0.0, t - time.perf_counter()))
-            return at_change
-
         at_change, (out, err) = await asyncio.gather(
-            phases(), asyncio.wait_for(child.communicate(), scenario.duration + 120)
+            run_phases(scenario, sims, began),
+            asyncio.wait_for(child.communicate(), scenario.duration + 120),
         )
         at_end = await asyncio.to_thread(sims.requests, "end")
     if child.returncode != 0:

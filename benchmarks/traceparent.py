@@ -20,13 +20,12 @@ Timed in one process, interleaved, for a routed request with one attempt:
 
 from __future__ import annotations
 
-import json
 import statistics
 import timeit
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
+from metrics import decoding  # benchmarks/metrics.py, beside this script
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
@@ -34,7 +33,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from llmroute._types import AttemptReport, RouteReport, Timings
 from llmroute.metrics import ClientMetrics
 from llmroute.metrics._traceparent import RequestTrace
-from llmroute.protocols.openai import ChatStreamDecoder
 from llmroute.routing.engine import _sending  # pyright: ignore[reportPrivateUsage]
 
 ROUNDS, NUMBER = 7, 2000
@@ -95,16 +93,7 @@ def main() -> None:
         telemetry.returned(None)
         telemetry.stream_ended(ended, None, True)
 
-    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m"}
-    events = [
-        json.dumps({**chunk, "choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
-        for i in range(20)
-    ]
-    body = "".join(f"data: {e}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
-    request = httpx.Request("POST", "https://x/v1/chat/completions")
-
-    def decode() -> None:
-        ChatStreamDecoder(request=request, target="a:m").feed(body)
+    decode = decoding()
 
     cases: dict[str, Any] = {
         "no-otel": lambda: carried(HEADERS),

@@ -34,37 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import _machine  # benchmarks/_machine.py, beside this script
+from routing import target_profiles  # benchmarks/routing.py's steady weather
 
 import llmroute
-from llmroute.testing import Profile, SimulatorProcess
+from llmroute.testing import SimulatorProcess
 
 MODES = ("cold", "probe", "file")
 ROUTE, MODEL = "chat", "sim-small"
-SEEDS = {"a": 1, "b": 2, "c": 3}
-COMMON: dict[str, Any] = {"reply_tokens": 16, "inter_token": 0.005}
-
-
-def profiles(sigma: float) -> dict[str, Profile]:
-    """``benchmarks/routing.py``'s steady weather."""
-    return {
-        "a": Profile(
-            ttft_median=0.25,
-            ttft_sigma=sigma,
-            stall_prob=0.1,
-            stall_range=(1.5, 3.0),
-            seed=SEEDS["a"],
-            **COMMON,
-        ),
-        "b": Profile(
-            ttft_median=0.40,
-            ttft_sigma=sigma,
-            stall_prob=0.01,
-            stall_range=(1.0, 1.0),
-            seed=SEEDS["b"],
-            **COMMON,
-        ),
-        "c": Profile(ttft_median=0.70, seed=SEEDS["c"], **COMMON),
-    }
 
 
 def config(sims: dict[str, SimulatorProcess], policy: str, stats_file: Path | None) -> Any:
@@ -172,7 +148,8 @@ class _simulators:
 
     def __init__(self, sigma: float) -> None:
         self.procs = {
-            name: SimulatorProcess(profile=p, tls=True) for name, p in profiles(sigma).items()
+            name: SimulatorProcess(profile=p, tls=True)
+            for name, p in target_profiles(sigma).items()
         }
 
     def __enter__(self) -> dict[str, SimulatorProcess]:

@@ -55,12 +55,16 @@ class AttemptReport:
     started: float
     """Seconds after the request began."""
     reason: str
-    """Why it started: "first", "race", "hedge", "failover", "retry", "explore", "continuation"."""
+    """Why it started: "first", "race", "hedge", "failover", "retry", "explore", "probe" (a
+    target without enough samples, started beside the first choice to measure it: one request
+    more, no wait for the caller), "continuation"."""
     outcome: str = "pending"
-    """"won", "cancelled" (a losing hedge or race), "error", "timeout", "rate_limited",
-    "interrupted" (broke after tokens), or "pending"."""
+    """"won", "cancelled" (a losing hedge, race or probe), "error", "timeout", "rate_limited",
+    "interrupted" (broke after tokens), or "pending" (a probe that lost runs on to its first
+    token after the request has its answer)."""
     ttft: float | None = None
-    """Seconds from this attempt's start to its first token."""
+    """Seconds from this attempt's start to its first token (the winner's, or a probe's that
+    ran on to it)."""
     error: str | None = None
     """The cause of a failure, one line."""
     request_id: str | None = None

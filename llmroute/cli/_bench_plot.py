@@ -156,6 +156,18 @@ def _request_marks(samples: Sequence[dict[str, Any]]) -> dict[str, list[dict[str
     return marks
 
 
+_START_MARKERS = {
+    "first": "|",
+    "race": "|",
+    "explore": "1",
+    "hedge": ">",
+    "failover": "s",
+    "retry": "s",
+    "continuation": "D",
+}
+"""Where an attempt started, by its reason (the routed figure's bottom panel)."""
+
+
 def _caller_ms(sample: dict[str, Any]) -> float | None:
     """Where a request sits on the TTFT axis: its first token, or when it failed."""
     value = sample.get("ttft") if not sample.get("error") else sample.get("total")
@@ -166,7 +178,6 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
     """A routed run over time: each request's TTFT coloured by the target that served it, with
     hedges, failovers, continuations, cache hits and failures marked (top), and every attempt
     on its target's row (bottom)."""
-    from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
     samples: list[dict[str, Any]] = sorted(data["samples"], key=lambda s: s["started"])
@@ -179,8 +190,24 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
     top, bottom = figure.subplots(
         2, 1, sharex=True, gridspec_kw={"height_ratios": [3, max(1.2, 0.45 * len(targets))]}
     )
+    _caller_panel(top, samples, targets, colours, scale)
+    _attempts_panel(bottom, samples, targets, colours)
+    marks = _request_marks(samples)
+    figure.suptitle(
+        f"llmroute bench --routed {route_name}: {len(samples)} requests, "
+        f"{len(marks['hedged'])} hedged, {len(marks['failed over'])} failed over, "
+        f"{len(marks['continued'])} continued, {len(marks['cache hit'])} cache hits, "
+        f"{len(marks['failed'])} failed"
+    )
+    figure.tight_layout()
+    return figure
 
-    # Top: what the caller got, one point per request, coloured by the target that served it.
+
+def _caller_panel(
+    top: Any, samples: list[dict[str, Any]], targets: list[str], colours: dict[str, Any], scale: str
+) -> None:
+    """What the caller got, one point per request, coloured by the target that served it, with
+    hedges, failovers, continuations, cache hits and failures marked."""
     served: dict[str, list[dict[str, Any]]] = {}
     for sample in samples:
         winner = (sample.get("route") or {}).get("winner")
@@ -224,8 +251,15 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
     top.grid(True, which="major", alpha=0.3)
     _side_legend(top)
 
-    # Bottom: every attempt on its target's row, from its start to its first token (a loser:
-    # until the caller's first token, when it was cancelled); a marker where it started.
+
+def _attempts_panel(
+    bottom: Any, samples: list[dict[str, Any]], targets: list[str], colours: dict[str, Any]
+) -> None:
+    """Every attempt on its target's row, from its start to its first token (a loser: until the
+    caller's first token, when it was cancelled); a marker where it started. A target outside
+    ``targets`` gets a row (and a colour) of its own."""
+    from matplotlib.collections import LineCollection
+
     rows = {target: index for index, target in enumerate(targets)}
     segments: dict[str, list[list[tuple[float, float]]]] = {"won": [], "lost": []}
     segment_colours: dict[str, list[Any]] = {"won": [], "lost": []}
@@ -260,21 +294,12 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
                     segments[kind], colors=segment_colours[kind], linewidths=width, alpha=alpha
                 )
             )
-    markers = {
-        "first": "|",
-        "race": "|",
-        "explore": "1",
-        "hedge": ">",
-        "failover": "s",
-        "retry": "s",
-        "continuation": "D",
-    }
     for reason, points in starts.items():
         bottom.scatter(
             [x for x, _, _ in points],
             [y for _, y, _ in points],
             s=28,
-            marker=markers.get(reason, "."),
+            marker=_START_MARKERS.get(reason, "."),
             color=[c for _, _, c in points],
             label=f"{reason} attempt ({len(points)})",
             zorder=3,
@@ -299,16 +324,6 @@ def routed_figure(data: dict[str, Any], scale: str = "auto") -> Figure:
     bottom.grid(True, axis="x", alpha=0.3)
     _side_legend(bottom)
     bottom.autoscale_view(scalex=True, scaley=False)
-
-    marks = _request_marks(samples)
-    figure.suptitle(
-        f"llmroute bench --routed {route_name}: {len(samples)} requests, "
-        f"{len(marks['hedged'])} hedged, {len(marks['failed over'])} failed over, "
-        f"{len(marks['continued'])} continued, {len(marks['cache hit'])} cache hits, "
-        f"{len(marks['failed'])} failed"
-    )
-    figure.tight_layout()
-    return figure
 
 
 def save(figure: Figure, path: Path | str) -> None:

@@ -135,9 +135,7 @@ async def _probe(
     try:
         with anyio.fail_after(args.timeout):
             stream = await _open_stream(client, endpoint, messages, args)
-            async with stream:
-                async for _ in stream:
-                    pass
+            await _drain(stream)
         assert isinstance(stream, AsyncStream)  # llmroute's: it carries its timings
         timings = stream.timings
         sample.ttft = timings.first_token
@@ -158,6 +156,13 @@ async def _probe(
         sample.error = _error_line(exc, endpoint)
 
 
+async def _drain(stream: Any) -> None:
+    """Read ``stream`` to its end (its timings and route report are complete then), and close it."""
+    async with stream:
+        async for _ in stream:
+            pass
+
+
 async def _routed_probe(
     client: AsyncOpenAI, endpoint: _Endpoint, sample: Probe, messages: Any, args: Any
 ) -> None:
@@ -169,9 +174,7 @@ async def _routed_probe(
     try:
         with anyio.fail_after(args.timeout):
             stream = await _open_stream(client, endpoint, messages, args)
-            async with stream:
-                async for _ in stream:
-                    pass
+            await _drain(stream)
         report = stream.route
         timings = stream.timings
         sample.tokens = timings.tokens

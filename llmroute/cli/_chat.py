@@ -14,7 +14,9 @@ from ._format import MissingExtra, add_tls_options, ms, require, tls_verify
 from ._parser import examples
 
 if TYPE_CHECKING:
+    from .. import AsyncOpenAI
     from .._types import RouteReport, TierDecision, Timings
+    from ..config import Config
     from ..pricing import Cost
 
 __all__ = ["register", "route_lines", "tier_line"]
@@ -130,23 +132,13 @@ def _with_simulator(args: argparse.Namespace, prompt: str) -> int:
 async def _chat(
     args: argparse.Namespace, prompt: str, simulated: dict[str, Any] | None = None
 ) -> int:
-    from .. import AsyncOpenAI, OpenAIError, StreamInterrupted, UnknownModelError
-    from ..config import ConfigError, load_config
+    from .. import OpenAIError, StreamInterrupted, UnknownModelError
+    from ..config import ConfigError
 
     out: TextIO | _Collector = sys.stdout
     err = sys.stderr
     try:
-        if simulated is not None:
-            config = None
-            client = AsyncOpenAI(**simulated)  # the demo's route over its three simulators
-        else:
-            config = load_config(args.config)
-            verify = getattr(args, "verify", True)
-            client = (
-                AsyncOpenAI(config=config, verify=verify)
-                if config is not None
-                else AsyncOpenAI(verify=verify)
-            )
+        client, config = _client(args, simulated)
     except ConfigError as exc:
         err.write(f"llmroute chat: {exc}\n")
         return 2
@@ -155,21 +147,8 @@ async def _chat(
         return 2
     model = args.model
     if model is None:
-        if simulated is not None:
-            model = SIMULATOR_MODEL
-        elif config is None:
-            model = PLAIN_MODEL
-        else:
-            model = next(iter(config.models)) if len(config.models) == 1 else "chat"
-    messages: list[dict[str, str]] = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
-    messages.append({"role": "user", "content": prompt})
-    extra: dict[str, Any] = {}
-    if args.max_tokens is not None:
-        extra["max_tokens"] = args.max_tokens
-    if args.temperature is not None:
-        extra["temperature"] = args.temperature
+        model = _default_model(config, simulated is not None)
+    messages, extra = _request(args, prompt)
     route: RouteReport | None = None
     timings: Timings | None = None
     status = 0
@@ -223,6 +202,47 @@ async def _chat(
         for line in route_lines(route, timings, model):
             err.write(line + "\n")
     return status
+
+
+def _client(
+    args: argparse.Namespace, simulated: dict[str, Any] | None
+) -> tuple[AsyncOpenAI, Config | None]:
+    """The client, over the demo's simulators, the config's routes or plain openai's, and the
+    config; ConfigError for a bad config, OpenAIError with no key for the plain client."""
+    from .. import AsyncOpenAI
+    from ..config import load_config
+
+    if simulated is not None:
+        return AsyncOpenAI(**simulated), None  # the demo's route over its three simulators
+    config = load_config(args.config)
+    verify = getattr(args, "verify", True)
+    if config is not None:
+        return AsyncOpenAI(config=config, verify=verify), config
+    return AsyncOpenAI(verify=verify), None
+
+
+def _default_model(config: Config | None, simulated: bool) -> str:
+    """The model name asked for without ``--model``: the simulator's, the plain client's, the
+    config's only route, else ``chat``."""
+    if simulated:
+        return SIMULATOR_MODEL
+    if config is None:
+        return PLAIN_MODEL
+    return next(iter(config.models)) if len(config.models) == 1 else "chat"
+
+
+def _request(args: argparse.Namespace, prompt: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """The request's messages (the ``--system`` prompt, then ``prompt``) and its options."""
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    messages.append({"role": "user", "content": prompt})
+    extra: dict[str, Any] = {}
+    if args.max_tokens is not None:
+        extra["max_tokens"] = args.max_tokens
+    if args.temperature is not None:
+        extra["temperature"] = args.temperature
+    return messages, extra
 
 
 class _Collector:

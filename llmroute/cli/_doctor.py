@@ -116,11 +116,8 @@ async def _report(
     1 when a target failed."""
     import statistics
 
-    from .. import AsyncOpenAI, OpenAIError
-    from ..routing.causes import classify
     from ..routing.stats import LiveStats
     from ..sglang import MetricsPoller, diagnose_ttft, suggest_preset
-    from ._bench_probe import _scrub
 
     if not endpoints:
         sys.stderr.write(f"llmroute doctor: {config.source}: no routes, so no targets to probe\n")
@@ -137,40 +134,7 @@ async def _report(
             keys = {target.name: provider.api_key} if provider.api_key else None
             poller = MetricsPoller({target.name: str(provider.base_url)}, LiveStats(), keys=keys)
             await poller.poll_once()
-        ttfts: list[float] = []
-        itls: list[float] = []
-        error = None
-        async with AsyncOpenAI(**endpoint.client_args) as client:
-            for index in range(probes):
-                try:
-                    with anyio.fail_after(timeout):
-                        stream = await client.chat.completions.create(
-                            model=endpoint.model,
-                            messages=[{"role": "user", "content": f"Say hello ({index})."}],
-                            max_tokens=8,
-                            stream=True,
-                        )
-                        async with stream:
-                            async for _ in stream:
-                                pass
-                    assert isinstance(stream, AsyncStream)  # llmroute's: it has timings
-                    timings = stream.timings
-                    if timings.first_token is not None:
-                        ttfts.append(timings.first_token)
-                        if timings.total is not None and timings.tokens > 1:
-                            decode = timings.total - timings.first_token
-                            itls.append(decode / (timings.tokens - 1))
-                except TimeoutError:
-                    error = f"Timeout: no complete answer within {timeout:g} s"
-                    break
-                except OpenAIError as exc:
-                    message = _scrub(error_text(exc), endpoint.secrets)
-                    error = f"{type(exc).__name__}: {message[:300]}"
-                    if classify(exc) == "misconfigured":  # a wrong key, model or permission
-                        error = f"misconfigured (check its key and model name): {error}"
-                    break
-        if error is None and not ttfts:
-            error = "NoToken: the streams ended without a token"
+        ttfts, itls, error = await _probe_target(endpoint, probes, timeout)
         server = None
         if poller is not None:
             fresh = await poller.poll_once()
@@ -213,6 +177,50 @@ async def _report(
         )
         return 1
     return 0
+
+
+async def _probe_target(
+    endpoint: _Endpoint, probes: int, timeout: float
+) -> tuple[list[float], list[float], str | None]:
+    """``probes`` short streams from one target, one after another: the TTFT of each and its
+    mean time between tokens, and the error that ended the probes (None: none did)."""
+    from .. import AsyncOpenAI, OpenAIError
+    from ..routing.causes import classify
+    from ._bench_probe import _drain, _scrub
+
+    ttfts: list[float] = []
+    itls: list[float] = []
+    error = None
+    async with AsyncOpenAI(**endpoint.client_args) as client:
+        for index in range(probes):
+            try:
+                with anyio.fail_after(timeout):
+                    stream = await client.chat.completions.create(
+                        model=endpoint.model,
+                        messages=[{"role": "user", "content": f"Say hello ({index})."}],
+                        max_tokens=8,
+                        stream=True,
+                    )
+                    await _drain(stream)
+                assert isinstance(stream, AsyncStream)  # llmroute's: it has timings
+                timings = stream.timings
+                if timings.first_token is not None:
+                    ttfts.append(timings.first_token)
+                    if timings.total is not None and timings.tokens > 1:
+                        decode = timings.total - timings.first_token
+                        itls.append(decode / (timings.tokens - 1))
+            except TimeoutError:
+                error = f"Timeout: no complete answer within {timeout:g} s"
+                break
+            except OpenAIError as exc:
+                message = _scrub(error_text(exc), endpoint.secrets)
+                error = f"{type(exc).__name__}: {message[:300]}"
+                if classify(exc) == "misconfigured":  # a wrong key, model or permission
+                    error = f"misconfigured (check its key and model name): {error}"
+                break
+    if error is None and not ttfts:
+        error = "NoToken: the streams ended without a token"
+    return ttfts, itls, error
 
 
 def checked_line(name: str, spec: ProviderSpec, today: datetime.date) -> str:

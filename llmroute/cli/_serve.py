@@ -7,9 +7,12 @@ import errno
 import logging
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._parser import examples, port
+
+if TYPE_CHECKING:
+    from ..server import GatewayApp
 
 __all__ = ["register"]
 
@@ -237,22 +240,10 @@ async def _serve(
     import ssl
 
     from ..config import ConfigError, GatewaySettings
-    from ..server import GatewayApp, base_url, listen, serve
+    from ..server import base_url, listen, serve
 
-    key = None
     try:
-        if simulated is None:
-            app = GatewayApp(args.config)  # in the loop that serves it
-        else:  # the demo's route over its simulators, and a key for this run only
-            import os
-            import secrets
-
-            from ._demo import simulated_setup
-
-            setup = simulated_setup(simulated)
-            key = "gw-" + secrets.token_urlsafe(24)
-            environ = {**os.environ, "LLMROUTE_GATEWAY_KEY": key}
-            app = GatewayApp(setup.config, environ=environ, verify=setup.verify)
+        app, key = _gateway_app(args, simulated)
     except ConfigError as exc:
         sys.stderr.write(f"llmroute serve: {exc}\n")
         return 2
@@ -286,14 +277,8 @@ async def _serve(
         loop.add_signal_handler(sig, stop)
     loop.add_signal_handler(signal.SIGHUP, app.reload)  # the keys, read again
     url = base_url(sock, tls=certfile is not None)
-    protocols = "HTTP/2 and HTTP/1.1 over TLS" if certfile else "HTTP/1.1 and h2c"
-    workers = f"; {args.workers} workers" if args.workers > 1 else ""
     if not quiet:
-        sys.stdout.write(
-            f"llmroute gateway listening on {url} ({protocols}); "
-            f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}"
-            f"{workers}\n"
-        )
+        sys.stdout.write(_banner(app, url, certfile is not None, args.workers))
         if key is not None:
             sys.stdout.write(_try_it(url, key, simulated or {}))
         sys.stdout.flush()
@@ -311,6 +296,37 @@ async def _serve(
         sys.stdout.write("llmroute gateway stopped\n")
         sys.stdout.flush()
     return 0
+
+
+def _gateway_app(
+    args: argparse.Namespace, simulated: dict[str, Any] | None
+) -> tuple[GatewayApp, str | None]:
+    """The gateway of ``args.config`` (built in the loop that serves it), or with ``simulated``
+    the demo's route over its simulators and the key made for this run (ConfigError)."""
+    from ..server import GatewayApp
+
+    if simulated is None:
+        return GatewayApp(args.config), None
+    import os
+    import secrets
+
+    from ._demo import simulated_setup
+
+    setup = simulated_setup(simulated)
+    key = "gw-" + secrets.token_urlsafe(24)
+    environ = {**os.environ, "LLMROUTE_GATEWAY_KEY": key}
+    return GatewayApp(setup.config, environ=environ, verify=setup.verify), key
+
+
+def _banner(app: GatewayApp, url: str, tls: bool, workers: int) -> str:
+    """The line saying where the gateway listens, how, and what it serves to whom."""
+    protocols = "HTTP/2 and HTTP/1.1 over TLS" if tls else "HTTP/1.1 and h2c"
+    more = f"; {workers} workers" if workers > 1 else ""
+    return (
+        f"llmroute gateway listening on {url} ({protocols}); "
+        f"routes: {', '.join(app.routes) or 'none'}; keys: {', '.join(app.keys.names)}"
+        f"{more}\n"
+    )
 
 
 def _try_it(url: str, key: str, simulated: dict[str, Any]) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 if TYPE_CHECKING:
-    from ..sglang import Preset
+    from ..sglang import Preset, SGLangServer
 
 from ._parser import examples
 
@@ -148,39 +148,15 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     ready in time, its port taken, another server on it), 2 for a mistake found before any
     server started (bad arguments, SGLang or smg not installed, a preset the version lacks, a GPU
     the host lacks)."""
-    import os
-    import signal
-
     from ..sglang import (
         SGLangConfigError,
         SGLangError,
         SGLangGatewayNotInstalled,
         SGLangNotInstalled,
-        SGLangServer,
-        StartupProgress,
     )
 
     try:
-        server = SGLangServer(
-            args.model_path,
-            presets=_presets(args),
-            served_model_name=args.served_model_name,
-            port=args.port,
-            host=args.host,
-            api_key=args.api_key or os.environ.get(args.api_key_env) or None,
-            python=args.python,
-            image=args.image,
-            hf_cache=False if args.no_hf_cache else args.hf_cache,
-            gpus=_gpu_list(args.gpus),
-            tp=args.tp,
-            extra_args=extra,
-            log_dir=args.log_dir,
-            startup_timeout=args.startup_timeout,
-            grace=args.grace,
-            gateway=args.gateway,
-            gateway_port=args.gateway_port,
-            gateway_policy=args.gateway_policy,
-        )
+        server = _new_server(args, extra)
         gpu = None if _standin_in_use() else _no_gpu(args)
         if gpu is not None and not args.dry_run:
             _say(f"{gpu}: launch on a host that has one (--dry-run shows the commands anywhere)")
@@ -199,6 +175,51 @@ async def _sglang_launch(args: argparse.Namespace, extra: list[str]) -> int:
     except SGLangError as exc:
         _say(str(exc))
         return 1
+    return await _until_stopped(server, args)
+
+
+def _new_server(args: argparse.Namespace, extra: list[str]) -> SGLangServer:
+    """The servers the arguments describe, not started yet (ValueError, TypeError or an
+    SGLangError for an argument that cannot be)."""
+    import os
+
+    from ..sglang import SGLangServer
+
+    return SGLangServer(
+        args.model_path,
+        presets=_presets(args),
+        served_model_name=args.served_model_name,
+        port=args.port,
+        host=args.host,
+        api_key=args.api_key or os.environ.get(args.api_key_env) or None,
+        python=args.python,
+        image=args.image,
+        hf_cache=False if args.no_hf_cache else args.hf_cache,
+        gpus=_gpu_list(args.gpus),
+        tp=args.tp,
+        extra_args=extra,
+        log_dir=args.log_dir,
+        startup_timeout=args.startup_timeout,
+        grace=args.grace,
+        gateway=args.gateway,
+        gateway_port=args.gateway_port,
+        gateway_policy=args.gateway_policy,
+    )
+
+
+async def _until_stopped(server: SGLangServer, args: argparse.Namespace) -> int:
+    """Start the servers, print their config once they are ready, and keep them until a signal
+    or a server's exit (1) stops them all."""
+    import os
+    import signal
+
+    from ..sglang import (
+        SGLangConfigError,
+        SGLangError,
+        SGLangGatewayNotInstalled,
+        SGLangNotInstalled,
+        StartupProgress,
+    )
 
     def report(progress: StartupProgress) -> None:
         if not reported:

@@ -240,7 +240,6 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from ._bench_plot import save
 
@@ -251,6 +250,20 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
         figsize=(15, 4.5 + 0.1 * max(len(labels) - 4, 0)),
         gridspec_kw={"width_ratios": [1.4, 1, 1]},
     )
+    _baseline_bars(bars, f)
+    _confusion(matrix, f)
+    _reliability(reliability, result, f)
+    figure.suptitle(f"llmroute tiers eval: {f['examples']} labelled requests, {f['method']}")
+    figure.tight_layout()
+    save(figure, path)
+    plt.close(figure)
+
+
+def _baseline_bars(bars: Any, f: dict[str, Any]) -> None:
+    """Accuracy and each class's recall, the classifier's beside each baseline's."""
+    import numpy as np
+
+    labels: list[str] = f["labels"]
     rows = [("classifier", f["accuracy"], f["recall"])] + [
         (name, values["accuracy"], values["recall"]) for name, values in f["baselines"].items()
     ]
@@ -274,6 +287,12 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
     bars.legend(fontsize="small", loc="upper center", ncol=len(rows))
     bars.grid(True, axis="y", alpha=0.3)
 
+
+def _confusion(matrix: Any, f: dict[str, Any]) -> None:
+    """The confusion matrix: counts, each row shaded by its share of its true class."""
+    import numpy as np
+
+    labels: list[str] = f["labels"]
     counts = np.asarray(f["confusion"], dtype=float)
     shares = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
     matrix.imshow(shares, vmin=0, vmax=1, cmap="Blues")
@@ -295,6 +314,11 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
     matrix.set_ylabel("true class")
     matrix.set_title("confusion (counts; shade: share of the row)")
 
+
+def _reliability(reliability: Any, result: Any, f: dict[str, Any]) -> None:
+    """Reliability: the decided probability, in bins of 0.1, against the accuracy there."""
+    import numpy as np
+
     probability = np.asarray(result.probability, dtype=float)
     right = np.asarray(result.predicted) == np.asarray(result.truth)
     decided = np.asarray(result.predicted) >= 0
@@ -315,7 +339,3 @@ def _plot(path: str, result: Any, f: dict[str, Any]) -> None:
     reliability.set_ylabel("accuracy")
     reliability.set_title(f"reliability (mean probability - accuracy {f['calibration_gap']:+.3f})")
     reliability.grid(True, alpha=0.3)
-    figure.suptitle(f"llmroute tiers eval: {f['examples']} labelled requests, {f['method']}")
-    figure.tight_layout()
-    save(figure, path)
-    plt.close(figure)

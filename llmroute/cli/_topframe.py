@@ -527,80 +527,113 @@ def render(
     if note:
         head.append(note)
     sections: list[list[str]] = []
-
-    routes = frame.routes
-    if routes:
-        lines = _table(
-            [
-                _Column("route", [r.name for r in routes]),
-                _Column("requests", [_count(r.requests) for r in routes]),
-                _Column("errors", [_count(r.errors) for r in routes]),
-                _Column("cache hits", [_count(r.cache_hits) for r in routes], 3),
-                _Column("hedges", [_count(r.hedges) for r in routes], 2),
-                _Column("won", [_count(r.hedges_won) for r in routes], 2),
-                _Column("p50", [ms(r.p50) for r in routes], 4),
-                _Column("p95", [ms(r.p95) for r in routes]),
-                _Column("p99", [ms(r.p99) for r in routes], 1),
-            ],
-            width,
-        )
-        sections.append([bold("routes: the caller's TTFT"), *lines])
+    if frame.routes:
+        sections.append([bold("routes: the caller's TTFT"), *_routes_table(frame, width)])
     whole = _whole_section(frame, width)
     if whole:
         sections.append([bold("not streamed: time to the whole answer"), *whole])
-    keys, objectives, tiers = frame.keys, frame.objectives, frame.tiers
-    if keys:
-        lines = _table(
-            [
-                _Column("key", [r.name if r.name != "-" else "(no valid key)" for r in keys]),
-                _Column("requests", [_count(r.requests) for r in keys]),
-                _Column("rejected", [_count(r.rejected) for r in keys]),
-                _Column("tokens in", [_count(r.prompt_tokens) for r in keys], 2),
-                _Column("tokens out", [_count(r.completion_tokens) for r in keys], 2),
-                _Column("cache hits", [_count(r.cache_hits) for r in keys], 3),
-                _Column("in flight", [_count(r.in_flight) for r in keys], 1),
-                _Column("hedged", [_hedged(r) for r in keys], 5),
-                _Column("spend", [_usd(r.spend) for r in keys], 4),
-            ],
-            width,
-        )
-        sections.append([bold("gateway keys"), *lines])
-    if objectives:
-        windows = ("5m", "1h")
-        lines = _table(
-            [
-                _Column("key", [r.key for r in objectives]),
-                _Column("route", [r.route for r in objectives], left=True),
-                _Column("objective", [_objective(r) for r in objectives], left=True),
-                _Column("requests", [_count(r.requests) for r in objectives]),
-                _Column(
-                    "met", [_share(r.met / r.requests if r.requests else None) for r in objectives]
-                ),
-                *(
-                    _Column(
-                        f"burn {window}",
-                        [_burn(r.burn.get(window)) for r in objectives],
-                        1 if window != "5m" else 0,
-                    )
-                    for window in windows
-                ),
-            ],
-            width,
-        )
-        sections.append([bold("latency objectives (burn: 1.0 spends the budget on time)"), *lines])
-    if tiers:
-        models: dict[str, list[str]] = {}
-        for row in tiers:
-            models.setdefault(row.model, []).append(
-                f"{row.tier} {_share(row.share)} ({row.decisions:.0f})"
-            )
+    if frame.keys:
+        sections.append([bold("gateway keys"), *_keys_table(frame, width)])
+    if frame.objectives:
+        title = "latency objectives (burn: 1.0 spends the budget on time)"
+        sections.append([bold(title), *_objectives_table(frame, width)])
+    if frame.tiers:
         sections.append(
-            [bold("tiers: where each tiered name sent its requests")]
-            + [f"{model}: " + ", ".join(parts) for model, parts in models.items()]
+            [bold("tiers: where each tiered name sent its requests"), *_tier_lines(frame)]
         )
-
-    targets = _sorted_targets(frame.targets, sort)
     used = len(head) + sum(len(s) + 1 for s in sections) + 3
+    targets = _target_section(frame, width, height, used, sort, rows, color, bold)
+    out = [*head, "", *targets]
+    for section in sections:
+        out += ["", *section]
+    # A terminal's line is cut rather than wrapped (which would push the screen down); the
+    # painted lines were fitted before their colours went on.
+    return [line if "\x1b" in line else _clip(line, width) for line in out]
+
+
+def _routes_table(frame: Frame, width: int | None) -> list[str]:
+    routes = frame.routes
+    return _table(
+        [
+            _Column("route", [r.name for r in routes]),
+            _Column("requests", [_count(r.requests) for r in routes]),
+            _Column("errors", [_count(r.errors) for r in routes]),
+            _Column("cache hits", [_count(r.cache_hits) for r in routes], 3),
+            _Column("hedges", [_count(r.hedges) for r in routes], 2),
+            _Column("won", [_count(r.hedges_won) for r in routes], 2),
+            _Column("p50", [ms(r.p50) for r in routes], 4),
+            _Column("p95", [ms(r.p95) for r in routes]),
+            _Column("p99", [ms(r.p99) for r in routes], 1),
+        ],
+        width,
+    )
+
+
+def _keys_table(frame: Frame, width: int | None) -> list[str]:
+    keys = frame.keys
+    return _table(
+        [
+            _Column("key", [r.name if r.name != "-" else "(no valid key)" for r in keys]),
+            _Column("requests", [_count(r.requests) for r in keys]),
+            _Column("rejected", [_count(r.rejected) for r in keys]),
+            _Column("tokens in", [_count(r.prompt_tokens) for r in keys], 2),
+            _Column("tokens out", [_count(r.completion_tokens) for r in keys], 2),
+            _Column("cache hits", [_count(r.cache_hits) for r in keys], 3),
+            _Column("in flight", [_count(r.in_flight) for r in keys], 1),
+            _Column("hedged", [_hedged(r) for r in keys], 5),
+            _Column("spend", [_usd(r.spend) for r in keys], 4),
+        ],
+        width,
+    )
+
+
+def _objectives_table(frame: Frame, width: int | None) -> list[str]:
+    objectives, windows = frame.objectives, ("5m", "1h")
+    return _table(
+        [
+            _Column("key", [r.key for r in objectives]),
+            _Column("route", [r.route for r in objectives], left=True),
+            _Column("objective", [_objective(r) for r in objectives], left=True),
+            _Column("requests", [_count(r.requests) for r in objectives]),
+            _Column(
+                "met", [_share(r.met / r.requests if r.requests else None) for r in objectives]
+            ),
+            *(
+                _Column(
+                    f"burn {window}",
+                    [_burn(r.burn.get(window)) for r in objectives],
+                    1 if window != "5m" else 0,
+                )
+                for window in windows
+            ),
+        ],
+        width,
+    )
+
+
+def _tier_lines(frame: Frame) -> list[str]:
+    """A line per tiered model name: each tier's share of its decisions."""
+    models: dict[str, list[str]] = {}
+    for row in frame.tiers:
+        models.setdefault(row.model, []).append(
+            f"{row.tier} {_share(row.share)} ({row.decisions:.0f})"
+        )
+    return [f"{model}: " + ", ".join(parts) for model, parts in models.items()]
+
+
+def _target_section(
+    frame: Frame,
+    width: int | None,
+    height: int | None,
+    used: int,
+    sort: str,
+    rows: int | None,
+    color: bool,
+    bold: Callable[[str], str],
+) -> list[str]:
+    """The targets' title and table, cut to ``rows`` or to what ``height`` leaves after the
+    ``used`` lines of the other sections (a line then counts the targets left out)."""
+    targets = _sorted_targets(frame.targets, sort)
     limit = rows
     if limit is None and height is not None and len(targets) > max(3, height - used):
         limit = max(3, height - used) - 1  # and a line that counts the others
@@ -631,22 +664,14 @@ def render(
             line[: len(line) - len(row.state)] + painted if line.endswith(row.state) else line
             for line, row, painted in zip(lines[1:], targets, state, strict=True)
         ]
-    target_section = [
-        bold(f"targets ({len(frame.targets)}), by {sort}: TTFT of their attempts"),
-        *lines,
-    ]
+    section = [bold(f"targets ({len(frame.targets)}), by {sort}: TTFT of their attempts"), *lines]
     if hidden:
-        target_section.append(
+        section.append(
             f"... {hidden} more (a taller terminal, --rows or --sort shows others)"
             if rows is None
             else f"... {hidden} more (--rows or --sort shows others)"
         )
-    out = [*head, "", *target_section]
-    for section in sections:
-        out += ["", *section]
-    # A terminal's line is cut rather than wrapped (which would push the screen down); the
-    # painted lines were fitted before their colours went on.
-    return [line if "\x1b" in line else _clip(line, width) for line in out]
+    return section
 
 
 def _whole_section(frame: Frame, width: int | None) -> list[str]:

@@ -28,7 +28,7 @@ from .._version import __version__
 from ._traceparent import RequestTrace
 
 if TYPE_CHECKING:
-    from .._types import RouteCost, RouteReport, TierDecision
+    from .._types import AttemptReport, RouteCost, RouteReport, TierDecision
     from ._record import RequestRecord
 
 __all__ = ["Tracer", "request_attributes", "tier_attributes"]
@@ -187,21 +187,7 @@ class Tracer:
                 attributes["gen_ai.provider.name"] = provider
                 attributes["gen_ai.response.model"] = model
             for attempt in report.attempts:
-                event: dict[str, Any] = {
-                    "llmroute.target": attempt.target,
-                    "llmroute.reason": attempt.reason,
-                    "llmroute.outcome": attempt.outcome,
-                }
-                if attempt.ttft is not None:
-                    event["llmroute.ttft"] = attempt.ttft
-                if attempt.error is not None:
-                    event["llmroute.error"] = attempt.error
-                if attempt.request_id is not None:
-                    event["llmroute.request_id"] = attempt.request_id
-                if attempt.tokens is not None:
-                    event["llmroute.tokens"] = attempt.tokens
-                if attempt.cost is not None and attempt.cost.amount is not None:
-                    event["llmroute.cost"] = str(attempt.cost.amount)
+                event = {"llmroute.target": attempt.target, **_attempt_attributes(attempt)}
                 at = started_ns + int(attempt.started * 1e9)
                 span.add_event("llmroute.attempt", event, timestamp=at)
         if trace is not None and trace.spans:
@@ -240,6 +226,26 @@ def _remote_span(caller: tuple[str, str, int], state: str | None) -> Any:
     return _trace.NonRecordingSpan(context)
 
 
+def _attempt_attributes(attempt: AttemptReport) -> dict[str, Any]:
+    """What an attempt's report says, as span attributes: its reason and outcome, and where
+    known its TTFT, the vendor's request id, its error, tokens and cost."""
+    attributes: dict[str, Any] = {
+        "llmroute.reason": attempt.reason,
+        "llmroute.outcome": attempt.outcome,
+    }
+    if attempt.ttft is not None:
+        attributes["llmroute.ttft"] = attempt.ttft
+    if attempt.request_id is not None:
+        attributes["llmroute.request_id"] = attempt.request_id
+    if attempt.error is not None:
+        attributes["llmroute.error"] = attempt.error
+    if attempt.tokens is not None:
+        attributes["llmroute.tokens"] = attempt.tokens
+    if attempt.cost is not None and attempt.cost.amount is not None:
+        attributes["llmroute.cost"] = str(attempt.cost.amount)
+    return attributes
+
+
 def _end_attempts(trace: RequestTrace, report: RouteReport | None, started_ns: int) -> None:
     """End the attempts' spans with what their report says: target, reason, outcome, TTFT,
     the vendor's request id. One whose request failed ends when it failed; a hedge or race
@@ -252,21 +258,7 @@ def _end_attempts(trace: RequestTrace, report: RouteReport | None, started_ns: i
         span = trace.spans.pop(attempt.span_id, None) if attempt.span_id else None
         if span is None:
             continue
-        attributes: dict[str, Any] = {
-            "llmroute.reason": attempt.reason,
-            "llmroute.outcome": attempt.outcome,
-        }
-        if attempt.ttft is not None:
-            attributes["llmroute.ttft"] = attempt.ttft
-        if attempt.request_id is not None:
-            attributes["llmroute.request_id"] = attempt.request_id
-        if attempt.error is not None:
-            attributes["llmroute.error"] = attempt.error
-        if attempt.tokens is not None:
-            attributes["llmroute.tokens"] = attempt.tokens
-        if attempt.cost is not None and attempt.cost.amount is not None:
-            attributes["llmroute.cost"] = str(attempt.cost.amount)
-        span.set_attributes(attributes)
+        span.set_attributes(_attempt_attributes(attempt))
         if attempt.outcome in _FAILED and _trace is not None:
             span.set_attribute("error.type", attempt.outcome)
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, attempt.outcome))

@@ -34,6 +34,7 @@ import httpx
 from openai import BadRequestError
 from openai.types.chat import ChatCompletionChunk
 
+from .._background import spawn
 from .._errors import (
     AllTargetsFailed,
     APIError,
@@ -90,6 +91,7 @@ from .windows import answer_room, larger_windows, needed_tokens, refused_window,
 
 __all__ = [
     "MAX_WAIT_UNAVAILABLE",
+    "PROBE_PATIENCE",
     "REMEASURE_AFTER",
     "RETRY_SLACK",
     "SENDING",
@@ -114,6 +116,11 @@ explored since, may be re-measured (one request in ``1 / explore`` goes to it fi
 seconds of being fast again. 10 s until issue 26: a recovered target then waited up to ~12 s
 for its first re-measure, and the p95 of the half-minute after its recovery was 1.3-1.6x the
 per-request best (``benchmarks/routing.py --scenarios``, recover)."""
+PROBE_PATIENCE = 0.99
+"""A probe that lost its race runs on to its first token for at most its target's predicted
+quantile this high (the prior's while it has no samples: 3.2 s with ``ttft_prior = "1s"``), then
+is cancelled as a censored sample: a target that slow is known to be slow without waiting out
+a stall."""
 RETRY_SLACK = 0.05
 """Seconds an ordered route's retry of the same target may wait past its Retry-After for the
 target's cooldown to end (the clocks of the cooldown and of the wait may differ slightly)."""
@@ -167,7 +174,16 @@ class _Race:
         self.continuing = False
         """A race for a continuation: a target that refuses the request (a 400 or 422 for
         its form) hands over to the next continuation target instead of ending the race."""
+        self.running_on: list[tuple[anyio.CancelScope, float]] = []
+        """Probes in tasks of their own, each with the time (the event loop's clock) it gives
+        up at once the race is decided (:meth:`decided`)."""
         self._event = anyio.Event()
+
+    def decided(self) -> None:
+        """The race has its winner (or has failed): its probes wait no longer than their
+        patience."""
+        for scope, until in self.running_on:
+            scope.deadline = until
 
     def notify(self) -> None:
         self._event.set()
@@ -519,8 +535,30 @@ class _View:
     def available(self, target: str) -> bool:
         return self._router.health(target).available()
 
+    def rank(self, target: str, q: float) -> float:
+        """What ``target`` is ranked by for the ``q`` quantile (``TargetStats.rank``)."""
+        if not self._stream:
+            return self.predict(target, q)
+        return self._router.stats.target(target).rank(q, self._tokens)
+
+    def hedge_delay(self, target: str, q: float, backup: float) -> float:
+        """When to hedge an attempt on ``target`` (``TargetStats.hedge_delay``), its live
+        ``q`` quantile at the earliest; a hedge to a target answering in ``backup`` seconds."""
+        if not self._stream:
+            return self.predict(target, q)
+        return self._router.stats.target(target).hedge_delay(q, backup, self._tokens)
+
+    @property
+    def probes(self) -> bool:
+        """Whether a probe of a cold target runs on to its first token whoever wins (a
+        stream's: its TTFT is the sample; :meth:`_Coordinator.run_on`)."""
+        return self._stream
+
     def cold(self, target: str) -> bool:
-        return self._router.stats.target(target).cold(streamed=self._stream)
+        stats = self._router.stats.target(target)
+        if self._stream:  # the samples on their way (probes running on) count
+            return stats.needs_samples()
+        return stats.cold(streamed=False)
 
     def improving(self, target: str) -> bool:
         """Whether the target's newest TTFT sample is below the range of its older ones."""
@@ -764,7 +802,10 @@ class _Run:
         state = _Race()
         state.continuing = prefix is not None
         try:
-            await _Coordinator(self, plan, state, retries=retries, prefix=prefix).coordinate()
+            try:
+                await _Coordinator(self, plan, state, retries=retries, prefix=prefix).coordinate()
+            finally:
+                state.decided()
         except BaseException:
             winner = state.winner
             if winner is not None:  # the caller gave up after a first token: release it too
@@ -1011,8 +1052,10 @@ class _Coordinator:
 
     def _attempt(self, name: str, reason: str | None) -> _Attempt:
         """An attempt on ``name`` (``reason`` ``None``: one the plan starts with)."""
+        if reason is None and name == self.plan.explored:
+            reason = "probe" if self.plan.probe else "explore"
         if reason is None:
-            reason = "explore" if name == self.plan.explored else self.opening
+            reason = self.opening
         record = self.run._begin_attempt(name, reason, self.state)
         return _Attempt(self.run, record, self.state, self.prefix)
 
@@ -1021,8 +1064,40 @@ class _Coordinator:
         delay = self.plan.hedge_delay(self.launched)
         self.hedge_at = anyio.current_time() + delay if delay is not None else None
         self.launched += 1
+        if attempt.record.reason in ("probe", "explore") and self.plan.start > 1:
+            # One request more, paid from the hedge budget while it has tokens (it never
+            # waits for one): the losing hedges that follow are fewer by as many.
+            self.run.route.budget.try_spend()
+        if attempt.record.reason == "probe":
+            self.run_on(attempt)
+            return
         assert self.tg is not None
         self.tg.start_soon(attempt.make)
+
+    def run_on(self, attempt: _Attempt) -> None:
+        """Run a probe (an attempt on a cold target, started beside the first choice to
+        measure it) in a task of its own, outside the race's task group, which the winner's
+        first token cancels: a probe that lost runs on to its own first token, which is then
+        a TTFT sample (a lost race is only a lower bound, and too low to be recorded:
+        ``TargetStats.record_censored``), and its stream is closed. Once the race is decided
+        it waits at most until its target's predicted :data:`PROBE_PATIENCE` quantile (a
+        censored sample then). It costs no request more than the probe itself: the server's
+        work until that first token."""
+        name = attempt.record.target
+        stats = self.run.router.stats.target(name)
+        stats.probing += 1
+        scope = anyio.CancelScope()
+        patience = self.run.view.predict(name, PROBE_PATIENCE)
+        self.state.running_on.append((scope, anyio.current_time() + patience))
+
+        async def probe() -> None:
+            try:
+                with scope:
+                    await attempt.make()
+            finally:
+                stats.probing -= 1
+
+        spawn(probe, name=f"probe {name}")
 
     def _available_first(self) -> bool:
         """Move the first available pending target to the front; whether there is one."""
@@ -1204,7 +1279,7 @@ class _Attempt:
         self.record.outcome = "cancelled"
         stats.record_outcome("cancelled")
         if run.stream:
-            raced = self.record.reason == "race"
+            raced = self.record.reason in ("race", "probe")
             stats.record_censored(run.clock() - self.started, run.prompt_tokens, raced=raced)
         stats.finished()
         self._release()
@@ -1248,6 +1323,8 @@ class _Attempt:
         stats.record_outcome("cancelled")
         if run.stream and ready.timings.tokens and self.prefix is None:
             stats.record_ttft(elapsed, run.prompt_tokens)  # a first token all the same
+            if self.record.reason == "probe":  # what it ran on for
+                self.record.ttft = elapsed
         stats.finished()
         self._release()
         decoder = ready.decoder

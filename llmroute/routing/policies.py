@@ -113,6 +113,10 @@ class Plan:
     start: int = 1
     hedge_delays: tuple[float | None, ...] = ()
     explored: str | None = None
+    probe: bool = False
+    """The ``explored`` target is cold and starts beside the plan's other first attempts to
+    be measured (a probe: one request more); whoever wins, the engine lets it run on to its
+    first token, so that it is a sample."""
     key: object = None
     """Not ``None``: the policy wants to learn the outcome. The engine calls
     ``policy.observe(key, winner)`` once, when the request has its first token (or its whole
@@ -140,7 +144,12 @@ class Policy(Protocol):
 
 
 def _ranked(targets: Sequence[str], view: RouteView, q: float | None) -> list[str]:
-    """Available targets by predicted TTFT, then unavailable ones (a last resort), stable."""
+    """Available targets by predicted TTFT, then unavailable ones (a last resort), stable.
+    A view with ``rank`` (optional in a RouteView) ranks a quantile by it instead: a
+    target with too few samples for the quantile by a lower bound of it (``TargetStats.rank``)."""
+    rank = getattr(view, "rank", None) if q is not None else None
+    if rank is not None:
+        return sorted(targets, key=lambda t: (not view.available(t), rank(t, q)))
     return sorted(targets, key=lambda t: (not view.available(t), view.predict(t, q)))
 
 
@@ -168,10 +177,19 @@ class HedgePolicy:
     max_hedges: int = 1
     name: str = "hedge"
 
-    def delay(self, target: str, view: RouteView) -> float:
-        if isinstance(self.hedge_after, str):
-            return view.predict(target, rank_quantile(self.hedge_after))
-        return float(self.hedge_after)
+    def delay(self, target: str, view: RouteView, backup: str | None = None) -> float:
+        """When to hedge an attempt on ``target``: its live ``hedge_after`` quantile (or the
+        fixed delay); with a quantile, a ``backup`` target to hedge to and a view that has
+        ``hedge_delay`` (optional in a RouteView), later while a hedge started then would
+        mostly lose to the first attempt (``TargetStats.hedge_delay``)."""
+        if not isinstance(self.hedge_after, str):
+            return float(self.hedge_after)
+        q = rank_quantile(self.hedge_after)
+        assert q is not None  # hedge_after is a quantile name
+        later = getattr(view, "hedge_delay", None)
+        if later is None or backup is None:
+            return view.predict(target, q)
+        return float(later(target, q, view.predict(backup, 0.5)))
 
     def plan(self, targets: Sequence[str], view: RouteView, rng: random.Random) -> Plan:
         best, *rest = _ranked(targets, view, rank_quantile(self.rank_by))
@@ -179,7 +197,8 @@ class HedgePolicy:
         # the next target usually answers, its median, not its tail.
         order = [best, *_ranked(rest, view, 0.5)]
         hedges = min(self.max_hedges, len(order) - 1)
-        return Plan(tuple(order), hedge_delays=tuple(self.delay(t, view) for t in order[:hedges]))
+        delays = tuple(self.delay(t, view, order[i + 1]) for i, t in enumerate(order[:hedges]))
+        return Plan(tuple(order), hedge_delays=delays)
 
 
 @dataclass(frozen=True)
@@ -462,11 +481,12 @@ def explore(
 ) -> Plan:
     """Now and then, put a target the plan does not start with first, so its stats stay fresh.
 
-    While some target is *cold* (too few samples to predict from) or *improving* (its newest
+    While some target is *cold* (too few samples to predict from, counting those on their
+    way: the view's ``cold``) or *improving* (its newest
     sample is below the range of its older ones: a slow target re-measured fast, when the view
     has ``improving``), a request explores it with probability ``cold_share``
-    (``improving_share`` for an improving one that is not cold; never when
-    ``share`` is 0: exploration is off). A target is cold
+    (``improving_share`` for an improving one that is not cold; every request while a cold
+    one can be probed, below; never when ``share`` is 0: exploration is off). A target is cold
     for at most ``min_samples`` explorations per window, so this costs a bounded number of
     requests; and never after :data:`COLD_EXPLORE_UNANSWERED` explorations in a row that gave
     no sample (when the view has ``unanswered``). Otherwise, with probability ``share``
@@ -474,9 +494,12 @@ def explore(
     one every ``1 / share`` requests, rather than by chance), the stalest target goes first
     when its newest sample (or its last exploration) is older than ``max_age`` seconds: a
     target that was only slow is re-measured now and then, and wins its traffic back when it
-    got fast again. A hedging plan hedges an explored cold target
+    got fast again. A hedging plan over a view that ``probes`` (optional in a RouteView: the
+    engine lets an attempt on a cold target run on to its first token, whoever wins) starts an
+    explored cold target beside the first choice (``start`` 2, ``probe``): one request more,
+    no wait for the caller, and a sample. Without probes, it hedges an explored cold target
     after ``hedge_delay(target)`` (its own live quantile, or a prior when it has no samples),
-    so one exploration costs at most about that; a known one starts together with the first
+    so one exploration costs at most about that. A known one starts together with the first
     choice (``start`` 2; the first choice's own hedge follows at its delay), so re-measuring a
     slow target costs the caller nothing but one more request. A plan that starts several at
     once (a race) explores only a target it does not start, which joins the racers (``start``
@@ -493,9 +516,15 @@ def explore(
         if (view.cold(t) or (improving is not None and improving(t)))
         and (unanswered is None or unanswered(t) < COLD_EXPLORE_UNANSWERED)
     ]
+    # A view that probes (optional in a RouteView) lets a cold target's attempt run on to
+    # its first token whoever wins; a plan that hedges or races can then start it beside its
+    # first choice, at no wait for the caller.
+    probes = bool(getattr(view, "probes", False)) and bool(plan.hedge_delays or plan.start > 1)
     if cold:
         chosen = max(cold, key=view.staleness)
         odds = cold_share if view.cold(chosen) else improving_share
+        if probes and view.cold(chosen):
+            odds = 1.0  # as soon as possible: a probe costs the caller no wait
         if share <= 0 or rng.random() >= max(share, odds):
             return plan
     else:
@@ -507,15 +536,33 @@ def explore(
         if view.staleness(chosen) <= max_age or (due is not None and not due()):
             return plan
     delays, start = plan.hedge_delays, plan.start
+    probe = probes and view.cold(chosen)
     if start > 1:
         # A race keeps its racers (losing a racer to an exploration would cost the caller
         # whenever the target left out would have won); the explored target is one more.
         order = (*plan.order[:start], chosen, *(t for t in plan.order[start:] if t != chosen))
         if len(delays) > start:
             delays = (*delays[:start], None, *delays[start:])
-        return Plan(order, start=start + 1, hedge_delays=delays, explored=chosen, key=plan.key)
+        return Plan(
+            order,
+            start=start + 1,
+            hedge_delays=delays,
+            explored=chosen,
+            probe=probe,
+            key=plan.key,
+        )
     order = (chosen, *(t for t in plan.order if t != chosen))
     if delays and hedge_delay is not None:
+        if probe and delays[0] is not None:
+            # A cold target the view can probe starts beside the first choice, whose own
+            # hedge follows: the caller waits for neither an unknown target nor its hedge,
+            # and the probe runs on to its first token whoever wins, so it is a sample.
+            first = plan.order[0]
+            order = (chosen, first, *(t for t in plan.order[1:] if t != chosen))
+            delays = (None, *delays)
+            return Plan(
+                order, start=2, hedge_delays=delays, explored=chosen, probe=True, key=plan.key
+            )
         if view.cold(chosen) or delays[0] is None:
             # A cold target waits out its own delay, so that it yields a sample.
             delays = (hedge_delay(chosen), *delays[1:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -27,9 +28,12 @@ from sortedcontainers import SortedList
 from .tokens import TokenCounts
 
 __all__ = [
+    "BEYOND_SAMPLES",
     "CANCELLED",
     "ERROR",
+    "FAILING_ALPHA",
     "FALSE_ALARM_RATE",
+    "HEDGE_WIN_SHARE",
     "INTERRUPTED",
     "IN_FLIGHT_HISTORY",
     "IN_FLIGHT_HISTORY_MAX",
@@ -37,6 +41,7 @@ __all__ = [
     "OUTBOX_MAXLEN",
     "OUTCOMES",
     "PRIOR_SIGMA",
+    "RANK_CONFIDENCE",
     "RATE_LIMITED",
     "RETURN_ALPHA",
     "SAMPLE_KINDS",
@@ -57,11 +62,14 @@ __all__ = [
     "change_alpha",
     "class_label",
     "estimate_prompt_tokens",
+    "fails_beyond",
     "first_token_deadline",
+    "lower_bound_rank",
     "placement_p",
     "prompt_class",
     "stall_deadline",
     "stream_stall_deadline",
+    "winning_delay",
 ]
 
 IN_FLIGHT_HISTORY: Final = 60.0
@@ -144,6 +152,9 @@ slower, which takes a target's traffic away, is always tested at :func:`change_a
 to 6 slow samples kept, 3 to 5 fast ones below all of them are a change back, when they are
 also nearer (in log) the median of the regime the window left than the slow one's: within a
 slow regime, its own faster samples are not a change back."""
+FAILING_RANK: Final = 1e6
+"""Seconds added to the rank of a target that fails too often (:meth:`TargetStats.failing`):
+behind every target that does not, in the order of their own quantiles."""
 SMALL_WINDOW_MARGIN = 1.5
 """While a window holds few older samples, "below their range" (:attr:`TargetStats.improving`)
 means below by this factor."""
@@ -176,6 +187,101 @@ def placement_p(n: int, beyond: int, k: int, r: int | None = None) -> float:
         return 0.0
     every = part * max(0, b - k + 1) / k
     return every if r == k else every + part * (n - b)
+
+
+RANK_CONFIDENCE: Final = 0.9
+"""While a window holds fewer than ``1 / (1 - q)`` samples (20 for the p95), a target is ranked
+by a lower bound of its ``q``-quantile at this confidence (:func:`lower_bound_rank`), not by its
+estimate: so few samples put the estimate at their largest one or two, and one early stall of
+a steady target (B's 1% of 1 s in ``benchmarks/routing.py``) would rank it below a slower one
+until twenty samples had come, which, out of traffic, it waits for. The bound is optimistic by
+design: a target is ranked as good as its samples allow with this confidence until it has
+enough of them (each as a first choice, at no extra request), and a target with a real tail
+shows it within about twenty (the p95 of a target stalling on 10% of its requests is then in
+its stalls)."""
+HEDGE_WIN_SHARE: Final = 0.5
+"""A hedge on a quantile (``hedge_after = "p95"``) waits, past that quantile, until at least
+this share of the samples beyond the wait so far are beyond it by the hedge target's median
+too (:func:`winning_delay`): until a hedge started then would answer first at least as often
+as not. Beyond a target's thin lognormal tail (B at its p95 in steady weather) a hedge almost
+always lost: it cost a request and saved nothing."""
+
+
+BEYOND_SAMPLES: Final = 1.05
+"""A hedge delay at or past a target's largest sample waits this many times it
+(:meth:`TargetStats.hedge_delay`)."""
+FAILING_ALPHA: Final = 0.01
+"""The level of the test that a target fails on more than ``1 - q`` of its attempts
+(:func:`fails_beyond`), so that its ``q``-quantile of a first token is never: a target that
+fails on at most that share is taken for one that fails beyond it at most this often per test."""
+
+
+@functools.lru_cache(maxsize=4096)
+def fails_beyond(attempts: int, failures: int, share: float, alpha: float = FAILING_ALPHA) -> bool:
+    """Whether ``failures`` of ``attempts`` (each independently failing with probability at
+    most ``share``) show that it fails more often than that: an exact binomial test,
+    P(Binomial(attempts, share) >= failures) <= ``alpha``."""
+    if failures <= share * attempts:
+        return False
+    if share <= 0.0:
+        return True
+    log_p, log_q, n = math.log(share), math.log1p(-share), attempts
+    log_n = math.lgamma(n + 1)
+    tail = 0.0
+    for k in range(failures, n + 1):  # in logs: the counts of a long window overflow floats
+        log_pmf = log_n - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * log_p
+        tail += math.exp(log_pmf + (n - k) * log_q)
+        if tail > alpha:
+            return False
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def lower_bound_rank(n: int, q: float, confidence: float = RANK_CONFIDENCE) -> int:
+    """The rank ``r`` (1-based) of the order statistic of ``n`` exchangeable samples that is
+    below their distribution's ``q``-quantile with probability at least ``confidence``: the
+    largest ``r`` with P(Binomial(n, q) >= r) >= ``confidence`` (at least r samples fall below
+    the quantile), whatever the distribution; 1 when none is (then the smallest sample)."""
+    if n < 1 or not 0.0 < q < 1.0:
+        raise ValueError(f"need n >= 1 and 0 < q < 1, got n={n!r}, q={q!r}")
+    tail = 0.0
+    for r in range(n, 0, -1):
+        tail += math.comb(n, r) * q**r * (1.0 - q) ** (n - r)
+        if tail >= confidence:
+            return r
+    return 1
+
+
+def winning_delay(
+    values: Sequence[float],
+    floor: float,
+    backup: float,
+    censored: Sequence[float] = (),
+    share: float = HEDGE_WIN_SHARE,
+) -> float:
+    """The earliest wait ``d`` >= ``floor`` (``floor`` itself or one of the sorted ``values``
+    above it) after which a hedge answering ``backup`` seconds later would beat the first
+    attempt at least ``share`` of the time: of the samples beyond ``d``, at least that share
+    are beyond ``d + backup`` too. A ``censored`` sample (also among ``values``: an attempt
+    abandoned then, its TTFT unknown beyond it) that is beyond ``d`` counts as beyond
+    ``d + backup``. The largest sample when none is (a hedge then waits for what the samples
+    never showed: a change, or a stall beyond them); ``floor`` when no sample is beyond it."""
+    n, m = len(values), len(censored)
+
+    def right(seq: Sequence[float], t: float) -> int:
+        own = getattr(seq, "bisect_right", None)  # a SortedList's own: O(log n)
+        return own(t) if own is not None else bisect.bisect_right(seq, t)
+
+    d = floor
+    for i in range(right(values, floor), n + 1):
+        later = n - right(values, d)
+        if later == 0:
+            return d
+        unknown = m - right(censored, d) - (m - right(censored, d + backup))
+        if n - right(values, d + backup) + unknown >= share * later or i == n:
+            return d
+        d = values[i]
+    return d
 
 
 FIRST_TOKEN_MULTIPLE = 4.0
@@ -401,6 +507,23 @@ class LatencyWindow:
         if fraction == 0.0:
             return low
         return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
+
+    def order_statistic(self, rank: int) -> float:
+        """The ``rank``-th smallest live sample (1-based; ``IndexError`` out of range)."""
+        self._expire(self._clock())
+        if not 1 <= rank <= len(self._values):
+            raise IndexError(f"rank {rank} of {len(self._values)} samples")
+        return cast(float, self._values[rank - 1])
+
+    def sorted_values(self) -> Sequence[float]:
+        """The live samples, smallest first (a view: do not keep it across adds)."""
+        self._expire(self._clock())
+        return cast(Sequence[float], self._values)
+
+    def sorted_censored(self) -> Sequence[float]:
+        """The live censored samples (also in :meth:`sorted_values`), smallest first."""
+        self._expire(self._clock())
+        return cast(Sequence[float], self._censored)
 
     def count_at_least(self, value: float, *, censored_too: bool = False) -> int:
         """How many live samples are ``value`` or more (O(log n); expired ones must be gone:
@@ -828,6 +951,9 @@ class TargetStats:
         margin while they are few): the target may have
         got faster (a slow one re-measured), so it is worth re-measuring again soon."""
         self._explorations: deque[float] = deque(maxlen=EXPLORATIONS_KEPT)
+        self.probing = 0
+        """Attempts in flight that run on to their first token whoever wins (the target was
+        cold when they started): samples on their way, counted by :meth:`needs_samples`."""
         self.token_counts = TokenCounts()
         """Tokens per delta and bytes per token of its completed answers (:mod:`.tokens`)."""
 
@@ -1108,6 +1234,71 @@ class TargetStats:
         weight = self.settings.prior_weight
         return (n * observed + weight * prior) / (n + weight)
 
+    def _window_for(self, prompt_tokens: int) -> LatencyWindow:
+        """The window a prediction for this prompt length uses: its class's once that holds
+        enough samples (:meth:`known`), else the whole one."""
+        window = self._class_window(prompt_tokens)
+        return window if len(window) >= self.known(window) else self._ttft
+
+    def _lower_bound(self, window: LatencyWindow, q: float, prompt_tokens: int) -> float | None:
+        """The window's lower confidence bound of its ``q``-quantile (:func:`lower_bound_rank`)
+        while it is a fresh one, known but holding fewer than ``1 / (1 - q)`` samples; else
+        ``None``. Not in a window that was declared changed: its few samples passed a test
+        that they are the new regime, and a target with a stall tail (A in
+        ``benchmarks/routing.py``'s steady weather) re-measured after a change would otherwise
+        rank by its body again, stalls already among its samples, and be the first choice
+        until twenty samples came (timed, on a loaded machine, such windows came every few
+        seconds and cost steady weather's p95 up to 1.5x)."""
+        n = len(window)
+        if window.changed or n < self.known(window) or n * (1.0 - q) >= 1.0:
+            return None
+        own = window.quantile(q)
+        if own is None or self.predict(q, prompt_tokens) > own:  # raised by attempts waiting
+            return None
+        return window.order_statistic(lower_bound_rank(n, q))
+
+    def rank(self, q: float, prompt_tokens: int) -> float:
+        """What the target is ranked by for the ``q``-quantile: :meth:`predict`, except that
+        while its window is fresh and holds fewer than ``1 / (1 - q)`` samples (but enough to
+        be known), a lower bound of the quantile at :data:`RANK_CONFIDENCE`
+        (:meth:`_lower_bound`): its samples are too few for the quantile to be more than their
+        largest ones; and :data:`FAILING_RANK` more while it fails on more than ``1 - q`` of
+        its attempts (:meth:`failing`): a request's ``q``-quantile of a first token from it is
+        never."""
+        predicted = self.predict(q, prompt_tokens)
+        if self.failing(q):
+            return FAILING_RANK + predicted
+        bound = self._lower_bound(self._window_for(prompt_tokens), q, prompt_tokens)
+        return predicted if bound is None else min(predicted, bound)
+
+    def hedge_delay(self, q: float, backup: float, prompt_tokens: int) -> float:
+        """When to hedge an attempt here that has no first token yet: at its ``q``-quantile,
+        or later, once a hedge answering ``backup`` seconds after it would win at least
+        :data:`HEDGE_WIN_SHARE` of the time (:func:`winning_delay` over the window's samples).
+        The quantile is the sample at or just below its rank, not one interpolated towards
+        the next: with a few stalls in a small window the next is a stall, and a point between
+        is a wait no answer ever took. Attempts waiting past it do not raise it (they do raise
+        :meth:`predict`, which ranks the target): one stalled attempt must not make the next
+        requests wait longer for their hedge. While the target is ranked by a lower bound of
+        the quantile (:meth:`rank`), from that bound. A delay at or past the largest sample is
+        :data:`BEYOND_SAMPLES` times it: no answer ever took longer, so a hedge then only
+        insures against a stall, and at the largest sample itself it would race a steady
+        target's own answer (C in the long/short weather, whose prompts always take 0.7 s).
+        :meth:`predict` while the target is cold."""
+        window = self._window_for(prompt_tokens)
+        n = len(window)
+        if n < self.known(window):
+            return self.predict(q, prompt_tokens)
+        floor = window.order_statistic(math.floor((n - 1) * q) + 1)
+        bound = self._lower_bound(window, q, prompt_tokens)
+        if bound is not None:  # ranked by it: hedged from it too, not from a stall above it
+            floor = min(floor, bound)
+        values = window.sorted_values()
+        delay = winning_delay(values, floor, backup, window.sorted_censored())
+        if delay >= values[-1]:  # no answer took longer: insurance against a stall only
+            delay *= BEYOND_SAMPLES
+        return delay
+
     def predict(self, q: float, prompt_tokens: int) -> float:
         """The predicted ``q``-quantile TTFT, in seconds, for a prompt of ``prompt_tokens``.
 
@@ -1191,6 +1382,11 @@ class TargetStats:
         window = self._ttft if streamed else self._latency
         return len(window) < self.known(window)
 
+    def needs_samples(self) -> bool:
+        """Whether the TTFT window is cold even counting the samples on their way (attempts
+        running on to their first token, :attr:`probing`): another probe would still teach."""
+        return len(self._ttft) + self.probing < self.known(self._ttft)
+
     def known(self, window: LatencyWindow) -> int:
         """Samples that make a window's target known: ``min_samples``; :data:`SHIFT_MIN`
         after a change of regime (the samples that showed it are few, and they passed the test
@@ -1230,6 +1426,16 @@ class TargetStats:
         attempts = sum(counts.values()) - counts.get(CANCELLED, 0)
         rates = {name: counts.get(name, 0) / attempts if attempts else 0.0 for name in _FAILURES}
         return counts, rates
+
+    def failing(self, q: float) -> bool:
+        """Whether the target fails (an error, a timeout, a 429) on more than ``1 - q`` of its
+        attempts in the window, by :func:`fails_beyond`: then a request's ``q``-quantile of a
+        first token from it is never, and :meth:`rank` puts it after every target that does
+        not fail that often."""
+        counts = self._outcomes.counts()
+        attempts = sum(counts.values()) - counts.get(CANCELLED, 0)
+        failures = sum(counts.get(name, 0) for name in _FAILURES)
+        return attempts > 0 and fails_beyond(attempts, failures, 1.0 - q)
 
     def error_rate(self) -> float:
         """The share of errors, timeouts and 429s among attempts not cancelled; 0.0 if none."""

@@ -47,10 +47,17 @@ from ._wire import (
     Receive,
     Scope,
     Send,
+    open_event_stream,
     over_window,
+    pace,
     pause,
     read_body,
+    request_headers,
+    requested_fault,
     respond,
+    send_whole,
+    serve_lifespan,
+    wait_whole,
     watch_disconnect,
 )
 
@@ -114,13 +121,8 @@ class AnthropicSimApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         body = await read_body(receive)
@@ -133,7 +135,7 @@ class AnthropicSimApp:
         """Answer one HTTP request whose body was already read (for mounting in another app,
         which may give the request's id)."""
         rid = rid or "req_" + uuid.uuid4().hex[:24]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope)
         try:
             payload = json.loads(body) if body else None
         except ValueError:
@@ -160,14 +162,7 @@ class AnthropicSimApp:
         fault, retry_after = Fault(), self.profile.retry_after
         if problem is None:
             try:
-                spec = headers.get("x-sim-fault")
-                fault = Fault.parse(spec, self.rng) if spec else Fault()
-                if spec and "x-sim-fault-times" in headers:
-                    key = headers.get("x-sim-fault-key", spec)
-                    used = self._fault_uses.get(key, 0)
-                    self._fault_uses[key] = used + 1
-                    if used >= int(headers["x-sim-fault-times"]):
-                        fault = Fault()
+                fault = requested_fault(headers, self.rng, self._fault_uses)
                 retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
             except ValueError as exc:
                 problem = str(exc)
@@ -223,12 +218,7 @@ class AnthropicSimApp:
         send: Send,
         rid: str,
     ) -> None:
-        start = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": start})
+        await open_event_stream(send, rid, b"request-id")
         self._count("streams_started")
 
         async def emit(data: bytes) -> None:
@@ -260,16 +250,8 @@ class AnthropicSimApp:
                 await emit(b"event: content_block_delta\ndata: {not json\n\n")
             if i == len(pieces):
                 break
-            if fault.stall_after is not None and i == fault.stall_after and i > 0:
-                if await pause(fault.stall_seconds, gone):
-                    return self._ended_early()
-            elif self.profile.inter_token > 0 and i > 0:
-                if await pause(self.profile.inter_token, gone):
-                    return self._ended_early()
-            elif i % 8 == 1:
-                await asyncio.sleep(0)
-                if gone.is_set():
-                    return self._ended_early()
+            if await pace(i, fault, self.profile.inter_token, gone):
+                return self._ended_early()
             if plan.tool is not None:
                 delta = {"type": "input_json_delta", "partial_json": pieces[i]}
             else:
@@ -300,30 +282,12 @@ class AnthropicSimApp:
         send: Send,
         rid: str,
     ) -> None:
-        delay = ttft + self.profile.inter_token * max(0, len(plan.pieces) - 1)
-        if fault.stall_after is not None:
-            delay += fault.stall_seconds
-        if fault.kind == "hang":
-            delay = self.profile.hang_max
-        if await pause(delay, gone) or fault.kind == "hang":
+        if await wait_whole(ttft, len(plan.pieces), fault, self.profile, gone):
             return
         if fault.kind == "stream-error":
             await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid)
             return
-        body = json.dumps(plan.message()).encode()
-        if fault.kind == "malformed":
-            body = b"{not json"
-        start = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": start})
-        if fault.kind == "drop":
-            half = body[: len(body) // 2]
-            await send({"type": "http.response.body", "body": half, "more_body": True})
-            return
-        await send({"type": "http.response.body", "body": body})
+        await send_whole(send, json.dumps(plan.message()).encode(), rid, fault, b"request-id")
 
 
 def _prompt_tokens(req: dict[str, Any]) -> int:

@@ -31,15 +31,20 @@ from ._wire import (
     Scope,
     Send,
     error_body,
+    open_event_stream,
     over_window,
+    pace,
     pause,
     read_body,
+    request_headers,
+    requested_fault,
     respond,
+    send_whole,
+    serve_lifespan,
     status_fault,
+    wait_whole,
     watch_disconnect,
 )
-
-_YIELD_EVERY = 8  # with zero delays, give the event loop a turn every this many chunks
 
 
 def _zero_stats() -> dict[str, Any]:
@@ -167,7 +172,7 @@ class SimApp:
     # -- ASGI entry ---------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
+            await serve_lifespan(receive, send, self.on_startup)
             return
         if scope["type"] != "http":
             return
@@ -177,7 +182,7 @@ class SimApp:
         if body is None:
             return
         path, method = scope["path"], scope["method"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope)
         if path.startswith("/_sim/"):
             await self._sim_route(path, method, send, rid, body)
             return
@@ -240,17 +245,6 @@ class SimApp:
         else:
             msg = f"Invalid URL ({method} {path})"
             await respond(send, 404, error_body(msg, "invalid_request_error"), rid)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                if self.on_startup is not None:
-                    self.on_startup()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
 
     async def _sim_route(
         self, path: str, method: str, send: Send, rid: str, body: bytes = b""
@@ -383,14 +377,7 @@ class SimApp:
         """The request's fault (``x-sim-fault`` or drawn from the profile), counted; None when
         the request is already answered (a status fault, or a malformed fault header)."""
         try:
-            spec = headers.get("x-sim-fault")
-            fault = Fault.parse(spec, self.rng) if spec else self._random_fault()
-            if spec and "x-sim-fault-times" in headers:
-                key = headers.get("x-sim-fault-key", spec)
-                used = self._fault_uses.get(key, 0)
-                self._fault_uses[key] = used + 1
-                if used >= int(headers["x-sim-fault-times"]):
-                    fault = Fault()
+            fault = requested_fault(headers, self.rng, self._fault_uses, self._random_fault)
             retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
         except ValueError as exc:
             await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
@@ -562,12 +549,7 @@ class SimApp:
 
     async def _start_stream(self, send: Send, rid: str) -> None:
         """Open a 200 event stream (the response's head) and count it as started."""
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await open_event_stream(send, rid, b"x-request-id")
         self._stats["streams_started"] += 1
 
     def _random_fault(self) -> Fault:
@@ -607,7 +589,6 @@ class SimApp:
             await emit(frame)
         tokens, per = len(pieces), max(1, self.profile.tokens_per_chunk)
         pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
-        itl = self.profile.inter_token
         for i in range(len(pieces) + 1):
             if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
                 if fault.kind == "truncate":  # a clean end, without the answer's end events
@@ -628,16 +609,8 @@ class SimApp:
                 await emit(wire.malformed())
             if i == len(pieces):
                 break
-            if fault.stall_after is not None and i == fault.stall_after and i > 0:
-                if await pause(fault.stall_seconds, gone):
-                    return self._ended_early()
-            elif itl > 0 and i > 0:
-                if await pause(itl, gone):
-                    return self._ended_early()
-            elif i % _YIELD_EVERY == 1:
-                await asyncio.sleep(0)
-                if gone.is_set():
-                    return self._ended_early()
+            if await pace(i, fault, self.profile.inter_token, gone):
+                return self._ended_early()
             await emit(wire.piece(pieces[i]))
             self._stats["tokens_streamed"] += min(per, tokens - i * per)
         closing = wire.closing()
@@ -690,12 +663,7 @@ class SimApp:
         send: Send,
         rid: str,
     ) -> None:
-        delay = ttft + self.profile.inter_token * max(0, n_pieces - 1)
-        if fault.stall_after is not None:
-            delay += fault.stall_seconds
-        if fault.kind == "hang":
-            delay = self.profile.hang_max
-        if await pause(delay, gone) or fault.kind == "hang":
+        if await wait_whole(ttft, n_pieces, fault, self.profile, gone):
             return None  # client gone, or the hang bound passed: no response at all
         if fault.kind == "stream-error":
             body = error_body(
@@ -703,21 +671,7 @@ class SimApp:
             )
             await respond(send, 500, body, rid)
             return None
-        body = json.dumps(whole()).encode()
-        if fault.kind == "malformed":
-            body = b"{not json"
-        start_headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            (b"x-request-id", rid.encode()),
-        ]
-        await send({"type": "http.response.start", "status": 200, "headers": start_headers})
-        if fault.kind == "drop":  # half the body, then the connection/stream breaks
-            await send(
-                {"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True}
-            )
-            return None
-        await send({"type": "http.response.body", "body": body})
+        await send_whole(send, json.dumps(whole()).encode(), rid, fault, b"x-request-id")
         return None
 
 

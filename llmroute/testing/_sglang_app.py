@@ -21,18 +21,24 @@ from ._answer import _Reply
 from ._sglang_metrics import _SCHEDULER_GAUGES, _Exposition, _Stats
 from ._sglang_prefix import BLOCK_TOKENS, PrefixCache, prompt_token_list
 from ._sglang_settings import _V036, _V040, _V050, _V054, StandInKnobs, parse_version
-from ._wire import STATUS_FAULTS, Fault, pause, read_body, status_fault, watch_disconnect
+from ._wire import (
+    STATUS_FAULTS,
+    Fault,
+    Receive,
+    Scope,
+    Send,
+    pause,
+    read_body,
+    request_headers,
+    serve_lifespan,
+    status_fault,
+    watch_disconnect,
+)
 
 DEFAULT_MAX_RUNNING = 8
 _EOS_TOKEN_ID = 151645  # Qwen2.5's <|im_end|>: SGLang reports the matched stop token's id
 _HANG_MAX = 300.0
 _LOG = logging.getLogger("sglang.srt")
-
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Any]
-Send = Callable[[Message], Any]
 
 
 @dataclass(eq=False)
@@ -153,20 +159,15 @@ class SGLangApp:
     # -- ASGI entry -----------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         body = await read_body(receive)
         if body is None:
             return
         path, method = scope["path"], scope["method"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope)
         key = self.args.get("api_key")
         if key and method != "OPTIONS" and not self._open_path(path):
             if headers.get("authorization") != f"Bearer {key}":

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._profile import Profile
+
 __all__ = [
     "HTML_502",
     "STATUS_FAULTS",
@@ -24,10 +26,17 @@ __all__ = [
     "Scope",
     "Send",
     "error_body",
+    "open_event_stream",
+    "pace",
     "pause",
     "read_body",
+    "request_headers",
+    "requested_fault",
     "respond",
+    "send_whole",
+    "serve_lifespan",
     "status_fault",
+    "wait_whole",
     "watch_disconnect",
 ]
 
@@ -52,6 +61,7 @@ STREAM_FAULTS = ("drop", "malformed", "stream-error")
 # Faults of the OpenAI wire mode only: a clean end without the end of the answer, a slow-loris
 # trickle of one event, an event far larger than any real one.
 TAIL_FAULTS = ("truncate", "loris", "oversized")
+YIELD_EVERY = 8  # with zero delays, a stream gives the event loop a turn every this many chunks
 HTML_502 = (
     b"<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
     b"<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
@@ -100,6 +110,28 @@ class Fault:
         return fault
 
 
+def requested_fault(
+    headers: dict[str, str],
+    rng: random.Random,
+    uses: dict[str, int],
+    otherwise: Callable[[], Fault] = Fault,
+) -> Fault:
+    """The fault header ``x-sim-fault`` names (``otherwise()`` without one), or none once its
+    ``x-sim-fault-times`` uses are spent (counted in ``uses`` by ``x-sim-fault-key``, else by the
+    header's value). A malformed header: ValueError."""
+    spec = headers.get("x-sim-fault")
+    if not spec:
+        return otherwise()
+    fault = Fault.parse(spec, rng)
+    if "x-sim-fault-times" in headers:
+        key = headers.get("x-sim-fault-key", spec)
+        used = uses.get(key, 0)
+        uses[key] = used + 1
+        if used >= int(headers["x-sim-fault-times"]):
+            return Fault()
+    return fault
+
+
 def error_body(
     message: str, type_: str, code: str | None = None, param: str | None = None
 ) -> bytes:
@@ -120,6 +152,26 @@ def over_window(
         window = int(raw)
     asked = prompt_tokens + (room if isinstance(room, int) and room > 0 else 0)
     return (window, asked) if 0 < window < asked else None
+
+
+def request_headers(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name."""
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def serve_lifespan(
+    receive: Receive, send: Send, on_startup: Callable[[], None] | None = None
+) -> None:
+    """Answer an ASGI lifespan's startup (after ``on_startup()``) and its shutdown."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            if on_startup is not None:
+                on_startup()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
 
 
 async def read_body(receive: Receive) -> bytes | None:
@@ -153,6 +205,61 @@ async def pause(seconds: float, gone: asyncio.Event) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def pace(i: int, fault: Fault, inter_token: float, gone: asyncio.Event) -> bool:
+    """Wait before a stream's piece ``i``: a stall fault's pause, else the inter-token time,
+    else (with no delay at all) a turn of the event loop now and then. True when the client
+    went away (or the server is closing)."""
+    if fault.stall_after is not None and i == fault.stall_after and i > 0:
+        return await pause(fault.stall_seconds, gone)
+    if inter_token > 0 and i > 0:
+        return await pause(inter_token, gone)
+    if i % YIELD_EVERY == 1:
+        await asyncio.sleep(0)
+        return gone.is_set()
+    return False
+
+
+async def wait_whole(
+    ttft: float, pieces: int, fault: Fault, profile: Profile, gone: asyncio.Event
+) -> bool:
+    """Wait as long as a non-streamed answer of ``pieces`` takes to generate (a ``hang``
+    fault: the hang bound). True when no answer is due: the client went away, or it hangs."""
+    delay = ttft + profile.inter_token * max(0, pieces - 1)
+    if fault.stall_after is not None:
+        delay += fault.stall_seconds
+    if fault.kind == "hang":
+        delay = profile.hang_max
+    return await pause(delay, gone) or fault.kind == "hang"
+
+
+async def open_event_stream(send: Send, rid: str, id_header: bytes) -> None:
+    """Start a 200 answer that is an event stream (its head: the body follows in pieces)."""
+    headers = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache"),
+        (id_header, rid.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+
+
+async def send_whole(send: Send, body: bytes, rid: str, fault: Fault, id_header: bytes) -> None:
+    """A 200 JSON answer; under a ``malformed`` fault not JSON, under a ``drop`` fault only
+    its first half, then the connection (or stream) breaks."""
+    if fault.kind == "malformed":
+        body = b"{not json"
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (id_header, rid.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    if fault.kind == "drop":
+        half = body[: len(body) // 2]
+        await send({"type": "http.response.body", "body": half, "more_body": True})
+        return
+    await send({"type": "http.response.body", "body": body})
 
 
 async def respond(

@@ -19,7 +19,7 @@ from llmroute.protocols.anthropic import (
     translate_request,
 )
 from llmroute.protocols.openai import MalformedResponseError
-from llmroute.testing import Profile, _anthropic, _reply
+from llmroute.testing import Profile, _anthropic, _reply, _wire
 from llmroute.testing._anthropic import AnthropicSimApp, anthropic_app
 
 REQUEST = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
@@ -774,7 +774,8 @@ def test_served_by_hypercorn_streams_without_buffering(monkeypatch: pytest.Monke
         pauses += 1
         return await real(seconds, gone)
 
-    monkeypatch.setattr(_anthropic, "pause", lockstep)
+    monkeypatch.setattr(_anthropic, "pause", lockstep)  # the TTFT
+    monkeypatch.setattr(_wire, "pause", lockstep)  # between tokens
     text, usage = asyncio.run(_served_stream(profile, body, arrivals))
     assert text == expected_text(body, 6)
     assert len(arrivals) == 6

@@ -90,7 +90,8 @@ def test_a_target_that_was_only_slow_is_re_measured_and_wins_its_traffic_back() 
         clock.advance(0.2)
         a.record_ttft(rng.lognormvariate(math.log(1.6), 0.2), 20)
     assert plan(router, route).order[0] == B
-    b_delay = HedgePolicy().delay(B, router._begin(route, dict(BODY), never_send, stream=True).view)
+    view = router._begin(route, dict(BODY), never_send, stream=True).view
+    b_delay = HedgePolicy().delay(B, view, A)  # (a hedge from b goes to a)
     slow_until = clock.now
     remeasured = 0
     for _ in range(int(6 * REMEASURE_AFTER)):  # a minute of requests, ten a second
@@ -203,7 +204,8 @@ def test_a_target_that_got_slow_is_not_explored_as_cold_and_comes_back_when_fast
     # delay; only re-measured now and then, beside b (a race of two).
     assert not a.cold()
     assert sum(plan(router, route).explored == A for _ in range(1000)) == 0
-    b_delay = HedgePolicy().delay(B, router._begin(route, dict(BODY), never_send, stream=True).view)
+    view = router._begin(route, dict(BODY), never_send, stream=True).view
+    b_delay = HedgePolicy().delay(B, view, A)  # (a hedge from b goes to a)
     clock.advance(REMEASURE_AFTER + 0.1)
     explored = [p for p in (plan(router, route) for _ in range(1000)) if p.explored == A]
     assert len(explored) == 1  # once per REMEASURE_AFTER

@@ -20,7 +20,7 @@ import h2.events
 import httpx
 import pytest
 
-from llmroute.testing import Profile, Simulator, SimulatorProcess, _app
+from llmroute.testing import Profile, Simulator, SimulatorProcess, _app, _wire
 
 AUTH = {"authorization": "Bearer sk-sim-test"}
 MESSAGES = [{"role": "user", "content": "Tell me about fast tokens"}]
@@ -85,7 +85,8 @@ def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         asked.append(seconds)
         return await real(seconds, gone)
 
-    monkeypatch.setattr(_app, "pause", recording)
+    monkeypatch.setattr(_app, "pause", recording)  # the TTFT
+    monkeypatch.setattr(_wire, "pause", recording)  # between tokens, and a whole answer's wait
     return asked
 
 
