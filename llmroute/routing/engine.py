@@ -841,11 +841,10 @@ class _Run:
         if answered is not None and self.key is not None:
             answered(self.key, target, text)
 
-    def _others(self, target: str, *, available: bool = False) -> list[str]:
-        """The request's targets but ``target`` (``available``: those that may be asked now)."""
+    def _others(self, target: str) -> list[str]:
+        """The targets of the route but ``target`` that may serve this request."""
         left_out = self.refused.union(self.report.left_out, (target,))
-        names = [t.name for t in self.route.targets if t.name not in left_out]
-        return [n for n in names if self.view.available(n)] if available else names
+        return [t.name for t in self.route.targets if t.name not in left_out]
 
     def fails_open(self, target: str) -> bool:
         """Whether an attempt on ``target``, whose circuit is open, goes all the same (once
@@ -915,12 +914,13 @@ class _Run:
         """Seconds an attempt on ``target`` may wait for its first token: from the target's
         live p99 TTFT for the prompt's length class (:func:`~.stats.first_token_deadline`),
         the route's ``first_token_timeout`` as the cap (``None``: no deadline); the cap alone
-        for a continuation, whose prompt is longer by the answer so far, and when no other
-        target of the request may be asked now: the live deadline is there to move on sooner,
-        and with nowhere to go, cutting the attempt only sends the request to the back of the
-        same target's queue (a burst's own queueing is not a failure)."""
+        for a continuation, whose prompt is longer by the answer so far, and on the only target
+        that may serve the request: the live deadline is there to move on sooner, and with
+        nowhere to go, cutting the attempt only sends the request to the back of the same
+        target's queue (a burst's own queueing is not a failure). Another target, even with
+        its circuit open, is somewhere to go (:meth:`fails_open`)."""
         cap = self.route.first_token_timeout
-        if cap is None or prefix is not None or not self._others(target, available=True):
+        if cap is None or prefix is not None or not self._others(target):
             return cap
         p99 = self.router.stats.target(target).class_quantile(0.99, self.prompt_tokens)
         return first_token_deadline(p99, cap=cap)
