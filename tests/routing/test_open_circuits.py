@@ -46,7 +46,7 @@ async def ask(c: AsyncOpenAI, headers: dict[str, str] | None = None) -> tuple[st
         model="chat", messages=MESSAGES, stream=True, extra_headers=headers or {}
     )
     text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
-    return text, stream.route
+    return text, stream.route  # type: ignore[attr-defined]
 
 
 async def test_a_lone_target_slowed_by_a_burst_answers_every_stream(
