@@ -17,10 +17,11 @@ before the last had opened. Every wait is bounded: the N streams must all have t
 within ``--open-timeout`` (a stream that fails first ends the run at once, saying why), the
 gateway must still count all N in flight (its ``llmroute_gateway_in_flight``) when its RSS is
 read, and it must exit within 30 s of SIGTERM; each bound that is hit ends the run with a
-sentence (status 1). The streams are opened at most ``--opening`` at a time: a burst of 1,000
-first tokens on a loaded 2-core machine takes longer than the route's live first-token deadline
-(4 times the p99 TTFT, at least 5 s, learnt from the fast warm-up), the attempts time out, the
-target's circuit opens and every later stream is answered 502.
+sentence (status 1). The streams are opened at most ``--opening`` at a time, so a loaded 2-core
+machine opens them at a steady pace. (A burst of 1,000 first tokens takes longer than the live
+first-token deadline, 5 s after the fast warm-up; on the route's only target an attempt now waits
+up to ``first_token_timeout`` instead, and an open circuit no longer refuses a route's last
+target: docs/routing.md, "When every circuit is open".)
 
     .venv/bin/python benchmarks/gateway_memory.py                       # N = 100, 500, 1000
     .venv/bin/python benchmarks/gateway_memory.py --streams 200 --http 2

@@ -95,6 +95,9 @@ class AttemptReport:
     where the vendor reported none (``cost.estimated`` says so); ``amount`` is ``None`` with
     the reason when the price is unknown. Set once the route's cost is read
     (``RouteReport.cost``), or when the attempt lost."""
+    failed_open: bool = False
+    """It went to its target although the target's circuit was open: none of the request's
+    targets could be asked otherwise (docs/routing.md, "When every circuit is open")."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,7 @@ from .continuation import (
 from .costs import lost_cost, pricer_for
 from .estimate import prompt_messages
 from .goal import LatencyGoal, meet_goal
-from .health import CircuitBreaker, TargetHealth
+from .health import CircuitBreaker, TargetHealth, fails_open
 from .policies import Plan, explore
 from .price import EXPECTED_ANSWER_TOKENS, TargetPrice, answer_tokens
 from .route import SENDING, Route, RouteTarget, Sender
@@ -633,6 +633,8 @@ class _Run:
         not asked to continue this answer again."""
         self.retried: dict[str, int] = {}
         """Retries of the same target in this request (an ordered route's primary)."""
+        self.failed_open: set[str] = set()
+        """Targets asked although their circuit was open (:meth:`fails_open`), once each."""
         self.goal: LatencyGoal | None = None
         """The request's latency goal (its own options over the route's), if any."""
         self.raw = False
@@ -839,6 +841,20 @@ class _Run:
         if answered is not None and self.key is not None:
             answered(self.key, target, text)
 
+    def _others(self, target: str) -> list[str]:
+        """The targets of the route but ``target`` that may serve this request."""
+        left_out = self.refused.union(self.report.left_out, (target,))
+        return [t.name for t in self.route.targets if t.name not in left_out]
+
+    def fails_open(self, target: str) -> bool:
+        """Whether an attempt on ``target``, whose circuit is open, goes all the same (once
+        in a request): no target of the request may be asked (:func:`.health.fails_open`)."""
+        others = [self.router.health(name) for name in self._others(target)]
+        if target in self.failed_open or not fails_open(self.router.health(target), others):
+            return False
+        self.failed_open.add(target)
+        return True
+
     def _begin_attempt(self, name: str, reason: str, state: _Race) -> AttemptReport:
         """An attempt on ``name`` starting now: in the route report, and in flight in ``state``
         (the caller runs it, in its own task or in the race's task group)."""
@@ -898,9 +914,13 @@ class _Run:
         """Seconds an attempt on ``target`` may wait for its first token: from the target's
         live p99 TTFT for the prompt's length class (:func:`~.stats.first_token_deadline`),
         the route's ``first_token_timeout`` as the cap (``None``: no deadline); the cap alone
-        for a continuation, whose prompt is longer by the answer so far."""
+        for a continuation, whose prompt is longer by the answer so far, and on the only target
+        that may serve the request: the live deadline is there to move on sooner, and with
+        nowhere to go, cutting the attempt only sends the request to the back of the same
+        target's queue (a burst's own queueing is not a failure). Another target, even with
+        its circuit open, is somewhere to go (:meth:`fails_open`)."""
         cap = self.route.first_token_timeout
-        if cap is None or prefix is not None:
+        if cap is None or prefix is not None or not self._others(target):
             return cap
         p99 = self.router.stats.target(target).class_quantile(0.99, self.prompt_tokens)
         return first_token_deadline(p99, cap=cap)
@@ -1141,8 +1161,8 @@ class _Coordinator:
     async def _new_round(self) -> bool:
         """Nothing in flight and nothing pending: wait for a target to be free again, or try
         the plan again after a retryable failure; False when neither may be done."""
-        state, plan = self.state, self.plan
-        if not any_retryable(state.failures.values()):
+        state, plan, asked = self.state, self.plan, self.run.failed_open
+        if not any_retryable(e for n, e in state.failures.items() if n not in asked):
             # Nobody could be asked (cooling down, circuits open): wait for the
             # first target to be free again if that fits the first-token deadline.
             soon = self.run._soonest_available(plan.order, trials=False)
@@ -1201,9 +1221,11 @@ class _Attempt:
     async def make(self) -> None:
         run, stats, health = self.run, self.stats, self.health
         if not health.available() or not health.breaker.acquire():
-            self._unavailable()
-            return
-        self.probe = health.breaker.state == "half-open"
+            if not run.fails_open(self.target.name):
+                self._unavailable()
+                return
+            self.record.failed_open = True
+        self.probe = health.breaker.state == "half-open" and not self.record.failed_open
         self.started = run.clock()
         stats.started()
         self.waiting = stats.waiting() if run.stream else 0

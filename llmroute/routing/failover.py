@@ -45,6 +45,7 @@ from .causes import (
 )
 from .costs import pricer_for
 from .engine import RETRY_SLACK, Router, prompt_messages, unavailable, vendor_request_id
+from .health import fails_open
 from .route import Route, Sender
 from .stats import estimate_prompt_tokens
 from .windows import answer_room, needed_tokens, refused_window
@@ -115,6 +116,9 @@ class _Failover:
         self.retries = 0
         self.started = time.monotonic()
         self.pending: deque[str] = deque()
+        self.names: list[str] = []
+        self.failed_open: set[str] = set()
+        """Targets asked although their circuit was open, once each (:func:`.fails_open`)."""
         self.refused_at: int | None = None
         """The largest context window a context-length error ruled out, if one did."""
 
@@ -122,6 +126,7 @@ class _Failover:
         give_up_at = anyio.current_time() + engine.MAX_WAIT_UNAVAILABLE
         rounds = waits = 0
         reason = "first"
+        self.names = names
         while True:
             self.pending.extend(names)
             while self._prune():
@@ -129,7 +134,8 @@ class _Failover:
                 if done is not None:
                     return done
                 reason = "failover"
-            if not any_retryable(self.failures.values()):
+            asked = self.failed_open  # once through an open circuit: no round for it
+            if not any_retryable(e for n, e in self.failures.items() if n not in asked):
                 # Nobody could be asked (cooling down, circuits open): wait for the first
                 # target to be free again, within the bound.
                 soon = self.router.soonest_available(names, trials=False)
@@ -190,11 +196,13 @@ class _Failover:
         self.report.attempts.append(record)
         health = router.health(name)
         if not health.available() or not health.breaker.acquire():
-            exc = unavailable(name, health, self._stub())
-            record.outcome, record.error = "error", describe_error(exc)
-            self.failures.setdefault(name, exc)
-            return None
-        probe = health.breaker.state == "half-open"
+            if not self._fails_open(name):
+                exc = unavailable(name, health, self._stub())
+                record.outcome, record.error = "error", describe_error(exc)
+                self.failures.setdefault(name, exc)
+                return None
+            record.failed_open = True
+        probe = health.breaker.state == "half-open" and not record.failed_open
         try:
             body = {**self.body, "model": target.model}
             response, timings = await self.send(
@@ -220,6 +228,15 @@ class _Failover:
         router.record_call(name, elapsed=None if self.stream else timings.total, exc=None)
         self.report.winner, self.report.ttft = name, time.monotonic() - self.started
         return FailedOver(response, timings, self.report, self.retries)
+
+    def _fails_open(self, name: str) -> bool:
+        """Whether ``name``, whose circuit is open, is asked all the same (once in a call):
+        none of the call's targets may be asked (:func:`.health.fails_open`)."""
+        others = [self.router.health(n) for n in self.names if n != name]
+        if name in self.failed_open or not fails_open(self.router.health(name), others):
+            return False
+        self.failed_open.add(name)
+        return True
 
     def _larger_window_follows(self, name: str, exc: Exception) -> bool:
         """After ``name`` answered a context-length error: whether a target with a larger

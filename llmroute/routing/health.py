@@ -7,12 +7,17 @@ Attribution: a caller serving several parties (the gateway's keys) sets :data:`f
 around each request. A breaker then opens for everyone only when failures of at least two
 parties make up the run that reaches the threshold; failures of one party alone open that
 party's own breaker, so one tenant's bad requests stop that tenant, not the others.
+
+An open circuit puts its target last; it never refuses a request's last chance: when none of a
+request's targets may be asked, :func:`fails_open` lets the attempt go to one whose circuit
+alone keeps it out (a refusal cannot give an answer; a target that is slow under a burst, not
+down, gives one).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Final, Literal
 
@@ -23,6 +28,7 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "TargetHealth",
+    "fails_open",
     "failure_party",
 ]
 
@@ -339,6 +345,11 @@ class TargetHealth:
         """Permission to send one attempt, taking the breaker's probe when it is half-open."""
         return self.cooling() == 0.0 and self.breaker.acquire()
 
+    def circuit_only(self) -> bool:
+        """Whether its circuit alone keeps the target out now: not available, and no cooldown
+        running (a 429's Retry-After, a misconfiguration), which failing open respects."""
+        return self.cooling() == 0.0 and not self.breaker.available()
+
     def trial_due_in(self) -> float | None:
         """Seconds until the background trial of the open circuit may go: the breaker's
         schedule, and a running cooldown (a 429's Retry-After) on top; ``None`` when the
@@ -375,3 +386,13 @@ class TargetHealth:
         if cooling > 0:
             reasons.append(f"cooling down for {cooling:.1f} s after {self._reason}")
         return "; ".join(reasons) or "available"
+
+
+def fails_open(target: TargetHealth, others: Iterable[TargetHealth]) -> bool:
+    """Whether an attempt goes to ``target`` although its circuit is open: its circuit alone
+    keeps it out (:meth:`TargetHealth.circuit_only`) and none of ``others``, the request's
+    other targets, may be asked either. Refusing cannot give an answer and trying can: a
+    target timed out by a burst's own queueing is slow, not down (Envoy's panic threshold and
+    Finagle's balancer after ``maxEffort`` route to unhealthy hosts rather than to none). The
+    attempt is no probe: its answer closes the circuit, its failure leaves it open."""
+    return target.circuit_only() and not any(other.available() for other in others)

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from llmroute.routing.health import CircuitBreaker, TargetHealth, failure_party
+from llmroute.routing.health import CircuitBreaker, TargetHealth, fails_open, failure_party
 
 from ..clock import FakeClock
 
@@ -284,3 +284,19 @@ def test_a_misconfigured_target_is_left_out_and_named() -> None:
     assert "misconfigured (AuthenticationError: Incorrect API key)" in health.describe()
     clock.advance(60.0)
     assert health.available() and health.misconfiguration is None
+
+
+def test_failing_open_goes_through_a_circuit_alone_when_no_other_target_may_be_asked() -> None:
+    clock = FakeClock()
+    target, other = (TargetHealth(CircuitBreaker(1, 10.0, clock=clock), clock) for _ in range(2))
+    assert not target.circuit_only() and not fails_open(target, [])  # closed: no need
+    target.breaker.record_failure()
+    assert target.circuit_only()
+    assert fails_open(target, []) and not fails_open(target, [other])  # other may be asked
+    other.breaker.record_failure()
+    assert fails_open(target, [other])  # every circuit open: the request still goes
+    other.breaker.record_success()
+    other.cool_down(5.0)  # a 429's Retry-After: other may not be asked, nor gone through
+    assert fails_open(target, [other]) and not fails_open(other, [target])
+    target.misconfigured("a 401", 60.0)
+    assert not target.circuit_only() and not fails_open(target, [other])

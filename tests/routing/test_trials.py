@@ -399,11 +399,12 @@ async def test_closing_the_client_ends_a_trial_in_flight(
 
 
 @pytest.mark.anyio
-async def test_a_request_whose_every_target_awaits_a_trial_fails_at_once_saying_so(
+async def test_a_request_whose_every_target_awaits_a_trial_asks_one_once_without_waiting(
     primary: Simulator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No request waits on a trial: with the only target's circuit open, a request does not
-    sleep until the trial is due (it could not go even then), it fails now and says why."""
+    sleep until the trial is due, nor is it refused (refusing cannot give an answer): it asks
+    the target once, at once (failing open), and means what the target said (a 503)."""
     cfg = flapping_config(primary, primary)
     cfg["models"]["chat"] = {"targets": [PRIMARY], "policy": "fastest"}
     cfg["routing"].update(breaker_failures=1, breaker_cooldown="1s", breaker_max_cooldown="1s")
@@ -414,20 +415,23 @@ async def test_a_request_whose_every_target_awaits_a_trial_fails_at_once_saying_
         slept.append(delay)
         await real_sleep(delay, *args, **kwargs)
 
-    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
+    async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=2) as client:
         router = client._router
         assert router is not None
         router._clock = FakeClock()  # the trial is due in 1 s of a clock that does not move
         with pytest.raises(openai.InternalServerError):
             await client.chat.completions.create(model="chat", messages=MESSAGES)
         assert router.health(PRIMARY).breaker.state == "open"
+        sent = primary.stats()["chat_requests"]
         monkeypatch.setattr(anyio, "sleep", recording)
-        with pytest.raises(
-            AllTargetsFailed, match=r"circuit open after 1 failure, next trial in"
-        ) as raised:
+        with pytest.raises(AllTargetsFailed, match="503") as raised:
             await client.chat.completions.create(model="chat", messages=MESSAGES)
-    assert [s for s in slept if s > 0] == []
-    # It means what opened the circuit (a 503), for openai-style retry code to see.
+        assert primary.stats()["chat_requests"] == sent + 1  # once, whatever max_retries says
+    assert router.health(PRIMARY).breaker.state == "open"
+    attempts = raised.value.report.attempts
+    assert [(a.target, a.outcome, a.failed_open) for a in attempts] == [(PRIMARY, "error", True)]
+    assert [s for s in slept if s > 0] == []  # no retry round for a target asked that way
+    # It means what the target said (a 503), for openai-style retry code to see.
     assert isinstance(raised.value, openai.InternalServerError)
     assert raised.value.status_code == 503 and isinstance(raised.value.last, openai.APIStatusError)
 
@@ -628,8 +632,9 @@ def test_trials_go_on_in_a_second_event_loop() -> None:
 @pytest.mark.anyio
 async def test_a_circuit_opened_by_broken_streams_names_the_break(primary: Simulator) -> None:
     """A circuit opened by streams that broke mid-answer (no continuation possible on a route of
-    one target) keeps that failure: a request refused while it is open means what broke the
-    stream (a connection error: the server reset it), not a bare AllTargetsFailed."""
+    one target): a request while it is open asks the target once more (failing open, it is the
+    only target) and means what broke (a connection error: the server reset it), not a bare
+    AllTargetsFailed."""
     cfg = single_target_config(primary, headers={"x-sim-fault": "drop:3"})
     async with AsyncOpenAI(config=cfg, verify=primary.ssl_context(), max_retries=0) as client:
         router = client._router
