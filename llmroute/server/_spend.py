@@ -43,7 +43,6 @@ from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
 from ..pricing import TokenUsage, cost_of, find_price
 from ..routing.costs import attempt_kind
-from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
@@ -63,7 +62,6 @@ CURRENCY = "USD"
 LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
 """Policies that may start more than one attempt before a first token (a race, hedges, an
 exploration beside the first choice)."""
-MAX_CONTINUATIONS = Route.__dataclass_fields__["max_continuations"].default
 
 
 class PriceUnknown(Exception):
@@ -160,8 +158,8 @@ class Prices:
         use: those that may run at once before a first token, at most the route's targets
         (a race's ``race``, else the first and its hedges: ``max_hedges``, at least the one a
         latency goal may add; and an exploration while ``routing.explore`` is above 0), and
-        the continuations of a broken stream (each re-sends the prompt and the answer so
-        far)."""
+        the continuations of a broken stream (the route's ``max_continuations``; each re-sends
+        the prompt and the answer so far)."""
         config = self._config
         tiered = config.tiered.get(model)
         routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
@@ -176,7 +174,7 @@ class Prices:
                 start = route.race if route.policy == "race" else 1 + max(route.max_hedges, 1)
                 first = max(first, min(len(route.targets), start + explore))
             if streamed and route.continue_on_break:
-                continuations = MAX_CONTINUATIONS
+                continuations = max(continuations, route.max_continuations)
         return first, continuations
 
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:

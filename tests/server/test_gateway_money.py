@@ -477,6 +477,48 @@ def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
         assert spent(first) == cost <= budget
 
 
+def test_a_streams_estimate_reserves_the_routes_own_continuations(
+    redis_url: str, sims: dict[str, Simulator]
+) -> None:
+    """A stream is admitted on its route's own ``max_continuations``, not the default three:
+    on a route that continues nothing, its one attempt (admitted where three continuations
+    would not fit); on one that may continue six times, all six (refused where three would
+    fit, which would let its spend pass the budget)."""
+    routes = {"none": 0, "six": 6}
+    bodies = {
+        name: {"model": name, "messages": MESSAGES, "stream": True, "max_tokens": 100}
+        for name in routes
+    }
+    single, continued = {}, {}
+    for name, body in bodies.items():  # at cheap's price, the routes' only target
+        size = len(json.dumps(body, ensure_ascii=False).encode())
+        single[name] = 1000 * size + 2000 * 100
+        continued[name] = 1000 * (size + 100) + 2000 * 100
+    # Room for the first attempt and four continuations of either route.
+    budget = max(single.values()) + 4 * max(continued.values())
+    tenants = {"payer": {"budget_usd": f"{budget / 10**9:.9f}", "budget_period": PERIOD}}
+    config = config_for(sims, tenants, redis_url)
+    for name, count in routes.items():
+        config["models"][name] = {"targets": ["cheap:sim-small"], "max_continuations": count}
+    with Gateway(config, environ=ENVIRON, max_retries=0) as gateway:
+        six = post(gateway, bodies["six"])
+        assert single["six"] + 3 * continued["six"] <= budget  # three would have fitted
+        assert six.status_code == 429, six.text
+        assert six.json()["error"]["code"] == "insufficient_quota"
+        with (
+            httpx.Client(timeout=DEADLINE) as client,
+            client.stream(
+                "POST",
+                gateway.base_url + "/chat/completions",
+                json=bodies["none"],
+                headers={"authorization": f"Bearer {KEYS['payer']}"},
+            ) as reply,
+        ):
+            assert reply.status_code == 200
+            assert budget - remaining(reply) == single["none"]  # no continuation reserved
+            reply.read()
+
+
 @pytest.mark.parametrize(
     ("prices", "said"),
     [
@@ -591,6 +633,8 @@ def test_a_team_made_over_the_admin_api_with_budget_usd_is_never_served_free(
         ({"policy": "race"}, False, (2, 0)),
         ({"policy": "hedge"}, True, (2, 3)),  # a stream may be continued three times
         ({"policy": "hedge", "continue_on_break": False}, True, (2, 0)),
+        ({"policy": "hedge", "max_continuations": 0}, True, (2, 0)),
+        ({"policy": "hedge", "max_continuations": 6}, True, (2, 6)),
     ],
 )
 def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
