@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from decimal import Decimal
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -519,6 +520,99 @@ def test_a_streams_estimate_reserves_the_routes_own_continuations(
             reply.read()
 
 
+CACHED = {"input": 1, "cached_input": 0.25, "cache_write": 1.25, "cache_write_1h": 2, "output": 2}
+"""USD per million tokens: 1,000 nano-dollars a fresh prompt token, 250 a cache read, 2,000 a
+1-hour cache write, 2,000 an answer token."""
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """The prompt tokens read from the vendor's cache, as the caller's usage says (OpenAI's
+    field, or DeepSeek's)."""
+    if "prompt_cache_hit_tokens" in usage:
+        return int(usage["prompt_cache_hit_tokens"])
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def test_a_cached_prompt_is_charged_at_the_cached_price(redis_url: str) -> None:
+    """The vendor's prompt cache, in each family's usage (OpenAI's
+    ``prompt_tokens_details.cached_tokens``, DeepSeek's ``prompt_cache_hit_tokens``,
+    Anthropic's cache writes and reads): a request is charged its cache reads at the cached
+    price and its writes at theirs, as ``route.cost`` prices them and the vendor bills, not
+    its whole prompt as fresh input. The first request writes the system prompt, the second
+    (streamed) reads it."""
+    profiles = {
+        "oa": Profile(reply_tokens=REPLY, prompt_cache="openai"),
+        "ds": Profile(reply_tokens=REPLY, prompt_cache="deepseek"),
+        "an": Profile(reply_tokens=REPLY),  # Anthropic's cache: the request's cache_control
+    }
+    kinds = {"ds": {"kind": "deepseek"}, "an": {"kind": "anthropic"}}
+    system = f"You answer in one short paragraph, always, as house {uuid.uuid4().hex} says."
+    block = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    tenants = {"payer": {"budget_usd": 1, "budget_period": PERIOD}}
+    with ExitStack() as stack:
+        sims = {
+            name: stack.enter_context(Simulator(profile=profile, tls=False))
+            for name, profile in profiles.items()
+        }
+        config = {
+            "routing": {"explore": 0},
+            "redis": {"url": redis_url, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
+            "gateway": {
+                "keys": {name: f"GM_{name.upper()}" for name in KEYS},
+                "tenants": {"admin": {"admin": True}, **tenants},
+                "limits_backend": "redis",
+            },
+            "providers": {
+                name: {
+                    "base_url": sim.base_url,
+                    "api_key": "sk-money-upstream",
+                    "prices": {"*": CACHED},
+                    **kinds.get(name, {}),
+                }
+                for name, sim in sims.items()
+            },
+            "models": {
+                name: {"targets": [f"{name}:sim-small"], "continue_on_break": False}
+                for name in sims
+            },
+        }
+        gateway = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        # Admitted on the prompt as 1-hour cache writes, the dearest class it may be billed as.
+        body = {"model": "an", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50}
+        size = len(json.dumps(body, ensure_ascii=False).encode())
+        assert gateway.app.prices.estimate("an", body, "chat") == 2000 * size + 2000 * 50
+        used = 0
+        for name in sims:
+            head = {"role": "system", "content": block if name == "an" else system}
+            seen: list[tuple[dict[str, Any], int]] = []
+            for question, stream in (("What is a cache?", False), ("What does it save?", True)):
+                body: dict[str, Any] = {
+                    "model": name,
+                    "messages": [head, {"role": "user", "content": question}],
+                    "max_tokens": 50,
+                }
+                if stream:
+                    body |= {"stream": True, "stream_options": {"include_usage": True}}
+                answer = post(gateway, body)
+                assert answer.status_code == 200, answer.text
+                tokens = streamed_usage(answer) if stream else answer.json()["usage"]
+                wait_for(lambda was=used: spent(gateway) > was, f"{name} charged")
+                seen.append((tokens, spent(gateway) - used))
+                used = spent(gateway)
+            (first, wrote_it), (second, read_it) = seen
+            read = cached_tokens(second)
+            assert cached_tokens(first) == 0 and read > 0
+            assert first["completion_tokens"] == second["completion_tokens"] == REPLY
+            # The second read what the first wrote (Anthropic's, at the 1-hour write price).
+            written = read if name == "an" else 0
+            fresh = first["prompt_tokens"] - written
+            assert wrote_it == 1000 * fresh + 2000 * written + 2000 * REPLY, name
+            fresh = second["prompt_tokens"] - read
+            assert read_it == 1000 * fresh + 250 * read + 2000 * REPLY, name
+        fleet = usage(gateway)
+        assert fleet["spend_nanos"] == fleet["limits"]["budget_spent_nanos"] == used
+
+
 @pytest.mark.parametrize(
     ("prices", "said"),
     [
@@ -649,7 +743,9 @@ def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
     the whole answer."""
     config = config_for(sims, {}, redis_url)
     config["models"]["chat"] = {"targets": ["cheap:sim-small", "dear:sim-small"], **route}
-    prices = GatewayApp(config, environ=ENVIRON).prices
+    app = GatewayApp(config, environ=ENVIRON)
+    anyio.run(app.aclose)  # its Redis connections (prices need none)
+    prices = app.prices
     body = {"model": "chat", "messages": MESSAGES, "max_tokens": 100, "stream": stream}
     assert prices.attempts("chat", body, "chat") == attempts
     size = len(json.dumps(body, ensure_ascii=False).encode())
