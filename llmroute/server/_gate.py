@@ -146,8 +146,13 @@ class Gate:
         if billed is not None:
             return billed
         winner = _priced_target(exchange.report)
+        model = tally.body["model"]
         try:
-            return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
+            if exchange.report is None and tally.usage is not None and not tally.cache_hit:
+                billed = self.prices.usage_cost(model, tally.usage)  # not a route
+                if billed is not None:
+                    return billed
+            return self.prices.request_cost(model, winner, prompt, completion)
         except PriceUnknown:
             return None
 

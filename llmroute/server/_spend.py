@@ -46,7 +46,7 @@ from typing import Any
 from .._prices import ModelPrice
 from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
-from ..pricing import TokenUsage, cost_of, find_price
+from ..pricing import TokenUsage, UsageError, cost_of, find_price, read_usage
 from ..routing.costs import attempt_kind
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
@@ -242,6 +242,23 @@ class Prices:
         price = self.price(target)
         writes = (("cache_write", price.cache_write), ("cache_write_1h", price.cache_write_1h))
         return ("input", *(name for name, rate in writes if rate is not None))
+
+    def usage_cost(self, model: str, usage: Any) -> int | None:
+        """What an answer to ``model`` on its one target (a model of ``default_provider``,
+        not a route) cost by its vendor's ``usage``, each token class at its own price (read
+        as the provider's ``[usage]`` fields say), in nano-dollars; ``None`` when ``model``
+        has several targets or ``usage`` cannot be read."""
+        targets = self.targets(model)
+        provider = self._providers.get(targets[0].provider) if len(targets) == 1 else None
+        dump = getattr(usage, "model_dump", None)
+        data = usage if isinstance(usage, Mapping) else dump() if dump is not None else None
+        if provider is None or not isinstance(data, Mapping):
+            return None
+        try:
+            tokens = read_usage(data, provider.spec.usage_fields)
+        except UsageError:
+            return None
+        return self._cost(targets[0], tokens, datetime.datetime.now(datetime.UTC).date())
 
     def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``

@@ -539,7 +539,7 @@ def test_a_cached_prompt_is_charged_at_the_cached_price(redis_url: str) -> None:
     Anthropic's cache writes and reads): a request is charged its cache reads at the cached
     price and its writes at theirs, as ``route.cost`` prices them and the vendor bills, not
     its whole prompt as fresh input. The first request writes the system prompt, the second
-    (streamed) reads it."""
+    (streamed) reads it; a model of ``default_provider`` (not a route) likewise."""
     profiles = {
         "oa": Profile(reply_tokens=REPLY, prompt_cache="openai"),
         "ds": Profile(reply_tokens=REPLY, prompt_cache="deepseek"),
@@ -575,6 +575,7 @@ def test_a_cached_prompt_is_charged_at_the_cached_price(redis_url: str) -> None:
                 name: {"targets": [f"{name}:sim-small"], "continue_on_break": False}
                 for name in sims
             },
+            "default_provider": "oa",
         }
         gateway = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
         # Admitted on the prompt as 1-hour cache writes, the dearest class it may be billed as.
@@ -609,6 +610,19 @@ def test_a_cached_prompt_is_charged_at_the_cached_price(redis_url: str) -> None:
             assert wrote_it == 1000 * fresh + 2000 * written + 2000 * REPLY, name
             fresh = second["prompt_tokens"] - read
             assert read_it == 1000 * fresh + 250 * read + 2000 * REPLY, name
+        # A model of default_provider (no route, no route report): the vendor's usage too.
+        alone = f"Answer as house {uuid.uuid4().hex} says, in a word."
+        for question, read_before in (("What is a cache?", False), ("What does it save?", True)):
+            messages = [{"role": "system", "content": alone}, {"role": "user", "content": question}]
+            answer = post(gateway, {"model": "sim-small", "messages": messages, "max_tokens": 50})
+            assert answer.status_code == 200, answer.text
+            tokens = answer.json()["usage"]
+            read = cached_tokens(tokens)
+            assert (read > 0) is read_before
+            wait_for(lambda was=used: spent(gateway) > was, "default_provider's answer charged")
+            fresh = tokens["prompt_tokens"] - read
+            assert spent(gateway) - used == 1000 * fresh + 250 * read + 2000 * REPLY
+            used = spent(gateway)
         fleet = usage(gateway)
         assert fleet["spend_nanos"] == fleet["limits"]["budget_spent_nanos"] == used
 
