@@ -219,7 +219,7 @@ class Prices:
         dearest = continued = 0
         vector = kind == "embeddings"  # an embedding bills its input alone
         for target in targets:
-            answer = 0 if vector else room or self._window(target)
+            answer = 0 if vector else room or self._window(target) or 0
             if not answer and not vector:
                 raise PriceUnknown(
                     f"the request names no max_tokens and target {target.name!r} has no known "
