@@ -56,6 +56,7 @@ from .config import Config, Resolved, ResolvedProvider, resolve, resolve_provide
 from .metrics import ClientMetrics
 from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
+from .routing.metered import meter
 from .routing.probe import PROBE_TIMEOUT, Probe, probe_targets
 from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
@@ -374,15 +375,15 @@ class Dispatch:
         """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
         the policy's order, failing over by the engine's rules (:mod:`.routing.failover`);
         openai's machinery parses the winner's response. Metrics count a whole answer (its
-        cost from the vendor's usage) or a failure; a stream's end is openai's to read."""
+        cost from the vendor's usage), a failure, or a stream when it ends (its cost from the
+        usage its body carried on its way to openai's machinery, :mod:`.routing.metered`)."""
         route = call.route
         assert route is not None
         await self._fresh_stats()
         self._background()
         unservable = self.pins.unservable(call, route)
-        telemetry = None if call.stream else self._telemetry(call)  # a stream's end is openai's
-        if telemetry is not None:
-            call.trace = telemetry.trace
+        telemetry = self._telemetry(call)
+        call.trace = telemetry.trace
         try:
             done = await fail_over(
                 self.router,
@@ -394,11 +395,21 @@ class Dispatch:
                 unservable=unservable,
             )
         except BaseException as exc:
-            if telemetry is not None:
-                telemetry.failed(exc)
+            telemetry.failed(exc)
             raise
-        if telemetry is not None:
-            telemetry.answered(done.report, done.timings)
+        report, timings = done.report, done.timings
+        if call.stream and report.winner is not None:
+            telemetry.trace.mark(report)
+            meter(
+                done.response,
+                route.target(report.winner),
+                call.kind,
+                report.attempts[-1],
+                timings,
+                lambda exc, whole: telemetry.ended(report, timings, exc, whole),
+            )
+        else:
+            telemetry.answered(report, timings)
         object.__setattr__(done.response, "_llmroute_route", done.report)
         object.__setattr__(done.response, "_llmroute_timings", done.timings)
         return Served(None, done.response, done.retries)

@@ -145,6 +145,7 @@ def route_for(
         else CostBudget(ratio=config.hedge_budget_cost),
         first_token_timeout=config.first_token_timeout,
         continue_on_break=config.continue_on_break,
+        max_continuations=config.max_continuations,
         retry_after_max=config.retry_after_max,
         stall_timeout=None if config.stall_timeout == "off" else config.stall_timeout,
         server_error_retries=config.server_error_retries,

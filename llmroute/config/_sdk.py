@@ -130,6 +130,10 @@ class RouteConfig(BaseModel):
     total to its caller (a cancel scope)."""
     continue_on_break: bool = True
     """Continue a stream that broke after content on another target."""
+    max_continuations: int = Field(default=3, ge=0, le=10)
+    """Continuations one answer may have at most (each re-sends the prompt and the answer so
+    far, so each is paid for: a gateway's money budget reserves every one); 0 is the same as
+    ``continue_on_break = false``."""
     stall_timeout: Annotated[Literal["auto", "off"] | float, BeforeValidator(stall_input)] = "auto"
     """Seconds a stream may send nothing after its first token before it counts as broken
     and is continued on another target. ``"auto"``: 4x the target's p99 longest pause between

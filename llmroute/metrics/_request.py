@@ -97,11 +97,22 @@ class RequestTelemetry:
 
     def stream_ended(self, stream: Any, exc: BaseException | None, whole: bool) -> None:
         """A stream was read to its end, broke, or was closed (``whole``: it was complete)."""
+        self.ended(stream.route, stream.timings, exc, whole)
+
+    def ended(
+        self,
+        report: RouteReport | None,
+        timings: Timings | None,
+        exc: BaseException | None,
+        whole: bool,
+    ) -> None:
+        """A stream of ``report`` ended (see :meth:`stream_ended`): a routed stream openai's
+        machinery read (a legacy completion on a route)."""
         if exc is None:
             outcome = "ok" if whole else "cancelled"
         else:
             outcome = _failure_outcome(exc)
-        self._finish(outcome, stream.route, stream.timings, error=exc)
+        self._finish(outcome, report, timings, error=exc)
 
     def _finish(
         self,

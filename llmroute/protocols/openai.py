@@ -393,6 +393,8 @@ class OpenAIAdapter(ProtocolAdapter):
     ) -> ChatStreamDecoder:
         if kind == "responses":
             return ResponsesStreamDecoder(request=request, target=target)
+        if kind == "completions":
+            return CompletionStreamDecoder(request=request, target=target)
         return ChatStreamDecoder(request=request, target=target)
 
     def parse_answer(

@@ -45,6 +45,7 @@ from .causes import (
 )
 from .costs import pricer_for
 from .engine import RETRY_SLACK, Router, prompt_messages, unavailable, vendor_request_id
+from .estimate import prompt_tokens
 from .health import fails_open
 from .route import Route, Sender
 from .stats import estimate_prompt_tokens
@@ -104,10 +105,10 @@ class _Failover:
         self.report = RouteReport(
             route=route.name,
             policy=route.policy.name,
-            # A whole answer is priced from its vendor's usage; a stream's usage is read by
-            # openai's machinery alone, so its cost is not known here (None).
-            pricer=None if stream else pricer_for(route),
-            prompt_tokens=estimate_prompt_tokens(prompt_messages(body, kind)),
+            # A whole answer is priced from its vendor's usage; a stream's, once it ended, from
+            # the usage :mod:`.metered` read on its way to openai's machinery.
+            pricer=pricer_for(route),
+            prompt_tokens=prompt_tokens(body, kind),
         )
         self.failures: dict[str, BaseException] = {}
         self.last: BaseException | None = None

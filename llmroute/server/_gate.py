@@ -27,7 +27,14 @@ from ._exchange import Exchange, Request
 from ._limits import TARGET_SPEND, Alert, Refusal
 from ._metrics import ANONYMOUS, GatewayMetrics
 from ._slo import Objective, SloTracker
-from ._spend import MAX_NANOS, Prices, PriceUnknown, continued_nanos, extra_nanos
+from ._spend import (
+    MAX_NANOS,
+    Prices,
+    PriceUnknown,
+    answer_nanos,
+    continued_nanos,
+    extra_nanos,
+)
 from ._tally import Tally
 from ._tenants import NANOS, Tenant, Tenants
 from ._usage import new_usage
@@ -135,9 +142,17 @@ class Gate:
         continued = continued_nanos(exchange.report)
         if continued is not None:
             return continued
+        billed = answer_nanos(exchange.report)  # cached prompt tokens at the cached price
+        if billed is not None:
+            return billed
         winner = _priced_target(exchange.report)
+        model = tally.body["model"]
         try:
-            return self.prices.request_cost(tally.body["model"], winner, prompt, completion)
+            if exchange.report is None and tally.usage is not None and not tally.cache_hit:
+                billed = self.prices.usage_cost(model, tally.usage)  # not a route
+                if billed is not None:
+                    return billed
+            return self.prices.request_cost(model, winner, prompt, completion)
         except PriceUnknown:
             return None
 

@@ -10,15 +10,19 @@ stream's continuations) is priced before it is sent at every target
 its model name may use (a route's targets, a tiered name's routes' targets, or
 ``default_provider``'s model), and counted at the dearest
 (:meth:`Prices.estimate`): its prompt at most one token per byte of its JSON body (a token is
-at least one byte of text, and the body holds every message, tool and field besides), and its
+at least one byte of text, and the body holds every message, tool and field besides) at the
+dearer of the input price and the cache-write prices (a prompt may be written), and its
 answer at ``max_tokens`` (``max_completion_tokens``, ``max_output_tokens``), or the dearest
 target's context window when it names none. The admission script admits it only when the
 scope's spend and that estimate fit in the budget.
 
-**Settled on what it cost** (:meth:`Prices.request_cost`): the answer's usage (the vendor's,
-else the gateway's count of what it delivered: a stream its client cut is charged its prompt
-and the tokens sent) at the price of the target that answered, the dearest when none is known;
-a continued answer, its first attempt as its route report prices it (:func:`continued_nanos`).
+**Settled on what it cost**: a routed answer's usage as its route report prices it
+(:func:`answer_nanos`: its vendor's usage by token class, cached prompt tokens at the cached
+price, cache writes at theirs, as ``route.cost`` says); else (:meth:`Prices.request_cost`) the
+gateway's count (the vendor's prompt and answer tokens, or what it delivered: a stream its
+client cut is charged its prompt and the tokens sent) at the price of the target that answered,
+the dearest when none is known; a continued answer, its first attempt as its route report
+prices it (:func:`continued_nanos`).
 Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
 key's ``hedge_nanos``), each filed under the target that billed it. Each target's part is
 rounded up to the next nano-dollar: never free, and the parts add up to the request's cost.
@@ -36,14 +40,14 @@ import json
 import math
 from collections.abc import Mapping
 from decimal import Decimal
+from itertools import product
 from typing import Any
 
 from .._prices import ModelPrice
 from .._types import RouteReport
 from ..config import MAX_COUNT, Config, ResolvedProvider, Target
-from ..pricing import TokenUsage, cost_of, find_price
+from ..pricing import TokenUsage, UsageError, cost_of, find_price, read_usage
 from ..routing.costs import attempt_kind
-from ..routing.route import Route
 from ..routing.windows import MAX_TOKENS_CAP, answer_room
 from ._tenants import NANOS, Tenant, Tenants, to_nanos
 
@@ -51,6 +55,7 @@ __all__ = [
     "NANOS",
     "PriceUnknown",
     "Prices",
+    "answer_nanos",
     "continued_nanos",
     "extra_nanos",
     "money_problem",
@@ -63,7 +68,6 @@ CURRENCY = "USD"
 LATENCY_POLICIES = ("fastest", "hedge", "race", "cheapest")
 """Policies that may start more than one attempt before a first token (a race, hedges, an
 exploration beside the first choice)."""
-MAX_CONTINUATIONS = Route.__dataclass_fields__["max_continuations"].default
 
 
 class PriceUnknown(Exception):
@@ -96,6 +100,27 @@ def extra_nanos(report: RouteReport | None) -> dict[str, int]:
         if attempt_kind(record) in EXTRA_KINDS:
             by_target[record.target] = by_target.get(record.target, Decimal(0)) + priced.amount
     return {target: nanos_of(amount) for target, amount in by_target.items() if amount > 0}
+
+
+def answer_nanos(report: RouteReport | None) -> int | None:
+    """A routed answer's own cost as its route report prices it from its vendor's usage (the
+    prompt's cache reads at the cached price and its cache writes at theirs, read as the
+    target's ``[usage]`` fields say, as ``route.cost`` does), in nano-dollars rounded up;
+    ``None`` when its vendor sent no usage for it (a stream its client cut), it was not routed
+    or that cost is not known in USD: then :meth:`Prices.request_cost` prices the gateway's
+    count."""
+    if report is None or report.cache_hit or report.shared:
+        return None
+    cost = report.cost  # prices every attempt once
+    if cost is None:
+        return None
+    answers = [record for record in report.attempts if attempt_kind(record) == "answer"]
+    if len(answers) != 1 or answers[0].outcome != "won" or answers[0].usage is None:
+        return None
+    priced = answers[0].cost
+    if priced is None or priced.amount is None or priced.currency != CURRENCY:
+        return None
+    return nanos_of(priced.amount)
 
 
 def continued_nanos(report: RouteReport | None) -> int | None:
@@ -160,8 +185,8 @@ class Prices:
         use: those that may run at once before a first token, at most the route's targets
         (a race's ``race``, else the first and its hedges: ``max_hedges``, at least the one a
         latency goal may add; and an exploration while ``routing.explore`` is above 0), and
-        the continuations of a broken stream (each re-sends the prompt and the answer so
-        far)."""
+        the continuations of a broken stream (the route's ``max_continuations``; each re-sends
+        the prompt and the answer so far)."""
         config = self._config
         tiered = config.tiered.get(model)
         routes = [model] if tiered is None else sorted({*tiered.tiers.values(), tiered.default})
@@ -176,7 +201,7 @@ class Prices:
                 start = route.race if route.policy == "race" else 1 + max(route.max_hedges, 1)
                 first = max(first, min(len(route.targets), start + explore))
             if streamed and route.continue_on_break:
-                continuations = MAX_CONTINUATIONS
+                continuations = max(continuations, route.max_continuations)
         return first, continuations
 
     def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
@@ -194,19 +219,46 @@ class Prices:
         dearest = continued = 0
         vector = kind == "embeddings"  # an embedding bills its input alone
         for target in targets:
-            answer = 0 if vector else room or self._window(target)
+            answer = 0 if vector else room or self._window(target) or 0
             if not answer and not vector:
                 raise PriceUnknown(
                     f"the request names no max_tokens and target {target.name!r} has no known "
                     "context window to bound its answer"
                 )
-            for reasoning in (0, answer):  # reasoning may be dearer than other output
-                usage = TokenUsage(input=prompt, output=answer, reasoning=reasoning)
+            # Reasoning may be dearer than other output, and a cache write than fresh input.
+            for reasoning, written in product((0, answer), self._write_classes(target)):
+                usage = TokenUsage(output=answer, reasoning=reasoning, **{written: prompt})
                 dearest = max(dearest, self._cost(target, usage, day))
                 if continuations:
-                    again = TokenUsage(input=prompt + answer, output=answer, reasoning=reasoning)
+                    again = TokenUsage(
+                        output=answer, reasoning=reasoning, **{written: prompt + answer}
+                    )
                     continued = max(continued, self._cost(target, again, day))
         return min(first * dearest + continuations * continued, MAX_NANOS)
+
+    def _write_classes(self, target: Target) -> tuple[str, ...]:
+        """The token classes a prompt to ``target`` may be billed as: fresh input, and the
+        cache writes it has a price for (Anthropic's 1-hour writes cost twice the input)."""
+        price = self.price(target)
+        writes = (("cache_write", price.cache_write), ("cache_write_1h", price.cache_write_1h))
+        return ("input", *(name for name, rate in writes if rate is not None))
+
+    def usage_cost(self, model: str, usage: Any) -> int | None:
+        """What an answer to ``model`` on its one target (a model of ``default_provider``,
+        not a route) cost by its vendor's ``usage``, each token class at its own price (read
+        as the provider's ``[usage]`` fields say), in nano-dollars; ``None`` when ``model``
+        has several targets or ``usage`` cannot be read."""
+        targets = self.targets(model)
+        provider = self._providers.get(targets[0].provider) if len(targets) == 1 else None
+        dump = getattr(usage, "model_dump", None)
+        data = usage if isinstance(usage, Mapping) else dump() if dump is not None else None
+        if provider is None or not isinstance(data, Mapping):
+            return None
+        try:
+            tokens = read_usage(data, provider.spec.usage_fields)
+        except UsageError:
+            return None
+        return self._cost(targets[0], tokens, datetime.datetime.now(datetime.UTC).date())
 
     def request_cost(self, model: str, winner: str, prompt: int, completion: int) -> int:
         """What a request to ``model`` cost, in nano-dollars: ``prompt`` and ``completion``

@@ -35,7 +35,16 @@ class Tally:
     (the prompt's estimate; a streamed chunk with text a token). A cache hit used nothing. Per
     chunk it costs a few attribute reads: the hot path is the streamed chunk's."""
 
-    __slots__ = ("answer", "body", "cache_hit", "chunks", "completion", "kind", "prompt")
+    __slots__ = (
+        "answer",
+        "body",
+        "cache_hit",
+        "chunks",
+        "completion",
+        "kind",
+        "prompt",
+        "usage",
+    )
 
     def __init__(self, body: Mapping[str, Any], kind: str) -> None:
         self.body, self.kind = body, kind
@@ -44,6 +53,8 @@ class Tally:
         self.chunks = 0
         self.cache_hit = False
         self.answer = False  # a whole answer came (with or without usage)
+        self.usage: Any = None
+        """The vendor's last chat or completion ``usage`` object, as it sent it."""
 
     def _usage(self, usage: Any, prompt: str, completion: str) -> None:
         p, c = getattr(usage, prompt, None), getattr(usage, completion, None)
@@ -57,6 +68,7 @@ class Tally:
             self.chunks += 1  # a count of tokens only where no vendor sent usage
         usage = chunk.usage
         if usage is not None:
+            self.usage = usage
             self._usage(usage, "prompt_tokens", "completion_tokens")
 
     def event(self, event: Any) -> None:
@@ -84,6 +96,7 @@ class Tally:
         if hasattr(usage, "input_tokens"):  # the Responses API's
             self._usage(usage, "input_tokens", "output_tokens")
         else:
+            self.usage = usage
             self._usage(usage, "prompt_tokens", "completion_tokens")
             if self.completion is None and isinstance(self.prompt, int):
                 self.completion = 0  # embeddings: no completion

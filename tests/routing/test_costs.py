@@ -358,6 +358,48 @@ async def test_every_routed_api_is_priced_from_its_vendors_usage(cached_sim: Sim
     assert float(counted.removeprefix(line)) == pytest.approx(float(total))
 
 
+async def test_a_streamed_legacy_completion_is_priced_and_counted(cached_sim: Simulator) -> None:
+    """openai's machinery reads a streamed legacy completion on a route itself; its body is
+    decoded on the way, so its cost is the vendor's last usage chunk where the caller asked for
+    one (exact), else its prompt (llmroute's count) and the token chunks it streamed (an
+    estimate, said so); a stream its caller closes early is priced on what arrived. Each is
+    counted in the client's metrics."""
+    cfg = config({"a": provider(cached_sim, prices={"*": PRICE})}, ["a:sim-small"])
+    text = f"Price this streamed prompt {uuid.uuid4().hex}, word by word."
+    asked = {"model": "chat", "prompt": text, "max_tokens": 20, "stream": True}
+    async with AsyncOpenAI(config=cfg, verify=cached_sim.ssl_context()) as client:
+        stream = await client.completions.create(**asked, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+        bare = await client.completions.create(**asked)
+        deltas = len([c async for c in bare if c.choices and c.choices[0].text])
+        cut = await client.completions.create(**asked)
+        async for chunk in cut:
+            if chunk.choices and chunk.choices[0].text:
+                break  # the caller leaves after its first token
+        await cut.close()
+        summed = client.metrics.costs()
+        exposition = client.metrics.exposition().decode()
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens
+    route = stream.route
+    assert route is not None and route.cost is not None and route.cost.amount is not None
+    (attempt,) = route.attempts
+    assert attempt.usage is not None and not route.cost.estimated  # the vendor's count
+    assert route.cost.amount == usd(usage.prompt_tokens, 2) + usd(usage.completion_tokens, 8)
+    prompt = estimate_prompt_tokens([]) + len(text) // 4  # llmroute's count of a bare prompt
+    assert bare.route.cost.amount == usd(prompt, 2) + usd(deltas, 8)
+    assert any(NO_USAGE in why for why in bare.route.cost.estimated)
+    # What reached the client before it closed, at least the token it read.
+    tokens = cut.route.attempts[0].tokens
+    assert 1 <= tokens <= 20 and cut.route.attempts[0].outcome == "won"
+    assert cut.route.cost.amount == usd(prompt, 2) + usd(tokens, 8)
+    total = route.cost.amount + bare.route.cost.amount + cut.route.cost.amount
+    assert summed == {("a:sim-small", "answer", "USD"): total}
+    requests = [x for x in exposition.splitlines() if x.startswith("llmroute_requests_total{")]
+    # The cut one's whole answer had arrived (the simulator is fast): counted as answered.
+    assert requests == ['llmroute_requests_total{outcome="ok",route="chat",source="live"} 3.0']
+
+
 def test_a_responses_usage_is_read_with_its_cached_and_reasoning_tokens() -> None:
     """A Responses API usage, in chat completions' shape for the OpenAI adapter's fields: its
     cached input and reasoning output are classes of their own (the simulator sends none)."""

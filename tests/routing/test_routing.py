@@ -396,6 +396,18 @@ async def test_continue_on_break_off_raises(sim: Simulator) -> None:
             await read(stream)
 
 
+async def test_max_continuations_zero_continues_nothing(sim: Simulator) -> None:
+    """A route's ``max_continuations`` reaches the engine: with 0 a broken stream raises,
+    though another target could continue it."""
+    cfg = config({"a": sim, "b": sim}, ["a:sim-small", "b:sim-small"], max_continuations=0)
+    async with AsyncOpenAI(config=cfg, verify=sim.ssl_context()) as client:
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=fault("drop:3")
+        )
+        with pytest.raises(StreamInterrupted, match="continued too often"):
+            await read(stream)
+
+
 async def test_breaker_opens_and_recovers_with_one_background_trial(sim: Simulator) -> None:
     """An ordered route: the open circuit is skipped; once its cooldown is over a trial goes in
     the background (the request that notices it goes to b and does not wait), and its answer

@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from decimal import Decimal
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -477,6 +478,155 @@ def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
         assert spent(first) == cost <= budget
 
 
+def test_a_streams_estimate_reserves_the_routes_own_continuations(
+    redis_url: str, sims: dict[str, Simulator]
+) -> None:
+    """A stream is admitted on its route's own ``max_continuations``, not the default three:
+    on a route that continues nothing, its one attempt (admitted where three continuations
+    would not fit); on one that may continue six times, all six (refused where three would
+    fit, which would let its spend pass the budget)."""
+    routes = {"none": 0, "six": 6}
+    bodies = {
+        name: {"model": name, "messages": MESSAGES, "stream": True, "max_tokens": 100}
+        for name in routes
+    }
+    single, continued = {}, {}
+    for name, body in bodies.items():  # at cheap's price, the routes' only target
+        size = len(json.dumps(body, ensure_ascii=False).encode())
+        single[name] = 1000 * size + 2000 * 100
+        continued[name] = 1000 * (size + 100) + 2000 * 100
+    # Room for the first attempt and four continuations of either route.
+    budget = max(single.values()) + 4 * max(continued.values())
+    tenants = {"payer": {"budget_usd": f"{budget / 10**9:.9f}", "budget_period": PERIOD}}
+    config = config_for(sims, tenants, redis_url)
+    for name, count in routes.items():
+        config["models"][name] = {"targets": ["cheap:sim-small"], "max_continuations": count}
+    with Gateway(config, environ=ENVIRON, max_retries=0) as gateway:
+        six = post(gateway, bodies["six"])
+        assert single["six"] + 3 * continued["six"] <= budget  # three would have fitted
+        assert six.status_code == 429, six.text
+        assert six.json()["error"]["code"] == "insufficient_quota"
+        with (
+            httpx.Client(timeout=DEADLINE) as client,
+            client.stream(
+                "POST",
+                gateway.base_url + "/chat/completions",
+                json=bodies["none"],
+                headers={"authorization": f"Bearer {KEYS['payer']}"},
+            ) as reply,
+        ):
+            assert reply.status_code == 200
+            assert budget - remaining(reply) == single["none"]  # no continuation reserved
+            reply.read()
+
+
+CACHED = {"input": 1, "cached_input": 0.25, "cache_write": 1.25, "cache_write_1h": 2, "output": 2}
+"""USD per million tokens: 1,000 nano-dollars a fresh prompt token, 250 a cache read, 2,000 a
+1-hour cache write, 2,000 an answer token."""
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """The prompt tokens read from the vendor's cache, as the caller's usage says (OpenAI's
+    field, or DeepSeek's)."""
+    if "prompt_cache_hit_tokens" in usage:
+        return int(usage["prompt_cache_hit_tokens"])
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def test_a_cached_prompt_is_charged_at_the_cached_price(redis_url: str) -> None:
+    """The vendor's prompt cache, in each family's usage (OpenAI's
+    ``prompt_tokens_details.cached_tokens``, DeepSeek's ``prompt_cache_hit_tokens``,
+    Anthropic's cache writes and reads): a request is charged its cache reads at the cached
+    price and its writes at theirs, as ``route.cost`` prices them and the vendor bills, not
+    its whole prompt as fresh input. The first request writes the system prompt, the second
+    (streamed) reads it; a model of ``default_provider`` (not a route) likewise."""
+    profiles = {
+        "oa": Profile(reply_tokens=REPLY, prompt_cache="openai"),
+        "ds": Profile(reply_tokens=REPLY, prompt_cache="deepseek"),
+        "an": Profile(reply_tokens=REPLY),  # Anthropic's cache: the request's cache_control
+    }
+    kinds = {"ds": {"kind": "deepseek"}, "an": {"kind": "anthropic"}}
+    system = f"You answer in one short paragraph, always, as house {uuid.uuid4().hex} says."
+    block = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    tenants = {"payer": {"budget_usd": 1, "budget_period": PERIOD}}
+    with ExitStack() as stack:
+        sims = {
+            name: stack.enter_context(Simulator(profile=profile, tls=False))
+            for name, profile in profiles.items()
+        }
+        config = {
+            "routing": {"explore": 0},
+            "redis": {"url": redis_url, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
+            "gateway": {
+                "keys": {name: f"GM_{name.upper()}" for name in KEYS},
+                "tenants": {"admin": {"admin": True}, **tenants},
+                "limits_backend": "redis",
+            },
+            "providers": {
+                name: {
+                    "base_url": sim.base_url,
+                    "api_key": "sk-money-upstream",
+                    "prices": {"*": CACHED},
+                    **kinds.get(name, {}),
+                }
+                for name, sim in sims.items()
+            },
+            "models": {
+                name: {"targets": [f"{name}:sim-small"], "continue_on_break": False}
+                for name in sims
+            },
+            "default_provider": "oa",
+        }
+        gateway = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        # Admitted on the prompt as 1-hour cache writes, the dearest class it may be billed as.
+        body = {"model": "an", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50}
+        size = len(json.dumps(body, ensure_ascii=False).encode())
+        assert gateway.app.prices.estimate("an", body, "chat") == 2000 * size + 2000 * 50
+        used = 0
+        for name in sims:
+            head = {"role": "system", "content": block if name == "an" else system}
+            seen: list[tuple[dict[str, Any], int]] = []
+            for question, stream in (("What is a cache?", False), ("What does it save?", True)):
+                body: dict[str, Any] = {
+                    "model": name,
+                    "messages": [head, {"role": "user", "content": question}],
+                    "max_tokens": 50,
+                }
+                if stream:
+                    body |= {"stream": True, "stream_options": {"include_usage": True}}
+                answer = post(gateway, body)
+                assert answer.status_code == 200, answer.text
+                tokens = streamed_usage(answer) if stream else answer.json()["usage"]
+                wait_for(lambda was=used: spent(gateway) > was, f"{name} charged")
+                seen.append((tokens, spent(gateway) - used))
+                used = spent(gateway)
+            (first, wrote_it), (second, read_it) = seen
+            read = cached_tokens(second)
+            assert cached_tokens(first) == 0 and read > 0
+            assert first["completion_tokens"] == second["completion_tokens"] == REPLY
+            # The second read what the first wrote (Anthropic's, at the 1-hour write price).
+            written = read if name == "an" else 0
+            fresh = first["prompt_tokens"] - written
+            assert wrote_it == 1000 * fresh + 2000 * written + 2000 * REPLY, name
+            fresh = second["prompt_tokens"] - read
+            assert read_it == 1000 * fresh + 250 * read + 2000 * REPLY, name
+        # A model of default_provider (no route, no route report): the vendor's usage too.
+        alone = f"Answer as house {uuid.uuid4().hex} says, in a word."
+        for question, read_before in (("What is a cache?", False), ("What does it save?", True)):
+            messages = [{"role": "system", "content": alone}, {"role": "user", "content": question}]
+            answer = post(gateway, {"model": "sim-small", "messages": messages, "max_tokens": 50})
+            assert answer.status_code == 200, answer.text
+            tokens = answer.json()["usage"]
+            read = cached_tokens(tokens)
+            assert (read > 0) is read_before
+            wait_for(lambda was=used: spent(gateway) > was, "default_provider's answer charged")
+            fresh = tokens["prompt_tokens"] - read
+            assert spent(gateway) - used == 1000 * fresh + 250 * read + 2000 * REPLY
+            used = spent(gateway)
+        fleet = usage(gateway)
+        assert fleet["spend_nanos"] == fleet["limits"]["budget_spent_nanos"] == used
+
+
 @pytest.mark.parametrize(
     ("prices", "said"),
     [
@@ -591,6 +741,8 @@ def test_a_team_made_over_the_admin_api_with_budget_usd_is_never_served_free(
         ({"policy": "race"}, False, (2, 0)),
         ({"policy": "hedge"}, True, (2, 3)),  # a stream may be continued three times
         ({"policy": "hedge", "continue_on_break": False}, True, (2, 0)),
+        ({"policy": "hedge", "max_continuations": 0}, True, (2, 0)),
+        ({"policy": "hedge", "max_continuations": 6}, True, (2, 6)),
     ],
 )
 def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
@@ -605,7 +757,9 @@ def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
     the whole answer."""
     config = config_for(sims, {}, redis_url)
     config["models"]["chat"] = {"targets": ["cheap:sim-small", "dear:sim-small"], **route}
-    prices = GatewayApp(config, environ=ENVIRON).prices
+    app = GatewayApp(config, environ=ENVIRON)
+    anyio.run(app.aclose)  # its Redis connections (prices need none)
+    prices = app.prices
     body = {"model": "chat", "messages": MESSAGES, "max_tokens": 100, "stream": stream}
     assert prices.attempts("chat", body, "chat") == attempts
     size = len(json.dumps(body, ensure_ascii=False).encode())
