@@ -322,6 +322,8 @@ def _prompt_like(param: str, value: object) -> None:
     expected = "a string, an array of strings or an array of token arrays"
     if not isinstance(value, list) or not value:
         raise _wrong_type(param, expected, value)
+    if all(type(item) is int for item in value):  # token ids (bool is not int): one quick pass
+        return
     for i, item in enumerate(value):
         if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
             continue
