@@ -566,3 +566,40 @@ def test_a_huge_body_never_walks_through_openai_s_params_transform(
     assert reply.status_code == 200, reply.text[:300]
     assert walked == 0
     assert gaps.longest < 2.0, f"the event loop stalled {gaps.longest:.2f} s"
+
+
+_LONG = "x" * 20_000
+_ECHOES = [  # (method, path, body, headers): each a client's input an error could echo
+    ("GET", "/" + _LONG, None, {}),
+    ("GET", "/v1/" + _LONG, None, {}),
+    ("POST", "/v1/" + _LONG, _chat(), {}),
+    ("GET", "/admin/" + _LONG, None, {}),
+    ("POST", "/v1/chat/completions", {"model": _LONG, "messages": MESSAGES}, {}),
+    ("POST", "/v1/chat/completions", _chat(logit_bias={_LONG: 500}), {}),
+    ("POST", "/v1/chat/completions", _chat(**{_LONG: {"deep": float("nan")}}), {}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-timeout-total": _LONG}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-ttft-target-ms": _LONG}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-cache": _LONG}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), _ECHOES)
+def test_no_error_echoes_a_client_s_input_unbounded(
+    plain: Gateway, method: str, path: str, body: Any, headers: dict[str, str]
+) -> None:
+    """An unknown URL of 20,000 characters was echoed whole in its 404; a model name, an
+    object key, a header value are each shown cut too."""
+    root = plain.base_url.removesuffix("/v1")
+    with httpx.Client(timeout=DEADLINE) as client:
+        reply = client.request(
+            method,
+            root + path,
+            content=None if body is None else json.dumps(body).encode(),
+            headers={"authorization": f"Bearer {KEYS['alpha']}", **headers},
+        )
+    assert 400 <= reply.status_code < 500 or reply.status_code == 200, reply.text[:300]
+    if reply.status_code != 200:  # a header the gateway ignores is not an error
+        error = reply.json()["error"]
+        assert len(error["message"]) < 400, error["message"][:300]
+        assert error["param"] is None or len(error["param"]) <= 200
+    assert len(reply.content) < 2_000
