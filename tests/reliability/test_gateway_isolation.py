@@ -542,8 +542,9 @@ def test_a_huge_body_never_walks_through_openai_s_params_transform(
     """The gateway posts its checked JSON as it is: a legacy completion's prompt of 100,000
     token ids held the event loop 2.2 s in openai's TypedDict transform (py-spy:
     openai/_utils/_transform), every other key's request waiting. The transform's calls are
-    counted (0), and the loop's longest stall is bounded generously (it was seconds; it is
-    now the gateway's own linear checks, tens of milliseconds)."""
+    counted (0), and the loop's longest stall is bounded generously: for these 4 MiB bodies it
+    was about 45 s (1.3 million ids through the transform); it is now the gateway's own linear
+    passes over the body, about 0.4 s on a loaded 2-core machine."""
     import openai._utils._transform as transform
 
     walked = 0
@@ -565,7 +566,7 @@ def test_a_huge_body_never_walks_through_openai_s_params_transform(
         )
     assert reply.status_code == 200, reply.text[:300]
     assert walked == 0
-    assert gaps.longest < 2.0, f"the event loop stalled {gaps.longest:.2f} s"
+    assert gaps.longest < 5.0, f"the event loop stalled {gaps.longest:.2f} s"
 
 
 _LONG = "x" * 20_000
