@@ -45,9 +45,19 @@ def prompt_tokens(body: Mapping[str, Any], kind: str) -> int:
     if kind in ("chat", "responses"):
         return estimate_prompt_tokens(prompt_messages(body, kind))
     given = body.get("prompt" if kind == "completions" else "input")
-    texts = [given] if isinstance(given, str) else given if isinstance(given, list) else []
-    characters = sum(len(t) for t in texts if isinstance(t, str))
-    tokens = sum(len(t) for t in texts if isinstance(t, list))  # token ids
+    if isinstance(given, str):
+        return len(given) // 4
+    if not isinstance(given, list):
+        return 0
+    characters = tokens = 0
+    for item in given:  # one pass: a client's body may hold a million items
+        kind_of = type(item)
+        if kind_of is int:  # a token id of a flat prompt [1, 2, 3]
+            tokens += 1
+        elif kind_of is str:
+            characters += len(item)
+        elif kind_of is list:  # token ids
+            tokens += len(item)
     return characters // 4 + tokens
 
 

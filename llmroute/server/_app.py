@@ -48,6 +48,7 @@ from ._errors import (
     error_body,
     model_not_found,
     not_allowed,
+    unknown_url,
 )
 from ._exchange import (
     Exchange,
@@ -332,7 +333,7 @@ class GatewayApp:
             await self.operators.answer(request)
             return
         if not path.startswith("/v1/"):
-            raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
+            raise unknown_url(path)
         self.door.authenticate(request)
         if self._closing:
             raise Refused(503, error_body("The gateway is shutting down.", "server_error"))
@@ -349,9 +350,7 @@ class GatewayApp:
             await self._models(path, tenant, exchange)
             return
         if path not in POSTS:
-            raise Refused(
-                404, error_body(f"Unknown request URL: {method} {path}", "invalid_request_error")
-            )
+            raise unknown_url(f"{method} {path}")
         not_allowed(method, "POST")
         # The body is read (within body_timeout) before the key's slot is taken: a client
         # trickling its body holds no slot.

@@ -24,7 +24,7 @@ from .._errors import AllTargetsFailed, RequestBodyError, StreamInterrupted
 from .._model_names import suggest_route
 from .._secrets import masked_forms, scrub
 from ..config import ConfigError
-from ._validate import InvalidField
+from ._validate import InvalidField, clipped
 
 __all__ = [
     "ErrorAnswers",
@@ -38,6 +38,7 @@ __all__ = [
     "not_allowed",
     "stream_error",
     "too_deep",
+    "unknown_url",
 ]
 
 log = logging.getLogger("llmroute.server")
@@ -197,10 +198,18 @@ def too_deep() -> Refused:
     )
 
 
+def unknown_url(asked: str) -> Refused:
+    """OpenAI's 404 for a path nothing serves, ``asked`` (the path, or the method and the
+    path) shown up to 100 characters: a client's request line can be kilobytes long."""
+    return Refused(
+        404, error_body(f"Unknown request URL: {clipped(asked, 100)}", "invalid_request_error")
+    )
+
+
 def model_not_found(name: str, usable: Iterable[str] = ()) -> Refused:
     """OpenAI's 404 for a model, naming the closest of ``usable`` as the SDK does (the
     routes the key may use, never another), else listing the first ten of them."""
-    shown = name if len(name) <= 100 else name[:97] + "..."
+    shown = clipped(name, 100)
     names = list(usable)
     closest = suggest_route(name, names) if len(name) <= 100 else None
     if closest is not None:

@@ -17,7 +17,7 @@ from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..metrics import ClientMetrics
 from ._admin import AdminError, KeysAdmin
 from ._admission import Admission
-from ._errors import ErrorAnswers, Refused, error_body, not_allowed
+from ._errors import ErrorAnswers, Refused, error_body, not_allowed, unknown_url
 from ._exchange import Request, read_json
 from ._gate import Door
 from ._keystore import StoreConflict, StoreUnavailable
@@ -78,7 +78,7 @@ class Operators:
         if self.live_page is not None and path.startswith(_LIVE):
             await self._live(request)
             return
-        raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
+        raise unknown_url(path)
 
     async def _metrics(self, request: Request) -> None:
         if not self.settings.metrics_public:
@@ -147,7 +147,7 @@ class Operators:
             return
         found = self.live_page.files.get(path)
         if found is None:
-            raise Refused(404, error_body(f"Unknown request URL: {path}", "invalid_request_error"))
+            raise unknown_url(path)
         await exchange.whole(200, found[0], found[1], PAGE_HEADERS)
 
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["InvalidField", "check", "load", "shown"]
+__all__ = ["InvalidField", "check", "clipped", "load", "shown"]
 
 
 class InvalidField(ValueError):
@@ -105,21 +105,59 @@ def load(data: bytes) -> Any:
 def _first_lone_surrogate(body: Any) -> str | None:
     """Where the first string (or object key) holding a lone surrogate is in ``body``
     (``messages[0].content``; ``body`` for the document itself), if one does."""
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        where, value = stack.pop()
+    for trail, value in _walk(body):
         if isinstance(value, str):
             if not _is_text(value):
-                return where or "body"
+                return _where(trail)
         elif isinstance(value, dict):
-            prefix = f"{where}." if where else ""
             for key in value:
                 if not _is_text(key):
-                    return f"{prefix}{key.encode('utf-8', 'backslashreplace').decode()}"
-            stack.extend(reversed([(f"{prefix}{k}", v) for k, v in value.items()]))
-        elif isinstance(value, list):
-            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(value)]))
+                    return _where((trail, key))
     return None
+
+
+_Trail = tuple[Any, "str | int"] | None
+"""Where a value is in a body: ``None`` for the body, else its parent's trail and its key or
+index. A path is spelled out only for the value an error names: building one string per
+value would copy a client's long key once per item under it (a 1 MB key over a million items:
+a terabyte)."""
+
+
+def _walk(body: Any) -> Iterator[tuple[_Trail, Any]]:
+    """Every value of ``body``, depth first in document order, with its trail; without
+    recursion, in work linear in the body."""
+    stack: list[tuple[_Trail, Any]] = [(None, body)]
+    while stack:
+        trail, value = stack.pop()
+        yield trail, value
+        if isinstance(value, dict):
+            stack.extend(reversed([((trail, k), v) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([((trail, i), v) for i, v in enumerate(value)]))
+
+
+_SHOWN_KEY = 40  # characters of a client's object key an error shows
+_SHOWN_PATH = 200  # characters of a path an error shows
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` as an error shows what a client sent: at most ``limit`` characters, a cut
+    one ending in ``...``; a lone surrogate escaped (an error is UTF-8 when it leaves)."""
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode()
+
+
+def _where(trail: _Trail) -> str:
+    """A trail as an error names it (``messages[0].content``), bounded: each key shown up
+    to 40 characters, the path up to 200 (its end kept, where the value is)."""
+    steps: list[str] = []
+    while trail is not None:
+        trail, step = trail
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{clipped(step, _SHOWN_KEY)}")
+    path = "".join(reversed(steps)).removeprefix(".")
+    if not path:
+        return "body"
+    return path if len(path) <= _SHOWN_PATH else "..." + path[3 - _SHOWN_PATH :]
 
 
 def _is_text(value: str) -> bool:
@@ -133,16 +171,9 @@ def _is_text(value: str) -> bool:
 def _first_unsendable(body: Any) -> tuple[str, _Unsendable]:
     """The first unsendable number in ``body`` (there is one) and where it is
     (``messages[0].content``), walked without recursion."""
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        where, value = stack.pop()
+    for trail, value in _walk(body):
         if isinstance(value, _Unsendable):
-            return where or "body", value
-        if isinstance(value, dict):
-            prefix = f"{where}." if where else ""
-            stack.extend(reversed([(f"{prefix}{k}", v) for k, v in value.items()]))
-        elif isinstance(value, list):
-            stack.extend(reversed([(f"{where}[{i}]", v) for i, v in enumerate(value)]))
+            return _where(trail), value
     raise AssertionError("no unsendable number in the body")
 
 
@@ -269,7 +300,7 @@ def _logit_bias(param: str, value: object) -> None:
     _object(param, value)
     bias = _number(-100, 100)
     for token, weight in value.items():  # type: ignore[union-attr]
-        bias(f"{param}.{token}", weight)
+        bias(f"{param}.{clipped(token, _SHOWN_KEY)}", weight)
 
 
 def _stream_options(param: str, value: object) -> None:
@@ -322,6 +353,8 @@ def _prompt_like(param: str, value: object) -> None:
     expected = "a string, an array of strings or an array of token arrays"
     if not isinstance(value, list) or not value:
         raise _wrong_type(param, expected, value)
+    if all(type(item) is int for item in value):  # token ids (bool is not int): one quick pass
+        return
     for i, item in enumerate(value):
         if isinstance(item, str) or (isinstance(item, int) and not isinstance(item, bool)):
             continue

@@ -502,3 +502,111 @@ def test_an_upstream_retry_after_is_validated_and_capped(
     got = (reply.headers.get("retry-after"), reply.headers.get("retry-after-ms"))
     assert got == (expected or (None, None))
     assert "x-upstream-secret" not in reply.headers
+
+
+class _LoopGaps:
+    """A ticker on the gateway's event loop: the longest time between two of its ticks, i.e.
+    the longest any other key's request would have waited for the loop."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.loop = gateway._loop
+        assert self.loop is not None
+        self.longest = 0.0
+        self._last: float | None = None
+        self._on = True
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if self._last is not None:
+            self.longest = max(self.longest, now - self._last)
+        self._last = now
+        if self._on:
+            self.loop.call_later(0.002, self._tick)
+
+    def __enter__(self) -> _LoopGaps:
+        self.loop.call_soon_threadsafe(self._tick)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._on = False
+
+
+_HEAVY = {  # just under max_body_bytes (4 MiB) each, every item a separate one
+    "/completions": {"model": "sim", "prompt": [1] * 1_300_000},
+    "/chat/completions": {
+        "model": "sim",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * 130_000}],
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(_HEAVY))
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_huge_body_never_walks_through_openai_s_params_transform(
+    plain: Gateway, monkeypatch: pytest.MonkeyPatch, path: str, stream: bool
+) -> None:
+    """The gateway posts its checked JSON as it is: a legacy completion's prompt of 100,000
+    token ids held the event loop 2.2 s in openai's TypedDict transform (py-spy:
+    openai/_utils/_transform), every other key's request waiting. The transform's calls are
+    counted (0), and the loop's longest stall is bounded generously: for these 4 MiB bodies it
+    was about 45 s (1.3 million ids through the transform); it is now the gateway's own linear
+    passes over the body, about 0.4 s on a loaded 2-core machine."""
+    import openai._utils._transform as transform
+
+    walked = 0
+    inner = transform._async_transform_recursive
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal walked
+        walked += 1
+        return await inner(*args, **kwargs)
+
+    monkeypatch.setattr(transform, "_async_transform_recursive", counted)
+    content = json.dumps({**_HEAVY[path], "stream": stream}).encode()
+    assert len(content) < 4 * 1024 * 1024
+    with httpx.Client(timeout=60) as client, _LoopGaps(plain) as gaps:
+        reply = client.post(
+            plain.base_url + path,
+            content=content,
+            headers={"authorization": f"Bearer {KEYS['alpha']}"},
+        )
+    assert reply.status_code == 200, reply.text[:300]
+    assert walked == 0
+    assert gaps.longest < 5.0, f"the event loop stalled {gaps.longest:.2f} s"
+
+
+_LONG = "x" * 20_000
+_ECHOES = [  # (method, path, body, headers): each a client's input an error could echo
+    ("GET", "/" + _LONG, None, {}),
+    ("GET", "/v1/" + _LONG, None, {}),
+    ("POST", "/v1/" + _LONG, _chat(), {}),
+    ("GET", "/admin/" + _LONG, None, {}),
+    ("POST", "/v1/chat/completions", {"model": _LONG, "messages": MESSAGES}, {}),
+    ("POST", "/v1/chat/completions", _chat(logit_bias={_LONG: 500}), {}),
+    ("POST", "/v1/chat/completions", _chat(**{_LONG: {"deep": float("nan")}}), {}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-timeout-total": _LONG}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-ttft-target-ms": _LONG}),
+    ("POST", "/v1/chat/completions", _chat(), {"x-llmroute-cache": _LONG}),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "headers"), _ECHOES)
+def test_no_error_echoes_a_client_s_input_unbounded(
+    plain: Gateway, method: str, path: str, body: Any, headers: dict[str, str]
+) -> None:
+    """An unknown URL of 20,000 characters was echoed whole in its 404; a model name, an
+    object key, a header value are each shown cut too."""
+    root = plain.base_url.removesuffix("/v1")
+    with httpx.Client(timeout=DEADLINE) as client:
+        reply = client.request(
+            method,
+            root + path,
+            content=None if body is None else json.dumps(body).encode(),
+            headers={"authorization": f"Bearer {KEYS['alpha']}", **headers},
+        )
+    assert 400 <= reply.status_code < 500 or reply.status_code == 200, reply.text[:300]
+    if reply.status_code != 200:  # a header the gateway ignores is not an error
+        error = reply.json()["error"]
+        assert len(error["message"]) < 400, error["message"][:300]
+        assert error["param"] is None or len(error["param"]) <= 200
+    assert len(reply.content) < 2_000

@@ -311,3 +311,30 @@ def test_client_refuses_bodies_too_deep_to_encode_with_a_typed_error(
         anyio.run(_build, make())
     with pytest.raises(RequestBodyError, match="nested too deeply"):
         anyio.run(_direct, make())
+
+
+@pytest.mark.parametrize("odd", ["NaN", '"\\ud800"'])
+def test_finding_an_odd_value_under_a_long_key_takes_memory_linear_in_the_body(odd: str) -> None:
+    """A body refused for one NaN or lone surrogate is walked to name where it is. The walk
+    once built every value's path as a string, copying a client's long key once per item
+    under it: a 16 KB key over 10,000 items took 160 MB (a 1.5 MB key over a million items,
+    within the gateway's 4 MiB, would take terabytes). Memory is measured, not time; the
+    named path is bounded."""
+    import tracemalloc
+
+    from llmroute.server._validate import InvalidField, load
+
+    key = "k" * 16_000
+    items = ", ".join(["0"] * 10_000)
+    raw = f'{{"{key}": [{items}], "x": {{"{key}": {odd}}}}}'.encode()
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidField) as refused:
+            load(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * len(raw) + 2_000_000, f"{peak:,} bytes to refuse {len(raw):,}"
+    param = refused.value.param
+    assert param == "x." + "k" * 37 + "..."
+    assert len(refused.value.message) < 400

@@ -18,6 +18,8 @@ from llmroute.routing.windows import MAX_TOKENS_CAP
         ("responses", {"instructions": "y" * 8, "input": "z" * 8, "max_output_tokens": 5}, 12, 5),
         ("completions", {"prompt": ["abcd" * 3, [1, 2, 3]], "max_tokens": 2}, 6, 2),
         ("embeddings", {"input": "e" * 20}, 5, 0),
+        ("completions", {"prompt": [7] * 1000}, 1000, 0),  # token ids, once counted as none
+        ("embeddings", {"input": [1, True, None, "abcd", [2, 2]]}, 4, 0),
         ("chat", {"messages": [], "max_tokens": 10**20}, 0, MAX_TOKENS_CAP),
         ("chat", {"messages": [], "max_tokens": True}, 0, 0),
     ],

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -493,6 +494,31 @@ def test_masked_forms_of_upstream_keys_are_scrubbed(gateway: Gateway) -> None:
     # Ordinary text keeps its dots, stars and words that merely end like the key.
     plain = "Loading... done ** 5 items, x-request-id abc, SHOWN, ends with HOWN"
     assert app._scrub(plain) == plain
+
+
+@pytest.mark.parametrize("text", ["x" * 20_000, "sk-u" * 5_000, ("a" * 40 + "...") * 500])
+def test_finding_masked_keys_takes_work_linear_in_the_text(text: str) -> None:
+    """``[\\w-]*`` then a mask of x's, read forwards, took n**3 steps for n x's with no key's
+    tail after them: 1,000 x's in an error held the gateway's event loop 10 s, and a client's
+    unknown URL of 5,000 x's, echoed in its 404, held it for many minutes. Run in a subprocess
+    with a generous deadline (milliseconds now; hours before)."""
+    code = (
+        "import sys\n"
+        "from llmroute._secrets import masked_forms, scrub\n"
+        f"secrets = [{UPSTREAM_KEY!r}]\n"
+        "text = sys.stdin.read()\n"
+        "print(len(scrub(text, secrets, '[redacted]', masked_forms(secrets))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(llmroute.__file__).parent.parent)},
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert int(done.stdout) == len(text)  # nothing in it is a key
 
 
 def test_the_request_and_its_call_show_neither_key_nor_prompt_in_a_repr(
