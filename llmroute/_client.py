@@ -684,7 +684,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         if default is None and not self._llmroute.providers:
             return
         connect = to_timeout(self.timeout).connect
-        await self._llmroute.warmup(default, connect, probe=probe, probe_timeout=probe_timeout)
+        await self._llmroute.warm.warmup(default, connect, probe=probe, probe_timeout=probe_timeout)
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         """Add (or replace) a provider at run time, from a ``[providers.<name>]`` table, e.g.

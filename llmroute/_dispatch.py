@@ -26,24 +26,13 @@ from ._background import spawn
 from ._call import ROUTABLE, Call, Posted, Served, TierCall, attach, bad_request, serves
 from ._call_cache import CallCache, LookedUp
 from ._errors import (
-    AllTargetsFailed,
-    APIConnectionError,
-    APITimeoutError,
     BadRequestError,
     OpenAIError,
-    describe_error,
-    map_transport_errors,
 )
+from ._failover_call import fail_over_call
 from ._model_names import check_model_name
 from ._response_pins import ResponsePins
-from ._routes import (
-    ServerPolling,
-    add_targets,
-    build_router,
-    save_stats,
-    stats_file_for,
-    stats_sync_for,
-)
+from ._routes import ServerPolling, add_targets, build_router, stats_sync_for
 from ._simulated import SimulatedProviders
 from ._streaming import AsyncStream
 from ._tiering import Tiering, tier_option
@@ -51,13 +40,11 @@ from ._tiers import TieredModel
 from ._timeouts import RequestTimeouts, TimeoutHeaderError, request_timeouts, with_timeouts
 from ._types import TierDecision
 from ._upstream import Upstream, no_cookies, openai_http
+from ._warm_start import WarmStart
 from .cache import CacheUnavailable, ResponseCache, open_cache
 from .config import Config, Resolved, ResolvedProvider, resolve, resolve_provider
 from .metrics import ClientMetrics
-from .routing.failover import fail_over
 from .routing.goal import TTFT_TARGET_HEADER, GoalError, LatencyGoal, read_goal
-from .routing.metered import meter
-from .routing.probe import PROBE_TIMEOUT, Probe, probe_targets
 from .routing.route import Route, Sender
 from .routing.stats import TargetSnapshot
 from .routing.trials import TRIAL_TIMEOUT, CircuitTrials
@@ -103,7 +90,6 @@ class Dispatch:
         self.metrics = ClientMetrics(self.router.snapshot, trials=lambda: self.trials.verdicts)
         self.servers = ServerPolling()
         self.stats_sync = stats_sync_for(resolved, self.router) if config is not None else None
-        self.stats_file = stats_file_for(resolved, self.router) if config is not None else None
         self.cache = _open_cache(resolved) if config is not None else None
         self.verify = verify
         self.transport = _transport(resolved, verify)
@@ -133,15 +119,30 @@ class Dispatch:
             metrics=self.metrics,
             goal=self.goal,
         )
+        self.warm = WarmStart(
+            resolved if config is not None else None,
+            self.router,
+            http=self.http,
+            transport=self.transport,
+            providers=self.providers,
+            tiered=self.tiered,
+            stats_sync=self.stats_sync,
+            metrics=self.metrics,
+            sender=lambda timeout: self._trial_sender("chat", timeout),
+        )
+        """The stats file, read now and written on :meth:`aclose`, and ``warmup()``."""
         self.closed = False
 
-    def _trial_sender(self, kind: str) -> Sender:
-        """What a trial of a call of ``kind`` is sent with: that kind's endpoint, the
-        provider's key and headers (no caller's), the application's client if it gave one."""
+    def _trial_sender(self, kind: str, timeout: float = TRIAL_TIMEOUT) -> Sender:
+        """What a trial (or a probe) of a call of ``kind`` is sent with: that kind's endpoint,
+        the provider's key and headers (no caller's), the application's client if it gave one."""
         path = next((path for path, k in ROUTABLE.items() if k == kind), "chat/completions")
-        timeout = httpx.Timeout(TRIAL_TIMEOUT)
         return self.upstream.sender(
-            headers=None, query=None, timeout=timeout, path=path, http=self.trial_http
+            headers=None,
+            query=None,
+            timeout=httpx.Timeout(timeout),
+            path=path,
+            http=self.trial_http,
         )
 
     @property
@@ -372,11 +373,8 @@ class Dispatch:
         self.servers.poll(self.router, self.providers)
 
     async def other(self, call: Call) -> Served:
-        """A ``completions`` or ``embeddings`` call on a route: the targets that serve it, in
-        the policy's order, failing over by the engine's rules (:mod:`.routing.failover`);
-        openai's machinery parses the winner's response. Metrics count a whole answer (its
-        cost from the vendor's usage), a failure, or a stream when it ends (its cost from the
-        usage its body carried on its way to openai's machinery, :mod:`.routing.metered`)."""
+        """A ``completions`` or ``embeddings`` call on a route: failed over, metered and
+        counted (:func:`fail_over_call`); openai's machinery parses the winner's response."""
         route = call.route
         assert route is not None
         await self._fresh_stats()
@@ -384,98 +382,12 @@ class Dispatch:
         unservable = self.pins.unservable(call, route)
         telemetry = self._telemetry(call)
         call.trace = telemetry.trace
-        try:
-            done = await fail_over(
-                self.router,
-                route,
-                call.body,
-                self._sender(call),
-                kind=call.kind,
-                stream=call.stream,
-                unservable=unservable,
-            )
-        except BaseException as exc:
-            telemetry.failed(exc)
-            raise
-        report, timings = done.report, done.timings
-        if call.stream and report.winner is not None:
-            telemetry.trace.mark(report)
-            meter(
-                done.response,
-                route.target(report.winner),
-                call.kind,
-                report.attempts[-1],
-                timings,
-                lambda exc, whole: telemetry.ended(report, timings, exc, whole),
-            )
-        else:
-            telemetry.answered(report, timings)
-        object.__setattr__(done.response, "_llmroute_route", done.report)
-        object.__setattr__(done.response, "_llmroute_timings", done.timings)
-        return Served(None, done.response, done.retries)
-
-    # -- the client's own methods ----------------------------------------------------------
-
-    async def warmup(
-        self,
-        default: httpx.URL | None,
-        connect_timeout: float | None,
-        *,
-        probe: bool = False,
-        probe_timeout: float = PROBE_TIMEOUT,
-    ) -> None:
-        await self._connect(default, connect_timeout)
-        if probe and self.router.routes:
-            await self._probe(probe_timeout)
-
-    async def _probe(self, timeout: float) -> None:
-        """One small request to every routed target at once (:mod:`.routing.probe`), each
-        counted in the metrics as it ends; raises only when every one failed."""
-        sender = self.upstream.sender(
-            headers=None,
-            query=None,
-            timeout=httpx.Timeout(timeout),
-            path="chat/completions",
-            http=self.trial_http,
+        send = self._sender(call)
+        return await fail_over_call(
+            self.router, route, call, send, unservable=unservable, telemetry=telemetry
         )
 
-        def done(probe: Probe) -> None:
-            if probe.report is not None:
-                self.metrics.probed(probe.report)
-            if probe.error is not None:
-                log.warning(
-                    "warmup: the probe of %s failed: %s", probe.target, describe_error(probe.error)
-                )
-
-        probes = await probe_targets(self.router, sender, timeout=timeout, on_done=done)
-        errors = {p.target: _cause(p) for p in probes if p.error is not None}
-        if probes and len(errors) == len(probes):
-            raise AllTargetsFailed("warmup(probe=True)", errors, _WARMUP_REQUEST)
-
-    async def _connect(self, default: httpx.URL | None, connect_timeout: float | None) -> None:
-        urls = {str(default): default} if default is not None else {}
-        for provider in self.providers.values():
-            urls.setdefault(str(provider.base_url), provider.base_url)
-        errors: list[BaseException] = []
-
-        async def warm(url: httpx.URL) -> None:
-            try:
-                with map_transport_errors(self.http.build_request("GET", url)):
-                    await self.transport.warmup(url, timeout=connect_timeout)
-            except APIConnectionError as exc:
-                if self.providers:
-                    log.warning("warmup: cannot reach %s: %s", url, exc.message)
-                errors.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            if self.stats_sync is not None:  # the fleet's statistics, beside the connections
-                tg.start_soon(self.stats_sync.refresh, None)
-            for tiered in self.tiered.values():  # the classifiers, beside the connections
-                tg.start_soon(tiered.prepare)
-            for url in urls.values():
-                tg.start_soon(warm, url)
-        if errors and (not self.providers or len(errors) == len(urls)):
-            raise errors[0]
+    # -- the client's own methods ----------------------------------------------------------
 
     def add_provider(self, name: str, table: Mapping[str, Any]) -> None:
         provider = resolve_provider(name, table)
@@ -499,28 +411,12 @@ class Dispatch:
         await self.servers.aclose()
         if self.stats_sync is not None:
             await self.stats_sync.aclose()
-        if self.stats_file is not None:
-            await save_stats(self.stats_file, self.router)
+        await self.warm.aclose()
         if self.cache is not None:
             await self.cache.aclose()
         await self.http.aclose()
         if self.simulated:
             await anyio.to_thread.run_sync(self.simulated.stop)
-
-
-_WARMUP_REQUEST = httpx.Request("POST", "llmroute://warmup/probe")
-
-
-def _cause(probe: Probe) -> BaseException:
-    """Why a probe failed: its target's own failure (the engine wraps it), a timeout as
-    openai's ``APITimeoutError``."""
-    error = probe.error
-    if isinstance(error, AllTargetsFailed):
-        return error.errors.get(probe.target, error)
-    if isinstance(error, TimeoutError):
-        return APITimeoutError(request=_WARMUP_REQUEST)  # type: ignore[arg-type]
-    assert error is not None
-    return error
 
 
 def _transport(resolved: Resolved, verify: Any) -> Transport:

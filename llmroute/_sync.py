@@ -715,7 +715,7 @@ class OpenAI(openai.OpenAI):
         )
         connect = to_timeout(self.timeout).connect
         self._llmroute.call(
-            dispatch.warmup, default, connect, probe=probe, probe_timeout=probe_timeout
+            dispatch.warm.warmup, default, connect, probe=probe, probe_timeout=probe_timeout
         )
 
     def stats(self) -> dict[str, TargetSnapshot]:
