@@ -27,6 +27,7 @@ __all__ = [
     "SampleJournal",
     "class_label",
     "estimate_prompt_tokens",
+    "event_values",
     "optional_seconds",
     "prompt_class",
     "seconds_value",
@@ -149,3 +150,25 @@ def token_count(value: object) -> int:
 def optional_seconds(value: object) -> float | None:
     """``value`` from an event as seconds (:func:`seconds_value`), or ``None``."""
     return None if value is None else seconds_value(value)
+
+
+def event_values(kind: str, values: Sequence[object]) -> tuple[Any, ...]:
+    """The values of an event of ``kind`` (:data:`SampleEvent`, after its target and kind),
+    checked and converted: ``(seconds, prompt_tokens)`` for ``"t"`` and ``"c"``, ``(itl,
+    tokens_per_s)`` for ``"s"`` (either ``None``), ``(seconds,)`` for ``"l"``, ``(outcome,)``
+    for ``"o"``. Raises ``ValueError`` or ``TypeError`` when the event is malformed."""
+    if kind in ("t", "c"):
+        seconds, tokens = values
+        return seconds_value(seconds), token_count(tokens)
+    if kind == "s":
+        itl, tokens_per_s = values
+        return optional_seconds(itl), optional_seconds(tokens_per_s)
+    if kind == "l":
+        (seconds,) = values
+        return (seconds_value(seconds),)
+    if kind == "o":
+        (outcome,) = values
+        if outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {outcome!r}")
+        return (outcome,)
+    raise ValueError(f"unknown sample kind {kind!r}")

@@ -34,10 +34,8 @@ from .samples import (
     SampleEvent,
     SampleJournal,
     class_label,
-    optional_seconds,
+    event_values,
     prompt_class,
-    seconds_value,
-    token_count,
 )
 from .stats_report import ClassSnapshot, ServerMetrics, TargetSnapshot
 from .tokens import TokenCounts
@@ -47,8 +45,11 @@ __all__ = [
     "FAILING_RANK",
     "IN_FLIGHT_HISTORY",
     "IN_FLIGHT_HISTORY_MAX",
+    "FlightLog",
     "StatsSettings",
     "TargetStats",
+    "class_snapshots",
+    "saved_events",
 ]
 
 IN_FLIGHT_HISTORY: Final = 60.0
@@ -103,6 +104,76 @@ class StatsSettings:
             raise ValueError(f"recent must be at least 2, got {self.recent!r}")
 
 
+class FlightLog:
+    """A target's attempts in flight over time: ``(time, count after the change)`` of the
+    latest changes, the last :data:`IN_FLIGHT_HISTORY` seconds of them (at most
+    :data:`IN_FLIGHT_HISTORY_MAX`), and the count before the oldest kept."""
+
+    __slots__ = ("_before", "_changes")
+
+    def __init__(self) -> None:
+        self._changes: deque[tuple[float, int]] = deque()
+        self._before = 0  # in flight before the oldest change kept
+
+    def record(self, now: float, in_flight: int) -> None:
+        """The count changed to ``in_flight`` at ``now``."""
+        changes = self._changes
+        changes.append((now, in_flight))
+        horizon = now - IN_FLIGHT_HISTORY
+        while changes and (changes[0][0] < horizon or len(changes) > IN_FLIGHT_HISTORY_MAX):
+            self._before = changes.popleft()[1]
+
+    def at(self, when: float) -> int:
+        """The count at ``when``; before the oldest change kept, the count before it."""
+        changes = self._changes
+        index = bisect.bisect_right(changes, when, key=lambda change: change[0])
+        return changes[index - 1][1] if index else self._before
+
+    def __len__(self) -> int:
+        return len(self._changes)
+
+
+def class_snapshots(
+    windows: Sequence[LatencyWindow], bounds: Sequence[int]
+) -> dict[str, ClassSnapshot]:
+    """The observed TTFT of each prompt-length class's window that holds samples, by label."""
+    return {
+        class_label(index, bounds): ClassSnapshot(
+            n=len(window),
+            ttft_p50=window.quantile(0.5),
+            ttft_p95=window.quantile(0.95),
+            ttft_p99=window.quantile(0.99),
+        )
+        for index, window in enumerate(windows)
+        if len(window)
+    }
+
+
+def saved_events(
+    name: str,
+    by_class: Sequence[LatencyWindow],
+    bounds: Sequence[int],
+    itl: LatencyWindow,
+    tokens_per_s: LatencyWindow,
+    latency: LatencyWindow,
+) -> list[tuple[float, SampleEvent]]:
+    """What a stats file keeps of target ``name`` (:mod:`.snapshot`), as ``(clock time,
+    event)``, oldest first: every TTFT sample of each prompt-length class (a censored one as
+    ``"c"``), each at the class's smallest prompt length; each stream's inter-token latency
+    and tokens per second; each whole-response latency. Outcomes, pauses between chunks,
+    requests in flight and server readings are not kept: they describe the moment."""
+    timed: list[tuple[float, SampleEvent]] = []
+    for index, window in enumerate(by_class):
+        tokens = bounds[index - 1] if index else 0
+        for when, value, censored in window.timed():
+            timed.append((when, (name, "c" if censored else "t", value, tokens)))
+    timed += [(when, (name, "s", v, None)) for when, v, _ in itl.timed()]
+    timed += [(when, (name, "s", None, v)) for when, v, _ in tokens_per_s.timed()]
+    timed += [(when, (name, "l", v)) for when, v, _ in latency.timed()]
+    timed.sort(key=lambda item: item[0])
+    return timed
+
+
 class TargetStats:
     """Everything measured about one target, and its predicted TTFT for a prompt length."""
 
@@ -118,9 +189,7 @@ class TargetStats:
         self._journal = journal
         self.settings = settings = settings if settings is not None else StatsSettings()
         self.in_flight = 0
-        # (time, in_flight after the change) of the latest changes, for in_flight_at().
-        self._flights: deque[tuple[float, int]] = deque()
-        self._flights_before = 0  # in_flight before the oldest change kept
+        self._flights = FlightLog()
 
         def window() -> LatencyWindow:
             return LatencyWindow(settings.window, settings.max_samples, clock)
@@ -156,26 +225,17 @@ class TargetStats:
     def started(self) -> None:
         """An attempt went out."""
         self.in_flight += 1
-        self._flight_changed()
+        self._flights.record(self._clock(), self.in_flight)
 
     def finished(self) -> None:
         """An attempt ended, however it ended."""
         self.in_flight = max(0, self.in_flight - 1)
-        self._flight_changed()
-
-    def _flight_changed(self) -> None:
-        now, flights = self._clock(), self._flights
-        flights.append((now, self.in_flight))
-        horizon = now - IN_FLIGHT_HISTORY
-        while flights and (flights[0][0] < horizon or len(flights) > IN_FLIGHT_HISTORY_MAX):
-            self._flights_before = flights.popleft()[1]
+        self._flights.record(self._clock(), self.in_flight)
 
     def in_flight_at(self, when: float) -> int:
         """This client's attempts in flight at time ``when`` (the stats' clock). Known for the
         last :data:`IN_FLIGHT_HISTORY` seconds; before that, the oldest count remembered."""
-        flights = self._flights
-        index = bisect.bisect_right(flights, when, key=lambda entry: entry[0])
-        return flights[index - 1][1] if index else self._flights_before
+        return self._flights.at(when)
 
     def observe_server(self, metrics: ServerMetrics) -> bool:
         """Take a ``/metrics`` reading unless a newer one is already held (readings may arrive
@@ -305,31 +365,23 @@ class TargetStats:
 
         Raises ``ValueError`` or ``TypeError``, recording nothing, when the event is malformed.
         """
+        checked = event_values(kind, values)
         if kind == "t":
-            seconds, tokens = values
-            seconds, tokens = seconds_value(seconds), token_count(tokens)
+            seconds, tokens = checked
             self._add(self._class_window(tokens), seconds)
             self._add(self._ttft, seconds)
         elif kind == "c":
-            elapsed, tokens = values
-            self._censor(seconds_value(elapsed), token_count(tokens))
+            self._censor(*checked)
         elif kind == "s":
-            itl, tokens_per_s = values
-            itl, tokens_per_s = optional_seconds(itl), optional_seconds(tokens_per_s)
+            itl, tokens_per_s = checked
             if itl is not None:
                 self._itl.add(itl)
             if tokens_per_s is not None:
                 self._tokens_per_s.add(tokens_per_s)
         elif kind == "l":
-            (seconds,) = values
-            self._latency.add(seconds_value(seconds))
-        elif kind == "o":
-            (outcome,) = values
-            if outcome not in OUTCOMES:
-                raise ValueError(f"unknown outcome {outcome!r}")
-            self._outcomes.add(cast(str, outcome))
+            self._latency.add(checked[0])
         else:
-            raise ValueError(f"unknown sample kind {kind!r}")
+            self._outcomes.add(checked[0])
 
     def _blend(self, window: LatencyWindow, q: float, prior_median: float) -> float:
         known, weight = self.known(window), self.settings.prior_weight
@@ -482,17 +534,7 @@ class TargetStats:
     def snapshot(self) -> TargetSnapshot:
         """The observed figures (no priors) as they stand now."""
         counts, rates = self._failure_rates()
-        bounds = self.settings.prompt_classes
-        by_class = {
-            class_label(index, bounds): ClassSnapshot(
-                n=len(window),
-                ttft_p50=window.quantile(0.5),
-                ttft_p95=window.quantile(0.95),
-                ttft_p99=window.quantile(0.99),
-            )
-            for index, window in enumerate(self._ttft_by_class)
-            if len(window)
-        }
+        by_class = class_snapshots(self._ttft_by_class, self.settings.prompt_classes)
         return TargetSnapshot(
             name=self.name,
             n=len(self._ttft),
@@ -514,22 +556,11 @@ class TargetStats:
         )
 
     def saved_samples(self) -> list[tuple[float, SampleEvent]]:
-        """What a stats file keeps of this target (:mod:`.snapshot`), as ``(clock time,
-        event)``, oldest first: every TTFT sample of each prompt-length class (a censored one as
-        ``"c"``), each at the class's smallest prompt length; each stream's inter-token latency
-        and tokens per second; each whole-response latency. Outcomes, pauses between chunks,
-        requests in flight and server readings are not kept: they describe the moment."""
-        bounds = self.settings.prompt_classes
-        timed: list[tuple[float, SampleEvent]] = []
-        for index, window in enumerate(self._ttft_by_class):
-            tokens = bounds[index - 1] if index else 0
-            for when, value, censored in window.timed():
-                timed.append((when, (self.name, "c" if censored else "t", value, tokens)))
-        timed += [(when, (self.name, "s", v, None)) for when, v, _ in self._itl.timed()]
-        timed += [(when, (self.name, "s", None, v)) for when, v, _ in self._tokens_per_s.timed()]
-        timed += [(when, (self.name, "l", v)) for when, v, _ in self._latency.timed()]
-        timed.sort(key=lambda item: item[0])
-        return timed
+        """What a stats file keeps of this target (:mod:`.snapshot`): :func:`saved_events`."""
+        by_class, bounds = self._ttft_by_class, self.settings.prompt_classes
+        return saved_events(
+            self.name, by_class, bounds, self._itl, self._tokens_per_s, self._latency
+        )
 
     def mark_seeded(self) -> None:
         """Count every sample held now as read from a stats file (``LatencyWindow.mark_seeded``):
