@@ -1,7 +1,8 @@
 """Change detection: whether a latency window's newest samples (or the attempts waiting past its
 p95) are a new regime of the target, by an exact rank test against the window, and whether the
 newest sample is below the range of the ones before it. Pure functions over a
-:class:`~.quantiles.LatencyWindow`; :class:`~.target_stats.TargetStats` acts on their answers."""
+:class:`~.quantiles.LatencyWindow`; :class:`~.target_stats.TargetStats` acts on their
+answers."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ __all__ = [
 
 SHIFT_MIN = 3
 """The fewest newest samples a change of regime is tested on (and a target that changed to
-slower is known from: see :meth:`TargetStats.known`)."""
+slower is known from: see :func:`known_samples`)."""
 FALSE_ALARM_RATE: Final = 1e-4
 """Change detection's bound on false alarms: on a steady target (its samples exchangeable: any
 distribution, heavy stall tails included), a window is declared changed after a sample with
@@ -48,8 +49,8 @@ to 6 slow samples kept, 3 to 5 fast ones below all of them are a change back, wh
 also nearer (in log) the median of the regime the window left than the slow one's: within a
 slow regime, its own faster samples are not a change back."""
 SMALL_WINDOW_MARGIN = 1.5
-"""While a window holds few older samples, "below their range" (:attr:`TargetStats.improving`)
-means below by this factor."""
+"""While a window holds few older samples, "below their range"
+(:attr:`~.target_stats.TargetStats.improving`, :func:`below_range`) means below by this factor."""
 
 
 def change_alpha(recent: int) -> float:

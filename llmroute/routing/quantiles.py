@@ -52,7 +52,7 @@ always lost: it cost a request and saved nothing."""
 
 BEYOND_SAMPLES: Final = 1.05
 """A hedge delay at or past a target's largest sample waits this many times it
-(:meth:`TargetStats.hedge_delay`)."""
+(:func:`hedge_wait`)."""
 FAILING_ALPHA: Final = 0.01
 """The level of the test that a target fails on more than ``1 - q`` of its attempts
 (:func:`fails_beyond`), so that its ``q``-quantile of a first token is never: a target that
