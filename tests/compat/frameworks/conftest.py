@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -135,6 +136,23 @@ class Served:
             assert refused, "the failing target was never tried"
             assert self.failing.stats()["faults"].get("500", 0) >= len(refused)
         return seen
+
+    def the_requests(self, path: str, at_least: int = 1) -> list[dict[str, Any]]:
+        """The distinct requests to ``path``, in order (each checked by :meth:`assert_served`).
+
+        A fresh client's route may send a request to a second, cold target beside its first
+        choice (a probe: the same request, to learn that target's latency), so the targets can
+        see a request twice; the framework sent it once."""
+        seen: dict[str, dict[str, Any]] = {}
+        for request in self.assert_served(path, at_least):
+            seen.setdefault(json.dumps(request["json"], sort_keys=True), request)
+        return list(seen.values())
+
+    def the_request(self, path: str) -> dict[str, Any]:
+        """The one request the framework sent to ``path`` (a probe's copy allowed, see
+        :meth:`the_requests`)."""
+        (request,) = self.the_requests(path)
+        return request
 
     def replay(self, request: dict[str, Any]) -> Any:
         """What a target answers to a recorded request, asked again directly and unstreamed

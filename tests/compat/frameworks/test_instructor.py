@@ -34,7 +34,7 @@ async def test_tools_mode(served: Served) -> None:
         model=served.model, response_model=City, messages=MESSAGES, max_retries=0
     )
     assert isinstance(city, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     body = request["json"]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "City"}}
     assert [t["function"]["name"] for t in body["tools"]] == ["City"]
@@ -50,7 +50,7 @@ async def test_json_schema_mode(served: Served) -> None:
         model=served.model, response_model=City, messages=MESSAGES, max_retries=0
     )
     assert isinstance(city, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     response_format = request["json"]["response_format"]
     assert response_format["type"] == "json_schema"
     assert response_format["json_schema"]["name"] == "City"
@@ -64,7 +64,7 @@ async def test_json_mode(served: Served) -> None:
         model=served.model, response_model=City, messages=MESSAGES, max_retries=0
     )
     assert isinstance(city, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["response_format"] == {"type": "json_object"}
     answer = served.replay(request)
     assert city.model_dump() == json.loads(answer["choices"][0]["message"]["content"])
@@ -76,7 +76,7 @@ async def test_responses_tools_mode(served: Served) -> None:
         model=served.model, response_model=City, input=MESSAGES, max_retries=0
     )
     assert isinstance(city, City)
-    (request,) = served.assert_served(RESPONSES)
+    request = served.the_request(RESPONSES)
     answer = served.replay(request)
     call = next(item for item in answer["output"] if item["type"] == "function_call")
     assert call["name"] == "City"
@@ -92,7 +92,7 @@ async def test_tools_mode_streamed_partials(served: Served) -> None:
         )
     ]
     assert len(partials) > 1  # the object grew as the argument fragments streamed in
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["stream"] is True
     answer = served.replay(request)
     arguments = answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]

@@ -54,14 +54,14 @@ async def test_invoke_sync(served: Served) -> None:
     llm = chat(served)
     message = await anyio.to_thread.run_sync(llm.invoke, PROMPT)
     assert isinstance(message, AIMessage)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert message.content == content(served, request)
 
 
 async def test_ainvoke(served: Served) -> None:
     message = await chat(served).ainvoke(PROMPT)
     assert isinstance(message, AIMessage)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert message.content == content(served, request)
     assert message.response_metadata["model_name"] == "sim-small"
 
@@ -71,7 +71,7 @@ async def test_astream(served: Served) -> None:
     assert all(isinstance(c, AIMessageChunk) for c in chunks)
     texts = [c.content for c in chunks if c.content]
     assert len(texts) > 1
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["stream"] is True
     assert "".join(texts) == content(served, request)
 
@@ -79,7 +79,7 @@ async def test_astream(served: Served) -> None:
 async def test_bind_tools(served: Served) -> None:
     llm = chat(served).bind_tools([City], tool_choice="City")
     message = await llm.ainvoke(PROMPT)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     call = served.replay(request)["choices"][0]["message"]["tool_calls"][0]["function"]
     assert [(c["name"], c["args"]) for c in message.tool_calls] == [
         ("City", json.loads(call["arguments"]))
@@ -89,7 +89,7 @@ async def test_bind_tools(served: Served) -> None:
 async def test_default_with_structured_output(served: Served) -> None:
     city = await chat(served).with_structured_output(City).ainvoke(PROMPT)
     assert isinstance(city, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["response_format"]["type"] == "json_schema"
     assert city.model_dump() == json.loads(content(served, request))
 
@@ -98,7 +98,7 @@ async def test_responses_api_astream(served: Served) -> None:
     llm = chat(served, use_responses_api=True)
     chunks = [chunk async for chunk in llm.astream(PROMPT)]
     text = "".join(chunk.text for chunk in chunks)
-    (request,) = served.assert_served("/v1/responses")
+    request = served.the_request("/v1/responses")
     assert request["json"]["stream"] is True
     message = next(i for i in served.replay(request)["output"] if i["type"] == "message")
     assert text == message["content"][0]["text"]

@@ -55,7 +55,7 @@ def content(served: Served, request: dict[str, Any]) -> str:
 
 async def test_achat(served: Served) -> None:
     response = await llm(served).achat(MESSAGES)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert response.message.content == content(served, request)
 
 
@@ -63,14 +63,14 @@ async def test_astream_chat(served: Served) -> None:
     stream = await llm(served).astream_chat(MESSAGES)
     deltas = [chunk.delta async for chunk in stream if chunk.delta]
     assert len(deltas) > 1
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["stream"] is True
     assert "".join(deltas) == content(served, request)
 
 
 async def test_complete_sync(served: Served) -> None:
     response = await anyio.to_thread.run_sync(llm(served).complete, "Name three colours.")
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert response.text == content(served, request)
 
 
@@ -78,7 +78,7 @@ async def test_astructured_predict(served: Served) -> None:
     prompt = PromptTemplate("Describe {city} as a City.")
     city = await llm(served).astructured_predict(City, prompt, city="Lisbon")
     assert isinstance(city, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["response_format"]["type"] == "json_schema"
     assert city.model_dump() == json.loads(content(served, request))
 
@@ -93,7 +93,7 @@ async def test_apredict_and_call_runs_the_tool(served: Served) -> None:
 
     tool = FunctionTool.from_defaults(fn=get_weather)
     output = await llm(served).apredict_and_call([tool], "What is the weather in Paris?")
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     call = served.replay(request)["choices"][0]["message"]["tool_calls"][0]["function"]
     assert call["name"] == "get_weather"
     assert calls == [json.loads(call["arguments"])["city"]]

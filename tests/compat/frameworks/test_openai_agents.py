@@ -54,7 +54,7 @@ async def test_default_model_uses_responses_with_a_tool(served: Served) -> None:
     set_default_openai_client(served.client, use_for_tracing=False)
     calls: list[str] = []
     result = await Runner.run(weather_agent(served.model, calls), PROMPT, max_turns=4)
-    first, second = served.assert_served(RESPONSES, at_least=2)[:2]
+    first, second = served.the_requests(RESPONSES, at_least=2)[:2]
     tool_call = next(i for i in served.replay(first)["output"] if i["type"] == "function_call")
     assert tool_call["name"] == "get_weather"
     assert calls == [json.loads(tool_call["arguments"])["city"]]
@@ -69,7 +69,7 @@ async def test_chat_completions_model_with_a_tool(served: Served) -> None:
     model = OpenAIChatCompletionsModel(model=served.model, openai_client=served.client)
     calls: list[str] = []
     result = await Runner.run(weather_agent(model, calls), PROMPT, max_turns=4)
-    first, second = served.assert_served(CHAT, at_least=2)[:2]
+    first, second = served.the_requests(CHAT, at_least=2)[:2]
     tool_call = served.replay(first)["choices"][0]["message"]["tool_calls"][0]["function"]
     assert tool_call["name"] == "get_weather"
     assert calls == [json.loads(tool_call["arguments"])["city"]]

@@ -37,7 +37,7 @@ async def test_chat_model_output_type_with_max_retries(served: Served) -> None:
     agent = Agent(chat_model(served), output_type=City, model_settings={"max_retries": 1})
     result = await agent.run(PROMPT)
     assert isinstance(result.output, City)
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert [t["function"]["name"] for t in request["json"]["tools"]] == ["final_result"]
     answer = served.replay(request)
     arguments = answer["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
@@ -48,7 +48,7 @@ async def test_chat_model_streams_text(served: Served) -> None:
     agent = Agent(chat_model(served))
     async with agent.run_stream(PROMPT) as run:
         deltas = [delta async for delta in run.stream_text(delta=True, debounce_by=None)]
-    (request,) = served.assert_served(CHAT)
+    request = served.the_request(CHAT)
     assert request["json"]["stream"] is True
     answer = served.replay(request)
     assert len(deltas) > 1
@@ -61,7 +61,7 @@ async def test_responses_model_output_type(served: Served) -> None:
     agent = Agent(model, output_type=City, model_settings={"max_retries": 1})
     result = await agent.run(PROMPT)
     assert isinstance(result.output, City)
-    (request,) = served.assert_served(RESPONSES)
+    request = served.the_request(RESPONSES)
     answer = served.replay(request)
     calls = [item for item in answer["output"] if item["type"] == "function_call"]
     assert result.output.model_dump() == json.loads(calls[0]["arguments"])
