@@ -50,9 +50,11 @@ from ..config import (
 )
 from ._auth import digest
 from ._tenants import Managed, Tenant, Tenants
+from ._validate import clipped
 
 __all__ = ["AdminError", "KeysAdmin", "new_secret"]
 
+_SHOWN_FIELD = 40  # characters of an unknown field's name an error shows (the body is the client's)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _SECRET_PREFIX = "llmr-"
 _SHOWN = 12  # characters of a key shown as its prefix: "llmr-" and 7 of its 43 random ones
@@ -113,7 +115,8 @@ def _unknown(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
             hint = (
                 " (admin keys are declared in the config or keys_file)" if field == "admin" else ""
             )
-            raise _invalid(f"Invalid request: {field!r} is not a field here{hint}.", field)
+            shown = clipped(field, _SHOWN_FIELD)
+            raise _invalid(f"Invalid request: {shown!r} is not a field here{hint}.", shown)
 
 
 def _expiry(value: Any) -> float | None:

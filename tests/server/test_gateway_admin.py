@@ -190,6 +190,18 @@ def test_a_revoked_key_gets_401_on_every_replica(replicas: tuple[Gateway, Gatewa
     assert refused.status_code == 409 and error_of(refused)["code"] == "key_declared"
 
 
+def test_an_unknown_field_is_named_in_at_most_40_characters(
+    replicas: tuple[Gateway, Gateway],
+) -> None:
+    first, _ = replicas
+    long = "x" * 100_000
+    refused = admin(first, "POST", "/admin/keys", {"name": "web", long: 1})
+    assert refused.status_code == 400
+    error = error_of(refused)
+    assert error["param"] == "x" * 37 + "..."
+    assert len(error["message"]) < 120, error["message"]
+
+
 # -- 3. teams ------------------------------------------------------------------------------------
 
 
