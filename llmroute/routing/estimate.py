@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .stats import estimate_prompt_tokens
+from .samples import estimate_prompt_tokens
 from .windows import answer_room
 
 __all__ = ["RequestEstimate", "estimate_request", "prompt_messages"]

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
-from . import change
-from .change import regime_change
+from .change import below_range, known_samples, regime_change, waits_shift
 from .quantiles import (
     LatencyWindow,
     OutcomeWindow,
@@ -317,7 +316,7 @@ class TargetStats:
             window.keep_newest(shift)
             self.shifts += 1
         if window is self._ttft:
-            self.improving = not shift and change.below_range(
+            self.improving = not shift and below_range(
                 window, seconds, known=self.known(window), recent=self.settings.recent
             )
 
@@ -446,7 +445,7 @@ class TargetStats:
             overdue = [now - t for t in self._waiting.values() if now - t > predicted]
             if overdue:
                 predicted = cast(float, window.quantile_with(overdue, q))
-            shift = change.waits_shift(window, self._waiting.values(), now, q, self.settings.recent)
+            shift = waits_shift(window, self._waiting.values(), now, q, self.settings.recent)
             predicted = max(predicted, shift)
         return predicted
 
@@ -486,7 +485,7 @@ class TargetStats:
     def known(self, window: LatencyWindow) -> int:
         """Samples that make a window's target known (:func:`~.change.known_samples`):
         ``min_samples``, or :data:`~.change.SHIFT_MIN` after a change of regime."""
-        return change.known_samples(window, self.settings.min_samples)
+        return known_samples(window, self.settings.min_samples)
 
     def explored(self, now: float) -> None:
         """A request went to this target to re-measure it, at ``now`` (the router's clock)."""

@@ -64,19 +64,19 @@ def _hypercorn_config(
     llmroute's HTTP/2 fixes installed."""
     from hypercorn.config import Config as HypercornConfig
 
-    from . import _h2
+    from ._h2 import CONFIG_FLAG, LIMITS_ATTRIBUTE, H2Limits, install
 
     # hypercorn 0.18's HTTP/2 buffers a response to a client that does not read without bound;
     # this server's streams get bounded buffers (docs/gateway.md, "HTTP/2 back-pressure").
     # Its early answers (401, 413, 429 before the body is read) no longer drop the connection,
     # and one connection's resets and control frames are bounded (docs/gateway.md, "HTTP/2").
-    _h2.install()
+    install()
     config = HypercornConfig()
-    setattr(config, _h2.CONFIG_FLAG, True)
+    setattr(config, CONFIG_FLAG, True)
     setattr(
         config,
-        _h2.LIMITS_ATTRIBUTE,
-        _h2.H2Limits(resets=settings.h2_max_resets, frames=settings.h2_max_control_frames),
+        LIMITS_ATTRIBUTE,
+        H2Limits(resets=settings.h2_max_resets, frames=settings.h2_max_control_frames),
     )
     config.bind = [f"fd://{sock.detach()}"]
     config.accesslog = None

@@ -1,7 +1,9 @@
 """No import circles among llmroute's modules, counting every import a module writes: at its top,
 inside a function (a lazy import), or under ``TYPE_CHECKING``. Read with ``ast`` only (nothing of
 llmroute is imported). ``from P import n`` imports the module ``P.n`` when there is one, else
-``P`` (its ``__init__.py``); importing ``P.m`` does not count as importing ``P`` itself."""
+``P`` (its ``__init__.py``), and ``from P import m`` imports ``P`` too (the name is read from
+``P``: ``from . import m`` in a package's module goes through the package's ``__init__.py``);
+``import P.m`` and ``from P.m import n`` do not count as importing ``P`` itself."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                 for alias in node.names:
                     sub = f"{base}.{alias.name}"
                     targets.append(sub if sub in modules else base)
+                targets.append(base)
             for target in targets:
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
@@ -103,3 +106,16 @@ def test_a_circle_is_found_through_a_lazy_and_a_type_checking_import(tmp_path: P
     graph = import_graph(tmp_path)
     assert graph["llmroute.c"] == {"llmroute.a"}
     assert circles(graph) == [["llmroute.a", "llmroute.sub.b"]]
+
+
+def test_from_a_package_import_a_module_goes_through_the_package(tmp_path: Path) -> None:
+    package = tmp_path / "llmroute" / "sub"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("from .a import f\n")
+    (package / "a.py").write_text("from .b import g\n")
+    (package / "b.py").write_text("from . import c\n")
+    (package / "c.py").write_text("")
+    graph = import_graph(tmp_path)
+    assert graph["llmroute.sub.b"] == {"llmroute.sub", "llmroute.sub.c"}
+    assert circles(graph) == [["llmroute.sub", "llmroute.sub.a", "llmroute.sub.b"]]
