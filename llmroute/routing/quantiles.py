@@ -133,6 +133,19 @@ PRIOR_SIGMA: Final = 0.5
 _NORMAL = NormalDist()
 
 
+def _interpolated(nth: Callable[[int], float], count: int, q: float) -> float:
+    """The ``q``-quantile of ``count`` values whose ``i``-th smallest (0-based) is ``nth(i)``,
+    interpolating linearly between closest ranks (as :meth:`LatencyWindow.quantile`)."""
+    position = (count - 1) * q
+    index = math.floor(position)
+    low = nth(index)
+    fraction = position - index
+    if fraction == 0.0:
+        return low
+    high = nth(index + 1)
+    return min(max(low + (high - low) * fraction, low), high)
+
+
 class LatencyWindow:
     """Samples of one latency over the last ``window`` seconds, at most ``max_samples`` of them.
 
@@ -248,14 +261,7 @@ class LatencyWindow:
                     return x
             raise AssertionError("unreachable")  # pragma: no cover
 
-        position = (total - 1) * q
-        index = math.floor(position)
-        low = nth(index)
-        fraction = position - index
-        if fraction == 0.0:
-            return low
-        high = nth(index + 1)
-        return min(max(low + (high - low) * fraction, low), high)
+        return _interpolated(nth, total, q)
 
     def quantile(self, q: float) -> float | None:
         """The ``q``-quantile of the live samples, interpolating linearly between closest ranks.
@@ -300,13 +306,7 @@ class LatencyWindow:
                     return x
             raise AssertionError("unreachable")  # pragma: no cover
 
-        position = (n - 1) * q
-        index = math.floor(position)
-        low = nth(index)
-        fraction = position - index
-        if fraction == 0.0:
-            return low
-        return min(max(low + (nth(index + 1) - low) * fraction, low), nth(index + 1))
+        return _interpolated(nth, n, q)
 
     def order_statistic(self, rank: int) -> float:
         """The ``rank``-th smallest live sample (1-based; ``IndexError`` out of range)."""
