@@ -410,7 +410,10 @@ class TargetStats:
         predicted = self.predict(q, prompt_tokens)
         if self.failing(q):
             return FAILING_RANK + predicted
-        bound = self._lower_bound(self._window_for(prompt_tokens), q, prompt_tokens)
+        window = self._window_for(prompt_tokens)
+        if window is self._ttft and len(self._class_window(prompt_tokens)):
+            return predicted  # all classes' bound says nothing of this one's first samples
+        bound = self._lower_bound(window, q, prompt_tokens)
         return predicted if bound is None else min(predicted, bound)
 
     def hedge_delay(self, q: float, backup: float, prompt_tokens: int) -> float:
@@ -430,13 +433,16 @@ class TargetStats:
         """The predicted ``q``-quantile TTFT, in seconds, for a prompt of ``prompt_tokens``.
 
         The prompt's class is used once it has ``min_samples`` samples, else all classes
-        together. Below ``min_samples`` samples the observed quantile is blended with a
-        lognormal prior (median ``prior_ttft``) weighted as ``prior_weight`` samples; without
-        samples it is the prior alone; from ``min_samples`` on (:data:`SHIFT_MIN` after a
-        change of regime: :meth:`known`), the observed quantile alone,
-        with attempts still waiting longer than that counted as samples of their time so far.
+        together, with the class's own few samples (``n``) weighed against that as ``n`` to 1
+        once all classes together are known: a long prompt on a target fast on short ones
+        counts as slow from its first sample or two. Below ``min_samples`` samples the
+        observed quantile is blended with a lognormal prior (median ``prior_ttft``) weighted
+        as ``prior_weight`` samples; without samples it is the prior alone; from
+        ``min_samples`` on (:data:`SHIFT_MIN` after a change of regime: :meth:`known`), the
+        observed quantile alone, with attempts still waiting longer than that counted as
+        samples of their time so far.
         """
-        window = self._class_window(prompt_tokens)
+        own = window = self._class_window(prompt_tokens)
         if len(window) < self.known(window):
             window = self._ttft
         predicted = self._blend(window, q, self.settings.prior_ttft)
@@ -447,6 +453,13 @@ class TargetStats:
                 predicted = cast(float, window.quantile_with(overdue, q))
             shift = waits_shift(window, self._waiting.values(), now, q, self.settings.recent)
             predicted = max(predicted, shift)
+        if own is not window and len(own) and len(window) >= self.known(window):
+            # The class's own few samples outweigh the other lengths': a 2,000-word prompt on
+            # a target fast on short ones (1.0 s against 0.25 s) counts as slow from its first
+            # sample or two, not after min_samples of them were each sent there first.
+            observed, n = own._quantile_and_count(q)
+            if observed is not None:
+                predicted = (n * observed + predicted) / (n + 1)
         return predicted
 
     def class_quantile(self, q: float, prompt_tokens: int) -> float | None:

@@ -283,10 +283,11 @@ def test_classes_are_separate_and_fall_back_to_all() -> None:
     target, _ = make_target(min_samples=5, prior_weight=0.0)
     for _ in range(10):
         target.record_ttft(0.1, 100)  # short prompts are fast
-    for _ in range(4):
-        target.record_ttft(2.0, 20_000)  # long ones are slow, but too few to trust alone
-    pooled = target.predict(0.5, 20_000)
-    assert pooled == pytest.approx(0.1)  # the median over all 14 samples
+    target.record_ttft(2.0, 20_000)  # long ones are slow: one counts as much as the rest
+    assert target.predict(0.5, 20_000) == pytest.approx((2.0 + 0.1) / 2)
+    for _ in range(3):  # four, still too few to trust alone: the median of all 14 as one more
+        target.record_ttft(2.0, 20_000)
+    assert target.predict(0.5, 20_000) == pytest.approx((4 * 2.0 + 0.1) / 5)
     target.record_ttft(2.0, 20_000)
     assert target.predict(0.5, 20_000) == pytest.approx(2.0)
     assert target.predict(0.5, 100) == pytest.approx(0.1)
@@ -296,6 +297,12 @@ def test_classes_are_separate_and_fall_back_to_all() -> None:
         "<1k": ClassSnapshot(n=10, ttft_p50=0.1, ttft_p95=0.1, ttft_p99=0.1),
         "8k-32k": ClassSnapshot(n=5, ttft_p50=2.0, ttft_p95=2.0, ttft_p99=2.0),
     }
+    # the other way round: a fast class of a slow target is believed as soon
+    for _ in range(5):
+        target.record_ttft(2.0, 5000)
+    assert target.predict(0.95, 40_000) == pytest.approx(2.0)  # an empty class: all of them
+    target.record_ttft(0.3, 40_000)
+    assert target.predict(0.95, 40_000) == pytest.approx((0.3 + 2.0) / 2)
 
 
 def test_predict_checks_q() -> None:
