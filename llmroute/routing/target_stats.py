@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
-from .change import below_range, known_samples, regime_change, waits_shift
+from .change import SHIFT_MIN, below_range, known_samples, regime_change, waits_shift
 from .quantiles import (
     LatencyWindow,
     OutcomeWindow,
@@ -207,10 +207,7 @@ class TargetStats:
         self._next_wait = 0
         self.shifts = 0
         """Changes of regime seen (see :meth:`shifted`), for tests and reports."""
-        self.improving = False
-        """The newest TTFT sample is below the p5 of the ones before it (by the small-window
-        margin while they are few): the target may have
-        got faster (a slow one re-measured), so it is worth re-measuring again soon."""
+        self._below_range = False  # the newest TTFT sample is below the older ones' range
         self._explorations: deque[float] = deque(maxlen=EXPLORATIONS_KEPT)
         self.probing = 0
         """Attempts in flight that run on to their first token whoever wins (the target was
@@ -316,9 +313,24 @@ class TargetStats:
             window.keep_newest(shift)
             self.shifts += 1
         if window is self._ttft:
-            self.improving = not shift and below_range(
+            self._below_range = not shift and below_range(
                 window, seconds, known=self.known(window), recent=self.settings.recent
             )
+
+    @property
+    def improving(self) -> bool:
+        """Whether the target is worth re-measuring soon, at the improving share of requests
+        rather than when stale: its newest TTFT sample is below the p5 of the ones before it
+        (by the small-window margin while they are few), so it may have got faster (a slow one
+        re-measured); or it changed to slower and holds fewer than ``min_samples`` samples
+        more than the :data:`~.change.SHIFT_MIN` that can show a change: the change may be a
+        burst of the client's own lag (a busy event loop delays every first token it reads,
+        and only the target that gets the traffic shows it), and the few re-measures that
+        confirm it or take it back (up to five fast ones against three slow) come within a
+        second instead of a stale target's seconds each."""
+        window = self._ttft
+        thin = window.changed and window.slowed
+        return self._below_range or (thin and len(window) < SHIFT_MIN + self.settings.min_samples)
 
     def shifted(self, window: LatencyWindow) -> int:
         """How many of the window's newest samples belong to a new regime (0: none), by

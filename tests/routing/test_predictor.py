@@ -206,8 +206,14 @@ def test_a_target_that_got_slow_is_not_explored_as_cold_and_comes_back_when_fast
         a.record_censored(p95 + 0.4, 20)
     assert a.shifts == shifts + 2 and len(a._ttft) < router.stats.settings.min_samples
     # Known to be slow: not cold, so not explored at the cold share with its own (slow) hedge
-    # delay; only re-measured now and then, beside b (a race of two).
-    assert not a.cold()
+    # delay. Its slowdown rests on fewer than min_samples samples (a burst of the client's
+    # own lag would look the same), so it is re-measured at once, beside b (a race of two),
+    # until COLD_EXPLORE_UNANSWERED of those gave no sample (here none answers); then only
+    # now and then.
+    assert not a.cold() and a.improving
+    confirming = [p for p in (plan(router, route) for _ in range(1000)) if p.explored == A]
+    assert len(confirming) == COLD_EXPLORE_UNANSWERED
+    assert all(p.start == 2 and p.order[:2] == (A, B) for p in confirming)
     assert sum(plan(router, route).explored == A for _ in range(1000)) == 0
     view = router._begin(route, dict(BODY), never_send, stream=True).view
     b_delay = HedgePolicy().delay(B, view, A)  # (a hedge from b goes to a)
@@ -290,3 +296,37 @@ def test_stale_targets_are_re_measured_one_request_in_every_1_over_explore() -> 
     router.explore_share = 0.0  # explore = 0: never
     clock.advance(60.0)
     assert all(plan(router, route).explored is None for _ in range(100))
+
+
+def requests_until_taken_back(seed: int) -> int:
+    """Requests (16 a second) until a's slowdown, shown by a burst of the client's own lag,
+    is taken back by fast re-measures (at most 200)."""
+    router, route, clock = hedged_pair(explore=0.03)
+    router._rng = random.Random(seed)
+    a = router.stats.target(A)
+    shifts = a.shifts
+    # The client's own event loop stalled for 0.6 s: the three first tokens a read while it
+    # did came late, and a (the only target with traffic) was declared slower on them.
+    for _ in range(3):
+        clock.advance(0.02)
+        a.record_ttft(0.25 + 0.6, 20)
+    assert a.shifts > shifts and a._ttft.slowed
+    assert a.predict(0.95, 20) > router.stats.target(B).predict(0.95, 20)  # b goes first
+    rng = random.Random(seed)
+    for requests in range(1, 201):
+        clock.advance(0.06)
+        if plan(router, route).explored == A:
+            a.record_ttft(rng.lognormvariate(math.log(0.25), 0.2), 20)
+        if not a._ttft.slowed:
+            assert a.predict(0.95, 20) < router.stats.target(B).predict(0.95, 20)
+            return requests
+    return 200
+
+
+def test_a_slowdown_shown_by_a_burst_of_lag_is_taken_back_within_a_few_requests() -> None:
+    # Re-measured at once (beside b, at the improving share), not after REMEASURE_AFTER
+    # seconds as a stale target: three fast samples take the change back. Before, each of
+    # the three waited for the target to be stale (3 s, about 50 requests here).
+    stale = REMEASURE_AFTER / 0.06
+    taken_back = sorted(requests_until_taken_back(seed) for seed in range(20))
+    assert taken_back[10] <= 20 and taken_back[-1] < stale, taken_back
