@@ -15,31 +15,23 @@ passes the reader's role to another waiting stream. This works the same on async
 from __future__ import annotations
 
 import contextlib
-import os
-import re
-import socket
 import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import anyio
 import anyio.abc
-import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
-import h2.settings
 import httpx
-from anyio.streams.tls import TLSAttribute
 from h2.errors import ErrorCodes
-from h2.exceptions import StreamClosedError, StreamIDTooLowError
-from hpack import NeverIndexedHeaderTuple
-from hyperframe.frame import Frame, RstStreamFrame
 
 from ._events import EventDeadline
+from ._h2_wire import buffered_reader, error_name, new_h2, peer_closed, request_headers, start_h2
 
 __all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
 
@@ -49,17 +41,6 @@ _STREAM_WINDOW = 4 * 1024 * 1024
 _ACK_BATCH = 16384  # flow-controlled bytes read before their window is returned (<< windows)
 _CLOSE_GRACE = 1.0
 _WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
-_HOP_BY_HOP = frozenset(
-    (b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
-)
-
-_SECRET_HEADERS = frozenset(
-    (b"authorization", b"proxy-authorization", b"x-api-key", b"api-key", b"x-goog-api-key")
-)
-
-
-_INVALID_HEADER = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]")
-_INVALID_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$")
 
 
 def _fresh(error: Exception) -> Exception:
@@ -82,62 +63,6 @@ many streams one lost TCP segment holds up."""
 
 class ConnectionNotAvailable(Exception):
     """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
-
-
-class _H2Connection(h2.connection.H2Connection):
-    """h2's client connection, but counting its open streams without walking them all.
-
-    h2 counts open streams at every new stream by iterating over every stream it holds (and
-    drops the closed ones as it goes): O(n) work per request, O(n^2) to open n concurrent
-    streams. ``HTTP2Connection.close_stream`` removes each stream from ``streams`` as it closes
-    it (``_forget``), so the streams held bound the open ones (server push is off: all are
-    outbound). Only at the server's limit are they counted h2's way, exactly.
-    """
-
-    @property
-    def open_outbound_streams(self) -> int:
-        held = len(self.streams)
-        if held < self.remote_settings.max_concurrent_streams:
-            return held
-        return super().open_outbound_streams
-
-    def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
-        """h2's own, minus ``logger.trace("Received frame: %s", repr(frame))``: the argument is
-        built even for h2's no-op logger, and a DATA frame's repr copies and hex-encodes its
-        payload (a tenth of the client's CPU with one event per frame). The rest is h2 4.4's
-        code as is (``tests/transport/test_h2_corners.py`` checks that it still is)."""
-        events: list[h2.events.Event]
-        try:
-            frames, events = self._frame_dispatch_table[frame.__class__](frame)
-        except StreamClosedError as e:
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = e.error_code
-                self._prepare_for_sending([f])
-                events = e._events
-            else:
-                raise
-        except StreamIDTooLowError as e:
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = ErrorCodes.STREAM_CLOSED
-                self._prepare_for_sending([f])
-                events = []
-            elif self._stream_is_closed_by_end(e.stream_id):
-                raise StreamClosedError(e.stream_id) from e
-            else:
-                raise
-        else:
-            self._prepare_for_sending(frames)
-
-        return events
-
-    def _forget(self, stream_id: int) -> None:
-        """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
-        stream = self.streams.get(stream_id)
-        if stream is not None and stream.closed:
-            del self.streams[stream_id]
-            self._closed_streams[stream_id] = stream.closed_by
 
 
 class _StreamState:
@@ -179,16 +104,8 @@ class HTTP2Connection:
         self.connect_time = connect_time
         self.requests_served = 0
         self._sock = stream
-        self._ssl_read = _buffered_reader(stream)
-        # h2's outbound header checks and normalisation (a chain of generators over every
-        # header of every request) are done once, in _request_headers, with the same outcome.
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-        self._h2 = _H2Connection(config=config)
+        self._ssl_read = buffered_reader(stream)
+        self._h2 = new_h2()
         self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
         # Uncontended, it takes no turn of the event loop (the write itself is a checkpoint).
@@ -217,17 +134,7 @@ class HTTP2Connection:
 
     async def start(self) -> None:
         """Send the connection preface and wait for the server's SETTINGS."""
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
-            },
-        )
-        self._h2.initiate_connection()
-        if _CONNECTION_WINDOW > 65535:
-            self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        start_h2(self._h2, stream_window=_STREAM_WINDOW, window=_CONNECTION_WINDOW)
         await self._flush()
         while not self._settings_received:
             await self._read_once()
@@ -258,17 +165,7 @@ class HTTP2Connection:
         """
         if not self.is_idle() or self._reading:
             return False
-        try:
-            fileno = self._sock.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
-            # asyncio wraps its sockets (no recv): peek through a duplicate of the descriptor.
-            with socket.socket(fileno=os.dup(fileno)) as dup:
-                return dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except (anyio.TypedAttributeLookupError, ValueError):
-            return False
-        except OSError:
-            return True
+        return peer_closed(self._sock)
 
     @property
     def open_streams(self) -> int:
@@ -321,7 +218,7 @@ class HTTP2Connection:
             end_stream = request.method in ("GET", "HEAD") and not request.headers.get(
                 "content-length"
             )
-            headers = self._request_headers(request)
+            headers = request_headers(request)
             with self._h2_errors(state):
                 self._h2.send_headers(stream_id, headers, end_stream=end_stream)
             state.local_ended = end_stream
@@ -356,40 +253,6 @@ class HTTP2Connection:
 
     def is_available_for_reserved(self) -> bool:
         return not self._closed and not self._goaway and self._error is None
-
-    def _request_headers(self, request: httpx.Request) -> list[Any]:
-        url = request.url
-        authority = url.netloc
-        headers = [
-            (b":method", request.method.encode()),
-            (b":authority", authority),
-            (b":scheme", url.raw_scheme),
-            (b":path", url.raw_path),
-        ]
-        if not url.raw_path:
-            raise httpx.LocalProtocolError("an empty :path")
-        # What h2's outbound checks would refuse or change, done here once (they are off): a
-        # name that is empty, not lower case or not a token (a ":" is not: no pseudo-header
-        # comes from the caller), CR, LF or NUL in a value, or white space around it (refused,
-        # where h2 strips it), TE other than "trailers"; connection-specific headers dropped;
-        # credentials and short cookies never indexed.
-        for name, value in request.headers.raw:
-            lname = name.lower()
-            if (
-                not lname
-                or _INVALID_HEADER.search(lname)
-                or _INVALID_VALUE.search(value)
-                or (lname == b"te" and value.lower() != b"trailers")
-            ):
-                # Sent as is, it would make the server end the whole connection (all its streams).
-                shown = name.decode(errors="replace")
-                raise httpx.LocalProtocolError(f"invalid HTTP header {shown!r}")
-            if lname in _SECRET_HEADERS or (lname == b"cookie" and len(value) < 20):
-                # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
-                headers.append(NeverIndexedHeaderTuple(lname, value))
-            elif lname not in _HOP_BY_HOP:
-                headers.append((lname, value))
-        return headers
 
     async def _send_body(
         self, state: _StreamState, request: httpx.Request, write_timeout: float | None
@@ -700,7 +563,7 @@ class HTTP2Connection:
             if state is not None:
                 state.remote_reset = True
                 if not state.ended:
-                    code = _error_name(event.error_code)
+                    code = error_name(event.error_code)
                     if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
                         state.error = ConnectionNotAvailable()
                     else:
@@ -721,7 +584,7 @@ class HTTP2Connection:
             if event.error_code:
                 self._connection_lost(
                     httpx.RemoteProtocolError(
-                        f"server closed the connection ({_error_name(event.error_code)})"
+                        f"server closed the connection ({error_name(event.error_code)})"
                     ),
                     None,
                 )
@@ -877,25 +740,6 @@ class _deadline:
             raise self._exc(f"no data within {self._timeout:g} s on this stream")
 
 
-def _buffered_reader(stream: anyio.abc.ByteStream) -> Callable[[int], bytes] | None:
-    """The ``read`` of a TLS stream's ``SSLObject``: it returns what is already buffered or
-    raises ``SSLWantReadError`` without waiting. Reading through it is safe whenever nobody
-    awaits the stream's own ``receive``; anything the read leaves to send (a TLS 1.3 key update's
-    answer) goes out, in order, with the stream's next write."""
-    try:
-        ssl_object = stream.extra(TLSAttribute.ssl_object)
-    except anyio.TypedAttributeLookupError:
-        return None
-    return ssl_object.read if isinstance(ssl_object, ssl.SSLObject) else None
-
-
 def _wake(state: _StreamState) -> None:
     if state.wake is not None:
         state.wake.set()
-
-
-def _error_name(code: int) -> str:
-    try:
-        return ErrorCodes(code).name
-    except ValueError:
-        return f"error code {code}"
