@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from types import TracebackType
 from typing import NoReturn
 
 import anyio
@@ -31,6 +29,7 @@ import httpx
 from h2.errors import ErrorCodes
 
 from ._events import EventDeadline
+from ._h2_stream import ConnectionNotAvailable, _deadline, _fresh, _ReceiveWindow, _StreamState
 from ._h2_wire import buffered_reader, error_name, new_h2, peer_closed, request_headers, start_h2
 
 __all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
@@ -38,19 +37,8 @@ __all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
 _READ_SIZE = 65536
 _CONNECTION_WINDOW = 16 * 1024 * 1024
 _STREAM_WINDOW = 4 * 1024 * 1024
-_ACK_BATCH = 16384  # flow-controlled bytes read before their window is returned (<< windows)
 _CLOSE_GRACE = 1.0
 _WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
-
-
-def _fresh(error: Exception) -> Exception:
-    """A new exception like ``error``: each waiting stream raises its own, not one shared object."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        return error
-    copy.__cause__ = error.__cause__ or error
-    return copy
 
 
 MAX_STREAMS = 256
@@ -59,41 +47,6 @@ opens another connection (up to ``max_connections``). With about 1,000 streams o
 to hypercorn (which allows 1,000), requests stalled on the connection's flow-control window and
 never reached the app (benchmarks/load.py); 256 is also Cloudflare's limit, and it bounds how
 many streams one lost TCP segment holds up."""
-
-
-class ConnectionNotAvailable(Exception):
-    """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
-
-
-class _StreamState:
-    __slots__ = (
-        "chunks",
-        "ended",
-        "error",
-        "headers",
-        "id",
-        "local_ended",
-        "pending_flow",
-        "read_flow",
-        "remote_reset",
-        "sent_on_idle",
-        "status",
-        "wake",
-    )
-
-    def __init__(self, stream_id: int) -> None:
-        self.id = stream_id
-        self.status: int | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: deque[tuple[bytes, int]] = deque()
-        self.ended = False
-        self.error: Exception | None = None
-        self.wake: anyio.Event | None = None
-        self.pending_flow = 0  # flow-controlled bytes received and not yet acknowledged
-        self.read_flow = 0  # of which the reader already took (acknowledged in batches)
-        self.sent_on_idle = False
-        self.local_ended = False
-        self.remote_reset = False
 
 
 class HTTP2Connection:
@@ -114,12 +67,9 @@ class HTTP2Connection:
         self._waiting: dict[int, _StreamState] = {}
         self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
         self._window_waiters: list[anyio.Event] = []
-        # Streams with bytes read and not yet returned to the connection's window, and their sum:
-        # returned together once it reaches a sixteenth of the window, so streams that each stay
-        # below _ACK_BATCH cannot hold the whole connection window between them.
-        self._unacked: dict[int, _StreamState] = {}
-        self._unacked_bytes = 0
-        self._unacked_limit = max(1, _CONNECTION_WINDOW // 16)
+        # Read bytes go back to the connection's window together once they reach a sixteenth
+        # of it, so streams that each stay below their batch cannot hold the whole window.
+        self._receive_window = _ReceiveWindow(self._h2, max(1, _CONNECTION_WINDOW // 16))
         self._closed = False
         self._goaway = False
         self._error: Exception | None = None
@@ -330,45 +280,18 @@ class HTTP2Connection:
             data, flow = state.chunks[0]
             if flow:
                 # Return the window first: a cancel during the flush must not lose the chunk.
-                # Read bytes are returned in batches (h2 sends a WINDOW_UPDATE only when half a
-                # window is used anyway); close_stream returns the rest.
-                # Across the connection they are returned once a sixteenth of its window is
-                # read, whichever streams read it: thousands of short streams, each below its
-                # batch, would otherwise hold the whole window and stall every stream on it.
                 state.chunks[0] = (data, 0)
-                if not state.read_flow:
-                    self._unacked[state.id] = state
-                state.read_flow += flow
-                self._unacked_bytes += flow
-                if state.read_flow >= _ACK_BATCH or self._unacked_bytes >= self._unacked_limit:
-                    try:  # the hot path: no context manager per frame
-                        if state.read_flow >= _ACK_BATCH:
-                            self._return_window(state)
-                        else:
-                            self._return_windows()
-                    except h2.exceptions.H2Error as exc:
-                        self._refused(state, exc)
-                    if self._h2_has_output():
-                        await self._flush()
+                try:  # the hot path: no context manager per frame
+                    returned = self._receive_window.took(state, flow)
+                except h2.exceptions.H2Error as exc:
+                    self._refused(state, exc)
+                if returned and self._h2_has_output():
+                    await self._flush()
             state.chunks.popleft()
             return data
         if state.error is not None:
             raise _fresh(state.error)
         return None
-
-    def _return_window(self, state: _StreamState) -> None:
-        """Give the server back the window of what ``state``'s reader has taken."""
-        flow, state.read_flow = state.read_flow, 0
-        state.pending_flow -= flow
-        self._unacked_bytes -= flow
-        del self._unacked[state.id]
-        self._h2.acknowledge_received_data(flow, state.id)
-
-    def _return_windows(self) -> None:
-        """Return what every stream's reader has taken: one pass over the streams that read
-        since the last pass, so the work is at most one step per chunk read."""
-        for state in list(self._unacked.values()):
-            self._return_window(state)
 
     def _h2_has_output(self) -> bool:
         # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
@@ -392,15 +315,7 @@ class HTTP2Connection:
                 took = True
         del self._streams[state.id]
         self._waiting.pop(state.id, None)
-        if self._unacked.pop(state.id, None) is not None:
-            self._unacked_bytes -= state.read_flow
-            state.read_flow = 0
-        if state.pending_flow:
-            try:
-                self._h2.acknowledge_received_data(state.pending_flow, state.id)
-            except h2.exceptions.ProtocolError:
-                pass
-            state.pending_flow = 0
+        self._receive_window.forget(state)
         unfinished = not (state.ended and state.local_ended) and not state.remote_reset
         reset = unfinished and state.error is None and not self._closed and self._error is None
         if reset:
@@ -532,70 +447,52 @@ class HTTP2Connection:
         if isinstance(event, h2.events.DataReceived):
             state = self._streams.get(event.stream_id)
             flow = event.flow_controlled_length or 0
-            if state is None:
-                if flow:
-                    self._h2.acknowledge_received_data(flow, event.stream_id)
-                return
-            state.chunks.append((event.data, flow))
-            state.pending_flow += flow
-            _wake(state)
+            if state is not None:
+                state.received(event.data, flow)
+            elif flow:
+                self._h2.acknowledge_received_data(flow, event.stream_id)
         elif isinstance(event, h2.events.ResponseReceived):
             state = self._streams.get(event.stream_id)
             if state is not None:
-                status = 0
-                headers = []
-                for name, value in event.headers:
-                    if name == b":status":
-                        status = int(value)
-                    elif not name.startswith(b":"):
-                        headers.append((name, value))
-                state.status = status
-                state.headers = headers
-                _wake(state)
+                state.answered(event.headers)
         elif isinstance(event, h2.events.StreamEnded):
             state = self._streams.get(event.stream_id)
             if state is not None:
-                state.ended = True
-                _wake(state)
+                state.end()
                 self._wake_senders()
         elif isinstance(event, h2.events.StreamReset):
             state = self._streams.get(event.stream_id)
             if state is not None:
-                state.remote_reset = True
-                if not state.ended:
-                    code = error_name(event.error_code)
-                    if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
-                        state.error = ConnectionNotAvailable()
-                    else:
-                        state.error = httpx.RemoteProtocolError(f"server reset the stream ({code})")
-                _wake(state)
+                state.reset_by_server(event.error_code)
                 self._wake_senders()
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings_received = True
             self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, self.stream_cap)
             self._wake_senders()  # the initial window may have grown
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self._goaway = True
-            last = event.last_stream_id if event.last_stream_id is not None else 0
-            for state in list(self._streams.values()):
-                if state.id > last and not state.ended:
-                    state.error = ConnectionNotAvailable()
-                    _wake(state)
-            if event.error_code:
-                self._connection_lost(
-                    httpx.RemoteProtocolError(
-                        f"server closed the connection ({error_name(event.error_code)})"
-                    ),
-                    None,
-                )
-            else:
-                # A graceful GOAWAY: the streams up to last_stream_id are still answered (RFC 9113
-                # 6.8), but h2 4.x closes its whole state machine on GOAWAY and would refuse their
-                # DATA (python-hyper/h2#1181). Keep it open; _goaway stops new streams.
-                self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
-            self._wake_senders()
+            self._goaway_received(event)
         elif isinstance(event, h2.events.WindowUpdated | h2.events.SettingsAcknowledged):
             self._wake_senders()
+
+    def _goaway_received(self, event: h2.events.ConnectionTerminated) -> None:
+        self._goaway = True
+        last = event.last_stream_id if event.last_stream_id is not None else 0
+        for state in list(self._streams.values()):
+            if state.id > last and not state.ended:
+                state.fail(ConnectionNotAvailable())
+        if event.error_code:
+            self._connection_lost(
+                httpx.RemoteProtocolError(
+                    f"server closed the connection ({error_name(event.error_code)})"
+                ),
+                None,
+            )
+        else:
+            # A graceful GOAWAY: the streams up to last_stream_id are still answered (RFC 9113
+            # 6.8), but h2 4.x closes its whole state machine on GOAWAY and would refuse their
+            # DATA (python-hyper/h2#1181). Keep it open; _goaway stops new streams.
+            self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
+        self._wake_senders()
 
     def _wake_senders(self) -> None:
         for waiter in self._window_waiters:
@@ -611,8 +508,7 @@ class HTTP2Connection:
         for state in self._streams.values():
             if not state.ended and state.error is None:
                 unanswered = state.status is None and state.sent_on_idle
-                state.error = ConnectionNotAvailable() if unanswered else error
-                _wake(state)
+                state.fail(ConnectionNotAvailable() if unanswered else error)
         for waiter in self._window_waiters:
             waiter.set()
 
@@ -708,38 +604,3 @@ class _ResponseStream(httpx.AsyncByteStream):
         # generator's finalizer resurrects it), and closing a stream twice is harmless.
         if not self._closed:
             self._conn._abandoned.append(self._state)
-
-
-class _deadline:
-    """``anyio.move_on_after`` that raises an httpx timeout; ``None`` means no deadline."""
-
-    __slots__ = ("_exc", "_scope", "_timeout")
-
-    def __init__(self, timeout: float | None, exc: type[httpx.TimeoutException]) -> None:
-        self._timeout = timeout
-        self._exc = exc
-        self._scope: anyio.CancelScope | None = None
-
-    def __enter__(self) -> None:
-        if self._timeout is not None:
-            scope = anyio.move_on_after(self._timeout)
-            scope.__enter__()
-            self._scope = scope
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        scope = self._scope
-        if scope is None:
-            return
-        scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught:
-            raise self._exc(f"no data within {self._timeout:g} s on this stream")
-
-
-def _wake(state: _StreamState) -> None:
-    if state.wake is not None:
-        state.wake.set()

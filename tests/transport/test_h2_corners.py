@@ -294,7 +294,7 @@ async def test_a_write_that_never_ends_times_out_and_fails_the_connection() -> N
 
 
 def _no_stream() -> Any:
-    from llmroute.transport._h2 import _StreamState
+    from llmroute.transport._h2_stream import _StreamState
 
     return _StreamState(1)
 
