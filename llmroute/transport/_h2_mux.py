@@ -24,7 +24,7 @@ import httpx
 from ._h2_stream import ConnectionNotAvailable, _deadline, _fresh, _StreamState
 from ._h2_wire import buffered_reader, error_name, new_h2
 
-__all__: list[str] = []
+__all__ = ["MAX_STREAMS"]
 
 _READ_SIZE = 65536
 _WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
