@@ -7,209 +7,49 @@ Two things httpx's own HTTP/2 layer does not do, and llmroute needs:
 * Every wait of a stream (for its headers, for its next chunk) has its own deadline. A stalled
   stream times out even when other streams on the same connection are busy.
 
-There is no background task: whichever stream needs data becomes the connection's reader, reads
-from the socket and hands every frame to the stream it belongs to; when it has what it wanted it
-passes the reader's role to another waiting stream. This works the same on asyncio and trio.
+``HTTP2Connection`` is the connection's life (open, availability, GOAWAY's effect, close) and its
+requests (a stream opened, its body sent, its chunks read, its close or reset); beneath it,
+``_h2_mux.py`` reads and writes the frames of every stream, ``_h2_stream.py`` holds a stream's
+state and the receive window, and ``_h2_wire.py`` what goes on the wire (h2, the header block).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import socket
-import ssl
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
-from types import TracebackType
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import anyio.abc
-import h2.config
 import h2.connection
-import h2.events
 import h2.exceptions
-import h2.settings
 import httpx
-from anyio.streams.tls import TLSAttribute
 from h2.errors import ErrorCodes
-from h2.exceptions import StreamClosedError, StreamIDTooLowError
-from hpack import NeverIndexedHeaderTuple
-from hyperframe.frame import Frame, RstStreamFrame
 
 from ._events import EventDeadline
+from ._h2_mux import _READ_SIZE, MAX_STREAMS, _Multiplexer
+from ._h2_stream import ConnectionNotAvailable, _fresh, _ReceiveWindow, _StreamState
+from ._h2_wire import peer_closed, request_headers, start_h2
 
-__all__ = ["ConnectionNotAvailable", "HTTP2Connection"]
+__all__ = ["MAX_STREAMS", "ConnectionNotAvailable", "HTTP2Connection"]
 
-_READ_SIZE = 65536
 _CONNECTION_WINDOW = 16 * 1024 * 1024
 _STREAM_WINDOW = 4 * 1024 * 1024
-_ACK_BATCH = 16384  # flow-controlled bytes read before their window is returned (<< windows)
 _CLOSE_GRACE = 1.0
-_WRITE_LIMIT = 30.0  # a shielded write must still end: the bound when no write timeout is set
-_HOP_BY_HOP = frozenset(
-    (b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
-)
-
-_SECRET_HEADERS = frozenset(
-    (b"authorization", b"proxy-authorization", b"x-api-key", b"api-key", b"x-goog-api-key")
-)
 
 
-_INVALID_HEADER = re.compile(rb"[^!#$%&'*+\-.^_`|~0-9a-z]")
-_INVALID_VALUE = re.compile(rb"[\x00\r\n]|^[ \t]|[ \t]$")
-
-
-def _fresh(error: Exception) -> Exception:
-    """A new exception like ``error``: each waiting stream raises its own, not one shared object."""
-    try:
-        copy = type(error)(*error.args)
-    except Exception:
-        return error
-    copy.__cause__ = error.__cause__ or error
-    return copy
-
-
-MAX_STREAMS = 256
-"""Streams in flight on one connection at most, whatever the server allows. Beyond it the pool
-opens another connection (up to ``max_connections``). With about 1,000 streams on one connection
-to hypercorn (which allows 1,000), requests stalled on the connection's flow-control window and
-never reached the app (benchmarks/load.py); 256 is also Cloudflare's limit, and it bounds how
-many streams one lost TCP segment holds up."""
-
-
-class ConnectionNotAvailable(Exception):
-    """The connection closed (GOAWAY or EOF) before the stream was sent; safe to retry elsewhere."""
-
-
-class _H2Connection(h2.connection.H2Connection):
-    """h2's client connection, but counting its open streams without walking them all.
-
-    h2 counts open streams at every new stream by iterating over every stream it holds (and
-    drops the closed ones as it goes): O(n) work per request, O(n^2) to open n concurrent
-    streams. ``HTTP2Connection.close_stream`` removes each stream from ``streams`` as it closes
-    it (``_forget``), so the streams held bound the open ones (server push is off: all are
-    outbound). Only at the server's limit are they counted h2's way, exactly.
-    """
-
-    @property
-    def open_outbound_streams(self) -> int:
-        held = len(self.streams)
-        if held < self.remote_settings.max_concurrent_streams:
-            return held
-        return super().open_outbound_streams
-
-    def _receive_frame(self, frame: Frame) -> list[h2.events.Event]:
-        """h2's own, minus ``logger.trace("Received frame: %s", repr(frame))``: the argument is
-        built even for h2's no-op logger, and a DATA frame's repr copies and hex-encodes its
-        payload (a tenth of the client's CPU with one event per frame). The rest is h2 4.4's
-        code as is (``tests/transport/test_h2_corners.py`` checks that it still is)."""
-        events: list[h2.events.Event]
-        try:
-            frames, events = self._frame_dispatch_table[frame.__class__](frame)
-        except StreamClosedError as e:
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = e.error_code
-                self._prepare_for_sending([f])
-                events = e._events
-            else:
-                raise
-        except StreamIDTooLowError as e:
-            if self._stream_is_closed_by_reset(e.stream_id):
-                f = RstStreamFrame(e.stream_id)
-                f.error_code = ErrorCodes.STREAM_CLOSED
-                self._prepare_for_sending([f])
-                events = []
-            elif self._stream_is_closed_by_end(e.stream_id):
-                raise StreamClosedError(e.stream_id) from e
-            else:
-                raise
-        else:
-            self._prepare_for_sending(frames)
-
-        return events
-
-    def _forget(self, stream_id: int) -> None:
-        """Drop a closed stream as h2's own count would (its end is remembered for late frames)."""
-        stream = self.streams.get(stream_id)
-        if stream is not None and stream.closed:
-            del self.streams[stream_id]
-            self._closed_streams[stream_id] = stream.closed_by
-
-
-class _StreamState:
-    __slots__ = (
-        "chunks",
-        "ended",
-        "error",
-        "headers",
-        "id",
-        "local_ended",
-        "pending_flow",
-        "read_flow",
-        "remote_reset",
-        "sent_on_idle",
-        "status",
-        "wake",
-    )
-
-    def __init__(self, stream_id: int) -> None:
-        self.id = stream_id
-        self.status: int | None = None
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: deque[tuple[bytes, int]] = deque()
-        self.ended = False
-        self.error: Exception | None = None
-        self.wake: anyio.Event | None = None
-        self.pending_flow = 0  # flow-controlled bytes received and not yet acknowledged
-        self.read_flow = 0  # of which the reader already took (acknowledged in batches)
-        self.sent_on_idle = False
-        self.local_ended = False
-        self.remote_reset = False
-
-
-class HTTP2Connection:
+class HTTP2Connection(_Multiplexer):
     """A client HTTP/2 connection over an already-connected byte stream (TLS with ALPN h2)."""
 
     def __init__(self, stream: anyio.abc.ByteStream, *, origin: str, connect_time: float) -> None:
+        super().__init__(stream)
         self.origin = origin
         self.connect_time = connect_time
         self.requests_served = 0
-        self._sock = stream
-        self._ssl_read = _buffered_reader(stream)
-        # h2's outbound header checks and normalisation (a chain of generators over every
-        # header of every request) are done once, in _request_headers, with the same outcome.
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-        )
-        self._h2 = _H2Connection(config=config)
-        self._streams: dict[int, _StreamState] = {}
         self._reserved = 0
-        # Uncontended, it takes no turn of the event loop (the write itself is a checkpoint).
-        self._write_lock = anyio.Lock(fast_acquire=True)
-        self._reading = False
-        self._waiting: dict[int, _StreamState] = {}
         self._abandoned: list[_StreamState] = []  # responses dropped unclosed (see __del__)
-        self._window_waiters: list[anyio.Event] = []
-        # Streams with bytes read and not yet returned to the connection's window, and their sum:
-        # returned together once it reaches a sixteenth of the window, so streams that each stay
-        # below _ACK_BATCH cannot hold the whole connection window between them.
-        self._unacked: dict[int, _StreamState] = {}
-        self._unacked_bytes = 0
-        self._unacked_limit = max(1, _CONNECTION_WINDOW // 16)
-        self._closed = False
-        self._goaway = False
-        self._error: Exception | None = None
-        self._settings_received = False
-        self.max_streams = 100
-        self.stream_cap = MAX_STREAMS
-        """Streams in flight here at most, whatever the server allows (set before ``start``)."""
+        # Read bytes go back to the connection's window together once they reach a sixteenth
+        # of it, so streams that each stay below their batch cannot hold the whole window.
+        self._receive_window = _ReceiveWindow(self._h2, max(1, _CONNECTION_WINDOW // 16))
         self.last_used = time.monotonic()
         self.on_stream_closed: Callable[[HTTP2Connection], None] | None = None
 
@@ -217,17 +57,7 @@ class HTTP2Connection:
 
     async def start(self) -> None:
         """Send the connection preface and wait for the server's SETTINGS."""
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: _STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
-            },
-        )
-        self._h2.initiate_connection()
-        if _CONNECTION_WINDOW > 65535:
-            self._h2.increment_flow_control_window(_CONNECTION_WINDOW - 65535)
+        start_h2(self._h2, stream_window=_STREAM_WINDOW, window=_CONNECTION_WINDOW)
         await self._flush()
         while not self._settings_received:
             await self._read_once()
@@ -258,17 +88,7 @@ class HTTP2Connection:
         """
         if not self.is_idle() or self._reading:
             return False
-        try:
-            fileno = self._sock.extra(anyio.abc.SocketAttribute.raw_socket).fileno()
-            # asyncio wraps its sockets (no recv): peek through a duplicate of the descriptor.
-            with socket.socket(fileno=os.dup(fileno)) as dup:
-                return dup.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
-            return False
-        except (anyio.TypedAttributeLookupError, ValueError):
-            return False
-        except OSError:
-            return True
+        return peer_closed(self._sock)
 
     @property
     def open_streams(self) -> int:
@@ -321,7 +141,7 @@ class HTTP2Connection:
             end_stream = request.method in ("GET", "HEAD") and not request.headers.get(
                 "content-length"
             )
-            headers = self._request_headers(request)
+            headers = request_headers(request)
             with self._h2_errors(state):
                 self._h2.send_headers(stream_id, headers, end_stream=end_stream)
             state.local_ended = end_stream
@@ -356,40 +176,6 @@ class HTTP2Connection:
 
     def is_available_for_reserved(self) -> bool:
         return not self._closed and not self._goaway and self._error is None
-
-    def _request_headers(self, request: httpx.Request) -> list[Any]:
-        url = request.url
-        authority = url.netloc
-        headers = [
-            (b":method", request.method.encode()),
-            (b":authority", authority),
-            (b":scheme", url.raw_scheme),
-            (b":path", url.raw_path),
-        ]
-        if not url.raw_path:
-            raise httpx.LocalProtocolError("an empty :path")
-        # What h2's outbound checks would refuse or change, done here once (they are off): a
-        # name that is empty, not lower case or not a token (a ":" is not: no pseudo-header
-        # comes from the caller), CR, LF or NUL in a value, or white space around it (refused,
-        # where h2 strips it), TE other than "trailers"; connection-specific headers dropped;
-        # credentials and short cookies never indexed.
-        for name, value in request.headers.raw:
-            lname = name.lower()
-            if (
-                not lname
-                or _INVALID_HEADER.search(lname)
-                or _INVALID_VALUE.search(value)
-                or (lname == b"te" and value.lower() != b"trailers")
-            ):
-                # Sent as is, it would make the server end the whole connection (all its streams).
-                shown = name.decode(errors="replace")
-                raise httpx.LocalProtocolError(f"invalid HTTP header {shown!r}")
-            if lname in _SECRET_HEADERS or (lname == b"cookie" and len(value) < 20):
-                # Never indexed (RFC 7541 7.1.3), and redacted in hpack's debug log.
-                headers.append(NeverIndexedHeaderTuple(lname, value))
-            elif lname not in _HOP_BY_HOP:
-                headers.append((lname, value))
-        return headers
 
     async def _send_body(
         self, state: _StreamState, request: httpx.Request, write_timeout: float | None
@@ -426,35 +212,6 @@ class HTTP2Connection:
         state.local_ended = True
         await self._flush(write_timeout)
 
-    async def _wait_for_window(self, state: _StreamState, timeout: float | None) -> None:
-        event = anyio.Event()
-        self._window_waiters.append(event)
-        try:
-            with _deadline(timeout, httpx.WriteTimeout):
-                while not event.is_set() and not state.ended:
-                    self._raise_if_failed(state)
-                    # The window may have opened while the caller flushed, before this event
-                    # was there to be woken: then nothing else may ever come to wake it (a
-                    # server that answers once it has the body), a wait lost for good.
-                    if self._window_open(state):
-                        return
-                    if self._reading:
-                        state.wake = event
-                        await event.wait()
-                    else:
-                        await self._read_as_reader(state)
-        finally:
-            state.wake = None
-            if event in self._window_waiters:
-                self._window_waiters.remove(event)
-            self._hand_over_reading()
-
-    def _window_open(self, state: _StreamState) -> bool:
-        try:
-            return self._h2.local_flow_control_window(state.id) > 0
-        except h2.exceptions.H2Error:
-            return True  # the stream closed: the sender's next step reports it
-
     # -- the stream's side -----------------------------------------------------------------
 
     async def next_chunk(self, state: _StreamState, timeout: float | None) -> bytes | None:
@@ -467,49 +224,18 @@ class HTTP2Connection:
             data, flow = state.chunks[0]
             if flow:
                 # Return the window first: a cancel during the flush must not lose the chunk.
-                # Read bytes are returned in batches (h2 sends a WINDOW_UPDATE only when half a
-                # window is used anyway); close_stream returns the rest.
-                # Across the connection they are returned once a sixteenth of its window is
-                # read, whichever streams read it: thousands of short streams, each below its
-                # batch, would otherwise hold the whole window and stall every stream on it.
                 state.chunks[0] = (data, 0)
-                if not state.read_flow:
-                    self._unacked[state.id] = state
-                state.read_flow += flow
-                self._unacked_bytes += flow
-                if state.read_flow >= _ACK_BATCH or self._unacked_bytes >= self._unacked_limit:
-                    try:  # the hot path: no context manager per frame
-                        if state.read_flow >= _ACK_BATCH:
-                            self._return_window(state)
-                        else:
-                            self._return_windows()
-                    except h2.exceptions.H2Error as exc:
-                        self._refused(state, exc)
-                    if self._h2_has_output():
-                        await self._flush()
+                try:  # the hot path: no context manager per frame
+                    returned = self._receive_window.took(state, flow)
+                except h2.exceptions.H2Error as exc:
+                    self._refused(state, exc)
+                if returned and self._h2_has_output():
+                    await self._flush()
             state.chunks.popleft()
             return data
         if state.error is not None:
             raise _fresh(state.error)
         return None
-
-    def _return_window(self, state: _StreamState) -> None:
-        """Give the server back the window of what ``state``'s reader has taken."""
-        flow, state.read_flow = state.read_flow, 0
-        state.pending_flow -= flow
-        self._unacked_bytes -= flow
-        del self._unacked[state.id]
-        self._h2.acknowledge_received_data(flow, state.id)
-
-    def _return_windows(self) -> None:
-        """Return what every stream's reader has taken: one pass over the streams that read
-        since the last pass, so the work is at most one step per chunk read."""
-        for state in list(self._unacked.values()):
-            self._return_window(state)
-
-    def _h2_has_output(self) -> bool:
-        # Peek without taking: frames must leave in order, so only _flush (under the lock) takes.
-        return bool(self._h2._data_to_send)
 
     async def _close_abandoned(self) -> None:
         """Reset the streams of responses that were garbage-collected without being closed."""
@@ -529,15 +255,7 @@ class HTTP2Connection:
                 took = True
         del self._streams[state.id]
         self._waiting.pop(state.id, None)
-        if self._unacked.pop(state.id, None) is not None:
-            self._unacked_bytes -= state.read_flow
-            state.read_flow = 0
-        if state.pending_flow:
-            try:
-                self._h2.acknowledge_received_data(state.pending_flow, state.id)
-            except h2.exceptions.ProtocolError:
-                pass
-            state.pending_flow = 0
+        self._receive_window.forget(state)
         unfinished = not (state.ended and state.local_ended) and not state.remote_reset
         reset = unfinished and state.error is None and not self._closed and self._error is None
         if reset:
@@ -556,228 +274,6 @@ class HTTP2Connection:
         self._hand_over_reading()
         if self.on_stream_closed is not None:
             self.on_stream_closed(self)
-
-    # -- reading ---------------------------------------------------------------------------
-
-    async def _wait(
-        self, state: _StreamState, timeout: float | None, ready: Callable[[], bool]
-    ) -> None:
-        if self._ssl_read is not None and not self._reading:
-            # Records already decrypted or buffered need no wait, hence no deadline (a cancel
-            # scope per read was a fifth of the client's CPU with one event per TLS record).
-            while self._read_buffered():
-                if self._h2_has_output():
-                    await self._flush()
-                if ready() or state.ended or state.error is not None or self._reading:
-                    break
-            if ready():
-                self._hand_over_reading()
-                return
-        try:
-            with _deadline(timeout, httpx.ReadTimeout):
-                while not ready():
-                    self._raise_if_failed(state)
-                    if state.ended:
-                        return
-                    if self._reading:
-                        state.wake = anyio.Event()
-                        self._waiting[state.id] = state
-                        try:
-                            await state.wake.wait()
-                        finally:
-                            state.wake = None
-                            self._waiting.pop(state.id, None)
-                    else:
-                        await self._read_as_reader(state)
-        finally:
-            # Whoever leaves while nobody reads passes the role on, so no waiter is stranded.
-            self._hand_over_reading()
-
-    async def _read_as_reader(self, state: _StreamState) -> None:
-        self._reading = True
-        try:
-            await self._read_once()
-        finally:
-            self._reading = False
-
-    def _hand_over_reading(self) -> None:
-        """Wake one waiting stream so that somebody keeps reading the socket."""
-        if self._reading:
-            return
-        for other in self._waiting.values():
-            if other.wake is not None:
-                other.wake.set()
-                return
-        for event in self._window_waiters:
-            event.set()
-
-    def _raise_if_failed(self, state: _StreamState) -> None:
-        if state.error is not None:
-            raise _fresh(state.error)
-        if self._error is not None:
-            raise _fresh(self._error)
-
-    @contextlib.contextmanager
-    def _h2_errors(self, state: _StreamState) -> Iterator[None]:
-        """An h2 call refused (the stream or connection closed under it) as an httpx error."""
-        try:
-            yield
-        except h2.exceptions.H2Error as exc:
-            self._refused(state, exc)
-
-    def _refused(self, state: _StreamState, exc: h2.exceptions.H2Error) -> NoReturn:
-        self._raise_if_failed(state)  # the stream's or connection's own error, if it has one
-        raise httpx.LocalProtocolError(f"HTTP/2 stream {state.id}: {exc}") from exc
-
-    async def _read_once(self) -> None:
-        try:
-            data = await self._sock.receive(_READ_SIZE)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self._connection_lost(httpx.RemoteProtocolError("server closed the connection"), exc)
-            return
-        except (OSError, ssl.SSLError) as exc:
-            self._connection_lost(httpx.ReadError(f"read failed: {exc}"), exc)
-            return
-        self._receive(data)
-        if self._h2_has_output():
-            await self._flush()
-
-    def _read_buffered(self) -> bool:
-        """Take bytes that TLS has at hand without waiting (nobody may be reading); False when
-        there are none or the connection failed (then the awaited read reports it)."""
-        if self._reading or self._error is not None or self._closed or self._ssl_read is None:
-            return False
-        try:
-            data = self._ssl_read(_READ_SIZE)
-        except (ssl.SSLError, OSError, ValueError):
-            return False  # want-read, close_notify or a failure: the TLS stream's receive decides
-        if not data:
-            return False
-        self._receive(data)
-        return True
-
-    def _receive(self, data: bytes) -> None:
-        try:
-            events = self._h2.receive_data(data)
-        except h2.exceptions.ProtocolError as exc:
-            self._connection_lost(httpx.RemoteProtocolError(f"HTTP/2 protocol error: {exc}"), exc)
-            return
-        for event in events:
-            self._dispatch(event)
-
-    def _dispatch(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            state = self._streams.get(event.stream_id)
-            flow = event.flow_controlled_length or 0
-            if state is None:
-                if flow:
-                    self._h2.acknowledge_received_data(flow, event.stream_id)
-                return
-            state.chunks.append((event.data, flow))
-            state.pending_flow += flow
-            _wake(state)
-        elif isinstance(event, h2.events.ResponseReceived):
-            state = self._streams.get(event.stream_id)
-            if state is not None:
-                status = 0
-                headers = []
-                for name, value in event.headers:
-                    if name == b":status":
-                        status = int(value)
-                    elif not name.startswith(b":"):
-                        headers.append((name, value))
-                state.status = status
-                state.headers = headers
-                _wake(state)
-        elif isinstance(event, h2.events.StreamEnded):
-            state = self._streams.get(event.stream_id)
-            if state is not None:
-                state.ended = True
-                _wake(state)
-                self._wake_senders()
-        elif isinstance(event, h2.events.StreamReset):
-            state = self._streams.get(event.stream_id)
-            if state is not None:
-                state.remote_reset = True
-                if not state.ended:
-                    code = _error_name(event.error_code)
-                    if event.error_code == ErrorCodes.REFUSED_STREAM and state.status is None:
-                        state.error = ConnectionNotAvailable()
-                    else:
-                        state.error = httpx.RemoteProtocolError(f"server reset the stream ({code})")
-                _wake(state)
-                self._wake_senders()
-        elif isinstance(event, h2.events.RemoteSettingsChanged):
-            self._settings_received = True
-            self.max_streams = min(self._h2.remote_settings.max_concurrent_streams, self.stream_cap)
-            self._wake_senders()  # the initial window may have grown
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._goaway = True
-            last = event.last_stream_id if event.last_stream_id is not None else 0
-            for state in list(self._streams.values()):
-                if state.id > last and not state.ended:
-                    state.error = ConnectionNotAvailable()
-                    _wake(state)
-            if event.error_code:
-                self._connection_lost(
-                    httpx.RemoteProtocolError(
-                        f"server closed the connection ({_error_name(event.error_code)})"
-                    ),
-                    None,
-                )
-            else:
-                # A graceful GOAWAY: the streams up to last_stream_id are still answered (RFC 9113
-                # 6.8), but h2 4.x closes its whole state machine on GOAWAY and would refuse their
-                # DATA (python-hyper/h2#1181). Keep it open; _goaway stops new streams.
-                self._h2.state_machine.state = h2.connection.ConnectionState.CLIENT_OPEN
-            self._wake_senders()
-        elif isinstance(event, h2.events.WindowUpdated | h2.events.SettingsAcknowledged):
-            self._wake_senders()
-
-    def _wake_senders(self) -> None:
-        for waiter in self._window_waiters:
-            waiter.set()
-
-    def _connection_lost(self, error: Exception, cause: BaseException | None) -> None:
-        if cause is not None:
-            error.__cause__ = cause
-        self._error = error
-        self._fail_all(error)
-
-    def _fail_all(self, error: Exception) -> None:
-        for state in self._streams.values():
-            if not state.ended and state.error is None:
-                unanswered = state.status is None and state.sent_on_idle
-                state.error = ConnectionNotAvailable() if unanswered else error
-                _wake(state)
-        for waiter in self._window_waiters:
-            waiter.set()
-
-    # -- writing ---------------------------------------------------------------------------
-
-    async def _flush(self, timeout: float | None = None) -> None:
-        async with self._write_lock:
-            await self._send_pending(timeout)
-
-    async def _send_pending(self, timeout: float | None = None) -> None:
-        data = self._h2.data_to_send()
-        if not data:
-            return
-        if self._error is not None:
-            raise _fresh(self._error)
-        # A half-written frame would corrupt every stream of the connection: never cancel a write
-        # (shielded from outer scopes), but bound it (the scope's own deadline still applies).
-        limit = _WRITE_LIMIT if timeout is None else timeout
-        try:
-            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + limit) as scope:
-                await self._sock.send(data)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self._connection_lost(httpx.WriteError(f"write failed: {exc}"), exc)
-            raise httpx.WriteError(f"write failed: {exc}") from exc
-        if scope.cancelled_caught:
-            error = httpx.WriteTimeout(f"no data within {limit:g} s on this stream")
-            self._connection_lost(error, None)
-            raise error
 
 
 class _Chunks:
@@ -845,57 +341,3 @@ class _ResponseStream(httpx.AsyncByteStream):
         # generator's finalizer resurrects it), and closing a stream twice is harmless.
         if not self._closed:
             self._conn._abandoned.append(self._state)
-
-
-class _deadline:
-    """``anyio.move_on_after`` that raises an httpx timeout; ``None`` means no deadline."""
-
-    __slots__ = ("_exc", "_scope", "_timeout")
-
-    def __init__(self, timeout: float | None, exc: type[httpx.TimeoutException]) -> None:
-        self._timeout = timeout
-        self._exc = exc
-        self._scope: anyio.CancelScope | None = None
-
-    def __enter__(self) -> None:
-        if self._timeout is not None:
-            scope = anyio.move_on_after(self._timeout)
-            scope.__enter__()
-            self._scope = scope
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        scope = self._scope
-        if scope is None:
-            return
-        scope.__exit__(exc_type, exc, tb)
-        if scope.cancelled_caught:
-            raise self._exc(f"no data within {self._timeout:g} s on this stream")
-
-
-def _buffered_reader(stream: anyio.abc.ByteStream) -> Callable[[int], bytes] | None:
-    """The ``read`` of a TLS stream's ``SSLObject``: it returns what is already buffered or
-    raises ``SSLWantReadError`` without waiting. Reading through it is safe whenever nobody
-    awaits the stream's own ``receive``; anything the read leaves to send (a TLS 1.3 key update's
-    answer) goes out, in order, with the stream's next write."""
-    try:
-        ssl_object = stream.extra(TLSAttribute.ssl_object)
-    except anyio.TypedAttributeLookupError:
-        return None
-    return ssl_object.read if isinstance(ssl_object, ssl.SSLObject) else None
-
-
-def _wake(state: _StreamState) -> None:
-    if state.wake is not None:
-        state.wake.set()
-
-
-def _error_name(code: int) -> str:
-    try:
-        return ErrorCodes(code).name
-    except ValueError:
-        return f"error code {code}"

@@ -23,7 +23,8 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 from .._types import Timings
 from ._events import EventDeadline
-from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection, _deadline
+from ._h2 import MAX_STREAMS, ConnectionNotAvailable, HTTP2Connection
+from ._h2_stream import _deadline
 
 __all__ = [
     "Transport",

@@ -195,7 +195,7 @@ def test_the_frame_dispatch_is_h2s_own_without_its_trace_log() -> None:
     # trace log; an h2 release that changes the method must be looked at (and this copy too).
     import h2.connection
 
-    from llmroute.transport._h2 import _H2Connection
+    from llmroute.transport._h2_wire import _H2Connection
 
     theirs = _body_without_docstring(h2.connection.H2Connection._receive_frame, drop_trace=True)
     ours = _body_without_docstring(_H2Connection._receive_frame, drop_trace=False)
@@ -210,7 +210,7 @@ async def test_a_stream_whose_end_is_already_in_is_not_reset(
     # The [DONE] line and the stream's end in two TLS records, written together: the client
     # finishes at [DONE], when the end is already at hand. A stream that has not ended there
     # (the server holds it open) is still reset, so the server stops.
-    from llmroute.transport._h2 import _H2Connection
+    from llmroute.transport._h2_wire import _H2Connection
 
     resets: list[int] = []
     reset_stream = _H2Connection.reset_stream
@@ -294,7 +294,7 @@ async def test_a_write_that_never_ends_times_out_and_fails_the_connection() -> N
 
 
 def _no_stream() -> Any:
-    from llmroute.transport._h2 import _StreamState
+    from llmroute.transport._h2_stream import _StreamState
 
     return _StreamState(1)
 

@@ -17,7 +17,7 @@ from openai.types.chat import ChatCompletionChunk
 import llmroute
 from llmroute.protocols.openai import build_chunk
 from llmroute.testing import Profile, Simulator
-from llmroute.transport import Transport, _h2
+from llmroute.transport import Transport, _h2, _h2_stream
 
 from ..conftest import KEY
 from ..settle import stored
@@ -69,13 +69,13 @@ async def test_one_event_per_record_streams_exactly_without_a_deadline_per_recor
     """Records TLS already holds are read without an awaited receive (and its cancel scope);
     the answer is the same, every chunk in order."""
     waits = {"scoped": 0}
-    real = _h2._deadline.__enter__
+    real = _h2_stream._deadline.__enter__
 
     def counting(self: Any) -> None:
         waits["scoped"] += 1
         real(self)
 
-    monkeypatch.setattr(_h2._deadline, "__enter__", counting)
+    monkeypatch.setattr(_h2_stream._deadline, "__enter__", counting)
     reads = {"buffered": 0}
     real_buffered = _h2.HTTP2Connection._read_buffered
 
@@ -140,7 +140,7 @@ async def test_window_updates_are_batched_and_the_rest_returned_at_close(
     body = sum(acks)
     # Every flow-controlled byte is returned, in a call per batch rather than one per frame.
     assert body > TOKENS * 100
-    assert len([a for a in acks if a]) <= body // _h2._ACK_BATCH + 3
+    assert len([a for a in acks if a]) <= body // _h2_stream._ACK_BATCH + 3
 
 
 def _chunk_data(content: object, **delta: Any) -> dict[str, Any]:

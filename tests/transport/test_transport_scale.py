@@ -17,7 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 import llmroute
-from llmroute.transport import _h2
+from llmroute.transport import _h2, _h2_stream
 
 from ..conftest import KEY
 from ..h2script import ScriptedServer, ScriptedStream, client_context, sse_chunk
@@ -111,7 +111,7 @@ async def test_many_short_streams_cannot_hold_the_connection_window(
     monkeypatch.setattr(_h2, "_CONNECTION_WINDOW", 256 * 1024)
     streams = 64
     first = b"".join(sse_chunk("x" * 100) for _ in range(25))
-    assert len(first) * streams > 256 * 1024 and len(first) < _h2._ACK_BATCH
+    assert len(first) * streams > 256 * 1024 and len(first) < _h2_stream._ACK_BATCH
     barrier = Barrier(streams)
     sent: dict[str, int] = {"first": 0}
 
@@ -130,7 +130,8 @@ async def test_many_short_streams_cannot_hold_the_connection_window(
             conns = client._llmroute.transport.connections()
             # All on one connection, every byte read given back once the streams closed.
             assert len(conns) == 1
-            assert conns[0]._unacked_bytes == 0 and not conns[0]._unacked
+            window = conns[0]._receive_window
+            assert window.unacked_bytes == 0 and not window.unacked
     assert sent["first"] == streams and barrier.gave_up == 0
     assert texts == ["x" * 2500 + "!"] * streams
 
