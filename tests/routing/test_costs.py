@@ -18,7 +18,7 @@ from llmroute._catalog import load_catalog
 from llmroute.pricing import TokenUsage, attempt_cost, find_price, read_usage
 from llmroute.protocols import adapter_for
 from llmroute.protocols.openai import build_chunk, responses_usage
-from llmroute.routing.costs import CANCELLED, NO_USAGE, RoutePricer
+from llmroute.routing.costs import CANCELLED, CUT, CUT_BLIND, NO_USAGE, RoutePricer
 from llmroute.routing.policies import FastestPolicy
 from llmroute.routing.route import Route, RouteTarget
 from llmroute.routing.stats import estimate_prompt_tokens
@@ -415,3 +415,59 @@ def test_a_responses_usage_is_read_with_its_cached_and_reasoning_tokens() -> Non
     tokens = read_usage(chat, adapter_for("openai").usage_fields)
     assert tokens == TokenUsage(input=20, cache_read=100, output=30, reasoning=12)
     assert responses_usage(None) is None
+
+
+async def test_a_stream_its_caller_closes_is_priced_from_what_its_vendor_had_counted(
+    sim: Simulator, cached_sim: Simulator
+) -> None:
+    """A stream closed by its caller before its end: Anthropic's ``message_start`` had counted
+    the prompt (its cache reads at the cached price), so that count is used with the tokens
+    streamed, marked as an estimate; an OpenAI-style stream sends usage only at its end, so
+    its prompt is llmroute's count as uncached input, with the tokens streamed (both said)."""
+    price = {**PRICE, "cache_write": 2.5, "cache_write_1h": 4}
+    system = [
+        {
+            "type": "text",
+            "text": f"House rules {uuid.uuid4().hex}: answer briefly, and kindly. " * 8,
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
+    messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    anthropic = config({"a": provider(sim, kind="anthropic", prices={"*": price})}, ["a:sim-small"])
+    openai = config({"o": provider(cached_sim, prices={"*": PRICE})}, ["o:sim-small"])
+    routes: list[RouteReport] = []
+    for cfg, server in ((anthropic, sim), (openai, cached_sim)):
+        async with AsyncOpenAI(config=cfg, verify=server.ssl_context()) as client:
+            for cut in (False, True):  # the first writes the cache, the second reads it
+                stream = await client.chat.completions.create(
+                    model="chat", messages=messages, stream=True, extra_body={"system": system}
+                )
+                seen = 0
+                async for chunk in stream:
+                    seen += bool(chunk.choices and chunk.choices[0].delta.content)
+                    if cut and seen == 3:
+                        break
+                await stream.close()
+                assert stream.route is not None
+            routes.append(stream.route)
+    for route in routes:
+        (attempt,) = route.attempts
+        assert attempt.outcome == "won" and attempt.cut
+        assert attempt.tokens is not None and attempt.tokens >= 3
+        assert route.cost is not None and attempt.cost is not None
+    told, blind = (route.attempts[0] for route in routes)
+    assert told.cost is not None and blind.cost is not None
+    lines = {line.token_class: line.tokens for line in told.cost.lines}
+    usage = told.usage  # message_start's: the prompt, and output_tokens 1
+    assert lines["cache_read"] == usage["cache_read_input_tokens"] > 0
+    assert lines["input"] == usage["input_tokens"]
+    delivered = told.tokens_estimate or told.tokens
+    assert lines["output"] == delivered
+    assert told.cost.amount == (
+        usd(usage["input_tokens"], 2) + usd(usage["cache_read_input_tokens"], 0.5)
+    ) + usd(delivered, 8)
+    assert told.cost.estimated == (CUT,)
+    # No usage before the end: the prompt as llmroute counts it, uncached, and the tokens sent.
+    assert blind.usage is None and blind.cost.estimated == (CUT_BLIND,)
+    delivered = blind.tokens_estimate or blind.tokens
+    assert blind.cost.amount == usd(routes[1].prompt_tokens, 2) + usd(delivered, 8)
