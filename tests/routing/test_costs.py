@@ -4,12 +4,16 @@ vendor family reports them, a model without a price."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -471,3 +475,83 @@ async def test_a_stream_its_caller_closes_is_priced_from_what_its_vendor_had_cou
     assert blind.usage is None and blind.cost.estimated == (CUT_BLIND,)
     delivered = blind.tokens_estimate or blind.tokens
     assert blind.cost.amount == usd(routes[1].prompt_tokens, 2) + usd(delivered, 8)
+
+
+class _Gzipping(BaseHTTPRequestHandler):
+    """Passes a request on to the simulator at ``upstream`` and its answer back gzip'd, each
+    piece flushed as it comes (a vendor or proxy that compresses its event streams)."""
+
+    protocol_version = "HTTP/1.1"
+    upstream = ""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")
+        }
+        with (
+            httpx.Client(timeout=10) as client,
+            client.stream(
+                "POST", self.upstream + self.path, content=body, headers=headers
+            ) as reply,
+        ):
+            self.send_response(reply.status_code)
+            self.send_header("content-type", reply.headers["content-type"])
+            self.send_header("content-encoding", "gzip")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            pack = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+            for data in reply.iter_raw():
+                self._chunk(pack.compress(data) + pack.flush(zlib.Z_SYNC_FLUSH))
+            self._chunk(pack.flush())
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def gzipped(sim_h1: Simulator) -> Iterator[str]:
+    """The base URL of a gzip'ing proxy in front of the plain-HTTP simulator."""
+    handler = type("Handler", (_Gzipping,), {"upstream": sim_h1.base_url.removesuffix("/v1")})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+async def test_a_gzipped_streamed_legacy_completion_is_priced_on_its_answer_too(
+    gzipped: str,
+) -> None:
+    """A streamed legacy completion whose body comes gzip'd is decoded on its way to openai
+    like a plain one: its cost counts the answer's token chunks (without usage) or is the
+    vendor's usage chunk (with it), not its prompt alone."""
+    cfg = config(
+        {"a": {"base_url": gzipped, "api_key": KEY, "prices": {"*": PRICE}}}, ["a:sim-small"]
+    )
+    text = f"Price this compressed prompt {uuid.uuid4().hex}, word by word."
+    asked = {"model": "chat", "prompt": text, "max_tokens": 20, "stream": True}
+    async with AsyncOpenAI(config=cfg) as client:
+        bare = await client.completions.create(**asked)
+        deltas = len([c async for c in bare if c.choices and c.choices[0].text])
+        told = await client.completions.create(**asked, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in told]
+    assert deltas > 0
+    prompt = estimate_prompt_tokens([]) + len(text) // 4  # llmroute's count of a bare prompt
+    assert bare.route is not None and bare.route.cost is not None
+    assert bare.route.attempts[0].tokens == deltas
+    assert bare.route.cost.amount == usd(prompt, 2) + usd(deltas, 8)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens
+    assert told.route is not None and told.route.cost is not None
+    assert told.route.attempts[0].usage is not None and not told.route.cost.estimated
+    assert told.route.cost.amount == usd(usage.prompt_tokens, 2) + usd(usage.completion_tokens, 8)
