@@ -98,6 +98,11 @@ class AttemptReport:
     failed_open: bool = False
     """It went to its target although the target's circuit was open: none of the request's
     targets could be asked otherwise (docs/routing.md, "When every circuit is open")."""
+    cut: bool = False
+    """Its caller closed the answer's stream before its end (a streamed attempt that won):
+    its ``usage``, when set, is what the vendor had reported by then (Anthropic's
+    ``message_start``: the prompt, not the answer), its ``tokens`` what it delivered; its
+    cost is an estimate (docs/cost.md)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -249,13 +249,15 @@ class Answer:
         """A continuation's opening chunks repeat what the caller has: they are skipped."""
         self._splice: Splice | None = None
         """A continuing stream's reasoning and echo, stripped."""
+        self._read: _Read | None = None
+        """The stream being read now."""
 
     async def chunks(self, on_switch: Callable[[httpx.Response], None]) -> AsyncIterator[Any]:
         """The answer's chunks, continued on another target if the winner breaks mid-way."""
         ready, admit, clock = self.first, self._admit, self.clock
         try:
             while True:
-                read = _Read(self, ready)
+                read = self._read = _Read(self, ready)
                 reader, receive, unbounded = read.reader, read.receive, read.unbounded
                 decoder, feed = reader.decoder, reader.feed
                 failure: APIError | None = None
@@ -296,6 +298,8 @@ class Answer:
                     return
                 ready = self._switch(new, on_switch)
         finally:
+            if not self.complete and self._read is not None:
+                self._cut(self._read)
             timings = self.first.timings
             if timings.total is None:
                 timings.total = clock() - timings.started_at
@@ -439,6 +443,21 @@ class Answer:
             vendor = read.reader.decoder.vendor_usage
             record.usage = vendor if vendor is not None else read.usage
         return record
+
+    def _cut(self, read: _Read) -> None:
+        """The stream ended before its answer did and did not break (its caller closed it,
+        or left): the attempt serving it keeps the usage its vendor had sent by then
+        (Anthropic's ``message_start`` counts the prompt and its cache reads) and the tokens
+        it delivered, and is marked ``cut`` unless every choice had finished."""
+        record = self._bill(read)
+        if record is None:  # not the winner's any more (it broke: priced as broken)
+            return
+        decoder = read.reader.decoder
+        counts = self.stats.target(read.ready.target.name).token_counts
+        record.tokens, record.tokens_counted, record.tokens_estimate = self.account.delivered_by(
+            read.ready.decoder, counts
+        )
+        record.cut = not (decoder.finished or decoder.done)
 
     def _completed(self, read: _Read) -> None:
         self.complete = True

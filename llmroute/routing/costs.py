@@ -8,7 +8,9 @@ vendor reported none, llmroute counts (docs/cost.md, "What llmroute assumes"):
   was billed its whole prompt, as uncached input, and no answer tokens;
 - an attempt cancelled after its first token (it lost the race as it answered) was billed its
   prompt and the answer tokens it streamed before it was closed;
-- an attempt that broke mid-answer was billed its prompt and the tokens it delivered;
+- an attempt that broke mid-answer, or whose stream its caller closed before its end, was
+  billed its prompt (the vendor's count, cache reads included, where it sent one before the
+  answer: Anthropic's ``message_start``) and the tokens it delivered;
 - a continuation's prompt is the request's prompt and the answer so far;
 - an attempt that failed before its first token (an error status, a refused connection) was
   not billed.
@@ -44,6 +46,14 @@ CANCELLED = "cancelled before its first token: its prompt assumed billed, no ans
 LOST = "cancelled as it answered: its prompt and the tokens it streamed assumed billed"
 BROKE = "broke mid-answer: its answer tokens counted by llmroute"
 FAILED = "failed before its first token: assumed not billed"
+CUT = (
+    "closed before its end: its prompt as its vendor counted it, the tokens it streamed "
+    "assumed billed"
+)
+CUT_BLIND = (
+    "closed before its end and its vendor's usage: its prompt assumed billed as uncached "
+    "input (llmroute's count), and the tokens it streamed"
+)
 _GROWING = frozenset({"won", "interrupted", "pending"})
 """Outcomes whose usage may still change (an answer being read): priced again when read."""
 
@@ -123,10 +133,15 @@ def _cost(record: AttemptReport, target: RouteTarget, prompt: int) -> Cost:
         return Cost(Decimal(0), estimated=(FAILED,))
     delivered = record.tokens_estimate or record.tokens or 0
     if record.usage is None:
-        return _priced(target, TokenUsage(input=prompt, output=delivered), NO_USAGE)
+        why = (CUT_BLIND,) if record.cut else (NO_USAGE,)
+        return _priced(target, TokenUsage(input=prompt, output=delivered), *why)
     tokens = _vendor_tokens(target, record.usage)
     if isinstance(tokens, str):
         return Cost(None, unknown=tokens)
+    if record.cut:  # the vendor's usage so far (its prompt), the tokens it streamed
+        return _priced(
+            target, dataclasses.replace(tokens, output=max(tokens.output, delivered)), CUT
+        )
     if record.outcome == "interrupted" and delivered > tokens.output:
         return _priced(target, dataclasses.replace(tokens, output=delivered), BROKE)
     return _priced(target, tokens)
@@ -276,7 +291,12 @@ class RoutePricer:
         attempts = report.attempts
         if len(attempts) == 1:
             record = attempts[0]
-            if record.outcome == "won" and record.usage is not None and record.cost is None:
+            if (
+                record.outcome == "won"
+                and record.usage is not None
+                and record.cost is None
+                and not record.cut
+            ):
                 route = self.route
                 rates = route.price_book.get(record.target, _UNREAD)
                 if rates is _UNREAD:

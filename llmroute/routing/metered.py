@@ -12,6 +12,7 @@ estimate, docs/cost.md), and ``on_end`` is called once.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,6 +27,35 @@ from .route import RouteTarget
 __all__ = ["MeteredStream", "meter"]
 
 _PLAIN = frozenset({"", "identity"})
+_WINDOWS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""The content encodings the standard library inflates, by their zlib window: the copy of such
+a body is decompressed before it is decoded (``br`` and ``zstd`` need packages llmroute does
+not install: such a body's answer tokens are not counted)."""
+
+
+class _Inflater:
+    """A compressed body's bytes, decompressed as they come (HTTP's ``deflate`` is zlib's
+    format, though some servers send it raw: tried when the first bytes are not zlib's)."""
+
+    def __init__(self, window: int) -> None:
+        self._window = window
+        self._inflate = zlib.decompressobj(window)
+        self._started = False
+
+    def __call__(self, data: bytes | None) -> list[bytes | None]:
+        """What to decode for ``data`` (``None``: the body ended, which is passed on)."""
+        if data is None:
+            rest = self._inflate.flush()
+            return [rest, None] if rest else [None]
+        try:
+            out = self._inflate.decompress(data)
+        except zlib.error:
+            if self._started or self._window != zlib.MAX_WBITS:
+                raise
+            self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            out = self._inflate.decompress(data)
+        self._started = True
+        return [out] if out else []
 
 
 class MeteredStream(httpx.AsyncByteStream):
@@ -37,9 +67,11 @@ class MeteredStream(httpx.AsyncByteStream):
         reader: StreamReader | None,
         record: AttemptReport,
         on_end: Callable[[BaseException | None, bool], None],
+        inflate: _Inflater | None = None,
     ) -> None:
         self._inner = inner
         self._reader = reader
+        self._inflate = inflate
         self._record = record
         self._on_end = on_end
         self._usage: Any = None
@@ -83,7 +115,10 @@ class MeteredStream(httpx.AsyncByteStream):
         if reader is None:
             return
         try:
-            chunks = reader.feed(data)
+            if self._inflate is None:
+                chunks = reader.feed(data)
+            else:
+                chunks = [chunk for piece in self._inflate(data) for chunk in reader.feed(piece)]
         except Exception:  # the caller's stream raises its own error; the count stops here
             self._reader = None
             return
@@ -120,14 +155,18 @@ def meter(
     on_end: Callable[[BaseException | None, bool], None],
 ) -> None:
     """Decode ``response``'s streamed body on its way to openai (see the module's docstring).
-    A body in a content encoding is passed on without being decoded: its answer tokens are
-    then not counted."""
+    A copy of a gzip or deflate body is decompressed first; a body in another content encoding
+    (``br``, ``zstd``, several) is passed on without being decoded: its answer tokens are then
+    not counted."""
     stream = response.stream
     assert isinstance(stream, httpx.AsyncByteStream)
-    reader = None
-    if response.headers.get("content-encoding", "").strip().lower() in _PLAIN:
+    reader, inflate = None, None
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    window = _WINDOWS.get(encoding)
+    if encoding in _PLAIN or window is not None:
         decoder = adapter_for(target.protocol).stream_decoder(
             kind, request=response.request, target=target.name, body={}, include_usage=True
         )
         reader = StreamReader(decoder, timings)
-    response.stream = MeteredStream(stream, reader, record, on_end)
+        inflate = _Inflater(window) if window is not None else None
+    response.stream = MeteredStream(stream, reader, record, on_end, inflate)

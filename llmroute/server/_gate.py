@@ -106,7 +106,7 @@ class Gate:
             or exchange.failed
             or (exchange.status == 0 and not exchange.gone)
         )
-        answer = self.cost(exchange, tally, prompt, completion)
+        answer, estimated = self.cost(exchange, tally, prompt, completion)
         spend, hedge, by_target = _charged(exchange.report, answer)
         added = {
             "requests": 1,
@@ -124,6 +124,8 @@ class Gate:
             self.metrics.spend.labels(exchange.key, target).inc(nanos / NANOS)
         if added["hedge_nanos"]:
             self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
+        if estimated and answer:
+            self.metrics.estimated_spend.labels(exchange.key).inc(min(answer, spend) / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:
@@ -136,12 +138,15 @@ class Gate:
         )
         self.alerted(alerts)
 
-    def cost(self, exchange: Exchange, tally: Tally, prompt: int, completion: int) -> int | None:
-        """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced):
-        :func:`extra_nanos` adds its other attempts'."""
+    def cost(
+        self, exchange: Exchange, tally: Tally, prompt: int, completion: int
+    ) -> tuple[int | None, bool]:
+        """What the request's answer cost (nano-dollars; ``None`` when it cannot be priced),
+        and whether that is the gateway's estimate rather than its vendor's usage (a stream
+        that ended before its usage): :func:`extra_nanos` adds its other attempts'."""
         continued = continued_nanos(exchange.report)
         if continued is not None:
-            return continued
+            return continued, True  # the broken attempt's answer tokens are counted
         billed = answer_nanos(exchange.report)  # cached prompt tokens at the cached price
         if billed is not None:
             return billed
@@ -149,12 +154,13 @@ class Gate:
         model = tally.body["model"]
         try:
             if exchange.report is None and tally.usage is not None and not tally.cache_hit:
-                billed = self.prices.usage_cost(model, tally.usage)  # not a route
-                if billed is not None:
-                    return billed
-            return self.prices.request_cost(model, winner, prompt, completion)
+                exact = self.prices.usage_cost(model, tally.usage)  # not a route
+                if exact is not None:
+                    return exact, False
+            counted = tally.prompt is None and not tally.cache_hit  # no vendor's count came
+            return self.prices.request_cost(model, winner, prompt, completion), counted
         except PriceUnknown:
-            return None
+            return None, False
 
     def count_call(self, exchange: Exchange) -> None:
         """An API call of a key that did not reach an answer's accounting (refused before it,

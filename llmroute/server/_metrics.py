@@ -88,6 +88,15 @@ class GatewayMetrics:
             ["key"],
             registry=self.registry,
         )
+        self.estimated_spend = Counter(
+            "llmroute_gateway_estimated_spend_usd",
+            "The part of llmroute_gateway_spend_usd_total that answers' vendors did not count "
+            "(a stream cut or broken before its usage), by key name: its prompt as the vendor "
+            "counted it where it did first (Anthropic), else as uncached input, and the tokens "
+            "sent.",
+            ["key"],
+            registry=self.registry,
+        )
         self.cache_hits = Counter(
             "llmroute_gateway_cache_hits",
             "Answers replayed from the cache, by key name.",

@@ -18,11 +18,12 @@ scope's spend and that estimate fit in the budget.
 
 **Settled on what it cost**: a routed answer's usage as its route report prices it
 (:func:`answer_nanos`: its vendor's usage by token class, cached prompt tokens at the cached
-price, cache writes at theirs, as ``route.cost`` says); else (:meth:`Prices.request_cost`) the
+price, cache writes at theirs, as ``route.cost`` says; a stream cut or broken after its vendor
+counted its prompt, that prompt and the tokens sent); else (:meth:`Prices.request_cost`) the
 gateway's count (the vendor's prompt and answer tokens, or what it delivered: a stream its
-client cut is charged its prompt and the tokens sent) at the price of the target that answered,
-the dearest when none is known; a continued answer, its first attempt as its route report
-prices it (:func:`continued_nanos`).
+client cut before any usage is charged its prompt, as uncached input, and the tokens sent) at
+the price of the target that answered, the dearest when none is known; a continued answer,
+its first attempt as its route report prices it (:func:`continued_nanos`).
 Its other attempts are added as its route report prices them (:func:`extra_nanos`, the
 key's ``hedge_nanos``), each filed under the target that billed it. Each target's part is
 rounded up to the next nano-dollar: never free, and the parts add up to the request's cost.
@@ -102,25 +103,30 @@ def extra_nanos(report: RouteReport | None) -> dict[str, int]:
     return {target: nanos_of(amount) for target, amount in by_target.items() if amount > 0}
 
 
-def answer_nanos(report: RouteReport | None) -> int | None:
+def answer_nanos(report: RouteReport | None) -> tuple[int, bool] | None:
     """A routed answer's own cost as its route report prices it from its vendor's usage (the
     prompt's cache reads at the cached price and its cache writes at theirs, read as the
-    target's ``[usage]`` fields say, as ``route.cost`` does), in nano-dollars rounded up;
-    ``None`` when its vendor sent no usage for it (a stream its client cut), it was not routed
-    or that cost is not known in USD: then :meth:`Prices.request_cost` prices the gateway's
-    count."""
+    target's ``[usage]`` fields say, as ``route.cost`` does), in nano-dollars rounded up, and
+    whether that is an estimate: a stream cut by its client or broken before its end, whose
+    vendor had counted its prompt (Anthropic's ``message_start``), is its prompt as the vendor
+    counted it and the tokens sent. ``None`` when its vendor sent no usage for it (an
+    OpenAI-style stream cut before its last chunk), it was not routed or that cost is not
+    known in USD: then :meth:`Prices.request_cost` prices the gateway's count."""
     if report is None or report.cache_hit or report.shared:
         return None
     cost = report.cost  # prices every attempt once
     if cost is None:
         return None
     answers = [record for record in report.attempts if attempt_kind(record) == "answer"]
-    if len(answers) != 1 or answers[0].outcome != "won" or answers[0].usage is None:
+    if len(answers) != 1 or answers[0].usage is None:
         return None
-    priced = answers[0].cost
+    answer = answers[0]
+    if answer.outcome not in ("won", "interrupted"):
+        return None
+    priced = answer.cost
     if priced is None or priced.amount is None or priced.currency != CURRENCY:
         return None
-    return nanos_of(priced.amount)
+    return nanos_of(priced.amount), answer.cut or answer.outcome == "interrupted"
 
 
 def continued_nanos(report: RouteReport | None) -> int | None:

@@ -4,12 +4,16 @@ vendor family reports them, a model without a price."""
 
 from __future__ import annotations
 
+import threading
 import uuid
+import zlib
 from collections.abc import Iterator
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -18,7 +22,7 @@ from llmroute._catalog import load_catalog
 from llmroute.pricing import TokenUsage, attempt_cost, find_price, read_usage
 from llmroute.protocols import adapter_for
 from llmroute.protocols.openai import build_chunk, responses_usage
-from llmroute.routing.costs import CANCELLED, NO_USAGE, RoutePricer
+from llmroute.routing.costs import CANCELLED, CUT, CUT_BLIND, NO_USAGE, RoutePricer
 from llmroute.routing.policies import FastestPolicy
 from llmroute.routing.route import Route, RouteTarget
 from llmroute.routing.stats import estimate_prompt_tokens
@@ -415,3 +419,139 @@ def test_a_responses_usage_is_read_with_its_cached_and_reasoning_tokens() -> Non
     tokens = read_usage(chat, adapter_for("openai").usage_fields)
     assert tokens == TokenUsage(input=20, cache_read=100, output=30, reasoning=12)
     assert responses_usage(None) is None
+
+
+async def test_a_stream_its_caller_closes_is_priced_from_what_its_vendor_had_counted(
+    sim: Simulator, cached_sim: Simulator
+) -> None:
+    """A stream closed by its caller before its end: Anthropic's ``message_start`` had counted
+    the prompt (its cache reads at the cached price), so that count is used with the tokens
+    streamed, marked as an estimate; an OpenAI-style stream sends usage only at its end, so
+    its prompt is llmroute's count as uncached input, with the tokens streamed (both said)."""
+    price = {**PRICE, "cache_write": 2.5, "cache_write_1h": 4}
+    system = [
+        {
+            "type": "text",
+            "text": f"House rules {uuid.uuid4().hex}: answer briefly, and kindly. " * 8,
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
+    messages: Any = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+    anthropic = config({"a": provider(sim, kind="anthropic", prices={"*": price})}, ["a:sim-small"])
+    openai = config({"o": provider(cached_sim, prices={"*": PRICE})}, ["o:sim-small"])
+    routes: list[RouteReport] = []
+    for cfg, server in ((anthropic, sim), (openai, cached_sim)):
+        async with AsyncOpenAI(config=cfg, verify=server.ssl_context()) as client:
+            for cut in (False, True):  # the first writes the cache, the second reads it
+                stream = await client.chat.completions.create(
+                    model="chat", messages=messages, stream=True, extra_body={"system": system}
+                )
+                seen = 0
+                async for chunk in stream:
+                    seen += bool(chunk.choices and chunk.choices[0].delta.content)
+                    if cut and seen == 3:
+                        break
+                await stream.close()
+                assert stream.route is not None
+            routes.append(stream.route)
+    for route in routes:
+        (attempt,) = route.attempts
+        assert attempt.outcome == "won" and attempt.cut
+        assert attempt.tokens is not None and attempt.tokens >= 3
+        assert route.cost is not None and attempt.cost is not None
+    told, blind = (route.attempts[0] for route in routes)
+    assert told.cost is not None and blind.cost is not None
+    lines = {line.token_class: line.tokens for line in told.cost.lines}
+    usage = told.usage  # message_start's: the prompt, and output_tokens 1
+    assert lines["cache_read"] == usage["cache_read_input_tokens"] > 0
+    assert lines["input"] == usage["input_tokens"]
+    delivered = told.tokens_estimate or told.tokens
+    assert lines["output"] == delivered
+    assert told.cost.amount == (
+        usd(usage["input_tokens"], 2) + usd(usage["cache_read_input_tokens"], 0.5)
+    ) + usd(delivered, 8)
+    assert told.cost.estimated == (CUT,)
+    # No usage before the end: the prompt as llmroute counts it, uncached, and the tokens sent.
+    assert blind.usage is None and blind.cost.estimated == (CUT_BLIND,)
+    delivered = blind.tokens_estimate or blind.tokens
+    assert blind.cost.amount == usd(routes[1].prompt_tokens, 2) + usd(delivered, 8)
+
+
+class _Gzipping(BaseHTTPRequestHandler):
+    """Passes a request on to the simulator at ``upstream`` and its answer back gzip'd, each
+    piece flushed as it comes (a vendor or proxy that compresses its event streams)."""
+
+    protocol_version = "HTTP/1.1"
+    upstream = ""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        headers = {
+            k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")
+        }
+        with (
+            httpx.Client(timeout=10) as client,
+            client.stream(
+                "POST", self.upstream + self.path, content=body, headers=headers
+            ) as reply,
+        ):
+            self.send_response(reply.status_code)
+            self.send_header("content-type", reply.headers["content-type"])
+            self.send_header("content-encoding", "gzip")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            pack = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+            for data in reply.iter_raw():
+                self._chunk(pack.compress(data) + pack.flush(zlib.Z_SYNC_FLUSH))
+            self._chunk(pack.flush())
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _chunk(self, data: bytes) -> None:
+        if data:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def gzipped(sim_h1: Simulator) -> Iterator[str]:
+    """The base URL of a gzip'ing proxy in front of the plain-HTTP simulator."""
+    handler = type("Handler", (_Gzipping,), {"upstream": sim_h1.base_url.removesuffix("/v1")})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+async def test_a_gzipped_streamed_legacy_completion_is_priced_on_its_answer_too(
+    gzipped: str,
+) -> None:
+    """A streamed legacy completion whose body comes gzip'd is decoded on its way to openai
+    like a plain one: its cost counts the answer's token chunks (without usage) or is the
+    vendor's usage chunk (with it), not its prompt alone."""
+    cfg = config(
+        {"a": {"base_url": gzipped, "api_key": KEY, "prices": {"*": PRICE}}}, ["a:sim-small"]
+    )
+    text = f"Price this compressed prompt {uuid.uuid4().hex}, word by word."
+    asked = {"model": "chat", "prompt": text, "max_tokens": 20, "stream": True}
+    async with AsyncOpenAI(config=cfg) as client:
+        bare = await client.completions.create(**asked)
+        deltas = len([c async for c in bare if c.choices and c.choices[0].text])
+        told = await client.completions.create(**asked, stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in told]
+    assert deltas > 0
+    prompt = estimate_prompt_tokens([]) + len(text) // 4  # llmroute's count of a bare prompt
+    assert bare.route is not None and bare.route.cost is not None
+    assert bare.route.attempts[0].tokens == deltas
+    assert bare.route.cost.amount == usd(prompt, 2) + usd(deltas, 8)
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens
+    assert told.route is not None and told.route.cost is not None
+    assert told.route.attempts[0].usage is not None and not told.route.cost.estimated
+    assert told.route.cost.amount == usd(usage.prompt_tokens, 2) + usd(usage.completion_tokens, 8)

@@ -768,3 +768,105 @@ def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
     assert (
         prices.estimate("chat", body, "chat") == first * dearest(body) + continuations * continued
     )
+
+
+def estimated_metric(gateway: Gateway) -> float:
+    """The replica's ``llmroute_gateway_estimated_spend_usd_total`` of key ``payer``."""
+    text = httpx.get(
+        root(gateway) + "/metrics",
+        headers={"authorization": f"Bearer {KEYS['admin']}"},
+        timeout=DEADLINE,
+    ).text
+    prefix = 'llmroute_gateway_estimated_spend_usd_total{key="payer"} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_cut_or_broken_stream_is_charged_the_prompt_its_vendor_counted(redis_url: str) -> None:
+    """A stream its client cuts, or that breaks, before the vendor's usage: Anthropic's
+    ``message_start`` had counted its prompt, cache reads apart, so the key is charged that
+    prompt (the reads at the cached price, not the whole prompt as fresh input) and the tokens
+    sent, and the charge is counted as an estimate (``llmroute_gateway_estimated_spend_usd``);
+    a whole answer is not."""
+    system = f"You answer at length, always, as house {uuid.uuid4().hex} says. " * 6
+    block = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
+    messages = [{"role": "system", "content": block}, {"role": "user", "content": "Hi"}]
+    profile = Profile(reply_tokens=LONG, inter_token=0.01)
+    with ExitStack() as stack:
+        sim = stack.enter_context(Simulator(profile=profile, tls=False))
+        config = {
+            "routing": {"explore": 0},
+            "redis": {"url": redis_url, "prefix": f"money-{uuid.uuid4().hex[:8]}"},
+            "gateway": {
+                "keys": {name: f"GM_{name.upper()}" for name in KEYS},
+                "tenants": {
+                    "admin": {"admin": True},
+                    "payer": {"budget_usd": 1, "budget_period": PERIOD},
+                },
+                "limits_backend": "redis",
+            },
+            "providers": {
+                name: {
+                    "kind": "anthropic",
+                    "base_url": sim.base_url,
+                    "api_key": "sk-money-upstream",
+                    "prices": {"*": CACHED},
+                    **more,
+                }
+                for name, more in (("an", {}), ("br", {"headers": {"x-sim-fault": f"drop:{CUT}"}}))
+            },
+            "models": {
+                name: {"targets": [f"{name}:sim-small"], "continue_on_break": False}
+                for name in ("an", "br")
+            },
+        }
+        gateway = stack.enter_context(Gateway(config, environ=ENVIRON, max_retries=0))
+        # Whole answers: the first writes the system prompt to the cache, the second reads
+        # it (its usage says how much: the cut stream's prompt is the same); both exact.
+        used = 0
+        for _ in range(2):
+            answer = post(gateway, {"model": "an", "messages": messages, "max_tokens": 5})
+            assert answer.status_code == 200, answer.text
+            wait_for(lambda was=used: spent(gateway) > was, "a whole answer charged")
+            used = spent(gateway)
+        prompt = answer.json()["usage"]
+        reads = cached_tokens(prompt)
+        fresh = prompt["prompt_tokens"] - reads
+        assert reads > fresh > 0
+        assert estimated_metric(gateway) == 0
+        body = {"model": "an", "messages": messages, "stream": True, "max_tokens": LONG}
+        read = 0
+        with (
+            httpx.Client(timeout=DEADLINE) as client,
+            client.stream(
+                "POST",
+                root(gateway) + "/v1/chat/completions",
+                json=body,
+                headers={"authorization": f"Bearer {KEYS['payer']}"},
+            ) as reply,
+        ):
+            assert reply.status_code == 200
+            for line in reply.iter_lines():
+                if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
+                    "content"
+                ):
+                    read += 1
+                    if read == 3:
+                        break  # the client leaves
+        wait_for(lambda: usage(gateway)["requests"] == 3, "the cut stream settled")
+        wait_for(lambda: spent(gateway) > used, "the cut stream charged")
+        charged = spent(gateway) - used
+        # The vendor's count of the prompt (the system prompt read from its cache, at the
+        # cached price) and the tokens sent: not the whole prompt as fresh input.
+        sent = charged - 1000 * fresh - 250 * reads
+        assert sent % 2000 == 0 and read <= sent // 2000 < LONG
+        assert estimated_metric(gateway) * 10**9 == pytest.approx(charged)
+        # A stream that breaks after CUT tokens (not continued): the same.
+        used, estimated = spent(gateway), charged
+        broken = post(gateway, {**body, "model": "br"})
+        assert broken.status_code == 200 and '"error"' in broken.text
+        wait_for(lambda: usage(gateway)["requests"] == 4, "the broken stream settled")
+        wait_for(lambda: spent(gateway) > used, "the broken stream charged")
+        charged = spent(gateway) - used
+        sent = charged - 1000 * fresh - 250 * reads
+        assert sent % 2000 == 0 and CUT <= sent // 2000 < LONG
+        assert estimated_metric(gateway) * 10**9 == pytest.approx(estimated + charged)
