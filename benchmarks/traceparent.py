@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from llmroute._types import AttemptReport, RouteReport, Timings
 from llmroute.metrics import ClientMetrics
 from llmroute.metrics._traceparent import RequestTrace
-from llmroute.routing.engine import _sending  # pyright: ignore[reportPrivateUsage]
+from llmroute.routing.attempt import _sending  # pyright: ignore[reportPrivateUsage]
 
 ROUNDS, NUMBER = 7, 2000
 HEADERS = {"x-llmroute-cache": "on", "x-llmroute-request-id": "gw-0123456789abcdef"}

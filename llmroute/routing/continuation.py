@@ -5,7 +5,7 @@ continuation targets (those whose catalog entry has a ``continuation``) for the 
 answer, with the text so far as a trailing assistant message. This module says whether an
 answer may be continued and why not, in which order the targets are asked, what the
 continuing request's body is, and how the continuing stream joins the text (:mod:`.splice`);
-:meth:`~.engine._Run.continue_answer` runs the race. A broken answer that cannot be continued
+:func:`~.answering.continue_answer` runs the race. A broken answer that cannot be continued
 ends in :class:`~llmroute.StreamInterrupted` with the text so far.
 """
 

@@ -7,7 +7,7 @@ or the error back to the caller (a request-caused 400, unless the route fails ov
 cause; a context-length error goes on to the targets with a larger declared window only). A
 target that may not be asked now (its circuit open, cooling down after a 429) is passed over;
 when none could be asked, the call waits for the first to be free, up to
-:data:`~.engine.MAX_WAIT_UNAVAILABLE`. When every target failed with a cause that may pass,
+:data:`~.coordinator.MAX_WAIT_UNAVAILABLE`. When every target failed with a cause that may pass,
 the order is tried again within the client's ``max_retries``, after openai's backoff. Each
 attempt counts in its target's stats and health as an engine attempt does
 (:meth:`~.engine.Router.record_call`). Nothing is hedged or raced: such a call has no first
@@ -34,7 +34,7 @@ from .._errors import (
 )
 from .._types import AttemptReport, RouteReport, Timings
 from ..protocols import adapter_for
-from . import engine
+from . import coordinator
 from .causes import (
     any_retryable,
     error_message,
@@ -124,7 +124,7 @@ class _Failover:
         """The largest context window a context-length error ruled out, if one did."""
 
     async def run(self, names: list[str]) -> FailedOver:
-        give_up_at = anyio.current_time() + engine.MAX_WAIT_UNAVAILABLE
+        give_up_at = anyio.current_time() + coordinator.MAX_WAIT_UNAVAILABLE
         rounds = waits = 0
         reason = "first"
         self.names = names

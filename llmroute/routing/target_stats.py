@@ -10,7 +10,7 @@ import bisect
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -171,6 +171,35 @@ def saved_events(
     timed += [(when, (name, "l", v)) for when, v, _ in latency.timed()]
     timed.sort(key=lambda item: item[0])
     return timed
+
+
+def with_waiting(
+    window: LatencyWindow,
+    waiting: Collection[float],
+    now: float,
+    predicted: float,
+    q: float,
+    recent: int,
+) -> float:
+    """``predicted`` with the attempts still waiting (their start times ``waiting``) counted:
+    those waiting longer than it as samples of their time so far, and a shift of the waits as
+    a whole (:func:`~.change.waits_shift`) as its floor."""
+    overdue = [now - t for t in waiting if now - t > predicted]
+    if overdue:
+        predicted = cast(float, window.quantile_with(overdue, q))
+    shift = waits_shift(window, waiting, now, q, recent)
+    return max(predicted, shift)
+
+
+def weigh_own(own: LatencyWindow, predicted: float, q: float) -> float:
+    """``predicted`` (all classes') with the class's own few samples (``n``) weighed against
+    it as ``n`` to 1: a 2,000-word prompt on a target fast on short ones (1.0 s against
+    0.25 s) counts as slow from its first sample or two, not after min_samples of them were
+    each sent there first."""
+    observed, n = own._quantile_and_count(q)
+    if observed is None:
+        return predicted
+    return (n * observed + predicted) / (n + 1)
 
 
 class TargetStats:
@@ -459,19 +488,10 @@ class TargetStats:
             window = self._ttft
         predicted = self._blend(window, q, self.settings.prior_ttft)
         if self._waiting and len(window) >= self.known(window):
-            now = self._clock()
-            overdue = [now - t for t in self._waiting.values() if now - t > predicted]
-            if overdue:
-                predicted = cast(float, window.quantile_with(overdue, q))
-            shift = waits_shift(window, self._waiting.values(), now, q, self.settings.recent)
-            predicted = max(predicted, shift)
+            waiting, now, recent = self._waiting.values(), self._clock(), self.settings.recent
+            predicted = with_waiting(window, waiting, now, predicted, q, recent)
         if own is not window and len(own) and len(window) >= self.known(window):
-            # The class's own few samples outweigh the other lengths': a 2,000-word prompt on
-            # a target fast on short ones (1.0 s against 0.25 s) counts as slow from its first
-            # sample or two, not after min_samples of them were each sent there first.
-            observed, n = own._quantile_and_count(q)
-            if observed is not None:
-                predicted = (n * observed + predicted) / (n + 1)
+            predicted = weigh_own(own, predicted, q)
         return predicted
 
     def class_quantile(self, q: float, prompt_tokens: int) -> float | None:

@@ -19,8 +19,9 @@ import pytest
 import llmroute
 from llmroute import AsyncOpenAI, RouteReport
 from llmroute.cli._chat import route_lines
-from llmroute.routing.engine import Route, Router, RouteTarget, _Race
+from llmroute.routing.engine import Route, Router, RouteTarget
 from llmroute.routing.policies import FailoverPolicy
+from llmroute.routing.race import Race
 from llmroute.routing.windows import (
     answer_room,
     larger_windows,
@@ -161,8 +162,8 @@ def refused(windows: list[int | None], message: str) -> tuple[bool, int | None]:
     exc = openai.BadRequestError(
         message, response=httpx.Response(400, request=request), body={"message": message}
     )
-    state = _Race()
-    return run._larger_window_follows("p0:m", state, exc), state.refused_at
+    state = Race()
+    return run.failures.larger_window_follows("p0:m", state, exc), state.refused_at
 
 
 def test_an_undeclared_window_is_read_from_the_error_else_estimated() -> None:

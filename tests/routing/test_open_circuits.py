@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from llmroute import AllTargetsFailed, AsyncOpenAI
-from llmroute.routing import engine
+from llmroute.routing import failures
 from llmroute.routing.stats import first_token_deadline
 from llmroute.testing import Simulator
 
@@ -57,7 +57,7 @@ async def test_a_lone_target_slowed_by_a_burst_answers_every_stream(
     the same target: they wait up to ``first_token_timeout`` and are answered, and the circuit
     stays closed. Before, every stream timed out, the circuit opened and the route refused."""
     live = functools.partial(first_token_deadline, floor=LIVE_FLOOR)
-    monkeypatch.setattr(engine, "first_token_deadline", live)
+    monkeypatch.setattr(failures, "first_token_deadline", live)
     outcomes: list[Any] = []
 
     async def one(c: AsyncOpenAI) -> None:

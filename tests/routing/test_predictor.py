@@ -128,16 +128,16 @@ def test_the_first_token_deadline_follows_the_live_p99_under_the_cap() -> None:
     run = router._begin(route, dict(BODY), never_send, stream=True)
     p99 = router.stats.target(A).class_quantile(0.99, 20)
     assert p99 is not None
-    assert run.first_token_deadline(A, None) == first_token_deadline(p99, cap=30.0)
-    assert run.first_token_deadline(A, "partial answer") == 30.0  # a continuation: the cap
-    assert run.first_token_deadline("c:m", None) == 30.0  # no samples: the cap
+    assert run.failures.first_token_deadline(A, None) == first_token_deadline(p99, cap=30.0)
+    assert run.failures.first_token_deadline(A, "partial answer") == 30.0  # a continuation: the cap
+    assert run.failures.first_token_deadline("c:m", None) == 30.0  # no samples: the cap
     for _ in range(5):  # b's circuit opens: still somewhere to go (failing open)
         router.health(B).breaker.record_failure()
-    assert run.first_token_deadline(A, None) == first_token_deadline(p99, cap=30.0)
+    assert run.failures.first_token_deadline(A, None) == first_token_deadline(p99, cap=30.0)
     run.refused.add(B)  # b cannot serve the request: a is its only target, waited for
-    assert run.first_token_deadline(A, None) == 30.0
+    assert run.failures.first_token_deadline(A, None) == 30.0
     route.first_token_timeout = None
-    assert run.first_token_deadline(A, None) is None
+    assert run.failures.first_token_deadline(A, None) is None
 
 
 def test_a_target_known_only_from_a_few_slow_samples_needs_three_fast_ones() -> None:

@@ -959,9 +959,9 @@ async def test_a_failed_retry_leaves_no_prompt_in_any_tree() -> None:
 async def test_waiting_for_a_cooling_target_ends_even_when_the_routers_clock_stands_still(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import llmroute.routing.engine as engine
+    import llmroute.routing.coordinator as coordinator
 
-    monkeypatch.setattr(engine, "MAX_WAIT_UNAVAILABLE", 0.3)
+    monkeypatch.setattr(coordinator, "MAX_WAIT_UNAVAILABLE", 0.3)
     clock = FakeClock()
     router, route = scripted_route(RoundRobinPolicy(), ["a"], clock=clock)
     router.health("a:m").cool_down(0.05)  # on a clock that never moves: cooling for ever

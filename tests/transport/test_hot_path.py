@@ -472,10 +472,10 @@ async def test_a_routed_call_with_one_attempt_runs_it_in_the_callers_task(
     """A plan of one attempt without a hedge starts no task group and no task, and its request
     goes to llmroute's transport without httpx's client machinery; what the caller gets is
     the same: the answer, the route report, the raw response's headers and elapsed time."""
-    from llmroute.routing import engine
+    from llmroute.routing import coordinator
 
     counts = {"task groups": 0, "client sends": 0}
-    real_group = engine.anyio.create_task_group
+    real_group = coordinator.anyio.create_task_group
     real_send = httpx.AsyncClient.send
 
     def group() -> Any:
@@ -488,7 +488,7 @@ async def test_a_routed_call_with_one_attempt_runs_it_in_the_callers_task(
 
     config = _cached_config(sim, "off")
     async with llmroute.AsyncOpenAI(api_key=KEY, verify=sim.ssl_context(), config=config) as client:
-        monkeypatch.setattr(engine.anyio, "create_task_group", group)
+        monkeypatch.setattr(coordinator.anyio, "create_task_group", group)
         monkeypatch.setattr(httpx.AsyncClient, "send", send)
         for _ in range(3):
             completion = await client.chat.completions.create(model="chat", messages=MESSAGES)
