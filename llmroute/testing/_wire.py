@@ -7,10 +7,11 @@ wire modes (``_app``, ``_anthropic``, ``_sglang``) import it and never one anoth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ __all__ = [
     "status_fault",
     "wait_whole",
     "watch_disconnect",
+    "watching",
 ]
 
 Scope = dict[str, Any]
@@ -191,6 +193,24 @@ async def watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
     gone.set()
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    receive: Receive, open_: set[asyncio.Event] | None = None
+) -> AsyncIterator[asyncio.Event]:
+    """An event set when the client goes away (:func:`watch_disconnect`) while the block runs;
+    kept in ``open_`` meanwhile, where a closing server sets it too."""
+    gone = asyncio.Event()
+    if open_ is not None:
+        open_.add(gone)
+    watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+        if open_ is not None:
+            open_.discard(gone)
 
 
 async def pause(seconds: float, gone: asyncio.Event) -> bool:
