@@ -47,14 +47,13 @@ from ._wire import (
     Receive,
     Scope,
     Send,
+    answer_whole,
     over_window,
     read_body,
     request_headers,
     requested_fault,
     respond,
-    send_whole,
     serve_lifespan,
-    wait_whole,
     watching,
 )
 
@@ -215,7 +214,18 @@ class AnthropicSimApp:
         rid: str,
     ) -> None:
         if not stream:
-            await self._complete(plan, fault, ttft, gone, send, rid)
+            await answer_whole(
+                lambda: json.dumps(plan.message()).encode(),
+                len(plan.pieces),
+                fault,
+                ttft,
+                self.profile,
+                gone,
+                send,
+                rid,
+                id_header=b"request-id",
+                error=(529, error_body("overloaded_error", _OVERLOADED)),
+            )
             return
         wire = _AnthropicStream(plan)
         await stream_answer(
@@ -230,22 +240,6 @@ class AnthropicSimApp:
             tally=self,
             profile=lambda: self.profile,
         )
-
-    async def _complete(
-        self,
-        plan: _AnthropicReply,
-        fault: Fault,
-        ttft: float,
-        gone: asyncio.Event,
-        send: Send,
-        rid: str,
-    ) -> None:
-        if await wait_whole(ttft, len(plan.pieces), fault, self.profile, gone):
-            return
-        if fault.kind == "stream-error":
-            await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid)
-            return
-        await send_whole(send, json.dumps(plan.message()).encode(), rid, fault, b"request-id")
 
 
 def _prompt_tokens(req: dict[str, Any]) -> int:

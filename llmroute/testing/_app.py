@@ -35,16 +35,19 @@ from ._wire import (
     Receive,
     Scope,
     Send,
+    answer_whole,
     error_body,
     read_body,
     request_headers,
     respond,
-    send_whole,
     serve_lifespan,
-    wait_whole,
     watching,
 )
 
+_SERVER_ERROR = (
+    500,
+    error_body("The server had an error while processing your request.", "server_error"),
+)  # a stream-error fault's answer when not streamed
 _MODE = StreamMode(
     id_header=b"x-request-id", tail_faults=True, count_tokens=True, frame_per_event=True
 )
@@ -340,7 +343,18 @@ class SimApp:
                     hold=self._hold,
                 )
             else:
-                await self._complete(len(pieces), whole, fault, ttft, gone, send, rid)
+                await answer_whole(
+                    lambda: json.dumps(whole()).encode(),
+                    len(pieces),
+                    fault,
+                    ttft,
+                    self.profile,
+                    gone,
+                    send,
+                    rid,
+                    id_header=b"x-request-id",
+                    error=_SERVER_ERROR,
+                )
 
     async def _hold(self, gone: asyncio.Event) -> bool:
         """Wait for the next release (``hang_max`` at most); True when the client left first."""
@@ -379,27 +393,6 @@ class SimApp:
             return plan.response(plan.status)
 
         await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
-
-    async def _complete(
-        self,
-        n_pieces: int,
-        whole: Callable[[], dict[str, Any]],
-        fault: Fault,
-        ttft: float,
-        gone: asyncio.Event,
-        send: Send,
-        rid: str,
-    ) -> None:
-        if await wait_whole(ttft, n_pieces, fault, self.profile, gone):
-            return None  # client gone, or the hang bound passed: no response at all
-        if fault.kind == "stream-error":
-            body = error_body(
-                "The server had an error while processing your request.", "server_error"
-            )
-            await respond(send, 500, body, rid)
-            return None
-        await send_whole(send, json.dumps(whole()).encode(), rid, fault, b"x-request-id")
-        return None
 
 
 def _authorized(path: str, headers: dict[str, str]) -> bool:

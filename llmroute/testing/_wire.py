@@ -26,6 +26,7 @@ __all__ = [
     "Receive",
     "Scope",
     "Send",
+    "answer_whole",
     "error_body",
     "open_event_stream",
     "pace",
@@ -280,6 +281,31 @@ async def send_whole(send: Send, body: bytes, rid: str, fault: Fault, id_header:
         await send({"type": "http.response.body", "body": half, "more_body": True})
         return
     await send({"type": "http.response.body", "body": body})
+
+
+async def answer_whole(
+    body: Callable[[], bytes],
+    pieces: int,
+    fault: Fault,
+    ttft: float,
+    profile: Profile,
+    gone: asyncio.Event,
+    send: Send,
+    rid: str,
+    *,
+    id_header: bytes,
+    error: tuple[int, bytes],
+) -> None:
+    """A non-streamed answer of ``pieces``, ``body()``, once it is generated (see
+    :func:`send_whole`); under a ``stream-error`` fault the ``error`` status and body instead;
+    nothing at all when the client went away or a ``hang`` fault reached its bound."""
+    if await wait_whole(ttft, pieces, fault, profile, gone):
+        return
+    if fault.kind == "stream-error":
+        status, error_bytes = error
+        await respond(send, status, error_bytes, rid, id_header=id_header)
+        return
+    await send_whole(send, body(), rid, fault, id_header)
 
 
 async def respond(
