@@ -39,31 +39,28 @@ from typing import Any
 import llmroute.testing._reply as _reply
 
 from ._profile import Profile
+from ._stream import StreamMode, stream_answer
 from ._wire import (
     HTML_502,
     STATUS_FAULTS,
-    STREAM_FAULTS,
     Fault,
     Receive,
     Scope,
     Send,
-    open_event_stream,
+    answer_whole,
     over_window,
-    pace,
-    pause,
     read_body,
     request_headers,
     requested_fault,
     respond,
-    send_whole,
     serve_lifespan,
-    wait_whole,
-    watch_disconnect,
+    watching,
 )
 
 __all__ = ["AnthropicSimApp", "anthropic_app"]
 
 _OVERLOADED = "Overloaded"
+_MODE = StreamMode(id_header=b"request-id")  # no tail faults, no hold, no tokens_streamed
 
 
 def anthropic_app(profile: Profile | None = None, *, seed: int | None = None) -> AnthropicSimApp:
@@ -111,13 +108,15 @@ class AnthropicSimApp:
         self._stats = stats or (lambda: self._own_stats)
         self._closing = closing or (lambda: False)
 
-    def _count(self, key: str, step: int = 1) -> None:
+    def count(self, key: str, step: int = 1) -> None:
+        """Add ``step`` to the counter ``key``."""
         stats = self._stats()
         stats[key] = stats.get(key, 0) + step
 
-    def _ended_early(self) -> None:
+    def ended_early(self) -> None:
+        """A stream ended before its end: counted as cancelled unless the server is closing."""
         if not self._closing():
-            self._count("streams_cancelled")
+            self.count("streams_cancelled")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -197,97 +196,50 @@ class AnthropicSimApp:
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, plan.input_tokens)
-        gone = asyncio.Event()
-        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
-        self._count("in_flight")
-        try:
-            if req.get("stream"):
-                await self._stream(plan, fault, ttft, gone, send, rid)
-            else:
-                await self._complete(plan, fault, ttft, gone, send, rid)
-        finally:
-            self._count("in_flight", -1)
-            watcher.cancel()
+        async with watching(receive) as gone:
+            self.count("in_flight")
+            try:
+                await self._answer(plan, bool(req.get("stream")), fault, ttft, gone, send, rid)
+            finally:
+                self.count("in_flight", -1)
 
-    async def _stream(
+    async def _answer(
         self,
         plan: _AnthropicReply,
+        stream: bool,
         fault: Fault,
         ttft: float,
         gone: asyncio.Event,
         send: Send,
         rid: str,
     ) -> None:
-        await open_event_stream(send, rid, b"request-id")
-        self._count("streams_started")
-
-        async def emit(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
-        if await pause(ttft, gone):
-            return self._ended_early()
-        if fault.kind == "hang":
-            if await pause(self.profile.hang_max, gone):
-                return self._ended_early()
-            return None
-        message = plan.message(content=[], stop_reason=None, output_tokens=1)
-        head = _sse("message_start", {"type": "message_start", "message": message})
-        head += _sse(
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": plan.block_start()},
-        )
-        await emit(head + _sse("ping", {"type": "ping"}))
-        pieces = _reply.group(plan.pieces, self.profile.tokens_per_chunk)
-        for i in range(len(pieces) + 1):
-            if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
-                if fault.kind == "drop":
-                    return None
-                if fault.kind == "stream-error":
-                    err = {"type": "error", "error": {"type": "overloaded_error"}}
-                    err["error"]["message"] = _OVERLOADED
-                    await send({"type": "http.response.body", "body": _sse("error", err)})
-                    return None
-                await emit(b"event: content_block_delta\ndata: {not json\n\n")
-            if i == len(pieces):
-                break
-            if await pace(i, fault, self.profile.inter_token, gone):
-                return self._ended_early()
-            if plan.tool is not None:
-                delta = {"type": "input_json_delta", "partial_json": pieces[i]}
-            else:
-                delta = {"type": "text_delta", "text": pieces[i]}
-            event = {"type": "content_block_delta", "index": 0, "delta": delta}
-            await emit(_sse("content_block_delta", event))
-        if gone.is_set():
-            return self._ended_early()
-        tail = _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
-        tail += _sse(
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": plan.stop_reason, "stop_sequence": plan.stop_sequence},
-                "usage": {"output_tokens": len(plan.pieces)},
-            },
-        )
-        tail += _sse("message_stop", {"type": "message_stop"})
-        self._count("streams_completed")  # counted first: the client may look at once
-        await send({"type": "http.response.body", "body": tail})
-
-    async def _complete(
-        self,
-        plan: _AnthropicReply,
-        fault: Fault,
-        ttft: float,
-        gone: asyncio.Event,
-        send: Send,
-        rid: str,
-    ) -> None:
-        if await wait_whole(ttft, len(plan.pieces), fault, self.profile, gone):
+        if not stream:
+            await answer_whole(
+                lambda: json.dumps(plan.message()).encode(),
+                len(plan.pieces),
+                fault,
+                ttft,
+                self.profile,
+                gone,
+                send,
+                rid,
+                id_header=b"request-id",
+                error=(529, error_body("overloaded_error", _OVERLOADED)),
+            )
             return
-        if fault.kind == "stream-error":
-            await _respond(send, 529, error_body("overloaded_error", _OVERLOADED), rid)
-            return
-        await send_whole(send, json.dumps(plan.message()).encode(), rid, fault, b"request-id")
+        wire = _AnthropicStream(plan)
+        await stream_answer(
+            wire,
+            plan.pieces,
+            fault,
+            ttft,
+            gone,
+            send,
+            rid,
+            mode=_MODE,
+            tally=self,
+            profile=lambda: self.profile,
+        )
 
 
 def _prompt_tokens(req: dict[str, Any]) -> int:
@@ -474,6 +426,58 @@ class _AnthropicReply:
                 "output_tokens": len(self.pieces) if output_tokens is None else output_tokens,
             },
         }
+
+
+class _AnthropicStream:
+    """Messages API events (a ``_Wire``): ``message_start``, ``content_block_start`` and
+    ``ping`` in the first frame, a ``content_block_delta`` a frame, and the closing events in
+    the last one."""
+
+    def __init__(self, plan: _AnthropicReply) -> None:
+        self.plan = plan
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def first(self) -> list[bytes]:
+        plan = self.plan
+        message = plan.message(content=[], stop_reason=None, output_tokens=1)
+        head = _sse("message_start", {"type": "message_start", "message": message})
+        head += _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": plan.block_start()},
+        )
+        return [head + _sse("ping", {"type": "ping"})]
+
+    def piece(self, text: str) -> bytes:
+        if self.plan.tool is not None:
+            delta = {"type": "input_json_delta", "partial_json": text}
+        else:
+            delta = {"type": "text_delta", "text": text}
+        return _sse(
+            "content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}
+        )
+
+    def error(self) -> bytes:
+        err = {"type": "error", "error": {"type": "overloaded_error"}}
+        err["error"]["message"] = _OVERLOADED
+        return _sse("error", err)
+
+    def malformed(self) -> bytes:
+        return b"event: content_block_delta\ndata: {not json\n\n"
+
+    def closing(self) -> list[bytes]:
+        plan = self.plan
+        tail = _sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        tail += _sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": plan.stop_reason, "stop_sequence": plan.stop_sequence},
+                "usage": {"output_tokens": len(plan.pieces)},
+            },
+        )
+        return [tail + _sse("message_stop", {"type": "message_stop"})]
 
 
 def _validate(req: Any) -> str | None:

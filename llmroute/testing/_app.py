@@ -1,11 +1,15 @@
-"""The simulator's raw ASGI app: OpenAI chat completions and Responses with latency and faults."""
+"""The simulator's raw ASGI app: OpenAI chat completions and Responses with latency and faults.
+
+:class:`SimApp` routes a request; its parts live beside it: the counters (:mod:`._counters`),
+the fault decisions (:mod:`._faults`), the streamed answer (:mod:`._stream`, shared with the
+Anthropic wire mode), legacy completions and embeddings (:mod:`._legacy`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import hashlib
-import itertools
 import json
 import random
 import time
@@ -20,48 +24,33 @@ import llmroute.testing._responses as _responses
 
 from ._answer import _ChatStream, _Reply, _ResponsesStream, _Wire
 from ._anthropic import AnthropicSimApp
+from ._counters import SimCounters
+from ._faults import FaultDecisions
+from ._legacy import embeddings, text_completion
 from ._profile import Profile
-from ._requests import _reasoning_words, _validate, _validate_other, _vendor_refusal
+from ._requests import _reasoning_words, _validate, _vendor_refusal
+from ._stream import StreamMode, stream_answer
 from ._wire import (
-    STATUS_FAULTS,
-    STREAM_FAULTS,
-    TAIL_FAULTS,
     Fault,
     Receive,
     Scope,
     Send,
+    answer_whole,
     error_body,
-    open_event_stream,
-    over_window,
-    pace,
-    pause,
     read_body,
     request_headers,
-    requested_fault,
     respond,
-    send_whole,
     serve_lifespan,
-    status_fault,
-    wait_whole,
-    watch_disconnect,
+    watching,
 )
 
-
-def _zero_stats() -> dict[str, Any]:
-    return {
-        "requests": 0,
-        "chat_requests": 0,
-        "responses_requests": 0,
-        "streams_started": 0,
-        "streams_completed": 0,
-        "streams_cancelled": 0,
-        "prompt_tokens": 0,
-        "tokens_streamed": 0,
-        "in_flight": 0,
-        "peak_in_flight": 0,
-        "held": 0,
-        "faults": {},
-    }
+_SERVER_ERROR = (
+    500,
+    error_body("The server had an error while processing your request.", "server_error"),
+)  # a stream-error fault's answer when not streamed
+_MODE = StreamMode(
+    id_header=b"x-request-id", tail_faults=True, count_tokens=True, frame_per_event=True
+)
 
 
 class PromptCache:
@@ -98,76 +87,40 @@ class SimApp:
         self.last_requests: deque[dict[str, Any]] = deque(maxlen=history)
         self.models: dict[str, None] = dict.fromkeys(profile.models)
         self.on_startup: Callable[[], None] | None = None
-        self._stats = _zero_stats()
+        self.counters = SimCounters()
         self.issued = _responses.IssuedIds()
         """The ids of responses this simulator issued (``previous_response_id`` must be one)."""
-        self._fault_uses: dict[str, int] = {}
+        fault_uses: dict[str, int] = {}  # x-sim-fault-times counts both wire modes' requests
+        self.faults = FaultDecisions(lambda: self.profile, self.rng, self.counters, fault_uses)
         self._prompt_cache = PromptCache()
-        self._gone: set[asyncio.Event] = set()
-        self._release = asyncio.Event()  # set by release(): the streams held now go on
-        self._closing = False
         # the same server speaks Anthropic's Messages API
         self.anthropic = AnthropicSimApp(
             profile,
             seed=seed,
-            stats=lambda: self._stats,
-            closing=lambda: self._closing,
-            fault_uses=self._fault_uses,  # x-sim-fault-times counts both wire modes' requests
+            stats=lambda: self.counters.values,
+            closing=lambda: self.counters.closing,
+            fault_uses=fault_uses,
         )
 
     # -- counters ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """A snapshot of the counters."""
-        snap = dict(self._stats)
-        snap["faults"] = dict(self._stats["faults"])
-        return snap
+        return self.counters.snapshot()
 
     def reset_stats(self) -> None:
         """Zero the counters (in_flight and held are kept) and forget recorded requests."""
-        fresh = _zero_stats()
-        fresh["in_flight"] = fresh["peak_in_flight"] = self._stats["in_flight"]
-        fresh["held"] = self._stats["held"]
-        self._stats = fresh
+        self.counters.reset()
         self.last_requests.clear()
-
-    def _enter(self) -> None:
-        """One more request in flight (``peak_in_flight`` keeps the most at once)."""
-        stats = self._stats
-        stats["in_flight"] += 1
-        stats["peak_in_flight"] = max(stats["peak_in_flight"], stats["in_flight"])
-
-    def _count_fault(self, kind: str) -> None:
-        faults = self._stats["faults"]
-        faults[kind] = faults.get(kind, 0) + 1
 
     def release(self) -> int:
         """Let every stream held before its first token go on (``Profile.hold_first_token``);
         streams that come later are held until the next release. Returns how many were held.
         Call on the server's loop."""
-        held = self._stats["held"]
-        event, self._release = self._release, asyncio.Event()
-        event.set()
-        return held
-
-    async def _hold(self, gone: asyncio.Event) -> bool:
-        """Wait for the next release (``hang_max`` at most); True when the client left first."""
-        self._stats["held"] += 1
-        waits = (asyncio.ensure_future(self._release.wait()), asyncio.ensure_future(gone.wait()))
-        try:
-            await asyncio.wait(
-                waits, timeout=self.profile.hang_max, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            self._stats["held"] -= 1
-            for waiting in waits:
-                waiting.cancel()
-        return gone.is_set()
+        return self.counters.release()
 
     def close(self) -> None:
         """End hanging and stalled handlers at once (call on the server's loop)."""
-        self._closing = True
-        for event in list(self._gone):
-            event.set()
+        self.counters.close()
 
     # -- ASGI entry ---------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -177,7 +130,7 @@ class SimApp:
         if scope["type"] != "http":
             return
         rid = "req_" + uuid.uuid4().hex[:24]
-        self._stats["requests"] += 1
+        self.counters.count("requests")
         body = await read_body(receive)
         if body is None:
             return
@@ -186,14 +139,29 @@ class SimApp:
         if path.startswith("/_sim/"):
             await self._sim_route(path, method, send, rid, body)
             return
+        payload = self._record(scope, headers, body, rid)
+        if id_header := headers.get("x-sim-request-id-header"):
+            send = _renamed_id_header(send, id_header.lower().encode("latin-1"))
+        if path == "/v1/messages" and method == "POST":
+            self.counters.count("chat_requests")
+            await self.anthropic.handle(scope, body, receive, send, rid)
+        elif not _authorized(path, headers):
+            msg = "You didn't provide an API key (Authorization: Bearer <key>)."
+            body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
+            await respond(send, 401, body401, rid)
+        else:
+            await self._route(path, method, payload, headers, receive, send, rid)
+
+    def _record(self, scope: Scope, headers: dict[str, str], body: bytes, rid: str) -> Any:
+        """Remember the request in ``last_requests``; its JSON body (None when it has none)."""
         try:
             payload = json.loads(body) if body else None
         except ValueError:
             payload = None
         self.last_requests.append(
             {
-                "method": method,
-                "path": path,
+                "method": scope["method"],
+                "path": scope["path"],
                 "http_version": scope["http_version"],
                 "headers": headers,
                 "query": dict(parse_qsl(scope["query_string"].decode("latin-1"))),
@@ -202,38 +170,39 @@ class SimApp:
                 "received": time.monotonic(),  # orders records across simulators
             }
         )
-        if id_header := headers.get("x-sim-request-id-header"):
-            send = _renamed_id_header(send, id_header.lower().encode("latin-1"))
-        auth = headers.get("authorization", "")
-        if path == "/v1/messages" and method == "POST":
-            self._stats["chat_requests"] += 1
-            await self.anthropic.handle(scope, body, receive, send, rid)
-        elif (not auth.startswith("Bearer ") or not auth[7:].strip()) and not (
-            path == "/v1/models" and headers.get("x-api-key")  # Anthropic's way, as it lists
-        ):
-            msg = "You didn't provide an API key (Authorization: Bearer <key>)."
-            body401 = error_body(msg, "invalid_request_error", "invalid_api_key")
-            await respond(send, 401, body401, rid)
-        elif path == "/v1/chat/completions" and method == "POST":
+        return payload
+
+    async def _route(
+        self,
+        path: str,
+        method: str,
+        payload: Any,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+        rid: str,
+    ) -> None:
+        if path == "/v1/chat/completions" and method == "POST":
             await self._counted("chat_requests", self._chat, payload, headers, receive, send, rid)
         elif path == "/v1/responses" and method == "POST":
             handle = self._responses
             await self._counted("responses_requests", handle, payload, headers, receive, send, rid)
         elif path == "/v1/completions" and method == "POST":
-            if not await self._status_fault(headers, send, rid):
-                await self._text_completion(payload, send, rid)
+            if not await self.faults.status_only(headers, send, rid):
+                await text_completion(
+                    payload,
+                    send,
+                    rid,
+                    profile=self.profile,
+                    rng=self.rng,
+                    models=self.models,
+                    counters=self.counters,
+                )
         elif path == "/v1/embeddings" and method == "POST":
-            if not await self._status_fault(headers, send, rid):
-                await self._embeddings(payload, send, rid)
+            if not await self.faults.status_only(headers, send, rid):
+                await embeddings(payload, send, rid, self.models)
         elif path.startswith("/v1/models/") and method == "GET":
-            model = path[len("/v1/models/") :]
-            if model in self.models:
-                body = json.dumps(_reply.model_object(model)).encode()
-                await respond(send, 200, body, rid)
-            else:
-                msg = f"The model '{model}' does not exist"
-                error = error_body(msg, "invalid_request_error", "model_not_found")
-                await respond(send, 404, error, rid)
+            await self._model_card(path[len("/v1/models/") :], send, rid)
         elif path == "/v1/models" and method == "GET":
             created = 1_700_000_000
             listed = self.profile.listed_models
@@ -245,6 +214,15 @@ class SimApp:
         else:
             msg = f"Invalid URL ({method} {path})"
             await respond(send, 404, error_body(msg, "invalid_request_error"), rid)
+
+    async def _model_card(self, model: str, send: Send, rid: str) -> None:
+        if model in self.models:
+            body = json.dumps(_reply.model_object(model)).encode()
+            await respond(send, 200, body, rid)
+        else:
+            msg = f"The model '{model}' does not exist"
+            error = error_body(msg, "invalid_request_error", "model_not_found")
+            await respond(send, 404, error, rid)
 
     async def _sim_route(
         self, path: str, method: str, send: Send, rid: str, body: bytes = b""
@@ -284,12 +262,8 @@ class SimApp:
         rid: str,
     ) -> None:
         """``handle`` one request, counted under ``kind`` and in flight while it runs."""
-        self._stats[kind] += 1
-        self._enter()
-        try:
+        with self.counters.in_flight(kind):
             await handle(req, headers, receive, send, rid)
-        finally:
-            self._stats["in_flight"] -= 1
 
     # -- chat completions ---------------------------------------------------------------------
     async def _chat(
@@ -301,13 +275,15 @@ class SimApp:
             return
         refusal = _vendor_refusal(self.profile, req)
         if refusal is not None:
-            self._count_fault(f"refused-{refusal[0]}")
+            self.counters.count_fault(f"refused-{refusal[0]}")
             await respond(send, refusal[0], refusal[1], rid)
             return
         room = req.get("max_completion_tokens", req.get("max_tokens"))
-        if await self._too_long(headers, _reply.prompt_tokens(req["messages"]), room, send, rid):
+        if await self.faults.too_long(
+            headers, _reply.prompt_tokens(req["messages"]), room, send, rid
+        ):
             return
-        fault = await self._fault(headers, send, rid)
+        fault = await self.faults.fault(headers, send, rid)
         if fault is None:
             return
         model: str = req["model"]
@@ -335,79 +311,6 @@ class SimApp:
             plan.pieces, plan.prompt_tokens, wire, plan.completion, fault, receive, send, rid
         )
 
-    async def _too_long(
-        self,
-        headers: dict[str, str],
-        prompt: int,
-        room: Any,
-        send: Send,
-        rid: str,
-        *,
-        responses: bool = False,
-    ) -> bool:
-        """Answer OpenAI's 400 ``context_length_exceeded`` when the request does not fit the
-        context window; whether it was answered so."""
-        try:
-            over = over_window(self.profile.context_window, headers, prompt, room)
-        except ValueError as exc:
-            await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
-            return True
-        if over is None:
-            return False
-        window, asked = over
-        self._count_fault("context-window")
-        if responses:
-            message = (
-                f"Your input exceeds the context window of this model ({window} tokens, "
-                f"{asked} asked for). Please adjust your input and try again. (simulated)"
-            )
-            param = "input"
-        else:
-            message = (
-                f"This model's maximum context length is {window} tokens. However, you "
-                f"requested {asked} tokens ({prompt} in the messages, {asked - prompt} in the "
-                "completion). Please reduce the length of the messages or completion. (simulated)"
-            )
-            param = "messages"
-        body = error_body(message, "invalid_request_error", "context_length_exceeded", param)
-        await respond(send, 400, body, rid)
-        return True
-
-    async def _fault(self, headers: dict[str, str], send: Send, rid: str) -> Fault | None:
-        """The request's fault (``x-sim-fault`` or drawn from the profile), counted; None when
-        the request is already answered (a status fault, or a malformed fault header)."""
-        try:
-            fault = requested_fault(headers, self.rng, self._fault_uses, self._random_fault)
-            retry_after = float(headers.get("x-sim-retry-after", self.profile.retry_after))
-        except ValueError as exc:
-            await respond(send, 400, error_body(str(exc), "invalid_request_error"), rid)
-            return None
-        if fault.kind in STATUS_FAULTS:
-            self._count_fault(fault.kind)
-            key = headers.get("authorization", "").removeprefix("Bearer ").strip()
-            await status_fault(send, fault.kind, retry_after, rid, key)
-            return None
-        if fault.slow is not None:
-            self._count_fault("slow")
-        if fault.stall_after is not None:
-            self._count_fault("stall-between")
-        if fault.kind is not None:
-            self._count_fault(fault.kind)
-        return fault
-
-    async def _status_fault(self, headers: dict[str, str], send: Send, rid: str) -> bool:
-        """For legacy completions and embeddings, which have no latency or stream faults: a
-        status fault the request's ``x-sim-fault`` header names, answered; whether it was
-        (the profile's drawn faults never hit these endpoints)."""
-        spec = headers.get("x-sim-fault")
-        try:
-            kind = Fault.parse(spec, self.rng).kind if spec else None
-        except ValueError:  # answered as a 400 by _fault, as on every endpoint
-            return await self._fault(headers, send, rid) is None
-        if kind not in STATUS_FAULTS:
-            return False
-        return await self._fault(headers, send, rid) is None
-
     async def _serve(
         self,
         pieces: list[str],
@@ -423,18 +326,39 @@ class SimApp:
         ttft = fault.slow
         if ttft is None:
             ttft = self.profile.sample_ttft(self.rng, prompt_tokens)
-        self._stats["prompt_tokens"] += prompt_tokens  # what a vendor bills once it prefills
-        gone = asyncio.Event()
-        self._gone.add(gone)
-        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
-        try:
+        self.counters.count("prompt_tokens", prompt_tokens)  # what a vendor bills once it prefills
+        async with watching(receive, self.counters.open) as gone:
             if wire is not None:
-                await self._stream(wire, pieces, fault, ttft, gone, send, rid)
+                await stream_answer(
+                    wire,
+                    pieces,
+                    fault,
+                    ttft,
+                    gone,
+                    send,
+                    rid,
+                    mode=_MODE,
+                    tally=self.counters,
+                    profile=lambda: self.profile,
+                    hold=self._hold,
+                )
             else:
-                await self._complete(len(pieces), whole, fault, ttft, gone, send, rid)
-        finally:
-            watcher.cancel()
-            self._gone.discard(gone)
+                await answer_whole(
+                    lambda: json.dumps(whole()).encode(),
+                    len(pieces),
+                    fault,
+                    ttft,
+                    self.profile,
+                    gone,
+                    send,
+                    rid,
+                    id_header=b"x-request-id",
+                    error=_SERVER_ERROR,
+                )
+
+    async def _hold(self, gone: asyncio.Event) -> bool:
+        """Wait for the next release (``hang_max`` at most); True when the client left first."""
+        return await self.counters.hold(gone, self.profile.hang_max)
 
     # -- the Responses API ----------------------------------------------------------------------
     async def _responses(
@@ -455,9 +379,9 @@ class SimApp:
             return
         plan = _responses.ResponsePlan.build(req, self.profile.reply_tokens)
         room = req.get("max_output_tokens")
-        if await self._too_long(headers, plan.input_tokens, room, send, rid, responses=True):
+        if await self.faults.too_long(headers, plan.input_tokens, room, send, rid, responses=True):
             return
-        fault = await self._fault(headers, send, rid)
+        fault = await self.faults.fault(headers, send, rid)
         if fault is None:
             return
         self.models.setdefault(req["model"])
@@ -470,209 +394,14 @@ class SimApp:
 
         await self._serve(plan.pieces, plan.input_tokens, wire, whole, fault, receive, send, rid)
 
-    # -- legacy completions and embeddings (status faults only, no latency) ---------------------
-    async def _text_completion(self, req: Any, send: Send, rid: str) -> None:
-        problem = _validate_other(req, "prompt")
-        if problem is not None:
-            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
-            return
-        model: str = req["model"]
-        self.models.setdefault(model)
-        limit = req.get("max_tokens")
-        n_tokens = self.profile.reply_tokens if limit is None else min(limit, 4096)
-        finish = "stop" if limit is None or limit >= self.profile.reply_tokens else "length"
-        prompts = _reply.prompt_texts(req.get("prompt"))
-        replies = [
-            _reply.full_reply(_reply.text_seed(model, p), min(n_tokens, self.profile.reply_tokens))
-            for p in prompts
-        ]
-        prompt_tokens = sum(len(p.split()) for p in prompts)
-        usage = _reply.usage(prompt_tokens, sum(len(r) for r in replies))
-        if not req.get("stream"):
-            choices = [_reply.text_choice(i, "".join(r), finish) for i, r in enumerate(replies)]
-            body = _reply.text_completion(model, choices, usage)
-            await respond(send, 200, json.dumps(body).encode(), rid)
-            return
-        await self._start_stream(send, rid)
-        id_, created = f"cmpl-{self.rng.getrandbits(64):016x}", int(time.time())
 
-        def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-            chunk = _reply.text_completion(model, choices, usage, id_=id_, created=created)
-            return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-        for i, reply in enumerate(replies):
-            for token in reply:
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": event([_reply.text_choice(i, token, None)]),
-                        "more_body": True,
-                    }
-                )
-            tail = event([_reply.text_choice(i, "", finish)])
-            await send({"type": "http.response.body", "body": tail, "more_body": True})
-        if (req.get("stream_options") or {}).get("include_usage"):
-            usage_event = event([], usage)
-            await send({"type": "http.response.body", "body": usage_event, "more_body": True})
-        self._stats["streams_completed"] += 1
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
-
-    async def _embeddings(self, req: Any, send: Send, rid: str) -> None:
-        problem = _validate_other(req, "input")
-        fmt = req.get("encoding_format", "float") if isinstance(req, dict) else None
-        if problem is None and fmt not in ("float", "base64"):
-            problem = f"'{fmt}' is not one of ['float', 'base64'] - 'encoding_format'"
-        dims = req.get("dimensions") if isinstance(req, dict) else None
-        if problem is None and dims is not None and (not isinstance(dims, int) or dims < 1):
-            problem = "'dimensions' must be a positive integer"
-        if problem is None and dims is not None and dims > _reply.MAX_EMBEDDING_DIMENSIONS:
-            problem = f"'dimensions' must be at most {_reply.MAX_EMBEDDING_DIMENSIONS}"
-        if problem is not None:
-            await respond(send, 400, error_body(problem, "invalid_request_error"), rid)
-            return
-        model: str = req["model"]
-        self.models.setdefault(model)
-        texts = _reply.prompt_texts(req["input"])
-        data: list[dict[str, Any]] = []
-        for i, text in enumerate(texts):
-            vector = _reply.embedding_vector(model, text, dims or _reply.EMBEDDING_DIMENSIONS)
-            value = _reply.embedding_base64(vector) if fmt == "base64" else vector
-            data.append({"object": "embedding", "index": i, "embedding": value})
-        tokens = sum(len(t.split()) for t in texts)
-        body = {
-            "object": "list",
-            "data": data,
-            "model": model,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        await respond(send, 200, json.dumps(body).encode(), rid)
-
-    async def _start_stream(self, send: Send, rid: str) -> None:
-        """Open a 200 event stream (the response's head) and count it as started."""
-        await open_event_stream(send, rid, b"x-request-id")
-        self._stats["streams_started"] += 1
-
-    def _random_fault(self) -> Fault:
-        kind = self.profile.sample_fault(self.rng)
-        return Fault(kind=kind, after=self.profile.fault_after)
-
-    def _ended_early(self) -> None:
-        if not self._closing:
-            self._stats["streams_cancelled"] += 1
-
-    async def _stream(
-        self,
-        wire: _Wire,
-        pieces: list[str],
-        fault: Fault,
-        ttft: float,
-        gone: asyncio.Event,
-        send: Send,
-        rid: str,
-    ) -> None:
-        await self._start_stream(send, rid)
-
-        async def emit(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
-        for frame in wire.opening():
-            await emit(frame)
-        if self.profile.hold_first_token and await self._hold(gone):
-            return self._ended_early()
-        if await pause(ttft, gone):
-            return self._ended_early()
-        if fault.kind == "hang":
-            if await pause(self.profile.hang_max, gone):
-                return self._ended_early()
-            return None  # hang bound passed: the stream breaks (h2 reset, h1 close)
-        for frame in wire.first():
-            await emit(frame)
-        tokens, per = len(pieces), max(1, self.profile.tokens_per_chunk)
-        pieces = _reply.group(pieces, self.profile.tokens_per_chunk)
-        for i in range(len(pieces) + 1):
-            if fault.kind in TAIL_FAULTS and i == min(fault.after, len(pieces)):
-                if fault.kind == "truncate":  # a clean end, without the answer's end events
-                    await send({"type": "http.response.body", "body": b""})
-                    return None
-                if fault.kind == "oversized":
-                    await self._oversized(emit, int(fault.amount))
-                elif await self._trickle(emit, wire.piece("slow"), fault.amount, gone):
-                    return self._ended_early()
-                else:
-                    return None  # the hang bound passed: the stream breaks
-            if fault.kind in STREAM_FAULTS and i == min(fault.after, len(pieces)):
-                if fault.kind == "drop":
-                    return None  # no end of stream: the server resets it / closes
-                if fault.kind == "stream-error":
-                    await send({"type": "http.response.body", "body": wire.error()})
-                    return None
-                await emit(wire.malformed())
-            if i == len(pieces):
-                break
-            if await pace(i, fault, self.profile.inter_token, gone):
-                return self._ended_early()
-            await emit(wire.piece(pieces[i]))
-            self._stats["tokens_streamed"] += min(per, tokens - i * per)
-        closing = wire.closing()
-        if self.profile.frame_per_event:  # each event in a frame of its own, the last ones too
-            closing = [e + b"\n\n" for part in closing for e in part.split(b"\n\n") if e]
-        if gone.is_set():
-            return self._ended_early()
-        self._stats["streams_completed"] += 1  # counted first: the client may look at once
-        for frame in closing[:-1]:
-            await emit(frame)
-        await send({"type": "http.response.body", "body": closing[-1]})
-        return None
-
-    @staticmethod
-    async def _oversized(emit: Callable[[bytes], Awaitable[None]], size: int) -> None:
-        """One ``data:`` event of ``size`` bytes (valid JSON), sent in 64 KiB pieces."""
-        await emit(b'data: {"padding": "')
-        piece = b"x" * 65536
-        left = max(0, size - 20)
-        while left > 0:
-            await emit(piece[:left])
-            left -= len(piece)
-        await emit(b'"}\n\n')
-
-    async def _trickle(
-        self,
-        emit: Callable[[bytes], Awaitable[None]],
-        event: bytes,
-        every: float,
-        gone: asyncio.Event,
-    ) -> bool:
-        """Send ``event`` one byte every ``every`` seconds, never its end (a slow loris), until
-        the client goes away (True) or ``Profile.hang_max`` passes (False)."""
-        deadline = time.monotonic() + self.profile.hang_max
-        for i in itertools.count():
-            if time.monotonic() >= deadline:
-                return False
-            await emit(event[i % (len(event) - 2) : i % (len(event) - 2) + 1])
-            if await pause(every, gone):
-                return True
-        return False  # pragma: no cover - the loop only ends by returning
-
-    async def _complete(
-        self,
-        n_pieces: int,
-        whole: Callable[[], dict[str, Any]],
-        fault: Fault,
-        ttft: float,
-        gone: asyncio.Event,
-        send: Send,
-        rid: str,
-    ) -> None:
-        if await wait_whole(ttft, n_pieces, fault, self.profile, gone):
-            return None  # client gone, or the hang bound passed: no response at all
-        if fault.kind == "stream-error":
-            body = error_body(
-                "The server had an error while processing your request.", "server_error"
-            )
-            await respond(send, 500, body, rid)
-            return None
-        await send_whole(send, json.dumps(whole()).encode(), rid, fault, b"x-request-id")
-        return None
+def _authorized(path: str, headers: dict[str, str]) -> bool:
+    """Whether the request carries an API key: ``Authorization: Bearer``, or Anthropic's
+    ``x-api-key`` as it lists models."""
+    auth = headers.get("authorization", "")
+    if auth.startswith("Bearer ") and auth[7:].strip():
+        return True
+    return path == "/v1/models" and bool(headers.get("x-api-key"))
 
 
 def _renamed_id_header(send: Send, name: bytes) -> Send:

@@ -32,7 +32,7 @@ from ._wire import (
     request_headers,
     serve_lifespan,
     status_fault,
-    watch_disconnect,
+    watching,
 )
 
 DEFAULT_MAX_RUNNING = 8
@@ -402,14 +402,8 @@ class SGLangApp:
             return
         loop = asyncio.get_running_loop()
         entry = _Entry(prompt_token_list(req["messages"]), next(self._seq), loop.create_future())
-        gone = asyncio.Event()
-        self._gone.add(gone)
-        watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
-        try:
+        async with watching(receive, self._gone) as gone:
             await _Generation(self, req, entry, fault, gone, send).run()
-        finally:
-            watcher.cancel()
-            self._gone.discard(gone)
 
 
 class DataParallelApp:

@@ -7,10 +7,11 @@ wire modes (``_app``, ``_anthropic``, ``_sglang``) import it and never one anoth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "Receive",
     "Scope",
     "Send",
+    "answer_whole",
     "error_body",
     "open_event_stream",
     "pace",
@@ -38,6 +40,7 @@ __all__ = [
     "status_fault",
     "wait_whole",
     "watch_disconnect",
+    "watching",
 ]
 
 Scope = dict[str, Any]
@@ -193,6 +196,24 @@ async def watch_disconnect(receive: Receive, gone: asyncio.Event) -> None:
     gone.set()
 
 
+@contextlib.asynccontextmanager
+async def watching(
+    receive: Receive, open_: set[asyncio.Event] | None = None
+) -> AsyncIterator[asyncio.Event]:
+    """An event set when the client goes away (:func:`watch_disconnect`) while the block runs;
+    kept in ``open_`` meanwhile, where a closing server sets it too."""
+    gone = asyncio.Event()
+    if open_ is not None:
+        open_.add(gone)
+    watcher = asyncio.ensure_future(watch_disconnect(receive, gone))
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+        if open_ is not None:
+            open_.discard(gone)
+
+
 async def pause(seconds: float, gone: asyncio.Event) -> bool:
     """Sleep unless the client goes away first; True when it did (or the server is closing)."""
     if gone.is_set():
@@ -260,6 +281,31 @@ async def send_whole(send: Send, body: bytes, rid: str, fault: Fault, id_header:
         await send({"type": "http.response.body", "body": half, "more_body": True})
         return
     await send({"type": "http.response.body", "body": body})
+
+
+async def answer_whole(
+    body: Callable[[], bytes],
+    pieces: int,
+    fault: Fault,
+    ttft: float,
+    profile: Profile,
+    gone: asyncio.Event,
+    send: Send,
+    rid: str,
+    *,
+    id_header: bytes,
+    error: tuple[int, bytes],
+) -> None:
+    """A non-streamed answer of ``pieces``, ``body()``, once it is generated (see
+    :func:`send_whole`); under a ``stream-error`` fault the ``error`` status and body instead;
+    nothing at all when the client went away or a ``hang`` fault reached its bound."""
+    if await wait_whole(ttft, pieces, fault, profile, gone):
+        return
+    if fault.kind == "stream-error":
+        status, error_bytes = error
+        await respond(send, status, error_bytes, rid, id_header=id_header)
+        return
+    await send_whole(send, body(), rid, fault, id_header)
 
 
 async def respond(

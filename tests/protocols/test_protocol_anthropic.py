@@ -19,7 +19,7 @@ from llmroute.protocols.anthropic import (
     translate_request,
 )
 from llmroute.protocols.openai import MalformedResponseError
-from llmroute.testing import Profile, _anthropic, _reply, _wire
+from llmroute.testing import Profile, _reply, _stream, _wire
 from llmroute.testing._anthropic import AnthropicSimApp, anthropic_app
 
 REQUEST = httpx.Request("POST", "https://api.anthropic.com/v1/messages")
@@ -760,7 +760,7 @@ def test_served_by_hypercorn_streams_without_buffering(monkeypatch: pytest.Monke
     profile = Profile(reply_tokens=6, inter_token=0.03)
     arrivals: list[str] = []
     decoded_before: list[int] = []  # tokens the client had decoded at each pause between tokens
-    real = _anthropic.pause
+    real = _stream.pause
     pauses = 0  # the first is the TTFT; before pause k (k >= 1), k tokens were sent
 
     async def lockstep(seconds: float, gone: asyncio.Event) -> bool:
@@ -774,7 +774,7 @@ def test_served_by_hypercorn_streams_without_buffering(monkeypatch: pytest.Monke
         pauses += 1
         return await real(seconds, gone)
 
-    monkeypatch.setattr(_anthropic, "pause", lockstep)  # the TTFT
+    monkeypatch.setattr(_stream, "pause", lockstep)  # the TTFT (the streamed answer)
     monkeypatch.setattr(_wire, "pause", lockstep)  # between tokens
     text, usage = asyncio.run(_served_stream(profile, body, arrivals))
     assert text == expected_text(body, 6)
@@ -838,7 +838,7 @@ async def _cancel_hang(hangs: list[bool]) -> bool:
 
 def test_client_going_away_ends_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
     hangs: list[bool] = []
-    real = _anthropic.pause
+    real = _stream.pause
 
     async def recording(seconds: float, gone: asyncio.Event) -> bool:
         ended_early = await real(seconds, gone)
@@ -846,7 +846,7 @@ def test_client_going_away_ends_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
             hangs.append(ended_early)
         return ended_early
 
-    monkeypatch.setattr(_anthropic, "pause", recording)
+    monkeypatch.setattr(_stream, "pause", recording)
     assert asyncio.run(_cancel_hang(hangs))
     assert hangs == [True]  # cut short by the client leaving, not the 600 s hang_max
 

@@ -20,7 +20,7 @@ import h2.events
 import httpx
 import pytest
 
-from llmroute.testing import Profile, Simulator, SimulatorProcess, _app, _wire
+from llmroute.testing import Profile, Simulator, SimulatorProcess, _stream, _wire
 
 AUTH = {"authorization": "Bearer sk-sim-test"}
 MESSAGES = [{"role": "user", "content": "Tell me about fast tokens"}]
@@ -79,13 +79,13 @@ def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Every delay the simulator asks for (TTFT, between tokens, stalls), in order; it still
     sleeps them. Its timing is checked by what it was asked to wait, not by a clock."""
     asked: list[float] = []
-    real = _app.pause
+    real = _stream.pause
 
     async def recording(seconds: float, gone: asyncio.Event) -> bool:
         asked.append(seconds)
         return await real(seconds, gone)
 
-    monkeypatch.setattr(_app, "pause", recording)  # the TTFT
+    monkeypatch.setattr(_stream, "pause", recording)  # the TTFT (the streamed answer)
     monkeypatch.setattr(_wire, "pause", recording)  # between tokens, and a whole answer's wait
     return asked
 
