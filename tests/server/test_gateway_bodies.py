@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llmroute.server import Gateway
+from llmroute.server import LOOPS, Gateway
 from llmroute.server import _checks as checks
 from llmroute.server._checks import OFF_LOOP_BYTES, OFF_LOOP_THREADS
 from llmroute.server._validate import check
@@ -27,9 +27,11 @@ DEADLINE = 10.0
 CHAT = "/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def gateway(sim: Simulator) -> Iterator[Gateway]:
-    with Gateway(config({"sim": sim}), environ=ENVIRON, verify=sim.ssl_context()) as gateway:
+@pytest.fixture(scope="module", params=LOOPS)
+def gateway(sim: Simulator, request: pytest.FixtureRequest) -> Iterator[Gateway]:
+    """A gateway on each event loop it runs on (asyncio's, uvloop's)."""
+    cfg = config({"sim": sim})
+    with Gateway(cfg, environ=ENVIRON, verify=sim.ssl_context(), loop=request.param) as gateway:
         yield gateway
 
 
