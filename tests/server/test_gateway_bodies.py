@@ -1,15 +1,18 @@
 """A ``/v1`` body's parse and checks: on the event loop for a small body, in a bounded worker
 thread for a large one, with the same answer either way. Where the work ran is recorded (the
-thread's id), never timed: a loaded machine cannot fail these tests."""
+thread's id), never timed: a loaded machine cannot fail these tests. benchmarks/
+gateway_loop_stall.py, which times the loop's stalls, runs once on small bodies."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -198,3 +201,16 @@ def test_the_checks_of_a_valid_chat_body_call_nothing_per_message_or_part(
     bad = {"model": "sim", "messages": [*messages, {"role": "user", "content": [1]}]}
     with pytest.raises(ValueError, match=r"messages\[\d+\]\.content\[0\]"):
         check("chat", bad)
+
+
+def test_the_loop_stall_benchmark_measures_every_body() -> None:
+    """benchmarks/gateway_loop_stall.py on small bodies: each answered, its stall measured."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_loop_stall.py"
+    spec = importlib.util.spec_from_file_location("gateway_loop_stall", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.measure(reps=1, scale=0.01)
+    assert list(result) == list(bench.bodies())
+    assert all(r["bytes"] > 0 and r["cpu_ms"] >= 0 and r["wall_s"] > 0 for r in result.values())
+    assert "| chat, 130,000 parts |" in bench._table({"this": result})
