@@ -34,8 +34,8 @@ from ._calls import ROUTABLE, ApiCall, upstream_headers
 from ._checks import (
     KINDS,
     POSTS,
+    BodyChecks,
     Reject,
-    checked_model,
     default_goal,
     key_max_tokens,
     permit,
@@ -58,7 +58,7 @@ from ._exchange import (
     Send,
     Stalled,
     dump_json,
-    read_json,
+    read_body,
 )
 from ._gate import Door, Gate
 from ._keys import LiveKeys
@@ -138,6 +138,8 @@ class GatewayApp:
     def _assemble(self, loaded: Config) -> None:
         """The request's parts: admission, the call's relay, the operators' paths."""
         self.admission = Admission(self.settings, loaded.redis)
+        self.bodies = BodyChecks()
+        """Each ``/v1`` body's parse and checks, off the event loop for a large one."""
         self.soft_limits = SoftLimits(self.settings.soft_limit_webhook, self.metrics)
         slos = {r: Objective(o.ttft_ms, o.percentile) for r, o in self.settings.slos.items()}
         self.gate = Gate(
@@ -355,8 +357,9 @@ class GatewayApp:
         # The body is read (within body_timeout) before the key's slot is taken: a client
         # trickling its body holds no slot.
         reject = self.metrics.rejecter(exchange.key)
-        body = await read_json(request, self.settings, reject)
-        call = self._checked(request, tenant, body, reject)
+        data = await read_body(request, self.settings, reject)
+        body, model = await self.bodies.checked(path, data, reject)
+        call = self._checked(request, tenant, model, body, reject)
 
         async def work() -> None:
             tally = Tally(call.body, call.kind)
@@ -370,12 +373,11 @@ class GatewayApp:
         await self.gate.enter(call, work)
 
     def _checked(
-        self, request: Request, tenant: Tenant, body: dict[str, Any], reject: Reject
+        self, request: Request, tenant: Tenant, model: str, body: dict[str, Any], reject: Reject
     ) -> ApiCall:
-        """The body's checks (``_checks.py``), and the call they leave: its model, its
-        headers sent on, its total timeout."""
+        """The checks of the key's use of ``model`` with ``body`` (``_checks.py``), and the
+        call they leave: its headers sent on, its total timeout."""
         path, headers, exchange = request.path, request.headers, request.exchange
-        model = checked_model(path, body, reject)
         if model not in self.routes and self.config.default_provider is None:
             raise model_not_found(model, usable(self.routes, tenant))
         permit(self.config, self.routes, tenant, model, body, reject)

@@ -37,6 +37,8 @@ __all__ = [
     "cache_hit",
     "dump_json",
     "named_event",
+    "parse_json",
+    "read_body",
     "read_json",
     "watch",
 ]
@@ -181,6 +183,17 @@ async def read_json(
     """The request's body as a JSON object, read within ``max_body_bytes`` and
     ``body_timeout``, or a refusal (413, 408, 400; 499 when the client left). ``reject`` counts
     a refusal by its reason."""
+    data = await read_body(request, settings, reject)
+    if allow_empty and not data:
+        return {}
+    return parse_json(data, reject)
+
+
+async def read_body(
+    request: Request, settings: GatewaySettings, reject: Callable[[str], None]
+) -> bytes:
+    """The request's body, read within ``max_body_bytes`` and ``body_timeout``, or a refusal
+    (413, 408; 499 when the client left) counted by ``reject``."""
     receive, exchange = request.receive, request.exchange
     limit = settings.max_body_bytes
     declared = request.headers.get("content-length", "")
@@ -188,7 +201,7 @@ async def read_json(
         if int(declared) <= _DRAIN_BYTES:
             await _discard(receive, _DRAIN_BYTES)
         raise _too_large(reject, limit)
-    data, more = await _read_body(receive, exchange, settings, reject)
+    data, more = await _received(receive, exchange, settings, reject)
     if more:
         reject("body_timeout")
         raise Refused(
@@ -199,12 +212,10 @@ async def read_json(
                 "request_timeout",
             ),
         )
-    if allow_empty and not data:
-        return {}
-    return _parsed(data, reject)
+    return data
 
 
-async def _read_body(
+async def _received(
     receive: Receive, exchange: Exchange, settings: GatewaySettings, reject: Callable[[str], None]
 ) -> tuple[bytes, bool]:
     """The body's bytes, and whether more was to come when ``body_timeout`` passed."""
@@ -229,7 +240,9 @@ async def _read_body(
     return b"".join(parts), more
 
 
-def _parsed(data: bytes, reject: Callable[[str], None]) -> dict[str, Any]:
+def parse_json(data: bytes, reject: Callable[[str], None]) -> dict[str, Any]:
+    """``data`` as a JSON object, or the 400 saying why not (not JSON, not an object, nested
+    too deeply, a number JSON cannot carry or a lone surrogate, named)."""
     try:
         body = load(data)
     except InvalidField as invalid:  # NaN, Infinity, 1e400: named

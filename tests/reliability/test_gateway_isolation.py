@@ -549,8 +549,9 @@ def test_a_huge_body_never_walks_through_openai_s_params_transform(
     token ids held the event loop 2.2 s in openai's TypedDict transform (py-spy:
     openai/_utils/_transform), every other key's request waiting. The transform's calls are
     counted (0), and the loop's longest stall is bounded generously: for these 4 MiB bodies it
-    was about 45 s (1.3 million ids through the transform); it is now the gateway's own linear
-    passes over the body, about 0.4 s on a loaded 2-core machine."""
+    was about 45 s (1.3 million ids through the transform); it is now the routing's linear
+    passes over the body (its parse and checks run in a worker thread), about 0.2 s on a
+    loaded 2-core machine."""
     import openai._utils._transform as transform
 
     walked = 0
