@@ -116,6 +116,7 @@ class Gate:
             "cache_hits": int(tally.cache_hit),
             "spend_nanos": spend,
             "hedge_nanos": hedge,
+            "estimated_nanos": min(answer, spend) if estimated and answer else 0,
         }
         for name, value in added.items():
             usage[name] += value
@@ -124,8 +125,8 @@ class Gate:
             self.metrics.spend.labels(exchange.key, target).inc(nanos / NANOS)
         if added["hedge_nanos"]:
             self.metrics.hedge_spend.labels(exchange.key).inc(added["hedge_nanos"] / NANOS)
-        if estimated and answer:
-            self.metrics.estimated_spend.labels(exchange.key).inc(min(answer, spend) / NANOS)
+        if added["estimated_nanos"]:
+            self.metrics.estimated_spend.labels(exchange.key).inc(added["estimated_nanos"] / NANOS)
         if tally.cache_hit:
             self.metrics.cache_hits.labels(exchange.key).inc()
         if prompt:

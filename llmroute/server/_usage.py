@@ -50,7 +50,9 @@ def _limits(scope: Scope, counts: Counts) -> dict[str, Any]:
 
 def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
     """A key's figures with its spend in dollars, in all and by target (``spend_by_target``:
-    each target -> what the key's attempts there cost, a decimal string; together its spend)."""
+    each target -> what the key's attempts there cost, a decimal string; together its spend),
+    and the parts of it its other attempts (``hedge_usd``) and the gateway's estimates
+    (``estimated_usd``) make."""
     by_target = {
         name[len(TARGET_SPEND) :]: usd(int(figures.pop(name)))
         for name in sorted(figures)
@@ -61,6 +63,7 @@ def _with_spend(figures: dict[str, Any]) -> dict[str, Any]:
     figures["hedge_usd"] = usd(hedge := int(figures.get("hedge_nanos", 0)))
     spend = int(figures.get("spend_nanos", 0))
     figures["hedge_share"] = round(hedge / spend, 4) if spend else None
+    figures["estimated_usd"] = usd(int(figures.get("estimated_nanos", 0)))
     return figures
 
 
@@ -111,6 +114,7 @@ async def _team_entry(
             entry[field_name] += int(keys[member].get(field_name, 0))
     out: dict[str, Any] = {"keys": members, **entry, "spend_usd": usd(entry["spend_nanos"])}
     out["hedge_usd"] = usd(entry["hedge_nanos"])
+    out["estimated_usd"] = usd(entry["estimated_nanos"])
     shared = team_scope(team)
     if shared is not None:
         out["limits"] = _limits(shared, await admission.peek(shared))
@@ -159,7 +163,8 @@ def fleet_exposition(fleet: Mapping[str, Mapping[str, int]]) -> bytes:
     each replica reports the same fleet figures, so do not sum them over replicas."""
     lines = [
         "# HELP llmroute_gateway_fleet_usage Usage of each key summed over every replica "
-        "(from Redis): requests, errors, prompt_tokens, completion_tokens, cache_hits. Every "
+        "(from Redis): requests, errors, prompt_tokens, completion_tokens, cache_hits, and "
+        "spend_nanos, hedge_nanos and estimated_nanos in nano-dollars. Every "
         "replica reports the fleet's figures: take one replica's (max), do not sum them.",
         "# TYPE llmroute_gateway_fleet_usage gauge",
     ]

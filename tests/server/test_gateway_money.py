@@ -785,8 +785,9 @@ def test_a_cut_or_broken_stream_is_charged_the_prompt_its_vendor_counted(redis_u
     """A stream its client cuts, or that breaks, before the vendor's usage: Anthropic's
     ``message_start`` had counted its prompt, cache reads apart, so the key is charged that
     prompt (the reads at the cached price, not the whole prompt as fresh input) and the tokens
-    sent, and the charge is counted as an estimate (``llmroute_gateway_estimated_spend_usd``);
-    a whole answer is not."""
+    sent, and the charge is counted as an estimate (``llmroute_gateway_estimated_spend_usd``,
+    and the key's ``estimated_nanos`` in ``GET /admin/usage``, the fleet's through Redis); a
+    whole answer is not."""
     system = f"You answer at length, always, as house {uuid.uuid4().hex} says. " * 6
     block = [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]
     messages = [{"role": "system", "content": block}, {"role": "user", "content": "Hi"}]
@@ -833,6 +834,7 @@ def test_a_cut_or_broken_stream_is_charged_the_prompt_its_vendor_counted(redis_u
         fresh = prompt["prompt_tokens"] - reads
         assert reads > fresh > 0
         assert estimated_metric(gateway) == 0
+        assert usage(gateway)["estimated_nanos"] == 0
         body = {"model": "an", "messages": messages, "stream": True, "max_tokens": LONG}
         read = 0
         with (
@@ -860,6 +862,10 @@ def test_a_cut_or_broken_stream_is_charged_the_prompt_its_vendor_counted(redis_u
         sent = charged - 1000 * fresh - 250 * reads
         assert sent % 2000 == 0 and read <= sent // 2000 < LONG
         assert estimated_metric(gateway) * 10**9 == pytest.approx(charged)
+        for scope in ("fleet", "replica"):  # in Redis, and this replica's own
+            figures = usage(gateway, scope)
+            assert figures["estimated_nanos"] == charged
+            assert Decimal(figures["estimated_usd"]) * 10**9 == charged
         # A stream that breaks after CUT tokens (not continued): the same.
         used, estimated = spent(gateway), charged
         broken = post(gateway, {**body, "model": "br"})
@@ -870,3 +876,4 @@ def test_a_cut_or_broken_stream_is_charged_the_prompt_its_vendor_counted(redis_u
         sent = charged - 1000 * fresh - 250 * reads
         assert sent % 2000 == 0 and CUT <= sent // 2000 < LONG
         assert estimated_metric(gateway) * 10**9 == pytest.approx(estimated + charged)
+        assert usage(gateway)["estimated_nanos"] == estimated + charged

@@ -49,10 +49,14 @@ USAGE_FIELDS = (
     "cache_hits",
     "spend_nanos",
     "hedge_nanos",
+    "estimated_nanos",
 )
 """A key's usage counters, in Redis and in ``GET /admin/usage`` (``spend_nanos``: what its
 requests cost, in nano-dollars, where its model names' targets have prices; ``hedge_nanos``:
-the part of it their hedges, retries and continuations cost)."""
+the part of it their hedges, retries and continuations cost; ``estimated_nanos``: the part of
+it that is the gateway's estimate, answers whose vendor sent no usage before they ended)."""
+MONEY_FIELDS = frozenset(name for name in USAGE_FIELDS if name.endswith("_nanos"))
+"""The usage counters that are money (nano-dollars, clamped as money), the rest counts."""
 TARGET_SPEND = "spend_nanos@"
 """A key's usage counter of its spend at one target: this and the target's name."""
 
@@ -224,7 +228,10 @@ class RedisLimits:
         keys = [self.slot_key(grant.key), self.usage_key(grant.key), self.usage_index]
         counts = ["0"] * len(USAGE_FIELDS)
         if usage is not None:
-            counts = [str(clamp(n)) for n in usage[:-2]] + [str(clamp_money(n)) for n in usage[-2:]]
+            counts = [
+                str(clamp_money(n) if name in MONEY_FIELDS else clamp(n))
+                for name, n in zip(USAGE_FIELDS, usage, strict=True)
+            ]
         args: list[Any] = [grant.slot or "", grant.bucket, delta, len(grant.counted)]
         args += ["1" if usage is not None else "0", *counts, change, grant.key]
         spend = [(t, clamp_money(n)) for t, n in (by_target or {}).items() if n > 0]
