@@ -507,6 +507,40 @@ def explore(
     """
     if len(plan.order) < 2:
         return plan
+    # A view that probes (optional in a RouteView) lets a cold target's attempt run on to
+    # its first token whoever wins; a plan that hedges or races can then start it beside its
+    # first choice, at no wait for the caller.
+    probes = bool(getattr(view, "probes", False)) and bool(plan.hedge_delays or plan.start > 1)
+    chosen = _explored(
+        plan,
+        view,
+        share=share,
+        max_age=max_age,
+        rng=rng,
+        cold_share=cold_share,
+        improving_share=improving_share,
+        due=due,
+        probes=probes,
+    )
+    if chosen is None:
+        return plan
+    cold = view.cold(chosen)
+    return _with_explored(plan, chosen, probe=probes and cold, hedge_delay=hedge_delay, cold=cold)
+
+
+def _explored(
+    plan: Plan,
+    view: RouteView,
+    *,
+    share: float,
+    max_age: float,
+    rng: random.Random,
+    cold_share: float,
+    improving_share: float,
+    due: Callable[[], bool] | None,
+    probes: bool,
+) -> str | None:
+    """The target :func:`explore` puts first in ``plan`` this time, if any (its rules)."""
     candidates = [t for t in plan.order[max(1, plan.start) :] if view.available(t)]
     improving = getattr(view, "improving", None)  # optional in a RouteView
     unanswered = getattr(view, "unanswered", None)  # optional too
@@ -516,27 +550,35 @@ def explore(
         if (view.cold(t) or (improving is not None and improving(t)))
         and (unanswered is None or unanswered(t) < COLD_EXPLORE_UNANSWERED)
     ]
-    # A view that probes (optional in a RouteView) lets a cold target's attempt run on to
-    # its first token whoever wins; a plan that hedges or races can then start it beside its
-    # first choice, at no wait for the caller.
-    probes = bool(getattr(view, "probes", False)) and bool(plan.hedge_delays or plan.start > 1)
     if cold:
         chosen = max(cold, key=view.staleness)
         odds = cold_share if view.cold(chosen) else improving_share
         if probes and view.cold(chosen):
             odds = 1.0  # as soon as possible: a probe costs the caller no wait
         if share <= 0 or rng.random() >= max(share, odds):
-            return plan
-    else:
-        if share <= 0 or not candidates:
-            return plan
-        if due is None and rng.random() >= share:
-            return plan
-        chosen = max(candidates, key=view.staleness)
-        if view.staleness(chosen) <= max_age or (due is not None and not due()):
-            return plan
+            return None
+        return chosen
+    if share <= 0 or not candidates:
+        return None
+    if due is None and rng.random() >= share:
+        return None
+    chosen = max(candidates, key=view.staleness)
+    if view.staleness(chosen) <= max_age or (due is not None and not due()):
+        return None
+    return chosen
+
+
+def _with_explored(
+    plan: Plan,
+    chosen: str,
+    *,
+    probe: bool,
+    hedge_delay: Callable[[str], float] | None,
+    cold: bool,
+) -> Plan:
+    """``plan`` with ``chosen`` explored (:func:`explore`'s docstring says how): ``probe``
+    when a cold target starts beside the first choice and runs on to its first token."""
     delays, start = plan.hedge_delays, plan.start
-    probe = probes and view.cold(chosen)
     if start > 1:
         # A race keeps its racers (losing a racer to an exploration would cost the caller
         # whenever the target left out would have won); the explored target is one more.
@@ -563,7 +605,7 @@ def explore(
             return Plan(
                 order, start=2, hedge_delays=delays, explored=chosen, probe=True, key=plan.key
             )
-        if view.cold(chosen) or delays[0] is None:
+        if cold or delays[0] is None:
             # A cold target waits out its own delay, so that it yields a sample.
             delays = (hedge_delay(chosen), *delays[1:])
         elif start == 1:
