@@ -64,7 +64,7 @@ class Attempt:
             self.record.failed_open = True
         self.probe = health.breaker.state == "half-open" and not self.record.failed_open
         self.started = run.clock()
-        stats.started()
+        stats.load.started()
         self.waiting = stats.waiting() if run.stream else 0
         try:
             ready = await self._open()
@@ -118,13 +118,13 @@ class Attempt:
         if run.stream:
             raced = self.record.reason in ("race", "probe")
             stats.record_censored(run.clock() - self.started, run.prompt_tokens, raced=raced)
-        stats.finished()
+        stats.load.finished()
         self._release()
 
     def _refused(self, exc: RequestBodyError) -> None:
         """The request cannot be sent to any target: the race ends with ``exc``."""
         self.stats.done_waiting(self.waiting)
-        self.stats.finished()
+        self.stats.load.finished()
         self._release()
         self.record.outcome, self.record.error = "error", describe_error(exc)
         state = self.state
@@ -135,7 +135,7 @@ class Attempt:
     def _failed(self, exc: Exception) -> None:
         run, stats, health = self.run, self.stats, self.health
         stats.done_waiting(self.waiting)
-        stats.finished()
+        stats.load.finished()
         counted = outcome(exc)
         if counted == "timeout" and run.stream and self.prefix is None:
             # A deadline missed is a sample too: the TTFT was at least this long.
@@ -162,7 +162,7 @@ class Attempt:
             stats.record_ttft(elapsed, run.prompt_tokens)  # a first token all the same
             if self.record.reason == "probe":  # what it ran on for
                 self.record.ttft = elapsed
-        stats.finished()
+        stats.load.finished()
         self._release()
         decoder = ready.decoder
         self.record.cost = lost_cost(
@@ -186,7 +186,7 @@ class Attempt:
         stats.record_outcome("ok")
         if not run.stream:
             stats.record_latency(elapsed)
-            stats.finished()
+            stats.load.finished()
         elif ready.timings.tokens and self.prefix is None:
             stats.record_ttft(elapsed, run.prompt_tokens)
         self.state.winner = ready

@@ -51,7 +51,7 @@ async def race(run: Run, plan: Plan, *, retries: int, prefix: str | None = None)
         winner = state.winner
         if winner is not None:  # the caller gave up after a first token: release it too
             await close_quietly(winner.response)
-            run.router.stats.target(winner.target.name).finished()
+            run.router.stats.target(winner.target.name).load.finished()
         raise
     if plan.key is not None:
         run.observe(plan.key, state.winner)

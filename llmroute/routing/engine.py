@@ -228,14 +228,14 @@ class Router:
     def load(self, target: str) -> float:
         """The requests ``target`` is working on, per data-parallel rank.
 
-        With a server reading (``stats.target(name).server``) younger than
+        With a server reading (``stats.target(name).load.server``) younger than
         :data:`SERVER_METRICS_MAX_AGE`: the server's queued + running requests when the reading
         was taken, plus the change in this client's attempts in flight there since that time
-        (see :meth:`TargetStats.server_load`). Without one: this client's attempts in flight.
+        (see :meth:`~.load.TargetLoad.server_load`). Without one: this client's attempts in flight.
         """
         stats = self.stats.target(target)
-        server = stats.server_load(SERVER_METRICS_MAX_AGE)
-        return float(stats.in_flight) if server is None else server
+        server = stats.load.server_load(SERVER_METRICS_MAX_AGE)
+        return float(stats.load.in_flight) if server is None else server
 
     def snapshot(self) -> StatsReport:
         """Every target's live stats, with its circuit state (a dict that prints as a table)."""

@@ -194,7 +194,7 @@ class Run:
         """The winner's stream ended: it no longer counts as in flight (idempotent)."""
         name, self.in_flight = self.in_flight, None
         if name is not None:
-            self.router.stats.target(name).finished()
+            self.router.stats.target(name).load.finished()
 
 
 def _without(plan: Plan, refused: set[str], all_targets: Sequence[str]) -> Plan:

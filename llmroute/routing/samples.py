@@ -95,7 +95,7 @@ def estimate_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
         # 4 MiB body of 130,000 parts counted in half the time, on a gateway's event loop)
         if type(message) is not dict and not isinstance(message, Mapping):
             continue
-        content = message.get("content")
+        content: Any = message.get("content")  # Any: the checks below are by exact type
         kind = type(content)
         if kind is str or (kind is not list and isinstance(content, str)):
             characters += len(content)

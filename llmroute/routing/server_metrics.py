@@ -303,7 +303,7 @@ def metrics_url(url: str) -> str:
 
 
 class MetricsPoller:
-    """Scrapes each target's ``/metrics`` into ``stats.target(name).server``.
+    """Scrapes each target's ``/metrics`` into ``stats.target(name).load.server``.
 
     ``urls_by_target`` maps a target name (``"provider:model"``) to its server's root or
     ``/v1`` URL. ``keys`` maps target names to their server's API key, sent as
@@ -400,7 +400,7 @@ class MetricsPoller:
             return  # a later scrape (of an overlapping poll) already answered
         reading = read_server_metrics(samples, previous, read_at=sent_at)
         self._readings[target] = reading
-        self.stats.target(target).observe_server(reading.metrics)
+        self.stats.target(target).load.observe_server(reading.metrics)
         fresh[target] = reading.metrics
         if target in self._failing:
             self._failing.discard(target)

@@ -9,10 +9,10 @@ instances can exchange samples (``llmroute.routing.shared``); :meth:`LiveStats.a
 another instance's events without journaling them again. Prediction stays local.
 
 This module holds :class:`LiveStats`, the stats of every target, and names the rest, which lives
-by concern: one target's stats in :mod:`.target_stats`, the latency windows and their quantile
-maths in :mod:`.quantiles`, change detection in :mod:`.change`, deadlines in :mod:`.deadlines`,
-samples, outcomes and prompt-length classes in :mod:`.samples`, what the stats report in
-:mod:`.stats_report`.
+by concern: one target's stats in :mod:`.target_stats` and its load in :mod:`.load`, the
+latency windows and their quantile maths in :mod:`.quantiles`, change detection in
+:mod:`.change`, deadlines in :mod:`.deadlines`, samples, outcomes and prompt-length classes in
+:mod:`.samples`, what the stats report in :mod:`.stats_report`.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from .deadlines import (
     stall_deadline,
     stream_stall_deadline,
 )
+from .load import IN_FLIGHT_HISTORY, IN_FLIGHT_HISTORY_MAX
 from .quantiles import (
     BEYOND_SAMPLES,
     FAILING_ALPHA,
@@ -71,14 +72,7 @@ from .samples import (
     prompt_class,
 )
 from .stats_report import ClassSnapshot, ServerMetrics, StatsReport, TargetSnapshot
-from .target_stats import (
-    EXPLORATIONS_KEPT,
-    FAILING_RANK,
-    IN_FLIGHT_HISTORY,
-    IN_FLIGHT_HISTORY_MAX,
-    StatsSettings,
-    TargetStats,
-)
+from .target_stats import EXPLORATIONS_KEPT, FAILING_RANK, StatsSettings, TargetStats
 
 __all__ = [
     "BEYOND_SAMPLES",

@@ -1,12 +1,11 @@
 """One target's live statistics (:class:`TargetStats`): TTFT by prompt length, stream speed,
-pauses, whole-answer latency and outcomes over sliding windows, its attempts in flight and its
-server's own readings; what it predicts and ranks by for a quantile, and when to hedge it. The
-window maths lives in :mod:`.quantiles`, change detection in :mod:`.change`; this class holds
-the windows and acts on their answers. No I/O, no tasks."""
+pauses, whole-answer latency and outcomes over sliding windows; what it predicts and ranks by
+for a quantile, and when to hedge it. The window maths lives in :mod:`.quantiles`, change
+detection in :mod:`.change`, its load (attempts in flight, its server's readings) in
+:mod:`.load`; this class holds the windows and acts on their answers. No I/O, no tasks."""
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
 from collections import deque
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final, cast
 
 from .change import SHIFT_MIN, below_range, known_samples, regime_change, waits_shift
+from .load import TargetLoad
 from .quantiles import (
     LatencyWindow,
     OutcomeWindow,
@@ -36,26 +36,17 @@ from .samples import (
     event_values,
     prompt_class,
 )
-from .stats_report import ClassSnapshot, ServerMetrics, TargetSnapshot
+from .stats_report import ClassSnapshot, TargetSnapshot
 from .tokens import TokenCounts
 
 __all__ = [
     "EXPLORATIONS_KEPT",
     "FAILING_RANK",
-    "IN_FLIGHT_HISTORY",
-    "IN_FLIGHT_HISTORY_MAX",
-    "FlightLog",
     "StatsSettings",
     "TargetStats",
     "class_snapshots",
     "saved_events",
 ]
-
-IN_FLIGHT_HISTORY: Final = 60.0
-"""Seconds of in-flight counts each target remembers, to add the requests sent since a
-``/metrics`` reading was taken (readings older than that no longer count for load)."""
-IN_FLIGHT_HISTORY_MAX: Final = 100_000
-"""At most this many changes of the in-flight count are remembered per target."""
 
 EXPLORATIONS_KEPT = 16
 """The newest explorations of a target kept, for :meth:`TargetStats.unanswered_explorations`."""
@@ -101,35 +92,6 @@ class StatsSettings:
             raise ValueError(f"min_samples must be at least 1, got {self.min_samples!r}")
         if self.recent < 2:
             raise ValueError(f"recent must be at least 2, got {self.recent!r}")
-
-
-class FlightLog:
-    """A target's attempts in flight over time: ``(time, count after the change)`` of the
-    latest changes, the last :data:`IN_FLIGHT_HISTORY` seconds of them (at most
-    :data:`IN_FLIGHT_HISTORY_MAX`), and the count before the oldest kept."""
-
-    __slots__ = ("_before", "_changes")
-
-    def __init__(self) -> None:
-        self._changes: deque[tuple[float, int]] = deque()
-        self._before = 0  # in flight before the oldest change kept
-
-    def record(self, now: float, in_flight: int) -> None:
-        """The count changed to ``in_flight`` at ``now``."""
-        changes = self._changes
-        changes.append((now, in_flight))
-        horizon = now - IN_FLIGHT_HISTORY
-        while changes and (changes[0][0] < horizon or len(changes) > IN_FLIGHT_HISTORY_MAX):
-            self._before = changes.popleft()[1]
-
-    def at(self, when: float) -> int:
-        """The count at ``when``; before the oldest change kept, the count before it."""
-        changes = self._changes
-        index = bisect.bisect_right(changes, when, key=lambda change: change[0])
-        return changes[index - 1][1] if index else self._before
-
-    def __len__(self) -> int:
-        return len(self._changes)
 
 
 def class_snapshots(
@@ -216,8 +178,9 @@ class TargetStats:
         self.name = name
         self._journal = journal
         self.settings = settings = settings if settings is not None else StatsSettings()
-        self.in_flight = 0
-        self._flights = FlightLog()
+        self.load = TargetLoad(clock)
+        """Its attempts in flight from this client and its server's latest ``/metrics``
+        reading (:mod:`.load`): what ``least-loaded`` and ``prefix`` rank by."""
 
         def window() -> LatencyWindow:
             return LatencyWindow(settings.window, settings.max_samples, clock)
@@ -231,8 +194,6 @@ class TargetStats:
         self._outcomes = OutcomeWindow(settings.window, clock)
         self._clock = clock
         self._waiting: dict[int, float] = {}
-        self.server: ServerMetrics | None = None
-        """The latest reading of the target's own ``/metrics`` (self-hosted servers only)."""
         self._next_wait = 0
         self.shifts = 0
         """Changes of regime seen (see :meth:`shifted`), for tests and reports."""
@@ -246,40 +207,6 @@ class TargetStats:
 
     def _class_window(self, prompt_tokens: int) -> LatencyWindow:
         return self._ttft_by_class[prompt_class(prompt_tokens, self.settings.prompt_classes)]
-
-    def started(self) -> None:
-        """An attempt went out."""
-        self.in_flight += 1
-        self._flights.record(self._clock(), self.in_flight)
-
-    def finished(self) -> None:
-        """An attempt ended, however it ended."""
-        self.in_flight = max(0, self.in_flight - 1)
-        self._flights.record(self._clock(), self.in_flight)
-
-    def in_flight_at(self, when: float) -> int:
-        """This client's attempts in flight at time ``when`` (the stats' clock). Known for the
-        last :data:`IN_FLIGHT_HISTORY` seconds; before that, the oldest count remembered."""
-        return self._flights.at(when)
-
-    def observe_server(self, metrics: ServerMetrics) -> bool:
-        """Take a ``/metrics`` reading unless a newer one is already held (readings may arrive
-        out of order); returns whether it was taken."""
-        if self.server is not None and metrics.read_at < self.server.read_at:
-            return False
-        self.server = metrics
-        return True
-
-    def server_load(self, max_age: float) -> float | None:
-        """The requests the server is working on per data-parallel rank, from its latest
-        reading if younger than ``max_age`` seconds (else ``None``): queued + running at the
-        reading, plus the change in this client's attempts in flight since it was taken (those
-        started since are not in it, those finished since were), each counted once."""
-        server = self.server
-        if server is None or self._clock() - server.read_at > max_age:
-            return None
-        since = self.in_flight - self.in_flight_at(server.read_at)
-        return max(0.0, (server.queued + server.running + since) / server.dp_size)
 
     def waiting(self) -> int:
         """An attempt now waits for its first token; returns a handle for :meth:`done_waiting`.
@@ -593,10 +520,10 @@ class TargetStats:
             error_rate=sum(rates.values()),
             timeout_rate=rates[TIMEOUT],
             rate_limited_rate=rates[RATE_LIMITED],
-            in_flight=self.in_flight,
+            in_flight=self.load.in_flight,
             outcomes={name: counts.get(name, 0) for name in OUTCOMES},
             by_class=by_class,
-            server=self.server,
+            server=self.load.server,
         )
 
     def saved_samples(self) -> list[tuple[float, SampleEvent]]:

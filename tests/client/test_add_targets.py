@@ -71,12 +71,12 @@ async def test_a_started_sglang_server_registers_itself_as_targets(tmp_path: Any
         assert client._router is not None
         stats = client._router.stats
         with anyio.move_on_after(10):
-            while any(stats.target(t).server is None for t in targets):
+            while any(stats.target(t).load.server is None for t in targets):
                 await client.chat.completions.create(
                     model="chat", messages=[{"role": "user", "content": "again"}]
                 )
                 await anyio.sleep(0.3)
-        assert all(stats.target(t).server is not None for t in targets)
+        assert all(stats.target(t).load.server is not None for t in targets)
         assert all(client.stats()[t].server is not None for t in targets)
         assert server.api_key not in repr(client._providers["gpu"])
 

@@ -62,7 +62,7 @@ class View:
         return math.inf if newest is None else self.clock() - newest
 
     def load(self, target: str) -> float:
-        return float(self.stats.target(target).in_flight)
+        return float(self.stats.target(target).load.in_flight)
 
     def messages(self) -> Sequence[Mapping[str, Any]]:
         return ()

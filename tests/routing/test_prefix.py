@@ -585,15 +585,15 @@ def test_a_weighted_plan_needs_one_weight_per_target() -> None:
 def test_load_is_local_in_flight_without_server_metrics() -> None:
     router = Router({}, clock=FakeClock())
     assert router.load("a") == 0.0
-    router.stats.target("a").started()
-    router.stats.target("a").started()
+    router.stats.target("a").load.started()
+    router.stats.target("a").load.started()
     assert router.load("a") == 2.0
 
 
 def test_load_is_the_servers_queue_plus_requests_started_since_the_reading() -> None:
     clock = FakeClock()
     router = Router({}, clock=clock)
-    stats = router.stats.target("gpu")
+    stats = router.stats.target("gpu").load
     stats.started()  # one of ours is running there, and in the reading
     clock.advance(0.01)
     stats.server = ServerMetrics(read_at=clock(), queued=3, running=5)
@@ -621,7 +621,7 @@ def test_requests_sent_between_a_reading_and_its_first_use_count_once() -> None:
     router first looked at it) are added, not absorbed into a baseline taken at first use."""
     clock = FakeClock()
     router = Router({}, clock=clock)
-    stats = router.stats.target("gpu")
+    stats = router.stats.target("gpu").load
     taken = clock()  # the scrape goes out: the server is idle
     clock.advance(0.05)
     for _ in range(3):  # a burst while the answer is on its way
@@ -638,7 +638,7 @@ def test_requests_sent_between_a_reading_and_its_first_use_count_once() -> None:
 def test_an_older_reading_arriving_late_does_not_replace_a_newer_one() -> None:
     clock = FakeClock()
     router = Router({}, clock=clock)
-    stats = router.stats.target("gpu")
+    stats = router.stats.target("gpu").load
     old = ServerMetrics(read_at=clock(), queued=9, running=8)
     clock.advance(0.5)
     new = ServerMetrics(read_at=clock(), queued=0, running=1)
@@ -651,7 +651,7 @@ def test_an_older_reading_arriving_late_does_not_replace_a_newer_one() -> None:
 def test_the_load_of_a_data_parallel_server_is_per_rank() -> None:
     clock = FakeClock()
     router = Router({}, clock=clock)
-    stats = router.stats.target("gpu")
+    stats = router.stats.target("gpu").load
     stats.observe_server(ServerMetrics(read_at=clock(), queued=2, running=4, ranks=(3, 3)))
     clock.advance(0.01)
     stats.started()
@@ -661,7 +661,7 @@ def test_the_load_of_a_data_parallel_server_is_per_rank() -> None:
 
 def test_in_flight_history_is_bounded_in_time() -> None:
     clock = FakeClock()
-    stats = Router({}, clock=clock).stats.target("gpu")
+    stats = Router({}, clock=clock).stats.target("gpu").load
     stats.started()
     at_one = clock()
     clock.advance(IN_FLIGHT_HISTORY + 1)
@@ -717,10 +717,10 @@ def test_a_burst_of_new_families_spreads_with_late_out_of_order_and_missing_read
             clock.now = when
             if kind == "end":
                 ends.remove((when, str(what)))
-                router.stats.target(str(what)).finished()
+                router.stats.target(str(what)).load.finished()
             elif kind == "reading":
                 _, worker, metrics = readings.pop(int(what))
-                router.stats.target(worker).observe_server(metrics)
+                router.stats.target(worker).load.observe_server(metrics)
             else:
                 for worker in workers:
                     busy = sum(1 for s, w in starts if w == worker and s <= when < s + 1.0)
@@ -732,7 +732,7 @@ def test_a_burst_of_new_families_spreads_with_late_out_of_order_and_missing_read
         clock.now = arrive
         view = RouterView(router, chat(f"family {family}", 1))
         choice = policy.plan(workers, view, rng).order[0]
-        router.stats.target(choice).started()
+        router.stats.target(choice).load.started()
         starts.append((arrive, choice))
         ends.append((arrive + 1.0, choice))
         families[choice] += 1

@@ -401,13 +401,13 @@ def test_only_cancellations_is_no_error() -> None:
 
 def test_in_flight_counts_and_never_goes_negative() -> None:
     target, _ = make_target()
-    target.started()
-    target.started()
-    target.finished()
+    target.load.started()
+    target.load.started()
+    target.load.finished()
     assert target.snapshot().in_flight == 1
-    target.finished()
-    target.finished()
-    assert target.in_flight == 0
+    target.load.finished()
+    target.load.finished()
+    assert target.load.in_flight == 0
 
 
 def test_snapshot_of_a_busy_target() -> None:

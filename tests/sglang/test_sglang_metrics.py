@@ -299,24 +299,24 @@ async def test_poller_sets_server_metrics_and_survives_failures(
         fresh = await poller.poll_once()
         assert set(fresh) == {"gpu:qwen"}
         assert metrics_server.paths == ["/metrics"]  # at the root, not under /v1
-        first = stats.target("gpu:qwen").server
+        first = stats.target("gpu:qwen").load.server
         assert first is not None and (first.queued, first.running) == (2, 5)
-        assert stats.target("down:qwen").server is None
+        assert stats.target("down:qwen").load.server is None
 
         metrics_server.text = sglang_metrics(queued=9, ttft=(13.5, 42))
         await poller.poll_once()
-        second = stats.target("gpu:qwen").server
+        second = stats.target("gpu:qwen").load.server
         assert second is not None and second.queued == 9
         assert second.ttft_mean == pytest.approx(0.5)
 
         metrics_server.status = 500
         await poller.poll_once()
         await poller.poll_once()
-        assert stats.target("gpu:qwen").server is second  # the previous value stays
+        assert stats.target("gpu:qwen").load.server is second  # the previous value stays
 
         metrics_server.status = 200
         await poller.poll_once()
-        third = stats.target("gpu:qwen").server
+        third = stats.target("gpu:qwen").load.server
         assert third is not None and third is not second and third.ttft_mean is None
 
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -342,14 +342,14 @@ async def test_a_reading_is_dated_when_its_scrape_was_sent_and_an_older_one_neve
         {"gpu:qwen": metrics_server.url}, stats, clock=lambda: float(next(ticks))
     ) as poller:
         await poller.poll_once()
-        first = stats.target("gpu:qwen").server
+        first = stats.target("gpu:qwen").load.server
         assert first is not None and first.read_at == 100.0
         await poller.poll_once()
         second = poller.reading("gpu:qwen")
         assert second is not None and second.metrics.read_at == 101.0
         stale = ServerMetrics(read_at=50.0, queued=99, running=99)
-        assert not stats.target("gpu:qwen").observe_server(stale)
-        assert stats.target("gpu:qwen").server is second.metrics
+        assert not stats.target("gpu:qwen").load.observe_server(stale)
+        assert stats.target("gpu:qwen").load.server is second.metrics
 
 
 @pytest.mark.anyio
@@ -376,7 +376,7 @@ async def test_poller_run_loops_until_cancelled(
             await poller.run()
     assert len(metrics_server.paths) - scraped == 3  # one scrape per round, then a wait
     assert all(0 <= delay <= 0.05 for delay in sleeps)  # the rest of the interval, no more
-    assert stats.target("gpu:m").server is not None
+    assert stats.target("gpu:m").load.server is not None
 
 
 # -- where time goes ---------------------------------------------------------------------------
@@ -444,7 +444,7 @@ async def test_poller_reads_a_launched_server(tmp_path: Path) -> None:
                 await client.close()
             fresh = await poller.poll_once()
     metrics = fresh["gpu:qwen"]
-    assert stats.target("gpu:qwen").server is metrics
+    assert stats.target("gpu:qwen").load.server is metrics
     assert (metrics.queued, metrics.running) == (0, 0)
     assert metrics.queue_time_mean is not None and metrics.queue_time_mean >= 0
     assert metrics.cache_hit_rate is not None and metrics.cache_hit_rate > 0  # the 2nd one hit
@@ -516,8 +516,8 @@ async def test_poller_sends_each_target_its_key_and_never_logs_it(
         # A key the server refuses: logged without the key.
         metrics_server.key = "sk-another"
         assert await poller.poll_once() == {}
-    assert stats.target("gpu:qwen").server is not None
-    assert stats.target("nokey:qwen").server is None
+    assert stats.target("gpu:qwen").load.server is not None
+    assert stats.target("nokey:qwen").load.server is None
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("nokey:qwen" in w and "401" in w and "wants an API key" in w for w in warnings)
     assert any("gpu:qwen" in w and "401" in w for w in warnings)
