@@ -38,7 +38,7 @@ from ._call_cache import LOOKED_UP
 from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
 from ._types import Timings
-from ._upstream import body_errors, check_base_url, to_timeout
+from ._upstream import OFF_LOOP_BYTES, body_errors, check_base_url, to_timeout
 from .cache import Flight
 from .config import Config, load_config
 from .metrics import ClientMetrics
@@ -543,6 +543,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         *,
         headers: Mapping[str, str] | None = None,
         timeout: float | httpx.Timeout | openai.NotGiven | None = _NOT_GIVEN,
+        body_bytes: int | None = None,
     ) -> Any:
         """Route a chat or Responses call given as its JSON body, as the same call through
         ``chat.completions.create(**body)`` or ``responses.create(**body)`` is routed (tiers,
@@ -552,7 +553,9 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         call on a route here). ``path`` is ``"/chat/completions"`` or ``"/responses"``;
         ``body`` goes on as it is (openai's argument checks do not run: check it first);
         ``headers`` are the call's extra headers (``x-llmroute-*``, ``traceparent``);
-        ``timeout`` the upstream timeouts (the client's own when not given).
+        ``timeout`` the upstream timeouts (the client's own when not given); ``body_bytes``
+        the body's size as received, when known: from 64 KiB up (``OFF_LOOP_BYTES``) each
+        attempt's body is encoded in a worker thread, not on the event loop.
 
         Returns what ``create`` would: an :class:`llmroute.AsyncStream` for a streamed call,
         else openai's ``ChatCompletion`` or ``Response``, each with ``.route``; ``None`` when
@@ -562,6 +565,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         call = dispatch.classify(Posted(path, body, headers), timeout=self._timeout_given(timeout))
         if call is None or call.route is None:
             return None
+        call.off_loop = body_bytes is not None and body_bytes >= OFF_LOOP_BYTES
         self._describe(call)
         with body_errors():
             outcome = await dispatch.answer(call, _unreachable)

@@ -357,6 +357,7 @@ class Dispatch:
             path=call.path,
             http=call.http,
             trace=call.trace,
+            off_loop=call.off_loop,
         )
 
     async def _fresh_stats(self) -> None:

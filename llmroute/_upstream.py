@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, cast
 
+import anyio
+import anyio.to_thread
 import httpx
 
 from ._errors import (
@@ -37,6 +39,8 @@ from .routing.route import SENDING, RouteTarget, Sender
 from .transport import response_timings
 
 __all__ = [
+    "OFF_LOOP_BYTES",
+    "OFF_LOOP_THREADS",
     "OWN_HEADER_PREFIX",
     "Upstream",
     "body_errors",
@@ -149,6 +153,15 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
         raise RequestBodyError(f"The request body cannot be encoded as JSON: {exc}") from None
 
 
+OFF_LOOP_BYTES = 64 * 1024
+"""A call whose body (as a server received it) has at least this many bytes has each attempt's
+body translated and encoded in a worker thread (:meth:`Upstream.sender`'s ``off_loop``): at 4
+MiB the encoding alone takes about 50 ms of CPU, which on the event loop every other stream
+would wait for, once per attempt."""
+OFF_LOOP_THREADS = 2
+"""Worker threads encoding large bodies at once: more only contend for the GIL with the loop."""
+
+
 class _NoCookies(http.cookiejar.DefaultCookiePolicy):
     """A cookie policy that stores and sends no cookie."""
 
@@ -230,6 +243,7 @@ class Upstream:
         self.providers = providers
         self.http = http
         self.transport = transport
+        self._encoders: anyio.CapacityLimiter | None = None  # made in the loop, when needed
 
     def provider_headers(self, provider: ResolvedProvider) -> dict[str, str]:
         """The headers every request to ``provider`` carries: its key and configured headers."""
@@ -241,7 +255,7 @@ class Upstream:
         self,
         provider: ResolvedProvider,
         path: str,
-        body: Mapping[str, Any],
+        body: Mapping[str, Any] | bytes,
         *,
         headers: Mapping[str, Any] | None,
         query: Mapping[str, object] | None,
@@ -249,8 +263,9 @@ class Upstream:
         continuation: bool = False,
         http: Any = None,
     ) -> httpx.Request:
-        """The request for ``path`` (relative to the provider's base URL) with ``body``;
-        ``http``: the caller's own ``httpx``/``httpx2`` client to build (and send) it with."""
+        """The request for ``path`` (relative to the provider's base URL) with ``body`` (or
+        its JSON already encoded, :func:`encode_body`); ``http``: the caller's own
+        ``httpx``/``httpx2`` client to build (and send) it with."""
         base_url = provider.base_url
         if continuation and provider.spec.continuation and provider.spec.continuation.base_url:
             base_url = check_base_url(provider.spec.continuation.base_url)
@@ -259,7 +274,7 @@ class Upstream:
         return (http or self.http).build_request(
             "POST",
             url if http is None else str(url),  # the caller's client may be an httpx2 one
-            content=encode_body(body),
+            content=body if isinstance(body, bytes) else encode_body(body),
             headers=sent,
             params=dict(query) if query else None,  # type: ignore[arg-type]
             # Plain values: the caller's client may be an httpx2 one.
@@ -275,23 +290,37 @@ class Upstream:
         path: str = "chat/completions",
         http: Any = None,
         trace: Any = None,
+        off_loop: bool = False,
     ) -> Sender:
         """The engine's :data:`Sender` for one call: the call's own headers, query and timeout
         on every attempt, translated for each target's protocol; with the call's ``trace``
-        (``metrics._traceparent.RequestTrace``), each attempt's own ``traceparent``."""
+        (``metrics._traceparent.RequestTrace``), each attempt's own ``traceparent``;
+        ``off_loop``: each attempt's body translated and encoded in a worker thread (a large
+        body, :data:`OFF_LOOP_BYTES`), at most :data:`OFF_LOOP_THREADS` at a time."""
+
+        def wire(target: RouteTarget, body: dict[str, Any]) -> tuple[str, bytes]:
+            where, sent_body = adapter_for(target.protocol).wire_request(
+                path, body, target=target.name
+            )
+            return where, encode_body(sent_body)
 
         async def send(
             target: RouteTarget, body: dict[str, Any], *, stream: bool, continuation: bool
         ) -> tuple[httpx.Response, Timings]:
-            where, sent_body = adapter_for(target.protocol).wire_request(
-                path, body, target=target.name
-            )
+            if off_loop:
+                if self._encoders is None:
+                    self._encoders = anyio.CapacityLimiter(OFF_LOOP_THREADS)
+                where, content = await anyio.to_thread.run_sync(
+                    wire, target, body, limiter=self._encoders
+                )
+            else:
+                where, content = wire(target, body)
             record = SENDING.get() if trace is not None else None
             sent = headers if trace is None else trace.attempt(record, target.name, headers)
             request = self.build(
                 self.providers[target.provider],
                 where,
-                sent_body,
+                content,
                 headers=sent,
                 query=query,
                 timeout=timeout,

@@ -68,8 +68,9 @@ class ApiCall:
     """A ``/v1`` POST once its checks passed, built once (``GatewayApp._v1``) and read by its
     admission, the relay, the client's call and the accounting: the ``request`` it came as,
     its key's ``tenant``, the ``model`` it names, its endpoint's ``kind`` (``chat``,
-    ``completions``, ``embeddings``, ``responses``), its ``body``, the ``upstream`` headers
-    sent on (:func:`upstream_headers`) and its ``total`` timeout in seconds (``None``: none)."""
+    ``completions``, ``embeddings``, ``responses``), its ``body`` (``size``: its bytes as
+    received), the ``upstream`` headers sent on (:func:`upstream_headers`) and its ``total``
+    timeout in seconds (``None``: none)."""
 
     request: Request
     tenant: Tenant
@@ -78,6 +79,7 @@ class ApiCall:
     body: dict[str, Any] = field(repr=False)
     upstream: dict[str, str] = field(repr=False)
     total: float | None
+    size: int | None = None
 
     @property
     def path(self) -> str:
@@ -107,8 +109,11 @@ async def call_client(
     body: dict[str, Any],
     extra_headers: dict[str, str],
     timeout: httpx.Timeout,
+    size: int | None = None,
 ) -> object:
-    """The client's call for ``path``: every field of the body is passed on as it is."""
+    """The client's call for ``path``: every field of the body is passed on as it is
+    (``size``: its bytes as received; a large body is encoded for each target off the event
+    loop, ``AsyncOpenAI.route_json``'s ``body_bytes``)."""
     if path in ROUTABLE:
         # A chat or Responses call on a route goes straight to the client's routing, as the
         # client's seam would send it: openai's post() would first build its request options
@@ -116,7 +121,7 @@ async def call_client(
         # benchmarks/gateway_call.py) only for the seam to take the call out of openai's path.
         # Any other call (a model that is not a route, with a default provider) takes post().
         result = await client.route_json(
-            ROUTABLE[path], body, headers=extra_headers, timeout=timeout
+            ROUTABLE[path], body, headers=extra_headers, timeout=timeout, body_bytes=size
         )
         if result is not None:
             return result
