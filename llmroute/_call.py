@@ -70,6 +70,9 @@ class Call:
     """A call for a tiered model name: ``route`` is its default tier until the decision."""
     trace: Any = None
     """The call's trace (``metrics._traceparent.RequestTrace``): its attempts' traceparent."""
+    prompt_tokens: int | None = None
+    """The prompt's tokens, estimated by the caller (a server counted them as it parsed the
+    body); ``None``: the routing counts them."""
     off_loop: bool = False
     """Each attempt's body encoded in a worker thread: a large body a server received
     (``AsyncOpenAI.route_json``'s ``body_bytes``), whose encoding would hold the event loop."""

@@ -544,6 +544,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         headers: Mapping[str, str] | None = None,
         timeout: float | httpx.Timeout | openai.NotGiven | None = _NOT_GIVEN,
         body_bytes: int | None = None,
+        prompt_tokens: int | None = None,
     ) -> Any:
         """Route a chat or Responses call given as its JSON body, as the same call through
         ``chat.completions.create(**body)`` or ``responses.create(**body)`` is routed (tiers,
@@ -555,7 +556,10 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         ``headers`` are the call's extra headers (``x-llmroute-*``, ``traceparent``);
         ``timeout`` the upstream timeouts (the client's own when not given); ``body_bytes``
         the body's size as received, when known: from 64 KiB up (``OFF_LOOP_BYTES``) each
-        attempt's body is encoded in a worker thread, not on the event loop.
+        attempt's body is encoded in a worker thread, not on the event loop; ``prompt_tokens``
+        the prompt's tokens as :func:`llmroute.routing.estimate_request` counts them, when the
+        caller counted them already (the routing sizes the request by it, without another pass
+        over the body).
 
         Returns what ``create`` would: an :class:`llmroute.AsyncStream` for a streamed call,
         else openai's ``ChatCompletion`` or ``Response``, each with ``.route``; ``None`` when
@@ -566,6 +570,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         if call is None or call.route is None:
             return None
         call.off_loop = body_bytes is not None and body_bytes >= OFF_LOOP_BYTES
+        call.prompt_tokens = prompt_tokens
         self._describe(call)
         with body_errors():
             outcome = await dispatch.answer(call, _unreachable)

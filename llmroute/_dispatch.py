@@ -330,13 +330,20 @@ class Dispatch:
                 unservable=unservable,
                 goal=self.goal(call),
                 raw=bool(call.headers.get(RAW_RESPONSE_HEADER)),  # the caller reads the body
+                prompt_tokens=call.prompt_tokens,
             )
             stream: AsyncStream[Any] = AsyncStream._from_route(routed)
             if kind == "responses":
                 stream._iterator = self.pins.pinning(stream._iterator, routed.report.winner)
             return Served(stream, stream.response, stream.timings.retries)
         done = await self.router.complete(
-            route, call.body, send, kind=kind, unservable=unservable, goal=self.goal(call)
+            route,
+            call.body,
+            send,
+            kind=kind,
+            unservable=unservable,
+            goal=self.goal(call),
+            prompt_tokens=call.prompt_tokens,
         )
         completion = done.completion
         if isinstance(completion, ChatCompletion | Response):

@@ -262,8 +262,11 @@ class Router:
         kind: str = "chat",
         unservable: Iterable[str] = (),
         goal: LatencyGoal | None = None,
+        prompt_tokens: int | None = None,
     ) -> Run:
-        tokens = estimate_prompt_tokens(prompt_messages(body, kind))
+        tokens = prompt_tokens
+        if tokens is None:
+            tokens = estimate_prompt_tokens(prompt_messages(body, kind))
         bounds = self.stats.settings.prompt_classes
         report = RouteReport(
             route=route.name,
@@ -356,6 +359,7 @@ class Router:
         unservable: Iterable[str] = (),
         goal: LatencyGoal | None = None,
         raw: bool = False,
+        prompt_tokens: int | None = None,
     ) -> RoutedStream:
         """Start a streamed request; returns once an attempt produced its first token.
 
@@ -363,9 +367,18 @@ class Router:
         events the stream yields); ``unservable``: targets of the route that cannot serve this
         call (never tried, never penalised); ``goal``: the request's own latency goal, over the
         route's; ``raw``: the caller reads the vendor's body itself (``with_raw_response``,
-        ``with_streaming_response``), so nothing it did not ask for is asked of the vendor."""
+        ``with_streaming_response``), so nothing it did not ask for is asked of the vendor;
+        ``prompt_tokens``: the prompt's estimate (:func:`~.estimate.estimate_request`'s), when
+        the caller counted it already."""
         run = self._begin(
-            route, body, send, stream=True, kind=kind, unservable=unservable, goal=goal
+            route,
+            body,
+            send,
+            stream=True,
+            kind=kind,
+            unservable=unservable,
+            goal=goal,
+            prompt_tokens=prompt_tokens,
         )
         run.bodies.raw = raw
         ready = await race(run, run.plan(), retries=self.max_retries)
@@ -380,10 +393,19 @@ class Router:
         kind: str = "chat",
         unservable: Iterable[str] = (),
         goal: LatencyGoal | None = None,
+        prompt_tokens: int | None = None,
     ) -> RoutedCompletion:
-        """A request that is not streamed: the first complete answer wins."""
+        """A request that is not streamed: the first complete answer wins (the arguments as
+        :meth:`stream`'s)."""
         run = self._begin(
-            route, body, send, stream=False, kind=kind, unservable=unservable, goal=goal
+            route,
+            body,
+            send,
+            stream=False,
+            kind=kind,
+            unservable=unservable,
+            goal=goal,
+            prompt_tokens=prompt_tokens,
         )
         ready = await race(run, run.plan(), retries=self.max_retries)
         run.finish()

@@ -358,11 +358,11 @@ class GatewayApp:
         # trickling its body holds no slot.
         reject = self.metrics.rejecter(exchange.key)
         data = await read_body(request, self.settings, reject)
-        body, model = await self.bodies.checked(path, data, reject)
-        call = self._checked(request, tenant, model, body, reject, len(data))
+        body, model, tokens = await self.bodies.checked(path, data, reject)
+        call = self._checked(request, tenant, model, body, reject, (len(data), tokens))
 
         async def work() -> None:
-            tally = Tally(call.body, call.kind)
+            tally = Tally(call.body, call.kind, call.prompt_tokens)
             admitted = time.monotonic()
             try:
                 await self.relay.answer(call, tally)
@@ -379,10 +379,11 @@ class GatewayApp:
         model: str,
         body: dict[str, Any],
         reject: Reject,
-        size: int,
+        counted: tuple[int, int],
     ) -> ApiCall:
-        """The checks of the key's use of ``model`` with ``body`` (``_checks.py``; ``size``
-        bytes as received), and the call they leave: its headers sent on, its total timeout."""
+        """The checks of the key's use of ``model`` with ``body`` (``_checks.py``; ``counted``:
+        its bytes as received and its prompt's tokens), and the call they leave: its headers
+        sent on, its total timeout."""
         path, headers, exchange = request.path, request.headers, request.exchange
         if model not in self.routes and self.config.default_provider is None:
             raise model_not_found(model, usable(self.routes, tenant))
@@ -394,7 +395,7 @@ class GatewayApp:
         routed = path in ROUTABLE and model in self.routes  # its id on its report and span
         namespace = self._keys.namespaces.get(exchange.key)
         upstream = upstream_headers(headers, namespace, exchange.request_id if routed else None)
-        return ApiCall(request, tenant, model, KINDS[path], body, upstream, total, size)
+        return ApiCall(request, tenant, model, KINDS[path], body, upstream, total, *counted)
 
     async def _models(self, path: str, tenant: Tenant, exchange: Exchange) -> None:
         """``/v1/models`` (the routes the key may use) and ``/v1/models/{model}``."""

@@ -21,7 +21,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from .._client import AsyncOpenAI
 from .._timeouts import BETWEEN_TOKENS_HEADER, CONNECT_HEADER, FIRST_TOKEN_HEADER
 from ..metrics import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
+from ..routing import RequestEstimate, estimate_request
 from ..routing.goal import TTFT_TARGET_HEADER
+from ..routing.windows import answer_room
 from ._exchange import Exchange, Request
 from ._tenants import Tenant
 
@@ -69,8 +71,9 @@ class ApiCall:
     admission, the relay, the client's call and the accounting: the ``request`` it came as,
     its key's ``tenant``, the ``model`` it names, its endpoint's ``kind`` (``chat``,
     ``completions``, ``embeddings``, ``responses``), its ``body`` (``size``: its bytes as
-    received), the ``upstream`` headers sent on (:func:`upstream_headers`) and its ``total``
-    timeout in seconds (``None``: none)."""
+    received; ``prompt_tokens``: its prompt's estimate, counted where it was parsed), the
+    ``upstream`` headers sent on (:func:`upstream_headers`) and its ``total`` timeout in
+    seconds (``None``: none)."""
 
     request: Request
     tenant: Tenant
@@ -80,6 +83,14 @@ class ApiCall:
     upstream: dict[str, str] = field(repr=False)
     total: float | None
     size: int | None = None
+    prompt_tokens: int | None = None
+
+    def estimate(self) -> RequestEstimate:
+        """The request's tokens (:func:`~llmroute.routing.estimate_request`), its prompt's
+        counted once: the answer's room is read now, after the checks set a default."""
+        if self.prompt_tokens is None:
+            return estimate_request(self.body, self.kind)
+        return RequestEstimate(self.prompt_tokens, answer_room(self.body, self.kind))
 
     @property
     def path(self) -> str:
@@ -110,10 +121,12 @@ async def call_client(
     extra_headers: dict[str, str],
     timeout: httpx.Timeout,
     size: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> object:
     """The client's call for ``path``: every field of the body is passed on as it is
-    (``size``: its bytes as received; a large body is encoded for each target off the event
-    loop, ``AsyncOpenAI.route_json``'s ``body_bytes``)."""
+    (``size``: its bytes as received, a large body encoded for each target off the event
+    loop; ``prompt_tokens``: its prompt's estimate; ``AsyncOpenAI.route_json``'s
+    ``body_bytes`` and ``prompt_tokens``)."""
     if path in ROUTABLE:
         # A chat or Responses call on a route goes straight to the client's routing, as the
         # client's seam would send it: openai's post() would first build its request options
@@ -121,7 +134,12 @@ async def call_client(
         # benchmarks/gateway_call.py) only for the seam to take the call out of openai's path.
         # Any other call (a model that is not a route, with a default provider) takes post().
         result = await client.route_json(
-            ROUTABLE[path], body, headers=extra_headers, timeout=timeout, body_bytes=size
+            ROUTABLE[path],
+            body,
+            headers=extra_headers,
+            timeout=timeout,
+            body_bytes=size,
+            prompt_tokens=prompt_tokens,
         )
         if result is not None:
             return result

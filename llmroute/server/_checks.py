@@ -14,6 +14,7 @@ import anyio.to_thread
 
 from .._timeouts import TimeoutHeaderError, request_timeouts
 from ..config import Config
+from ..routing.estimate import prompt_tokens
 from ..routing.goal import TTFT_TARGET_HEADER
 from ._calls import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES
 from ._errors import Refused, error_body, invalid_field, missing, model_not_found
@@ -79,13 +80,22 @@ class BodyChecks:
         self.off_loop_bytes = off_loop_bytes
         self.limiter = anyio.CapacityLimiter(threads)
 
-    async def checked(self, path: str, data: bytes, reject: Reject) -> tuple[dict[str, Any], str]:
-        """``data`` as ``path``'s checked body and the model it names, or a ``Refused``."""
+    async def checked(
+        self, path: str, data: bytes, reject: Reject
+    ) -> tuple[dict[str, Any], str, int]:
+        """``data`` as ``path``'s checked body, the model it names and its prompt's tokens
+        (:func:`~llmroute.routing.estimate_request`'s, the limits' and the routing's, counted
+        here once: another pass over the body), or a ``Refused``."""
         if len(data) < self.off_loop_bytes:
-            return checked_body(path, data, reject)
+            return _checked_and_counted(path, data, reject)
         return await anyio.to_thread.run_sync(
-            checked_body, path, data, reject, limiter=self.limiter
+            _checked_and_counted, path, data, reject, limiter=self.limiter
         )
+
+
+def _checked_and_counted(path: str, data: bytes, reject: Reject) -> tuple[dict[str, Any], str, int]:
+    body, model = checked_body(path, data, reject)
+    return body, model, prompt_tokens(body, KINDS[path])
 
 
 def checked_body(path: str, data: bytes, reject: Reject) -> tuple[dict[str, Any], str]:

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .._types import RouteReport
-from ..routing import estimate_request
 from ._admission import Admission, usage_increments
 from ._alerts import SoftLimits
 from ._calls import ApiCall
@@ -64,10 +63,10 @@ class Gate:
         exchange = call.exchange
 
         def estimate() -> int:
-            return estimate_request(call.body, call.kind).tokens
+            return call.estimate().tokens
 
         def money() -> int:  # its dearest cost in nano-dollars, read under a money budget
-            return self.prices.estimate(call.model, call.body, call.kind)
+            return self.prices.estimate(call.model, call.body, call.kind, call.size)
 
         key = exchange.key
         decided = await self.admission.enter(call.tenant, call.model, estimate, money)

@@ -154,7 +154,13 @@ class Relay:
     async def _relay(self, call: ApiCall, tally: Tally, answer: _Answer) -> None:
         """The client's call; a stream's events written to the client as they come."""
         answer.result = await call_client(
-            self.client, call.path, call.body, call.upstream, self.timeout, call.size
+            self.client,
+            call.path,
+            call.body,
+            call.upstream,
+            self.timeout,
+            call.size,
+            call.prompt_tokens,
         )
         if not isinstance(answer.result, openai.AsyncStream):  # llmroute's for chat
             return

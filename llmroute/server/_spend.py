@@ -210,16 +210,21 @@ class Prices:
                 continuations = max(continuations, route.max_continuations)
         return first, continuations
 
-    def estimate(self, model: str, body: Mapping[str, Any], kind: str) -> int:
+    def estimate(
+        self, model: str, body: Mapping[str, Any], kind: str, size: int | None = None
+    ) -> int:
         """The most a request to ``model`` may cost, in nano-dollars: every attempt it may be
-        billed for (:meth:`attempts`) at the dearest target, a continuation's prompt holding
-        the whole answer (an embedding has none); :class:`PriceUnknown` when a target has no
-        price, or the answer has no bound."""
+        billed for (:meth:`attempts`) at the dearest target, its prompt at most a token a byte
+        of its JSON (``size``: the bytes it came as; else encoded here) and a continuation's
+        holding the whole answer (an embedding has none); :class:`PriceUnknown` when a target
+        has no price, or the answer has no bound."""
         targets = self.targets(model)
         if not targets:
             raise PriceUnknown(f"no target of model {model!r} is known")
         day = datetime.datetime.now(datetime.UTC).date()
-        prompt = min(len(json.dumps(body, ensure_ascii=False).encode()), MAX_TOKENS_CAP)
+        if size is None:
+            size = len(json.dumps(body, ensure_ascii=False).encode())
+        prompt = min(size, MAX_TOKENS_CAP)
         room = answer_room(body, kind)
         first, continuations = self.attempts(model, body, kind)
         dearest = continued = 0

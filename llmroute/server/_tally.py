@@ -43,11 +43,14 @@ class Tally:
         "completion",
         "kind",
         "prompt",
+        "prompt_estimate",
         "usage",
     )
 
-    def __init__(self, body: Mapping[str, Any], kind: str) -> None:
+    def __init__(self, body: Mapping[str, Any], kind: str, prompt: int | None = None) -> None:
         self.body, self.kind = body, kind
+        self.prompt_estimate = prompt
+        """The prompt's tokens as the gateway counted them, if it did (else counted here)."""
         self.prompt: int | None = None
         self.completion: int | None = None
         self.chunks = 0
@@ -109,6 +112,8 @@ class Tally:
             return 0, 0  # nothing came back: nothing was used that anyone counted
         if self.prompt is not None:
             prompt = self.prompt
+        elif self.prompt_estimate is not None:
+            prompt = self.prompt_estimate
         else:
             prompt = estimate_request(self.body, self.kind).prompt_tokens
         completion = self.completion if self.completion is not None else self.chunks

@@ -21,6 +21,7 @@ import pytest
 
 from llmroute import _upstream as upstream
 from llmroute._upstream import OFF_LOOP_BYTES as UPSTREAM_OFF_LOOP_BYTES
+from llmroute.routing import engine, estimate, estimate_request
 from llmroute.server import LOOPS, Gateway
 from llmroute.server import _checks as checks
 from llmroute.server._checks import OFF_LOOP_BYTES, OFF_LOOP_THREADS
@@ -116,6 +117,30 @@ def test_a_large_body_is_encoded_for_its_target_off_the_event_loop(
         assert reply.status_code == 200, reply.text[:300]
         assert reply.json()["choices"][0]["message"]["content"]
     assert encodes == [False, True]
+
+
+def test_a_prompt_is_counted_once_for_the_key_s_limits_and_the_routing(
+    sim: Simulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting a prompt's tokens is another pass over the body: it is counted where the body
+    was parsed (in a worker thread for a large one), and that count serves the key's token
+    limit and the routing, which each counted it again on the event loop before."""
+    large = json.dumps(_chat(2 * OFF_LOOP_BYTES // 32)).encode()
+    expected = estimate_request(json.loads(large)).prompt_tokens
+    counted: list[int] = []
+    for module in (estimate, engine):
+        original = module.estimate_prompt_tokens
+
+        def counting(messages: Any, original: Callable[[Any], int] = original) -> int:
+            counted.append(tokens := original(messages))
+            return tokens
+
+        monkeypatch.setattr(module, "estimate_prompt_tokens", counting)
+    cfg = config({"sim": sim}, tenants={"alpha": {"tpm": 10**8}})
+    with Gateway(cfg, environ=ENVIRON, verify=sim.ssl_context()) as gateway:
+        reply = _post(gateway, large)
+    assert reply.status_code == 200, reply.text[:300]
+    assert counted == [expected]
 
 
 _BAD = [  # (body, param or None, the start of the message)

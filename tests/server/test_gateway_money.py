@@ -175,10 +175,16 @@ def streamed_usage(answer: httpx.Response) -> dict[str, Any]:
     return [e["usage"] for e in events if e.get("usage")][-1]
 
 
+def sent_size(body: dict[str, Any]) -> int:
+    """The bytes ``body`` is posted as (httpx's ``json=``: compact JSON, UTF-8): a money
+    budget's estimate counts a prompt token a byte of the body as the gateway received it."""
+    return len(json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode())
+
+
 def dearest(body: dict[str, Any]) -> int:
-    """The estimate the gateway admits ``body`` on: a token a byte of its JSON and its
+    """The estimate the gateway admits ``body`` on: a token a byte of its JSON as sent and its
     ``max_tokens``, at ``dear``'s prices (the dearer target of ``chat``)."""
-    size = len(json.dumps(body, ensure_ascii=False).encode())
+    size = sent_size(body)
     return 3000 * size + 6000 * body["max_tokens"]
 
 
@@ -208,7 +214,7 @@ def test_a_money_budget_is_spent_to_its_limit_and_no_further(
         assert reply.status_code == 200
         assert reply.headers["x-llmroute-budget-limit-usd"] == "0.0022"
         held = BUDGET - remaining(reply)  # the stream's estimate: nothing else was counted
-        size = len(json.dumps(body, ensure_ascii=False).encode())
+        size = sent_size(body)
         assert held == 1000 * size + 2000 * LONG  # slow's own price: its only target
         for line in reply.iter_lines():
             if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get(
@@ -453,7 +459,7 @@ def test_concurrent_requests_on_two_replicas_take_no_more_than_the_budget(
         "stream": True,  # held before its first token (a whole answer is not)
         "stream_options": {"include_usage": True},
     }
-    size = len(json.dumps(held, ensure_ascii=False).encode())
+    size = sent_size(held)
     estimate = 1000 * size + 2000 * 50
     budget = estimate * 7 // 2
     tenants = {"payer": {"budget_usd": f"{budget / 10**9:.9f}", "budget_period": PERIOD}}
@@ -492,7 +498,7 @@ def test_a_streams_estimate_reserves_the_routes_own_continuations(
     }
     single, continued = {}, {}
     for name, body in bodies.items():  # at cheap's price, the routes' only target
-        size = len(json.dumps(body, ensure_ascii=False).encode())
+        size = sent_size(body)
         single[name] = 1000 * size + 2000 * 100
         continued[name] = 1000 * (size + 100) + 2000 * 100
     # Room for the first attempt and four continuations of either route.
@@ -762,12 +768,17 @@ def test_the_estimate_counts_every_attempt_a_route_may_be_billed_for(
     prices = app.prices
     body = {"model": "chat", "messages": MESSAGES, "max_tokens": 100, "stream": stream}
     assert prices.attempts("chat", body, "chat") == attempts
-    size = len(json.dumps(body, ensure_ascii=False).encode())
+    size = sent_size(body)  # the bytes the gateway received
     first, continuations = attempts
     continued = 3000 * (size + 100) + 6000 * 100
     assert (
-        prices.estimate("chat", body, "chat") == first * dearest(body) + continuations * continued
+        prices.estimate("chat", body, "chat", size)
+        == first * dearest(body) + continuations * continued
     )
+    # Without the bytes received (a caller of its own), its JSON encoded here, spaced.
+    spaced = len(json.dumps(body, ensure_ascii=False).encode())
+    assert spaced > size
+    assert prices.estimate("chat", body, "chat") == prices.estimate("chat", body, "chat", spaced)
 
 
 def estimated_metric(gateway: Gateway) -> float:
