@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,18 @@ from .config import ResolvedProvider
 from .protocols import adapter_for
 from .routing.route import Route
 
-__all__ = ["ROUTABLE", "Call", "Posted", "Served", "TierCall", "attach", "bad_request", "serves"]
+__all__ = [
+    "RECEIVED",
+    "ROUTABLE",
+    "Call",
+    "Posted",
+    "Received",
+    "Served",
+    "TierCall",
+    "attach",
+    "bad_request",
+    "serves",
+]
 
 ROUTABLE = {
     "chat/completions": "chat",
@@ -76,6 +88,37 @@ class Call:
     off_loop: bool = False
     """Each attempt's body encoded in a worker thread: a large body a server received
     (``AsyncOpenAI.route_json``'s ``body_bytes``), whose encoding would hold the event loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What a server knows of a JSON body it received and posts through openai's ``post()``
+    (a legacy completion, an embedding): its ``size`` in bytes and its prompt's tokens,
+    counted as it parsed it. The call of that very ``body`` takes them as ``route_json``'s
+    ``body_bytes`` and ``prompt_tokens``: :data:`RECEIVED`."""
+
+    body: Mapping[str, Any]
+    size: int
+    prompt_tokens: int | None = None
+
+    def of(self, json_data: object) -> bool:
+        """Whether openai's ``json_data`` is this body: openai copies the body's dict, not
+        its values, so the same keys holding the same objects (a look at each key, not a
+        pass over the body)."""
+        body = self.body
+        return (
+            isinstance(json_data, Mapping)
+            and len(json_data) == len(body)
+            and all(json_data.get(key, _ABSENT) is value for key, value in body.items())
+        )
+
+
+_ABSENT = object()
+
+
+RECEIVED: ContextVar[Received | None] = ContextVar("llmroute_received", default=None)
+"""A server's :class:`Received` for the body it is about to post (set around the ``post()``
+call, in its task): openai's ``post()`` has no argument to carry it."""
 
 
 @dataclass

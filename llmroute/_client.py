@@ -33,7 +33,7 @@ from openai._response import APIResponse, AsyncAPIResponse, BaseAPIResponse, ext
 from openai.resources.chat import AsyncChat, AsyncCompletions
 from openai.resources.responses import AsyncResponses
 
-from ._call import Call, Posted, Served, attach
+from ._call import RECEIVED, Call, Posted, Served, attach
 from ._call_cache import LOOKED_UP
 from ._dispatch import Dispatch, missing_key_error
 from ._streaming import CALL_STARTED, AsyncStream
@@ -484,7 +484,13 @@ class AsyncOpenAI(openai.AsyncOpenAI):
 
     async def _serve(self, cast_to: Any, options: Any, stream: bool, stream_cls: Any) -> Any:
         dispatch = self._llmroute
+        received = RECEIVED.get()
+        if received is not None and not received.of(options.json_data):
+            received = None  # a server's note of another body
         call = dispatch.classify(options, timeout=self._timeout_of(options))
+        if call is not None and received is not None:
+            call.off_loop = received.size >= OFF_LOOP_BYTES
+            call.prompt_tokens = received.prompt_tokens
         if call is None or call.route is None:
             if self._missing_key:
                 model = options.json_data.get("model") if call is not None else None

@@ -40,6 +40,7 @@ async def fail_over_call(
             kind=call.kind,
             stream=call.stream,
             unservable=unservable,
+            prompt_tokens=call.prompt_tokens,
         )
     except BaseException as exc:
         telemetry.failed(exc)

@@ -78,13 +78,16 @@ async def fail_over(
     kind: str,
     stream: bool,
     unservable: Iterable[str] = (),
+    prompt_tokens: int | None = None,
 ) -> FailedOver:
     """Ask ``route``'s targets (but the ``unservable`` ones) for the ``kind`` call ``body``,
     in its policy's order, until one answers; raise the error a request-caused failure
-    returns to the caller, or :class:`AllTargetsFailed`."""
+    returns to the caller, or :class:`AllTargetsFailed`. ``prompt_tokens``: the prompt's
+    estimate, when the caller counted it already."""
     left_out = set(unservable)
     names = [name for name in router.order(route, body, kind) if name not in left_out]
-    return await _Failover(router, route, body, send, kind=kind, stream=stream).run(names)
+    run = _Failover(router, route, body, send, kind=kind, stream=stream, tokens=prompt_tokens)
+    return await run.run(names)
 
 
 class _Failover:
@@ -99,6 +102,7 @@ class _Failover:
         *,
         kind: str,
         stream: bool,
+        tokens: int | None = None,
     ) -> None:
         self.router, self.route, self.body, self.send = router, route, body, send
         self.kind, self.stream = kind, stream
@@ -108,7 +112,7 @@ class _Failover:
             # A whole answer is priced from its vendor's usage; a stream's, once it ended, from
             # the usage :mod:`.metered` read on its way to openai's machinery.
             pricer=pricer_for(route),
-            prompt_tokens=prompt_tokens(body, kind),
+            prompt_tokens=prompt_tokens(body, kind) if tokens is None else tokens,
         )
         self.failures: dict[str, BaseException] = {}
         self.last: BaseException | None = None

@@ -18,6 +18,7 @@ from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 
+from .._call import RECEIVED, Received
 from .._client import AsyncOpenAI
 from .._timeouts import BETWEEN_TOKENS_HEADER, CONNECT_HEADER, FIRST_TOKEN_HEADER
 from ..metrics import REQUEST_ID_HEADER, TRACEPARENT, TRACESTATE
@@ -153,11 +154,17 @@ async def call_client(
     if event is None and "stream" in body:  # an embedding has no stream: never sent on
         body = {name: value for name, value in body.items() if name != "stream"}
     stream = event is not None and bool(body.get("stream"))
-    return await client.post(
-        url,
-        body=body,
-        cast_to=cast_to,
-        options={"headers": extra_headers},
-        stream=stream,
-        stream_cls=openai.AsyncStream[event] if stream else None,
-    )
+    # post() has no argument for what the gateway knows of the body: its size (a large one is
+    # encoded for each target off the event loop) and its prompt's count, for this body only.
+    noted = RECEIVED.set(Received(body, size, prompt_tokens) if size is not None else None)
+    try:
+        return await client.post(
+            url,
+            body=body,
+            cast_to=cast_to,
+            options={"headers": extra_headers},
+            stream=stream,
+            stream_cls=openai.AsyncStream[event] if stream else None,
+        )
+    finally:
+        RECEIVED.reset(noted)

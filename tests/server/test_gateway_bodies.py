@@ -20,8 +20,9 @@ import httpx
 import pytest
 
 from llmroute import _upstream as upstream
+from llmroute._call import Received
 from llmroute._upstream import OFF_LOOP_BYTES as UPSTREAM_OFF_LOOP_BYTES
-from llmroute.routing import engine, estimate, estimate_request
+from llmroute.routing import engine, estimate, estimate_request, failover
 from llmroute.server import LOOPS, Gateway
 from llmroute.server import _checks as checks
 from llmroute.server._checks import OFF_LOOP_BYTES, OFF_LOOP_THREADS
@@ -117,6 +118,52 @@ def test_a_large_body_is_encoded_for_its_target_off_the_event_loop(
         assert reply.status_code == 200, reply.text[:300]
         assert reply.json()["choices"][0]["message"]["content"]
     assert encodes == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "item"),
+    [("/completions", "prompt", [1] * 20), ("/embeddings", "input", "forty bytes of text " * 2)],
+)
+def test_a_large_completion_or_embedding_is_encoded_off_the_loop_and_counted_once(
+    gateway: Gateway,
+    encodes: list[bool],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    field: str,
+    item: object,
+) -> None:
+    """A legacy completion or an embedding goes through openai's ``post()``, which has no
+    argument for the body's size: the gateway notes it for that body (``RECEIVED``), so a
+    large one is encoded off the loop too, and its prompt counted once, where it was parsed."""
+    counted: list[int] = []
+    for module in (checks, failover):
+        original = module.prompt_tokens
+
+        def counting(body: Any, kind: str, original: Callable[..., int] = original) -> int:
+            counted.append(tokens := original(body, kind))
+            return tokens
+
+        monkeypatch.setattr(module, "prompt_tokens", counting)
+    large = json.dumps({"model": "sim", field: [item] * 2000}).encode()  # at most 2,048 inputs
+    small = json.dumps({"model": "sim", field: [item] * 3}).encode()
+    assert len(large) >= UPSTREAM_OFF_LOOP_BYTES > len(small)
+    for content in (large, small):
+        reply = _post(gateway, content, path)
+        assert reply.status_code == 200, reply.text[:300]
+    assert encodes == [False, True]
+    assert len(counted) == 2  # once a body
+
+
+def test_a_server_s_note_of_a_body_is_taken_by_that_body_s_call_only() -> None:
+    """openai copies a posted body's dict, not its values: the note matches that copy, and
+    neither another body nor one holding an equal copy of a value."""
+    body = {"model": "sim", "input": ["a"] * 3}
+    note = Received(body, 100_000, 3)
+    assert note.of(dict(body))
+    assert not note.of({**body, "user": "u"})
+    assert not note.of({"model": "sim"})
+    assert not note.of({"model": "sim", "input": list(body["input"])})  # equal, not the same
+    assert not note.of(None)
 
 
 def test_a_prompt_is_counted_once_for_the_key_s_limits_and_the_routing(
