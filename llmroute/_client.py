@@ -365,6 +365,14 @@ class _AsyncChat(AsyncChat):
         return _AsyncCompletions(self._client)
 
 
+def _noted(call: Call, body_bytes: int | None, prompt_tokens: int | None) -> None:
+    """What a server knew of the call's body (``route_json``'s ``body_bytes`` and
+    ``prompt_tokens``, or a :class:`~._call.Received`): a large body is encoded off the event
+    loop, and the prompt's count spares the routing another pass over it."""
+    call.off_loop = body_bytes is not None and body_bytes >= OFF_LOOP_BYTES
+    call.prompt_tokens = prompt_tokens
+
+
 class AsyncOpenAI(openai.AsyncOpenAI):
     """openai's ``AsyncOpenAI`` with llmroute's transport and routing.
 
@@ -489,8 +497,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
             received = None  # a server's note of another body
         call = dispatch.classify(options, timeout=self._timeout_of(options))
         if call is not None and received is not None:
-            call.off_loop = received.size >= OFF_LOOP_BYTES
-            call.prompt_tokens = received.prompt_tokens
+            _noted(call, received.size, received.prompt_tokens)
         if call is None or call.route is None:
             if self._missing_key:
                 model = options.json_data.get("model") if call is not None else None
@@ -575,8 +582,7 @@ class AsyncOpenAI(openai.AsyncOpenAI):
         call = dispatch.classify(Posted(path, body, headers), timeout=self._timeout_given(timeout))
         if call is None or call.route is None:
             return None
-        call.off_loop = body_bytes is not None and body_bytes >= OFF_LOOP_BYTES
-        call.prompt_tokens = prompt_tokens
+        _noted(call, body_bytes, prompt_tokens)
         self._describe(call)
         with body_errors():
             outcome = await dispatch.answer(call, _unreachable)

@@ -42,36 +42,33 @@ def gateway(sim: Simulator, request: pytest.FixtureRequest) -> Iterator[Gateway]
         yield gateway
 
 
-@pytest.fixture
-def parses(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """For each body parsed from now on: whether it was parsed on the gateway's event loop."""
+def _on_loop_each(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, module: Any, name: str
+) -> list[bool]:
+    """For each call of ``module.name`` from now on: whether it ran on the gateway's loop."""
     loop_thread = gateway._thread
     assert loop_thread is not None
     seen: list[bool] = []
-    parse = checks.parse_json
+    original = getattr(module, name)
 
-    def recorded(data: bytes, reject: Any) -> dict[str, Any]:
+    def recorded(*args: Any) -> Any:
         seen.append(threading.get_ident() == loop_thread.ident)
-        return parse(data, reject)
+        return original(*args)
 
-    monkeypatch.setattr(checks, "parse_json", recorded)
+    monkeypatch.setattr(module, name, recorded)
     return seen
+
+
+@pytest.fixture
+def parses(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each body parsed from now on: whether it was parsed on the gateway's event loop."""
+    return _on_loop_each(gateway, monkeypatch, checks, "parse_json")
 
 
 @pytest.fixture
 def encodes(gateway: Gateway, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """For each attempt's body encoded from now on: whether on the gateway's event loop."""
-    loop_thread = gateway._thread
-    assert loop_thread is not None
-    seen: list[bool] = []
-    encode = upstream.encode_body
-
-    def recorded(body: Any) -> bytes:
-        seen.append(threading.get_ident() == loop_thread.ident)
-        return encode(body)
-
-    monkeypatch.setattr(upstream, "encode_body", recorded)
-    return seen
+    return _on_loop_each(gateway, monkeypatch, upstream, "encode_body")
 
 
 def _post(gateway: Gateway, content: bytes, path: str = CHAT) -> httpx.Response:

@@ -76,6 +76,7 @@ def test_quick_run_prints_three_arms_and_the_goals(
     assert float(rows[2][11]) < float(rows[1][11])  # the small tier is the cheaper one
     assert re.search(r"spend, tiered / always-large: \d\.\d\dx", out)
     assert re.search(r"tiered decisions: reasons \{.*'classifier': \d+", out)
-    assert re.search(r"simple p50, tiered / always-large: \d\.\d\dx  (PASS|FAIL)", out)
+    # a ratio of two timings: on a loaded machine it may reach 10x (or be nan or inf), still printed
+    assert re.search(r"simple p50, tiered / always-large: (\d+\.\d\d|nan|inf)x  (PASS|FAIL)", out)
     assert re.search(r"hard prompts answered by the large tier: \d+\.\d%  (PASS|FAIL)", out)
     assert (tmp_path / "out.json").stat().st_size > 0
